@@ -1,0 +1,206 @@
+//! The one error type every backend returns.
+
+use std::fmt;
+
+/// A boxed error from a backend's client library, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong with a distributed lock.
+///
+/// "Not acquired within the wait" is not an error: [`try_acquire`](crate::DistributedLock::try_acquire)
+/// returns `Ok(None)` for it. Use [`Error::is_retryable`] to decide whether the same call may
+/// succeed later.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name is not acceptable (see [`LockName`](crate::LockName)).
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given (possibly shortened for display).
+        name: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// An argument other than the name is out of range: zero permits, a zero or too-short lease.
+    #[error("invalid argument `{argument}`: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        argument: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The configuration (usually a URL) is malformed, names an unknown scheme, or names a
+    /// backend whose Cargo feature is not enabled. URLs in the message have their password
+    /// redacted.
+    #[error("invalid configuration: {message}")]
+    Config {
+        /// What is wrong, for a human.
+        message: String,
+        /// The parser's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The backend cannot honour an option or operation; it refuses rather than pretend.
+    #[error("{backend} does not support {what}")]
+    Unsupported {
+        /// The backend, e.g. `"redis"`.
+        backend: &'static str,
+        /// The option or operation, e.g. `"fair locks"`.
+        what: String,
+    },
+
+    /// The hold this guard stood for is gone: it expired, its session ended, or someone else
+    /// took the lock. Nothing was changed on the server.
+    #[error("the hold on lock {name:?} was lost")]
+    LockLost {
+        /// The lock's name.
+        name: String,
+    },
+
+    /// The call would wait forever on a lock the caller itself holds, e.g. asking for the
+    /// write lock while holding the read lock of the same read-write lock.
+    #[error("acquiring {name:?} would deadlock: {reason}")]
+    WouldDeadlock {
+        /// The lock's name.
+        name: String,
+        /// Which hold of the caller's blocks the request.
+        reason: String,
+    },
+
+    /// The backend could not be reached or the connection broke. Retrying can help.
+    #[error("{backend} connection error: {message}")]
+    Connection {
+        /// The backend, e.g. `"redis"`.
+        backend: &'static str,
+        /// What failed, with any address redacted of credentials.
+        message: String,
+        /// The client library's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The backend answered with an error.
+    #[error("{backend} error: {message}")]
+    Backend {
+        /// The backend, e.g. `"mysql"`.
+        backend: &'static str,
+        /// What failed.
+        message: String,
+        /// Whether the same call may succeed if tried again (e.g. a deadlock victim, a server
+        /// still loading its data, a failover in progress).
+        retryable: bool,
+        /// The client library's error.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl Error {
+    /// Whether the failed call may succeed if made again (after a backoff or a reconnect).
+    ///
+    /// Connection errors are retryable; backend errors say so themselves; invalid input,
+    /// unsupported options, lost holds and deadlocks never are.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Connection { .. } => true,
+            Self::Backend { retryable, .. } => *retryable,
+            Self::InvalidName { .. }
+            | Self::InvalidArgument { .. }
+            | Self::Config { .. }
+            | Self::Unsupported { .. }
+            | Self::LockLost { .. }
+            | Self::WouldDeadlock { .. } => false,
+        }
+    }
+
+    /// Shorthand for [`Error::Config`] without a source.
+    pub fn config(message: impl fmt::Display) -> Self {
+        Self::Config {
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid_argument(argument: &'static str, reason: impl fmt::Display) -> Self {
+        Self::InvalidArgument {
+            argument,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Shorthand for [`Error::Unsupported`].
+    pub fn unsupported(backend: &'static str, what: impl fmt::Display) -> Self {
+        Self::Unsupported {
+            backend,
+            what: what.to_string(),
+        }
+    }
+
+    /// Shorthand for [`Error::LockLost`].
+    pub fn lock_lost(name: impl fmt::Display) -> Self {
+        Self::LockLost {
+            name: name.to_string(),
+        }
+    }
+
+    /// Shorthand for [`Error::Connection`] with a source.
+    pub fn connection(
+        backend: &'static str,
+        message: impl fmt::Display,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::Connection {
+            backend,
+            message: message.to_string(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Shorthand for [`Error::Backend`] with a source.
+    pub fn backend(
+        backend: &'static str,
+        message: impl fmt::Display,
+        retryable: bool,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::Backend {
+            backend,
+            message: message.to_string(),
+            retryable,
+            source: Some(source.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_classification() {
+        assert!(Error::connection("redis", "refused", "io").is_retryable());
+        assert!(Error::backend("mysql", "deadlock", true, "1213").is_retryable());
+        assert!(!Error::backend("mysql", "syntax", false, "1064").is_retryable());
+        assert!(!Error::lock_lost("a").is_retryable());
+        assert!(!Error::config("bad url").is_retryable());
+        assert!(!Error::invalid_argument("permits", "zero").is_retryable());
+    }
+
+    #[test]
+    fn sources_are_chained() {
+        let e = Error::connection("redis", "connect to 127.0.0.1:1 failed", "refused");
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("refused"));
+        assert_eq!(
+            e.to_string(),
+            "redis connection error: connect to 127.0.0.1:1 failed"
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! Lock options and backend capabilities.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How long a hold lasts without the holder doing anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Lease {
+    /// The hold lasts `ttl` at a time and a background task (the watchdog) renews it every
+    /// `ttl / 3` for as long as the guard lives. A holder that dies stops renewing and the lock
+    /// frees itself within `ttl`. If renewing fails until the lease has run out, the guard is
+    /// marked lost.
+    Watchdog {
+        /// Length of each lease period.
+        ttl: Duration,
+    },
+    /// The hold ends `ttl` after it was taken unless [`LockGuard::extend`](crate::LockGuard::extend)
+    /// moves the end. When it ends the guard is marked lost.
+    Fixed(Duration),
+}
+
+impl Lease {
+    /// The default watchdog TTL: 30 seconds (renewed every 10), as in Redisson.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+    /// A watchdog lease with the given period.
+    pub const fn watchdog(ttl: Duration) -> Self {
+        Self::Watchdog { ttl }
+    }
+
+    /// The length of one lease period.
+    pub const fn ttl(&self) -> Duration {
+        match *self {
+            Self::Watchdog { ttl } | Self::Fixed(ttl) => ttl,
+        }
+    }
+
+    /// Whether a watchdog renews this lease.
+    pub const fn is_watchdog(&self) -> bool {
+        matches!(self, Self::Watchdog { .. })
+    }
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Self::watchdog(Self::DEFAULT_TTL)
+    }
+}
+
+/// Options for a lock handle. The defaults are what most users want: reentrant, not fair,
+/// watchdog lease of 30 s.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::{Lease, LockOptions};
+///
+/// let opts = LockOptions::new()
+///     .with_lease(Lease::Fixed(Duration::from_secs(10)))
+///     .with_fair(true)
+///     .with_reentrant(false);
+/// assert!(opts.fair);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LockOptions {
+    /// How the hold is kept alive.
+    pub lease: Lease,
+    /// Grant waiters in the order they started waiting. Backends that cannot do it reject the
+    /// option with [`Error::Unsupported`].
+    pub fair: bool,
+    /// Let the owner (the handle and its clones) acquire again while it holds the lock. When
+    /// false, a second acquire by the same owner waits like anyone else's.
+    pub reentrant: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self {
+            lease: Lease::default(),
+            fair: false,
+            reentrant: true,
+        }
+    }
+}
+
+impl LockOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets fairness.
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Sets reentrancy.
+    pub fn with_reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+}
+
+/// What a backend can do. The conformance suite runs every case whose capability the backend
+/// declares, and a backend rejects options it cannot honour with [`Error::Unsupported`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The backend's short name, e.g. `"redis"`.
+    pub backend: &'static str,
+    /// Reentrant locks (the default mode).
+    pub reentrant: bool,
+    /// Non-reentrant locks (`reentrant(false)`).
+    pub non_reentrant: bool,
+    /// Fair (FIFO) locks.
+    pub fair: bool,
+    /// [`Lease::Fixed`] leases, with `extend`.
+    pub fixed_lease: bool,
+    /// [`Lease::Watchdog`] leases.
+    pub watchdog: bool,
+    /// Fencing tokens strictly increasing per name.
+    pub fencing: bool,
+    /// Loss is detected and reported through `lost()`.
+    pub loss_detection: bool,
+    /// Read-write locks.
+    pub read_write: bool,
+    /// Counting semaphores.
+    pub semaphore: bool,
+    /// The shortest lease the backend accepts.
+    pub min_lease: Duration,
+}
+
+impl Capabilities {
+    /// A backend that can do nothing optional; start here and switch on what you support.
+    pub const fn none(backend: &'static str) -> Self {
+        Self {
+            backend,
+            reentrant: false,
+            non_reentrant: false,
+            fair: false,
+            fixed_lease: false,
+            watchdog: false,
+            fencing: false,
+            loss_detection: false,
+            read_write: false,
+            semaphore: false,
+            min_lease: Duration::from_millis(1),
+        }
+    }
+
+    /// A backend that can do everything; switch off what you do not support.
+    pub const fn all(backend: &'static str) -> Self {
+        Self {
+            backend,
+            reentrant: true,
+            non_reentrant: true,
+            fair: true,
+            fixed_lease: true,
+            watchdog: true,
+            fencing: true,
+            loss_detection: true,
+            read_write: true,
+            semaphore: true,
+            min_lease: Duration::from_millis(1),
+        }
+    }
+
+    /// Checks `options` against these capabilities, as a backend does when it creates a handle.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero or too-short lease, [`Error::Unsupported`] for an
+    /// option the backend cannot honour.
+    pub fn check(&self, options: &LockOptions) -> Result<()> {
+        let ttl = options.lease.ttl();
+        if ttl.is_zero() {
+            return Err(Error::invalid_argument("lease", "a lease must not be zero"));
+        }
+        if ttl < self.min_lease {
+            return Err(Error::invalid_argument(
+                "lease",
+                format!(
+                    "{ttl:?} is shorter than the {:?} minimum of {}",
+                    self.min_lease, self.backend
+                ),
+            ));
+        }
+        match options.lease {
+            Lease::Watchdog { .. } if !self.watchdog => {
+                return Err(Error::unsupported(self.backend, "watchdog leases"));
+            }
+            Lease::Fixed(_) if !self.fixed_lease => {
+                return Err(Error::unsupported(self.backend, "fixed leases"));
+            }
+            _ => {}
+        }
+        if options.fair && !self.fair {
+            return Err(Error::unsupported(self.backend, "fair locks"));
+        }
+        if options.reentrant && !self.reentrant {
+            return Err(Error::unsupported(self.backend, "reentrant locks"));
+        }
+        if !options.reentrant && !self.non_reentrant {
+            return Err(Error::unsupported(self.backend, "non-reentrant locks"));
+        }
+        Ok(())
+    }
+
+    /// Checks a semaphore's permit count.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero permits, [`Error::Unsupported`] if the backend has
+    /// no semaphores.
+    pub fn check_permits(&self, permits: u32) -> Result<()> {
+        if !self.semaphore {
+            return Err(Error::unsupported(self.backend, "semaphores"));
+        }
+        if permits == 0 {
+            return Err(Error::invalid_argument(
+                "permits",
+                "a semaphore needs at least one permit",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Capabilities {
+        Capabilities {
+            min_lease: Duration::from_millis(100),
+            ..Capabilities::all("test")
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let o = LockOptions::default();
+        assert_eq!(o.lease, Lease::Watchdog { ttl: Duration::from_secs(30) });
+        assert!(o.reentrant && !o.fair);
+        assert!(all().check(&o).is_ok());
+    }
+
+    #[test]
+    fn rejects_zero_and_short_leases() {
+        let zero = LockOptions::new().with_lease(Lease::Fixed(Duration::ZERO));
+        assert!(matches!(all().check(&zero), Err(Error::InvalidArgument { argument: "lease", .. })));
+        let short = LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(5)));
+        let err = all().check(&short).unwrap_err();
+        assert!(err.to_string().contains("shorter"), "{err}");
+    }
+
+    #[test]
+    fn rejects_unsupported_options() {
+        let caps = Capabilities {
+            fair: false,
+            ..all()
+        };
+        let err = caps.check(&LockOptions::new().with_fair(true)).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }));
+        assert_eq!(err.to_string(), "test does not support fair locks");
+    }
+
+    #[test]
+    fn permits() {
+        assert!(all().check_permits(0).is_err());
+        assert!(all().check_permits(3).is_ok());
+        assert!(Capabilities::none("x").check_permits(3).is_err());
+    }
+}

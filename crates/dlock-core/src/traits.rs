@@ -1,0 +1,216 @@
+//! The contract traits every backend implements.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::name::LockName;
+use crate::options::{Capabilities, LockOptions};
+
+/// A lock handle shared behind an `Arc`.
+pub type DynLock = Arc<dyn DistributedLock>;
+/// A read-write lock handle shared behind an `Arc`.
+pub type DynReadWriteLock = Arc<dyn DistributedReadWriteLock>;
+/// A semaphore handle shared behind an `Arc`.
+pub type DynSemaphore = Arc<dyn DistributedSemaphore>;
+/// A provider shared behind an `Arc`.
+pub type DynLockProvider = Arc<dyn LockProvider>;
+
+/// A connection to one lock store that creates lock handles by name.
+///
+/// Creating a handle is cheap and does no I/O; it validates the name and the options and
+/// rejects what the backend cannot honour.
+///
+/// # Contract
+///
+/// The conformance suite (`dlock-conformance`) checks, for every handle a provider creates:
+///
+/// 1. **Exclusion**: at most one holder per name among all handles on the same store.
+/// 2. **Reentrancy**: the owner is the handle (clones share it); re-acquiring returns at once
+///    with the same token; the lock is free only after the owner's last guard is released.
+///    `reentrant(false)` makes a second acquire by the owner wait.
+/// 3. **Owner-only release**: a guard whose hold expired and was taken over gets
+///    `Err(LockLost)` from `release` and changes nothing.
+/// 4. **Expiry**: a holder that dies frees the lock within its lease (or session).
+/// 5. **Loss is reported** through [`LockGuard::lost`] and [`LockGuard::is_held`].
+/// 6. **Fencing**: tokens strictly increase per name, across releases and clients.
+/// 7. **Fairness**: fair locks grant in waiting order, or the option is `Unsupported`.
+/// 8. **Waiting**: `try_acquire(wait)` returns `Ok(None)` no later than `wait` plus a small slack.
+/// 9. **Cancellation**: dropping an acquire future leaves nothing behind.
+/// 10. **Read-write**: readers share, a writer excludes all, write→read downgrade works and
+///     read→write is [`Error::WouldDeadlock`](crate::Error::WouldDeadlock).
+/// 11. **Semaphore**: at most `permits` holders; permits of dead holders come back.
+/// 12. **MultiLock**: see [`MultiLock`](crate::MultiLock).
+/// 13. **Bad input** is a clear [`Error`](crate::Error), never a panic or a silent rename.
+/// 14. **Dropping a guard** releases in the background (not immediately).
+pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Identifies the store (e.g. `redis://127.0.0.1:6379/0`, never with credentials). Two
+    /// providers on the same store return the same id; [`MultiLock`](crate::MultiLock) orders
+    /// locks by it.
+    fn store_id(&self) -> &str;
+
+    /// A mutex handle for `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`](crate::Error::InvalidName), or
+    /// [`Error::Unsupported`](crate::Error::Unsupported) /
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for options the backend cannot
+    /// honour.
+    fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock>;
+
+    /// A read-write lock handle for `name`.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), and `Unsupported` if the backend has no read-write locks.
+    fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock>;
+
+    /// A semaphore handle for `name` with `permits` permits.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), `InvalidArgument` for zero permits, and `Unsupported` if the
+    /// backend has no semaphores.
+    fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore>;
+}
+
+/// A handle on one named mutex. Its clones (through the `Arc`) are the same owner.
+#[async_trait]
+pub trait DistributedLock: fmt::Debug + Send + Sync + 'static {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// The options the handle was created with.
+    fn options(&self) -> &LockOptions;
+
+    /// The store's id (see [`LockProvider::store_id`]).
+    fn store_id(&self) -> &str;
+
+    /// Waits as long as it takes for the lock.
+    ///
+    /// # Errors
+    ///
+    /// Connection and backend errors the backend could not retry away.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future at any await leaves no hold, queue entry or node behind.
+    async fn acquire(&self) -> Result<LockGuard>;
+
+    /// Waits at most `wait` for the lock; `Ok(None)` if it was not had by then.
+    /// `Duration::ZERO` tries once.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>>;
+}
+
+/// A handle on one named read-write lock. Its clones are the same owner.
+#[async_trait]
+pub trait DistributedReadWriteLock: fmt::Debug + Send + Sync + 'static {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// The options the handle was created with.
+    fn options(&self) -> &LockOptions;
+
+    /// The store's id.
+    fn store_id(&self) -> &str;
+
+    /// Waits for a shared (read) hold. The owner of the write hold may also read (downgrade).
+    ///
+    /// # Errors
+    ///
+    /// Connection and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn read(&self) -> Result<LockGuard>;
+
+    /// Waits at most `wait` for a read hold.
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>>;
+
+    /// Waits for the exclusive (write) hold.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) at once if this owner holds a
+    /// read hold and not the write hold; connection and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn write(&self) -> Result<LockGuard>;
+
+    /// Waits at most `wait` for the write hold.
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>>;
+}
+
+/// A handle on one named counting semaphore. Every acquisition takes one more permit, even by
+/// the same handle.
+#[async_trait]
+pub trait DistributedSemaphore: fmt::Debug + Send + Sync + 'static {
+    /// The semaphore's name.
+    fn name(&self) -> &LockName;
+
+    /// The number of permits this handle counts against.
+    fn permits(&self) -> u32;
+
+    /// The options the handle was created with.
+    fn options(&self) -> &LockOptions;
+
+    /// The store's id.
+    fn store_id(&self) -> &str;
+
+    /// Waits for a permit.
+    ///
+    /// # Errors
+    ///
+    /// Connection and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn acquire(&self) -> Result<LockGuard>;
+
+    /// Waits at most `wait` for a permit.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>>;
+}

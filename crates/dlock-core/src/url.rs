@@ -1,0 +1,131 @@
+//! URL helpers shared by the backends: parsing with credentials kept out of errors, and
+//! redaction for logs, `Debug` and `Display`.
+
+use std::fmt;
+
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// A parsed backend URL whose `Debug` and `Display` never show the password.
+///
+/// ```
+/// use dlock_core::RedactedUrl;
+/// let url = RedactedUrl::parse("redis://user:secret@127.0.0.1:6379/0").unwrap();
+/// assert_eq!(url.to_string(), "redis://user:***@127.0.0.1:6379/0");
+/// assert_eq!(url.expose().password(), Some("secret"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedactedUrl(Url);
+
+impl RedactedUrl {
+    /// Parses `text`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`], whose message shows the text with any password redacted.
+    pub fn parse(text: &str) -> Result<Self> {
+        Url::parse(text).map(Self).map_err(|e| Error::Config {
+            message: format!("malformed URL {:?}: {e}", redact(text)),
+            source: Some(Box::new(e)),
+        })
+    }
+
+    /// The URL with its credentials, for the client library that needs them.
+    pub fn expose(&self) -> &Url {
+        &self.0
+    }
+
+    /// The scheme, e.g. `"redis"`.
+    pub fn scheme(&self) -> &str {
+        self.0.scheme()
+    }
+
+    /// The query parameters, decoded.
+    pub fn query_pairs(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        self.0
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+    }
+
+    /// The URL without password or query: a stable id for the store.
+    pub fn store_id(&self) -> String {
+        let mut url = self.0.clone();
+        let _ = url.set_password(None);
+        let _ = url.set_username("");
+        url.set_query(None);
+        url.set_fragment(None);
+        url.to_string()
+    }
+}
+
+impl fmt::Display for RedactedUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.password().is_some() {
+            let mut shown = self.0.clone();
+            let _ = shown.set_password(Some("***"));
+            fmt::Display::fmt(&shown, f)
+        } else {
+            fmt::Display::fmt(&self.0, f)
+        }
+    }
+}
+
+impl fmt::Debug for RedactedUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedactedUrl({self})")
+    }
+}
+
+/// Redacts the password of anything that looks like `scheme://user:password@host`, even text
+/// that does not parse as a URL, for error messages about malformed input.
+pub fn redact(text: &str) -> String {
+    let Some(scheme_end) = text.find("://") else {
+        return text.to_owned();
+    };
+    let rest = &text[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return text.to_owned();
+    };
+    let userinfo = &authority[..at];
+    match userinfo.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &text[..scheme_end + 3],
+            &userinfo[..colon],
+            &rest[at..]
+        ),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_text() {
+        assert_eq!(redact("mysql://u:p@h:3306/db?x=1"), "mysql://u:***@h:3306/db?x=1");
+        assert_eq!(redact("redis://:pw@h"), "redis://:***@h");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(redact("zk://a:1,b:2/chroot"), "zk://a:1,b:2/chroot");
+        assert_eq!(redact("x://u:p@w@h/"), "x://u:***@h/");
+    }
+
+    #[test]
+    fn malformed_urls_are_config_errors_without_secrets() {
+        let err = RedactedUrl::parse("redis://u:secret@[bad/").unwrap_err();
+        assert!(matches!(err, Error::Config { .. }));
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn debug_and_display_hide_the_password() {
+        let url = RedactedUrl::parse("mysql://root:hunter2@127.0.0.1/db?strategy=optimistic").unwrap();
+        assert!(!format!("{url:?} {url}").contains("hunter2"));
+        assert_eq!(url.store_id(), "mysql://127.0.0.1/db");
+    }
+}
