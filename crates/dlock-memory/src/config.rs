@@ -29,7 +29,7 @@ pub(crate) fn parse(url: &str) -> Result<Option<String>> {
         )));
     }
     let url = parsed.expose();
-    if !url.has_host() {
+    if !url.as_str().starts_with("memory://") {
         return Err(Error::config("write memory:// or memory://NAME"));
     }
     if url.password().is_some() || !url.username().is_empty() || url.port().is_some() {
