@@ -1,1 +1,246 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
+)]
+
+//! # Feature flags
+//!
+//! | feature | backend | schemes |
+//! | --- | --- | --- |
+//! | `memory` (default) | [`memory`]: in-process reference backend | `memory://` |
+//! | `all-backends` | every backend below, for CI and docs | |
+//!
+//! # Guards and release
+//!
+//! [`LockGuard::release`] releases and tells you whether it worked. A guard dropped without
+//! `release` is released in a background task when a tokio runtime exists: release on drop is
+//! **not immediate**. Watch [`LockGuard::lost`] while you work.
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use dlock_core::{
+    BoxError, Capabilities, DistributedLock, DistributedReadWriteLock, DistributedSemaphore,
+    DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error, FencingToken, HoldState,
+    Lease, LockGuard, LockName, LockOptions, LockProvider, MultiGuard, MultiLock, Result,
+};
+
+/// The in-process reference backend (`memory://`), with its test hooks.
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub mod memory {
+    pub use dlock_memory::*;
+}
+
+/// The URL schemes this build of `dlock` can connect to (depends on the enabled features).
+pub const SCHEMES: &[&str] = &[
+    #[cfg(feature = "memory")]
+    "memory",
+];
+
+/// Every scheme dlock knows, with the feature that enables it.
+const KNOWN: &[(&str, &str)] = &[
+    ("memory", "memory"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("zk", "zookeeper"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
+    ("sqlite", "sqlite"),
+];
+
+/// Connects to the store a URL names and returns a client for it.
+///
+/// | scheme | backend | feature |
+/// | --- | --- | --- |
+/// | `memory://`, `memory://NAME` | in-process store (private, or shared by name) | `memory` |
+///
+/// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
+/// within the [`Capabilities`] each backend declares.
+///
+/// # Errors
+///
+/// [`Error::Config`] for a malformed URL, an unknown scheme, or a scheme whose feature is not
+/// enabled (the message names the schemes compiled in); the backend's connection errors.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// let locks = dlock::connect("memory://").await?;
+/// let guard = locks.lock("orders/42")?.acquire().await?;
+/// println!("token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Locks> {
+    let scheme = match url.split_once("://") {
+        Some((scheme, _)) if !scheme.is_empty() => scheme.to_ascii_lowercase(),
+        _ => {
+            return Err(Error::config(format!(
+                "{:?} is not a URL: expected scheme://..., one of {}",
+                dlock_core::redact(url),
+                schemes_list()
+            )));
+        }
+    };
+    let provider: DynLockProvider = match scheme.as_str() {
+        #[cfg(feature = "memory")]
+        "memory" => Arc::new(dlock_memory::MemoryProvider::connect(url)?),
+        other => {
+            return Err(match KNOWN.iter().find(|(s, _)| *s == other) {
+                Some((_, feature)) => Error::config(format!(
+                    "the scheme {other}:// needs the `{feature}` feature of dlock, which this \
+                     build does not enable; compiled in: {}",
+                    schemes_list()
+                )),
+                None => Error::config(format!(
+                    "unknown scheme {other}://; compiled in: {}",
+                    schemes_list()
+                )),
+            });
+        }
+    };
+    Ok(Locks::new(provider))
+}
+
+fn schemes_list() -> String {
+    if SCHEMES.is_empty() {
+        return "none (enable a backend feature)".into();
+    }
+    SCHEMES
+        .iter()
+        .map(|s| format!("{s}://"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A client of one lock store: a cheap `Clone` handle over the backend's provider.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// use std::time::Duration;
+/// let locks = dlock::connect("memory://").await?;
+///
+/// let rw = locks.read_write_lock("config")?;
+/// let r = rw.read().await?;
+/// r.release().await?;
+///
+/// let pool = locks.semaphore("gpu-slots", 3)?;
+/// let permit = pool.acquire().await?;
+/// permit.release().await?;
+///
+/// let a = locks.lock("a")?;
+/// let b = locks.lock("b")?;
+/// let both = dlock::MultiLock::new(vec![a, b])?.acquire().await?;
+/// both.release().await?;
+///
+/// if let Some(g) = locks.lock("orders/42")?.try_acquire(Duration::from_secs(2)).await? {
+///     g.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    provider: DynLockProvider,
+}
+
+impl Locks {
+    /// Wraps any provider, e.g. one built with a backend crate's builder.
+    pub fn new(provider: DynLockProvider) -> Self {
+        Self { provider }
+    }
+
+    /// The provider behind this client.
+    pub fn provider(&self) -> &DynLockProvider {
+        &self.provider
+    }
+
+    /// What the backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.provider.capabilities()
+    }
+
+    /// The store's id (never with credentials).
+    pub fn store_id(&self) -> &str {
+        self.provider.store_id()
+    }
+
+    /// A reentrant mutex with a watchdog lease: the default lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a bad name.
+    pub fn lock(&self, name: &str) -> Result<DynLock> {
+        self.provider.lock(name, LockOptions::default())
+    }
+
+    /// A mutex with the given options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::InvalidArgument`] for a bad lease, and
+    /// [`Error::Unsupported`] for options the backend cannot honour.
+    pub fn lock_with(&self, name: &str, options: LockOptions) -> Result<DynLock> {
+        self.provider.lock(name, options)
+    }
+
+    /// A read-write lock with the default options.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_with`](Self::lock_with), and `Unsupported` if the backend has none.
+    pub fn read_write_lock(&self, name: &str) -> Result<DynReadWriteLock> {
+        self.provider.read_write_lock(name, LockOptions::default())
+    }
+
+    /// A read-write lock with the given options.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_with`](Self::lock_with), and `Unsupported` if the backend has none.
+    pub fn read_write_lock_with(
+        &self,
+        name: &str,
+        options: LockOptions,
+    ) -> Result<DynReadWriteLock> {
+        self.provider.read_write_lock(name, options)
+    }
+
+    /// A semaphore with `permits` permits and the default options.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_with`](Self::lock_with), `InvalidArgument` for zero permits, and
+    /// `Unsupported` if the backend has none.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<DynSemaphore> {
+        self.provider
+            .semaphore(name, permits, LockOptions::default())
+    }
+
+    /// A semaphore with the given options.
+    ///
+    /// # Errors
+    ///
+    /// As [`semaphore`](Self::semaphore).
+    pub fn semaphore_with(
+        &self,
+        name: &str,
+        permits: u32,
+        options: LockOptions,
+    ) -> Result<DynSemaphore> {
+        self.provider.semaphore(name, permits, options)
+    }
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("store", &self.provider.store_id())
+            .finish()
+    }
+}

@@ -13,8 +13,8 @@ use dlock_core::{
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use crate::support::{Names, eventually, must};
 use crate::Factory;
+use crate::support::{Names, eventually, must};
 
 const ZERO: Duration = Duration::ZERO;
 
@@ -58,7 +58,9 @@ async fn take(f: &impl Factory, l: &DynLock) -> LockGuard {
 async fn is_free(l: &DynLock) -> bool {
     match l.try_acquire(ZERO).await {
         Ok(Some(g)) => {
-            g.release().await.unwrap_or_else(|e| panic!("release failed: {e}"));
+            g.release()
+                .await
+                .unwrap_or_else(|e| panic!("release failed: {e}"));
             true
         }
         Ok(None) => false,
@@ -84,7 +86,11 @@ async fn release(g: LockGuard) {
 /// Waits until the lock is free for another handle (background releases, expiry).
 async fn until_free(f: &impl Factory, l: &DynLock, limit: Duration, what: &str) {
     eventually(limit + f.slack(), what, || async {
-        if is_free(l).await { Ok(()) } else { Err("still held") }
+        if is_free(l).await {
+            Ok(())
+        } else {
+            Err("still held")
+        }
     })
     .await;
 }
@@ -121,7 +127,11 @@ pub async fn try_acquire_excludes_other_handles(f: &impl Factory) {
     let g = take(f, &lock(&a, &name)).await;
     assert!(g.is_held());
     assert_busy(&lock(&b, &name), "another client holds it").await;
-    assert_busy(&lock(&a, &name), "another handle of the same client holds it").await;
+    assert_busy(
+        &lock(&a, &name),
+        "another handle of the same client holds it",
+    )
+    .await;
     release(g).await;
     assert!(is_free(&lock(&b, &name)).await, "free after release");
 }
@@ -141,7 +151,11 @@ pub async fn exclusion_under_contention(f: &impl Factory) {
         tokio::spawn(async move {
             for _ in 0..CYCLES {
                 let g = l.acquire().await.unwrap_or_else(|e| panic!("acquire: {e}"));
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
                 let seen = counter.load(Ordering::SeqCst);
                 tokio::task::yield_now().await;
                 counter.store(seen + 1, Ordering::SeqCst);
@@ -154,7 +168,11 @@ pub async fn exclusion_under_contention(f: &impl Factory) {
     for r in must(limit, "contention run", join_all(tasks)).await {
         r.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     }
-    assert_eq!(counter.load(Ordering::SeqCst), (TASKS * CYCLES) as u64, "lost updates");
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        (TASKS * CYCLES) as u64,
+        "lost updates"
+    );
 }
 
 /// N handles racing `try_acquire(0)` on a free lock: exactly one wins.
@@ -205,7 +223,11 @@ pub async fn try_acquire_zero_does_not_wait(f: &impl Factory) {
     let lb = lock(&b, &name);
     let started = Instant::now();
     assert_busy(&lb, "it is held").await;
-    assert!(started.elapsed() < f.slack(), "try_acquire(0) took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < f.slack(),
+        "try_acquire(0) took {:?}",
+        started.elapsed()
+    );
     release(g).await;
 }
 
@@ -221,7 +243,10 @@ pub async fn try_acquire_returns_within_wait(f: &impl Factory) {
     let r = must(wait + f.slack(), "try_acquire(300ms)", lb.try_acquire(wait)).await;
     let took = started.elapsed();
     assert!(matches!(r, Ok(None)), "expected Ok(None), got {r:?}");
-    assert!(took + Duration::from_millis(5) >= wait, "gave up early, after {took:?}");
+    assert!(
+        took + Duration::from_millis(5) >= wait,
+        "gave up early, after {took:?}"
+    );
     release(g).await;
 }
 
@@ -233,7 +258,10 @@ pub async fn waiter_gets_lock_after_release(f: &impl Factory) {
     let lb = lock(&b, &name);
     let waiter = tokio::spawn(async move { lb.acquire().await });
     tokio::task::yield_now().await;
-    assert!(!waiter.is_finished(), "the waiter must wait while the lock is held");
+    assert!(
+        !waiter.is_finished(),
+        "the waiter must wait while the lock is held"
+    );
     release(g).await;
     let got = must(f.slack(), "waiter after release", waiter).await;
     let g2 = got
@@ -253,7 +281,11 @@ pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
     let l = lock(&a, &Names::new().name("re"));
     let g1 = take(f, &l).await;
     let g2 = must(f.slack(), "re-entry", l.acquire()).await.unwrap();
-    let g3 = l.try_acquire(ZERO).await.unwrap().expect("re-entry with zero wait");
+    let g3 = l
+        .try_acquire(ZERO)
+        .await
+        .unwrap()
+        .expect("re-entry with zero wait");
     assert_eq!(g1.fencing_token(), g2.fencing_token());
     assert_eq!(g1.fencing_token(), g3.fencing_token());
     release(g3).await;
@@ -311,7 +343,11 @@ pub async fn non_reentrant_waits_for_itself(f: &impl Factory) {
     if !caps(&a).non_reentrant {
         return skip(f, "no non-reentrant locks");
     }
-    let l = lock_with(&a, &Names::new().name("nr"), LockOptions::new().with_reentrant(false));
+    let l = lock_with(
+        &a,
+        &Names::new().name("nr"),
+        LockOptions::new().with_reentrant(false),
+    );
     let g = take(f, &l).await;
     let second = l.try_acquire(Duration::from_millis(200)).await.unwrap();
     assert!(second.is_none(), "a non-reentrant lock must not re-enter");
@@ -333,8 +369,14 @@ pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
     must(f.short_lease() + f.slack(), "fixed lease end", old.lost()).await;
     let lb = lock(&b, &name);
     let new = must(f.slack() * 2, "takeover", lb.acquire()).await.unwrap();
-    let err = old.release().await.expect_err("release after takeover must fail");
-    assert!(matches!(err, Error::LockLost { .. }), "expected LockLost, got {err:?}");
+    let err = old
+        .release()
+        .await
+        .expect_err("release after takeover must fail");
+    assert!(
+        matches!(err, Error::LockLost { .. }),
+        "expected LockLost, got {err:?}"
+    );
     assert!(new.is_held());
     assert_busy(&lock(&a, &name), "the new holder must be undisturbed").await;
     release(new).await;
@@ -386,9 +428,20 @@ pub async fn fixed_lease_ends_and_reports_loss(f: &impl Factory) {
     let name = Names::new().name("fixed");
     let g = take(f, &lock_with(&a, &name, fixed(f))).await;
     assert!(g.is_held());
-    must(f.short_lease() + f.slack(), "lost() at the end of a fixed lease", g.lost()).await;
+    must(
+        f.short_lease() + f.slack(),
+        "lost() at the end of a fixed lease",
+        g.lost(),
+    )
+    .await;
     assert!(!g.is_held());
-    until_free(f, &lock(&b, &name), f.short_lease(), "free after the fixed lease").await;
+    until_free(
+        f,
+        &lock(&b, &name),
+        f.short_lease(),
+        "free after the fixed lease",
+    )
+    .await;
 }
 
 /// `extend` moves the end of a fixed lease.
@@ -416,7 +469,10 @@ pub async fn extend_after_loss_is_lock_lost(f: &impl Factory) {
     }
     let g = take(f, &lock_with(&a, &Names::new().name("late"), fixed(f))).await;
     must(f.short_lease() + f.slack(), "fixed lease end", g.lost()).await;
-    let err = g.extend(f.short_lease()).await.expect_err("extend after loss");
+    let err = g
+        .extend(f.short_lease())
+        .await
+        .expect_err("extend after loss");
     assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
 }
 
@@ -427,7 +483,10 @@ pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
         return skip(f, "no watchdog leases");
     }
     let g = take(f, &lock(&a, &Names::new().name("wd-extend"))).await;
-    let err = g.extend(Duration::from_secs(1)).await.expect_err("extend on watchdog");
+    let err = g
+        .extend(Duration::from_secs(1))
+        .await
+        .expect_err("extend on watchdog");
     assert!(matches!(err, Error::InvalidArgument { .. }), "got {err:?}");
     assert!(g.is_held());
     release(g).await;
@@ -445,10 +504,17 @@ pub async fn forced_expiry_reports_loss(f: &impl Factory) {
         None => return skip(f, "the factory cannot force expiry"),
         Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
     }
-    must(f.short_lease() + f.slack(), "lost() after forced expiry", g.lost()).await;
+    must(
+        f.short_lease() + f.slack(),
+        "lost() after forced expiry",
+        g.lost(),
+    )
+    .await;
     assert!(!g.is_held());
     let lb = lock(&b, &name);
-    let g2 = must(f.slack(), "acquire after forced expiry", lb.acquire()).await.unwrap();
+    let g2 = must(f.slack(), "acquire after forced expiry", lb.acquire())
+        .await
+        .unwrap();
     let err = g.release().await.expect_err("release of a lost hold");
     assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
     assert!(g2.is_held());
@@ -506,7 +572,10 @@ pub async fn fair_lock_grants_in_waiting_order(f: &impl Factory) {
     }
     let name = Names::new().name("fair");
     if f.residue(&name).await.is_none() {
-        return skip(f, "the factory cannot count waiters, so waiting order cannot be set up");
+        return skip(
+            f,
+            "the factory cannot count waiters, so waiting order cannot be set up",
+        );
     }
     let opts = LockOptions::new().with_fair(true);
     let holder = take(f, &lock_with(&a, &name, opts)).await;
@@ -526,7 +595,10 @@ pub async fn fair_lock_grants_in_waiting_order(f: &impl Factory) {
     release(holder).await;
     // A newcomer may not barge past the queue, even in the instant after a release.
     let barged = newcomer.try_acquire(ZERO).await.unwrap();
-    assert!(barged.is_none(), "a fair lock let a newcomer pass 8 queued waiters");
+    assert!(
+        barged.is_none(),
+        "a fair lock let a newcomer pass 8 queued waiters"
+    );
     for t in must(f.slack() * 4, "fair waiters", join_all(tasks)).await {
         t.unwrap();
     }
@@ -541,7 +613,10 @@ pub async fn fair_option_rejected_when_unsupported(f: &impl Factory) {
         return skip(f, "fair locks are supported");
     }
     let err = a
-        .lock(&Names::new().name("unfair"), LockOptions::new().with_fair(true))
+        .lock(
+            &Names::new().name("unfair"),
+            LockOptions::new().with_fair(true),
+        )
         .expect_err("fair(true) must be rejected");
     assert!(matches!(err, Error::Unsupported { .. }), "got {err:?}");
 }
@@ -612,9 +687,40 @@ pub async fn names_are_exact_and_case_sensitive(f: &impl Factory) {
     let (a, b) = (client(f).await, client(f).await);
     let names = Names::new();
     let suffixes = [
-        "Key", "key", "KEY", "a%", "a_", "ab", "a*", "a?", "a.b", "a/b", "a:b", "a{b}", "{a}b",
-        "a b", "a'b", "a\"b", "a\\b", "a;b", "a-b", "a\u{e9}", "ae\u{301}", "🔒", "a/", "a//b",
-        "a/./b", "a/../b", "-", "0", "x", "x/y", "x/y/z", "__READ__", "lock-", "_c_",
+        "Key",
+        "key",
+        "KEY",
+        "a%",
+        "a_",
+        "ab",
+        "a*",
+        "a?",
+        "a.b",
+        "a/b",
+        "a:b",
+        "a{b}",
+        "{a}b",
+        "a b",
+        "a'b",
+        "a\"b",
+        "a\\b",
+        "a;b",
+        "a-b",
+        "a\u{e9}",
+        "ae\u{301}",
+        "🔒",
+        "a/",
+        "a//b",
+        "a/./b",
+        "a/../b",
+        "-",
+        "0",
+        "x",
+        "x/y",
+        "x/y/z",
+        "__READ__",
+        "lock-",
+        "_c_",
     ];
     let mut guards = Vec::new();
     for s in suffixes {
@@ -639,7 +745,9 @@ pub async fn longest_name_works(f: &impl Factory) {
     assert_busy(&lock(&b, &name), "it is held").await;
     release(g).await;
     let too_long = format!("{name}n");
-    let err = a.lock(&too_long, LockOptions::default()).expect_err("256 bytes");
+    let err = a
+        .lock(&too_long, LockOptions::default())
+        .expect_err("256 bytes");
     assert!(matches!(err, Error::InvalidName { .. }), "got {err:?}");
 }
 
@@ -649,16 +757,27 @@ pub async fn bad_names_are_rejected(f: &impl Factory) {
     let a = client(f).await;
     let c = caps(&a);
     let long = "x".repeat(256);
-    for bad in ["", "a\0b", "tab\t", "new\nline", "\u{1b}[31m", long.as_str()] {
+    for bad in [
+        "",
+        "a\0b",
+        "tab\t",
+        "new\nline",
+        "\u{1b}[31m",
+        long.as_str(),
+    ] {
         let opts = LockOptions::default();
         let e = a.lock(bad, opts).expect_err("lock with a bad name");
         assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
         if c.read_write {
-            let e = a.read_write_lock(bad, opts).expect_err("rw with a bad name");
+            let e = a
+                .read_write_lock(bad, opts)
+                .expect_err("rw with a bad name");
             assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
         }
         if c.semaphore {
-            let e = a.semaphore(bad, 2, opts).expect_err("semaphore with a bad name");
+            let e = a
+                .semaphore(bad, 2, opts)
+                .expect_err("semaphore with a bad name");
             assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
         }
     }
@@ -707,8 +826,16 @@ pub async fn rw_readers_share(f: &impl Factory) {
         return skip(f, "no read-write locks");
     }
     let name = Names::new().name("rw-share");
-    let r1 = rw(&a, &name).try_read(f.slack()).await.unwrap().expect("reader 1");
-    let r2 = rw(&b, &name).try_read(f.slack()).await.unwrap().expect("reader 2");
+    let r1 = rw(&a, &name)
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("reader 1");
+    let r2 = rw(&b, &name)
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("reader 2");
     release(r1).await;
     release(r2).await;
 }
@@ -720,12 +847,26 @@ pub async fn rw_writer_excludes_everyone(f: &impl Factory) {
         return skip(f, "no read-write locks");
     }
     let name = Names::new().name("rw-write");
-    let w = rw(&a, &name).try_write(f.slack()).await.unwrap().expect("writer");
+    let w = rw(&a, &name)
+        .try_write(f.slack())
+        .await
+        .unwrap()
+        .expect("writer");
     let other = rw(&b, &name);
-    assert!(other.try_read(ZERO).await.unwrap().is_none(), "read during a write");
-    assert!(other.try_write(ZERO).await.unwrap().is_none(), "write during a write");
+    assert!(
+        other.try_read(ZERO).await.unwrap().is_none(),
+        "read during a write"
+    );
+    assert!(
+        other.try_write(ZERO).await.unwrap().is_none(),
+        "write during a write"
+    );
     release(w).await;
-    let r = other.try_read(f.slack()).await.unwrap().expect("read after the write");
+    let r = other
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("read after the write");
     release(r).await;
 }
 
@@ -736,11 +877,22 @@ pub async fn rw_reader_blocks_writer(f: &impl Factory) {
         return skip(f, "no read-write locks");
     }
     let name = Names::new().name("rw-read");
-    let r = rw(&a, &name).try_read(f.slack()).await.unwrap().expect("reader");
+    let r = rw(&a, &name)
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("reader");
     let writer = rw(&b, &name);
-    assert!(writer.try_write(ZERO).await.unwrap().is_none(), "write during a read");
+    assert!(
+        writer.try_write(ZERO).await.unwrap().is_none(),
+        "write during a read"
+    );
     release(r).await;
-    let w = writer.try_write(f.slack()).await.unwrap().expect("write after the read");
+    let w = writer
+        .try_write(f.slack())
+        .await
+        .unwrap()
+        .expect("write after the read");
     release(w).await;
 }
 
@@ -753,12 +905,21 @@ pub async fn rw_downgrade(f: &impl Factory) {
     let name = Names::new().name("rw-down");
     let l = rw(&a, &name);
     let w = l.try_write(f.slack()).await.unwrap().expect("writer");
-    let r = must(f.slack(), "downgrade", l.try_read(ZERO)).await.unwrap();
+    let r = must(f.slack(), "downgrade", l.try_read(ZERO))
+        .await
+        .unwrap();
     let r = r.expect("the writer may read");
     release(w).await;
     let other = rw(&b, &name);
-    assert!(other.try_write(ZERO).await.unwrap().is_none(), "the downgraded read holds");
-    let r2 = other.try_read(f.slack()).await.unwrap().expect("readers share after downgrade");
+    assert!(
+        other.try_write(ZERO).await.unwrap().is_none(),
+        "the downgraded read holds"
+    );
+    let r2 = other
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("readers share after downgrade");
     release(r2).await;
     release(r).await;
 }
@@ -774,12 +935,23 @@ pub async fn rw_upgrade_would_deadlock(f: &impl Factory) {
     let e = must(f.slack(), "upgrade answers at once", l.write()).await;
     assert!(matches!(e, Err(Error::WouldDeadlock { .. })), "got {e:?}");
     release(r).await;
-    release(l.try_write(f.slack()).await.unwrap().expect("write after read")).await;
+    release(
+        l.try_write(f.slack())
+            .await
+            .unwrap()
+            .expect("write after read"),
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------- semaphore
 
-fn sem(p: &DynLockProvider, name: &str, permits: u32, opts: LockOptions) -> dlock_core::DynSemaphore {
+fn sem(
+    p: &DynLockProvider,
+    name: &str,
+    permits: u32,
+    opts: LockOptions,
+) -> dlock_core::DynSemaphore {
     p.semaphore(name, permits, opts)
         .unwrap_or_else(|e| panic!("semaphore: {e}"))
 }
@@ -795,14 +967,26 @@ pub async fn semaphore_limits_holders(f: &impl Factory) {
     let mut held = Vec::new();
     for i in 0..3 {
         let s = sem(if i % 2 == 0 { &a } else { &b }, &name, 3, opts);
-        held.push(s.try_acquire(f.slack()).await.unwrap().expect("a free permit"));
+        held.push(
+            s.try_acquire(f.slack())
+                .await
+                .unwrap()
+                .expect("a free permit"),
+        );
     }
     let fourth = sem(&b, &name, 3, opts);
-    assert!(fourth.try_acquire(ZERO).await.unwrap().is_none(), "a 4th permit of 3");
+    assert!(
+        fourth.try_acquire(ZERO).await.unwrap().is_none(),
+        "a 4th permit of 3"
+    );
     let tokens: BTreeSet<_> = held.iter().map(LockGuard::fencing_token).collect();
     assert_eq!(tokens.len(), 3, "each permit has its own token");
     release(held.pop().unwrap()).await;
-    let g = fourth.try_acquire(f.slack()).await.unwrap().expect("the freed permit");
+    let g = fourth
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("the freed permit");
     release(g).await;
     for g in held {
         release(g).await;
@@ -815,10 +999,18 @@ pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
     if !caps(&a).semaphore {
         return skip(f, "no semaphores");
     }
-    let s = sem(&a, &Names::new().name("sem-same"), 2, LockOptions::default());
+    let s = sem(
+        &a,
+        &Names::new().name("sem-same"),
+        2,
+        LockOptions::default(),
+    );
     let g1 = s.try_acquire(f.slack()).await.unwrap().expect("permit 1");
     let g2 = s.try_acquire(f.slack()).await.unwrap().expect("permit 2");
-    assert!(s.try_acquire(ZERO).await.unwrap().is_none(), "a 3rd permit of 2");
+    assert!(
+        s.try_acquire(ZERO).await.unwrap().is_none(),
+        "a 3rd permit of 2"
+    );
     release(g1).await;
     release(g2).await;
 }
@@ -837,10 +1029,17 @@ pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
         .expect("the permit");
     let _ = g.leak();
     let s = sem(&b, &name, 1, LockOptions::default());
-    assert!(s.try_acquire(ZERO).await.unwrap().is_none(), "the dead holder's lease runs");
-    let g = must(f.short_lease() + f.slack() * 2, "the permit comes back", s.acquire())
-        .await
-        .unwrap();
+    assert!(
+        s.try_acquire(ZERO).await.unwrap().is_none(),
+        "the dead holder's lease runs"
+    );
+    let g = must(
+        f.short_lease() + f.slack() * 2,
+        "the permit comes back",
+        s.acquire(),
+    )
+    .await
+    .unwrap();
     release(g).await;
 }
 
@@ -858,7 +1057,11 @@ pub async fn multilock_is_all_or_nothing(f: &impl Factory) {
     assert!(is_free(&lock(&b, &n1)).await, "m1 must be rolled back");
     assert!(is_free(&lock(&b, &n3)).await, "m3 must not be held");
     release(blocker).await;
-    let all = multi.try_acquire(f.slack()).await.unwrap().expect("all free now");
+    let all = multi
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("all free now");
     assert_eq!(all.guards().len(), 3);
     all.release().await.unwrap();
 }
@@ -893,7 +1096,9 @@ pub async fn multilock_releases_everything(f: &impl Factory) {
     let names = Names::new();
     let ns: Vec<String> = (0..4).map(|i| names.name(&format!("r{i}"))).collect();
     let multi = MultiLock::new(ns.iter().map(|n| lock(&a, n)).collect()).unwrap();
-    let g = must(f.slack(), "MultiLock acquire", multi.acquire()).await.unwrap();
+    let g = must(f.slack(), "MultiLock acquire", multi.acquire())
+        .await
+        .unwrap();
     assert!(g.is_held());
     let tokens = g.fencing_tokens();
     assert_eq!(tokens.len(), 4);
@@ -902,7 +1107,10 @@ pub async fn multilock_releases_everything(f: &impl Factory) {
     }
     g.release().await.unwrap();
     for n in &ns {
-        assert!(is_free(&lock(&b, n)).await, "{n} must be free after release");
+        assert!(
+            is_free(&lock(&b, n)).await,
+            "{n} must be free after release"
+        );
     }
 }
 

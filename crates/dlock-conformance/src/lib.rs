@@ -6,22 +6,31 @@
 //!
 //! # For a backend crate
 //!
-//! ```ignore
-//! // tests/conformance.rs
-//! struct MyFactory { url: String }
+//! ```
+//! // tests/conformance.rs of a backend crate
+//! use std::sync::Arc;
+//! use dlock_conformance::{Factory, async_trait};
+//! use dlock_core::{DynLockProvider, Result};
 //!
-//! #[dlock_conformance::async_trait]
-//! impl dlock_conformance::Factory for MyFactory {
-//!     fn label(&self) -> String { "mine".into() }
-//!     async fn connect(&self) -> dlock_core::Result<dlock_core::DynLockProvider> {
-//!         Ok(std::sync::Arc::new(MyProvider::connect(&self.url).await?))
+//! struct MyFactory {
+//!     url: String,
+//! }
+//!
+//! #[async_trait]
+//! impl Factory for MyFactory {
+//!     fn label(&self) -> String {
+//!         "memory".into()
+//!     }
+//!     async fn connect(&self) -> Result<DynLockProvider> {
+//!         Ok(Arc::new(dlock_memory::MemoryProvider::connect(&self.url)?))
 //!     }
 //! }
 //!
-//! // Skipped (with a message) when DLOCK_MY_URL is unset, a failure if DLOCK_TEST_REQUIRE=all.
+//! // Skipped (with a message) when DLOCK_MY_URL is unset; a failure if DLOCK_TEST_REQUIRE=all.
 //! dlock_conformance::conformance_tests!(
 //!     dlock_conformance::service_url("DLOCK_MY_URL").map(|url| MyFactory { url })
 //! );
+//! # fn main() {}
 //! ```
 //!
 //! Each case asks the factory for fresh clients (`connect`), works under a fresh namespace

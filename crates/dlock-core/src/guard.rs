@@ -212,7 +212,8 @@ impl Shared {
         }
         let result = self.hold.release().await;
         if let Err(Error::LockLost { .. }) = &result {
-            self.signal.mark_lost(&self.name, "released after the hold was gone");
+            self.signal
+                .mark_lost(&self.name, "released after the hold was gone");
         }
         result
     }
@@ -328,9 +329,8 @@ impl LockGuard {
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let signal = self.shared.as_ref().map(|s| s.signal.clone());
         async move {
-            match signal {
-                Some(signal) => signal.lost().await,
-                None => {}
+            if let Some(signal) = signal {
+                signal.lost().await;
             }
         }
     }
@@ -379,7 +379,8 @@ impl LockGuard {
             return Err(Error::lock_lost(&self.name));
         }
         let started = Instant::now();
-        let span = tracing::debug_span!("dlock.extend", backend = shared.backend, lock = %self.name);
+        let span =
+            tracing::debug_span!("dlock.extend", backend = shared.backend, lock = %self.name);
         match shared.hold.extend(ttl).instrument(span).await {
             Ok(()) => {
                 *lock(&shared.lease_end) = started + ttl;
@@ -387,7 +388,9 @@ impl LockGuard {
                 Ok(())
             }
             Err(e @ Error::LockLost { .. }) => {
-                shared.signal.mark_lost(&self.name, "extend found the hold gone");
+                shared
+                    .signal
+                    .mark_lost(&self.name, "extend found the hold gone");
                 Err(e)
             }
             Err(e) => Err(e),
@@ -417,7 +420,8 @@ impl LockGuard {
                 Ok(())
             };
         }
-        let span = tracing::debug_span!("dlock.release", backend = shared.backend, lock = %self.name);
+        let span =
+            tracing::debug_span!("dlock.release", backend = shared.backend, lock = %self.name);
         let mut pending = PendingRelease(Some(shared));
         let result = match &pending.0 {
             Some(shared) => shared.release_remote().instrument(span).await,

@@ -64,7 +64,8 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> &'static str {
             if started >= lease_end {
                 return "renewal did not succeed before the lease ended";
             }
-            let span = tracing::debug_span!("dlock.renew", backend = shared.backend, lock = %shared.name);
+            let span =
+                tracing::debug_span!("dlock.renew", backend = shared.backend, lock = %shared.name);
             match timeout_at(lease_end, shared.hold.extend(ttl).instrument(span)).await {
                 Ok(Ok(())) => {
                     *lock(&shared.lease_end) = started + ttl;

@@ -41,7 +41,10 @@ impl MultiLock {
     /// [`Error::InvalidArgument`] if the list is empty or names the same lock twice.
     pub fn new(mut locks: Vec<DynLock>) -> Result<Self> {
         if locks.is_empty() {
-            return Err(Error::invalid_argument("locks", "a MultiLock needs at least one lock"));
+            return Err(Error::invalid_argument(
+                "locks",
+                "a MultiLock needs at least one lock",
+            ));
         }
         locks.sort_by(|a, b| (a.store_id(), a.name()).cmp(&(b.store_id(), b.name())));
         if let Some(w) = locks

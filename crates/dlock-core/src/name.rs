@@ -149,7 +149,15 @@ mod tests {
 
     #[test]
     fn accepts_unicode_and_punctuation() {
-        for ok in ["a", "A", "orders/42", "x y", "'\"\\%_", "🔒", &"é".repeat(127)] {
+        for ok in [
+            "a",
+            "A",
+            "orders/42",
+            "x y",
+            "'\"\\%_",
+            "🔒",
+            &"é".repeat(127),
+        ] {
             assert_eq!(LockName::new(ok).unwrap().as_str(), ok);
         }
         assert_eq!(LockName::new("x".repeat(255)).unwrap().as_str().len(), 255);
@@ -173,7 +181,10 @@ mod tests {
         let long = "é".repeat(128); // 256 bytes
         let err = LockName::new(&long).unwrap_err();
         assert!(err.to_string().contains("256"), "{err}");
-        assert!(err.to_string().len() < 300, "long names are shortened: {err}");
+        assert!(
+            err.to_string().len() < 300,
+            "long names are shortened: {err}"
+        );
     }
 
     #[test]

@@ -249,7 +249,12 @@ mod tests {
     #[test]
     fn defaults() {
         let o = LockOptions::default();
-        assert_eq!(o.lease, Lease::Watchdog { ttl: Duration::from_secs(30) });
+        assert_eq!(
+            o.lease,
+            Lease::Watchdog {
+                ttl: Duration::from_secs(30)
+            }
+        );
         assert!(o.reentrant && !o.fair);
         assert!(all().check(&o).is_ok());
     }
@@ -257,7 +262,13 @@ mod tests {
     #[test]
     fn rejects_zero_and_short_leases() {
         let zero = LockOptions::new().with_lease(Lease::Fixed(Duration::ZERO));
-        assert!(matches!(all().check(&zero), Err(Error::InvalidArgument { argument: "lease", .. })));
+        assert!(matches!(
+            all().check(&zero),
+            Err(Error::InvalidArgument {
+                argument: "lease",
+                ..
+            })
+        ));
         let short = LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(5)));
         let err = all().check(&short).unwrap_err();
         assert!(err.to_string().contains("shorter"), "{err}");

@@ -28,9 +28,7 @@ impl Reentrancy {
 
     /// Whether the owner holds the lock (and it is not known to be lost).
     pub fn is_held(&self) -> bool {
-        lock(&self.current)
-            .upgrade()
-            .is_some_and(|s| s.is_live())
+        lock(&self.current).upgrade().is_some_and(|s| s.is_live())
     }
 
     fn reenter(&self) -> Option<LockGuard> {
@@ -47,7 +45,11 @@ impl Reentrancy {
     /// # Cancel safety
     ///
     /// As cancel safe as `acquire`: waiting for the owner's other tasks holds nothing.
-    pub async fn acquire<F, Fut>(&self, deadline: Option<Instant>, acquire: F) -> Result<Option<LockGuard>>
+    pub async fn acquire<F, Fut>(
+        &self,
+        deadline: Option<Instant>,
+        acquire: F,
+    ) -> Result<Option<LockGuard>>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Option<LockGuard>>>,

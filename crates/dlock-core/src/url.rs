@@ -107,7 +107,10 @@ mod tests {
 
     #[test]
     fn redacts_passwords_in_text() {
-        assert_eq!(redact("mysql://u:p@h:3306/db?x=1"), "mysql://u:***@h:3306/db?x=1");
+        assert_eq!(
+            redact("mysql://u:p@h:3306/db?x=1"),
+            "mysql://u:***@h:3306/db?x=1"
+        );
         assert_eq!(redact("redis://:pw@h"), "redis://:***@h");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
         assert_eq!(redact("not a url"), "not a url");
@@ -124,7 +127,8 @@ mod tests {
 
     #[test]
     fn debug_and_display_hide_the_password() {
-        let url = RedactedUrl::parse("mysql://root:hunter2@127.0.0.1/db?strategy=optimistic").unwrap();
+        let url =
+            RedactedUrl::parse("mysql://root:hunter2@127.0.0.1/db?strategy=optimistic").unwrap();
         assert!(!format!("{url:?} {url}").contains("hunter2"));
         assert_eq!(url.store_id(), "mysql://127.0.0.1/db");
     }

@@ -59,7 +59,10 @@ mod tests {
     fn parses_private_and_named_stores() {
         assert_eq!(parse("memory://").unwrap(), None);
         assert_eq!(parse("memory://shared").unwrap().as_deref(), Some("shared"));
-        assert_eq!(parse("memory://shared/").unwrap().as_deref(), Some("shared"));
+        assert_eq!(
+            parse("memory://shared/").unwrap().as_deref(),
+            Some("shared")
+        );
     }
 
     #[test]

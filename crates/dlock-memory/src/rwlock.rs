@@ -27,8 +27,13 @@ pub(crate) struct MemoryReadWriteLock {
 }
 
 impl MemoryReadWriteLock {
-    async fn acquire_until(&self, mode: Mode, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let span = tracing::debug_span!("dlock.acquire", backend = BACKEND, lock = %self.name, ?mode);
+    async fn acquire_until(
+        &self,
+        mode: Mode,
+        deadline: Option<Instant>,
+    ) -> Result<Option<LockGuard>> {
+        let span =
+            tracing::debug_span!("dlock.acquire", backend = BACKEND, lock = %self.name, ?mode);
         let (slot, owner) = match mode {
             Mode::Shared => (&self.read, self.owner),
             _ => {
@@ -54,7 +59,10 @@ impl MemoryReadWriteLock {
             fair: self.options.fair,
             lease: self.options.lease,
         };
-        let acquire = || self.store.acquire(Kind::ReadWrite, &self.name, request, deadline);
+        let acquire = || {
+            self.store
+                .acquire(Kind::ReadWrite, &self.name, request, deadline)
+        };
         async {
             if self.options.reentrant {
                 slot.acquire(deadline, acquire).await
@@ -93,7 +101,8 @@ impl DistributedReadWriteLock for MemoryReadWriteLock {
     }
 
     async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_until(Mode::Shared, Some(Instant::now() + wait)).await
+        self.acquire_until(Mode::Shared, Some(Instant::now() + wait))
+            .await
     }
 
     async fn write(&self) -> Result<LockGuard> {
@@ -101,6 +110,7 @@ impl DistributedReadWriteLock for MemoryReadWriteLock {
     }
 
     async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_until(Mode::Exclusive, Some(Instant::now() + wait)).await
+        self.acquire_until(Mode::Exclusive, Some(Instant::now() + wait))
+            .await
     }
 }

@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use dlock_core::{
-    Error, FencingToken, Hold, HoldSignal, Lease, LockGuard, LockName, NewHold, Result,
-    async_trait,
+    Error, FencingToken, Hold, HoldSignal, Lease, LockGuard, LockName, NewHold, Result, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
