@@ -10,6 +10,7 @@
 //! | feature | backend | schemes |
 //! | --- | --- | --- |
 //! | `memory` (default) | [`memory`]: in-process reference backend | `memory://` |
+//! | `redis` | [`redis`]: Redisson-compatible locks on Redis or Redis Cluster | `redis://`, `rediss://` |
 //! | `all-backends` | every backend below, for CI and docs | |
 //!
 //! # Guards and release
@@ -34,10 +35,21 @@ pub mod memory {
     pub use dlock_memory::*;
 }
 
+/// Redisson-compatible locks on Redis (`redis://`, `rediss://`).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    pub use dlock_redis::*;
+}
+
 /// The URL schemes this build of `dlock` can connect to (depends on the enabled features).
 pub const SCHEMES: &[&str] = &[
     #[cfg(feature = "memory")]
     "memory",
+    #[cfg(feature = "redis")]
+    "redis",
+    #[cfg(feature = "redis")]
+    "rediss",
 ];
 
 /// Every scheme dlock knows, with the feature that enables it.
@@ -56,6 +68,7 @@ const KNOWN: &[(&str, &str)] = &[
 /// | scheme | backend | feature |
 /// | --- | --- | --- |
 /// | `memory://`, `memory://NAME` | in-process store (private, or shared by name) | `memory` |
+/// | `redis://host[:port][/db]`, `rediss://…` (`?cluster=true` for a cluster seed) | Redis, Redisson-compatible | `redis` |
 ///
 /// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
 /// within the [`Capabilities`] each backend declares.
@@ -90,6 +103,8 @@ pub async fn connect(url: &str) -> Result<Locks> {
     let provider: DynLockProvider = match scheme.as_str() {
         #[cfg(feature = "memory")]
         "memory" => Arc::new(dlock_memory::MemoryProvider::connect(url)?),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Arc::new(dlock_redis::RedisProvider::connect(url).await?),
         other => {
             return Err(match KNOWN.iter().find(|(s, _)| *s == other) {
                 Some((_, feature)) => Error::config(format!(

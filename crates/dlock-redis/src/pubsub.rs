@@ -1,0 +1,297 @@
+//! One subscription connection per provider, shared by every waiter of that provider.
+//!
+//! Redisson opens a subscription per waiting lock and wakes every waiter of a lock on each
+//! release. Here all waiters of a provider share one RESP3 connection; a message is routed to
+//! the waiters registered for its channel, and an unlock message wakes exactly one of them
+//! (a read-unlock message wakes them all, since readers can share). A waiter that was woken but
+//! gave up before trying passes the wake-up on, so no release is lost.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use dlock_core::Result;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep_until};
+
+use crate::config::RedisConfig;
+use crate::conn::Conn;
+
+/// Redisson's unlock message: wakes one waiter.
+pub(crate) const UNLOCK: &str = "0";
+/// Redisson's read-unlock message (sent when a write hold ends): wakes every waiter.
+pub(crate) const READ_UNLOCK: &str = "1";
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    notify: Arc<Notify>,
+    /// Woken and not yet done trying.
+    signalled: Arc<AtomicBool>,
+}
+
+impl Waiter {
+    fn wake(&self) {
+        self.signalled.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+}
+
+/// What a channel's messages mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum ChannelKind {
+    /// Lock channels: `0` wakes one waiter, `1` (a write unlock) wakes all.
+    #[default]
+    Lock,
+    /// Semaphore channels: the message is the number of available permits; that many
+    /// waiters are woken.
+    Semaphore,
+}
+
+#[derive(Debug, Default)]
+struct Channel {
+    kind: ChannelKind,
+    waiters: Vec<Waiter>,
+    subscribed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    channels: Mutex<HashMap<String, Channel>>,
+    ids: AtomicU64,
+    /// Messages routed, for tests and the benchmark.
+    delivered: AtomicU64,
+}
+
+impl Registry {
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Called by the connection for every pushed message.
+    fn dispatch(&self, info: PushInfo) {
+        match info.kind {
+            PushKind::Message | PushKind::SMessage => {
+                let mut data = info.data.into_iter();
+                let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
+                    return;
+                };
+                let (Some(channel), Some(payload)) = (text(channel), text(payload)) else {
+                    return;
+                };
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+                let channels = self.channels();
+                let Some(chan) = channels.get(&channel) else {
+                    return;
+                };
+                match chan.kind {
+                    ChannelKind::Lock if payload == READ_UNLOCK => {
+                        chan.waiters.iter().for_each(Waiter::wake);
+                    }
+                    ChannelKind::Lock => wake_unsignalled(&chan.waiters, 1),
+                    ChannelKind::Semaphore => {
+                        let free = payload.parse::<usize>().unwrap_or(1).max(1);
+                        wake_unsignalled(&chan.waiters, free);
+                    }
+                }
+            }
+            // Messages may have been missed while disconnected: everyone tries again.
+            PushKind::Disconnection => {
+                for chan in self.channels().values() {
+                    chan.waiters.iter().for_each(Waiter::wake);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn wake_unsignalled(waiters: &[Waiter], count: usize) {
+    waiters
+        .iter()
+        .filter(|w| !w.signalled.load(Ordering::SeqCst))
+        .take(count)
+        .for_each(Waiter::wake);
+}
+
+fn text(v: Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// The shared subscription connection and its waiter registry.
+#[derive(Debug)]
+pub(crate) struct Subscriptions {
+    conn: Conn,
+    registry: Arc<Registry>,
+    /// Serializes SUBSCRIBE/UNSUBSCRIBE so a channel's flag matches the server.
+    ops: tokio::sync::Mutex<()>,
+}
+
+impl Subscriptions {
+    pub(crate) async fn connect(config: &RedisConfig) -> Result<Arc<Self>> {
+        let registry = Arc::new(Registry::default());
+        let sink = Arc::clone(&registry);
+        let push = move |info: PushInfo| {
+            sink.dispatch(info);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let push = Arc::new(push);
+        let conn = Conn::connect(config, Some(push)).await?;
+        Ok(Arc::new(Self {
+            conn,
+            registry,
+            ops: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// Messages delivered to this provider so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.registry.delivered.load(Ordering::Relaxed)
+    }
+
+    /// Channels this provider is subscribed to.
+    pub(crate) fn subscribed(&self) -> usize {
+        self.registry
+            .channels()
+            .values()
+            .filter(|c| c.subscribed)
+            .count()
+    }
+
+    /// Registers a waiter on `channel`, subscribing first if nobody of this provider is.
+    /// When this returns, every message published from now on reaches the listener.
+    ///
+    /// Cancel safe: a dropped future leaves the registry as it found it (a subscription made
+    /// meanwhile is undone by the listener's drop).
+    pub(crate) async fn listen(
+        self: &Arc<Self>,
+        channel: &str,
+        kind: ChannelKind,
+    ) -> Result<Listener> {
+        let listener = {
+            let mut channels = self.registry.channels();
+            let id = self.registry.ids.fetch_add(1, Ordering::Relaxed);
+            let waiter = Waiter {
+                id,
+                notify: Arc::new(Notify::new()),
+                signalled: Arc::new(AtomicBool::new(false)),
+            };
+            let listener = Listener {
+                subs: Arc::clone(self),
+                channel: channel.to_owned(),
+                id,
+                notify: Arc::clone(&waiter.notify),
+                signalled: Arc::clone(&waiter.signalled),
+            };
+            let chan = channels.entry(channel.to_owned()).or_default();
+            chan.kind = kind;
+            chan.waiters.push(waiter);
+            listener
+        };
+        let subscribed = self
+            .registry
+            .channels()
+            .get(channel)
+            .is_some_and(|c| c.subscribed);
+        if !subscribed {
+            let _ops = self.ops.lock().await;
+            let subscribed = self
+                .registry
+                .channels()
+                .get(channel)
+                .is_some_and(|c| c.subscribed);
+            if !subscribed {
+                self.conn.subscribe(channel).await?;
+                if let Some(c) = self.registry.channels().get_mut(channel) {
+                    c.subscribed = true;
+                }
+            }
+        }
+        Ok(listener)
+    }
+
+    async fn unsubscribe_if_idle(self: Arc<Self>, channel: String) {
+        let _ops = self.ops.lock().await;
+        let idle = {
+            let channels = self.registry.channels();
+            channels
+                .get(&channel)
+                .is_some_and(|c| c.waiters.is_empty() && c.subscribed)
+        };
+        if !idle {
+            return;
+        }
+        // On failure the flag stays set: the connection still delivers, and the next waiter
+        // reuses the subscription. Messages for a channel without waiters are dropped.
+        if self.conn.unsubscribe(&channel).await.is_ok() {
+            let mut channels = self.registry.channels();
+            if channels.get(&channel).is_some_and(|c| c.waiters.is_empty()) {
+                channels.remove(&channel);
+            } else if let Some(c) = channels.get_mut(&channel) {
+                c.subscribed = false;
+            }
+        }
+    }
+}
+
+/// One waiter's registration on a channel; dropping it leaves the channel (and unsubscribes
+/// in the background when it was the last).
+#[derive(Debug)]
+pub(crate) struct Listener {
+    subs: Arc<Subscriptions>,
+    channel: String,
+    id: u64,
+    notify: Arc<Notify>,
+    signalled: Arc<AtomicBool>,
+}
+
+impl Listener {
+    /// Sleeps until woken by a message or until `until`, whichever comes first.
+    pub(crate) async fn wait(&self, until: Option<Instant>) {
+        if self.signalled.load(Ordering::SeqCst) {
+            return;
+        }
+        match until {
+            Some(at) => {
+                tokio::select! {
+                    () = self.notify.notified() => {}
+                    () = sleep_until(at) => {}
+                }
+            }
+            None => self.notify.notified().await,
+        }
+    }
+
+    /// Marks a wake-up as used: call after an attempt that followed it has completed.
+    pub(crate) fn consumed(&self) {
+        self.signalled.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let idle = {
+            let mut channels = self.subs.registry.channels();
+            let Some(chan) = channels.get_mut(&self.channel) else {
+                return;
+            };
+            chan.waiters.retain(|w| w.id != self.id);
+            // A wake-up we received but did not act on belongs to the next waiter.
+            if self.signalled.load(Ordering::SeqCst) {
+                wake_unsignalled(&chan.waiters, 1);
+            }
+            chan.waiters.is_empty()
+        };
+        if idle {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(Arc::clone(&self.subs).unsubscribe_if_idle(self.channel.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! The Lua scripts and the key layout, which follow Redisson's so that Java `RLock`,
+//! `RFencedLock`, `RReadWriteLock` and `RPermitExpirableSemaphore` holders and dlock holders
+//! exclude and wake each other.
+//!
+//! Replies: acquisitions return `{-1, token}` when granted and `{pttl, -1}` when not (Redisson's
+//! fenced-lock convention); unlocks return nil (not the owner), 0 (still held) or 1 (released);
+//! renewals return 1 (renewed) or 0 (not held).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Redisson's `prefixName`: `prefix:{name}`, or `prefix:name` when the name has a `{` already
+/// (its own hash tag then decides the cluster slot).
+pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}:{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
+}
+
+/// Redisson's `suffixName`: `{name}:suffix`, or `name:suffix` when the name has a `{`.
+pub(crate) fn suffix_name(name: &str, suffix: &str) -> String {
+    if name.contains('{') {
+        format!("{name}:{suffix}")
+    } else {
+        format!("{{{name}}}:{suffix}")
+    }
+}
+
+/// The hash tag Redis Cluster hashes a key by: the text between the first `{` and the next
+/// `}`, if non-empty; `None` when the whole key is hashed.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')? + open + 1;
+    (close > open + 1).then(|| &key[open + 1..close])
+}
+
+/// All keys of one lock (the hash, and the Redisson keys derived from it).
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub(crate) name: String,
+    pub(crate) channel: String,
+    pub(crate) token: String,
+    pub(crate) queue: String,
+    pub(crate) timeouts: String,
+    pub(crate) rw_channel: String,
+    pub(crate) rw_prefix: String,
+    pub(crate) sem_channel: String,
+    pub(crate) sem_timeouts: String,
+}
+
+impl Keys {
+    pub(crate) fn new(name: &str) -> Self {
+        let rw_prefix = if name.contains('{') {
+            name.to_owned()
+        } else {
+            format!("{{{name}}}")
+        };
+        Self {
+            name: name.to_owned(),
+            channel: prefix_name("redisson_lock__channel", name),
+            token: prefix_name("redisson_lock_token", name),
+            queue: prefix_name("redisson_lock_queue", name),
+            timeouts: prefix_name("redisson_lock_timeout", name),
+            rw_channel: prefix_name("redisson_rwlock", name),
+            rw_prefix,
+            sem_channel: prefix_name("redisson_sc", name),
+            sem_timeouts: suffix_name(name, "timeout"),
+        }
+    }
+
+    /// The fair lock's per-waiter channel.
+    pub(crate) fn waiter_channel(&self, field: &str) -> String {
+        format!("{}:{field}", self.channel)
+    }
+
+    /// The base of a reader's per-hold timeout keys: `{name}:<field>:rwlock_timeout`.
+    pub(crate) fn read_timeouts(&self, field: &str) -> String {
+        format!("{}:{field}:rwlock_timeout", self.rw_prefix)
+    }
+}
+
+/// Mutex acquire. KEYS: name, token. ARGV: lease ms, field.
+pub(crate) static LOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, token}
+end
+return {redis.call('pttl', KEYS[1]), -1}
+",
+    )
+});
+
+/// Mutex (and write lock) unlock. KEYS: name, channel. ARGV: message, lease ms, field,
+/// publish command.
+pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+  return nil
+end
+local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if left > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('del', KEYS[1])
+redis.call(ARGV[4], KEYS[2], ARGV[1])
+return 1
+",
+    )
+});
+
+/// Renewal of a mutex, fair lock or write hold. KEYS: name. ARGV: lease ms, field.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// The fair lock's stale-head sweep, shared by its scripts: waiters whose deadline (score,
+/// client epoch ms) passed are dropped from the head of the queue. Uses ARGV[4] as now.
+const FAIR_SWEEP: &str = r"
+while true do
+  local head = redis.call('lindex', KEYS[2], 0)
+  if head == false then break end
+  local deadline = redis.call('zscore', KEYS[3], head)
+  if deadline ~= false and tonumber(deadline) <= tonumber(ARGV[4]) then
+    redis.call('zrem', KEYS[3], head)
+    redis.call('lpop', KEYS[2])
+  else
+    break
+  end
+end
+";
+
+/// The fair lock's grant when the lock is free and the queue empty or headed by us; shared
+/// by both acquire scripts. Uses ARGV[3] as the per-waiter wait.
+const FAIR_GRANT: &str = r"
+if redis.call('exists', KEYS[1]) == 0
+   and (redis.call('exists', KEYS[2]) == 0 or redis.call('lindex', KEYS[2], 0) == ARGV[2]) then
+  redis.call('lpop', KEYS[2])
+  redis.call('zrem', KEYS[3], ARGV[2])
+  local waiting = redis.call('zrange', KEYS[3], 0, -1)
+  for i = 1, #waiting do
+    redis.call('zincrby', KEYS[3], -tonumber(ARGV[3]), waiting[i])
+  end
+  local token = redis.call('incr', KEYS[4])
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, token}
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  local token = redis.call('incr', KEYS[4])
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, token}
+end
+";
+
+/// Fair acquire that queues when it cannot take the lock (Redisson's algorithm: the score is
+/// the deadline by which the waiter must take its turn). KEYS: name, queue, timeouts, token.
+/// ARGV: lease ms, field, wait ms, now ms.
+pub(crate) static FAIR_LOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{FAIR_SWEEP}{FAIR_GRANT}
+if redis.call('zscore', KEYS[3], ARGV[2]) ~= false then
+  return {{math.max(0, redis.call('pttl', KEYS[1])), -1}}
+end
+local last = redis.call('lindex', KEYS[2], -1)
+local ttl
+if last ~= false and last ~= ARGV[2] and redis.call('zscore', KEYS[3], last) ~= false then
+  ttl = tonumber(redis.call('zscore', KEYS[3], last)) - tonumber(ARGV[4])
+else
+  ttl = redis.call('pttl', KEYS[1])
+end
+if redis.call('zadd', KEYS[3], ttl + tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[2]) == 1 then
+  redis.call('rpush', KEYS[2], ARGV[2])
+end
+return {{ttl, -1}}
+"
+    ))
+});
+
+/// Fair try-acquire that never queues. Same KEYS and ARGV as [`FAIR_LOCK`].
+pub(crate) static FAIR_TRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{FAIR_SWEEP}{FAIR_GRANT}
+return {{math.max(0, redis.call('pttl', KEYS[1])), -1}}
+"
+    ))
+});
+
+/// A fair waiter leaves the queue; the waiters behind it get its wait back. KEYS: queue,
+/// timeouts. ARGV: field, wait ms.
+pub(crate) static FAIR_LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local queue = redis.call('lrange', KEYS[1], 0, -1)
+local i = 1
+while i <= #queue and queue[i] ~= ARGV[1] do i = i + 1 end
+i = i + 1
+while i <= #queue do
+  redis.call('zincrby', KEYS[2], -tonumber(ARGV[2]), queue[i])
+  i = i + 1
+end
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('lrem', KEYS[1], 0, ARGV[1])
+return 1
+",
+    )
+});
+
+/// Fair unlock: wakes only the head of the queue, on its own channel. KEYS: name, queue,
+/// timeouts, channel. ARGV: message, lease ms, field, now ms, publish command.
+pub(crate) static FAIR_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{FAIR_SWEEP}
+if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+  return nil
+end
+local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if left > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('del', KEYS[1])
+local next = redis.call('lindex', KEYS[2], 0)
+if next ~= false then
+  redis.call(ARGV[5], KEYS[4] .. ':' .. next, ARGV[1])
+end
+return 1
+"
+    ))
+});
+
+/// Read acquire. KEYS: name, read-timeouts base, token. ARGV: lease ms, read field, write
+/// field of this owner's write hold (downgrade), or an empty string.
+pub(crate) static READ_LOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  local token = redis.call('incr', KEYS[3])
+  redis.call('hset', KEYS[1], 'mode', 'read')
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('set', KEYS[2] .. ':1', 1)
+  redis.call('pexpire', KEYS[2] .. ':1', ARGV[1])
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, token}
+end
+if mode == 'read' or (mode == 'write' and ARGV[3] ~= '' and redis.call('hexists', KEYS[1], ARGV[3]) == 1) then
+  local token = redis.call('incr', KEYS[3])
+  local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  local key = KEYS[2] .. ':' .. n
+  redis.call('set', key, 1)
+  redis.call('pexpire', key, ARGV[1])
+  local left = redis.call('pttl', KEYS[1])
+  redis.call('pexpire', KEYS[1], math.max(left, tonumber(ARGV[1])))
+  return {-1, token}
+end
+return {redis.call('pttl', KEYS[1]), -1}
+",
+    )
+});
+
+/// Read unlock: the hash lives as long as its longest read hold. KEYS: name, rw channel,
+/// read-timeouts base, key prefix. ARGV: message, read field, publish command.
+pub(crate) static READ_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  redis.call(ARGV[3], KEYS[2], ARGV[1])
+  return nil
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+  return nil
+end
+local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
+if left == 0 then
+  redis.call('hdel', KEYS[1], ARGV[2])
+end
+redis.call('del', KEYS[3] .. ':' .. (left + 1))
+if redis.call('hlen', KEYS[1]) > 1 then
+  local longest = -3
+  for _, field in ipairs(redis.call('hkeys', KEYS[1])) do
+    local n = tonumber(redis.call('hget', KEYS[1], field))
+    if type(n) == 'number' then
+      for i = n, 1, -1 do
+        longest = math.max(longest, redis.call('pttl', KEYS[4] .. ':' .. field .. ':rwlock_timeout:' .. i))
+      end
+    end
+  end
+  if longest > 0 then
+    redis.call('pexpire', KEYS[1], longest)
+    return 0
+  end
+  if mode == 'write' then
+    return 0
+  end
+end
+redis.call('del', KEYS[1])
+redis.call(ARGV[3], KEYS[2], ARGV[1])
+return 1
+",
+    )
+});
+
+/// Read renewal. KEYS: name, key prefix. ARGV: lease ms, read field.
+pub(crate) static READ_RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = redis.call('hget', KEYS[1], ARGV[2])
+if n == false then
+  return 0
+end
+for i = tonumber(n), 1, -1 do
+  redis.call('pexpire', KEYS[2] .. ':' .. ARGV[2] .. ':rwlock_timeout:' .. i, ARGV[1])
+end
+local left = redis.call('pttl', KEYS[1])
+redis.call('pexpire', KEYS[1], math.max(left, tonumber(ARGV[1])))
+return 1
+",
+    )
+});
+
+/// Write acquire. KEYS: name, token. ARGV: lease ms, write field.
+pub(crate) static WRITE_LOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], 'mode', 'write')
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, token}
+end
+if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], redis.call('pttl', KEYS[1]) + ARGV[1])
+  return {-1, token}
+end
+return {redis.call('pttl', KEYS[1]), -1}
+",
+    )
+});
+
+/// Write unlock: a writer that also reads (downgraded) leaves the lock in read mode; otherwise
+/// every waiter is woken (message 1: readers may all proceed). KEYS: name, rw channel.
+/// ARGV: message, lease ms, write field, publish command.
+pub(crate) static WRITE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  redis.call(ARGV[4], KEYS[2], ARGV[1])
+  return nil
+end
+if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+  return nil
+end
+local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if left > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('hdel', KEYS[1], ARGV[3])
+if redis.call('hlen', KEYS[1]) == 1 then
+  redis.call('del', KEYS[1])
+  redis.call(ARGV[4], KEYS[2], ARGV[1])
+else
+  redis.call('hset', KEYS[1], 'mode', 'read')
+end
+return 1
+",
+    )
+});
+
+/// The permit-expirable semaphore's reclaim of expired permits, shared by its scripts.
+/// KEYS[1] counter, KEYS[2] timeouts, KEYS[3] channel; ARGV[3] now, ARGV[5] publish command.
+const SEM_RECLAIM: &str = r"
+local expired = redis.call('zrangebyscore', KEYS[2], 0, ARGV[3])
+if #expired > 0 then
+  redis.call('zrem', KEYS[2], unpack(expired))
+  local value = redis.call('incrby', KEYS[1], #expired)
+  if tonumber(value) > 0 then
+    redis.call(ARGV[5], KEYS[3], value)
+  end
+end
+";
+
+/// Permit acquire. The counter holds the available permits and is created with the handle's
+/// count on first use. KEYS: counter, timeouts, channel, token. ARGV: permits, expiry ms
+/// (epoch), now ms, unused, publish command, permit id (16 raw bytes).
+pub(crate) static SEM_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('set', KEYS[1], ARGV[1])
+end
+{SEM_RECLAIM}
+local value = redis.call('get', KEYS[1])
+if value ~= false and tonumber(value) >= 1 then
+  redis.call('decrby', KEYS[1], 1)
+  redis.call('zadd', KEYS[2], ARGV[2], ARGV[6])
+  return {{-1, redis.call('incr', KEYS[4])}}
+end
+local first = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+if first[1] ~= nil then
+  return {{math.max(0, tonumber(first[2]) - tonumber(ARGV[3])), -1}}
+end
+return {{-2, -1}}
+"
+    ))
+});
+
+/// Permit renewal (Redisson's `updateLeaseTime`). KEYS: timeouts. ARGV: expiry ms (epoch),
+/// permit id.
+pub(crate) static SEM_RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('zscore', KEYS[1], ARGV[2]) == false then
+  return 0
+end
+redis.call('zadd', KEYS[1], ARGV[1], ARGV[2])
+return 1
+",
+    )
+});
+
+/// Permit release; publishes the number of available permits. KEYS: counter, channel,
+/// timeouts. ARGV: permit id, now ms, publish command. Returns 1, or nil if the permit was not
+/// held (expired or never granted).
+pub(crate) static SEM_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local expiry = redis.call('zscore', KEYS[3], ARGV[1])
+if expiry == false then
+  return nil
+end
+redis.call('zrem', KEYS[3], ARGV[1])
+local value = redis.call('incrby', KEYS[1], 1)
+redis.call(ARGV[3], KEYS[2], value)
+if tonumber(expiry) <= tonumber(ARGV[2]) then
+  return nil
+end
+return 1
+",
+    )
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_redisson() {
+        let k = Keys::new("orders/42");
+        assert_eq!(k.name, "orders/42");
+        assert_eq!(k.channel, "redisson_lock__channel:{orders/42}");
+        assert_eq!(k.token, "redisson_lock_token:{orders/42}");
+        assert_eq!(k.queue, "redisson_lock_queue:{orders/42}");
+        assert_eq!(k.timeouts, "redisson_lock_timeout:{orders/42}");
+        assert_eq!(k.rw_channel, "redisson_rwlock:{orders/42}");
+        assert_eq!(k.rw_prefix, "{orders/42}");
+        assert_eq!(k.sem_channel, "redisson_sc:{orders/42}");
+        assert_eq!(k.sem_timeouts, "{orders/42}:timeout");
+        assert_eq!(
+            k.waiter_channel("u:1"),
+            "redisson_lock__channel:{orders/42}:u:1"
+        );
+        assert_eq!(k.read_timeouts("u:1"), "{orders/42}:u:1:rwlock_timeout");
+
+        let k = Keys::new("a{x}b");
+        assert_eq!(k.channel, "redisson_lock__channel:a{x}b");
+        assert_eq!(k.sem_timeouts, "a{x}b:timeout");
+        assert_eq!(k.rw_prefix, "a{x}b");
+        assert_eq!(k.read_timeouts("u:1"), "a{x}b:u:1:rwlock_timeout");
+    }
+
+    #[test]
+    fn hash_tags() {
+        assert_eq!(hash_tag("{orders/42}:x"), Some("orders/42"));
+        assert_eq!(hash_tag("a{x}b"), Some("x"));
+        assert_eq!(hash_tag("a{}b"), None);
+        assert_eq!(hash_tag("a{b"), None);
+        assert_eq!(hash_tag("plain"), None);
+    }
+}
