@@ -81,6 +81,9 @@ fn read_attempt(reply: Value) -> Result<Attempt> {
     }
 }
 
+/// How many times a call is retried after a connection error.
+const RETRIES: usize = 2;
+
 /// Longest sleep without a message when the holder's key has no expiry.
 const NO_TTL_RECHECK: Duration = Duration::from_secs(5);
 
@@ -318,20 +321,40 @@ impl Acquisition {
     /// Leaves no trace of this acquisition: the queue entry of a fair waiter, and a hold that
     /// may have been granted by a call whose answer was never read. Every step is
     /// owner-checked, so it cannot touch anyone else's hold.
-    async fn undo(&self) {
+    async fn undo(&self) -> Result<()> {
         if let Kind::Fair = self.kind {
             let wait = ms(self.inner.fair_wait).to_string();
             let k = &self.keys;
-            let _ = self
-                .run(
-                    "leave queue",
-                    &scripts::FAIR_LEAVE,
-                    &[&k.queue, &k.timeouts],
-                    &[self.field.as_bytes(), wait.as_bytes()],
-                )
-                .await;
+            self.run(
+                "leave queue",
+                &scripts::FAIR_LEAVE,
+                &[&k.queue, &k.timeouts],
+                &[self.field.as_bytes(), wait.as_bytes()],
+            )
+            .await?;
         }
-        let _ = self.release().await;
+        self.release().await.map(|_| ())
+    }
+
+    /// [`attempt`](Self::attempt), retried after a connection error a reconnect may cure (a
+    /// killed connection fails the first call on it). What the failed call may have done is
+    /// undone first, so a retry can never hold twice.
+    async fn attempt_retrying(&self, queue: bool) -> Result<Attempt> {
+        let mut pause = Duration::from_millis(20);
+        for _ in 0..RETRIES {
+            match self.attempt(queue).await {
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(lock = %self.name, error = %e, "acquire attempt failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause *= 4;
+                    if self.undo().await.is_err() {
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+        self.attempt(queue).await
     }
 
     /// Acquires, waiting until `deadline` (`None`: as long as it takes).
@@ -348,7 +371,7 @@ impl Acquisition {
             acq: Arc::clone(&self),
             armed: true,
         };
-        if let Attempt::Granted(token) = self.attempt(queue).await? {
+        if let Attempt::Granted(token) = self.attempt_retrying(queue).await? {
             return Ok(Some(undo.grant(token, started)));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -360,7 +383,7 @@ impl Acquisition {
         loop {
             // Tried, subscribed, try again: a release between the two is not missed.
             let tried = Instant::now();
-            let attempt = self.attempt(true).await;
+            let attempt = self.attempt_retrying(true).await;
             listener.consumed();
             let wait = match attempt? {
                 Attempt::Granted(token) => return Ok(Some(undo.grant(token, tried))),
@@ -403,7 +426,9 @@ impl Undo {
     async fn finish(mut self, queued: bool) {
         self.armed = false;
         if queued && matches!(self.acq.kind, Kind::Fair) {
-            self.acq.undo().await;
+            if let Err(e) = self.acq.undo().await {
+                tracing::warn!(lock = %self.acq.name, error = %e, "could not leave the fair queue; the entry expires with its wait");
+            }
         }
     }
 }
@@ -413,7 +438,11 @@ impl Drop for Undo {
         if self.armed {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let acq = Arc::clone(&self.acq);
-                runtime.spawn(async move { acq.undo().await });
+                runtime.spawn(async move {
+                    if let Err(e) = acq.undo().await {
+                        tracing::warn!(lock = %acq.name, error = %e, "undo of a cancelled acquisition failed; its lease ends it");
+                    }
+                });
             }
         }
     }
@@ -426,10 +455,13 @@ pub(crate) struct RedisHold(Arc<Acquisition>);
 #[async_trait]
 impl Hold for RedisHold {
     async fn release(&self) -> Result<()> {
-        if self.0.release().await? {
-            Ok(())
-        } else {
-            Err(Error::lock_lost(&self.0.name))
+        match self.0.release().await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::lock_lost(&self.0.name)),
+            // A killed connection fails the first call on it; the unlock is owner-checked, so
+            // one more try is safe. Its "not held" then may mean the first one did release.
+            Err(e) if e.is_retryable() => self.0.release().await.map(|_| ()),
+            Err(e) => Err(e),
         }
     }
 

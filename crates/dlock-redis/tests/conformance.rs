@@ -1,4 +1,5 @@
-//! The conformance suite against a real Redis server (`DLOCK_REDIS_URL`).
+//! The conformance suite against a real Redis server (`DLOCK_REDIS_URL`) and a real
+//! 3-master Redis Cluster (`DLOCK_REDIS_CLUSTER_URL`, from `scripts/services up`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,23 +10,52 @@ use dlock_redis::RedisProvider;
 
 struct RedisFactory {
     url: String,
+    cluster: bool,
+}
+
+/// A plain connection for the test's own commands, to a server or a cluster.
+enum Admin {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Admin {
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> T {
+        match self {
+            Self::Single(c) => cmd.query_async(c).await.unwrap(),
+            Self::Cluster(c) => cmd.query_async(c).await.unwrap(),
+        }
+    }
 }
 
 impl RedisFactory {
-    fn from_env() -> Option<Self> {
-        service_url("DLOCK_REDIS_URL").map(|url| Self { url })
+    fn from_env(var: &str) -> Option<Self> {
+        service_url(var).map(|url| Self {
+            cluster: url.contains("cluster=true"),
+            url,
+        })
     }
 
-    async fn admin(&self) -> redis::aio::MultiplexedConnection {
-        let client = redis::Client::open(self.url.as_str()).unwrap();
-        client.get_multiplexed_async_connection().await.unwrap()
+    async fn admin(&self) -> Admin {
+        if self.cluster {
+            let seed = self.url.split('?').next().unwrap();
+            let client = redis::cluster::ClusterClient::new(vec![seed]).unwrap();
+            Admin::Cluster(client.get_async_connection().await.unwrap())
+        } else {
+            let client = redis::Client::open(self.url.as_str()).unwrap();
+            Admin::Single(client.get_multiplexed_async_connection().await.unwrap())
+        }
     }
 }
 
 #[async_trait]
 impl Factory for RedisFactory {
     fn label(&self) -> String {
-        "redis".into()
+        if self.cluster {
+            "redis-cluster".into()
+        } else {
+            "redis".into()
+        }
     }
 
     async fn connect(&self) -> Result<DynLockProvider> {
@@ -37,30 +67,32 @@ impl Factory for RedisFactory {
     }
 
     async fn force_expire(&self, name: &str) -> Option<Result<()>> {
-        let mut c = self.admin().await;
-        let _: () = redis::cmd("DEL")
-            .arg(name)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let _: i64 = self.admin().await.query(redis::cmd("DEL").arg(name)).await;
         Some(Ok(()))
     }
 
     async fn residue(&self, name: &str) -> Option<Result<usize>> {
         let mut c = self.admin().await;
-        let fields: Vec<String> = redis::cmd("HKEYS")
-            .arg(name)
-            .query_async(&mut c)
-            .await
-            .unwrap_or_default();
-        let holds = fields.iter().filter(|f| *f != "mode").count();
-        let queue: usize = redis::cmd("LLEN")
-            .arg(format!("redisson_lock_queue:{{{name}}}"))
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let kind: String = c.query(redis::cmd("TYPE").arg(name)).await;
+        let holds = if kind == "hash" {
+            let fields: Vec<String> = c.query(redis::cmd("HKEYS").arg(name)).await;
+            fields.iter().filter(|f| *f != "mode").count()
+        } else {
+            0
+        };
+        let queue: usize = c
+            .query(redis::cmd("LLEN").arg(format!("redisson_lock_queue:{{{name}}}")))
+            .await;
         Some(Ok(holds + queue))
     }
 }
 
-dlock_conformance::conformance_tests!(RedisFactory::from_env());
+mod single {
+    use super::*;
+    dlock_conformance::conformance_tests!(RedisFactory::from_env("DLOCK_REDIS_URL"));
+}
+
+mod cluster {
+    use super::*;
+    dlock_conformance::conformance_tests!(RedisFactory::from_env("DLOCK_REDIS_CLUSTER_URL"));
+}

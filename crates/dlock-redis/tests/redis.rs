@@ -1,0 +1,657 @@
+//! Redis-specific tests against real servers: Redisson layout compatibility, faults (killed
+//! connections, deleted keys, restarts) and round trips.
+//!
+//! Layout tests use the shared server at `DLOCK_REDIS_URL`. Tests that kill connections,
+//! restart the server or count commands each start a private `redis-server` on a free loopback
+//! port, so they cannot disturb (or be disturbed by) anything else.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::{Lease, LockOptions, LockProvider};
+use dlock_redis::RedisProvider;
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+// ------------------------------------------------------------------ helpers
+
+async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// A `redis-server` of our own on a free loopback port; killed on drop.
+struct PrivateRedis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    appendonly: bool,
+}
+
+impl PrivateRedis {
+    /// Starts one, or returns `None` (skip) when `redis-server` is not installed and skipping
+    /// is allowed.
+    async fn start(appendonly: bool) -> Option<Self> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            if std::env::var("DLOCK_TEST_REQUIRE").as_deref() == Ok("all") {
+                panic!("redis-server is not installed but DLOCK_TEST_REQUIRE=all");
+            }
+            eprintln!("skipped: redis-server is not installed");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("dlock-redis-test-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = Self {
+            port,
+            dir,
+            child: None,
+            appendonly,
+        };
+        server.spawn().await;
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
+            .args(["--appendfsync", "always", "--dir"])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let url = self.url();
+        eventually(
+            Duration::from_secs(10),
+            "private redis-server answers",
+            || async {
+                let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+                let mut c = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    /// How many times each command ran so far, from `INFO commandstats` (which also counts
+    /// the commands scripts run, and INFO itself).
+    async fn stats(&self) -> std::collections::HashMap<String, u64> {
+        let mut c = admin(&self.url()).await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+            })
+            .collect()
+    }
+
+    async fn calls(&self, command: &str) -> u64 {
+        self.stats().await.get(command).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn watchdog(ttl_ms: u64) -> LockOptions {
+    LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(ttl_ms)))
+}
+
+// ------------------------------------------------------------------ Redisson layout
+
+/// A hold taken by dlock is exactly what Redisson stores: a hash at the name with one field
+/// `<client uuid>:<id>` = 1 and a PEXPIRE; the release publishes "0" on Redisson's channel.
+#[tokio::test]
+async fn a_dlock_hold_looks_like_a_redisson_hold() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("layout");
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    let guard = lock.acquire().await.unwrap();
+
+    let mut c = admin(&url).await;
+    let kind: String = redis::cmd("TYPE")
+        .arg(&name)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kind, "hash");
+    let fields: Vec<(String, String)> = c.hgetall(&name).await.unwrap();
+    assert_eq!(fields.len(), 1, "{fields:?}");
+    let (field, count) = &fields[0];
+    let (uuid, id) = field.rsplit_once(':').unwrap();
+    assert_eq!(uuid, p.client_id());
+    assert!(uuid::Uuid::parse_str(uuid).is_ok(), "{uuid}");
+    assert!(id.parse::<u64>().is_ok(), "{id}");
+    assert_eq!(count, "1");
+    let pttl: i64 = c.pttl(&name).await.unwrap();
+    assert!(
+        pttl > 20_000 && pttl <= 30_000,
+        "watchdog lease of 30 s, pttl {pttl}"
+    );
+    let token: u64 = c
+        .get(format!("redisson_lock_token:{{{name}}}"))
+        .await
+        .unwrap();
+    assert_eq!(token, guard.fencing_token().get());
+
+    // The release publishes Redisson's unlock message on Redisson's channel.
+    let mut sub = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    sub.subscribe(&channel).await.unwrap();
+    guard.release().await.unwrap();
+    let msg = must(Duration::from_secs(5), "unlock message", async {
+        use futures::StreamExt;
+        sub.on_message().next().await.unwrap()
+    })
+    .await;
+    assert_eq!(msg.get_channel_name(), channel);
+    assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+    let exists: bool = c.exists(&name).await.unwrap();
+    assert!(!exists, "the hash is deleted on release");
+}
+
+/// A hold written the way Redisson writes it (HINCRBY of a foreign `uuid:thread` field plus
+/// PEXPIRE) blocks dlock, and its unlock message (not the 30 s expiry) lets the waiter in.
+#[tokio::test]
+async fn a_redisson_hold_blocks_dlock_until_its_unlock_message() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("foreign");
+    let mut c = admin(&url).await;
+    let java = format!("{}:1", uuid::Uuid::new_v4());
+    let _: i64 = c.hincr(&name, &java, 1).await.unwrap();
+    let _: bool = c.pexpire(&name, 30_000).await.unwrap();
+
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    assert!(
+        lock.try_acquire(Duration::ZERO).await.unwrap().is_none(),
+        "Redisson holds it"
+    );
+    let waiter = tokio::spawn(async move { lock.acquire().await });
+    // Wait until the waiter is subscribed, then "unlock" the Java way.
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        let p = p.clone();
+        async move {
+            if p.subscriptions() == 1 {
+                Ok(())
+            } else {
+                Err(p.subscriptions())
+            }
+        }
+    })
+    .await;
+    let started = Instant::now();
+    let _: () = c.del(&name).await.unwrap();
+    let _: i64 = c
+        .publish(format!("redisson_lock__channel:{{{name}}}"), "0")
+        .await
+        .unwrap();
+    let guard = must(
+        Duration::from_secs(10),
+        "woken by the unlock message",
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "woken by the message, not the TTL"
+    );
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+}
+
+/// A dlock fair waiter queues in Redisson's queue and timeout set, and is woken on its own
+/// channel, as a Java `RFairLock` waiter is.
+#[tokio::test]
+async fn fair_waiters_use_redissons_queue() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("fair-layout");
+    let fair = LockOptions::new().with_fair(true);
+    let holder = p.lock(&name, fair).unwrap().acquire().await.unwrap();
+    let waiter_lock = p.lock(&name, fair).unwrap();
+    let waiter = tokio::spawn(async move { waiter_lock.acquire().await });
+    let mut c = admin(&url).await;
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let queued: Vec<String> = eventually(Duration::from_secs(5), "the waiter queues", || {
+        let mut c = c.clone();
+        let queue = queue.clone();
+        async move {
+            let q: Vec<String> = c.lrange(&queue, 0, -1).await.map_err(|e| e.to_string())?;
+            if q.len() == 1 {
+                Ok(q)
+            } else {
+                Err(format!("{q:?}"))
+            }
+        }
+    })
+    .await;
+    assert!(queued[0].starts_with(p.client_id()), "{queued:?}");
+    let deadline: Option<f64> = c
+        .zscore(format!("redisson_lock_timeout:{{{name}}}"), &queued[0])
+        .await
+        .unwrap();
+    assert!(deadline.is_some(), "a deadline in the timeout set");
+    holder.release().await.unwrap();
+    let g = must(Duration::from_secs(5), "head waiter woken", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let left: i64 = c.llen(&queue).await.unwrap();
+    assert_eq!(left, 0);
+    g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ faults
+
+/// The holder's connections are killed with CLIENT KILL: the client reconnects and the
+/// watchdog keeps the hold (or, had it not reconnected in time, would report the loss).
+#[tokio::test]
+async fn killed_connections_recover_and_keep_the_hold() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let url = server.url();
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let other = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("kill");
+    let guard = p
+        .lock(&name, watchdog(1500))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+
+    let mut c = admin(&url).await;
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = list
+        .lines()
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .filter(|id| *id != me)
+        .collect();
+    let mut killed = 0;
+    for id in ids {
+        let n: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        killed += n;
+    }
+    assert!(killed >= 2, "killed {killed} connections");
+
+    // Three renewal periods later the hold is still ours, and exclusive.
+    let lost = tokio::time::timeout(Duration::from_millis(1500 * 2), guard.lost()).await;
+    assert!(
+        lost.is_err(),
+        "the watchdog should have recovered after the reconnect"
+    );
+    assert!(guard.is_held());
+    let l2 = other.lock(&name, LockOptions::default()).unwrap();
+    assert!(l2.try_acquire(Duration::ZERO).await.unwrap().is_none());
+    guard.release().await.unwrap();
+    assert!(
+        l2.try_acquire(Duration::from_secs(2))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// The lock key deleted behind the holder's back: `lost()` fires within one renewal period.
+#[tokio::test]
+async fn deleted_key_is_reported_within_one_renewal_period() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("deleted");
+    let ttl = Duration::from_millis(3000);
+    let guard = p
+        .lock(&name, watchdog(3000))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut c = admin(&url).await;
+    let _: () = c.del(&name).await.unwrap();
+    let started = Instant::now();
+    must(
+        ttl / 3 + Duration::from_millis(500),
+        "lost() after DEL",
+        guard.lost(),
+    )
+    .await;
+    assert!(started.elapsed() <= ttl / 3 + Duration::from_millis(500));
+    assert!(!guard.is_held());
+    assert!(matches!(
+        guard.release().await,
+        Err(dlock_core::Error::LockLost { .. })
+    ));
+}
+
+/// Redis restarted without persistence during a hold: the hold is reported lost, and the
+/// fencing counter went back to zero, so the next token is not higher than the last one.
+#[tokio::test]
+async fn restart_without_persistence_reports_loss_and_resets_tokens() {
+    let Some(mut server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let url = server.url();
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("restart");
+    let lock = p.lock(&name, watchdog(1500)).unwrap();
+    for _ in 0..3 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    let guard = lock.acquire().await.unwrap();
+    let before = guard.fencing_token();
+    server.restart().await;
+    must(
+        Duration::from_secs(5),
+        "lost() after the restart",
+        guard.lost(),
+    )
+    .await;
+    let g = RedisProvider::connect(&url)
+        .await
+        .unwrap()
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the lock is free after the restart");
+    assert!(
+        g.fencing_token() <= before,
+        "without persistence the counter restarts"
+    );
+    g.release().await.unwrap();
+}
+
+/// With AOF and `appendfsync always`, a restart keeps both the hold (the watchdog goes on
+/// renewing it) and the fencing counter: the next token is higher.
+#[tokio::test]
+async fn restart_with_aof_keeps_the_hold_and_the_counter() {
+    let Some(mut server) = PrivateRedis::start(true).await else {
+        return;
+    };
+    let url = server.url();
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("restart-aof");
+    let lock = p.lock(&name, watchdog(1500)).unwrap();
+    let guard = lock.acquire().await.unwrap();
+    let before = guard.fencing_token();
+    server.restart().await;
+    let lost = tokio::time::timeout(Duration::from_millis(3000), guard.lost()).await;
+    assert!(lost.is_err(), "the persisted hold survives the restart");
+    let other = RedisProvider::connect(&url).await.unwrap();
+    let l2 = other.lock(&name, LockOptions::default()).unwrap();
+    assert!(l2.try_acquire(Duration::ZERO).await.unwrap().is_none());
+    guard.release().await.unwrap();
+    let g = l2
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free after release");
+    assert!(
+        g.fencing_token() > before,
+        "{} after {before}",
+        g.fencing_token()
+    );
+    g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ round trips
+
+/// An uncontended acquire + release is exactly two script calls and nothing else.
+#[tokio::test]
+async fn uncontended_cycle_is_two_script_calls() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let lock = p
+        .lock(&Names::new().name("rtt"), LockOptions::default())
+        .unwrap();
+    // Warm up: the first calls load the scripts (NOSCRIPT, SCRIPT LOAD).
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let before = server.stats().await;
+    for _ in 0..10 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    let after = server.stats().await;
+    // What the scripts run inside is counted too: leave those out, and INFO.
+    let inner = [
+        "exists", "hexists", "hincrby", "incr", "pexpire", "del", "publish", "info",
+    ];
+    let top_level: std::collections::BTreeMap<_, _> = after
+        .iter()
+        .filter(|(name, _)| !inner.contains(&name.as_str()))
+        .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(
+        top_level,
+        [("evalsha".to_owned(), 20)].into_iter().collect(),
+        "an uncontended cycle is two EVALSHA and nothing else"
+    );
+}
+
+/// Eight queued waiters: each release wakes one waiter, so once they are queued the run costs
+/// one acquire attempt per handoff (plus the releases), not eight (no herd).
+#[tokio::test]
+async fn no_herd_each_release_wakes_one_waiter() {
+    for fair in [true, false] {
+        let Some(server) = PrivateRedis::start(false).await else {
+            return;
+        };
+        let url = server.url();
+        let p = RedisProvider::connect(&url).await.unwrap();
+        let name = Names::new().name("herd");
+        let opts = LockOptions::new().with_fair(fair);
+        let holder = p.lock(&name, opts).unwrap().acquire().await.unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..8 {
+            let l = p.lock(&name, opts).unwrap();
+            waiters.push(tokio::spawn(async move {
+                let g = l.acquire().await.unwrap();
+                g.release().await.unwrap();
+            }));
+        }
+        // Settled: every waiter has made its two attempts (try, subscribe, try again).
+        let settled = Instant::now() + Duration::from_millis(300);
+        eventually(Duration::from_secs(10), "waiters settle", || {
+            let p = p.clone();
+            async move {
+                let want = if fair { 8 } else { 1 };
+                if p.subscriptions() == want && Instant::now() >= settled {
+                    Ok(())
+                } else {
+                    Err(p.subscriptions())
+                }
+            }
+        })
+        .await;
+        let before = server.calls("evalsha").await;
+        holder.release().await.unwrap();
+        for w in waiters {
+            must(Duration::from_secs(10), "waiters finish", w)
+                .await
+                .unwrap();
+        }
+        let scripts = server.calls("evalsha").await - before;
+        // 9 releases + 8 granted attempts; allow two spare attempts for a waiter that was
+        // woken by a pass-on while the lock was busy again.
+        assert!(
+            scripts <= 9 + 8 + 2,
+            "fair={fair}: {scripts} script calls for 8 handoffs"
+        );
+    }
+}
+
+/// All waiters of one provider share one subscription connection: 50 waiters on 50 names
+/// make 50 subscriptions on the provider's single pub/sub connection (2 connections in all).
+#[tokio::test]
+async fn waiters_share_one_subscription_connection() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let url = server.url();
+    let p = Arc::new(RedisProvider::connect(&url).await.unwrap());
+    let names = Names::new();
+    let holder = RedisProvider::connect(&url).await.unwrap();
+    let mut guards = Vec::new();
+    let mut waiters = Vec::new();
+    for i in 0..50 {
+        let name = names.name(&format!("n{i}"));
+        guards.push(
+            holder
+                .lock(&name, LockOptions::default())
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
+        let l = p.lock(&name, LockOptions::default()).unwrap();
+        waiters.push(tokio::spawn(async move {
+            l.acquire().await.unwrap().release().await.unwrap()
+        }));
+    }
+    eventually(Duration::from_secs(10), "50 subscriptions", || {
+        let p = Arc::clone(&p);
+        async move {
+            if p.subscriptions() == 50 {
+                Ok(())
+            } else {
+                Err(p.subscriptions())
+            }
+        }
+    })
+    .await;
+    let mut c = admin(&url).await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let pubsub = clients.lines().filter(|l| l.contains("flags=P")).count();
+    assert_eq!(
+        pubsub, 1,
+        "one subscription connection for 50 waiters:\n{clients}"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    for w in waiters {
+        must(Duration::from_secs(10), "waiters finish", w)
+            .await
+            .unwrap();
+    }
+}
+
+/// In a cluster, a name whose `{` gives no hash tag would spread its keys over several slots:
+/// it is rejected up front instead of failing with CROSSSLOT later. Names with a proper tag
+/// work, and keys of names without braces land in one slot through Redisson's `{name}` rule.
+#[tokio::test]
+async fn cluster_rejects_names_it_cannot_colocate() {
+    let Some(url) = service_url("DLOCK_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let names = Names::new();
+    for bad in ["a{b", "a{}b", "x}{y"] {
+        let e = p
+            .lock(&names.name(bad), LockOptions::default())
+            .unwrap_err();
+        assert!(
+            matches!(e, dlock_core::Error::InvalidName { .. }),
+            "{bad}: {e:?}"
+        );
+    }
+    for good in ["a{tag}b", "plain", "{tag}"] {
+        let l = p.lock(&names.name(good), LockOptions::default()).unwrap();
+        l.acquire().await.unwrap().release().await.unwrap();
+    }
+}
