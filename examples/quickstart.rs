@@ -2,7 +2,7 @@
 //! hold with a fixed lease runs out and its guard reports the loss.
 //!
 //! ```text
-//! cargo run --example quickstart                 # embedded default store
+//! cargo run --example quickstart                 # embedded default: a SQLite file
 //! cargo run --example quickstart -- memory://    # or any URL dlock::connect takes
 //! ```
 
@@ -15,7 +15,7 @@ async fn main() -> dlock::Result<()> {
     let url = std::env::args()
         .nth(1)
         .or_else(|| std::env::var("DLOCK_URL").ok())
-        .unwrap_or_else(|| "memory://quickstart".to_owned());
+        .unwrap_or_else(dlock::default_url);
     let locks = dlock::connect(&url).await?;
     println!("store: {}", locks.store_id());
 

@@ -11,6 +11,9 @@
 //! | --- | --- | --- |
 //! | `memory` (default) | [`memory`]: in-process reference backend | `memory://` |
 //! | `redis` | [`redis`]: Redisson-compatible locks on Redis or Redis Cluster | `redis://`, `rediss://` |
+//! | `zookeeper` | [`zookeeper`]: Curator-compatible locks on ZooKeeper | `zk://` |
+//! | `mysql` | [`sql`]: MySQL / MariaDB (unique-insert, optimistic, for-update) | `mysql://`, `mariadb://` |
+//! | `sqlite` (default) | [`sql`]: embedded SQLite, the default store | `sqlite://` |
 //! | `all-backends` | every backend below, for CI and docs | |
 //!
 //! # Guards and release
@@ -42,6 +45,20 @@ pub mod redis {
     pub use dlock_redis::*;
 }
 
+/// Curator-compatible locks on ZooKeeper (`zk://`).
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub mod zookeeper {
+    pub use dlock_zookeeper::*;
+}
+
+/// SQL locks: MySQL / MariaDB (`mysql://`) and embedded SQLite (`sqlite://`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "mysql", feature = "sqlite"))))]
+pub mod sql {
+    pub use dlock_sql::*;
+}
+
 /// The URL schemes this build of `dlock` can connect to (depends on the enabled features).
 pub const SCHEMES: &[&str] = &[
     #[cfg(feature = "memory")]
@@ -50,6 +67,14 @@ pub const SCHEMES: &[&str] = &[
     "redis",
     #[cfg(feature = "redis")]
     "rediss",
+    #[cfg(feature = "zookeeper")]
+    "zk",
+    #[cfg(feature = "mysql")]
+    "mysql",
+    #[cfg(feature = "mysql")]
+    "mariadb",
+    #[cfg(feature = "sqlite")]
+    "sqlite",
 ];
 
 /// Every scheme dlock knows, with the feature that enables it.
@@ -69,6 +94,9 @@ const KNOWN: &[(&str, &str)] = &[
 /// | --- | --- | --- |
 /// | `memory://`, `memory://NAME` | in-process store (private, or shared by name) | `memory` |
 /// | `redis://host[:port][/db]`, `rediss://…` (`?cluster=true` for a cluster seed) | Redis, Redisson-compatible | `redis` |
+/// | `zk://host:port[,host:port…][/chroot][?session_timeout_ms=N]` | ZooKeeper, Curator-compatible | `zookeeper` |
+/// | `mysql://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | MySQL / MariaDB | `mysql` |
+/// | `sqlite://path/to/locks.db[?strategy=unique-insert\|optimistic]` | embedded SQLite (file created if missing) | `sqlite` |
 ///
 /// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
 /// within the [`Capabilities`] each backend declares.
@@ -105,6 +133,12 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "memory" => Arc::new(dlock_memory::MemoryProvider::connect(url)?),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Arc::new(dlock_redis::RedisProvider::connect(url).await?),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Arc::new(dlock_zookeeper::ZkProvider::connect(url).await?),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
         other => {
             return Err(match KNOWN.iter().find(|(s, _)| *s == other) {
                 Some((_, feature)) => Error::config(format!(
@@ -120,6 +154,25 @@ pub async fn connect(url: &str) -> Result<Locks> {
         }
     };
     Ok(Locks::new(provider))
+}
+
+/// The embedded default store: a SQLite file in the user's state directory
+/// (`$XDG_STATE_HOME/dlock/locks.db`, else `~/.local/state/dlock/locks.db`, else the temporary
+/// directory), as a `sqlite://` URL. Processes of one user on one host share it.
+///
+/// `DLOCK_URL` is not consulted here; callers that honour it check it first.
+pub fn default_url() -> String {
+    let dir = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".local").join("state"))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+        .join("dlock");
+    format!("sqlite://{}", dir.join("locks.db").display())
 }
 
 fn schemes_list() -> String {

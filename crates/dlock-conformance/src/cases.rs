@@ -382,7 +382,8 @@ pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
     release(new).await;
 }
 
-/// A holder that dies (stops renewing without releasing) frees the lock within its lease.
+/// A holder that dies (stops renewing without releasing) frees the lock within its lease
+/// (some backends free it at once: a dead connection ends a row lock).
 pub async fn abandoned_hold_expires(f: &impl Factory) {
     let (a, b) = (client(f).await, client(f).await);
     if !caps(&a).watchdog {
@@ -392,7 +393,6 @@ pub async fn abandoned_hold_expires(f: &impl Factory) {
     let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
     let _token = g.leak();
     let lb = lock(&b, &name);
-    assert_busy(&lb, "the abandoned lease has not run out").await;
     let got = must(
         f.short_lease() + f.slack() * 2,
         "abandoned lock frees itself",

@@ -1,0 +1,72 @@
+//! Mapping sqlx errors into the core error, with retryability.
+
+use dlock_core::Error;
+use sqlx::error::ErrorKind;
+
+/// What a database error means to the locking code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Meaning {
+    /// A unique-key violation: somebody else's row is there.
+    Duplicate,
+    /// The row lock is held by someone else (NOWAIT failed, or the lock wait timed out).
+    Busy,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies a sqlx error.
+pub(crate) fn meaning(e: &sqlx::Error) -> Meaning {
+    let Some(db) = e.as_database_error() else {
+        return Meaning::Other;
+    };
+    if db.kind() == ErrorKind::UniqueViolation {
+        return Meaning::Duplicate;
+    }
+    match mysql_code(db) {
+        // ER_LOCK_WAIT_TIMEOUT, ER_LOCK_NOWAIT (MySQL), and MariaDB's NOWAIT answer.
+        Some(1205 | 3572) => Meaning::Busy,
+        _ => Meaning::Other,
+    }
+}
+
+/// The MySQL error number, if it is one.
+fn mysql_code(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    #[cfg(feature = "mysql")]
+    if let Some(m) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return Some(m.number());
+    }
+    let _ = db;
+    None
+}
+
+/// Converts a sqlx error at the crate boundary. `backend` is `"mysql"` or `"sqlite"`.
+///
+/// I/O errors, pool timeouts, deadlocks (`ER_LOCK_DEADLOCK`), lock wait timeouts, lost
+/// connections and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable.
+pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+            Error::connection(backend, format!("{what}: {e}"), e)
+        }
+        sqlx::Error::Tls(_) => Error::connection(backend, format!("{what}: {e}"), e),
+        sqlx::Error::Configuration(_) => Error::Config {
+            message: format!("{what}: {e}"),
+            source: Some(Box::new(e)),
+        },
+        sqlx::Error::Database(db) => {
+            let retryable = match mysql_code(db.as_ref()) {
+                // deadlock, lock wait timeout, NOWAIT, server gone, lost connection, too many
+                // connections, read-only during failover
+                Some(1213 | 1205 | 3572 | 2006 | 2013 | 1040 | 1053 | 1290 | 1836) => true,
+                Some(_) => false,
+                // SQLite: BUSY (5) and LOCKED (6), with extended codes.
+                None => db
+                    .code()
+                    .and_then(|c| c.parse::<u32>().ok())
+                    .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+            };
+            Error::backend(backend, format!("{what}: {e}"), retryable, e)
+        }
+        _ => Error::backend(backend, format!("{what}: {e}"), false, e),
+    }
+}

@@ -1,0 +1,365 @@
+//! `zk://` URLs and the configuration they parse into.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_core::{Error, Result, redact};
+
+use crate::nodes;
+
+/// The session timeout asked of the server when the URL does not say
+/// (the server clamps it to its `minSessionTimeout..=maxSessionTimeout`).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The port of a host given without one.
+pub const DEFAULT_PORT: u16 = 2181;
+
+/// How to reach a ZooKeeper ensemble. Build it from a URL with [`ZkConfig::from_url`];
+/// `Debug` and `Display` never show the password.
+///
+/// URL: `zk://[user:password@]host[:port][,host[:port]...][/chroot][?session_timeout_ms=N&connection_timeout_ms=N]`
+///
+/// | part | meaning | default |
+/// | --- | --- | --- |
+/// | `host:port,...` | the ensemble's client addresses; IPv6 as `[::1]:2181` | port `2181` |
+/// | `/chroot` | the base path every lock lives under | `/` |
+/// | `user:password@` | `digest` authentication (percent-decoded) sent on every connection | none |
+/// | `session_timeout_ms` | session timeout asked of the server | `10000` |
+/// | `connection_timeout_ms` | idle time after which a connection counts as lost | 2/5 of the session timeout |
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkConfig {
+    /// `host:port` of every server, in the order given.
+    pub hosts: Vec<String>,
+    /// The base path: `""` for the root, otherwise `/a/b` (no trailing `/`).
+    pub chroot: String,
+    /// Session timeout asked of the server.
+    pub session_timeout: Duration,
+    /// Connection (idle) timeout; `None` lets the client pick 2/5 of the session timeout.
+    pub connection_timeout: Option<Duration>,
+    /// `digest` credentials `user:password`, never shown.
+    digest: Option<String>,
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for another scheme, a missing or malformed host list, a chroot
+    /// ZooKeeper cannot represent, or an unknown or malformed query parameter. The message
+    /// never contains the password.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let shown = redact(url);
+        let bad = |why: &str| Error::config(format!("{shown:?}: {why}"));
+        let Some(rest) = url.strip_prefix("zk://") else {
+            let scheme = url.split("://").next().unwrap_or("");
+            return Err(if url.contains("://") {
+                Error::config(format!(
+                    "the zookeeper backend takes zk:// URLs, not {scheme}://"
+                ))
+            } else {
+                bad("not a URL; expected zk://host:port[,host:port...][/chroot]")
+            });
+        };
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((r, f)) => (r, Some(f)),
+            None => (rest, None),
+        };
+        if fragment.is_some() {
+            return Err(bad("a zk URL has no #fragment"));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let digest = match userinfo {
+            None => None,
+            Some(info) => {
+                let Some((user, password)) = info.split_once(':') else {
+                    return Err(bad(
+                        "credentials must be user:password (ZooKeeper digest authentication)",
+                    ));
+                };
+                let user =
+                    percent_decode(user).ok_or_else(|| bad("malformed %-escape in the user"))?;
+                let password = percent_decode(password)
+                    .ok_or_else(|| bad("malformed %-escape in the password"))?;
+                if user.is_empty() {
+                    return Err(bad("digest authentication needs a user name"));
+                }
+                Some(format!("{user}:{password}"))
+            }
+        };
+        if hostlist.is_empty() {
+            return Err(bad("a zk URL needs at least one host"));
+        }
+        let mut hosts = Vec::new();
+        for host in hostlist.split(',') {
+            hosts.push(parse_host(host).map_err(|why| bad(&why))?);
+        }
+        let chroot = parse_chroot(path).map_err(|why| bad(&why))?;
+        let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
+        let mut connection_timeout = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "session_timeout_ms" => session_timeout = positive_ms(key, value)?,
+                "connection_timeout_ms" => connection_timeout = Some(positive_ms(key, value)?),
+                other => {
+                    return Err(bad(&format!(
+                        "unknown query parameter {other:?} (known: session_timeout_ms, \
+                         connection_timeout_ms)"
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            hosts,
+            chroot,
+            session_timeout,
+            connection_timeout,
+            digest,
+        })
+    }
+
+    /// Sets the session timeout.
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets the connection timeout.
+    pub fn with_connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets (or clears) the `digest` credentials `user:password`.
+    pub fn with_digest(mut self, credentials: Option<String>) -> Self {
+        self.digest = credentials;
+        self
+    }
+
+    /// The connect string for the client: `host:port,host:port` (no chroot: dlock prefixes
+    /// paths itself, so what the server sees is exactly what a Curator peer uses).
+    pub fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+
+    /// The store id: `zk://hosts/chroot`, without credentials or query.
+    pub fn store_id(&self) -> String {
+        format!("zk://{}{}", self.connect_string(), self.chroot)
+    }
+
+    /// The znode path the lock `name` lives at on the server (under the chroot); see the
+    /// crate docs for the mapping.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] if `name` is not a valid [`LockName`](dlock_core::LockName).
+    pub fn lock_path(&self, name: &str) -> Result<String> {
+        let name = dlock_core::LockName::new(name)?;
+        Ok(nodes::lock_path(&self.chroot, &name))
+    }
+
+    pub(crate) fn digest(&self) -> Option<&str> {
+        self.digest.as_deref()
+    }
+}
+
+impl fmt::Display for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(digest) = &self.digest {
+            let user = digest.split(':').next().unwrap_or("");
+            write!(
+                f,
+                "zk://{user}:***@{}{}",
+                self.connect_string(),
+                self.chroot
+            )
+        } else {
+            f.write_str(&self.store_id())
+        }
+    }
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("url", &self.to_string())
+            .field("session_timeout", &self.session_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .finish()
+    }
+}
+
+fn parse_host(host: &str) -> std::result::Result<String, String> {
+    if host.is_empty() {
+        return Err("empty host in the host list".into());
+    }
+    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
+        let Some(end) = v6.find(']') else {
+            return Err(format!("unclosed [ in host {host:?}"));
+        };
+        let after = &v6[end + 1..];
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err(format!("junk after ] in host {host:?}")),
+        };
+        (&host[..end + 2], port)
+    } else {
+        match host.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host, None),
+        }
+    };
+    if name.is_empty() || name == "[]" {
+        return Err(format!("empty host name in {host:?}"));
+    }
+    if name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || "/?#@%".contains(c))
+    {
+        return Err(format!("bad character in host {host:?}"));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("bad port {p:?} in host {host:?}"))?,
+    };
+    Ok(format!("{name}:{port}"))
+}
+
+fn parse_chroot(path: &str) -> std::result::Result<String, String> {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    for segment in trimmed[1..].split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(format!(
+                "chroot {path:?} has an empty, . or .. segment, which ZooKeeper cannot represent"
+            ));
+        }
+        if let Some(c) = segment.chars().find(|c| nodes::forbidden_char(*c)) {
+            return Err(format!(
+                "chroot {path:?} contains U+{:04X}, which ZooKeeper does not allow in paths",
+                u32::from(c)
+            ));
+        }
+    }
+    Ok(trimmed.to_owned())
+}
+
+fn positive_ms(key: &str, value: &str) -> Result<Duration> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+        .ok_or_else(|| Error::config(format!("{key}={value:?}: expected a positive integer")))
+}
+
+/// Decodes `%XX` escapes; `None` if an escape is malformed or the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_chroot_and_parameters() {
+        let c = ZkConfig::from_url(
+            "zk://a:1,b,[::1]:2183/dlock/base/?session_timeout_ms=4000&connection_timeout_ms=900",
+        )
+        .unwrap();
+        assert_eq!(c.hosts, ["a:1", "b:2181", "[::1]:2183"]);
+        assert_eq!(c.chroot, "/dlock/base");
+        assert_eq!(c.session_timeout, Duration::from_secs(4));
+        assert_eq!(c.connection_timeout, Some(Duration::from_millis(900)));
+        assert_eq!(c.connect_string(), "a:1,b:2181,[::1]:2183");
+        assert_eq!(c.store_id(), "zk://a:1,b:2181,[::1]:2183/dlock/base");
+        assert_eq!(c.lock_path("orders/42").unwrap(), "/dlock/base/orders/42");
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ZkConfig::from_url("zk://127.0.0.1:2181").unwrap();
+        assert_eq!(c.chroot, "");
+        assert_eq!(c.session_timeout, DEFAULT_SESSION_TIMEOUT);
+        assert_eq!(c.connection_timeout, None);
+        assert_eq!(c.digest(), None);
+        assert_eq!(c.store_id(), "zk://127.0.0.1:2181");
+        assert_eq!(
+            ZkConfig::from_url("zk://h/").unwrap().store_id(),
+            "zk://h:2181"
+        );
+    }
+
+    #[test]
+    fn digest_credentials_are_kept_but_never_shown() {
+        let c = ZkConfig::from_url("zk://alice:s%40cret@h:2181/x").unwrap();
+        assert_eq!(c.digest(), Some("alice:s@cret"));
+        let shown = format!("{c} {c:?} {}", c.store_id());
+        assert!(!shown.contains("cret"), "{shown}");
+        assert!(shown.contains("alice:***@h:2181/x"), "{shown}");
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_the_password() {
+        for bad in [
+            "redis://127.0.0.1",
+            "127.0.0.1:2181",
+            "zk://",
+            "zk://u:secret@",
+            "zk://u:secret@h:notaport",
+            "zk://u:secret@h:0",
+            "zk://u:secret@h:70000",
+            "zk://u:secret@h,,k",
+            "zk://u:secret@h//x",
+            "zk://u:secret@h/a/../b",
+            "zk://u:secret@h/a/./b",
+            "zk://u:secret@h/\u{e000}",
+            "zk://u:secret@h?session_timeout_ms=0",
+            "zk://u:secret@h?session_timeout_ms=soon",
+            "zk://u:secret@h?colour=blue",
+            "zk://u:secret@h#frag",
+            "zk://u:secret@[::1",
+            "zk://nocolon@h",
+            "zk://:secret@h",
+            "zk://u:%zz@h",
+        ] {
+            let e = ZkConfig::from_url(bad).unwrap_err();
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
+            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+        }
+    }
+}

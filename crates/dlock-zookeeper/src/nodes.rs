@@ -1,0 +1,356 @@
+//! Znode naming: lock names to paths, Curator's protected node names, and the sort orders
+//! of the recipes.
+
+use std::fmt::Write as _;
+
+use dlock_core::LockName;
+
+/// Curator's `LockInternals` node prefix of a mutex (`InterProcessMutex`).
+pub(crate) const LOCK: &str = "lock-";
+/// Curator's read node prefix (`InterProcessReadWriteLock`).
+pub(crate) const READ: &str = "__READ__";
+/// Curator's write node prefix (`InterProcessReadWriteLock`).
+pub(crate) const WRITE: &str = "__WRIT__";
+/// Curator's lease node prefix (`InterProcessSemaphoreV2`).
+pub(crate) const LEASE: &str = "lease-";
+/// The semaphore's internal mutex, under the semaphore's path.
+pub(crate) const LOCKS: &str = "locks";
+/// The semaphore's lease nodes' parent, under the semaphore's path.
+pub(crate) const LEASES: &str = "leases";
+
+/// Characters ZooKeeper refuses in a path (Java's `PathUtils.validatePath`). Anything outside
+/// the Basic Multilingual Plane is a surrogate pair in Java, which ZooKeeper refuses too.
+pub(crate) fn forbidden_char(c: char) -> bool {
+    let u = u32::from(c);
+    u == 0
+        || (0x01..=0x1f).contains(&u)
+        || (0x7f..=0x9f).contains(&u)
+        || (0xd800..=0xf8ff).contains(&u)
+        || u >= 0xfff0
+}
+
+/// Appends one name segment to `out`, escaped so that ZooKeeper accepts it and decoding gives
+/// the segment back (which makes the whole mapping injective):
+///
+/// - `%` and every character ZooKeeper refuses become `%XX` per UTF-8 byte;
+/// - an empty segment becomes a lone `%` (no other segment encodes to that);
+/// - `.` and `..` become `%2E` and `%2E%2E`;
+/// - a first segment `zookeeper` at the root becomes `%7Aookeeper` (the server reserves
+///   `/zookeeper`).
+fn push_segment(out: &mut String, segment: &str, reserved_root: bool) {
+    if segment.is_empty() {
+        out.push('%');
+        return;
+    }
+    if segment == "." || segment == ".." {
+        out.push_str(&"%2E".repeat(segment.len()));
+        return;
+    }
+    for (i, c) in segment.chars().enumerate() {
+        let escape = c == '%' || forbidden_char(c) || (reserved_root && i == 0);
+        if escape {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// The znode path of lock `name` under `base` (`""` for the root, else `/a/b`).
+///
+/// `/` in a name separates path segments, so `orders/42` lives at `{base}/orders/42` and a
+/// Curator peer uses that path as is. Segments ZooKeeper cannot represent are escaped (see
+/// [`push_segment`]); a name without `%`, empty, `.` or `..` segments and characters
+/// ZooKeeper refuses maps to `{base}/{name}` unchanged.
+pub(crate) fn lock_path(base: &str, name: &LockName) -> String {
+    let mut out = String::with_capacity(base.len() + name.as_str().len() + 8);
+    out.push_str(base);
+    for (i, segment) in name.as_str().split('/').enumerate() {
+        out.push('/');
+        let reserved_root = i == 0 && base.is_empty() && segment == "zookeeper";
+        push_segment(&mut out, segment, reserved_root);
+    }
+    out
+}
+
+/// The parent of `path` (`None` for a top-level node).
+pub(crate) fn parent(path: &str) -> Option<&str> {
+    match path.rfind('/') {
+        Some(0) | None => None,
+        Some(i) => Some(&path[..i]),
+    }
+}
+
+/// Curator's protection prefix: `_c_` + a fresh lowercase UUID + `-`.
+pub(crate) fn protected_prefix() -> String {
+    format!("_c_{}-", uuid::Uuid::new_v4())
+}
+
+/// The sequence of a node of the given kind: the 10 (or 19) digits after the last `marker`;
+/// `None` if `node` is not such a node (e.g. the container of a nested lock name).
+pub(crate) fn sequence<'a>(node: &'a str, marker: &str) -> Option<&'a str> {
+    let at = node.rfind(marker)?;
+    let digits = &node[at + marker.len()..];
+    (digits.len() >= 10 && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
+}
+
+/// A contender node of a recipe, with its sort key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Contender {
+    /// The sequence text (compared as text, as Curator does).
+    pub(crate) seq: String,
+    /// The node name (ties: a downgraded reader shares its writer's sequence).
+    pub(crate) node: String,
+    /// Whether the node is a writer (read-write lock only).
+    pub(crate) writer: bool,
+}
+
+/// The contenders among `children` whose name has one of `markers` followed by a sequence,
+/// sorted the way Curator sorts them (by the text after the marker).
+pub(crate) fn contenders(children: Vec<String>, markers: &[&str]) -> Vec<Contender> {
+    let mut out: Vec<Contender> = children
+        .into_iter()
+        .filter_map(|node| {
+            markers.iter().find_map(|m| {
+                sequence(&node, m).map(|seq| Contender {
+                    seq: seq.to_owned(),
+                    writer: *m == WRITE,
+                    node: node.clone(),
+                })
+            })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Where a contender stands.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// It holds the lock.
+    Granted,
+    /// It waits; watch this node.
+    Watch(String),
+    /// Its node is not there (any more).
+    Missing,
+}
+
+/// A mutex or writer: holds when first, else watches its predecessor.
+pub(crate) fn exclusive_standing(sorted: &[Contender], ours: &str) -> Standing {
+    match sorted.iter().position(|c| c.node == ours) {
+        None => Standing::Missing,
+        Some(0) => Standing::Granted,
+        Some(i) => Standing::Watch(sorted[i - 1].node.clone()),
+    }
+}
+
+/// A reader: holds when no writer comes before it, else watches the first writer before it.
+pub(crate) fn reader_standing(sorted: &[Contender], ours: &str) -> Standing {
+    let mut first_writer = None;
+    for c in sorted {
+        if c.node == ours {
+            return match first_writer {
+                None => Standing::Granted,
+                Some(w) => Standing::Watch(w),
+            };
+        }
+        if c.writer && first_writer.is_none() {
+            first_writer = Some(c.node.clone());
+        }
+    }
+    Standing::Missing
+}
+
+/// Whether the child name `node` is a contender node dlock (or Curator) creates for a lock:
+/// a mutex, read, write or lease node (`...lock-`, `...__READ__`, `...__WRIT__` or `...lease-`
+/// followed by the sequence). Parents such as `locks` and `leases`, and the containers of
+/// nested lock names, are not.
+pub fn is_recipe_node(node: &str) -> bool {
+    [LOCK, READ, WRITE, LEASE]
+        .iter()
+        .any(|m| sequence(node, m).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(name: &str) -> String {
+        lock_path("", &LockName::new(name).unwrap())
+    }
+
+    #[test]
+    fn plain_names_keep_their_slashes() {
+        assert_eq!(path("orders/42"), "/orders/42");
+        assert_eq!(path("a b:c{d}'\"\\*?"), "/a b:c{d}'\"\\*?");
+        assert_eq!(path("é"), "/é");
+        assert_eq!(
+            lock_path("/base", &LockName::new("x/y").unwrap()),
+            "/base/x/y"
+        );
+    }
+
+    #[test]
+    fn unrepresentable_segments_are_escaped() {
+        assert_eq!(path("a/"), "/a/%");
+        assert_eq!(path("/a"), "/%/a");
+        assert_eq!(path("a//b"), "/a/%/b");
+        assert_eq!(path("a/./b"), "/a/%2E/b");
+        assert_eq!(path("a/../b"), "/a/%2E%2E/b");
+        assert_eq!(path("100%"), "/100%25");
+        assert_eq!(path("🔒"), "/%F0%9F%94%92");
+        assert_eq!(path("\u{e000}"), "/%EE%80%80");
+        assert_eq!(path("zookeeper/x"), "/%7Aookeeper/x");
+        assert_eq!(
+            lock_path("/base", &LockName::new("zookeeper").unwrap()),
+            "/base/zookeeper"
+        );
+        assert_eq!(path("x/zookeeper"), "/x/zookeeper");
+    }
+
+    #[test]
+    fn mapping_is_injective() {
+        let names = [
+            "a",
+            "a/",
+            "a//",
+            "/a",
+            "a/%",
+            "a/%25",
+            "a%",
+            "a%25",
+            "a/.",
+            "a/%2E",
+            "a/..",
+            "a/%2E%2E",
+            "a/./b",
+            "a/../b",
+            "a//b",
+            "a/%/b",
+            "🔒",
+            "%F0%9F%94%92",
+            "zookeeper",
+            "%7Aookeeper",
+            "x/y",
+            "x/y/",
+            "x",
+            "%",
+            "%%",
+            "/",
+            "//",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for n in names {
+            let p = path(n);
+            if let Some(prev) = seen.insert(p.clone(), n) {
+                panic!("{prev:?} and {n:?} both map to {p:?}");
+            }
+            // Every path is one ZooKeeper accepts.
+            for seg in p[1..].split('/') {
+                assert!(
+                    !seg.is_empty() && seg != "." && seg != "..",
+                    "{n:?} -> {p:?}"
+                );
+                assert!(!seg.chars().any(forbidden_char), "{n:?} -> {p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn protected_prefix_is_curators() {
+        let p = protected_prefix();
+        assert_eq!(p.len(), 3 + 36 + 1);
+        assert!(p.starts_with("_c_") && p.ends_with('-'));
+        assert_eq!(p, p.to_lowercase());
+        assert_ne!(p, protected_prefix());
+    }
+
+    #[test]
+    fn sequences_and_sorting() {
+        assert_eq!(sequence("_c_x-lock-0000000007", LOCK), Some("0000000007"));
+        assert_eq!(sequence("lock-0000000007", LOCK), Some("0000000007"));
+        assert_eq!(sequence("lock-", LOCK), None);
+        assert_eq!(sequence("y", LOCK), None);
+        assert_eq!(sequence("lock-12", LOCK), None);
+        let children = vec![
+            "_c_b-lock-0000000003".to_owned(),
+            "nested".to_owned(),
+            "_c_a-lock-0000000010".to_owned(),
+            "lock-0000000001".to_owned(),
+        ];
+        let sorted = contenders(children, &[LOCK]);
+        let order: Vec<_> = sorted.iter().map(|c| c.node.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "lock-0000000001",
+                "_c_b-lock-0000000003",
+                "_c_a-lock-0000000010"
+            ]
+        );
+        assert_eq!(
+            exclusive_standing(&sorted, "lock-0000000001"),
+            Standing::Granted
+        );
+        assert_eq!(
+            exclusive_standing(&sorted, "_c_a-lock-0000000010"),
+            Standing::Watch("_c_b-lock-0000000003".into())
+        );
+        assert_eq!(exclusive_standing(&sorted, "gone"), Standing::Missing);
+    }
+
+    #[test]
+    fn read_write_standing() {
+        let children = vec![
+            "_c_1-__READ__0000000001".to_owned(),
+            "_c_2-__WRIT__0000000002".to_owned(),
+            "_c_3-__READ__0000000003".to_owned(),
+            "_c_4-__WRIT__0000000004".to_owned(),
+            "_c_5-__READ__0000000002".to_owned(), // a downgraded reader at its writer's place
+        ];
+        let sorted = contenders(children, &[READ, WRITE]);
+        assert_eq!(
+            reader_standing(&sorted, "_c_1-__READ__0000000001"),
+            Standing::Granted
+        );
+        assert_eq!(
+            reader_standing(&sorted, "_c_3-__READ__0000000003"),
+            Standing::Watch("_c_2-__WRIT__0000000002".into())
+        );
+        assert_eq!(
+            exclusive_standing(&sorted, "_c_2-__WRIT__0000000002"),
+            Standing::Watch("_c_1-__READ__0000000001".into())
+        );
+        assert_eq!(
+            exclusive_standing(&sorted, "_c_4-__WRIT__0000000004"),
+            Standing::Watch("_c_3-__READ__0000000003".into())
+        );
+        // After the writer left, the downgraded reader still blocks later writers.
+        let sorted = contenders(
+            vec![
+                "_c_5-__READ__0000000002".to_owned(),
+                "_c_6-__WRIT__0000000006".to_owned(),
+            ],
+            &[READ, WRITE],
+        );
+        assert_eq!(
+            exclusive_standing(&sorted, "_c_6-__WRIT__0000000006"),
+            Standing::Watch("_c_5-__READ__0000000002".into())
+        );
+        assert_eq!(reader_standing(&sorted, "x"), Standing::Missing);
+    }
+
+    #[test]
+    fn recipe_nodes() {
+        assert!(is_recipe_node("_c_x-lease-0000000001"));
+        assert!(is_recipe_node("_c_x-__WRIT__0000000001"));
+        assert!(!is_recipe_node("locks"));
+        assert!(!is_recipe_node("leases"));
+        assert!(!is_recipe_node("lock-"));
+        assert_eq!(parent("/a/b"), Some("/a"));
+        assert_eq!(parent("/a"), None);
+    }
+}

@@ -1,0 +1,86 @@
+//! The conformance suite against a real ZooKeeper (`DLOCK_ZK_URL`, from `scripts/services up`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::{Factory, async_trait, service_url};
+use dlock_core::{DynLockProvider, Result};
+use dlock_zookeeper::zookeeper_client as zk;
+use dlock_zookeeper::{ZkConfig, ZkProvider, is_recipe_node};
+
+struct ZkFactory {
+    url: String,
+    config: ZkConfig,
+}
+
+impl ZkFactory {
+    fn from_env() -> Option<Self> {
+        service_url("DLOCK_ZK_URL").map(|url| Self {
+            config: ZkConfig::from_url(&url).unwrap(),
+            url,
+        })
+    }
+
+    /// A separate session for the test's own calls.
+    async fn admin(&self) -> zk::Client {
+        zk::Client::connect(&self.config.connect_string())
+            .await
+            .unwrap()
+    }
+
+    /// Every lock, read, write and lease node of `name` (full paths).
+    async fn recipe_nodes(&self, admin: &zk::Client, name: &str) -> Vec<String> {
+        let path = self.config.lock_path(name).unwrap();
+        let mut found = Vec::new();
+        for dir in [
+            path.clone(),
+            format!("{path}/locks"),
+            format!("{path}/leases"),
+        ] {
+            match admin.list_children(&dir).await {
+                Ok(children) => found.extend(
+                    children
+                        .into_iter()
+                        .filter(|c| is_recipe_node(c))
+                        .map(|c| format!("{dir}/{c}")),
+                ),
+                Err(zk::Error::NoNode) => {}
+                Err(e) => panic!("list {dir}: {e}"),
+            }
+        }
+        found
+    }
+}
+
+#[async_trait]
+impl Factory for ZkFactory {
+    fn label(&self) -> String {
+        "zookeeper".into()
+    }
+
+    async fn connect(&self) -> Result<DynLockProvider> {
+        Ok(Arc::new(ZkProvider::connect(&self.url).await?))
+    }
+
+    fn short_lease(&self) -> Duration {
+        Duration::from_millis(600)
+    }
+
+    async fn force_expire(&self, name: &str) -> Option<Result<()>> {
+        let admin = self.admin().await;
+        for node in self.recipe_nodes(&admin, name).await {
+            match admin.delete(&node, None).await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(e) => panic!("delete {node}: {e}"),
+            }
+        }
+        Some(Ok(()))
+    }
+
+    async fn residue(&self, name: &str) -> Option<Result<usize>> {
+        let admin = self.admin().await;
+        Some(Ok(self.recipe_nodes(&admin, name).await.len()))
+    }
+}
+
+dlock_conformance::conformance_tests!(ZkFactory::from_env());

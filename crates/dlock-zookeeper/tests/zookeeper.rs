@@ -1,0 +1,974 @@
+//! ZooKeeper-specific tests against the server at `DLOCK_ZK_URL`: Curator's layout, session
+//! expiry, cancellation, round trips, no herd, and interop with a real Curator 5.4 peer.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::{LockOptions, LockProvider};
+use dlock_zookeeper::zookeeper_client as zk;
+use dlock_zookeeper::{ZkConfig, ZkProvider, is_recipe_node};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const LIMIT: Duration = Duration::from_secs(10);
+const ZERO: Duration = Duration::ZERO;
+
+// ------------------------------------------------------------------ helpers
+
+fn url() -> Option<String> {
+    service_url("DLOCK_ZK_URL")
+}
+
+async fn provider(url: &str) -> ZkProvider {
+    ZkProvider::connect(url).await.unwrap()
+}
+
+async fn admin(url: &str) -> zk::Client {
+    let config = ZkConfig::from_url(url).unwrap();
+    zk::Client::connect(&config.connect_string()).await.unwrap()
+}
+
+/// The contender nodes under `path` (names only).
+async fn recipe_children(admin: &zk::Client, path: &str) -> Vec<String> {
+    match admin.list_children(path).await {
+        Ok(c) => c.into_iter().filter(|c| is_recipe_node(c)).collect(),
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {path}: {e}"),
+    }
+}
+
+/// ZooKeeper stores container nodes with a special ephemeral owner (`EphemeralType.CONTAINER`)
+/// but reports 0 to clients, as for persistent nodes: a client can only see that a parent is
+/// not ephemeral. (dlock creates parents with `CreateMode::Container`, like Curator's
+/// `creatingParentContainersIfNeeded`.)
+const CONTAINER_OWNER: i64 = 0;
+
+fn is_protected(node: &str, marker: &str) -> bool {
+    let Some(rest) = node.strip_prefix("_c_") else {
+        return false;
+    };
+    let (uuid, tail) = rest.split_at(36.min(rest.len()));
+    uuid.len() == 36
+        && uuid
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c) || c == '-')
+        && tail
+            .strip_prefix('-')
+            .and_then(|t| t.strip_prefix(marker))
+            .is_some_and(|seq| seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Sends a four-letter word to the first server of `url` and returns the answer.
+async fn four_letter(url: &str, word: &str) -> String {
+    let config = ZkConfig::from_url(url).unwrap();
+    let mut stream = tokio::net::TcpStream::connect(&config.hosts[0])
+        .await
+        .unwrap();
+    stream.write_all(word.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// The last client xid the server processed for `session` (from `cons`): it grows by one per
+/// request and pings do not move it.
+async fn last_cxid(url: &str, session: i64) -> u64 {
+    let cons = four_letter(url, "cons").await;
+    let sid = format!("sid={:#x},", session);
+    let line = cons
+        .lines()
+        .find(|l| l.contains(&sid))
+        .unwrap_or_else(|| panic!("session {sid} not in cons output:\n{cons}"));
+    let lcxid = line
+        .split([',', '(', ')'])
+        .find_map(|f| f.strip_prefix("lcxid="))
+        .unwrap_or_else(|| panic!("no lcxid in {line}"));
+    u64::from_str_radix(lcxid.trim_start_matches("0x"), 16).unwrap()
+}
+
+// ------------------------------------------------------------------ layout
+
+/// A hold is exactly one EPHEMERAL_SEQUENTIAL `_c_<uuid>-lock-<10 digits>` node owned by the
+/// provider's session, under CONTAINER parents, and its token is the node's czxid.
+#[tokio::test(flavor = "multi_thread")]
+async fn mutex_layout_is_curators() {
+    let Some(url) = url() else { return };
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("orders/42");
+    let path = p.lock_path(&name).unwrap();
+    assert!(path.ends_with("/orders/42"), "{path}");
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let children = admin.list_children(&path).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    let node = &children[0];
+    assert!(is_protected(node, "lock-"), "{node}");
+    let (_, stat) = admin.get_data(&format!("{path}/{node}")).await.unwrap();
+    assert_eq!(stat.ephemeral_owner, p.session_id(), "owned by our session");
+    assert_eq!(stat.data_length, 0);
+    assert_eq!(g.fencing_token().get(), u64::try_from(stat.czxid).unwrap());
+    // Every ancestor we created is a (container, i.e. non-ephemeral) node.
+    let mut parent = path.as_str();
+    while let Some(i) = parent.rfind('/').filter(|i| *i > 0) {
+        let (_, stat) = admin.get_data(parent).await.unwrap();
+        assert_eq!(
+            stat.ephemeral_owner, CONTAINER_OWNER,
+            "{parent} is not ephemeral"
+        );
+        parent = &parent[..i];
+    }
+    g.release().await.unwrap();
+    assert!(admin.list_children(&path).await.unwrap().is_empty());
+}
+
+/// Read-write and semaphore layouts: `__READ__`/`__WRIT__` directly under the path, and
+/// `locks` + `leases/_c_<uuid>-lease-<seq>` for semaphores and non-reentrant mutexes.
+#[tokio::test(flavor = "multi_thread")]
+async fn rw_and_semaphore_layouts_are_curators() {
+    let Some(url) = url() else { return };
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let names = Names::new();
+
+    let rw_name = names.name("rw");
+    let rw_path = p.lock_path(&rw_name).unwrap();
+    let rw = p.read_write_lock(&rw_name, LockOptions::default()).unwrap();
+    let w = rw.write().await.unwrap();
+    let r = rw.read().await.unwrap(); // downgrade
+    let mut nodes = admin.list_children(&rw_path).await.unwrap();
+    nodes.sort_by_key(|n| n.contains("__READ__"));
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert!(is_protected(&nodes[0], "__WRIT__"), "{nodes:?}");
+    assert!(is_protected(&nodes[1], "__READ__"), "{nodes:?}");
+    // The downgraded reader sorts at its writer's place: same sequence, plain EPHEMERAL.
+    assert_eq!(
+        nodes[0][nodes[0].len() - 10..],
+        nodes[1][nodes[1].len() - 10..]
+    );
+    let (_, stat) = admin
+        .get_data(&format!("{rw_path}/{}", nodes[0]))
+        .await
+        .unwrap();
+    assert_eq!(w.fencing_token().get(), u64::try_from(stat.czxid).unwrap());
+    w.release().await.unwrap();
+    r.release().await.unwrap();
+    assert!(recipe_children(&admin, &rw_path).await.is_empty());
+
+    let sem_name = names.name("sem");
+    let sem_path = p.lock_path(&sem_name).unwrap();
+    let sem = p.semaphore(&sem_name, 2, LockOptions::default()).unwrap();
+    let g = sem.acquire().await.unwrap();
+    let leases = admin
+        .list_children(&format!("{sem_path}/leases"))
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert!(is_protected(&leases[0], "lease-"), "{leases:?}");
+    let (_, stat) = admin
+        .get_data(&format!("{sem_path}/leases/{}", leases[0]))
+        .await
+        .unwrap();
+    assert_eq!(g.fencing_token().get(), u64::try_from(stat.czxid).unwrap());
+    // The internal mutex was released once the lease was taken.
+    assert!(
+        admin
+            .list_children(&format!("{sem_path}/locks"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for dir in [
+        sem_path.clone(),
+        format!("{sem_path}/locks"),
+        format!("{sem_path}/leases"),
+    ] {
+        let (_, stat) = admin.get_data(&dir).await.unwrap();
+        assert_eq!(
+            stat.ephemeral_owner, CONTAINER_OWNER,
+            "{dir} is not ephemeral"
+        );
+    }
+    g.release().await.unwrap();
+
+    let nr_name = names.name("nr");
+    let nr_path = p.lock_path(&nr_name).unwrap();
+    let nr = p
+        .lock(&nr_name, LockOptions::new().with_reentrant(false))
+        .unwrap();
+    let g = nr.acquire().await.unwrap();
+    let leases = recipe_children(&admin, &format!("{nr_path}/leases")).await;
+    assert_eq!(
+        leases.len(),
+        1,
+        "InterProcessSemaphoreMutex layout: {leases:?}"
+    );
+    g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ faults
+
+/// A TCP proxy to a ZooKeeper server that the test can cut: while blocked, every connection
+/// through it is dropped and new ones are refused, so a client behind it cannot reconnect.
+struct Proxy {
+    port: u16,
+    blocked: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let blocked = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let accept = {
+            let (blocked, conns) = (Arc::clone(&blocked), Arc::clone(&conns));
+            tokio::spawn(async move {
+                loop {
+                    let Ok((mut down, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if blocked.load(Ordering::SeqCst) {
+                        continue; // dropped: refused
+                    }
+                    let upstream = upstream.clone();
+                    conns.lock().unwrap().push(tokio::spawn(async move {
+                        if let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                        }
+                    }));
+                }
+            })
+        };
+        Self {
+            port,
+            blocked,
+            conns,
+            accept,
+        }
+    }
+
+    fn block(&self) {
+        self.blocked.store(true, Ordering::SeqCst);
+        for conn in self.conns.lock().unwrap().drain(..) {
+            conn.abort();
+        }
+    }
+
+    fn unblock(&self) {
+        self.blocked.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.block();
+    }
+}
+
+/// The session expires under a hold: while the holder is cut off (through a proxy), another
+/// connection takes its session over and closes it. `lost()` fires once the holder learns of
+/// it, another client acquires, and the provider goes on with a new session.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_expiry_reports_loss() {
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let proxy = Proxy::start(config.hosts[0].clone()).await;
+    let proxied = format!("zk://127.0.0.1:{}{}", proxy.port, config.chroot);
+    let (a, b, admin) = (
+        provider(&proxied).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let name = Names::new().name("expire");
+    let path = a.lock_path(&name).unwrap();
+    let g = a
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert!(g.is_held());
+    let old_session = a.session_id();
+
+    proxy.block();
+    eventually(LIMIT, "the hold is suspended", || async {
+        match g.state() {
+            dlock_core::HoldState::Suspended => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    let thief = zk::Client::connector()
+        .with_session(a.client().session().clone())
+        .connect(&config.connect_string())
+        .await
+        .unwrap();
+    drop(thief); // closes the session on the server
+    eventually(LIMIT, "the session's node is gone", || async {
+        let n = recipe_children(&admin, &path).await.len();
+        if n == 0 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    assert!(!g.is_held());
+    proxy.unblock();
+    must(LIMIT, "lost() after session expiry", g.lost()).await;
+
+    let lb = b.lock(&name, LockOptions::default()).unwrap();
+    let g2 = must(LIMIT, "acquire after expiry", lb.acquire())
+        .await
+        .unwrap();
+    let err = g.release().await.unwrap_err();
+    assert!(matches!(err, dlock_core::Error::LockLost { .. }), "{err:?}");
+    // The provider recovers with a new session.
+    eventually(LIMIT, "a new session", || async {
+        if a.session_id() != old_session {
+            Ok(())
+        } else {
+            Err("old session")
+        }
+    })
+    .await;
+    let other = Names::new().name("after-expiry");
+    let g3 = must(
+        LIMIT,
+        "acquire on the new session",
+        a.lock(&other, LockOptions::default()).unwrap().acquire(),
+    )
+    .await
+    .unwrap();
+    g3.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+/// Waiters dropped at many moments (0..30 ms, and sub-millisecond) while another holds the
+/// lock leave no node behind: only the holder's node is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelled_creates_leave_no_znode() {
+    let Some(url) = url() else { return };
+    let (a, b, admin) = (
+        provider(&url).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let name = Names::new().name("cancel-create");
+    let path = a.lock_path(&name).unwrap();
+    let g = a
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let holder = recipe_children(&admin, &path).await;
+    assert_eq!(holder.len(), 1);
+    let cuts = (0..10u64)
+        .map(|i| Duration::from_micros(i * 100))
+        .chain((1..30u64).map(Duration::from_millis));
+    for cut in cuts {
+        // A fresh handle each time, so no re-entry state is shared.
+        let lb = b.lock(&name, LockOptions::default()).unwrap();
+        let r = tokio::time::timeout(cut, lb.acquire()).await;
+        assert!(r.is_err(), "acquired a held lock");
+        let rs = b.semaphore(&name, 1, LockOptions::default()).unwrap();
+        let _ = tokio::time::timeout(cut, rs.acquire()).await;
+    }
+    eventually(LIMIT, "only the holder's node is left", || async {
+        let now = recipe_children(&admin, &path).await;
+        let sem = recipe_children(&admin, &format!("{path}/locks"))
+            .await
+            .len()
+            + recipe_children(&admin, &format!("{path}/leases"))
+                .await
+                .len();
+        if now == holder && sem == 0 {
+            Ok(())
+        } else {
+            Err(format!("{now:?} and {sem} semaphore nodes"))
+        }
+    })
+    .await;
+    g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ round trips and herd
+
+/// An uncontended acquire + release is create + getChildren + delete and nothing more: counted
+/// by the provider, and by the server (`cons`: the session's last client xid moves by 3).
+#[tokio::test(flavor = "multi_thread")]
+async fn uncontended_cycle_is_three_calls() {
+    let Some(url) = url() else { return };
+    let p = provider(&url).await;
+    let name = Names::new().name("round-trips");
+    let l = p.lock(&name, LockOptions::default()).unwrap();
+    // Warm up: the first acquisition also creates the parents.
+    l.acquire().await.unwrap().release().await.unwrap();
+    for _ in 0..3 {
+        let before = p.stats();
+        let xid = last_cxid(&url, p.session_id()).await;
+        let g = l.acquire().await.unwrap();
+        g.release().await.unwrap();
+        let after = p.stats();
+        let server = last_cxid(&url, p.session_id()).await - xid;
+        assert_eq!(after.creates - before.creates, 1, "{before:?} -> {after:?}");
+        assert_eq!(after.get_children - before.get_children, 1);
+        assert_eq!(after.deletes - before.deletes, 1);
+        assert_eq!(after.calls() - before.calls(), 3, "{before:?} -> {after:?}");
+        assert_eq!(server, 3, "requests the server saw for one cycle");
+    }
+}
+
+/// 8 waiters queued on one name: each release wakes exactly one waiter.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_release_wakes_one_waiter() {
+    const WAITERS: usize = 8;
+    let Some(url) = url() else { return };
+    let (h, w, admin) = (
+        provider(&url).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let name = Names::new().name("herd");
+    let path = h.lock_path(&name).unwrap();
+    let holder = h
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let before = w.stats();
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let l = w.lock(&name, LockOptions::default()).unwrap();
+        tasks.push(tokio::spawn(async move {
+            let g = l.acquire().await.unwrap();
+            g.release().await.unwrap();
+        }));
+    }
+    eventually(LIMIT, "every waiter watches its predecessor", || async {
+        let queued = recipe_children(&admin, &path).await.len();
+        let watching = w.stats().get_data - before.get_data;
+        if queued == WAITERS + 1 && watching == WAITERS as u64 {
+            Ok(())
+        } else {
+            Err(format!("{queued} nodes, {watching} watches"))
+        }
+    })
+    .await;
+    assert_eq!(
+        w.wakeups(),
+        before.wakeups,
+        "nobody woke while the holder held"
+    );
+    holder.release().await.unwrap();
+    for t in must(LIMIT, "8 handoffs", futures::future::join_all(tasks)).await {
+        t.unwrap();
+    }
+    assert_eq!(
+        w.wakeups() - before.wakeups,
+        WAITERS as u64,
+        "one wake-up per handoff"
+    );
+}
+
+// ------------------------------------------------------------------ Curator interop
+
+const JARS: &[&str] = &[
+    "curator-recipes.jar",
+    "curator-framework.jar",
+    "curator-client.jar",
+    "guava.jar",
+    "zookeeper.jar",
+    "zookeeper-jute.jar",
+    "slf4j-api.jar",
+    "slf4j-nop.jar",
+    "netty-handler.jar",
+    "netty-transport.jar",
+    "netty-common.jar",
+    "netty-buffer.jar",
+    "netty-resolver.jar",
+    "netty-codec.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+];
+
+/// Compiles `tests/java/CuratorPeer.java` once per test binary; `None` (skip) if `javac` or a
+/// jar is missing, unless `DLOCK_TEST_REQUIRE=all`.
+fn curator_classpath() -> Option<String> {
+    static CLASSPATH: OnceLock<Option<String>> = OnceLock::new();
+    CLASSPATH
+        .get_or_init(|| {
+            let skip = |why: String| {
+                if std::env::var("DLOCK_TEST_REQUIRE").as_deref() == Ok("all") {
+                    panic!("Curator interop cannot run: {why}, but DLOCK_TEST_REQUIRE=all");
+                }
+                eprintln!("skipped: Curator interop: {why}");
+                None
+            };
+            let java_dir = PathBuf::from(
+                std::env::var("DLOCK_JAVA_DIR").unwrap_or_else(|_| "/usr/share/java".into()),
+            );
+            let mut jars = Vec::new();
+            for jar in JARS {
+                let p = java_dir.join(jar);
+                if !p.exists() {
+                    return skip(format!("{} is missing", p.display()));
+                }
+                jars.push(p.display().to_string());
+            }
+            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("curator-peer-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&out);
+            std::fs::create_dir_all(&out).unwrap();
+            let source =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorPeer.java");
+            let jar_path = jars.join(":");
+            let status = match std::process::Command::new("javac")
+                .args(["-nowarn", "-cp", &jar_path, "-d"])
+                .arg(&out)
+                .arg(&source)
+                .status()
+            {
+                Ok(s) => s,
+                Err(e) => return skip(format!("javac cannot run ({e})")),
+            };
+            assert!(status.success(), "javac failed on {}", source.display());
+            Some(format!("{}:{jar_path}", out.display()))
+        })
+        .clone()
+}
+
+/// A running Curator peer.
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Peer {
+    async fn start(url: &str, args: &[&str]) -> Self {
+        let classpath = curator_classpath().unwrap();
+        let config = ZkConfig::from_url(url).unwrap();
+        let mut child = Command::new("java")
+            .args([
+                "-Xmx128m",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+                &classpath,
+                "CuratorPeer",
+            ])
+            .arg(config.connect_string())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Waits for the next line the peer prints and checks it.
+    async fn expect(&mut self, want: &str) {
+        let line = must(
+            Duration::from_secs(20),
+            &format!("peer prints {want}"),
+            self.lines.next_line(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            line.as_deref(),
+            Some(want),
+            "the Curator peer said {line:?}"
+        );
+    }
+
+    /// Tells the peer to release, and waits until it has.
+    async fn release(&mut self) {
+        let mut stdin = self.stdin.take().unwrap();
+        stdin.write_all(b"release\n").await.unwrap();
+        drop(stdin);
+        self.expect("RELEASED").await;
+        self.finish().await;
+    }
+
+    async fn finish(&mut self) {
+        let status = must(LIMIT, "peer exits", self.child.wait()).await.unwrap();
+        assert!(status.success(), "peer exited with {status}");
+    }
+}
+
+/// Curator's `InterProcessMutex` and a dlock mutex on the same path exclude each other, both
+/// ways, and wake each other.
+#[tokio::test(flavor = "multi_thread")]
+async fn curator_mutex_interop() {
+    let Some(url) = url() else { return };
+    if curator_classpath().is_none() {
+        return;
+    }
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("interop/mutex");
+    let path = p.lock_path(&name).unwrap();
+    let l = p.lock(&name, LockOptions::default()).unwrap();
+
+    // Curator holds: dlock cannot get in, then gets in after Curator's release.
+    let mut java = Peer::start(&url, &["mutex", &path, "60000"]).await;
+    java.expect("WAITING").await;
+    java.expect("ACQUIRED").await;
+    assert!(
+        l.try_acquire(ZERO).await.unwrap().is_none(),
+        "dlock got in while Curator holds"
+    );
+    let waiter = {
+        let l = p.lock(&name, LockOptions::default()).unwrap();
+        tokio::spawn(async move { l.acquire().await })
+    };
+    eventually(LIMIT, "dlock queued behind Curator", || async {
+        let n = recipe_children(&admin, &path).await.len();
+        if n == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    java.release().await;
+    let g = must(LIMIT, "dlock after Curator's release", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // dlock holds: Curator's timed acquire fails, and a waiting Curator gets in after release.
+    let mut java = Peer::start(&url, &["mutex", &path, "60000", "tryacquire", "300"]).await;
+    java.expect("WAITING").await;
+    java.expect("TIMEOUT").await;
+    java.finish().await;
+    let mut java = Peer::start(&url, &["mutex", &path, "60000", "tryacquire", "20000"]).await;
+    java.expect("WAITING").await;
+    eventually(LIMIT, "Curator queued behind dlock", || async {
+        let n = recipe_children(&admin, &path).await.len();
+        if n == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    g.release().await.unwrap();
+    java.expect("ACQUIRED").await;
+    assert!(l.try_acquire(ZERO).await.unwrap().is_none());
+    java.release().await;
+    l.try_acquire(LIMIT)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Curator's `InterProcessReadWriteLock` and dlock's read-write lock: writer against writer,
+/// reader against writer, readers share — both ways.
+#[tokio::test(flavor = "multi_thread")]
+async fn curator_rwlock_interop() {
+    let Some(url) = url() else { return };
+    if curator_classpath().is_none() {
+        return;
+    }
+    let p = provider(&url).await;
+    let name = Names::new().name("interop/rw");
+    let path = p.lock_path(&name).unwrap();
+    let rw = p.read_write_lock(&name, LockOptions::default()).unwrap();
+
+    // Curator writes: dlock can neither write nor read.
+    let mut java = Peer::start(&url, &["write", &path, "60000"]).await;
+    java.expect("WAITING").await;
+    java.expect("ACQUIRED").await;
+    assert!(
+        rw.try_write(ZERO).await.unwrap().is_none(),
+        "write during Curator's write"
+    );
+    assert!(
+        rw.try_read(ZERO).await.unwrap().is_none(),
+        "read during Curator's write"
+    );
+    java.release().await;
+
+    // Curator reads: dlock reads too, but cannot write.
+    let mut java = Peer::start(&url, &["read", &path, "60000"]).await;
+    java.expect("WAITING").await;
+    java.expect("ACQUIRED").await;
+    let r = rw.try_read(LIMIT).await.unwrap().expect("readers share");
+    r.release().await.unwrap();
+    assert!(
+        rw.try_write(ZERO).await.unwrap().is_none(),
+        "write during Curator's read"
+    );
+    java.release().await;
+
+    // dlock writes: Curator can neither write nor read.
+    let w = rw.try_write(LIMIT).await.unwrap().expect("write");
+    for mode in ["write", "read"] {
+        let mut java = Peer::start(&url, &[mode, &path, "60000", "tryacquire", "300"]).await;
+        java.expect("WAITING").await;
+        java.expect("TIMEOUT").await;
+        java.finish().await;
+    }
+    w.release().await.unwrap();
+
+    // dlock reads: Curator reads too, Curator's write waits until dlock's read is released.
+    let r = rw.try_read(LIMIT).await.unwrap().expect("read");
+    let mut reader = Peer::start(&url, &["read", &path, "60000", "tryacquire", "10000"]).await;
+    reader.expect("WAITING").await;
+    reader.expect("ACQUIRED").await;
+    reader.release().await;
+    let mut writer = Peer::start(&url, &["write", &path, "60000", "tryacquire", "300"]).await;
+    writer.expect("WAITING").await;
+    writer.expect("TIMEOUT").await;
+    writer.finish().await;
+    r.release().await.unwrap();
+    let mut writer = Peer::start(&url, &["write", &path, "60000", "tryacquire", "10000"]).await;
+    writer.expect("WAITING").await;
+    writer.expect("ACQUIRED").await;
+    writer.release().await;
+}
+
+/// Curator's `InterProcessSemaphoreV2` with N leases counts dlock's permits, and the other way
+/// round.
+#[tokio::test(flavor = "multi_thread")]
+async fn curator_semaphore_interop() {
+    let Some(url) = url() else { return };
+    if curator_classpath().is_none() {
+        return;
+    }
+    let p = provider(&url).await;
+    let name = Names::new().name("interop/sem");
+    let path = p.lock_path(&name).unwrap();
+    let sem = p.semaphore(&name, 2, LockOptions::default()).unwrap();
+
+    // dlock holds both permits: Curator's timed acquire fails.
+    let g1 = sem.try_acquire(LIMIT).await.unwrap().expect("permit 1");
+    let g2 = sem.try_acquire(LIMIT).await.unwrap().expect("permit 2");
+    let mut java = Peer::start(
+        &url,
+        &[
+            "semaphore",
+            &path,
+            "60000",
+            "tryacquire",
+            "300",
+            "permits",
+            "2",
+        ],
+    )
+    .await;
+    java.expect("WAITING").await;
+    java.expect("TIMEOUT").await;
+    java.finish().await;
+
+    // A waiting Curator gets the permit dlock releases; then dlock counts Curator's lease.
+    let mut java = Peer::start(
+        &url,
+        &[
+            "semaphore",
+            &path,
+            "60000",
+            "tryacquire",
+            "20000",
+            "permits",
+            "2",
+        ],
+    )
+    .await;
+    java.expect("WAITING").await;
+    g1.release().await.unwrap();
+    java.expect("ACQUIRED").await;
+    assert!(
+        sem.try_acquire(ZERO).await.unwrap().is_none(),
+        "a 3rd permit of 2"
+    );
+    java.release().await;
+    let g3 = sem
+        .try_acquire(LIMIT)
+        .await
+        .unwrap()
+        .expect("Curator's lease came back");
+    g3.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ server restart
+
+/// A standalone ZooKeeper of our own on a free loopback port (Debian's jars); killed on drop.
+struct PrivateZk {
+    port: u16,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateZk {
+    /// Starts one, or returns `None` (skip) when the jars or `java` are missing and skipping is
+    /// allowed.
+    async fn start() -> Option<Self> {
+        let java_dir = PathBuf::from(
+            std::env::var("DLOCK_JAVA_DIR").unwrap_or_else(|_| "/usr/share/java".into()),
+        );
+        let missing = !java_dir.join("zookeeper.jar").exists()
+            || std::process::Command::new("java")
+                .arg("-version")
+                .stderr(Stdio::null())
+                .status()
+                .is_err();
+        if missing {
+            if std::env::var("DLOCK_TEST_REQUIRE").as_deref() == Ok("all") {
+                panic!("java or zookeeper.jar is missing but DLOCK_TEST_REQUIRE=all");
+            }
+            eprintln!("skipped: java or zookeeper.jar is missing");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("dlock-zk-test-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = Self {
+            port,
+            dir,
+            child: None,
+        };
+        server.spawn().await;
+        Some(server)
+    }
+
+    fn url(&self, query: &str) -> String {
+        format!("zk://127.0.0.1:{}{query}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let java_dir = PathBuf::from(
+            std::env::var("DLOCK_JAVA_DIR").unwrap_or_else(|_| "/usr/share/java".into()),
+        );
+        let classpath = [
+            "zookeeper.jar",
+            "zookeeper-jute.jar",
+            "slf4j-api.jar",
+            "slf4j-nop.jar",
+        ]
+        .iter()
+        .map(|j| java_dir.join(j).display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+        let child = std::process::Command::new("java")
+            .args(["-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", &classpath])
+            .arg("-Dzookeeper.admin.enableServer=false")
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(self.port.to_string())
+            .arg(&self.dir)
+            .arg("2000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let url = self.url("");
+        eventually(
+            Duration::from_secs(20),
+            "private zookeeper answers",
+            || async {
+                let config = ZkConfig::from_url(&url).unwrap();
+                let Ok(mut stream) = tokio::net::TcpStream::connect(&config.hosts[0]).await else {
+                    return Err("refused".to_owned());
+                };
+                let mut out = String::new();
+                let _ = stream.write_all(b"srvr").await;
+                let _ = stream.read_to_string(&mut out).await;
+                if out.contains("Zookeeper version") {
+                    Ok(())
+                } else {
+                    Err(out)
+                }
+            },
+        )
+        .await;
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateZk {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The server stops and comes back within the session timeout: the hold is suspended
+/// meanwhile (`is_held()` false), then held again, never lost, and still excludes others.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_restart_within_session_timeout_keeps_the_hold() {
+    if url().is_none() {
+        return;
+    }
+    let Some(mut server) = PrivateZk::start().await else {
+        return;
+    };
+    let url = server.url("?session_timeout_ms=20000");
+    let (a, b) = (provider(&url).await, provider(&url).await);
+    let name = Names::new().name("restart");
+    let g = a
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert!(g.is_held());
+    server.kill();
+    eventually(LIMIT, "the hold is suspended", || async {
+        match g.state() {
+            dlock_core::HoldState::Suspended => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    assert!(!g.is_held(), "is_held() is false while suspended");
+    server.spawn().await;
+    eventually(
+        Duration::from_secs(20),
+        "the hold is vouched for again",
+        || async {
+            match g.state() {
+                dlock_core::HoldState::Held => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    let lb = b.lock(&name, LockOptions::default()).unwrap();
+    assert!(
+        lb.try_acquire(ZERO).await.unwrap().is_none(),
+        "the hold survived the restart"
+    );
+    g.release().await.unwrap();
+    lb.try_acquire(LIMIT)
+        .await
+        .unwrap()
+        .expect("free after release")
+        .release()
+        .await
+        .unwrap();
+}
