@@ -28,7 +28,8 @@ use std::sync::Arc;
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, DistributedReadWriteLock, DistributedSemaphore,
     DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error, FencingToken, HoldState,
-    Lease, LockGuard, LockName, LockOptions, LockProvider, MultiGuard, MultiLock, Result,
+    Lease, LockGuard, LockName, LockOptions, LockProvider, LockStatus, MultiGuard, MultiLock,
+    Result, redact,
 };
 
 /// The in-process reference backend (`memory://`), with its test hooks.

@@ -19,7 +19,7 @@ pub use crate::error::{BoxError, Error, Result};
 pub use crate::guard::{Hold, HoldSignal, HoldState, LockGuard, NewHold};
 pub use crate::multi::{MultiGuard, MultiLock};
 pub use crate::name::{FencingToken, LockName};
-pub use crate::options::{Capabilities, Lease, LockOptions};
+pub use crate::options::{Capabilities, Lease, LockOptions, LockStatus};
 pub use crate::reentrancy::Reentrancy;
 pub use crate::traits::{
     DistributedLock, DistributedReadWriteLock, DistributedSemaphore, DynLock, DynLockProvider,

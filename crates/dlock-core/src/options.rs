@@ -292,3 +292,35 @@ mod tests {
         assert!(Capabilities::none("x").check_permits(3).is_err());
     }
 }
+
+/// What a store records about one lock name, for inspection (`dlock status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// Whether someone holds the lock.
+    pub held: bool,
+    /// The holder's id as the store records it (a Redis hash field, a znode name, a row's
+    /// owner), where it records one.
+    pub owner: Option<String>,
+    /// How long the hold lasts unless renewed, where the store records it.
+    pub remaining: Option<std::time::Duration>,
+    /// The last fencing token issued for the name, where the store can tell.
+    pub last_token: Option<u64>,
+}
+
+impl LockStatus {
+    /// Builds a status.
+    pub fn new(
+        held: bool,
+        owner: Option<String>,
+        remaining: Option<std::time::Duration>,
+        last_token: Option<u64>,
+    ) -> Self {
+        Self {
+            held,
+            owner,
+            remaining,
+            last_token,
+        }
+    }
+}

@@ -29,6 +29,22 @@ use crate::handles::{RedisLock, RedisReadWriteLock, RedisSemaphore};
 use crate::pubsub::Subscriptions;
 use crate::scripts::Keys;
 
+/// The two scripts of an uncontended mutex cycle, for measuring the raw floor of a cycle
+/// (`dlock bench` runs them with plain redis-rs). Not API-stable.
+#[doc(hidden)]
+pub mod raw {
+    /// Acquire: KEYS `name`, `redisson_lock_token:{name}`; ARGV lease ms, field.
+    pub fn lock_script() -> &'static redis::Script {
+        &crate::scripts::LOCK
+    }
+
+    /// Release: KEYS `name`, `redisson_lock__channel:{name}`; ARGV `0`, lease ms, field,
+    /// `publish`.
+    pub fn unlock_script() -> &'static redis::Script {
+        &crate::scripts::UNLOCK
+    }
+}
+
 /// The URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["redis", "rediss"];
 
@@ -128,6 +144,51 @@ impl RedisProvider {
     /// Pub/sub messages delivered to this provider so far.
     pub fn messages_delivered(&self) -> u64 {
         self.inner.subs.delivered()
+    }
+
+    /// What Redis stores for `name`: whether a mutex, fair, read or write hold is there, the
+    /// holder's hash field (Redisson's `<client uuid>:<thread id>`), the remaining PTTL and the
+    /// last fencing token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], or a connection error.
+    pub async fn describe(&self, name: &str) -> Result<dlock_core::LockStatus> {
+        let (_, keys) = self.name(name)?;
+        let mut invocation = scripts::DESCRIBE.prepare_invoke();
+        invocation.key(&keys.name).key(&keys.token);
+        let reply: redis::Value = self.inner.conn.script("describe", &invocation).await?;
+        let redis::Value::Array(items) = reply else {
+            return Err(error::unexpected("describe", reply));
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+            redis::Value::SimpleString(s) | redis::Value::VerbatimString { text: s, .. } => {
+                Some(s.clone())
+            }
+            _ => None,
+        };
+        let kind = items.first().and_then(text).unwrap_or_default();
+        let pttl = match items.get(1) {
+            Some(redis::Value::Int(ms)) if *ms > 0 => {
+                Some(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)))
+            }
+            _ => None,
+        };
+        let token = items.get(2).and_then(text).and_then(|t| t.parse().ok());
+        let owner = match items.get(3) {
+            Some(redis::Value::Array(fields)) => {
+                fields.iter().filter_map(text).find(|f| f != "mode")
+            }
+            _ => None,
+        };
+        let held = kind == "hash" && owner.is_some();
+        Ok(dlock_core::LockStatus::new(
+            held,
+            owner,
+            pttl.filter(|_| held),
+            token,
+        ))
     }
 
     fn name(&self, name: &str) -> Result<(LockName, Keys)> {

@@ -464,6 +464,21 @@ return 1
     )
 });
 
+/// What is stored for a lock, for inspection. KEYS: name, token. Returns
+/// `{type, pttl, token or nil, hash fields}`.
+pub(crate) static DESCRIBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local kind = redis.call('type', KEYS[1])['ok']
+local fields = {}
+if kind == 'hash' then
+  fields = redis.call('hkeys', KEYS[1])
+end
+return {kind, redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]), fields}
+",
+    )
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;

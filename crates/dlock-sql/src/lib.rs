@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use dlock_core::{
     Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockName, LockOptions,
-    LockProvider, Result,
+    LockProvider, LockStatus, Result,
 };
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Executor};
@@ -298,7 +298,7 @@ impl SqlProvider {
                         let left: i64 = row.try_get(3).map_err(err)?;
                         let token = (u64::try_from(id).unwrap_or(0) << 20)
                             | u64::try_from(takeovers).unwrap_or(0);
-                        LockStatus::from_parts(left > 0, Some(owner), left, Some(token))
+                        status(left > 0, Some(owner), left, Some(token))
                     }
                     None => LockStatus::default(),
                 }
@@ -315,7 +315,7 @@ impl SqlProvider {
                         let version: i64 = row.try_get(1).map_err(err)?;
                         let left: i64 = row.try_get(2).map_err(err)?;
                         let held = !owner.is_empty() && left > 0;
-                        LockStatus::from_parts(
+                        status(
                             held,
                             held.then_some(owner),
                             left,
@@ -344,12 +344,7 @@ impl SqlProvider {
                     }
                     None => true,
                 };
-                LockStatus {
-                    held,
-                    owner: None,
-                    remaining: None,
-                    last_token: token,
-                }
+                LockStatus::new(held, None, None, token)
             }
         };
         Ok(status)
@@ -380,29 +375,13 @@ fn create_parent_dir(config: &SqlConfig) -> Result<()> {
     Ok(())
 }
 
-/// What [`SqlProvider::describe`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockStatus {
-    /// Whether someone holds the lock.
-    pub held: bool,
-    /// The holder's owner id (`<client uuid>:<n>`), where the strategy records it.
-    pub owner: Option<String>,
-    /// How long the hold lasts unless renewed, where the strategy records it.
-    pub remaining: Option<Duration>,
-    /// The last fencing token issued for the name (for unique-insert, of the current row).
-    pub last_token: Option<u64>,
-}
-
-impl LockStatus {
-    fn from_parts(held: bool, owner: Option<String>, left_ms: i64, token: Option<u64>) -> Self {
-        Self {
-            held,
-            owner: if held { owner } else { None },
-            remaining: held.then(|| Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))),
-            last_token: token,
-        }
-    }
+fn status(held: bool, owner: Option<String>, left_ms: i64, token: Option<u64>) -> LockStatus {
+    LockStatus::new(
+        held,
+        if held { owner } else { None },
+        held.then(|| Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))),
+        token,
+    )
 }
 
 impl LockProvider for SqlProvider {

@@ -125,6 +125,37 @@ impl ZkProvider {
         self.session.stats().wakeups
     }
 
+    /// What the server records about mutex `name`: whether a contender holds it, which node
+    /// (owner), and its creation zxid (the holder's fencing token). ZooKeeper leases are
+    /// sessions, so no remaining time is reported.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], or a connection error.
+    pub async fn describe(&self, name: &str) -> Result<dlock_core::LockStatus> {
+        let path = self.lock_path(name)?;
+        let children = match self.session.retrying(|| self.session.children(&path)).await {
+            Ok(c) => c,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(crate::error::from_zk(&format!("list {path}"), e)),
+        };
+        let sorted = nodes::contenders(children, &[nodes::LOCK]);
+        let Some(first) = sorted.first() else {
+            return Ok(dlock_core::LockStatus::default());
+        };
+        let node = format!("{path}/{}", first.node);
+        let token = match self.session.retrying(|| self.session.exists(&node)).await {
+            Ok(stat) => stat.and_then(|s| u64::try_from(s.czxid).ok()),
+            Err(e) => return Err(crate::error::from_zk(&format!("stat {node}"), e)),
+        };
+        Ok(dlock_core::LockStatus::new(
+            true,
+            Some(first.node.clone()),
+            None,
+            token,
+        ))
+    }
+
     /// Holds of this provider that are live right now (released and lost ones excluded).
     pub fn live_holds(&self) -> usize {
         self.session.live_holds()

@@ -1,0 +1,575 @@
+//! `dlock bench`: the workloads of DESIGN.md §6 against several stores in one run, each lock
+//! throughput set against the raw floor of the same server calls made with the client library.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use dlock::{DynLockProvider, Lease, LockOptions};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::exit;
+
+mod chart;
+mod floor;
+
+/// The workloads (DESIGN.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[value(rename_all = "UPPER")]
+pub enum Workload {
+    /// 1 client, one name: acquire + release cycles after a warm-up.
+    W1,
+    /// 8 clients on one name; the critical section reads, yields and writes a counter.
+    W2,
+    /// 2 clients ping-pong on one name: release-to-acquire handoff latency.
+    W3,
+    /// 8 clients, each on its own name.
+    W4,
+    /// 8 waiters queued in a known order on a fair lock.
+    W5,
+    /// One client holds 1,000 locks at once, then releases them.
+    W6,
+}
+
+/// Options of `dlock bench`.
+#[derive(Debug, Args)]
+pub struct BenchOpts {
+    /// A store to measure (repeat for several). Default: the embedded SQLite (both
+    /// strategies, in a temporary file), memory://, and every DLOCK_REDIS_URL, DLOCK_ZK_URL,
+    /// DLOCK_MYSQL_URL set (MySQL with each strategy).
+    #[arg(long = "url", value_name = "URL")]
+    pub urls: Vec<String>,
+
+    /// The workloads to run.
+    #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4,W5,W6")]
+    pub workload: Vec<Workload>,
+
+    /// Cycles of W1 (W2 and W4 run twice as many in all, W3 a quarter as many handoffs).
+    #[arg(long, default_value_t = 2000)]
+    pub cycles: u64,
+
+    /// Stop each workload after this long, whatever its cycle count (e.g. 10s).
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Write the results as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Draw throughput and latency per backend as an SVG chart here.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Row {
+    /// The backend and strategy, e.g. `mysql/optimistic`.
+    pub backend: String,
+    /// The workload.
+    pub workload: String,
+    /// Cycles (or handoffs, grants, locks) done.
+    pub cycles: u64,
+    /// Wall time of the workload.
+    pub seconds: f64,
+    /// Cycles per second.
+    pub cycles_per_sec: f64,
+    /// Acquire latency (W2, W4, W5: waiting time) percentiles, microseconds.
+    pub acquire_p50_us: u64,
+    /// 99th percentile.
+    pub acquire_p99_us: u64,
+    /// 99.9th percentile.
+    pub acquire_p999_us: u64,
+    /// W3: release-returned to acquire-returned, microseconds.
+    pub handoff_p50_us: Option<u64>,
+    /// W3: 99th percentile.
+    pub handoff_p99_us: Option<u64>,
+    /// W2: overlaps seen plus lost counter updates (must be 0).
+    pub violations: u64,
+    /// W1: the floor's cycles per second (same server calls, client library only).
+    pub floor_cycles_per_sec: Option<f64>,
+    /// W1: `cycles_per_sec / floor_cycles_per_sec`.
+    pub ratio_to_floor: Option<f64>,
+    /// W5: waiters served out of the order they queued in.
+    pub out_of_order: Option<u64>,
+    /// W5: longest minus shortest wait, milliseconds.
+    pub wait_spread_ms: Option<f64>,
+    /// W6: resident memory growth while holding the locks, KiB.
+    pub memory_kib: Option<i64>,
+    /// W6: server connections the client opened for the 1,000 locks, where measurable.
+    pub server_connections: Option<i64>,
+    /// Why the workload was skipped, if it was.
+    pub skipped: Option<String>,
+}
+
+/// A store under test.
+#[derive(Debug, Clone)]
+struct Target {
+    label: String,
+    url: String,
+    /// Test only: each client gets its own private store, so nothing is excluded (the
+    /// benchmark's exclusion checker must see violations).
+    broken: bool,
+}
+
+impl Target {
+    async fn client(&self) -> dlock::Result<DynLockProvider> {
+        if self.broken {
+            return Ok(Arc::new(dlock::memory::MemoryProvider::new()));
+        }
+        Ok(Arc::clone(dlock::connect(&self.url).await?.provider()))
+    }
+}
+
+fn label_of(url: &str) -> String {
+    let scheme = url.split("://").next().unwrap_or("?");
+    let strategy = url
+        .split_once("strategy=")
+        .map(|(_, s)| s.split('&').next().unwrap_or(s).to_owned());
+    match scheme {
+        "mysql" | "mariadb" | "sqlite" => {
+            format!(
+                "{scheme}/{}",
+                strategy.unwrap_or_else(|| "unique-insert".into())
+            )
+        }
+        "redis" | "rediss" if url.contains("cluster=true") => "redis-cluster".into(),
+        other => other.to_owned(),
+    }
+}
+
+fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
+    let mut urls = opts.urls.clone();
+    let mut scratch = None;
+    if urls.is_empty() {
+        let file = std::env::temp_dir().join(format!("dlock-bench-{}.db", std::process::id()));
+        urls.push(format!("sqlite://{}", file.display()));
+        urls.push(format!("sqlite://{}?strategy=optimistic", file.display()));
+        scratch = Some(file);
+        // A named store: every client of the benchmark must share it.
+        urls.push("memory://dlock-bench".into());
+        for var in ["DLOCK_REDIS_URL", "DLOCK_ZK_URL"] {
+            if let Ok(url) = std::env::var(var) {
+                urls.push(url);
+            }
+        }
+        if let Ok(url) = std::env::var("DLOCK_MYSQL_URL") {
+            for s in ["unique-insert", "optimistic", "for-update"] {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                urls.push(format!("{url}{sep}strategy={s}&pool=64"));
+            }
+        }
+    }
+    let targets = urls
+        .into_iter()
+        .map(|url| Target {
+            label: if url == "broken://" {
+                "broken (test)".into()
+            } else {
+                label_of(&url)
+            },
+            broken: url == "broken://",
+            url,
+        })
+        .collect();
+    (targets, scratch)
+}
+
+pub(crate) async fn bench(opts: BenchOpts) -> u8 {
+    let (targets, scratch) = targets(&opts);
+    let mut rows = Vec::new();
+    let progress = ProgressBar::new((targets.len() * opts.workload.len()) as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut failed = false;
+    for target in &targets {
+        for workload in &opts.workload {
+            progress.set_message(format!("{} {workload:?}", target.label));
+            let row = match run_workload(target, *workload, &opts).await {
+                Ok(row) => row,
+                Err(e) => {
+                    failed = true;
+                    progress.suspend(|| {
+                        eprintln!("dlock bench: {} {workload:?}: {e}", target.label);
+                    });
+                    Row {
+                        backend: target.label.clone(),
+                        workload: format!("{workload:?}"),
+                        skipped: Some(format!("error: {e}")),
+                        ..Row::default()
+                    }
+                }
+            };
+            rows.push(row);
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    if let Some(file) = scratch {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+        }
+    }
+    print_table(&rows);
+    if let Some(path) = &opts.json {
+        let doc = serde_json::json!({
+            "version": 1,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "machine": { "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) },
+            "rows": rows,
+        });
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("dlock bench: cannot write {}: {e}", path.display());
+            return exit::SOFTWARE;
+        }
+    }
+    if let Some(path) = &opts.chart {
+        if let Err(e) = chart::draw(path, &rows) {
+            eprintln!("dlock bench: cannot draw {}: {e}", path.display());
+            return exit::SOFTWARE;
+        }
+    }
+    if rows.iter().any(|r| r.violations > 0) {
+        eprintln!("dlock bench: EXCLUSION VIOLATIONS were seen (column `viol`)");
+        return exit::SOFTWARE;
+    }
+    if failed { exit::SOFTWARE } else { 0 }
+}
+
+/// Latencies from 1 µs to 10 min with 3 significant digits.
+#[allow(clippy::expect_used)]
+fn histogram() -> Histogram<u64> {
+    // Only invalid bounds or precision make this fail; these are constants.
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("constant histogram bounds are valid")
+}
+
+fn us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+fn fill_latency(row: &mut Row, h: &Histogram<u64>) {
+    if h.is_empty() {
+        return;
+    }
+    row.acquire_p50_us = h.value_at_quantile(0.5);
+    row.acquire_p99_us = h.value_at_quantile(0.99);
+    row.acquire_p999_us = h.value_at_quantile(0.999);
+}
+
+fn out_of_time(started: Instant, limit: Option<Duration>) -> bool {
+    limit.is_some_and(|l| started.elapsed() >= l)
+}
+
+async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> dlock::Result<Row> {
+    let mut row = Row {
+        backend: target.label.clone(),
+        workload: format!("{workload:?}"),
+        ..Row::default()
+    };
+    let ns = format!("dlock-bench/{}/{}", std::process::id(), uuid_like());
+    let limit = opts.duration;
+    match workload {
+        Workload::W1 => {
+            let p = target.client().await?;
+            let lock = p.lock(&format!("{ns}/w1"), LockOptions::default())?;
+            for _ in 0..200.min(opts.cycles) {
+                lock.acquire().await?.release().await?;
+            }
+            let mut h = histogram();
+            let started = Instant::now();
+            let mut n = 0;
+            while n < opts.cycles && !out_of_time(started, limit) {
+                let t = Instant::now();
+                lock.acquire().await?.release().await?;
+                let _ = h.record(us(t.elapsed()));
+                n += 1;
+            }
+            finish(&mut row, n, started.elapsed());
+            fill_latency(&mut row, &h);
+            if !target.broken {
+                if let Some(floor) = floor::cycles_per_sec(&target.url, n.max(1), &ns).await? {
+                    row.floor_cycles_per_sec = Some(floor);
+                    row.ratio_to_floor = Some(row.cycles_per_sec / floor);
+                }
+            }
+        }
+        Workload::W2 | Workload::W4 => {
+            let total = opts.cycles * 2;
+            let per = total / 8;
+            let counter = Arc::new(AtomicU64::new(0));
+            let inside = Arc::new(AtomicU64::new(0));
+            let overlaps = Arc::new(AtomicU64::new(0));
+            let mut tasks = Vec::new();
+            let started = Instant::now();
+            for i in 0..8 {
+                let p = target.client().await?;
+                let name = if workload == Workload::W2 {
+                    format!("{ns}/w2")
+                } else {
+                    format!("{ns}/w4/{i}")
+                };
+                let lock = p.lock(&name, LockOptions::default())?;
+                let (counter, inside, overlaps) = (
+                    Arc::clone(&counter),
+                    Arc::clone(&inside),
+                    Arc::clone(&overlaps),
+                );
+                tasks.push(tokio::spawn(async move {
+                    let _client = p; // its connections live as long as the worker
+                    let mut h = histogram();
+                    let mut done = 0u64;
+                    while done < per && !out_of_time(started, limit) {
+                        let t = Instant::now();
+                        let g = lock.acquire().await?;
+                        let _ = h.record(us(t.elapsed()));
+                        if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let seen = counter.load(Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        counter.store(seen + 1, Ordering::SeqCst);
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        g.release().await?;
+                        done += 1;
+                    }
+                    Ok::<_, dlock::Error>((h, done))
+                }));
+            }
+            let mut h = histogram();
+            let mut done = 0;
+            for t in tasks {
+                let (th, n) = t
+                    .await
+                    .map_err(|e| dlock::Error::config(format!("worker panicked: {e}")))??;
+                let _ = h.add(&th);
+                done += n;
+            }
+            finish(&mut row, done, started.elapsed());
+            fill_latency(&mut row, &h);
+            if workload == Workload::W2 {
+                let lost = done.saturating_sub(counter.load(Ordering::SeqCst));
+                row.violations = overlaps.load(Ordering::SeqCst) + lost;
+            }
+        }
+        Workload::W3 => handoff(target, &ns, opts, &mut row).await?,
+        Workload::W5 => fairness(target, &ns, &mut row).await?,
+        Workload::W6 => scale(target, &ns, opts, &mut row).await?,
+    }
+    Ok(row)
+}
+
+fn finish(row: &mut Row, cycles: u64, elapsed: Duration) {
+    row.cycles = cycles;
+    row.seconds = elapsed.as_secs_f64();
+    row.cycles_per_sec = if row.seconds > 0.0 {
+        cycles as f64 / row.seconds
+    } else {
+        0.0
+    };
+}
+
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{nanos:x}")
+}
+
+/// W3: two clients pass the lock back and forth; a handoff is the time from the holder's
+/// release returning to the waiter's acquire returning.
+async fn handoff(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dlock::Result<()> {
+    let handoffs = (opts.cycles / 4).max(2);
+    let name = format!("{ns}/w3");
+    let a = target.client().await?.lock(&name, LockOptions::default())?;
+    let b = target.client().await?.lock(&name, LockOptions::default())?;
+    let mut h = histogram();
+    let mut held = a.acquire().await?;
+    let mut holder_is_a = true;
+    let started = Instant::now();
+    let mut n = 0;
+    while n < handoffs && !out_of_time(started, opts.duration) {
+        let waiter = if holder_is_a {
+            Arc::clone(&b)
+        } else {
+            Arc::clone(&a)
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
+        let task = tokio::spawn(async move {
+            let g = waiter.acquire().await;
+            (g, Instant::now(), rx.await.ok())
+        });
+        // Let the waiter reach the store before the release.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        held.release().await?;
+        let released = Instant::now();
+        let _ = tx.send(released);
+        let (g, acquired, _) = task
+            .await
+            .map_err(|e| dlock::Error::config(format!("waiter panicked: {e}")))?;
+        held = g?;
+        let _ = h.record(us(acquired.saturating_duration_since(released)));
+        holder_is_a = !holder_is_a;
+        n += 1;
+    }
+    held.release().await?;
+    finish(row, n, started.elapsed());
+    if !h.is_empty() {
+        row.handoff_p50_us = Some(h.value_at_quantile(0.5));
+        row.handoff_p99_us = Some(h.value_at_quantile(0.99));
+    }
+    Ok(())
+}
+
+/// W5: 8 waiters queue in a known order on a fair lock; how many are served out of order.
+async fn fairness(target: &Target, ns: &str, row: &mut Row) -> dlock::Result<()> {
+    let p = target.client().await?;
+    if !p.capabilities().fair {
+        row.skipped = Some("no fair locks".into());
+        return Ok(());
+    }
+    let name = format!("{ns}/w5");
+    let opts = LockOptions::new().with_fair(true);
+    let holder = p.lock(&name, opts)?.acquire().await?;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for i in 0..8u64 {
+        let lock = target.client().await?.lock(&name, opts)?;
+        let order = Arc::clone(&order);
+        tasks.push(tokio::spawn(async move {
+            let asked = Instant::now();
+            let g = lock.acquire().await?;
+            let waited = asked.elapsed();
+            order.lock().map(|mut o| o.push(i)).ok();
+            g.release().await?;
+            Ok::<_, dlock::Error>(waited)
+        }));
+        // Queue them one after the other.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    holder.release().await?;
+    let mut h = histogram();
+    let mut waits = Vec::new();
+    for t in tasks {
+        let w = t
+            .await
+            .map_err(|e| dlock::Error::config(format!("waiter panicked: {e}")))??;
+        let _ = h.record(us(w));
+        waits.push(w);
+    }
+    let order = order.lock().map(|o| o.clone()).unwrap_or_default();
+    finish(row, order.len() as u64, started.elapsed());
+    fill_latency(row, &h);
+    row.out_of_order = Some(
+        order
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| *i as u64 != **v)
+            .count() as u64,
+    );
+    if let (Some(min), Some(max)) = (waits.iter().min(), waits.iter().max()) {
+        row.wait_spread_ms = Some((*max - *min).as_secs_f64() * 1000.0);
+    }
+    Ok(())
+}
+
+/// W6: one client holds 1,000 locks at once, then releases them.
+async fn scale(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dlock::Result<()> {
+    let count = opts.cycles.clamp(2, 1000);
+    let before_conn = floor::server_connections(&target.url).await;
+    let rss_before = rss_kib();
+    let p = target.client().await?;
+    let lease = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
+    let started = Instant::now();
+    let mut h = histogram();
+    let mut guards = Vec::with_capacity(usize::try_from(count).unwrap_or(1000));
+    for i in 0..count {
+        let t = Instant::now();
+        guards.push(p.lock(&format!("{ns}/w6/{i}"), lease)?.acquire().await?);
+        let _ = h.record(us(t.elapsed()));
+    }
+    let during_conn = floor::server_connections(&target.url).await;
+    row.memory_kib = match (rss_before, rss_kib()) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    row.server_connections = match (before_conn, during_conn) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    for g in guards {
+        g.release().await?;
+    }
+    finish(row, count, started.elapsed());
+    fill_latency(row, &h);
+    Ok(())
+}
+
+/// Resident memory of this process, KiB (Linux).
+fn rss_kib() -> Option<i64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4)
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<24} {:<3} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  notes",
+        "backend",
+        "wl",
+        "cycles",
+        "cycles/s",
+        "acq p50",
+        "acq p99",
+        "acq p999",
+        "hand p50",
+        "hand p99",
+        "viol",
+        "x floor",
+    );
+    for r in rows {
+        let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| format!("{v}us"));
+        let mut notes = Vec::new();
+        if let Some(s) = &r.skipped {
+            notes.push(format!("skipped: {s}"));
+        }
+        if let Some(o) = r.out_of_order {
+            notes.push(format!(
+                "out of order {o}/8, spread {:.1} ms",
+                r.wait_spread_ms.unwrap_or(0.0)
+            ));
+        }
+        if let Some(m) = r.memory_kib {
+            notes.push(format!("mem +{m} KiB"));
+        }
+        if let Some(c) = r.server_connections {
+            notes.push(format!("server conns +{c}"));
+        }
+        if let Some(f) = r.floor_cycles_per_sec {
+            notes.push(format!("floor {f:.0}/s"));
+        }
+        println!(
+            "{:<24} {:<3} {:>7} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  {}",
+            r.backend,
+            r.workload,
+            r.cycles,
+            r.cycles_per_sec,
+            format!("{}us", r.acquire_p50_us),
+            format!("{}us", r.acquire_p99_us),
+            format!("{}us", r.acquire_p999_us),
+            opt(r.handoff_p50_us),
+            opt(r.handoff_p99_us),
+            r.violations,
+            r.ratio_to_floor
+                .map_or("-".to_owned(), |x| format!("{:.0}%", x * 100.0)),
+            notes.join("; ")
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! The floor of each backend: the server calls one lock cycle needs, made directly with the
+//! client library (no dlock) in the same run, so throughput can be read as a ratio.
+//!
+//! | backend | floor cycle |
+//! | --- | --- |
+//! | Redis | the two EVALSHA of dlock's acquire and release scripts |
+//! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
+//! | MySQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row |
+//! | MySQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
+//! | memory | none (no server) |
+
+use std::time::Instant;
+
+fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::Error {
+    dlock::Error::Backend {
+        backend,
+        message: format!("floor: {what}: {e}"),
+        retryable: false,
+        source: None,
+    }
+}
+
+/// Cycles per second of the floor for the store `url` names, or `None` if it has none.
+pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
+    let scheme = url.split("://").next().unwrap_or_default();
+    let started;
+    match scheme {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" if !url.contains("cluster=true") => {
+            let client = redis::Client::open(url).map_err(|e| err("redis", "connect", e))?;
+            let mut c = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| err("redis", "connect", e))?;
+            let name = format!("{ns}/floor");
+            let token = format!("redisson_lock_token:{{{name}}}");
+            let channel = format!("redisson_lock__channel:{{{name}}}");
+            let (lock, unlock) = (
+                dlock_redis::raw::lock_script(),
+                dlock_redis::raw::unlock_script(),
+            );
+            let cycle = |c: &mut redis::aio::MultiplexedConnection| {
+                let mut c = c.clone();
+                let (name, token, channel) = (name.clone(), token.clone(), channel.clone());
+                async move {
+                    let _: redis::Value = lock
+                        .key(&name)
+                        .key(&token)
+                        .arg(30_000)
+                        .arg("f:1")
+                        .invoke_async(&mut c)
+                        .await?;
+                    let _: redis::Value = unlock
+                        .key(&name)
+                        .key(&channel)
+                        .arg(0)
+                        .arg(30_000)
+                        .arg("f:1")
+                        .arg("publish")
+                        .invoke_async(&mut c)
+                        .await?;
+                    Ok::<_, redis::RedisError>(())
+                }
+            };
+            cycle(&mut c)
+                .await
+                .map_err(|e| err("redis", "warm-up", e))?;
+            started = Instant::now();
+            for _ in 0..cycles {
+                cycle(&mut c).await.map_err(|e| err("redis", "cycle", e))?;
+            }
+        }
+        #[cfg(feature = "zookeeper")]
+        "zk" => {
+            use zookeeper_client as zk;
+            let hosts = url
+                .trim_start_matches("zk://")
+                .split(['/', '?'])
+                .next()
+                .unwrap_or("127.0.0.1:2181")
+                .to_owned();
+            let client = zk::Client::connect(&hosts)
+                .await
+                .map_err(|e| err("zookeeper", "connect", e))?;
+            let dir = "/dlock-bench-floor";
+            let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            match client.create(dir, b"", &persistent).await {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(err("zookeeper", "create the directory", e)),
+            }
+            let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            started = Instant::now();
+            for _ in 0..cycles {
+                let (_, seq) = client
+                    .create(&format!("{dir}/lock-"), b"", &ephemeral)
+                    .await
+                    .map_err(|e| err("zookeeper", "create", e))?;
+                client
+                    .list_children(dir)
+                    .await
+                    .map_err(|e| err("zookeeper", "getChildren", e))?;
+                client
+                    .delete(&format!("{dir}/lock-{seq}"), None)
+                    .await
+                    .map_err(|e| err("zookeeper", "delete", e))?;
+            }
+        }
+        #[cfg(any(feature = "mysql", feature = "sqlite"))]
+        "mysql" | "mariadb" | "sqlite" => {
+            use sqlx::any::AnyPoolOptions;
+            sqlx::any::install_default_drivers();
+            let base = url
+                .split('?')
+                .next()
+                .unwrap_or(url)
+                .replacen("mariadb://", "mysql://", 1);
+            let backend = if scheme == "sqlite" {
+                "sqlite"
+            } else {
+                "mysql"
+            };
+            let pool = AnyPoolOptions::new()
+                .max_connections(1)
+                .connect(&base)
+                .await
+                .map_err(|e| err(backend, "connect", e))?;
+            let name = format!("{ns}/floor").into_bytes();
+            if url.contains("strategy=for-update") {
+                sqlx::query("INSERT IGNORE INTO dlock_rows (name) VALUES (?)")
+                    .bind(&name)
+                    .execute(&pool)
+                    .await
+                    .map_err(|e| err(backend, "create the row", e))?;
+                let mut c = pool
+                    .acquire()
+                    .await
+                    .map_err(|e| err(backend, "connect", e))?;
+                started = Instant::now();
+                for _ in 0..cycles {
+                    sqlx::query("BEGIN")
+                        .execute(&mut *c)
+                        .await
+                        .map_err(|e| err(backend, "BEGIN", e))?;
+                    sqlx::query("SELECT name FROM dlock_rows WHERE name = ? FOR UPDATE")
+                        .bind(&name)
+                        .fetch_optional(&mut *c)
+                        .await
+                        .map_err(|e| err(backend, "SELECT FOR UPDATE", e))?;
+                    sqlx::query("COMMIT")
+                        .execute(&mut *c)
+                        .await
+                        .map_err(|e| err(backend, "COMMIT", e))?;
+                }
+            } else {
+                let ddl = if backend == "sqlite" {
+                    "CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BLOB NOT NULL PRIMARY KEY)"
+                } else {
+                    "CREATE TABLE IF NOT EXISTS dlock_bench_floor (name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=InnoDB"
+                };
+                sqlx::query(ddl)
+                    .execute(&pool)
+                    .await
+                    .map_err(|e| err(backend, "create the table", e))?;
+                started = Instant::now();
+                for _ in 0..cycles {
+                    sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES (?)")
+                        .bind(&name)
+                        .execute(&pool)
+                        .await
+                        .map_err(|e| err(backend, "INSERT", e))?;
+                    sqlx::query("DELETE FROM dlock_bench_floor WHERE name = ?")
+                        .bind(&name)
+                        .execute(&pool)
+                        .await
+                        .map_err(|e| err(backend, "DELETE", e))?;
+                }
+            }
+            pool.close().await;
+        }
+        _ => return Ok(None),
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok((secs > 0.0).then(|| cycles as f64 / secs))
+}
+
+/// Connections the server counts right now (Redis clients, MySQL threads, ZooKeeper
+/// connections), for W6; `None` where it cannot be read.
+pub(super) async fn server_connections(url: &str) -> Option<i64> {
+    let scheme = url.split("://").next().unwrap_or_default();
+    match scheme {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" if !url.contains("cluster=true") => {
+            let client = redis::Client::open(url).ok()?;
+            let mut c = client.get_multiplexed_async_connection().await.ok()?;
+            let info: String = redis::cmd("INFO")
+                .arg("clients")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            info.lines()
+                .find_map(|l| l.strip_prefix("connected_clients:"))
+                .and_then(|n| n.trim().parse::<i64>().ok())
+                .map(|n| n - 1) // ourselves
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => {
+            use sqlx::Row;
+            sqlx::any::install_default_drivers();
+            let base = url
+                .split('?')
+                .next()
+                .unwrap_or(url)
+                .replacen("mariadb://", "mysql://", 1);
+            let pool = sqlx::any::AnyPoolOptions::new()
+                .max_connections(1)
+                .connect(&base)
+                .await
+                .ok()?;
+            let row = sqlx::query("SHOW GLOBAL STATUS LIKE 'Threads_connected'")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+            let n: String = row.try_get(1).ok()?;
+            pool.close().await;
+            n.parse::<i64>().ok().map(|n| n - 1)
+        }
+        #[cfg(feature = "zookeeper")]
+        "zk" => {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let host = url
+                .trim_start_matches("zk://")
+                .split([',', '/', '?'])
+                .next()?
+                .to_owned();
+            let mut s = tokio::net::TcpStream::connect(&host).await.ok()?;
+            s.write_all(b"mntr").await.ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.ok()?;
+            out.lines()
+                .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
+                .and_then(|n| n.trim().parse::<i64>().ok())
+                .map(|n| n - 1)
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,157 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(
+    not(test),
+    deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
+)]
+
+mod bench;
+mod run;
+mod status;
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use crate::bench::{BenchOpts, Row, Workload};
+pub use crate::run::RunOpts;
+pub use crate::status::StatusOpts;
+
+/// Exit statuses of `dlock` itself (besides the command's own, which `dlock run` passes on).
+pub mod exit {
+    /// `dlock run`: the lock was not had within `--wait` (or at once with `--no-wait`), and
+    /// the command was not run. Change it with `-E`, as with flock(1).
+    pub const NOT_ACQUIRED: u8 = 75;
+    /// `dlock run`: the lock was lost while the command ran; the command was terminated.
+    pub const LOST: u8 = 76;
+    /// The store could not be reached.
+    pub const UNAVAILABLE: u8 = 69;
+    /// A bad URL, lock name, duration or option.
+    pub const CONFIG: u8 = 78;
+    /// Any other failure of the store or of dlock.
+    pub const SOFTWARE: u8 = 70;
+    /// The command could not be executed (found but not executable).
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+/// dlock: distributed locks from the shell.
+///
+/// The store is chosen by URL: `--url`, else `DLOCK_URL`, else the embedded SQLite file in your
+/// state directory (`$XDG_STATE_HOME/dlock/locks.db`), which needs no server.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock (like flock(1), across machines).
+    ///
+    /// The command gets the fencing token in DLOCK_FENCING_TOKEN and the lock name in DLOCK_NAME.
+    /// dlock exits with the command's status; 75 if the lock was not had in time (-E to
+    /// change); 76 if the lock was lost while the command ran (the command is sent SIGTERM,
+    /// then SIGKILL after --kill-after); 69 if the store is unreachable; 78 for a bad URL,
+    /// name or duration; 127 if the command is not found.
+    Run(RunOpts),
+    /// Show whether a lock is held, by whom, for how long, and its last fencing token.
+    Status(StatusOpts),
+    /// Compare backends: run the benchmark workloads against one or more stores.
+    Bench(BenchOpts),
+}
+
+/// The store to use.
+#[derive(Debug, Clone, Args)]
+pub struct StoreOpts {
+    /// The store's URL (redis://, zk://, mysql://, sqlite://, memory://). Default: the
+    /// embedded SQLite file.
+    #[arg(long, env = "DLOCK_URL", value_name = "URL", hide_env_values = true)]
+    pub url: Option<String>,
+}
+
+impl StoreOpts {
+    /// The URL to use.
+    pub fn url(&self) -> String {
+        self.url.clone().unwrap_or_else(dlock::default_url)
+    }
+}
+
+/// Parses a duration: `500ms`, `2s`, `1m30s`, `1h`, or a plain number of seconds.
+///
+/// # Errors
+///
+/// A message saying what is wrong, for clap to print.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && (0.0..1e9).contains(&secs) {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("{text:?} is not a duration in range"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 500ms, 10s, 2m"))
+}
+
+/// Runs the command line and returns the process's exit status.
+pub async fn run(cli: Cli) -> u8 {
+    match cli.command {
+        Command::Run(opts) => run::run(opts).await,
+        Command::Status(opts) => status::status(opts).await,
+        Command::Bench(opts) => bench::bench(opts).await,
+    }
+}
+
+/// Prints `dlock: <what>: <error>` (errors never contain passwords) and picks the exit status.
+pub(crate) fn fail(what: &str, e: &dlock::Error) -> u8 {
+    eprintln!("dlock: {what}: {e}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        eprintln!("  caused by: {}", dlock_core_redact(&s.to_string()));
+        source = s.source();
+    }
+    match e {
+        dlock::Error::Config { .. }
+        | dlock::Error::InvalidName { .. }
+        | dlock::Error::InvalidArgument { .. }
+        | dlock::Error::Unsupported { .. } => exit::CONFIG,
+        dlock::Error::Connection { .. } => exit::UNAVAILABLE,
+        _ => exit::SOFTWARE,
+    }
+}
+
+/// Client libraries may quote the URL they were given: hide any password in it.
+fn dlock_core_redact(text: &str) -> String {
+    text.split(' ')
+        .map(dlock::redact)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        for bad in ["", "-1", "soon", "10 parsecs", "1e99", "NaN"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redacts_urls_in_messages() {
+        assert_eq!(
+            dlock_core_redact("connect to mysql://u:pw@h/db failed"),
+            "connect to mysql://u:***@h/db failed"
+        );
+    }
+}

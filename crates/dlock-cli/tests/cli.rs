@@ -1,0 +1,476 @@
+//! The `dlock` binary end to end: on the embedded SQLite default and on every server backend
+//! configured (`DLOCK_REDIS_URL`, `DLOCK_ZK_URL`, `DLOCK_MYSQL_URL`).
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_conformance::{Names, service_url};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// A scratch SQLite file, removed at the end.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        Self(std::env::temp_dir().join(format!(
+            "dlock-cli-{}-{}.db",
+            std::process::id(),
+            Names::new().prefix().len() + rand_suffix()
+        )))
+    }
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+}
+
+fn rand_suffix() -> usize {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as usize)
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for s in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{s}", self.0.display()));
+        }
+    }
+}
+
+/// The embedded default plus every configured server.
+fn stores(scratch: &Scratch) -> Vec<String> {
+    let mut urls = vec![scratch.url()];
+    for var in ["DLOCK_REDIS_URL", "DLOCK_ZK_URL", "DLOCK_MYSQL_URL"] {
+        if let Some(url) = service_url(var) {
+            urls.push(url);
+        }
+    }
+    urls
+}
+
+fn dlock(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(DLOCK);
+    c.args(args).env("DLOCK_URL", url).env_remove("RUST_LOG");
+    c
+}
+
+fn output(mut c: Command) -> Output {
+    c.stdin(Stdio::null()).output().unwrap()
+}
+
+/// Two `dlock run` on one name never overlap: each child appends start/end stamps to a file;
+/// the intervals must not intersect.
+#[test]
+fn runs_on_one_name_never_overlap() {
+    let scratch = Scratch::new();
+    for url in stores(&scratch) {
+        let name = Names::new().name("overlap");
+        let log = std::env::temp_dir().join(format!("dlock-overlap-{}.log", rand_suffix()));
+        let script = format!(
+            "for i in 1 2 3; do echo \"start $(date +%s%N)\" >> {0}; sleep 0.05; echo \"end $(date +%s%N)\" >> {0}; done",
+            log.display()
+        );
+        let children: Vec<_> = (0..2)
+            .map(|_| {
+                dlock(&url, &["run", &name, "--", "sh", "-c", &script])
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            assert!(c.wait().unwrap().success(), "{url}");
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        let _ = std::fs::remove_file(&log);
+        // Each process's run is one block of three start/end pairs: no start may follow a start.
+        let mut open = false;
+        let mut starts = 0;
+        for line in text.lines() {
+            let is_start = line.starts_with("start");
+            assert_ne!(open, is_start, "{url}: overlapping runs:\n{text}");
+            open = is_start;
+            starts += usize::from(is_start);
+        }
+        assert_eq!(starts, 6, "{url}: both runs happened");
+        // And the two runs did not interleave: a run's three pairs are contiguous.
+        let stamps: Vec<u128> = text
+            .lines()
+            .map(|l| l.split(' ').nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert!(
+            stamps.windows(2).all(|w| w[0] <= w[1]),
+            "{url}: stamps go forward"
+        );
+    }
+}
+
+/// The documented exit statuses.
+#[test]
+fn exit_statuses() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("codes");
+    // The command's own status is passed on, and it sees the token and name.
+    let out = output(dlock(
+        &url,
+        &[
+            "run",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$DLOCK_NAME $DLOCK_FENCING_TOKEN\"; exit 7",
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(7));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with(&name), "{text}");
+    assert!(
+        text.trim()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    // Held elsewhere: 75 with --no-wait, or -E's code; after --wait.
+    let mut holder = dlock(&url, &["run", &name, "--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while output(dlock(&url, &["status", "--json", &name]))
+        .stdout
+        .windows(11)
+        .all(|w| w != b"\"held\":true")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the holder never held"
+        );
+    }
+    assert_eq!(
+        output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]))
+            .status
+            .code(),
+        Some(75)
+    );
+    assert_eq!(
+        output(dlock(&url, &["run", "-n", "-E", "9", &name, "--", "true"]))
+            .status
+            .code(),
+        Some(9)
+    );
+    let t = Instant::now();
+    assert_eq!(
+        output(dlock(
+            &url,
+            &["run", "--wait", "300ms", &name, "--", "true"]
+        ))
+        .status
+        .code(),
+        Some(75)
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    holder.wait().unwrap();
+    // Not found, bad name, bad URL, bad duration, unreachable server.
+    assert_eq!(
+        output(dlock(&url, &["run", &name, "--", "/nonexistent/cmd"]))
+            .status
+            .code(),
+        Some(127)
+    );
+    assert_eq!(
+        output(dlock(&url, &["run", "", "--", "true"]))
+            .status
+            .code(),
+        Some(78)
+    );
+    assert_eq!(
+        output(dlock("etcd://x", &["run", "n", "--", "true"]))
+            .status
+            .code(),
+        Some(78)
+    );
+    let bad = output(dlock(&url, &["run", "--wait", "soon", "n", "--", "true"]));
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a duration"));
+    let down = output(dlock(
+        "redis://:hunter2@127.0.0.1:1",
+        &["run", "n", "--", "true"],
+    ));
+    assert_eq!(down.status.code(), Some(69));
+    let err = String::from_utf8_lossy(&down.stderr);
+    assert!(
+        err.contains("127.0.0.1:1") && !err.contains("hunter2"),
+        "{err}"
+    );
+}
+
+/// `dlock` killed with SIGKILL: the lock is free again once its lease has run out.
+#[test]
+fn killed_dlock_frees_the_lock_after_its_lease() {
+    let scratch = Scratch::new();
+    for url in stores(&scratch) {
+        let name = Names::new().name("sigkill");
+        let mut holder = dlock(&url, &["run", "--lease", "1s", &name, "--", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]))
+            .status
+            .code()
+            != Some(75)
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{url}: the holder never held"
+            );
+        }
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        let killed = Instant::now();
+        // ZooKeeper frees it at the session timeout instead of the lease.
+        let limit = if url.starts_with("zk:") {
+            Duration::from_secs(40)
+        } else {
+            Duration::from_secs(8)
+        };
+        let out = output(dlock(
+            &url,
+            &[
+                "run",
+                "--wait",
+                &format!("{}s", limit.as_secs()),
+                &name,
+                "--",
+                "true",
+            ],
+        ));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{url}: free {:?} after SIGKILL", killed.elapsed());
+    }
+}
+
+/// A lock lost while the command runs terminates the command, and dlock says why (76).
+#[test]
+fn lost_lock_terminates_the_command() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("lost");
+    let child = dlock(
+        &url,
+        &["run", "--lease", "600ms", &name, "--", "sleep", "30"],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    while output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]))
+        .status
+        .code()
+        != Some(75)
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the holder never held"
+        );
+    }
+    // Take the lock away behind its back.
+    let status = Command::new("sqlite3")
+        .arg(&scratch.0)
+        .arg(format!(
+            "DELETE FROM dlock_holds WHERE name = CAST('{name}' AS BLOB);"
+        ))
+        .status();
+    if status.is_err() {
+        // No sqlite3 CLI: do it through the library's own describe/connection instead.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::any::AnyPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .unwrap();
+            sqlx::query("DELETE FROM dlock_holds WHERE name = ?")
+                .bind(name.as_bytes())
+                .execute(&pool)
+                .await
+                .unwrap();
+        });
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lost the lock"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "the command was not terminated"
+    );
+}
+
+/// `dlock status` shows a hold taken through the library.
+#[test]
+fn status_shows_a_hold_taken_by_the_library() {
+    let scratch = Scratch::new();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for url in stores(&scratch) {
+        let name = Names::new().name("status");
+        let guard = rt.block_on(async {
+            dlock::connect(&url)
+                .await
+                .unwrap()
+                .lock(&name)
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap()
+        });
+        let out = output(dlock(&url, &["status", "--json", &name]));
+        assert!(
+            out.status.success(),
+            "{url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["held"], true, "{url}: {v}");
+        assert!(v["owner"].is_string(), "{url}: {v}");
+        let text =
+            String::from_utf8_lossy(&output(dlock(&url, &["status", &name])).stdout).to_string();
+        assert!(text.contains("held"), "{url}: {text}");
+        rt.block_on(guard.release()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&output(dlock(&url, &["status", "--json", &name])).stdout)
+                .unwrap();
+        assert_eq!(v["held"], false, "{url}: {v}");
+    }
+}
+
+/// The help texts name every subcommand and the exit statuses.
+#[test]
+fn help_reads_well() {
+    let top = String::from_utf8(output(dlock("", &["--help"])).stdout).unwrap();
+    for word in ["run", "status", "bench"] {
+        assert!(top.contains(word), "{top}");
+    }
+    let run = String::from_utf8(output(dlock("", &["run", "--help"])).stdout).unwrap();
+    for word in [
+        "DLOCK_FENCING_TOKEN",
+        "75",
+        "76",
+        "--wait",
+        "--no-wait",
+        "--lease",
+        "--kill-after",
+    ] {
+        assert!(run.contains(word), "{word} missing from:\n{run}");
+    }
+}
+
+/// A smoke run of the benchmark: the table, the JSON (schema, non-empty series) and the chart.
+#[test]
+fn bench_smoke_writes_json_and_chart() {
+    let scratch = Scratch::new();
+    let dir = std::env::temp_dir();
+    let (json, svg) = (
+        dir.join(format!("dlock-bench-{}.json", rand_suffix())),
+        dir.join(format!("dlock-bench-{}.svg", rand_suffix())),
+    );
+    let out = output(dlock(
+        "",
+        &[
+            "bench",
+            "--url",
+            &scratch.url(),
+            "--url",
+            "memory://smoke",
+            "--cycles",
+            "20",
+            "--json",
+            json.to_str().unwrap(),
+            "--chart",
+            svg.to_str().unwrap(),
+        ],
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("cycles/s") && table.contains("sqlite/unique-insert"),
+        "{table}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 12, "2 stores × 6 workloads");
+    for row in rows {
+        for key in [
+            "backend",
+            "workload",
+            "cycles",
+            "cycles_per_sec",
+            "acquire_p99_us",
+            "violations",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing in {row}");
+        }
+        assert_eq!(row["violations"], 0);
+    }
+    let w1 = rows
+        .iter()
+        .find(|r| r["workload"] == "W1" && r["backend"] == "sqlite/unique-insert")
+        .unwrap();
+    assert!(w1["cycles"].as_u64().unwrap() > 0 && w1["cycles_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(
+        w1["ratio_to_floor"].as_f64().unwrap() > 0.0,
+        "the floor was measured"
+    );
+    let w3 = rows.iter().find(|r| r["workload"] == "W3").unwrap();
+    assert!(w3["handoff_p50_us"].as_u64().unwrap() > 0);
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        chart.starts_with("<svg")
+            && chart.contains("<rect")
+            && chart.contains("sqlite/unique-insert")
+    );
+    let _ = std::fs::remove_file(json);
+    let _ = std::fs::remove_file(svg);
+}
+
+/// The exclusion checker can fail: a broken lock (every client its own store) shows
+/// violations, and the run exits non-zero.
+#[test]
+fn bench_reports_injected_violations() {
+    let json = std::env::temp_dir().join(format!("dlock-broken-{}.json", rand_suffix()));
+    let out = output(dlock(
+        "",
+        &[
+            "bench",
+            "--url",
+            "broken://",
+            "--workload",
+            "W2",
+            "--cycles",
+            "200",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    ));
+    assert!(!out.status.success());
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(doc["rows"][0]["violations"].as_u64().unwrap() > 0, "{doc}");
+    let _ = std::fs::remove_file(json);
+    let _ = std::io::stderr().flush();
+}
