@@ -143,6 +143,17 @@ impl Error {
         }
     }
 
+    /// For backends: an acquire without a deadline came back without the lock, which a wait
+    /// loop never does. Reported (retryable) rather than panicked on.
+    pub fn unbounded_wait_ended(backend: &'static str, name: impl fmt::Debug) -> Self {
+        Self::Backend {
+            backend,
+            message: format!("an unbounded wait for {name:?} ended without the lock"),
+            retryable: true,
+            source: None,
+        }
+    }
+
     /// Shorthand for [`Error::LockLost`].
     pub fn lock_lost(name: impl fmt::Display) -> Self {
         Self::LockLost {

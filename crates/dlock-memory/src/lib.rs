@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{
-    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockName, LockOptions,
-    LockProvider, Reentrancy, Result,
+    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, LockName, LockOptions, LockProvider,
+    Reentrancy, Result,
 };
 
 use crate::mutex::MemoryLock;
@@ -165,15 +165,5 @@ impl LockProvider for MemoryProvider {
             permits,
             options,
         }))
-    }
-}
-
-/// An unbounded wait returned nothing, which the store never does; reported, not panicked on.
-pub(crate) fn never_times_out(name: &LockName) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        message: format!("an unbounded wait for {name:?} ended without the lock"),
-        retryable: true,
-        source: None,
     }
 }

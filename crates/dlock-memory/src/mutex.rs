@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{
-    DistributedLock, LockGuard, LockName, LockOptions, Reentrancy, Result, async_trait,
+    DistributedLock, Error, LockGuard, LockName, LockOptions, Reentrancy, Result, async_trait,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -70,7 +70,7 @@ impl DistributedLock for MemoryLock {
     async fn acquire(&self) -> Result<LockGuard> {
         match self.acquire_until(None).await? {
             Some(guard) => Ok(guard),
-            None => Err(crate::never_times_out(&self.name)),
+            None => Err(Error::unbounded_wait_ended(BACKEND, &self.name)),
         }
     }
 

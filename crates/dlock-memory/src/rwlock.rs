@@ -77,7 +77,7 @@ impl MemoryReadWriteLock {
     async fn wait_forever(&self, mode: Mode) -> Result<LockGuard> {
         match self.acquire_until(mode, None).await? {
             Some(guard) => Ok(guard),
-            None => Err(crate::never_times_out(&self.name)),
+            None => Err(Error::unbounded_wait_ended(BACKEND, &self.name)),
         }
     }
 }

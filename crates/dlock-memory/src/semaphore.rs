@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{DistributedSemaphore, LockGuard, LockName, LockOptions, Result, async_trait};
+use dlock_core::{
+    DistributedSemaphore, Error, LockGuard, LockName, LockOptions, Result, async_trait,
+};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -57,7 +59,7 @@ impl DistributedSemaphore for MemorySemaphore {
     async fn acquire(&self) -> Result<LockGuard> {
         match self.acquire_until(None).await? {
             Some(guard) => Ok(guard),
-            None => Err(crate::never_times_out(&self.name)),
+            None => Err(Error::unbounded_wait_ended(BACKEND, &self.name)),
         }
     }
 

@@ -18,16 +18,6 @@ fn deadline(wait: Duration) -> Option<Instant> {
     Some(Instant::now() + wait)
 }
 
-/// An unbounded wait returned nothing, which the loop never does; reported, not panicked on.
-fn never_times_out(name: &LockName) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        message: format!("an unbounded wait for {name:?} ended without the lock"),
-        retryable: true,
-        source: None,
-    }
-}
-
 fn acquisition(
     inner: &Arc<Inner>,
     name: &LockName,
@@ -106,7 +96,7 @@ impl DistributedLock for RedisLock {
     async fn acquire(&self) -> Result<LockGuard> {
         self.acquire_until(None)
             .await?
-            .ok_or_else(|| never_times_out(&self.name))
+            .ok_or_else(|| Error::unbounded_wait_ended(BACKEND, &self.name))
     }
 
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
@@ -228,7 +218,7 @@ impl DistributedReadWriteLock for RedisReadWriteLock {
     async fn read(&self) -> Result<LockGuard> {
         self.read_until(None)
             .await?
-            .ok_or_else(|| never_times_out(&self.name))
+            .ok_or_else(|| Error::unbounded_wait_ended(BACKEND, &self.name))
     }
 
     async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>> {
@@ -238,7 +228,7 @@ impl DistributedReadWriteLock for RedisReadWriteLock {
     async fn write(&self) -> Result<LockGuard> {
         self.write_until(None)
             .await?
-            .ok_or_else(|| never_times_out(&self.name))
+            .ok_or_else(|| Error::unbounded_wait_ended(BACKEND, &self.name))
     }
 
     async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>> {
@@ -307,7 +297,7 @@ impl DistributedSemaphore for RedisSemaphore {
     async fn acquire(&self) -> Result<LockGuard> {
         self.acquire_until(None)
             .await?
-            .ok_or_else(|| never_times_out(&self.name))
+            .ok_or_else(|| Error::unbounded_wait_ended(BACKEND, &self.name))
     }
 
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {

@@ -27,12 +27,7 @@ pub(crate) fn deadline(wait: Duration) -> Option<Instant> {
 
 /// An unbounded wait returned nothing, which the loop never does; reported, not panicked on.
 pub(crate) fn never_times_out(name: &LockName) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        message: format!("an unbounded wait for {name:?} ended without the lock"),
-        retryable: true,
-        source: None,
-    }
+    Error::unbounded_wait_ended(BACKEND, name)
 }
 
 /// Bounds a timed acquisition: `Ok(None)` once `deadline` plus [`CALL_GRACE`] has passed
