@@ -17,6 +17,9 @@ use crate::exit;
 mod chart;
 mod floor;
 
+/// The longest one workload may take on one backend before it is reported as failed.
+const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
+
 /// The workloads (DESIGN.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[value(rename_all = "UPPER")]
@@ -191,7 +194,13 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
     for target in &targets {
         for workload in &opts.workload {
             progress.set_message(format!("{} {workload:?}", target.label));
-            let row = match run_workload(target, *workload, &opts).await {
+            let limited =
+                tokio::time::timeout(WORKLOAD_LIMIT, run_workload(target, *workload, &opts));
+            let row = match limited.await.unwrap_or_else(|_| {
+                Err(dlock::Error::config(format!(
+                    "did not finish within {WORKLOAD_LIMIT:?}"
+                )))
+            }) {
                 Ok(row) => row,
                 Err(e) => {
                     failed = true;
@@ -492,9 +501,24 @@ async fn scale(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dl
     let mut guards = Vec::with_capacity(usize::try_from(count).unwrap_or(1000));
     for i in 0..count {
         let t = Instant::now();
-        guards.push(p.lock(&format!("{ns}/w6/{i}"), lease)?.acquire().await?);
+        // Bounded: a backend whose holds pin a resource (for-update: a connection each) may
+        // not manage 1,000 at once; that is a finding, not a hang.
+        match p
+            .lock(&format!("{ns}/w6/{i}"), lease)?
+            .try_acquire(Duration::from_secs(5))
+            .await?
+        {
+            Some(g) => guards.push(g),
+            None => {
+                row.skipped = Some(format!(
+                    "held {i} locks at once, then waited 5 s in vain for one more (each hold pins a resource: size the pool)"
+                ));
+                break;
+            }
+        }
         let _ = h.record(us(t.elapsed()));
     }
+    let count = guards.len() as u64;
     let during_conn = floor::server_connections(&target.url).await;
     row.memory_kib = match (rss_before, rss_kib()) {
         (Some(a), Some(b)) => Some(b - a),

@@ -89,14 +89,20 @@ pub trait Factory: Send + Sync + 'static {
 /// Reads a service URL from the environment for a backend's tests.
 ///
 /// Returns `None` (and prints that the tests are skipped) if `var` is unset, unless
-/// `DLOCK_TEST_REQUIRE` is `all` (as `scripts/test` and CI set it), in which case it panics:
-/// a required server that is missing is a failure, not a pass.
+/// `DLOCK_TEST_REQUIRE` is `all` (as `scripts/test` and CI set it) or names the backend (e.g.
+/// `redis,zk`), in which case it panics: a required server that is missing is a failure, not a
+/// pass.
 pub fn service_url(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.trim().is_empty() => Some(url),
         _ => {
             let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-            if require == "all" || require.split(',').any(|r| var.contains(&r.to_uppercase())) {
+            let required = require
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .any(|r| r == "all" || var.contains(&r.to_uppercase()));
+            if required {
                 panic!(
                     "{var} is not set but DLOCK_TEST_REQUIRE={require} forbids skipping: \
                      start the servers with `eval \"$(scripts/services up)\"`"

@@ -194,23 +194,20 @@ impl Subscriptions {
             chan.waiters.push(waiter);
             listener
         };
+        // Always under `ops`: an UNSUBSCRIBE of this channel may be in flight (its last waiter
+        // just left), and its flag is only cleared when it completes. Checking the flag outside
+        // would let this waiter trust a subscription that is about to end, and sleep until the
+        // holder's PTTL instead of being woken.
+        let _ops = self.ops.lock().await;
         let subscribed = self
             .registry
             .channels()
             .get(channel)
             .is_some_and(|c| c.subscribed);
         if !subscribed {
-            let _ops = self.ops.lock().await;
-            let subscribed = self
-                .registry
-                .channels()
-                .get(channel)
-                .is_some_and(|c| c.subscribed);
-            if !subscribed {
-                self.conn.subscribe(channel).await?;
-                if let Some(c) = self.registry.channels().get_mut(channel) {
-                    c.subscribed = true;
-                }
+            self.conn.subscribe(channel).await?;
+            if let Some(c) = self.registry.channels().get_mut(channel) {
+                c.subscribed = true;
             }
         }
         Ok(listener)

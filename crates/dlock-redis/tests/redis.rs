@@ -655,3 +655,37 @@ async fn cluster_rejects_names_it_cannot_colocate() {
         l.acquire().await.unwrap().release().await.unwrap();
     }
 }
+
+/// No lost wake-ups under contention: 8 clients (8 subscription connections) on one name,
+/// watchdog leases of 30 s. A waiter that misses its unlock message sleeps until the holder's
+/// PTTL (30 s), so every acquire completing within 10 s shows none was missed. (A waiter once
+/// trusted a subscription whose UNSUBSCRIBE was in flight.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lost_wakeups_under_contention() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let name = Names::new().name("wakeups");
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let p = RedisProvider::connect(&url).await.unwrap();
+        let lock = p.lock(&name, LockOptions::default()).unwrap();
+        tasks.push(tokio::spawn(async move {
+            let _client = p;
+            for _ in 0..150 {
+                let g = must(
+                    Duration::from_secs(10),
+                    "an acquire under contention",
+                    lock.acquire(),
+                )
+                .await
+                .unwrap();
+                tokio::task::yield_now().await;
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

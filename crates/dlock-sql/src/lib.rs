@@ -184,8 +184,12 @@ impl SqlProvider {
         }
         let what = format!("connect to {}", config.url);
         let busy_ms = i64::try_from(config.busy_timeout.as_millis()).unwrap_or(5000);
+        // No ping on every checkout: a dead connection shows as a statement error, which is
+        // retried (and for a hold, reported as a loss); the ping would double each cycle's
+        // round trips.
         let pool = AnyPoolOptions::new()
             .max_connections(config.pool)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _| {
                 Box::pin(async move {
@@ -216,6 +220,7 @@ impl SqlProvider {
             Some(
                 AnyPoolOptions::new()
                     .max_connections(config.pool)
+                    .test_before_acquire(false)
                     .acquire_timeout(Duration::from_secs(10))
                     .after_connect(|conn, _| {
                         Box::pin(async move {
