@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use dlock::{DynLockProvider, Lease, LockOptions};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::exit;
 
@@ -66,10 +66,14 @@ pub struct BenchOpts {
     /// Draw throughput and latency per backend as an SVG chart here.
     #[arg(long, value_name = "FILE")]
     pub chart: Option<PathBuf>,
+
+    /// Measure nothing: print (and chart) the results of an earlier `--json` file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["urls", "json"])]
+    pub from_json: Option<PathBuf>,
 }
 
 /// One measurement.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Row {
     /// The backend and strategy, e.g. `mysql/optimistic`.
     pub backend: String,
@@ -182,7 +186,37 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
     (targets, scratch)
 }
 
+/// Reads the rows of an earlier `--json` run.
+fn load(path: &std::path::Path) -> Result<Vec<Row>, String> {
+    #[derive(Deserialize)]
+    struct Doc {
+        rows: Vec<Row>,
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str::<Doc>(&text)
+        .map(|d| d.rows)
+        .map_err(|e| format!("{} is not a dlock bench JSON file: {e}", path.display()))
+}
+
 pub(crate) async fn bench(opts: BenchOpts) -> u8 {
+    if let Some(path) = &opts.from_json {
+        let rows = match load(path) {
+            Ok(rows) => rows,
+            Err(e) => {
+                eprintln!("dlock bench: {e}");
+                return exit::CONFIG;
+            }
+        };
+        print_table(&rows);
+        if let Some(chart_path) = &opts.chart {
+            if let Err(e) = chart::draw(chart_path, &rows) {
+                eprintln!("dlock bench: cannot draw {}: {e}", chart_path.display());
+                return exit::SOFTWARE;
+            }
+        }
+        return 0;
+    }
     let (targets, scratch) = targets(&opts);
     let mut rows = Vec::new();
     let progress = ProgressBar::new((targets.len() * opts.workload.len()) as u64);

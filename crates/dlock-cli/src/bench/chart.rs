@@ -13,6 +13,17 @@ const COLORS: [RGBColor; 3] = [
     RGBColor(44, 160, 44),
 ];
 
+/// `1500` → `1.5k`, `230000` → `230k`.
+fn compact(v: f64) -> String {
+    if v >= 1_000_000.0 {
+        format!("{:.0}M", v / 1_000_000.0)
+    } else if v >= 1000.0 {
+        format!("{:.0}k", v / 1000.0)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
 pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     let mut backends: Vec<&str> = Vec::new();
     for r in rows {
@@ -45,16 +56,17 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
     let n = backends.len() as i32;
     let mut chart = ChartBuilder::on(&left)
         .caption(
-            "throughput (cycles/s): W1 one client, W2 8 on one name, W4 8 on own names",
+            "throughput, cycles/s (log scale): W1 one client, W2 8 on one name, W4 8 on own names",
             ("sans-serif", 15),
         )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(150)
-        .build_cartesian_2d(0.0..max_tput * 1.1, 0..n * 4)?;
+        .build_cartesian_2d((1.0..max_tput * 2.0).log_scale(), 0..n * 4)?;
     chart
         .configure_mesh()
         .disable_y_mesh()
+        .x_label_formatter(&|v| compact(*v))
         .y_labels((n * 4) as usize)
         .y_label_formatter(&|y| {
             let i = (*y / 4) as usize;
@@ -67,10 +79,10 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
         .draw()?;
     for (i, b) in backends.iter().enumerate() {
         for (j, w) in workloads.iter().enumerate() {
-            let v = value(b, w, |r| r.cycles_per_sec);
+            let v = value(b, w, |r| r.cycles_per_sec).max(1.0);
             let y = i as i32 * 4 + j as i32;
             chart.draw_series(std::iter::once(Rectangle::new(
-                [(0.0, y), (v, y + 1)],
+                [(1.0, y), (v, y + 1)],
                 COLORS[j].filled(),
             )))?;
         }
@@ -78,7 +90,7 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
     for (j, w) in workloads.iter().enumerate() {
         chart
             .draw_series(std::iter::once(Rectangle::new(
-                [(0.0, 0), (0.0, 0)],
+                [(1.0, 0), (1.0, 0)],
                 COLORS[j].filled(),
             )))?
             .label(*w)
@@ -127,6 +139,18 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
             COLORS[1].filled(),
         )))?;
     }
+    for (j, label) in ["p50", "p99"].iter().enumerate() {
+        lat.draw_series(std::iter::once(Rectangle::new(
+            [(0.0, 0), (0.0, 0)],
+            COLORS[j].filled(),
+        )))?
+        .label(*label)
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], COLORS[j].filled()));
+    }
+    lat.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
     root.present()?;
     Ok(())
 }

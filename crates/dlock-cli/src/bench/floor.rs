@@ -119,9 +119,21 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
             } else {
                 "mysql"
             };
+            let sqlite = backend == "sqlite";
             let pool = AnyPoolOptions::new()
                 .max_connections(1)
                 .test_before_acquire(false)
+                // The same settings dlock's own SQLite connections use, for a fair floor.
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        if sqlite {
+                            use sqlx::Executor;
+                            conn.execute("PRAGMA journal_mode = WAL").await?;
+                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                        }
+                        Ok(())
+                    })
+                })
                 .connect(&base)
                 .await
                 .map_err(|e| err(backend, "connect", e))?;
