@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::exit;
 
 mod chart;
+mod curator;
 mod floor;
 
 /// The longest one workload may take on one backend before it is reported as failed.
@@ -44,6 +45,12 @@ pub struct BenchOpts {
     /// A store to measure (repeat for several). Default: the embedded SQLite (both
     /// strategies, in a temporary file), memory://, and every DLOCK_REDIS_URL, DLOCK_ZK_URL,
     /// DLOCK_MYSQL_URL set (MySQL with each strategy).
+    ///
+    /// Every zk:// store (and, by default, the place of DLOCK_ZK_URL even when it is unset) is
+    /// followed by a `curator (java)` target: W1-W4 run through Apache Curator's
+    /// InterProcessMutex on the same ZooKeeper (its first server) for comparison. Its Java
+    /// program is compiled with javac at bench time against the Curator jars in DLOCK_JAVA_DIR
+    /// (default /usr/share/java); without them (or without DLOCK_ZK_URL) its rows are skipped.
     #[arg(long = "url", value_name = "URL")]
     pub urls: Vec<String>,
 
@@ -121,6 +128,9 @@ struct Target {
     /// Test only: each client gets its own private store, so nothing is excluded (the
     /// benchmark's exclusion checker must see violations).
     broken: bool,
+    /// The workloads run through Apache Curator (Java) against the ZooKeeper of `url`, which
+    /// is empty when no zk:// store is configured (the rows then say so).
+    curator: bool,
 }
 
 impl Target {
@@ -162,6 +172,9 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
         for var in ["DLOCK_REDIS_URL", "DLOCK_ZK_URL"] {
             if let Ok(url) = std::env::var(var) {
                 urls.push(url);
+            } else if var == "DLOCK_ZK_URL" {
+                // Curator's place in the list: its rows say why they were skipped.
+                urls.push(CURATOR_WITHOUT_ZK.into());
             }
         }
         if let Ok(url) = std::env::var("DLOCK_MYSQL_URL") {
@@ -171,20 +184,42 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
             }
         }
     }
-    let targets = urls
-        .into_iter()
-        .map(|url| Target {
+    let mut targets = Vec::new();
+    for url in urls {
+        if url == CURATOR_WITHOUT_ZK {
+            targets.push(Target {
+                label: curator::LABEL.into(),
+                url: String::new(),
+                broken: false,
+                curator: true,
+            });
+            continue;
+        }
+        let zk = url.starts_with("zk://");
+        targets.push(Target {
             label: if url == "broken://" {
                 "broken (test)".into()
             } else {
                 label_of(&url)
             },
             broken: url == "broken://",
-            url,
-        })
-        .collect();
+            url: url.clone(),
+            curator: false,
+        });
+        if zk {
+            targets.push(Target {
+                label: curator::LABEL.into(),
+                url,
+                broken: false,
+                curator: true,
+            });
+        }
+    }
     (targets, scratch)
 }
+
+/// Placeholder in the default URL list for the Curator target when DLOCK_ZK_URL is unset.
+const CURATOR_WITHOUT_ZK: &str = "curator-without-zk";
 
 /// Reads the rows of an earlier `--json` run.
 fn load(path: &std::path::Path) -> Result<Vec<Row>, String> {
@@ -226,6 +261,23 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
     );
     let mut failed = false;
     for target in &targets {
+        if target.curator {
+            progress.set_message(target.label.clone());
+            let url = Some(target.url.as_str()).filter(|u| !u.is_empty());
+            let curator_rows =
+                curator::rows(url, &opts.workload, opts.cycles, opts.duration).await;
+            for r in &curator_rows {
+                if let Some(why) = r.skipped.as_deref().filter(|s| s.starts_with("error:")) {
+                    failed = true;
+                    progress.suspend(|| {
+                        eprintln!("dlock bench: {} {}: {why}", r.backend, r.workload);
+                    });
+                }
+            }
+            rows.extend(curator_rows);
+            progress.inc(opts.workload.len() as u64);
+            continue;
+        }
         for workload in &opts.workload {
             progress.set_message(format!("{} {workload:?}", target.label));
             let limited =

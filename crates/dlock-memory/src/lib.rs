@@ -71,7 +71,7 @@ impl MemoryProvider {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for any other URL.
+    /// [`Error::Config`](dlock_core::Error::Config) for any other URL.
     pub fn connect(url: &str) -> Result<Self> {
         Ok(match config::parse(url)? {
             None => Self::new(),
