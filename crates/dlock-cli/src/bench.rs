@@ -264,8 +264,7 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
         if target.curator {
             progress.set_message(target.label.clone());
             let url = Some(target.url.as_str()).filter(|u| !u.is_empty());
-            let curator_rows =
-                curator::rows(url, &opts.workload, opts.cycles, opts.duration).await;
+            let curator_rows = curator::rows(url, &opts.workload, opts.cycles, opts.duration).await;
             for r in &curator_rows {
                 if let Some(why) = r.skipped.as_deref().filter(|s| s.starts_with("error:")) {
                     failed = true;

@@ -101,6 +101,7 @@ async fn describe(url: &str, name: &str) -> dlock::Result<LockStatus> {
                 .await
         }
         _ => {
+            let _ = name;
             // Validates the URL (and gives the usual message for unknown schemes).
             dlock::connect(url).await?;
             Err(dlock::Error::unsupported(

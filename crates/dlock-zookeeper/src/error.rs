@@ -10,7 +10,12 @@ use crate::BACKEND;
 pub(crate) fn is_transient(e: &zk::Error) -> bool {
     matches!(
         e,
-        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Throttled
+        zk::Error::ConnectionLoss
+            | zk::Error::Timeout
+            | zk::Error::Throttled
+            // The client reports transport failures (connection reset, no response) of
+            // requests in flight this way, e.g. when the leader of an ensemble dies.
+            | zk::Error::Custom(_)
     )
 }
 
@@ -27,7 +32,8 @@ pub(crate) fn from_zk(what: &str, e: zk::Error) -> Error {
         | zk::Error::NoHosts
         | zk::Error::SessionExpired
         | zk::Error::SessionMoved
-        | zk::Error::ClientClosed => Error::connection(BACKEND, message, e),
+        | zk::Error::ClientClosed
+        | zk::Error::Custom(_) => Error::connection(BACKEND, message, e),
         zk::Error::Throttled | zk::Error::NotReadOnly => Error::backend(BACKEND, message, true, e),
         _ => Error::backend(BACKEND, message, false, e),
     }

@@ -9,8 +9,20 @@
 //! | MySQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
 //! | memory | none (no server) |
 
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 use std::time::Instant;
 
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::Error {
     dlock::Error::Backend {
         backend,
@@ -23,7 +35,7 @@ fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::E
 /// Cycles per second of the floor for the store `url` names, or `None` if it has none.
 pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
     let scheme = url.split("://").next().unwrap_or_default();
-    let started;
+    let _ = (cycles, ns); // unused when no server backend is compiled in
     match scheme {
         #[cfg(feature = "redis")]
         "redis" | "rediss" if !url.contains("cluster=true") => {
@@ -65,10 +77,11 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
             cycle(&mut c)
                 .await
                 .map_err(|e| err("redis", "warm-up", e))?;
-            started = Instant::now();
+            let started = Instant::now();
             for _ in 0..cycles {
                 cycle(&mut c).await.map_err(|e| err("redis", "cycle", e))?;
             }
+            Ok(rate(started, cycles))
         }
         #[cfg(feature = "zookeeper")]
         "zk" => {
@@ -89,7 +102,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                 Err(e) => return Err(err("zookeeper", "create the directory", e)),
             }
             let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-            started = Instant::now();
+            let started = Instant::now();
             for _ in 0..cycles {
                 let (_, seq) = client
                     .create(&format!("{dir}/lock-"), b"", &ephemeral)
@@ -104,6 +117,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                     .await
                     .map_err(|e| err("zookeeper", "delete", e))?;
             }
+            Ok(rate(started, cycles))
         }
         #[cfg(any(feature = "mysql", feature = "sqlite"))]
         "mysql" | "mariadb" | "sqlite" => {
@@ -138,7 +152,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                 .await
                 .map_err(|e| err(backend, "connect", e))?;
             let name = format!("{ns}/floor").into_bytes();
-            if url.contains("strategy=for-update") {
+            let measured = if url.contains("strategy=for-update") {
                 sqlx::query("INSERT IGNORE INTO dlock_rows (name) VALUES (?)")
                     .bind(&name)
                     .execute(&pool)
@@ -148,7 +162,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                     .acquire()
                     .await
                     .map_err(|e| err(backend, "connect", e))?;
-                started = Instant::now();
+                let started = Instant::now();
                 for _ in 0..cycles {
                     sqlx::query("BEGIN")
                         .execute(&mut *c)
@@ -164,6 +178,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                         .await
                         .map_err(|e| err(backend, "COMMIT", e))?;
                 }
+                rate(started, cycles)
             } else {
                 let ddl = if backend == "sqlite" {
                     "CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BLOB NOT NULL PRIMARY KEY)"
@@ -174,7 +189,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                     .execute(&pool)
                     .await
                     .map_err(|e| err(backend, "create the table", e))?;
-                started = Instant::now();
+                let started = Instant::now();
                 for _ in 0..cycles {
                     sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES (?)")
                         .bind(&name)
@@ -187,13 +202,25 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                         .await
                         .map_err(|e| err(backend, "DELETE", e))?;
                 }
-            }
+                rate(started, cycles)
+            };
             pool.close().await;
+            Ok(measured)
         }
-        _ => return Ok(None),
+        _ => Ok(None),
     }
+}
+
+/// Cycles per second since `started`.
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+fn rate(started: Instant, cycles: u64) -> Option<f64> {
     let secs = started.elapsed().as_secs_f64();
-    Ok((secs > 0.0).then(|| cycles as f64 / secs))
+    (secs > 0.0).then(|| cycles as f64 / secs)
 }
 
 /// Connections the server counts right now (Redis clients, MySQL threads), for W6; `None`
