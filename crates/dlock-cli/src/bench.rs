@@ -244,11 +244,11 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
             }
         };
         print_table(&rows);
-        if let Some(chart_path) = &opts.chart {
-            if let Err(e) = chart::draw(chart_path, &rows) {
-                eprintln!("dlock bench: cannot draw {}: {e}", chart_path.display());
-                return exit::SOFTWARE;
-            }
+        if let Some(chart_path) = &opts.chart
+            && let Err(e) = chart::draw(chart_path, &rows)
+        {
+            eprintln!("dlock bench: cannot draw {}: {e}", chart_path.display());
+            return exit::SOFTWARE;
         }
         return 0;
     }
@@ -324,11 +324,11 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
             return exit::SOFTWARE;
         }
     }
-    if let Some(path) = &opts.chart {
-        if let Err(e) = chart::draw(path, &rows) {
-            eprintln!("dlock bench: cannot draw {}: {e}", path.display());
-            return exit::SOFTWARE;
-        }
+    if let Some(path) = &opts.chart
+        && let Err(e) = chart::draw(path, &rows)
+    {
+        eprintln!("dlock bench: cannot draw {}: {e}", path.display());
+        return exit::SOFTWARE;
     }
     if rows.iter().any(|r| r.violations > 0) {
         eprintln!("dlock bench: EXCLUSION VIOLATIONS were seen (column `viol`)");
@@ -387,11 +387,11 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
             }
             finish(&mut row, n, started.elapsed());
             fill_latency(&mut row, &h);
-            if !target.broken {
-                if let Some(floor) = floor::cycles_per_sec(&target.url, n.max(1), &ns).await? {
-                    row.floor_cycles_per_sec = Some(floor);
-                    row.ratio_to_floor = Some(row.cycles_per_sec / floor);
-                }
+            if !target.broken
+                && let Some(floor) = floor::cycles_per_sec(&target.url, n.max(1), &ns).await?
+            {
+                row.floor_cycles_per_sec = Some(floor);
+                row.ratio_to_floor = Some(row.cycles_per_sec / floor);
             }
         }
         Workload::W2 | Workload::W4 => {

@@ -789,11 +789,11 @@ pub async fn bad_options_are_rejected(f: &impl Factory) {
     let c = caps(&a);
     let name = Names::new().name("opts");
     let mut leases = vec![Lease::Fixed(ZERO), Lease::watchdog(ZERO)];
-    if let Some(short) = c.min_lease.checked_sub(Duration::from_nanos(1)) {
-        if !short.is_zero() {
-            leases.push(Lease::watchdog(short));
-            leases.push(Lease::Fixed(short));
-        }
+    if let Some(short) = c.min_lease.checked_sub(Duration::from_nanos(1))
+        && !short.is_zero()
+    {
+        leases.push(Lease::watchdog(short));
+        leases.push(Lease::Fixed(short));
     }
     for lease in leases {
         let e = a

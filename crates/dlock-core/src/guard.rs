@@ -436,10 +436,10 @@ impl LockGuard {
     ///
     /// Useful to hand a hold over to the lease, and in tests to simulate a dead holder.
     pub fn leak(mut self) -> FencingToken {
-        if let Some(shared) = self.shared.take() {
-            if shared.leave() {
-                shared.stop_keeper();
-            }
+        if let Some(shared) = self.shared.take()
+            && shared.leave()
+        {
+            shared.stop_keeper();
         }
         self.token
     }
@@ -476,10 +476,10 @@ fn release_in_background(shared: Arc<Shared>) {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.take() {
-            if shared.leave() {
-                release_in_background(shared);
-            }
+        if let Some(shared) = self.shared.take()
+            && shared.leave()
+        {
+            release_in_background(shared);
         }
     }
 }

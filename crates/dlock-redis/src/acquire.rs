@@ -425,25 +425,26 @@ impl Undo {
     /// Gives up: undoes now if something may be left (a fair waiter's queue entry).
     async fn finish(mut self, queued: bool) {
         self.armed = false;
-        if queued && matches!(self.acq.kind, Kind::Fair) {
-            if let Err(e) = self.acq.undo().await {
-                tracing::warn!(lock = %self.acq.name, error = %e, "could not leave the fair queue; the entry expires with its wait");
-            }
+        if queued
+            && matches!(self.acq.kind, Kind::Fair)
+            && let Err(e) = self.acq.undo().await
+        {
+            tracing::warn!(lock = %self.acq.name, error = %e, "could not leave the fair queue; the entry expires with its wait");
         }
     }
 }
 
 impl Drop for Undo {
     fn drop(&mut self) {
-        if self.armed {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let acq = Arc::clone(&self.acq);
-                runtime.spawn(async move {
+        if self.armed
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let acq = Arc::clone(&self.acq);
+            runtime.spawn(async move {
                     if let Err(e) = acq.undo().await {
                         tracing::warn!(lock = %acq.name, error = %e, "undo of a cancelled acquisition failed; its lease ends it");
                     }
                 });
-            }
         }
     }
 }

@@ -285,10 +285,8 @@ impl Drop for Listener {
             }
             chan.waiters.is_empty()
         };
-        if idle {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(Arc::clone(&self.subs).unsubscribe_if_idle(self.channel.clone()));
-            }
+        if idle && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(Arc::clone(&self.subs).unsubscribe_if_idle(self.channel.clone()));
         }
     }
 }

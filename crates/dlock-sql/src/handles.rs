@@ -180,10 +180,10 @@ async fn undo(a: &Attempt) {
 
 impl Drop for Undo {
     fn drop(&mut self) {
-        if let Some(a) = self.0.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move { undo(&a).await });
-            }
+        if let Some(a) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move { undo(&a).await });
         }
     }
 }

@@ -143,10 +143,10 @@ impl Attempt {
     /// the current version (creating the row on first use) and try once more.
     pub(crate) async fn optimistic(&self) -> Result<Option<u64>> {
         let cached = self.inner.cached_version(&self.name);
-        if let Some(version) = cached {
-            if let Some(token) = self.claim(version).await? {
-                return Ok(Some(token));
-            }
+        if let Some(version) = cached
+            && let Some(token) = self.claim(version).await?
+        {
+            return Ok(Some(token));
         }
         let s = &self.inner.sql;
         let mut row = sqlx::query(&s.select_version)
@@ -371,10 +371,10 @@ impl Pinned {
     }
 
     async fn rollback(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            if sqlx::query("ROLLBACK").execute(&mut **c).await.is_err() {
-                self.close();
-            }
+        if let Some(c) = self.0.as_mut()
+            && sqlx::query("ROLLBACK").execute(&mut **c).await.is_err()
+        {
+            self.close();
         }
     }
 

@@ -218,10 +218,10 @@ impl Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        if self.armed {
-            if let Err(e) = Self::run() {
-                eprintln!("{e}");
-            }
+        if self.armed
+            && let Err(e) = Self::run()
+        {
+            eprintln!("{e}");
         }
     }
 }
