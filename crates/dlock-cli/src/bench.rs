@@ -338,10 +338,9 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
 }
 
 /// Latencies from 1 µs to 10 min with 3 significant digits.
-#[allow(clippy::expect_used)]
-fn histogram() -> Histogram<u64> {
-    // Only invalid bounds or precision make this fail; these are constants.
-    Histogram::new_with_bounds(1, 600_000_000, 3).expect("constant histogram bounds are valid")
+fn histogram() -> dlock::Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 600_000_000, 3)
+        .map_err(|e| dlock::Error::config(format!("latency histogram: {e}")))
 }
 
 fn us(d: Duration) -> u64 {
@@ -376,7 +375,7 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
             for _ in 0..200.min(opts.cycles) {
                 lock.acquire().await?.release().await?;
             }
-            let mut h = histogram();
+            let mut h = histogram()?;
             let started = Instant::now();
             let mut n = 0;
             while n < opts.cycles && !out_of_time(started, limit) {
@@ -417,7 +416,7 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 );
                 tasks.push(tokio::spawn(async move {
                     let _client = p; // its connections live as long as the worker
-                    let mut h = histogram();
+                    let mut h = histogram()?;
                     let mut done = 0u64;
                     while done < per && !out_of_time(started, limit) {
                         let t = Instant::now();
@@ -436,7 +435,7 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                     Ok::<_, dlock::Error>((h, done))
                 }));
             }
-            let mut h = histogram();
+            let mut h = histogram()?;
             let mut done = 0;
             for t in tasks {
                 let (th, n) = t
@@ -483,7 +482,7 @@ async fn handoff(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> 
     let name = format!("{ns}/w3");
     let a = target.client().await?.lock(&name, LockOptions::default())?;
     let b = target.client().await?.lock(&name, LockOptions::default())?;
-    let mut h = histogram();
+    let mut h = histogram()?;
     let mut held = a.acquire().await?;
     let mut holder_is_a = true;
     let started = Instant::now();
@@ -549,7 +548,7 @@ async fn fairness(target: &Target, ns: &str, row: &mut Row) -> dlock::Result<()>
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     holder.release().await?;
-    let mut h = histogram();
+    let mut h = histogram()?;
     let mut waits = Vec::new();
     for t in tasks {
         let w = t
@@ -582,7 +581,7 @@ async fn scale(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dl
     let p = target.client().await?;
     let lease = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
     let started = Instant::now();
-    let mut h = histogram();
+    let mut h = histogram()?;
     let mut guards = Vec::with_capacity(usize::try_from(count).unwrap_or(1000));
     for i in 0..count {
         let t = Instant::now();
