@@ -23,14 +23,25 @@
 //! **not immediate**. Watch [`LockGuard::lost`] while you work.
 
 use std::fmt;
+#[cfg(any(
+    feature = "memory",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 use std::sync::Arc;
 
 pub use dlock_core::{
-    BoxError, Capabilities, DistributedLock, DistributedReadWriteLock, DistributedSemaphore,
-    DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error, FencingToken, HoldState,
-    Lease, LockGuard, LockName, LockOptions, LockProvider, LockStatus, MultiGuard, MultiLock,
-    Result, redact,
+    BoxError, Capabilities, DistributedLock, DistributedLockExt, DistributedReadWriteLock,
+    DistributedSemaphore, DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error,
+    FencingToken, HoldState, Lease, LockGuard, LockKind, LockName, LockOptions, LockProvider,
+    LockStatus, LossReason, Member, MultiGuard, MultiLock, Result, redact,
 };
+
+/// What backend authors need (the generic handles, `Hold`, `Deadline` and the time helpers);
+/// see [`dlock_core::backend`].
+pub use dlock_core::backend;
 
 /// The in-process reference backend (`memory://`), with its test hooks.
 #[cfg(feature = "memory")]
@@ -58,6 +69,24 @@ pub mod zookeeper {
 #[cfg_attr(docsrs, doc(cfg(any(feature = "mysql", feature = "sqlite"))))]
 pub mod sql {
     pub use dlock_sql::*;
+}
+
+/// The project's documents, as they are in the repository's `docs/` directory: what every
+/// backend guarantees (generated from the conformance results), how each held up under
+/// `dlock torture`, and the benchmark figures.
+pub mod docs {
+    /// What every backend guarantees, promise by promise, and under failure.
+    pub mod guarantees {
+        #![doc = include_str!("../docs/guarantees.md")]
+    }
+    /// `dlock torture` runs per backend: faults injected, violations (none), report delays.
+    pub mod reliability {
+        #![doc = include_str!("../docs/reliability.md")]
+    }
+    /// `dlock bench` figures, each set against its floor measured in the same run.
+    pub mod benchmarks {
+        #![doc = include_str!("../docs/benchmarks.md")]
+    }
 }
 
 /// The URL schemes this build of `dlock` can connect to (depends on the enabled features).
@@ -118,6 +147,17 @@ const KNOWN: &[(&str, &str)] = &[
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+// Without any backend feature every URL is refused, and the code after the match is dead.
+#[cfg_attr(
+    not(any(
+        feature = "memory",
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "mysql",
+        feature = "sqlite"
+    )),
+    allow(unreachable_code, unused_variables)
+)]
 pub async fn connect(url: &str) -> Result<Locks> {
     let scheme = match url.split_once("://") {
         Some((scheme, _)) if !scheme.is_empty() => scheme.to_ascii_lowercase(),
@@ -246,6 +286,16 @@ impl Locks {
     /// [`Error::InvalidName`] for a bad name.
     pub fn lock(&self, name: &str) -> Result<DynLock> {
         self.provider.lock(name, LockOptions::default())
+    }
+
+    /// What the store records about `name` right now: who holds it and how, for how long,
+    /// and the last fencing token. It never takes the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], connection and backend errors.
+    pub async fn describe(&self, name: &str) -> Result<LockStatus> {
+        self.provider.describe(name).await
     }
 
     /// A mutex with the given options.

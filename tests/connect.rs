@@ -80,7 +80,7 @@ async fn bad_names_and_options_are_clear_errors() {
         );
     }
     assert!(matches!(
-        MultiLock::new(vec![]),
+        MultiLock::new(Vec::<dlock::DynLock>::new()),
         Err(Error::InvalidArgument { .. })
     ));
 }
@@ -118,7 +118,7 @@ async fn multilock_spans_stores_and_rolls_back() {
     let multi = MultiLock::new(vec![two.lock("b").unwrap(), one.lock("a").unwrap()]).unwrap();
     // Canonical order: by store id, then name.
     let order: Vec<_> = multi
-        .locks()
+        .members()
         .iter()
         .map(|l| l.store_id().to_owned())
         .collect();
@@ -162,4 +162,59 @@ fn guard_dropped_without_a_runtime_does_not_panic() {
     drop(rt);
     drop(guard); // no runtime: nothing is sent, the lease ends it
     drop(locks);
+}
+
+#[tokio::test]
+async fn run_does_the_work_under_the_lock_and_releases_it() {
+    use dlock::DistributedLockExt;
+    let locks = dlock::connect("memory://").await.unwrap();
+    let lock = locks.lock("run").unwrap();
+    let other = locks.lock("run").unwrap();
+    let token = lock
+        .run(|token| {
+            let other = std::sync::Arc::clone(&other);
+            async move {
+                let busy = other.try_acquire(Duration::ZERO).await.unwrap().is_none();
+                assert!(busy, "the work runs under the lock");
+                token
+            }
+        })
+        .await
+        .unwrap();
+    assert!(token.get() > 0);
+    let free = other.try_acquire(Duration::ZERO).await.unwrap();
+    assert!(
+        free.is_some(),
+        "released when run returns (awaited, not in the background)"
+    );
+    // Held elsewhere: try_run does not run the work.
+    let held = free.unwrap();
+    let ran = lock
+        .try_run(Duration::from_millis(20), |_| async { unreachable!() })
+        .await
+        .unwrap();
+    assert!(ran.is_none());
+    held.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn run_drops_the_work_when_the_lock_is_lost() {
+    use dlock::DistributedLockExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let locks = dlock::connect("memory://").await.unwrap();
+    let short = LockOptions::new().with_lease(Lease::Fixed(Duration::from_millis(50)));
+    let lock = locks.lock_with("lost-run", short).unwrap();
+    let finished = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&finished);
+    let r = lock
+        .run(|_| async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            flag.store(true, Ordering::SeqCst);
+        })
+        .await;
+    assert!(matches!(r, Err(Error::LockLost { .. })), "{r:?}");
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the work was dropped at the loss"
+    );
 }

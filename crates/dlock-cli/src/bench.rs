@@ -1,4 +1,4 @@
-//! `dlock bench`: the workloads of DESIGN.md §6 against several stores in one run, each lock
+//! `dlock bench`: the workloads W1-W6 (described in `docs/benchmarks.md`) against several stores in one run, each lock
 //! throughput set against the raw floor of the same server calls made with the client library.
 
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ mod floor;
 /// The longest one workload may take on one backend before it is reported as failed.
 const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
 
-/// The workloads (DESIGN.md §6).
+/// The workloads (W1-W6, described in `docs/benchmarks.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[value(rename_all = "UPPER")]
 pub enum Workload {

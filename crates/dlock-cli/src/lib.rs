@@ -7,6 +7,7 @@
 mod bench;
 mod run;
 mod status;
+mod torture;
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 pub use crate::bench::{BenchOpts, Row, Workload};
 pub use crate::run::RunOpts;
 pub use crate::status::StatusOpts;
+pub use crate::torture::{FaultKind, Primitive, Sabotage, TortureOpts, TortureWorkerOpts};
 
 /// Exit statuses of `dlock` itself (besides the command's own, which `dlock run` passes on).
 pub mod exit {
@@ -42,9 +44,47 @@ pub mod exit {
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, about, long_about = None, propagate_version = true)]
 pub struct Cli {
+    /// Show the library's tracing on stderr: -v info, -vv debug, -vvv trace (RUST_LOG, when
+    /// set, decides instead).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Sends the library's tracing to stderr, as `-v` or `RUST_LOG` asks (nothing otherwise).
+    pub fn init_tracing(&self) {
+        let filter = match std::env::var("RUST_LOG") {
+            Ok(spec) if !spec.trim().is_empty() => tracing_subscriber::EnvFilter::new(spec),
+            _ => {
+                let level = match self.verbose {
+                    0 => return,
+                    1 => "info",
+                    2 => "debug",
+                    _ => "trace",
+                };
+                let crates = [
+                    "dlock",
+                    "dlock_core",
+                    "dlock_cli",
+                    "dlock_memory",
+                    "dlock_redis",
+                    "dlock_zookeeper",
+                    "dlock_sql",
+                    "dlock_proxy",
+                ];
+                let spec: Vec<String> = crates.iter().map(|c| format!("{c}={level}")).collect();
+                tracing_subscriber::EnvFilter::new(format!("warn,{}", spec.join(",")))
+            }
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
 }
 
 /// The subcommands.
@@ -62,6 +102,21 @@ pub enum Command {
     Status(StatusOpts),
     /// Compare backends: run the benchmark workloads against one or more stores.
     Bench(BenchOpts),
+    /// Attack a store: worker processes contend while faults are injected (partitions,
+    /// pauses past the lease, kills, resets, latency), then a checker proves the contract
+    /// held: fenced writes in token order, every overlap explained by a fault and reported to
+    /// its holder, progress after every fault. Exits 1 on a violation.
+    Torture(TortureOpts),
+    /// One worker process of `dlock torture` (started by it).
+    #[command(hide = true)]
+    TortureWorker(TortureWorkerOpts),
+    /// The reaper of `dlock run` (started by it): kills the command's process group if that
+    /// dlock dies without saying it is done.
+    #[command(hide = true)]
+    Reap {
+        /// The command's process group.
+        group: i32,
+    },
 }
 
 /// The store to use.
@@ -103,6 +158,9 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Run(opts) => run::run(opts).await,
         Command::Status(opts) => status::status(opts).await,
         Command::Bench(opts) => bench::bench(opts).await,
+        Command::Torture(opts) => torture::torture(opts).await,
+        Command::TortureWorker(opts) => torture::worker(opts).await,
+        Command::Reap { group } => run::reap(group).await,
     }
 }
 

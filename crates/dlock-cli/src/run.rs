@@ -4,10 +4,14 @@ use std::ffi::OsString;
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::io::IsTerminal;
+
 use clap::Args;
+use dlock::backend::Deadline;
 use dlock::{Lease, LockOptions};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
+use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
+use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{StoreOpts, exit, fail, parse_duration};
@@ -64,11 +68,12 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot lock {:?}", opts.name), &e),
     };
-    let (mut interrupt, mut terminate) = match (
+    let (mut interrupt, mut terminate, mut hangup) = match (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(i), Ok(t)) => (i, t),
+        (Ok(i), Ok(t), Ok(h)) => (i, t, h),
         _ => {
             eprintln!("dlock: cannot install signal handlers");
             return exit::SOFTWARE;
@@ -99,16 +104,21 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         },
         _ = interrupt.recv() => return 128 + 2,
         _ = terminate.recv() => return 128 + 15,
+        _ = hangup.recv() => return 128 + 1,
     };
     let token = guard.fencing_token();
     let Some((program, args)) = opts.command.split_first() else {
         return exit::CONFIG;
     };
+    // The command leads a process group of its own: signals and the loss reach everything it
+    // starts, and a Ctrl-C meant for it is not delivered twice (once by the terminal, once by
+    // dlock).
     let mut child = match tokio::process::Command::new(program)
         .args(args)
         .env("DLOCK_FENCING_TOKEN", token.to_string())
         .env("DLOCK_NAME", &opts.name)
         .stdin(Stdio::inherit())
+        .process_group(0)
         .spawn()
     {
         Ok(c) => c,
@@ -122,20 +132,27 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
             };
         }
     };
-    let pid = child
+    let group = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
     let send = |sig: Signal| {
-        if let Some(pid) = pid {
-            let _ = kill(pid, sig);
+        if let Some(group) = group {
+            let _ = killpg(group, sig);
         }
     };
+    let reaper = match group {
+        Some(g) => Reaper::start(g),
+        None => None,
+    };
+    let terminal = group.and_then(Foreground::hand_to);
     let lost = guard.lost();
     tokio::pin!(lost);
     loop {
         tokio::select! {
             status = child.wait() => {
+                drop(terminal);
+                Reaper::done(reaper).await;
                 let code = match status {
                     Ok(s) => status_code(s),
                     Err(e) => {
@@ -149,22 +166,123 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                 return code;
             }
             () = &mut lost => {
+                let why = guard
+                    .loss_reason()
+                    .map_or_else(|| "no reason given".to_string(), |r| r.to_string());
                 eprintln!(
-                    "dlock: lost the lock {:?} (token {token}) while the command ran; terminating it",
+                    "dlock: lost the lock {:?} (token {token}) while the command ran: {why}; \
+                     terminating it",
                     opts.name
                 );
                 send(Signal::SIGTERM);
-                if tokio::time::timeout(opts.kill_after, child.wait()).await.is_err() {
+                send(Signal::SIGCONT);
+                if Deadline::after(opts.kill_after).run(child.wait()).await.is_none() {
                     eprintln!("dlock: the command outlived --kill-after; killing it");
                     send(Signal::SIGKILL);
                     let _ = child.wait().await;
                 }
+                // What the command started in its group goes too.
+                send(Signal::SIGKILL);
+                drop(terminal);
+                Reaper::done(reaper).await;
                 return exit::LOST;
             }
             _ = interrupt.recv() => send(Signal::SIGINT),
             _ = terminate.recv() => send(Signal::SIGTERM),
+            _ = hangup.recv() => send(Signal::SIGHUP),
         }
     }
+}
+
+/// A process of dlock's own (`dlock reap`) that kills the command's process group if this
+/// dlock dies before saying it is done, even by SIGKILL: nothing keeps running unlocked. It
+/// reads its stdin (a pipe from this process) until EOF; "done" before EOF means leave the
+/// group alone.
+struct Reaper {
+    child: tokio::process::Child,
+}
+
+impl Reaper {
+    fn start(group: Pid) -> Option<Self> {
+        let exe = std::env::current_exe().ok()?;
+        let child = tokio::process::Command::new(exe)
+            .arg("reap")
+            .arg(group.as_raw().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Out of the terminal's reach: a Ctrl-C must not take the reaper down.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| eprintln!("dlock: cannot start the reaper ({e}); if dlock is killed, the command may outlive it"))
+            .ok()?;
+        Some(Self { child })
+    }
+
+    /// The command's group is gone or being handled: the reaper leaves it alone and exits.
+    async fn done(reaper: Option<Self>) {
+        let Some(mut reaper) = reaper else { return };
+        if let Some(mut stdin) = reaper.child.stdin.take() {
+            let _ = stdin.write_all(b"done\n").await;
+            drop(stdin);
+        }
+        let _ = reaper.child.wait().await;
+    }
+}
+
+/// `dlock reap GROUP`: waits for its stdin to close; kills process group GROUP unless "done"
+/// came first.
+pub(crate) async fn reap(group: i32) -> u8 {
+    use tokio::io::AsyncReadExt;
+    let mut said = Vec::new();
+    let _ = tokio::io::stdin().read_to_end(&mut said).await;
+    if !said.starts_with(b"done") && group > 1 {
+        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+    }
+    0
+}
+
+/// The terminal handed to the command's process group while it runs, when dlock runs in the
+/// foreground of a terminal: the command may read from it, and the terminal's Ctrl-C goes to
+/// the command (once). Given back when dropped.
+struct Foreground {
+    ours: Pid,
+}
+
+impl Foreground {
+    fn hand_to(group: Pid) -> Option<Self> {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return None;
+        }
+        let ours = getpgrp();
+        if tcgetpgrp(&stdin).ok()? != ours {
+            return None;
+        }
+        with_sigttou_blocked(|| tcsetpgrp(&stdin, group)).ok()?;
+        Some(Self { ours })
+    }
+}
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        let stdin = std::io::stdin();
+        let _ = with_sigttou_blocked(|| tcsetpgrp(&stdin, self.ours));
+    }
+}
+
+/// Runs `f` with SIGTTOU blocked on this thread, so that a process not in the terminal's
+/// foreground may change the foreground group.
+fn with_sigttou_blocked<T>(f: impl FnOnce() -> T) -> T {
+    let mut block = SigSet::empty();
+    block.add(Signal::SIGTTOU);
+    let mut old = SigSet::empty();
+    let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&block), Some(&mut old)).is_ok();
+    let result = f();
+    if blocked {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+    }
+    result
 }
 
 /// The shell's convention: the exit code, or 128 + the signal that ended the process.

@@ -24,7 +24,8 @@ pub struct StatusOpts {
 struct Report<'a> {
     name: &'a str,
     held: bool,
-    owner: Option<String>,
+    kind: Option<String>,
+    holders: &'a [String],
     remaining_ms: Option<u64>,
     last_token: Option<u64>,
 }
@@ -38,8 +39,9 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
     };
     let report = Report {
         name: &opts.name,
-        held: status.held,
-        owner: status.owner.clone(),
+        held: status.is_held(),
+        kind: status.kind.map(|k| k.to_string()),
+        holders: &status.holders,
         remaining_ms: status
             .remaining
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -56,10 +58,10 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
         return 0;
     }
     let mut line = format!("{:?}: ", opts.name);
-    if status.held {
-        line.push_str("held");
-        if let Some(owner) = &status.owner {
-            line.push_str(&format!(" by {owner}"));
+    if let Some(kind) = status.kind {
+        line.push_str(&format!("held ({kind})"));
+        if !status.holders.is_empty() {
+            line.push_str(&format!(" by {}", status.holders.join(", ")));
         }
         if let Some(left) = status.remaining {
             line.push_str(&format!(", {:.1} s left", left.as_secs_f64()));
@@ -75,39 +77,7 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
     0
 }
 
-/// Asks the backend the URL names, with the backend's own inspection call.
+/// Asks the store the URL names, through the facade.
 async fn describe(url: &str, name: &str) -> dlock::Result<LockStatus> {
-    let scheme = url.split("://").next().unwrap_or_default();
-    match scheme {
-        #[cfg(any(feature = "mysql", feature = "sqlite"))]
-        "mysql" | "mariadb" | "sqlite" => {
-            dlock_sql::SqlProvider::connect(url)
-                .await?
-                .describe(name)
-                .await
-        }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => {
-            dlock_redis::RedisProvider::connect(url)
-                .await?
-                .describe(name)
-                .await
-        }
-        #[cfg(feature = "zookeeper")]
-        "zk" => {
-            dlock_zookeeper::ZkProvider::connect(url)
-                .await?
-                .describe(name)
-                .await
-        }
-        _ => {
-            let _ = name;
-            // Validates the URL (and gives the usual message for unknown schemes).
-            dlock::connect(url).await?;
-            Err(dlock::Error::unsupported(
-                "memory",
-                "inspection (a memory:// store lives inside one process)",
-            ))
-        }
-    }
+    dlock::connect(url).await?.describe(name).await
 }

@@ -194,6 +194,30 @@ fn exit_statuses() {
             .code(),
         Some(78)
     );
+    // Durations too large for the clock: a wait that long is "as long as it takes", a lease
+    // that long is refused (78), and neither panics.
+    let huge = "500000000000y";
+    let out = output(dlock(&url, &["run", "--wait", huge, &name, "--", "true"]));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = output(dlock(
+        &url,
+        &["run", "--kill-after", huge, &name, "--", "true"],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = output(dlock(&url, &["run", "--lease", huge, &name, "--", "true"]));
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lease") && !err.contains("panicked"), "{err}");
     let bad = output(dlock(&url, &["run", "--wait", "soon", "n", "--", "true"]));
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a duration"));
@@ -267,7 +291,7 @@ fn lost_lock_terminates_the_command() {
     let name = Names::new().name("lost");
     let child = dlock(
         &url,
-        &["run", "--lease", "600ms", &name, "--", "sleep", "30"],
+        &["-v", "run", "--lease", "600ms", &name, "--", "sleep", "30"],
     )
     .stderr(Stdio::piped())
     .spawn()
@@ -312,6 +336,15 @@ fn lost_lock_terminates_the_command() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("lost the lock"), "{err}");
     assert!(
+        err.contains("the store no longer has the hold"),
+        "the loss reason: {err}"
+    );
+    // -v shows the library's tracing: the dlock.lost event, with its fields.
+    assert!(
+        err.contains("dlock.lost") && err.contains("reason"),
+        "-v shows the tracing: {err}"
+    );
+    assert!(
         t.elapsed() < Duration::from_secs(15),
         "the command was not terminated"
     );
@@ -342,7 +375,10 @@ fn status_shows_a_hold_taken_by_the_library() {
         );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["held"], true, "{url}: {v}");
-        assert!(v["owner"].is_string(), "{url}: {v}");
+        assert_eq!(v["kind"], "mutex", "{url}: {v}");
+        if !url.contains("for-update") {
+            assert!(v["holders"][0].is_string(), "{url}: {v}");
+        }
         let text =
             String::from_utf8_lossy(&output(dlock(&url, &["status", &name])).stdout).to_string();
         assert!(text.contains("held"), "{url}: {text}");
@@ -473,4 +509,175 @@ fn bench_reports_injected_violations() {
     assert!(doc["rows"][0]["violations"].as_u64().unwrap() > 0, "{doc}");
     let _ = std::fs::remove_file(json);
     let _ = std::io::stderr().flush();
+}
+
+/// Whether process `pid` still runs (a zombie counts as gone).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                != Some("Z")
+        })
+        .unwrap_or(false)
+}
+
+/// Polls `check` every 20 ms until it holds, failing with `what` after `limit`.
+fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !check() {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads a pid a command wrote to `file`, once it is there.
+fn pid_in(file: &std::path::Path) -> i32 {
+    let mut pid = None;
+    within(Duration::from_secs(10), "the command wrote its pid", || {
+        pid = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+/// A lock lost while the command runs stops the command's whole process group: a grandchild
+/// started by `sh -c` dies too.
+#[test]
+fn loss_stops_the_whole_process_group() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("group");
+    let pidfile = std::env::temp_dir().join(format!("dlock-grandchild-{}", rand_suffix()));
+    // The grandchild keeps no pipe of ours open: dlock's exit is what the test waits for.
+    let script = format!(
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {}; wait",
+        pidfile.display()
+    );
+    let child = dlock(
+        &url,
+        &["run", "--lease", "600ms", &name, "--", "sh", "-c", &script],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let grandchild = pid_in(&pidfile);
+    assert!(alive(grandchild));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM dlock_holds WHERE name = ?")
+            .bind(name.as_bytes())
+            .execute(&pool)
+            .await
+            .unwrap();
+    });
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(76),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    within(
+        Duration::from_secs(5),
+        "the grandchild is stopped too",
+        || !alive(grandchild),
+    );
+    let _ = std::fs::remove_file(&pidfile);
+}
+
+/// A Ctrl-C (SIGINT to dlock's whole process group, as a terminal sends it) reaches the
+/// command exactly once: the command is not in dlock's group, and dlock forwards it.
+#[test]
+fn ctrl_c_reaches_the_command_once() {
+    use std::os::unix::process::CommandExt;
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("ctrl-c");
+    let dir = std::env::temp_dir().join(format!("dlock-int-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ready, ints) = (dir.join("ready"), dir.join("ints"));
+    let script = format!(
+        "trap 'echo int >> {ints}' INT; echo $$ > {ready}; \
+         sleep 30 </dev/null >/dev/null 2>&1 & wait; sleep 30 </dev/null >/dev/null 2>&1 & wait",
+        ints = ints.display(),
+        ready = ready.display()
+    );
+    let mut child = dlock(&url, &["run", &name, "--", "sh", "-c", &script])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let command = pid_in(&ready);
+    let group = i32::try_from(child.id()).unwrap();
+    // The command leads a process group of its own, out of the terminal's reach: a Ctrl-C
+    // cannot reach it twice (directly, and forwarded by dlock).
+    let stat = std::fs::read_to_string(format!("/proc/{command}/stat")).unwrap();
+    let pgrp: i32 = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(2))
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    assert_ne!(pgrp, group, "the command is in dlock's process group");
+    // The terminal's Ctrl-C: SIGINT to the foreground process group, dlock's.
+    assert!(
+        Command::new("kill")
+            .args(["-INT", "--", &format!("-{group}")])
+            .status()
+            .unwrap()
+            .success()
+    );
+    within(
+        Duration::from_secs(10),
+        "the command got the SIGINT",
+        || std::fs::read_to_string(&ints).is_ok_and(|t| !t.is_empty()),
+    );
+    // End the run (dlock forwards SIGTERM to the command's group), then count.
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &group.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    child.wait().unwrap();
+    let count = std::fs::read_to_string(&ints).unwrap().lines().count();
+    assert_eq!(count, 1, "the command got {count} SIGINTs for one Ctrl-C");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A dlock killed with SIGKILL takes its command along (its reaper kills the command's
+/// process group): nothing keeps running without the lock.
+#[test]
+fn killed_dlock_takes_its_command_along() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("orphan");
+    let pidfile = std::env::temp_dir().join(format!("dlock-orphan-{}", rand_suffix()));
+    let script = format!(
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {}; wait",
+        pidfile.display()
+    );
+    let mut child = dlock(&url, &["run", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let grandchild = pid_in(&pidfile);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    within(
+        Duration::from_secs(5),
+        "the command dies with its dlock",
+        || !alive(grandchild),
+    );
+    let _ = std::fs::remove_file(&pidfile);
 }

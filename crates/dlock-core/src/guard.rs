@@ -3,20 +3,24 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::keeper;
+use crate::loss::{LockKind, LossReason};
+use crate::metrics;
 use crate::name::{FencingToken, LockName};
 use crate::options::Lease;
+use crate::time::later;
 
 /// Locks a std mutex, ignoring poisoning: every critical section in this crate leaves the data
 /// consistent, so a panic elsewhere is no reason to panic here.
@@ -40,6 +44,15 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
     ///
     /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
     async fn extend(&self, ttl: Duration) -> Result<()>;
+
+    /// Whether the store still has the hold, asked of the store, for holds that can end
+    /// before their lease does without the client knowing (a connection-bound hold, see
+    /// [`Capabilities::connection_bound`](crate::Capabilities::connection_bound)). Asked by
+    /// [`MultiLock`](crate::MultiLock) of the members it took before awaiting the others.
+    /// The default trusts the lease and asks nothing: `Ok(true)`.
+    async fn verify(&self) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// What a guard can say about its hold.
@@ -67,7 +80,20 @@ pub struct HoldSignal {
 #[derive(Default)]
 struct SignalInner {
     lost: CancellationToken,
+    reason: OnceLock<LossReason>,
     suspended: AtomicBool,
+    /// Set by the keeper while renewals fail, so a loss seen at the lease end says why.
+    renewal_failing: AtomicBool,
+    /// Who the hold is, for the `dlock.lost` event; set when the guard is built.
+    context: OnceLock<Context>,
+}
+
+#[derive(Debug)]
+struct Context {
+    backend: &'static str,
+    kind: LockKind,
+    name: LockName,
+    token: FencingToken,
 }
 
 impl HoldSignal {
@@ -76,12 +102,28 @@ impl HoldSignal {
         Self::default()
     }
 
-    /// Marks the hold lost, for good. Idempotent; logs the reason the first time.
-    pub fn mark_lost(&self, name: &LockName, reason: &str) {
-        if !self.inner.lost.is_cancelled() {
-            tracing::warn!(lock = %name, reason, "dlock.lost");
-            self.inner.lost.cancel();
+    /// Marks the hold lost, for good, and emits the `dlock.lost` event. Idempotent: the first
+    /// reason stays. Returns whether this call marked it.
+    pub fn mark_lost(&self, reason: LossReason) -> bool {
+        if self.inner.reason.set(reason).is_err() {
+            return false;
         }
+        match self.inner.context.get() {
+            Some(c) => {
+                metrics::lost(c.backend, c.kind, reason);
+                tracing::warn!(
+                backend = c.backend,
+                kind = %c.kind,
+                lock = %c.name,
+                token = c.token.get(),
+                reason = %reason,
+                "dlock.lost"
+                );
+            }
+            None => tracing::warn!(reason = %reason, "dlock.lost"),
+        }
+        self.inner.lost.cancel();
+        true
     }
 
     /// Marks the hold suspended (true) or vouched for again (false).
@@ -91,10 +133,16 @@ impl HoldSignal {
 
     /// Whether [`mark_lost`](Self::mark_lost) was called.
     pub fn is_lost(&self) -> bool {
-        self.inner.lost.is_cancelled()
+        self.inner.reason.get().is_some()
     }
 
-    /// The current state.
+    /// Why the hold was lost, once it was.
+    pub fn reason(&self) -> Option<LossReason> {
+        self.inner.reason.get().copied()
+    }
+
+    /// The state as far as the signal knows (without the lease end; see
+    /// [`LockGuard::state`]).
     pub fn state(&self) -> HoldState {
         if self.is_lost() {
             HoldState::Lost
@@ -105,9 +153,21 @@ impl HoldSignal {
         }
     }
 
-    /// A future that resolves once the hold is lost.
+    /// A future that resolves once the hold is marked lost.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         self.inner.lost.clone().cancelled_owned()
+    }
+
+    pub(crate) fn set_renewal_failing(&self, failing: bool) {
+        self.inner.renewal_failing.store(failing, Ordering::SeqCst);
+    }
+
+    fn renewal_failing(&self) -> bool {
+        self.inner.renewal_failing.load(Ordering::SeqCst)
+    }
+
+    fn bind(&self, context: Context) {
+        let _ = self.inner.context.set(context);
     }
 }
 
@@ -123,75 +183,128 @@ impl fmt::Debug for HoldSignal {
 pub struct NewHold {
     /// The backend's short name, for logs.
     pub backend: &'static str,
+    /// What the hold is.
+    pub kind: LockKind,
     /// The lock's name.
     pub name: LockName,
     /// The token issued for this acquisition.
     pub token: FencingToken,
     /// The lease the hold was taken with.
     pub lease: Lease,
-    /// When the acquiring call started: the lease is counted from here, so the client thinks
-    /// the hold ends no later than the server does.
-    pub started: Instant,
+    /// When the request that the store granted was **sent**: the client counts the lease from
+    /// here, so it thinks the hold ends no later than the store does. Not when the acquiring
+    /// call started: a waiter that waited ten times its lease still holds a whole lease.
+    pub sent: Instant,
     /// The backend's release and renew calls.
     pub hold: Arc<dyn Hold>,
-    /// The loss signal; the backend may keep a clone.
+    /// The loss signal; the backend may keep a clone (see [`NewHold::with_signal`]).
     pub signal: HoldSignal,
 }
 
 impl NewHold {
-    /// Collects the parts of a fresh hold.
+    /// Collects the parts of a fresh hold, with a fresh [`HoldSignal`].
     pub fn new(
         backend: &'static str,
+        kind: LockKind,
         name: LockName,
         token: FencingToken,
         lease: Lease,
-        started: Instant,
+        sent: Instant,
         hold: Arc<dyn Hold>,
-        signal: HoldSignal,
     ) -> Self {
         Self {
             backend,
+            kind,
             name,
             token,
             lease,
-            started,
+            sent,
             hold,
-            signal,
+            signal: HoldSignal::new(),
         }
+    }
+
+    /// Uses `signal` (a clone the backend keeps, to report losses it learns of itself).
+    pub fn with_signal(mut self, signal: HoldSignal) -> Self {
+        self.signal = signal;
+        self
     }
 }
 
 /// State shared by every guard of one hold (re-entrant guards share it) and its lease keeper.
 pub(crate) struct Shared {
     pub(crate) backend: &'static str,
+    pub(crate) kind: LockKind,
     pub(crate) name: LockName,
     pub(crate) token: FencingToken,
     pub(crate) lease: Lease,
     pub(crate) hold: Arc<dyn Hold>,
     pub(crate) signal: HoldSignal,
+    /// When the granted request was sent: the first lease period starts here.
+    pub(crate) granted: Instant,
     /// When the lease ends as far as this client knows; the keeper and `extend` move it.
-    pub(crate) lease_end: Mutex<Instant>,
+    lease_end: Mutex<Instant>,
     /// Wakes the keeper when `extend` moved the end.
     pub(crate) extended: Notify,
     keeper: Mutex<Option<AbortOnDropHandle<()>>>,
+    /// Set before the keeper is stopped on purpose, so its drop does not report a loss.
+    keeper_disarmed: AtomicBool,
+    /// The runtime the hold was granted on: background releases go there even when the guard
+    /// is dropped on a thread without a runtime.
+    runtime: Option<Handle>,
     /// Live guards of this hold; the remote hold is released when it drops to zero.
     guards: Mutex<usize>,
+    /// This hold in the `dlock_holds` gauge while it exists.
+    _live: metrics::Live,
 }
 
 impl Shared {
-    /// Adds a guard (re-entry). Fails if the hold is being released or is lost.
+    pub(crate) fn lease_end(&self) -> Instant {
+        *lock(&self.lease_end)
+    }
+
+    pub(crate) fn set_lease_end(&self, end: Instant) {
+        *lock(&self.lease_end) = end;
+    }
+
+    /// Whether the hold can still be vouched for: not lost, and its lease has not ended. A
+    /// lease seen ended marks the hold lost, even if the keeper never ran (a blocked runtime,
+    /// a paused process).
+    pub(crate) fn check(&self) -> bool {
+        if self.signal.is_lost() {
+            return false;
+        }
+        if Instant::now() < self.lease_end() {
+            return true;
+        }
+        self.signal.mark_lost(self.reason_at_lease_end());
+        false
+    }
+
+    /// Why a hold whose lease end passed is lost.
+    pub(crate) fn reason_at_lease_end(&self) -> LossReason {
+        if !self.lease.is_watchdog() {
+            LossReason::FixedLeaseEnded
+        } else if self.signal.renewal_failing() {
+            LossReason::RenewalFailed
+        } else {
+            LossReason::LeaseEnded
+        }
+    }
+
+    /// Adds a guard (re-entry). Fails if the hold is being released, lost or past its lease.
     pub(crate) fn enter(&self) -> bool {
         let mut guards = lock(&self.guards);
-        if *guards == 0 || self.signal.is_lost() {
+        if *guards == 0 || !self.check() {
             return false;
         }
         *guards += 1;
         true
     }
 
-    /// Whether a guard is live and the hold is not known to be lost.
+    /// Whether a guard is live and the hold can be vouched for.
     pub(crate) fn is_live(&self) -> bool {
-        *lock(&self.guards) > 0 && !self.signal.is_lost()
+        *lock(&self.guards) > 0 && self.check()
     }
 
     /// Removes a guard; true if it was the last one, which must release the hold.
@@ -202,19 +315,32 @@ impl Shared {
     }
 
     fn stop_keeper(&self) {
+        self.keeper_disarmed.store(true, Ordering::SeqCst);
         lock(&self.keeper).take();
+    }
+
+    /// Called by the keeper's drop guard: a keeper that stops while armed reports the loss.
+    pub(crate) fn keeper_stopped(&self) {
+        if !self.keeper_disarmed.load(Ordering::SeqCst) {
+            self.signal.mark_lost(LossReason::KeeperStopped);
+        }
     }
 
     async fn release_remote(&self) -> Result<()> {
         self.stop_keeper();
-        if self.signal.is_lost() {
+        if !self.check() {
             return Err(Error::lock_lost(&self.name));
         }
         let result = self.hold.release().await;
-        if let Err(Error::LockLost { .. }) = &result {
-            self.signal
-                .mark_lost(&self.name, "released after the hold was gone");
-        }
+        let outcome = match &result {
+            Ok(()) => "released",
+            Err(Error::LockLost { .. }) => {
+                self.signal.mark_lost(LossReason::Gone);
+                "lost"
+            }
+            Err(_) => "error",
+        };
+        metrics::released(self.backend, self.kind, outcome);
         result
     }
 }
@@ -223,6 +349,7 @@ impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Hold")
             .field("backend", &self.backend)
+            .field("kind", &self.kind)
             .field("name", &self.name)
             .field("token", &self.token)
             .field("lease", &self.lease)
@@ -233,16 +360,24 @@ impl fmt::Debug for Shared {
 
 /// Proof of a hold on a lock, a read or write lock, or a semaphore permit.
 ///
-/// The guard owns everything it needs (it is `'static` and `Send`), so it can move into a task.
-/// Release it with [`release`](Self::release) to learn whether the release worked. Watch
-/// [`lost`](Self::lost) while you work: it resolves when the backend can no longer vouch for
-/// the hold, and then you must stop touching the protected resource.
+/// The guard owns everything it needs (it is `'static`, `Send` and `Sync`), so it can move into
+/// a task. Release it with [`release`](Self::release) to learn whether the release worked.
+/// Watch [`lost`](Self::lost) while you work: it resolves when the backend can no longer vouch
+/// for the hold, and then you must stop touching the protected resource.
+///
+/// # Time
+///
+/// The client counts each lease period from when the request that the store granted (or
+/// renewed) was sent, so it never believes in a hold longer than the store keeps it. Once that
+/// lease end has passed without a renewal, the guard is lost even if its lease keeper never
+/// ran (a blocked runtime, a paused process): [`is_held`](Self::is_held) is false and
+/// [`lost`](Self::lost) resolves. dlock needs a tokio runtime with its time driver enabled.
 ///
 /// # Release on drop is not immediate
 ///
-/// Dropping a guard without calling `release` releases the hold in a background task when a
-/// tokio runtime is available; the lock is free a moment later, not when `drop` returns. Without
-/// a runtime nothing is sent and the hold ends with its lease (or session).
+/// Dropping a guard without calling `release` releases the hold in a background task on the
+/// runtime the hold was taken on; the lock is free a moment later, not when `drop` returns.
+/// Without a runtime nothing is sent and the hold ends with its lease (or session).
 #[must_use = "dropping the guard releases the lock in the background"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
@@ -254,25 +389,38 @@ pub struct LockGuard {
 impl LockGuard {
     /// Builds the guard for a fresh hold and starts its lease keeper: the watchdog that renews a
     /// [`Lease::Watchdog`] hold, or the timer that marks a [`Lease::Fixed`] hold lost when it
-    /// ends. Backends call this right after the server granted the hold, with no await in
+    /// ends. Backends call this right after the store granted the hold, with no await in
     /// between, so a cancelled acquire cannot leak the hold.
     ///
-    /// Outside a tokio runtime no keeper runs: the hold is neither renewed nor timed.
+    /// Outside a tokio runtime no keeper runs: the hold is neither renewed nor timed, and the
+    /// guard turns lost when its lease end passes.
     pub fn new(new: NewHold) -> Self {
-        let lease_end = new.started + new.lease.ttl();
+        let lease_end = later(new.sent, new.lease.ttl());
+        new.signal.bind(Context {
+            backend: new.backend,
+            kind: new.kind,
+            name: new.name.clone(),
+            token: new.token,
+        });
+        let runtime = Handle::try_current().ok();
         let shared = Arc::new(Shared {
             backend: new.backend,
+            kind: new.kind,
             name: new.name,
             token: new.token,
             lease: new.lease,
             hold: new.hold,
             signal: new.signal,
+            granted: new.sent,
             lease_end: Mutex::new(lease_end),
             extended: Notify::new(),
             keeper: Mutex::new(None),
+            keeper_disarmed: AtomicBool::new(false),
+            runtime: runtime.clone(),
             guards: Mutex::new(1),
+            _live: metrics::Live::new(new.backend, new.kind),
         });
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(runtime) = runtime {
             let task = runtime.spawn(keeper::keep(Arc::clone(&shared)));
             *lock(&shared.keeper) = Some(AbortOnDropHandle::new(task));
         }
@@ -296,41 +444,77 @@ impl LockGuard {
         &self.name
     }
 
+    /// What the hold is: a mutex, read or write hold, or a semaphore permit.
+    pub fn kind(&self) -> Option<LockKind> {
+        self.shared.as_ref().map(|s| s.kind)
+    }
+
     /// The fencing token of this acquisition (re-entrant guards share it).
     pub fn fencing_token(&self) -> FencingToken {
         self.token
     }
 
-    /// The state of the hold.
+    /// The state of the hold. [`HoldState::Lost`] once the hold was reported lost, and once
+    /// its lease end has passed without a renewal (which then reports the loss).
     pub fn state(&self) -> HoldState {
         match &self.shared {
-            Some(shared) => shared.signal.state(),
-            None => HoldState::Lost,
+            Some(shared) if shared.check() => shared.signal.state(),
+            _ => HoldState::Lost,
         }
     }
 
-    /// Whether the backend vouches for the hold right now: false once it is lost, and false
-    /// while it is [`HoldState::Suspended`].
+    /// Whether the backend vouches for the hold right now: false once it is lost, false once
+    /// its lease end has passed (even if the keeper never ran), and false while it is
+    /// [`HoldState::Suspended`].
     pub fn is_held(&self) -> bool {
         self.state() == HoldState::Held
     }
 
-    /// A future that resolves when the hold is lost. Cheap to call many times; each call gives
-    /// an independent future that owns what it needs.
+    /// Asks the backend whether the store still has the hold ([`Hold::verify`]); a hold it
+    /// says is gone is marked lost ([`LossReason::Gone`], unless the backend gave a reason).
+    pub(crate) async fn verify(&self) -> Result<bool> {
+        let Some(shared) = &self.shared else {
+            return Ok(false);
+        };
+        if !shared.check() {
+            return Ok(false);
+        }
+        if shared.hold.verify().await? {
+            Ok(shared.check())
+        } else {
+            shared.signal.mark_lost(LossReason::Gone);
+            Ok(false)
+        }
+    }
+
+    /// Why the hold was lost, once it was.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.shared.as_ref().and_then(|s| s.signal.reason())
+    }
+
+    /// A future that resolves when the hold is lost, at the latest when its lease end passes
+    /// without a renewal. Cheap to call many times; each call gives an independent future that
+    /// owns what it needs.
     ///
     /// ```no_run
     /// # async fn demo(guard: dlock_core::LockGuard) {
     /// tokio::select! {
-    ///     _ = guard.lost() => eprintln!("lost the lock: stop"),
+    ///     _ = guard.lost() => eprintln!("lost the lock: {:?}", guard.loss_reason()),
     ///     _ = async { /* work */ } => {}
     /// }
     /// # }
     /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let signal = self.shared.as_ref().map(|s| s.signal.clone());
+        let shared = self.shared.clone();
         async move {
-            if let Some(signal) = signal {
-                signal.lost().await;
+            let Some(shared) = shared else { return };
+            let lost = shared.signal.lost();
+            tokio::pin!(lost);
+            while shared.check() {
+                tokio::select! {
+                    () = &mut lost => return,
+                    () = sleep_until(shared.lease_end()) => {}
+                }
             }
         }
     }
@@ -343,8 +527,8 @@ impl LockGuard {
     /// How long the hold lasts from now unless renewed, as far as this client knows.
     pub fn remaining(&self) -> Duration {
         match &self.shared {
-            Some(shared) if !shared.signal.is_lost() => {
-                lock(&shared.lease_end).saturating_duration_since(Instant::now())
+            Some(shared) if shared.check() => {
+                shared.lease_end().saturating_duration_since(Instant::now())
             }
             _ => Duration::ZERO,
         }
@@ -354,7 +538,8 @@ impl LockGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] if the hold is gone, [`Error::InvalidArgument`] for a zero `ttl` or a
+    /// [`Error::LockLost`] if the hold is gone (also when it was lost while the call was in
+    /// flight), [`Error::InvalidArgument`] for a zero `ttl`, one above [`Lease::MAX`], or a
     /// watchdog lease (the watchdog already renews it), or the backend's error.
     ///
     /// # Cancel safety
@@ -369,28 +554,34 @@ impl LockGuard {
         if ttl.is_zero() {
             return Err(Error::invalid_argument("ttl", "cannot extend by zero"));
         }
+        if ttl > Lease::MAX {
+            return Err(Error::invalid_argument(
+                "ttl",
+                format!("{ttl:?} is longer than the {:?} maximum", Lease::MAX),
+            ));
+        }
         if shared.lease.is_watchdog() {
             return Err(Error::invalid_argument(
                 "ttl",
                 "extend applies to fixed leases; the watchdog renews this one",
             ));
         }
-        if shared.signal.is_lost() {
+        if !shared.check() {
             return Err(Error::lock_lost(&self.name));
         }
-        let started = Instant::now();
-        let span =
-            tracing::debug_span!("dlock.extend", backend = shared.backend, lock = %self.name);
+        let sent = Instant::now();
+        let span = tracing::debug_span!("dlock.extend", backend = shared.backend, kind = %shared.kind, lock = %self.name);
         match shared.hold.extend(ttl).instrument(span).await {
+            // The hold may have been lost (and its keeper released it) while the call was in
+            // flight: then the extension does not count.
+            Ok(()) if shared.signal.is_lost() => Err(Error::lock_lost(&self.name)),
             Ok(()) => {
-                *lock(&shared.lease_end) = started + ttl;
+                shared.set_lease_end(later(sent, ttl));
                 shared.extended.notify_one();
                 Ok(())
             }
             Err(e @ Error::LockLost { .. }) => {
-                shared
-                    .signal
-                    .mark_lost(&self.name, "extend found the hold gone");
+                shared.signal.mark_lost(LossReason::Gone);
                 Err(e)
             }
             Err(e) => Err(e),
@@ -414,14 +605,13 @@ impl LockGuard {
             return Err(Error::lock_lost(&self.name));
         };
         if !shared.leave() {
-            return if shared.signal.is_lost() {
-                Err(Error::lock_lost(&self.name))
-            } else {
+            return if shared.check() {
                 Ok(())
+            } else {
+                Err(Error::lock_lost(&self.name))
             };
         }
-        let span =
-            tracing::debug_span!("dlock.release", backend = shared.backend, lock = %self.name);
+        let span = tracing::debug_span!("dlock.release", backend = shared.backend, kind = %shared.kind, lock = %self.name);
         let mut pending = PendingRelease(Some(shared));
         let result = match &pending.0 {
             Some(shared) => shared.release_remote().instrument(span).await,
@@ -461,17 +651,22 @@ fn release_in_background(shared: Arc<Shared>) {
     if shared.signal.is_lost() {
         return;
     }
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        let span = tracing::debug_span!("dlock.release", backend = shared.backend, lock = %shared.name, background = true);
-        runtime.spawn(
-            async move {
-                if let Err(e) = shared.release_remote().await {
-                    tracing::warn!(error = %e, "background release failed; the lease will end the hold");
-                }
+    let Some(runtime) = Handle::try_current()
+        .ok()
+        .or_else(|| shared.runtime.clone())
+    else {
+        return;
+    };
+    let span = tracing::debug_span!("dlock.release", backend = shared.backend, kind = %shared.kind, lock = %shared.name, background = true);
+    // A runtime that is shutting down refuses new tasks quietly; the lease then ends the hold.
+    runtime.spawn(
+        async move {
+            if let Err(e) = shared.release_remote().await {
+                tracing::warn!(error = %e, "background release failed; the lease will end the hold");
             }
-            .instrument(span),
-        );
-    }
+        }
+        .instrument(span),
+    );
 }
 
 impl Drop for LockGuard {

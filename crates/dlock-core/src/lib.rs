@@ -6,21 +6,28 @@
 )]
 
 mod error;
+mod ext;
 mod guard;
+mod handles;
 mod keeper;
+mod loss;
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+mod metrics;
 mod multi;
 mod name;
 mod options;
 mod reentrancy;
+mod time;
 mod traits;
 mod url;
 
 pub use crate::error::{BoxError, Error, Result};
-pub use crate::guard::{Hold, HoldSignal, HoldState, LockGuard, NewHold};
-pub use crate::multi::{MultiGuard, MultiLock};
+pub use crate::ext::DistributedLockExt;
+pub use crate::guard::{HoldState, LockGuard};
+pub use crate::loss::{LockKind, LossReason};
+pub use crate::multi::{Member, MultiGuard, MultiLock};
 pub use crate::name::{FencingToken, LockName};
 pub use crate::options::{Capabilities, Lease, LockOptions, LockStatus};
-pub use crate::reentrancy::Reentrancy;
 pub use crate::traits::{
     DistributedLock, DistributedReadWriteLock, DistributedSemaphore, DynLock, DynLockProvider,
     DynReadWriteLock, DynSemaphore, LockProvider,
@@ -29,3 +36,46 @@ pub use crate::url::{RedactedUrl, redact};
 
 /// Re-exported so backends implement the traits with the same macro version.
 pub use async_trait::async_trait;
+
+/// What backend authors need and users do not: the hold a backend hands to the core, the
+/// generic handles that implement the contract traits over one "acquire until this deadline"
+/// per primitive, and the time helpers every deadline and lease goes through.
+///
+/// A backend implements [`RawLock`](backend::RawLock) (and, if it can,
+/// [`RawReadWriteLock`](backend::RawReadWriteLock) and [`RawSemaphore`](backend::RawSemaphore)),
+/// builds a [`LockGuard`] with [`NewHold`](backend::NewHold) as soon as the store granted a hold,
+/// and returns [`Lock`](backend::Lock) (and friends) from its [`LockProvider`]: the core
+/// supplies names, options, `acquire`, `try_acquire`, re-entry, the read→write deadlock check
+/// and the `dlock.acquire` span.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlock_core::backend::{HandleInfo, Lock, RawLock, Request};
+/// use dlock_core::{DistributedLock, LockGuard, LockName, LockOptions, Result, async_trait};
+///
+/// #[derive(Debug)]
+/// struct NeverFree;
+///
+/// #[async_trait]
+/// impl RawLock for NeverFree {
+///     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+///         req.deadline.sleep().await; // someone else always holds it
+///         Ok(None)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<()> {
+/// let info = HandleInfo::new("never", "never://", LockName::new("a")?, LockOptions::default());
+/// let lock: dlock_core::DynLock = Arc::new(Lock::new(info, NeverFree));
+/// assert!(lock.try_acquire(std::time::Duration::from_millis(10)).await?.is_none());
+/// # Ok(()) }
+/// ```
+pub mod backend {
+    pub use crate::guard::{Hold, HoldSignal, NewHold};
+    pub use crate::handles::{
+        CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore, ReadWriteLock,
+        Request, Semaphore,
+    };
+    pub use crate::time::{Backoff, Deadline, from_now, later};
+}

@@ -25,6 +25,10 @@ impl Lease {
     /// The default watchdog TTL: 30 seconds (renewed every 10), as in Redisson.
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
+    /// The longest lease (or `extend`) any backend accepts: 365 days. Longer ones are
+    /// [`Error::InvalidArgument`]; a lock meant to outlive that should be renewed.
+    pub const MAX: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
     /// A watchdog lease with the given period.
     pub const fn watchdog(ttl: Duration) -> Self {
         Self::Watchdog { ttl }
@@ -135,6 +139,14 @@ pub struct Capabilities {
     pub read_write: bool,
     /// Counting semaphores.
     pub semaphore: bool,
+    /// A hold lives in one connection to the store (SQL `for-update`: a row lock of that
+    /// connection's transaction). A reset or a network fault that ends the connection ends
+    /// the hold on the server at once, and the server may grant the lock to the next waiter
+    /// before the holder is told (the backend checks the connection between renewals and
+    /// reports [`LossReason::ConnectionLost`](crate::LossReason::ConnectionLost)). Where a
+    /// reset must not let two holders act, fence the resource. False where the hold lives in
+    /// the store and outlasts a connection (it then ends only with its lease or session).
+    pub connection_bound: bool,
     /// The shortest lease the backend accepts.
     pub min_lease: Duration,
 }
@@ -153,6 +165,7 @@ impl Capabilities {
             loss_detection: false,
             read_write: false,
             semaphore: false,
+            connection_bound: false,
             min_lease: Duration::from_millis(1),
         }
     }
@@ -170,6 +183,7 @@ impl Capabilities {
             loss_detection: true,
             read_write: true,
             semaphore: true,
+            connection_bound: false,
             min_lease: Duration::from_millis(1),
         }
     }
@@ -178,12 +192,22 @@ impl Capabilities {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a zero or too-short lease, [`Error::Unsupported`] for an
-    /// option the backend cannot honour.
+    /// [`Error::InvalidArgument`] for a zero, too-short or too-long lease (over
+    /// [`Lease::MAX`]), [`Error::Unsupported`] for an option the backend cannot honour.
     pub fn check(&self, options: &LockOptions) -> Result<()> {
         let ttl = options.lease.ttl();
         if ttl.is_zero() {
             return Err(Error::invalid_argument("lease", "a lease must not be zero"));
+        }
+        if ttl > Lease::MAX {
+            return Err(Error::invalid_argument(
+                "lease",
+                format!(
+                    "{ttl:?} is longer than the {:?} maximum; use a watchdog lease for holds \
+                     that last indefinitely",
+                    Lease::MAX
+                ),
+            ));
         }
         if ttl < self.min_lease {
             return Err(Error::invalid_argument(
@@ -272,6 +296,14 @@ mod tests {
         let short = LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(5)));
         let err = all().check(&short).unwrap_err();
         assert!(err.to_string().contains("shorter"), "{err}");
+        for huge in [Lease::Fixed(Duration::MAX), Lease::watchdog(Duration::MAX)] {
+            let err = all()
+                .check(&LockOptions::new().with_lease(huge))
+                .unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        }
+        let longest = LockOptions::new().with_lease(Lease::Fixed(Lease::MAX));
+        assert!(all().check(&longest).is_ok());
     }
 
     #[test]
@@ -293,34 +325,68 @@ mod tests {
     }
 }
 
-/// What a store records about one lock name, for inspection (`dlock status`).
+/// What a store records about one lock name right now, for inspection
+/// ([`LockProvider::describe`](crate::LockProvider::describe), `dlock status`).
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::{LockKind, LockStatus};
+///
+/// let free = LockStatus::free(Some(41));
+/// assert!(!free.is_held());
+/// let held = LockStatus::held_by(LockKind::Mutex, vec!["client-1:7".into()])
+///     .with_remaining(Some(Duration::from_secs(20)))
+///     .with_last_token(Some(42));
+/// assert!(held.is_held());
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockStatus {
-    /// Whether someone holds the lock.
-    pub held: bool,
-    /// The holder's id as the store records it (a Redis hash field, a znode name, a row's
-    /// owner), where it records one.
-    pub owner: Option<String>,
-    /// How long the hold lasts unless renewed, where the store records it.
+    /// What holds the name: a mutex hold, read holds, the write hold or semaphore permits.
+    /// `None` when nobody holds it.
+    pub kind: Option<crate::LockKind>,
+    /// The holders as the store records them (Redis hash fields, znode names, row owners);
+    /// empty when free.
+    pub holders: Vec<String>,
+    /// How long the hold lasts unless renewed (the shortest, for several holders), where the
+    /// store records it.
     pub remaining: Option<std::time::Duration>,
     /// The last fencing token issued for the name, where the store can tell.
     pub last_token: Option<u64>,
 }
 
 impl LockStatus {
-    /// Builds a status.
-    pub fn new(
-        held: bool,
-        owner: Option<String>,
-        remaining: Option<std::time::Duration>,
-        last_token: Option<u64>,
-    ) -> Self {
+    /// Nobody holds the name.
+    pub fn free(last_token: Option<u64>) -> Self {
         Self {
-            held,
-            owner,
-            remaining,
             last_token,
+            ..Self::default()
         }
+    }
+
+    /// `holders` hold the name as `kind`.
+    pub fn held_by(kind: crate::LockKind, holders: Vec<String>) -> Self {
+        Self {
+            kind: Some(kind),
+            holders,
+            ..Self::default()
+        }
+    }
+
+    /// Sets how long the hold lasts unless renewed.
+    pub fn with_remaining(mut self, remaining: Option<std::time::Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// Sets the last fencing token issued.
+    pub fn with_last_token(mut self, last_token: Option<u64>) -> Self {
+        self.last_token = last_token;
+        self
+    }
+
+    /// Whether someone holds the name.
+    pub fn is_held(&self) -> bool {
+        self.kind.is_some()
     }
 }

@@ -3,10 +3,9 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
-use tokio::time::{Instant, timeout_at};
-
 use crate::error::Result;
 use crate::guard::{LockGuard, Shared, lock};
+use crate::time::Deadline;
 
 /// The re-entry state of one owner (one lock handle and its clones).
 ///
@@ -15,20 +14,15 @@ use crate::guard::{LockGuard, Shared, lock};
 /// when the last of those guards is released. Only one task per owner goes to the server at a
 /// time; the others wait for it and then re-enter, so an owner never contends with itself.
 #[derive(Debug, Default)]
-pub struct Reentrancy {
+pub(crate) struct Reentrancy {
     gate: tokio::sync::Mutex<()>,
     current: Mutex<Weak<Shared>>,
 }
 
 impl Reentrancy {
     /// No hold yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
-    }
-
-    /// Whether the owner holds the lock (and it is not known to be lost).
-    pub fn is_held(&self) -> bool {
-        lock(&self.current).upgrade().is_some_and(|s| s.is_live())
     }
 
     fn reenter(&self) -> Option<LockGuard> {
@@ -39,15 +33,15 @@ impl Reentrancy {
     /// Re-enters the owner's hold, or else runs `acquire` (the backend's acquisition) with the
     /// owner's other acquisitions kept out, and remembers the new hold for later re-entry.
     ///
-    /// `deadline` bounds the wait for another task of the same owner; `None` waits as long as
-    /// it takes. Returns `Ok(None)` if the deadline passed.
+    /// `deadline` bounds the wait for another task of the same owner. Returns `Ok(None)` if
+    /// the deadline passed.
     ///
     /// # Cancel safety
     ///
     /// As cancel safe as `acquire`: waiting for the owner's other tasks holds nothing.
-    pub async fn acquire<F, Fut>(
+    pub(crate) async fn acquire<F, Fut>(
         &self,
-        deadline: Option<Instant>,
+        deadline: Deadline,
         acquire: F,
     ) -> Result<Option<LockGuard>>
     where
@@ -57,12 +51,8 @@ impl Reentrancy {
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));
         }
-        let _gate = match deadline {
-            None => self.gate.lock().await,
-            Some(deadline) => match timeout_at(deadline, self.gate.lock()).await {
-                Ok(gate) => gate,
-                Err(_elapsed) => return Ok(None),
-            },
+        let Some(_gate) = deadline.run(self.gate.lock()).await else {
+            return Ok(None);
         };
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));

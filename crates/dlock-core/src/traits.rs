@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::name::LockName;
-use crate::options::{Capabilities, LockOptions};
+use crate::options::{Capabilities, LockOptions, LockStatus};
 
 /// A lock handle shared behind an `Arc`.
 pub type DynLock = Arc<dyn DistributedLock>;
@@ -47,6 +47,7 @@ pub type DynLockProvider = Arc<dyn LockProvider>;
 /// 12. **MultiLock**: see [`MultiLock`](crate::MultiLock).
 /// 13. **Bad input** is a clear [`Error`](crate::Error), never a panic or a silent rename.
 /// 14. **Dropping a guard** releases in the background (not immediately).
+#[async_trait]
 pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
     /// What this backend can do.
     fn capabilities(&self) -> Capabilities;
@@ -80,6 +81,18 @@ pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
     /// As [`lock`](Self::lock), `InvalidArgument` for zero permits, and `Unsupported` if the
     /// backend has no semaphores.
     fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore>;
+
+    /// What the store records about `name` right now: who holds it and how, for how long,
+    /// and the last fencing token. Reads only: never takes the lock or issues a token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`](crate::Error::InvalidName), connection and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
+    async fn describe(&self, name: &str) -> Result<LockStatus>;
 }
 
 /// A handle on one named mutex. Its clones (through the `Arc`) are the same owner.
@@ -213,4 +226,20 @@ pub trait DistributedSemaphore: fmt::Debug + Send + Sync + 'static {
     ///
     /// Cancel safe.
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>>;
+
+    /// How many of the [`permits`](Self::permits) are free right now, as the store counts
+    /// them (Redisson's `availablePermits`, Curator's leases). Permits whose lease ended count
+    /// as free. A snapshot: another process may take or return one the next moment; use it
+    /// for metrics and admission hints, never instead of `try_acquire`.
+    ///
+    /// # Errors
+    ///
+    /// Connection and backend errors; [`Error::Unsupported`](crate::Error::Unsupported) where
+    /// the backend cannot count (the default).
+    async fn available(&self) -> Result<u32> {
+        Err(crate::Error::unsupported(
+            "dlock",
+            "counting a semaphore's available permits",
+        ))
+    }
 }

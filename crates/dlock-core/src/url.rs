@@ -48,13 +48,30 @@ impl RedactedUrl {
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
     }
 
-    /// The URL without password or query: a stable id for the store.
+    /// The URL without credentials or query, normalised: a stable id for the store.
+    ///
+    /// For the network schemes dlock knows, the host is lower-cased and a missing port becomes
+    /// the scheme's default; a trailing slash goes, so `mysql://DB.example/app/` and
+    /// `mysql://db.example:3306/app` are one store (a [`MultiLock`](crate::MultiLock) orders
+    /// and de-duplicates locks by it). Different host names for one machine (`localhost` and
+    /// `127.0.0.1`) stay different: nothing is resolved.
     pub fn store_id(&self) -> String {
         let mut url = self.0.clone();
         let _ = url.set_password(None);
         let _ = url.set_username("");
         url.set_query(None);
         url.set_fragment(None);
+        if let Some(port) = default_port(url.scheme()) {
+            // Host names of network stores are case-insensitive.
+            if let Some(host) = url.host_str().map(str::to_ascii_lowercase) {
+                let _ = url.set_host(Some(&host));
+            }
+            if url.port().is_none() {
+                let _ = url.set_port(Some(port));
+            }
+        }
+        let path = url.path().trim_end_matches('/').to_owned();
+        url.set_path(&path);
         url.to_string()
     }
 }
@@ -74,6 +91,18 @@ impl fmt::Display for RedactedUrl {
 impl fmt::Debug for RedactedUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "RedactedUrl({self})")
+    }
+}
+
+/// The default port of the schemes dlock serves, for [`RedactedUrl::store_id`].
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "redis" | "rediss" => Some(6379),
+        "mysql" | "mariadb" => Some(3306),
+        "postgres" | "postgresql" => Some(5432),
+        "zk" => Some(2181),
+        "etcd" | "etcds" => Some(2379),
+        _ => None,
     }
 }
 
@@ -130,6 +159,20 @@ mod tests {
         let url =
             RedactedUrl::parse("mysql://root:hunter2@127.0.0.1/db?strategy=optimistic").unwrap();
         assert!(!format!("{url:?} {url}").contains("hunter2"));
-        assert_eq!(url.store_id(), "mysql://127.0.0.1/db");
+        assert_eq!(url.store_id(), "mysql://127.0.0.1:3306/db");
+    }
+
+    #[test]
+    fn store_ids_are_normalised() {
+        let id = |u: &str| RedactedUrl::parse(u).unwrap().store_id();
+        assert_eq!(
+            id("mysql://DB.Example/app/"),
+            id("mysql://db.example:3306/app")
+        );
+        assert_eq!(id("redis://Host"), "redis://host:6379");
+        assert_eq!(id("redis://host:6379/"), "redis://host:6379");
+        assert_eq!(id("redis://u:p@host:7000/1?x=y"), "redis://host:7000/1");
+        assert_ne!(id("redis://host:7000"), id("redis://host:7001"));
+        assert_eq!(id("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
     }
 }

@@ -1,12 +1,13 @@
 //! The in-process store: holds, waiters, fencing counters, and the fault hooks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use dlock_core::backend::{Deadline, Hold, HoldSignal, NewHold, later};
 use dlock_core::{
-    Error, FencingToken, Hold, HoldSignal, Lease, LockGuard, LockName, NewHold, Result, async_trait,
+    Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
@@ -32,13 +33,57 @@ pub(crate) enum Mode {
     Permit(u32),
 }
 
+impl Mode {
+    fn kind(self, kind: Kind) -> LockKind {
+        match (self, kind) {
+            (Self::Permit(_), _) => LockKind::Permit,
+            (Self::Shared, _) => LockKind::Read,
+            (Self::Exclusive, Kind::ReadWrite) => LockKind::Write,
+            (Self::Exclusive, _) => LockKind::Mutex,
+        }
+    }
+}
+
 /// One acquisition request.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Request {
+pub(crate) struct Want {
     pub(crate) owner: u64,
     pub(crate) mode: Mode,
     pub(crate) fair: bool,
     pub(crate) lease: Lease,
+}
+
+/// One provider's line to the store: cut it and that provider (and its clones) can no longer
+/// reach the store, like a client partitioned from its server.
+#[derive(Debug, Default)]
+pub(crate) struct Link {
+    cut: AtomicBool,
+}
+
+impl Link {
+    pub(crate) fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+}
+
+/// Promises the store can break on purpose, to show that the conformance suite catches each.
+#[cfg_attr(not(feature = "sabotage"), allow(dead_code, unreachable_pub))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sabotage {
+    /// Count a hold's lease from when the acquire call started, not from the grant (a waiter
+    /// that waited longer than its lease gets a hold that is already over).
+    LeaseFromCallStart,
+    /// Release and renew the first hold of a name, whoever owns it.
+    OwnerBlindRelease,
+    /// Restart the fencing counter when a name has no holds left.
+    TokensRestart,
+    /// Leave a cancelled waiter in the queue.
+    CancelLeavesWaiter,
+    /// Let semaphore handles with different permit counts each count against their own.
+    PermitCountIgnored,
+    /// Grant every request: no exclusion at all.
+    NoExclusion,
 }
 
 #[derive(Debug)]
@@ -53,7 +98,7 @@ struct HoldRecord {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
-    request: Request,
+    want: Want,
     wake: Arc<Notify>,
 }
 
@@ -61,11 +106,13 @@ struct Waiter {
 struct Entry {
     holds: Vec<HoldRecord>,
     waiters: VecDeque<Waiter>,
+    /// A semaphore's permit count, recorded by its first holder while any permit is held.
+    permits: Option<u32>,
 }
 
 impl Entry {
-    /// Whether `request` is compatible with the holds plus `extra` holds granted in simulation.
-    fn compatible(&self, request: &Request, extra: &[(u64, Mode)]) -> bool {
+    /// Whether `want` is compatible with the holds plus `extra` holds granted in simulation.
+    fn compatible(&self, want: &Want, extra: &[(u64, Mode)]) -> bool {
         let holds = self
             .holds
             .iter()
@@ -73,15 +120,15 @@ impl Entry {
             .chain(extra.iter().copied());
         let mut count = 0u32;
         for (owner, mode) in holds {
-            match (request.mode, mode) {
+            match (want.mode, mode) {
                 // A reader may share with readers and with its own write hold (downgrade).
                 (Mode::Shared, Mode::Shared) => {}
-                (Mode::Shared, Mode::Exclusive) if owner == request.owner => {}
+                (Mode::Shared, Mode::Exclusive) if owner == want.owner => {}
                 (Mode::Permit(_), Mode::Permit(_)) => count += 1,
                 _ => return false,
             }
         }
-        match request.mode {
+        match want.mode {
             Mode::Permit(permits) => count < permits,
             _ => true,
         }
@@ -96,16 +143,14 @@ impl Entry {
         }
     }
 
-    /// Drops expired holds, marking them lost. Returns whether any went.
-    fn prune(&mut self, now: Instant, name: &LockName) -> bool {
+    /// Drops holds whose lease ended in the store. Their guards found out no later (the client
+    /// counts the same lease from the same instant or earlier). Returns whether any went.
+    fn prune(&mut self, now: Instant) -> bool {
         let before = self.holds.len();
-        self.holds.retain(|h| {
-            let live = h.expires > now;
-            if !live {
-                h.signal.mark_lost(name, "the lease expired in the store");
-            }
-            live
-        });
+        self.holds.retain(|h| h.expires > now);
+        if !self.holds.iter().any(|h| matches!(h.mode, Mode::Permit(_))) {
+            self.permits = None;
+        }
         self.holds.len() != before
     }
 
@@ -116,10 +161,10 @@ impl Entry {
         let mut granted: Vec<(u64, Mode)> = Vec::new();
         let mut blocked = false;
         for w in &self.waiters {
-            let can = self.compatible(&w.request, &granted) && !(w.request.fair && blocked);
+            let can = self.compatible(&w.want, &granted) && !(w.want.fair && blocked);
             if can {
                 w.wake.notify_one();
-                granted.push((w.request.owner, w.request.mode));
+                granted.push((w.want.owner, w.want.mode));
             } else {
                 blocked = true;
             }
@@ -136,11 +181,18 @@ impl Entry {
 }
 
 /// Fault hooks; see the `MemoryProvider` methods that set them.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Faults {
     latency: Duration,
     fail_renewals: bool,
     unavailable: bool,
+    sabotage: Vec<Sabotage>,
+}
+
+impl Faults {
+    fn broken(&self, s: Sabotage) -> bool {
+        self.sabotage.contains(&s)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -162,44 +214,53 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+fn unreachable_store(why: &str) -> Error {
+    Error::Connection {
+        backend: BACKEND,
+        message: format!("the store is unreachable ({why})"),
+        source: None,
+    }
+}
+
 impl Store {
     pub(crate) fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn faults(&self) -> Faults {
-        lock(&self.state).faults
-    }
-
-    /// Simulates the round trip to a server: the configured latency, then the outage check.
-    async fn round_trip(&self) -> Result<()> {
-        let faults = self.faults();
-        if !faults.latency.is_zero() {
-            tokio::time::sleep(faults.latency).await;
+    /// Fails like a call to a server that cannot be reached.
+    pub(crate) fn reachable(&self, link: &Link) -> Result<()> {
+        if link.cut.load(Ordering::SeqCst) {
+            return Err(unreachable_store("this client is partitioned from it"));
         }
-        if self.faults().unavailable {
-            return Err(Error::Connection {
-                backend: BACKEND,
-                message: "the store is unavailable (simulated outage)".into(),
-                source: None,
-            });
+        if lock(&self.state).faults.unavailable {
+            return Err(unreachable_store("simulated outage"));
         }
         Ok(())
     }
 
-    /// Acquires `request` on `(kind, name)`, waiting until `deadline` (`None`: forever).
+    /// Simulates the round trip to a server: the configured latency, then the outage checks.
+    async fn round_trip(&self, link: &Link) -> Result<()> {
+        let latency = lock(&self.state).faults.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        self.reachable(link)
+    }
+
+    /// Acquires `want` on `(kind, name)`, waiting until `deadline`.
     ///
     /// Cancel safe: the grant and the guard are made under one lock with no await between, and
     /// a waiter's queue entry is removed when its future is dropped.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
+        link: &Arc<Link>,
         kind: Kind,
         name: &LockName,
-        request: Request,
-        deadline: Option<Instant>,
+        want: Want,
+        deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
-        self.round_trip().await?;
+        let called = Instant::now();
+        self.round_trip(link).await?;
         let key = (kind, name.clone());
         let mut queued: Option<QueueTicket> = None;
         loop {
@@ -207,47 +268,78 @@ impl Store {
                 let mut state = lock(&self.state);
                 let now = Instant::now();
                 let State {
-                    entries, tokens, ..
+                    entries,
+                    tokens,
+                    faults,
                 } = &mut *state;
                 let entry = entries.entry(key.clone()).or_default();
-                if entry.prune(now, name) {
+                if entry.prune(now) {
                     entry.wake();
                 }
+                if let (Mode::Permit(permits), Some(recorded)) = (want.mode, entry.permits)
+                    && permits != recorded
+                    && !faults.broken(Sabotage::PermitCountIgnored)
+                {
+                    if let Some(ticket) = queued.take() {
+                        ticket.disarm(entry);
+                    }
+                    return Err(Error::invalid_argument(
+                        "permits",
+                        format!(
+                            "semaphore {name:?} is in use with {recorded} permits; this handle \
+                             says {permits}"
+                        ),
+                    ));
+                }
                 let me = queued.as_ref().map(|t| t.waiter);
-                let ahead = request.fair && entry.someone_ahead(me);
-                if !ahead && entry.compatible(&request, &[]) {
+                let ahead = want.fair && entry.someone_ahead(me);
+                let free = entry.compatible(&want, &[]) || faults.broken(Sabotage::NoExclusion);
+                if !ahead && free {
                     if let Some(ticket) = queued.take() {
                         ticket.disarm(entry);
                     }
                     let token = tokens.entry(key.clone()).or_insert(0);
                     *token += 1;
+                    // The lease runs from the grant: this instant is when the store said yes.
+                    let sent = if faults.broken(Sabotage::LeaseFromCallStart) {
+                        called
+                    } else {
+                        now
+                    };
                     let signal = HoldSignal::new();
                     let id = self.next_id();
                     entry.holds.push(HoldRecord {
                         id,
-                        owner: request.owner,
-                        mode: request.mode,
-                        expires: started + request.lease.ttl(),
+                        owner: want.owner,
+                        mode: want.mode,
+                        expires: later(sent, want.lease.ttl()),
                         signal: signal.clone(),
                     });
+                    if let Mode::Permit(permits) = want.mode {
+                        entry.permits.get_or_insert(permits);
+                    }
                     // Someone else may share with us (readers, permits).
                     entry.wake();
                     let hold = Arc::new(MemoryHold {
                         store: Arc::clone(self),
+                        link: Arc::clone(link),
                         key: key.clone(),
                         id,
                     });
-                    return Ok(Some(LockGuard::new(NewHold::new(
-                        BACKEND,
-                        name.clone(),
-                        FencingToken::new(*token),
-                        request.lease,
-                        started,
-                        hold,
-                        signal,
-                    ))));
+                    return Ok(Some(LockGuard::new(
+                        NewHold::new(
+                            BACKEND,
+                            want.mode.kind(kind),
+                            name.clone(),
+                            FencingToken::new(*token),
+                            want.lease,
+                            sent,
+                            hold,
+                        )
+                        .with_signal(signal),
+                    )));
                 }
-                if deadline.is_some_and(|d| now >= d) {
+                if deadline.has_passed() {
                     if let Some(ticket) = queued.take() {
                         ticket.disarm(entry);
                         entry.wake();
@@ -259,7 +351,7 @@ impl Store {
                     let wake = Arc::new(Notify::new());
                     entry.waiters.push_back(Waiter {
                         id,
-                        request,
+                        want,
                         wake: Arc::clone(&wake),
                     });
                     QueueTicket {
@@ -272,7 +364,7 @@ impl Store {
                 });
                 (Arc::clone(&ticket.wake), entry.next_expiry())
             };
-            let wake_at = match (deadline, next_expiry) {
+            let wake_at = match (deadline.instant(), next_expiry) {
                 (Some(d), Some(e)) => Some(d.min(e)),
                 (d, e) => d.or(e),
             };
@@ -285,31 +377,46 @@ impl Store {
                 }
                 None => wake.notified().await,
             }
-            if self.faults().unavailable {
-                return Err(Error::Connection {
-                    backend: BACKEND,
-                    message: "the store is unavailable (simulated outage)".into(),
-                    source: None,
-                });
-            }
+            self.reachable(link)?;
+        }
+    }
+
+    /// The index of hold `id` in `entry`, or (sabotaged) of any hold.
+    fn find(entry: &Entry, id: u64, owner_blind: bool) -> Option<usize> {
+        if owner_blind {
+            (!entry.holds.is_empty()).then_some(0)
+        } else {
+            entry.holds.iter().position(|h| h.id == id)
         }
     }
 
     fn release(&self, key: &(Kind, LockName), id: u64) -> Result<()> {
         let mut state = lock(&self.state);
         let now = Instant::now();
+        let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
+        let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
         let Some(entry) = state.entries.get_mut(key) else {
             return Err(Error::lock_lost(&key.1));
         };
-        entry.prune(now, &key.1);
-        let Some(at) = entry.holds.iter().position(|h| h.id == id) else {
+        entry.prune(now);
+        let Some(at) = Self::find(entry, id, owner_blind) else {
             entry.wake();
             return Err(Error::lock_lost(&key.1));
         };
         entry.holds.swap_remove(at);
+        if !entry
+            .holds
+            .iter()
+            .any(|h| matches!(h.mode, Mode::Permit(_)))
+        {
+            entry.permits = None;
+        }
         entry.wake();
         if entry.is_empty() {
             state.entries.remove(key);
+            if restart_tokens {
+                state.tokens.remove(key);
+            }
         }
         Ok(())
     }
@@ -323,14 +430,16 @@ impl Store {
                 source: None,
             });
         }
+        let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
         let now = Instant::now();
         let hold = state.entries.get_mut(key).and_then(|entry| {
-            entry.prune(now, &key.1);
-            entry.holds.iter_mut().find(|h| h.id == id)
+            entry.prune(now);
+            let at = Self::find(entry, id, owner_blind)?;
+            entry.holds.get_mut(at)
         });
         match hold {
             Some(hold) => {
-                hold.expires = now + ttl;
+                hold.expires = later(now, ttl);
                 Ok(())
             }
             None => Err(Error::lock_lost(&key.1)),
@@ -341,18 +450,110 @@ impl Store {
 
     pub(crate) fn force_expire(&self, name: &str) -> usize {
         let mut state = lock(&self.state);
+        let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
         let mut expired = 0;
-        state.entries.retain(|(_, n), entry| {
-            if n.as_str() == name {
+        let State {
+            entries, tokens, ..
+        } = &mut *state;
+        entries.retain(|key, entry| {
+            if key.1.as_str() == name {
                 for h in entry.holds.drain(..) {
-                    h.signal.mark_lost(n, "expired by a test hook");
+                    h.signal.mark_lost(LossReason::Forced);
                     expired += 1;
                 }
+                entry.permits = None;
                 entry.wake();
             }
-            !entry.is_empty()
+            let keep = !entry.is_empty();
+            if !keep && restart_tokens {
+                tokens.remove(key);
+            }
+            keep
         });
         expired
+    }
+
+    /// Removes every hold on `name` without telling the holders, like an operator deleting
+    /// keys behind their backs: they find out when they next talk to the store.
+    pub(crate) fn drop_holds(&self, name: &str) -> usize {
+        let mut state = lock(&self.state);
+        let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
+        let mut dropped = 0;
+        let State {
+            entries, tokens, ..
+        } = &mut *state;
+        entries.retain(|key, entry| {
+            if key.1.as_str() == name {
+                dropped += entry.holds.len();
+                entry.holds.clear();
+                entry.permits = None;
+                entry.wake();
+            }
+            let keep = !entry.is_empty();
+            if !keep && restart_tokens {
+                tokens.remove(key);
+            }
+            keep
+        });
+        dropped
+    }
+
+    /// What the store holds for `name` (the first primitive found holding it) and the last
+    /// token issued for it.
+    pub(crate) fn describe(&self, name: &str) -> dlock_core::LockStatus {
+        let mut state = lock(&self.state);
+        let now = Instant::now();
+        let last_token = state
+            .tokens
+            .iter()
+            .filter(|((_, n), _)| n.as_str() == name)
+            .map(|(_, t)| *t)
+            .max();
+        for ((kind, n), entry) in &mut state.entries {
+            if n.as_str() != name {
+                continue;
+            }
+            entry.prune(now);
+            let Some(first) = entry.holds.first() else {
+                continue;
+            };
+            let lock_kind = first.mode.kind(*kind);
+            let holders = entry
+                .holds
+                .iter()
+                .map(|h| format!("hold-{}", h.id))
+                .collect();
+            let remaining = entry
+                .next_expiry()
+                .map(|e| e.saturating_duration_since(now));
+            return dlock_core::LockStatus::held_by(lock_kind, holders)
+                .with_remaining(remaining)
+                .with_last_token(last_token);
+        }
+        dlock_core::LockStatus::free(last_token)
+    }
+
+    /// Free permits of semaphore `name` out of `permits`: ended leases count as free.
+    pub(crate) async fn available(
+        &self,
+        link: &Link,
+        name: &LockName,
+        permits: u32,
+    ) -> Result<u32> {
+        self.round_trip(link).await?;
+        let mut state = lock(&self.state);
+        let Some(entry) = state.entries.get_mut(&(Kind::Semaphore, name.clone())) else {
+            return Ok(permits);
+        };
+        if entry.prune(Instant::now()) {
+            entry.wake();
+        }
+        let taken = entry
+            .holds
+            .iter()
+            .filter(|h| matches!(h.mode, Mode::Permit(_)))
+            .count();
+        Ok(permits.saturating_sub(u32::try_from(taken).unwrap_or(u32::MAX)))
     }
 
     pub(crate) fn count(&self, name: &str) -> (usize, usize) {
@@ -361,7 +562,7 @@ impl Store {
         let mut counts = (0, 0);
         for ((_, n), entry) in &mut state.entries {
             if n.as_str() == name {
-                if entry.prune(now, n) {
+                if entry.prune(now) {
                     entry.wake();
                 }
                 counts.0 += entry.holds.len();
@@ -381,6 +582,11 @@ impl Store {
 
     pub(crate) fn set_unavailable(&self, unavailable: bool) {
         lock(&self.state).faults.unavailable = unavailable;
+    }
+
+    #[cfg_attr(not(feature = "sabotage"), allow(dead_code))]
+    pub(crate) fn sabotage(&self, s: Sabotage) {
+        lock(&self.state).faults.sabotage.push(s);
     }
 }
 
@@ -408,6 +614,9 @@ impl Drop for QueueTicket {
             return;
         }
         let mut state = lock(&self.store.state);
+        if state.faults.broken(Sabotage::CancelLeavesWaiter) {
+            return;
+        }
         if let Some(entry) = state.entries.get_mut(&self.key) {
             entry.waiters.retain(|w| w.id != self.waiter);
             entry.wake();
@@ -422,6 +631,7 @@ impl Drop for QueueTicket {
 #[derive(Debug)]
 struct MemoryHold {
     store: Arc<Store>,
+    link: Arc<Link>,
     key: (Kind, LockName),
     id: u64,
 }
@@ -429,12 +639,12 @@ struct MemoryHold {
 #[async_trait]
 impl Hold for MemoryHold {
     async fn release(&self) -> Result<()> {
-        self.store.round_trip().await?;
+        self.store.round_trip(&self.link).await?;
         self.store.release(&self.key, self.id)
     }
 
     async fn extend(&self, ttl: Duration) -> Result<()> {
-        self.store.round_trip().await?;
+        self.store.round_trip(&self.link).await?;
         self.store.extend(&self.key, self.id, ttl)
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_conformance::{Factory, async_trait};
+use dlock_conformance::{Factory, Partition, async_trait};
 use dlock_core::{DynLockProvider, Result};
 use dlock_memory::MemoryProvider;
 
@@ -30,14 +30,32 @@ impl MemoryFactory {
     }
 }
 
+/// The memory store's own partition hook.
+struct Cut(MemoryProvider);
+
+impl Partition for Cut {
+    fn set_partitioned(&self, partitioned: bool) {
+        self.0.set_partitioned(partitioned);
+    }
+}
+
 #[async_trait]
 impl Factory for MemoryFactory {
     fn label(&self) -> String {
-        format!("memory (latency {:?})", self.latency)
+        if self.latency.is_zero() {
+            "memory".into()
+        } else {
+            format!("memory (latency {:?})", self.latency)
+        }
     }
 
     async fn connect(&self) -> Result<DynLockProvider> {
         Ok(Arc::new(self.provider()))
+    }
+
+    async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        let p = self.provider();
+        Some(Ok((Arc::new(p.clone()), Box::new(Cut(p)))))
     }
 
     fn short_lease(&self) -> Duration {
@@ -49,7 +67,7 @@ impl Factory for MemoryFactory {
     }
 
     async fn force_expire(&self, name: &str) -> Option<Result<()>> {
-        self.provider().force_expire(name);
+        self.provider().drop_holds(name);
         Some(Ok(()))
     }
 

@@ -2,11 +2,10 @@
 //! the wait between attempts, and the hold it becomes.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use dlock_core::{
-    Error, FencingToken, Hold, HoldSignal, Lease, LockGuard, LockName, NewHold, Result, async_trait,
-};
+use dlock_core::backend::{Backoff, Deadline, Hold, HoldSignal, NewHold};
+use dlock_core::{Error, FencingToken, Lease, LockGuard, LockKind, LockName, Result, async_trait};
 use redis::{Script, Value};
 use tokio::time::Instant;
 
@@ -37,6 +36,9 @@ enum Attempt {
     Granted(u64),
     /// Not granted; retry after this long at the latest (`None`: only when woken).
     Busy(Option<Duration>),
+    /// This acquisition already holds: the script ran before (a re-sent call) and its token
+    /// is lost. Give the hold back and try again.
+    Repeated,
 }
 
 /// One acquisition: the lock's keys and the hash field (`<client uuid>:<hold id>`) it holds as.
@@ -50,12 +52,6 @@ pub(crate) struct Acquisition {
     pub(crate) lease: Lease,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -67,16 +63,26 @@ fn read_attempt(reply: Value) -> Result<Attempt> {
         _ => return Err(unexpected("acquire", &reply)),
     };
     match pair {
-        (Value::Int(-1), Value::Int(token)) => u64::try_from(*token)
+        (Value::Int(-1), Value::Int(token)) if *token >= 0 => u64::try_from(*token)
             .map(Attempt::Granted)
             .map_err(|_| unexpected("acquire token", &reply)),
         // -2: the key vanished between the checks: try again at once.
         (Value::Int(-2), _) => Ok(Attempt::Busy(Some(Duration::ZERO))),
+        // -3: a semaphore in use with another number of permits.
+        (Value::Int(-3), Value::Int(size)) => Err(Error::invalid_argument(
+            "permits",
+            format!(
+                "the semaphore is in use with {size} permits; this handle counts a different \
+                 number (handles must agree while any permit is held)"
+            ),
+        )),
         (Value::Int(pttl), _) if *pttl >= 0 => Ok(Attempt::Busy(Some(Duration::from_millis(
             u64::try_from(*pttl).unwrap_or(0),
         )))),
-        // A holder without expiry (a foreign client's key): wake on messages only.
-        (Value::Int(_), _) => Ok(Attempt::Busy(None)),
+        (Value::Int(-5), _) => Ok(Attempt::Repeated),
+        // -1: a holder without expiry (a foreign client's key); -4: no permit free and none
+        // expiring (held without expiry). Only a message can help: wake on messages only.
+        (Value::Int(-4 | -1), _) => Ok(Attempt::Busy(None)),
         _ => Err(unexpected("acquire", &reply)),
     }
 }
@@ -84,7 +90,8 @@ fn read_attempt(reply: Value) -> Result<Attempt> {
 /// How many times a call is retried after a connection error.
 const RETRIES: usize = 2;
 
-/// Longest sleep without a message when the holder's key has no expiry.
+/// Longest sleep without a message: when the holder's key has no expiry, and the cap on every
+/// other wait (so a lost wake-up message costs at most this long).
 const NO_TTL_RECHECK: Duration = Duration::from_secs(5);
 
 impl Acquisition {
@@ -139,12 +146,12 @@ impl Acquisition {
                     &*scripts::FAIR_TRY
                 };
                 let wait = ms(self.inner.fair_wait).to_string();
-                let now = now_ms().to_string();
+                // ARGV[4] (now) is set by the script from the server's clock.
                 self.run(
                     "acquire",
                     script,
                     &[&k.name, &k.queue, &k.timeouts, &k.token],
-                    &[lease.as_bytes(), field, wait.as_bytes(), now.as_bytes()],
+                    &[lease.as_bytes(), field, wait.as_bytes(), b"".as_slice()],
                 )
                 .await?
             }
@@ -169,19 +176,23 @@ impl Acquisition {
                 .await?
             }
             Kind::Permit { permits, id } => {
-                let now = now_ms();
-                let expiry = now.saturating_add(self.lease_ms()).to_string();
+                // The expiry and now (ARGV 2 and 3) come from the server's clock.
                 let permits = permits.to_string();
-                let now = now.to_string();
                 self.run(
                     "acquire permit",
                     &scripts::SEM_ACQUIRE,
-                    &[&k.name, &k.sem_timeouts, &k.sem_channel, &k.token],
+                    &[
+                        &k.name,
+                        &k.sem_timeouts,
+                        &k.sem_channel,
+                        &k.token,
+                        &k.sem_size,
+                    ],
                     &[
                         permits.as_bytes(),
-                        expiry.as_bytes(),
-                        now.as_bytes(),
                         b"",
+                        b"",
+                        lease.as_bytes(),
                         self.publish().as_bytes(),
                         id,
                     ],
@@ -219,7 +230,6 @@ impl Acquisition {
                 .await?
             }
             Kind::Fair => {
-                let now = now_ms().to_string();
                 self.run(
                     "release",
                     &scripts::FAIR_UNLOCK,
@@ -228,7 +238,7 @@ impl Acquisition {
                         pubsub::UNLOCK.as_bytes(),
                         lease.as_bytes(),
                         field,
-                        now.as_bytes(),
+                        b"",
                         publish,
                     ],
                 )
@@ -259,12 +269,11 @@ impl Acquisition {
                 .await?
             }
             Kind::Permit { id, .. } => {
-                let now = now_ms().to_string();
                 self.run(
                     "release permit",
                     &scripts::SEM_RELEASE,
                     &[&k.name, &k.sem_channel, &k.sem_timeouts],
-                    &[id, now.as_bytes(), publish],
+                    &[id, b"", publish],
                 )
                 .await?
             }
@@ -277,6 +286,36 @@ impl Acquisition {
     }
 
     /// Renews the hold for `ttl`. `Ok(false)`: it is not ours (any more).
+    /// Whether the store still has this hold (one round trip; changes nothing).
+    pub(crate) async fn still_held(&self) -> Result<bool> {
+        let k = &self.keys;
+        let reply = match &self.kind {
+            Kind::Permit { id, .. } => {
+                self.run(
+                    "check permit",
+                    &scripts::HELD,
+                    &[&k.sem_timeouts],
+                    &[id.as_slice(), b"zset".as_slice()],
+                )
+                .await?
+            }
+            _ => {
+                self.run(
+                    "check hold",
+                    &scripts::HELD,
+                    &[&k.name],
+                    &[self.field.as_bytes(), b"hash".as_slice()],
+                )
+                .await?
+            }
+        };
+        match reply {
+            Value::Int(1) => Ok(true),
+            Value::Int(0) => Ok(false),
+            other => Err(unexpected("check hold", other)),
+        }
+    }
+
     async fn renew(&self, ttl: Duration) -> Result<bool> {
         let k = &self.keys;
         let ttl_ms = ms(ttl).to_string();
@@ -301,12 +340,11 @@ impl Acquisition {
                 .await?
             }
             Kind::Permit { id, .. } => {
-                let expiry = now_ms().saturating_add(ms(ttl)).to_string();
                 self.run(
                     "renew permit",
                     &scripts::SEM_RENEW,
                     &[&k.sem_timeouts],
-                    &[expiry.as_bytes(), id],
+                    &[ttl_ms.as_bytes(), id],
                 )
                 .await?
             }
@@ -322,81 +360,170 @@ impl Acquisition {
     /// may have been granted by a call whose answer was never read. Every step is
     /// owner-checked, so it cannot touch anyone else's hold.
     async fn undo(&self) -> Result<()> {
+        // Both steps run whatever the other did (review M5): a failed leave must not keep a
+        // hold that the unanswered call may have granted.
+        let mut left = Ok(());
         if let Kind::Fair = self.kind {
             let wait = ms(self.inner.fair_wait).to_string();
             let k = &self.keys;
-            self.run(
-                "leave queue",
-                &scripts::FAIR_LEAVE,
-                &[&k.queue, &k.timeouts],
-                &[self.field.as_bytes(), wait.as_bytes()],
-            )
-            .await?;
+            left = self
+                .run(
+                    "leave queue",
+                    &scripts::FAIR_LEAVE,
+                    &[&k.queue, &k.timeouts, &k.name, &k.channel],
+                    &[
+                        self.field.as_bytes(),
+                        wait.as_bytes(),
+                        pubsub::UNLOCK.as_bytes(),
+                        self.publish().as_bytes(),
+                    ],
+                )
+                .await
+                .map(|_| ());
+            if let Err(e) = &left {
+                tracing::debug!(lock = %self.name, error = %e, "could not leave the fair queue");
+            }
         }
-        self.release().await.map(|_| ())
+        let released = self.release().await.map(|_| ());
+        left.and(released)
     }
 
     /// [`attempt`](Self::attempt), retried after a connection error a reconnect may cure (a
     /// killed connection fails the first call on it). What the failed call may have done is
-    /// undone first, so a retry can never hold twice.
-    async fn attempt_retrying(&self, queue: bool) -> Result<Attempt> {
-        let mut pause = Duration::from_millis(20);
+    /// undone first, so a retry can never hold twice. Also returns when the answered call was
+    /// sent: a granted lease runs from there.
+    async fn attempt_retrying(&self, queue: bool) -> Result<(Attempt, Instant)> {
+        let mut pause = Backoff::new(Duration::from_millis(20), Duration::from_millis(320));
         for _ in 0..RETRIES {
+            let sent = Instant::now();
             match self.attempt(queue).await {
+                Ok(Attempt::Repeated) => {
+                    tracing::debug!(lock = %self.name, "acquire script ran twice; giving the hold back");
+                    self.undo().await?;
+                }
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(lock = %self.name, error = %e, "acquire attempt failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause *= 4;
+                    pause.wait().await;
                     if self.undo().await.is_err() {
                         return Err(e);
                     }
                 }
-                other => return other,
+                other => return other.map(|a| (a, sent)),
             }
         }
-        self.attempt(queue).await
+        let sent = Instant::now();
+        match self.attempt(queue).await? {
+            Attempt::Repeated => {
+                self.undo().await?;
+                Err(Error::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "acquire of {:?}: the script kept running twice (a client retry); \
+                         gave the hold back",
+                        self.name
+                    ),
+                    retryable: true,
+                    source: None,
+                })
+            }
+            a => Ok((a, sent)),
+        }
     }
 
-    /// Acquires, waiting until `deadline` (`None`: as long as it takes).
+    /// Turns a grant into a guard once it is safe from a failover: with `?wait_replicas=N`,
+    /// once N replicas acknowledged it (`WAIT`). If fewer do in time, the grant is given back
+    /// (the undo stays armed until then) and the acquire fails with a retryable error, so no
+    /// guard carries a grant that a failover could hand to someone else with the same token.
+    async fn confirm(&self, undo: Undo, token: u64, sent: Instant) -> Result<Option<LockGuard>> {
+        let want = self.inner.wait_replicas;
+        if want == 0 {
+            return Ok(Some(undo.grant(token, sent)));
+        }
+        let timeout = self.inner.wait_timeout;
+        let acked = self.inner.conn.wait_replicas(want, timeout).await;
+        match acked {
+            Ok(got) if got >= want => Ok(Some(undo.grant(token, sent))),
+            Ok(got) => {
+                undo.give_back().await;
+                Err(Error::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "only {got} of {want} replicas acknowledged the grant of {:?} within \
+                         {timeout:?}; gave it back",
+                        self.name
+                    ),
+                    retryable: true,
+                    source: None,
+                })
+            }
+            Err(e) => {
+                undo.give_back().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Acquires, waiting until `deadline`.
     ///
     /// Cancel safe: while a call that may grant the lock is in flight, and while a fair waiter
     /// is queued, an undo is armed that runs in the background if this future is dropped.
     pub(crate) async fn run_until(
         self: Arc<Self>,
-        deadline: Option<Instant>,
+        deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
-        let queue = deadline.is_none_or(|d| d > started);
+        let queue = !deadline.has_passed();
         let undo = Undo {
             acq: Arc::clone(&self),
             armed: true,
         };
-        if let Attempt::Granted(token) = self.attempt_retrying(queue).await? {
-            return Ok(Some(undo.grant(token, started)));
+        if let (Attempt::Granted(token), sent) = self.attempt_retrying(queue).await? {
+            return self.confirm(undo, token, sent).await;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            undo.finish(queue).await;
+        if deadline.has_passed() {
+            undo.finish(queue, false).await;
             return Ok(None);
         }
         let (channel, kind) = self.channel();
         let listener = self.inner.subs.listen(&channel, kind).await?;
+        let mut outage = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        // Whether the last attempt failed: its script may have run with the answer lost.
+        let mut uncertain = false;
         loop {
             // Tried, subscribed, try again: a release between the two is not missed.
-            let tried = Instant::now();
             let attempt = self.attempt_retrying(true).await;
             listener.consumed();
-            let wait = match attempt? {
-                Attempt::Granted(token) => return Ok(Some(undo.grant(token, tried))),
-                Attempt::Busy(wait) => wait,
+            let wait = match attempt {
+                Ok((Attempt::Granted(token), sent)) => {
+                    return self.confirm(undo, token, sent).await;
+                }
+                Ok((Attempt::Busy(wait), _)) => {
+                    outage.reset();
+                    uncertain = false;
+                    wait
+                }
+                // attempt_retrying never returns it; try again at once if it did.
+                Ok((Attempt::Repeated, _)) => Some(Duration::ZERO),
+                // The server is away (a restart, a failover): a waiter keeps waiting until its
+                // deadline, trying again with a growing pause. Whatever a lost reply granted
+                // is found by the next attempt (the scripts are idempotent) and given back.
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(lock = %self.name, error = %e, "store unreachable while waiting; trying again");
+                    let pause = outage.next_pause();
+                    uncertain = true;
+                    Some(pause)
+                }
+                Err(e) => return Err(e),
             };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                undo.finish(true).await;
+            if deadline.has_passed() {
+                undo.finish(true, uncertain).await;
                 return Ok(None);
             }
-            let retry = now + wait.unwrap_or(NO_TTL_RECHECK);
-            let until = deadline.map_or(retry, |d| d.min(retry));
-            listener.wait(Some(until)).await;
+            // Bounded even when a wake-up message is due: one lost message (a pub/sub
+            // connection that died with a restart) costs at most NO_TTL_RECHECK.
+            let until = deadline.wake_after(wait.unwrap_or(NO_TTL_RECHECK).min(NO_TTL_RECHECK));
+            if deadline.run(listener.resubscribe()).await.is_some() {
+                listener.wait(Some(until)).await;
+            }
         }
     }
 }
@@ -409,27 +536,59 @@ struct Undo {
 
 impl Undo {
     /// Disarms and turns the granted acquisition into a guard, with no await in between.
-    fn grant(mut self, token: u64, started: Instant) -> LockGuard {
+    fn grant(mut self, token: u64, sent: Instant) -> LockGuard {
         self.armed = false;
-        LockGuard::new(NewHold::new(
-            BACKEND,
-            self.acq.name.clone(),
-            FencingToken::new(token),
-            self.acq.lease,
-            started,
-            Arc::new(RedisHold(Arc::clone(&self.acq))),
-            HoldSignal::new(),
-        ))
+        let kind = match self.acq.kind {
+            Kind::Mutex | Kind::Fair => LockKind::Mutex,
+            Kind::Read { .. } => LockKind::Read,
+            Kind::Write => LockKind::Write,
+            Kind::Permit { .. } => LockKind::Permit,
+        };
+        let signal = HoldSignal::new();
+        let id = self.acq.inner.register(&self.acq, &signal);
+        LockGuard::new(
+            NewHold::new(
+                BACKEND,
+                kind,
+                self.acq.name.clone(),
+                FencingToken::new(token),
+                self.acq.lease,
+                sent,
+                Arc::new(RedisHold {
+                    acq: Arc::clone(&self.acq),
+                    id,
+                }),
+            )
+            .with_signal(signal),
+        )
     }
 
-    /// Gives up: undoes now if something may be left (a fair waiter's queue entry).
-    async fn finish(mut self, queued: bool) {
-        self.armed = false;
-        if queued
-            && matches!(self.acq.kind, Kind::Fair)
-            && let Err(e) = self.acq.undo().await
-        {
-            tracing::warn!(lock = %self.acq.name, error = %e, "could not leave the fair queue; the entry expires with its wait");
+    /// Gives a grant back (its replicas did not acknowledge it); stays armed if that fails,
+    /// so the drop tries again in the background.
+    async fn give_back(mut self) {
+        match self.acq.undo().await {
+            Ok(()) => self.armed = false,
+            Err(e) => {
+                tracing::warn!(lock = %self.acq.name, error = %e, "could not give back an unreplicated grant; trying again in the background");
+            }
+        }
+    }
+
+    /// Gives up: undoes what may be left (a fair waiter's queue entry, or, after an attempt
+    /// whose answer was lost, a hold it may have been granted). Stays armed until the undo
+    /// has run and succeeded: if this future is dropped meanwhile, or the undo fails, the drop
+    /// runs it again in the background (undoing twice is harmless).
+    async fn finish(mut self, queued: bool, uncertain: bool) {
+        let fair_entry = queued && matches!(self.acq.kind, Kind::Fair);
+        if !fair_entry && !uncertain {
+            self.armed = false;
+            return;
+        }
+        match self.acq.undo().await {
+            Ok(()) => self.armed = false,
+            Err(e) => {
+                tracing::warn!(lock = %self.acq.name, error = %e, "could not undo a given-up acquisition; trying again in the background");
+            }
         }
     }
 }
@@ -451,26 +610,38 @@ impl Drop for Undo {
 
 /// The backend side of a Redis hold.
 #[derive(Debug)]
-pub(crate) struct RedisHold(Arc<Acquisition>);
+pub(crate) struct RedisHold {
+    acq: Arc<Acquisition>,
+    /// Its registration with the provider, for the check after a disconnection.
+    id: u64,
+}
+
+impl Drop for RedisHold {
+    fn drop(&mut self) {
+        self.acq.inner.unregister(self.id);
+    }
+}
 
 #[async_trait]
 impl Hold for RedisHold {
     async fn release(&self) -> Result<()> {
-        match self.0.release().await {
+        // No check after a disconnection may call a hold being released lost.
+        self.acq.inner.unregister(self.id);
+        match self.acq.release().await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Error::lock_lost(&self.0.name)),
+            Ok(false) => Err(Error::lock_lost(&self.acq.name)),
             // A killed connection fails the first call on it; the unlock is owner-checked, so
             // one more try is safe. Its "not held" then may mean the first one did release.
-            Err(e) if e.is_retryable() => self.0.release().await.map(|_| ()),
+            Err(e) if e.is_retryable() => self.acq.release().await.map(|_| ()),
             Err(e) => Err(e),
         }
     }
 
     async fn extend(&self, ttl: Duration) -> Result<()> {
-        if self.0.renew(ttl).await? {
+        if self.acq.renew(ttl).await? {
             Ok(())
         } else {
-            Err(Error::lock_lost(&self.0.name))
+            Err(Error::lock_lost(&self.acq.name))
         }
     }
 }

@@ -14,6 +14,7 @@ use dlock_core::{Error, RedactedUrl, Result};
 /// | `cluster` | `true`: the host is a seed of a Redis Cluster | `false` |
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
 /// | `fair_wait_ms` | how long a queued fair waiter has to take its turn before others skip it (Redisson's `fairLockWaitTimeout`) | `300000` |
+/// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedisConfig {
@@ -25,6 +26,12 @@ pub struct RedisConfig {
     pub response_timeout: Duration,
     /// How long a queued fair waiter has to take its turn (Redisson's `fairLockWaitTimeout`).
     pub fair_wait: Duration,
+    /// Replicas that must acknowledge a grant before `acquire` returns it (`WAIT`, within half
+    /// the response timeout); if fewer do, the grant is given back and the acquire fails with
+    /// a retryable error. A failover to an acknowledging replica then cannot hand the lock and
+    /// an equal or lower fencing token to someone else. `0` (the default) does not wait.
+    /// Single server only (a replica set behind one master); refused for a cluster.
+    pub wait_replicas: u32,
 }
 
 impl RedisConfig {
@@ -32,8 +39,8 @@ impl RedisConfig {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for another scheme, a missing host, or a bad query parameter. The
-    /// message never contains the password.
+    /// [`Error::Config`] for another scheme, a missing host, or a bad or unknown query
+    /// parameter. The message never contains the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let parsed = RedactedUrl::parse(url)?;
         if !crate::SCHEMES.contains(&parsed.scheme()) {
@@ -48,7 +55,7 @@ impl RedisConfig {
         let mut cluster = false;
         let mut response_timeout = Duration::from_secs(5);
         let mut fair_wait = crate::DEFAULT_FAIR_WAIT;
-        let mut passed = Vec::new();
+        let mut wait_replicas = 0;
         for (key, value) in parsed.query_pairs() {
             match key.as_str() {
                 "cluster" => {
@@ -64,26 +71,55 @@ impl RedisConfig {
                 }
                 "timeout_ms" => response_timeout = positive_ms(&key, &value)?,
                 "fair_wait_ms" => fair_wait = positive_ms(&key, &value)?,
+                "wait_replicas" => {
+                    wait_replicas = value.parse().map_err(|_| {
+                        Error::config(format!(
+                            "wait_replicas={value:?}: expected a number of replicas"
+                        ))
+                    })?;
+                }
                 "protocol" => {
                     return Err(Error::config(
                         "protocol= is chosen by dlock (RESP3 for its subscriptions); remove it",
                     ));
                 }
-                _ => passed.push((key, value)),
+                other => {
+                    // A typo (`clustr=true`) must not silently mean something else.
+                    return Err(Error::config(format!(
+                        "unknown query parameter {other:?} (known: cluster, timeout_ms, \
+                         fair_wait_ms, wait_replicas)"
+                    )));
+                }
             }
         }
         let mut stripped = parsed.expose().clone();
         stripped.set_query(None);
-        if !passed.is_empty() {
-            stripped.query_pairs_mut().extend_pairs(passed.iter());
-        }
         let url = RedactedUrl::parse(stripped.as_str())?;
-        Ok(Self {
+        Self {
             url,
             cluster,
             response_timeout,
             fair_wait,
-        })
+            wait_replicas,
+        }
+        .checked()
+    }
+
+    /// Refuses combinations dlock cannot keep.
+    pub(crate) fn checked(self) -> Result<Self> {
+        if self.cluster && self.wait_replicas > 0 {
+            return Err(Error::config(
+                "wait_replicas is not supported on a Redis Cluster yet (WAIT must reach each \
+                 key's master); use it with a single server and its replicas",
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Sets how many replicas must acknowledge a grant before `acquire` returns it.
+    pub fn with_wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
     }
 
     /// Sets whether the URL names a cluster seed.
@@ -142,6 +178,7 @@ mod tests {
             "redis://:secret@h?cluster=maybe",
             "redis://:secret@h?timeout_ms=0",
             "redis://:secret@h?protocol=resp2",
+            "redis://:secret@h?clustr=true",
             "redis://:secret@[::1",
         ] {
             let e = RedisConfig::from_url(bad).unwrap_err();

@@ -2,6 +2,7 @@
 //! and one RESP3 connection for subscriptions. Both reconnect by themselves.
 
 use std::fmt;
+use std::time::Duration;
 
 use dlock_core::Result;
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
@@ -43,6 +44,19 @@ impl Conn {
             .clone()
             .into_connection_info()
             .map_err(|e| from_redis(&what, e))?;
+        // Dead peers are noticed even on a connection that only listens (the subscription
+        // connection): keepalive probes after 15 s of silence, and on Linux a connection whose
+        // data stays unacknowledged past twice the response timeout is dropped, so the
+        // connection manager reconnects (review H4: a half-open connection used to be trusted
+        // for good).
+        let tcp = info.tcp_settings().clone().set_keepalive(
+            socket2::TcpKeepalive::new()
+                .with_time(std::time::Duration::from_secs(15))
+                .with_interval(std::time::Duration::from_secs(5)),
+        );
+        #[cfg(target_os = "linux")]
+        let tcp = tcp.set_user_timeout(config.response_timeout.saturating_mul(2));
+        info = info.set_tcp_settings(tcp.clone());
         if push.is_some() {
             let redis = info
                 .redis_settings()
@@ -52,6 +66,7 @@ impl Conn {
         }
         if config.cluster {
             let mut builder = ClusterClientBuilder::new(vec![info])
+                .tcp_settings(tcp)
                 .response_timeout(config.response_timeout)
                 .connection_timeout(config.response_timeout)
                 .retries(3);
@@ -100,6 +115,39 @@ impl Conn {
     /// SSUBSCRIBE), as Redisson does on Redis 7.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))
+    }
+
+    /// `WAIT replicas timeout`: how many replicas acknowledged every write sent on this
+    /// connection so far (on a multiplexed connection, everyone's writes: a superset of ours).
+    pub(crate) async fn wait_replicas(&self, replicas: u32, timeout: Duration) -> Result<u32> {
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let result: redis::RedisResult<u32> = match self.clone() {
+            Self::Single(mut c) => {
+                redis::cmd("WAIT")
+                    .arg(replicas)
+                    .arg(ms)
+                    .query_async(&mut c)
+                    .await
+            }
+            Self::Cluster(_) => {
+                return Err(dlock_core::Error::unsupported(
+                    crate::BACKEND,
+                    "wait_replicas on a Redis Cluster",
+                ));
+            }
+        };
+        result.map_err(|e| from_redis("wait for replicas", e))
+    }
+
+    /// A PING on this connection.
+    pub(crate) async fn ping(&self) -> Result<()> {
+        let result: redis::RedisResult<String> = match self.clone() {
+            Self::Single(mut c) => redis::cmd("PING").query_async(&mut c).await,
+            Self::Cluster(mut c) => redis::cmd("PING").query_async(&mut c).await,
+        };
+        result.map(|_| ()).map_err(|e| from_redis("ping", e))
     }
 
     pub(crate) async fn subscribe(&self, channel: impl ToRedisArgs) -> Result<()> {

@@ -13,19 +13,25 @@ mod handles;
 mod pubsub;
 mod scripts;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_core::backend::{
+    Backoff, HandleInfo, HoldSignal, Lock, ReadWriteLock, Semaphore, from_now,
+};
 use dlock_core::{
     Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockName, LockOptions,
-    LockProvider, Result,
+    LockProvider, LossReason, Result,
 };
+use tokio::time::Instant;
 
+use crate::acquire::Acquisition;
 pub use crate::config::RedisConfig;
 use crate::conn::Conn;
-use crate::handles::{RedisLock, RedisReadWriteLock, RedisSemaphore};
+use crate::handles::{RedisMutex, RedisReadWrite, RedisSemaphore};
 use crate::pubsub::Subscriptions;
 use crate::scripts::Keys;
 
@@ -72,7 +78,12 @@ pub(crate) struct Inner {
     pub(crate) client_id: String,
     pub(crate) store_id: String,
     pub(crate) fair_wait: Duration,
+    /// Replicas that must acknowledge a grant (`?wait_replicas=`), and how long to wait.
+    pub(crate) wait_replicas: u32,
+    pub(crate) wait_timeout: Duration,
     holds: AtomicU64,
+    /// Every live hold of this provider, checked after a disconnection.
+    live: Mutex<HashMap<u64, (Weak<Acquisition>, HoldSignal)>>,
 }
 
 impl fmt::Debug for Inner {
@@ -91,11 +102,103 @@ impl fmt::Debug for RedisProvider {
 }
 
 impl Inner {
+    /// Registers a live hold, to be checked after a disconnection; returns its id.
+    pub(crate) fn register(&self, acq: &Arc<Acquisition>, signal: &HoldSignal) -> u64 {
+        let id = self.holds.fetch_add(1, Ordering::Relaxed) + 1;
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, (Arc::downgrade(acq), signal.clone()));
+        id
+    }
+
+    fn is_registered(&self, id: u64) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&id)
+    }
+
+    fn has_holds(&self) -> bool {
+        !self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// After a disconnection (a restart without persistence, a flush, a failover may have
+    /// taken holds away): once the server answers again, asks it about every live hold in one
+    /// round trip each, and reports the missing ones lost at once, instead of at their next
+    /// renewal (ttl/3 away) or, for fixed leases, at their lease end (review M1).
+    async fn check_holds(&self) {
+        let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        let give_up = from_now(CHECK_WINDOW);
+        loop {
+            let holds: Vec<(u64, Arc<Acquisition>, HoldSignal)> = self
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .filter_map(|(id, (acq, signal))| Some((*id, acq.upgrade()?, signal.clone())))
+                .collect();
+            let mut unreachable = false;
+            for (id, acq, signal) in holds {
+                match acq.still_held().await {
+                    Ok(true) => {}
+                    // Released meanwhile (a release unregisters first): not a loss.
+                    Ok(false) if !self.is_registered(id) => {}
+                    Ok(false) => {
+                        if signal.mark_lost(LossReason::Gone) {
+                            tracing::warn!(lock = %acq.name, "redis hold gone after a disconnection");
+                        }
+                    }
+                    Err(e) if e.is_retryable() => {
+                        unreachable = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(lock = %acq.name, error = %e, "could not check a hold");
+                    }
+                }
+            }
+            if !unreachable || Instant::now() >= give_up {
+                return;
+            }
+            pause.wait().await;
+        }
+    }
+
     /// A fresh hash field for one hold: `<client uuid>:<hold id>` (Redisson's
     /// `<client uuid>:<thread id>`).
     pub(crate) fn next_field(&self) -> String {
         let id = self.holds.fetch_add(1, Ordering::Relaxed) + 1;
         format!("{}:{id}", self.client_id)
+    }
+}
+
+/// How long after a disconnection the holds are checked for, while the server is away.
+const CHECK_WINDOW: Duration = Duration::from_secs(120);
+
+/// Checks the provider's holds after every disconnection, until the provider is dropped.
+/// While holds are live, the subscription connection is also pinged every 10 s: a connection
+/// that broke with nothing to send would otherwise stay broken (the manager reconnects only
+/// when used) and report no further disconnection.
+async fn watch_disconnects(inner: Weak<Inner>, disconnects: Arc<tokio::sync::Notify>) {
+    loop {
+        // Wake now and then to notice a dropped provider, and to ping.
+        let told = tokio::time::timeout(Duration::from_secs(10), disconnects.notified()).await;
+        let Some(inner) = inner.upgrade() else { return };
+        if told.is_ok() || (inner.has_holds() && inner.subs.ping().await.is_err()) {
+            inner.check_holds().await;
+        }
     }
 }
 
@@ -116,19 +219,24 @@ impl RedisProvider {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
+        let config = config.checked()?;
         let conn =
             Conn::connect(&config, None::<Arc<fn(redis::PushInfo) -> Result<(), ()>>>).await?;
         let subs = Subscriptions::connect(&config).await?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                subs,
-                client_id: uuid::Uuid::new_v4().to_string(),
-                store_id: config.store_id(),
-                fair_wait: config.fair_wait,
-                holds: AtomicU64::new(0),
-            }),
-        })
+        let disconnects = subs.disconnects();
+        let inner = Arc::new(Inner {
+            conn,
+            subs,
+            client_id: uuid::Uuid::new_v4().to_string(),
+            store_id: config.store_id(),
+            fair_wait: config.fair_wait,
+            wait_replicas: config.wait_replicas,
+            wait_timeout: config.response_timeout / 2,
+            holds: AtomicU64::new(0),
+            live: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(watch_disconnects(Arc::downgrade(&inner), disconnects));
+        Ok(Self { inner })
     }
 
     /// Redisson's client id of this provider: the first part of its hash fields.
@@ -146,14 +254,10 @@ impl RedisProvider {
         self.inner.subs.delivered()
     }
 
-    /// What Redis stores for `name`: whether a mutex, fair, read or write hold is there, the
-    /// holder's hash field (Redisson's `<client uuid>:<thread id>`), the remaining PTTL and the
-    /// last fencing token.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`], or a connection error.
-    pub async fn describe(&self, name: &str) -> Result<dlock_core::LockStatus> {
+    /// What Redis stores for `name` (see [`LockProvider::describe`]): whether a mutex, fair,
+    /// read or write hold is there, the holders' hash fields (Redisson's
+    /// `<client uuid>:<thread id>`), the remaining PTTL and the last fencing token.
+    async fn describe_name(&self, name: &str) -> Result<dlock_core::LockStatus> {
         let (_, keys) = self.name(name)?;
         let mut invocation = scripts::DESCRIBE.prepare_invoke();
         invocation.key(&keys.name).key(&keys.token);
@@ -176,31 +280,48 @@ impl RedisProvider {
             _ => None,
         };
         let token = items.get(2).and_then(text).and_then(|t| t.parse().ok());
-        let owner = match items.get(3) {
-            Some(redis::Value::Array(fields)) => {
-                fields.iter().filter_map(text).find(|f| f != "mode")
-            }
-            _ => None,
+        let fields: Vec<String> = match items.get(3) {
+            Some(redis::Value::Array(fields)) => fields.iter().filter_map(text).collect(),
+            _ => Vec::new(),
         };
-        let held = kind == "hash" && owner.is_some();
-        Ok(dlock_core::LockStatus::new(
-            held,
-            owner,
-            pttl.filter(|_| held),
-            token,
-        ))
+        let mode = fields.iter().any(|f| f == "mode");
+        let holders: Vec<String> = fields.into_iter().filter(|f| f != "mode").collect();
+        if kind != "hash" || holders.is_empty() {
+            return Ok(dlock_core::LockStatus::free(token));
+        }
+        let lock_kind = if mode {
+            dlock_core::LockKind::Read
+        } else {
+            dlock_core::LockKind::Mutex
+        };
+        Ok(dlock_core::LockStatus::held_by(lock_kind, holders)
+            .with_remaining(pttl)
+            .with_last_token(token))
+    }
+
+    fn info(&self, name: LockName, options: LockOptions) -> HandleInfo {
+        HandleInfo::new(BACKEND, self.inner.store_id.as_str(), name, options)
     }
 
     fn name(&self, name: &str) -> Result<(LockName, Keys)> {
         let name = LockName::new(name)?;
+        if let Some(whose) = scripts::bookkeeping_key(name.as_str()) {
+            return Err(Error::InvalidName {
+                name: name.to_string(),
+                reason: format!(
+                    "it is the key where the lock layout keeps {whose}, so the two would \
+                     overwrite each other (in Redisson too)"
+                ),
+            });
+        }
         if self.inner.conn.is_cluster()
-            && name.as_str().contains('{')
+            && name.as_str().contains(['{', '}'])
             && scripts::hash_tag(name.as_str()).is_none()
         {
             return Err(Error::InvalidName {
                 name: name.to_string(),
-                reason: "in a Redis Cluster a name with `{` needs a non-empty {hash tag}, or \
-                         its keys would fall in different slots"
+                reason: "in a Redis Cluster a name with `{` or `}` needs a non-empty {hash \
+                         tag}, or its keys would fall in different slots"
                     .into(),
             });
         }
@@ -209,7 +330,12 @@ impl RedisProvider {
     }
 }
 
+#[dlock_core::async_trait]
 impl LockProvider for RedisProvider {
+    async fn describe(&self, name: &str) -> Result<dlock_core::LockStatus> {
+        self.describe_name(name).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::all(BACKEND);
         caps.min_lease = MIN_LEASE;
@@ -223,12 +349,11 @@ impl LockProvider for RedisProvider {
     fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock> {
         let (name, keys) = self.name(name)?;
         self.capabilities().check(&options)?;
-        Ok(Arc::new(RedisLock::new(
-            Arc::clone(&self.inner),
-            name,
+        let raw = RedisMutex {
+            inner: Arc::clone(&self.inner),
             keys,
-            options,
-        )))
+        };
+        Ok(Arc::new(Lock::new(self.info(name, options), raw)))
     }
 
     fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock> {
@@ -240,12 +365,12 @@ impl LockProvider for RedisProvider {
                 "fair read-write locks (Redisson has none to be compatible with)",
             ));
         }
-        Ok(Arc::new(RedisReadWriteLock::new(
-            Arc::clone(&self.inner),
-            name,
+        let raw = RedisReadWrite {
+            inner: Arc::clone(&self.inner),
             keys,
-            options,
-        )))
+            write_field: std::sync::Mutex::new(None),
+        };
+        Ok(Arc::new(ReadWriteLock::new(self.info(name, options), raw)))
     }
 
     fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore> {
@@ -259,12 +384,14 @@ impl LockProvider for RedisProvider {
                 "fair semaphores (Redisson has none to be compatible with)",
             ));
         }
-        Ok(Arc::new(RedisSemaphore::new(
-            Arc::clone(&self.inner),
-            name,
+        let raw = RedisSemaphore {
+            inner: Arc::clone(&self.inner),
             keys,
+        };
+        Ok(Arc::new(Semaphore::new(
+            self.info(name, options),
             permits,
-            options,
+            raw,
         )))
     }
 }

@@ -62,6 +62,8 @@ struct Registry {
     ids: AtomicU64,
     /// Messages routed, for tests and the benchmark.
     delivered: AtomicU64,
+    /// Told of every disconnection: the provider then checks its holds.
+    disconnects: Arc<Notify>,
 }
 
 impl Registry {
@@ -96,9 +98,13 @@ impl Registry {
                     }
                 }
             }
-            // Messages may have been missed while disconnected: everyone tries again.
+            // Messages may have been missed while disconnected: everyone tries again, and
+            // every channel is subscribed anew by its next waiter (which also makes the
+            // connection reconnect, instead of trusting a subscription that died with it).
             PushKind::Disconnection => {
-                for chan in self.channels().values() {
+                self.disconnects.notify_one();
+                for chan in self.channels().values_mut() {
+                    chan.subscribed = false;
                     chan.waiters.iter().for_each(Waiter::wake);
                 }
             }
@@ -150,6 +156,17 @@ impl Subscriptions {
         }))
     }
 
+    /// Notified after every disconnection of the subscription connection (a restart, a
+    /// failover, a network cut): holds may be gone.
+    pub(crate) fn disconnects(&self) -> Arc<Notify> {
+        Arc::clone(&self.registry.disconnects)
+    }
+
+    /// Pings the subscription connection (which reconnects it if it broke).
+    pub(crate) async fn ping(&self) -> Result<()> {
+        self.conn.ping().await
+    }
+
     /// Messages delivered to this provider so far.
     pub(crate) fn delivered(&self) -> u64 {
         self.registry.delivered.load(Ordering::Relaxed)
@@ -165,7 +182,9 @@ impl Subscriptions {
     }
 
     /// Registers a waiter on `channel`, subscribing first if nobody of this provider is.
-    /// When this returns, every message published from now on reaches the listener.
+    /// When this returns, every message published from now on reaches the listener, unless
+    /// the SUBSCRIBE failed (the server is away): then the waiter still waits, bounded by its
+    /// capped wake-up time, and [`Listener::resubscribe`] tries again on its next round.
     ///
     /// Cancel safe: a dropped future leaves the registry as it found it (a subscription made
     /// meanwhile is undone by the listener's drop).
@@ -194,6 +213,13 @@ impl Subscriptions {
             chan.waiters.push(waiter);
             listener
         };
+        self.ensure_subscribed(channel).await;
+        Ok(listener)
+    }
+
+    /// Subscribes `channel` unless it is. A failure is logged, not returned: the caller waits
+    /// with a bounded timer and tries again.
+    async fn ensure_subscribed(&self, channel: &str) {
         // Always under `ops`: an UNSUBSCRIBE of this channel may be in flight (its last waiter
         // just left), and its flag is only cleared when it completes. Checking the flag outside
         // would let this waiter trust a subscription that is about to end, and sleep until the
@@ -204,13 +230,19 @@ impl Subscriptions {
             .channels()
             .get(channel)
             .is_some_and(|c| c.subscribed);
-        if !subscribed {
-            self.conn.subscribe(channel).await?;
-            if let Some(c) = self.registry.channels().get_mut(channel) {
-                c.subscribed = true;
+        if subscribed {
+            return;
+        }
+        match self.conn.subscribe(channel).await {
+            Ok(()) => {
+                if let Some(c) = self.registry.channels().get_mut(channel) {
+                    c.subscribed = true;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(channel, error = %e, "subscribe failed; waiting on a timer until it works");
             }
         }
-        Ok(listener)
     }
 
     async fn unsubscribe_if_idle(self: Arc<Self>, channel: String) {
@@ -263,6 +295,12 @@ impl Listener {
             }
             None => self.notify.notified().await,
         }
+    }
+
+    /// Subscribes the channel again if a disconnection (or a failed SUBSCRIBE) left it
+    /// unsubscribed.
+    pub(crate) async fn resubscribe(&self) {
+        self.subs.ensure_subscribed(&self.channel).await;
     }
 
     /// Marks a wake-up as used: call after an attempt that followed it has completed.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_conformance::{Factory, async_trait, service_url};
+use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service_url};
 use dlock_core::{DynLockProvider, Result};
 use dlock_redis::RedisProvider;
 
@@ -62,6 +62,21 @@ impl Factory for RedisFactory {
         Ok(Arc::new(RedisProvider::connect(&self.url).await?))
     }
 
+    async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        if self.cluster {
+            // A cluster client learns the nodes' own addresses from CLUSTER SLOTS.
+            return None;
+        }
+        Some(
+            async {
+                let (cut, url) = ProxyPartition::start(&self.url, 6379).await?;
+                let p: DynLockProvider = Arc::new(RedisProvider::connect(&url).await?);
+                Ok((p, Box::new(cut) as Box<dyn Partition>))
+            }
+            .await,
+        )
+    }
+
     fn short_lease(&self) -> Duration {
         Duration::from_millis(600)
     }
@@ -80,10 +95,18 @@ impl Factory for RedisFactory {
         } else {
             0
         };
+        // Fair waiters (each has a queue and a timeout entry: a leak of either counts) and
+        // held semaphore permits.
         let queue: usize = c
             .query(redis::cmd("LLEN").arg(format!("redisson_lock_queue:{{{name}}}")))
             .await;
-        Some(Ok(holds + queue))
+        let fair_timeouts: usize = c
+            .query(redis::cmd("ZCARD").arg(format!("redisson_lock_timeout:{{{name}}}")))
+            .await;
+        let permits: usize = c
+            .query(redis::cmd("ZCARD").arg(format!("{{{name}}}:timeout")))
+            .await;
+        Some(Ok(holds + queue.max(fair_timeouts) + permits))
     }
 }
 

@@ -33,12 +33,23 @@ struct PrivateRedis {
     dir: PathBuf,
     child: Option<Child>,
     appendonly: bool,
+    /// The port of the master this server replicates.
+    replica_of: Option<u16>,
 }
 
 impl PrivateRedis {
     /// Starts one, or returns `None` (skip) when `redis-server` is not installed and skipping
     /// is allowed.
     async fn start(appendonly: bool) -> Option<Self> {
+        Self::start_with(appendonly, None).await
+    }
+
+    /// Starts a replica of `master`.
+    async fn replica_of(master: &Self) -> Option<Self> {
+        Self::start_with(false, Some(master.port)).await
+    }
+
+    async fn start_with(appendonly: bool, replica_of: Option<u16>) -> Option<Self> {
         if Command::new("redis-server")
             .arg("--version")
             .output()
@@ -63,6 +74,7 @@ impl PrivateRedis {
             dir,
             child: None,
             appendonly,
+            replica_of,
         };
         server.spawn().await;
         Some(server)
@@ -85,6 +97,17 @@ impl PrivateRedis {
             .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
             .args(["--appendfsync", "always", "--dir"])
             .arg(&self.dir)
+            .args(
+                self.replica_of
+                    .map(|port| {
+                        vec![
+                            "--replicaof".to_owned(),
+                            "127.0.0.1".to_owned(),
+                            port.to_string(),
+                        ]
+                    })
+                    .unwrap_or_default(),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -107,6 +130,16 @@ impl PrivateRedis {
             },
         )
         .await;
+    }
+
+    /// Sends `signal` (e.g. `-STOP`, `-CONT`) to the server's process.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
     }
 
     fn kill(&mut self) {
@@ -641,7 +674,9 @@ async fn cluster_rejects_names_it_cannot_colocate() {
     };
     let p = RedisProvider::connect(&url).await.unwrap();
     let names = Names::new();
-    for bad in ["a{b", "a{}b", "x}{y"] {
+    // `orders}42` (review M9): the lock key hashes whole, the keys dlock derives from it by
+    // the tag `{...orders}`: CROSSSLOT at acquire time, unless refused up front.
+    for bad in ["a{b", "a{}b", "x}{y", "orders}42"] {
         let e = p
             .lock(&names.name(bad), LockOptions::default())
             .unwrap_err();
@@ -654,6 +689,142 @@ async fn cluster_rejects_names_it_cannot_colocate() {
         let l = p.lock(&names.name(good), LockOptions::default()).unwrap();
         l.acquire().await.unwrap().release().await.unwrap();
     }
+}
+
+/// Review L10: a name that is another name's bookkeeping key in Redisson's layout (a token,
+/// a fair queue, a semaphore's permits, a read hold's timeout) is refused for every
+/// primitive: the two would share one key and fail with WRONGTYPE, or worse. The old code
+/// accepted them.
+#[tokio::test]
+async fn names_that_are_bookkeeping_keys_are_refused() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    for bad in [
+        "redisson_lock_token:{a}",
+        "redisson_lock_queue:{a}",
+        "redisson_lock_timeout:{a}",
+        "{a}:timeout",
+        "{a}:permits",
+        "x{a}:timeout",
+        "{a}:3f2c:1:rwlock_timeout:1",
+    ] {
+        let errors = [
+            p.lock(bad, LockOptions::default()).err(),
+            p.read_write_lock(bad, LockOptions::default()).err(),
+            p.semaphore(bad, 2, LockOptions::default()).err(),
+        ];
+        for e in errors {
+            assert!(
+                matches!(e, Some(dlock_core::Error::InvalidName { .. })),
+                "{bad}: {e:?}"
+            );
+        }
+    }
+    // Near misses stay usable: no brace, or the suffix not at the end.
+    let names = Names::new();
+    for good in ["a:timeout", "{a}:timeouts", "redisson_lock:x"] {
+        let l = p.lock(&names.name(good), LockOptions::default()).unwrap();
+        l.acquire().await.unwrap().release().await.unwrap();
+    }
+}
+
+/// Issue 12 item 6: with `?wait_replicas=1`, `acquire` returns only once the replica has the
+/// grant (WAIT); with the replica stopped (SIGSTOP), acquire fails with a retryable error and
+/// gives the grant back, for a mutex and a semaphore alike, so no guard carries a grant a
+/// failover could take back. The old code refused the parameter.
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_replicas_returns_only_replicated_grants() {
+    const LIMIT: Duration = Duration::from_secs(10);
+    const ZERO: Duration = Duration::ZERO;
+    let Some(master) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let Some(replica) = PrivateRedis::replica_of(&master).await else {
+        return;
+    };
+    let mut on_replica = admin(&replica.url()).await;
+    eventually(LIMIT, "the replica is in sync", || async {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut on_replica.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        if info.contains("master_link_status:up") {
+            Ok(())
+        } else {
+            Err(info)
+        }
+    })
+    .await;
+    let p = RedisProvider::connect(&format!("{}?wait_replicas=1&timeout_ms=1000", master.url()))
+        .await
+        .unwrap();
+    let name = Names::new().name("replicated");
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    // Acknowledged: the replica has the hold the moment acquire returns.
+    let exists: u32 = redis::cmd("EXISTS")
+        .arg(&name)
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert_eq!(exists, 1, "the replica has the grant when acquire returns");
+    g.release().await.unwrap();
+
+    replica.signal("-STOP");
+    let mut on_master = admin(&master.url()).await;
+    let sem = Names::new().name("replicated-sem");
+    let mutex = p.lock(&name, LockOptions::default()).unwrap();
+    let permits = p.semaphore(&sem, 1, LockOptions::default()).unwrap();
+    let tries = [
+        must(LIMIT, "a mutex acquire fails", mutex.try_acquire(ZERO))
+            .await
+            .err(),
+        must(
+            LIMIT,
+            "a semaphore acquire fails",
+            permits.try_acquire(ZERO),
+        )
+        .await
+        .err(),
+    ];
+    replica.signal("-CONT");
+    for e in tries {
+        let e = e.expect("no guard without the replica's acknowledgement");
+        assert!(e.is_retryable(), "{e:?}");
+        assert!(e.to_string().contains("replicas acknowledged"), "{e}");
+    }
+    // Given back on the master: the lock is free and no permit is taken.
+    let held: u32 = redis::cmd("EXISTS")
+        .arg(&name)
+        .query_async(&mut on_master)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the unreplicated grant was given back");
+    let taken: u32 = redis::cmd("ZCARD")
+        .arg(format!("{{{sem}}}:timeout"))
+        .query_async(&mut on_master)
+        .await
+        .unwrap();
+    assert_eq!(taken, 0, "the unreplicated permit was given back");
+    // And with the replica back, acquires succeed again.
+    must(LIMIT, "acquire with the replica back", mutex.acquire())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // A cluster cannot route WAIT to each key's master: refused up front.
+    let e =
+        dlock_redis::RedisConfig::from_url("redis://127.0.0.1:7000/?cluster=true&wait_replicas=1")
+            .unwrap_err();
+    assert!(matches!(e, dlock_core::Error::Config { .. }), "{e:?}");
 }
 
 /// No lost wake-ups under contention: 8 clients (8 subscription connections) on one name,
@@ -688,4 +859,342 @@ async fn no_lost_wakeups_under_contention() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+// ------------------------------------------------------------------ review findings
+
+/// Script calls (EVAL and EVALSHA) the server ran while `run` ran.
+async fn script_calls<F: std::future::Future>(server: &PrivateRedis, run: F) -> (F::Output, u64) {
+    let count = |stats: std::collections::HashMap<String, u64>| {
+        stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0)
+    };
+    let before = count(server.stats().await);
+    let out = run.await;
+    (out, count(server.stats().await) - before)
+}
+
+/// Review H2: a semaphore whose counter is 0 with no permit in the timeouts set (a Java
+/// `RSemaphore` holds them all) has nothing to expire: its waiter waits for a message, it does
+/// not call the script in a loop (it used to, hundreds of times a second).
+#[tokio::test]
+async fn semaphore_waiter_with_nothing_expiring_does_not_spin() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let name = Names::new().name("drained");
+    let _: () = admin(&server.url()).await.set(&name, 0).await.unwrap();
+    let sem = p.semaphore(&name, 1, LockOptions::default()).unwrap();
+    // Warm up: the first calls load the scripts.
+    let warm = p.semaphore(&Names::new().name("warm"), 1, LockOptions::default());
+    warm.unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let (got, calls) = script_calls(&server, sem.try_acquire(Duration::from_secs(1))).await;
+    assert!(got.unwrap().is_none(), "a permit of a drained semaphore");
+    assert!(calls <= 5, "{calls} script calls in a 1 s wait");
+}
+
+/// Review H1: a fair waiter behind a dead queue head, with the lock free, waits until the
+/// head's turn ends (or a message); it used to call the script in a tight loop for up to the
+/// fair wait (5 min).
+#[tokio::test]
+async fn fair_waiter_behind_a_dead_head_does_not_spin() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let name = Names::new().name("dead-head");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut c = admin(&server.url()).await;
+    let _: () = c
+        .rpush(format!("redisson_lock_queue:{{{name}}}"), "dead:1")
+        .await
+        .unwrap();
+    let _: () = c
+        .zadd(
+            format!("redisson_lock_timeout:{{{name}}}"),
+            "dead:1",
+            now + 60_000,
+        )
+        .await
+        .unwrap();
+    let opts = LockOptions::default().with_fair(true);
+    // Warm up: the first calls load the scripts.
+    let warm = p.lock(&Names::new().name("warm"), opts).unwrap();
+    warm.acquire().await.unwrap().release().await.unwrap();
+    let fair = p.lock(&name, opts).unwrap();
+    let (got, calls) = script_calls(&server, fair.try_acquire(Duration::from_secs(1))).await;
+    assert!(
+        got.unwrap().is_none(),
+        "granted past a queue head whose turn is not over"
+    );
+    assert!(calls <= 6, "{calls} script calls in a 1 s wait");
+}
+
+/// Review M2: a holder key without a TTL (Java `clearExpire()`, a PERSIST) makes a waiter
+/// wait; it used to fail the acquire ("granted with token -1").
+#[tokio::test]
+async fn holder_without_ttl_makes_waiters_wait() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let name = Names::new().name("no-ttl");
+    let _: () = admin(&server.url())
+        .await
+        .hset(&name, "java-client:1", 1)
+        .await
+        .unwrap();
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    let got = lock.try_acquire(Duration::from_millis(300)).await;
+    assert!(matches!(got, Ok(None)), "{got:?}");
+}
+
+/// Review M6: a semaphore counter deleted (or evicted) while a permit is held is created
+/// again without that permit; it used to be created full, so a 1-permit semaphore had two
+/// holders, and kept the extra permit for good.
+#[tokio::test]
+async fn lost_semaphore_counter_does_not_over_grant() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let (a, b) = (
+        RedisProvider::connect(&server.url()).await.unwrap(),
+        RedisProvider::connect(&server.url()).await.unwrap(),
+    );
+    let name = Names::new().name("counter-lost");
+    let opts = LockOptions::default();
+    let held = a
+        .semaphore(&name, 1, opts)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let _: () = admin(&server.url()).await.del(&name).await.unwrap();
+    let other = b.semaphore(&name, 1, opts).unwrap();
+    assert!(
+        other.try_acquire(Duration::ZERO).await.unwrap().is_none(),
+        "a second holder of a 1-permit semaphore"
+    );
+    held.release().await.unwrap();
+    let g = other.try_acquire(Duration::from_secs(2)).await.unwrap();
+    let g = g.expect("the permit is back");
+    assert!(
+        a.semaphore(&name, 1, opts)
+            .unwrap()
+            .try_acquire(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the counter kept an extra permit"
+    );
+    g.release().await.unwrap();
+}
+
+/// Review H4 and issue 12's restart acceptance: Redis restarts (no persistence, so the hold is
+/// gone) while a holder and four waiters wait. The waiters keep waiting through the outage
+/// (they used to fail with a connection error once the subscription connection dropped),
+/// re-subscribe, and one of them gets the lock soon after the server is back, each making
+/// only a few script calls a second meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_a_restart_and_get_the_lock() {
+    let Some(mut server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let url = server.url();
+    let name = Names::new().name("restart-waiters");
+    let holder = RedisProvider::connect(&url).await.unwrap();
+    let g = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let p = RedisProvider::connect(&url).await.unwrap();
+        let name = name.clone();
+        waiters.push(tokio::spawn(async move {
+            let lock = p.lock(&name, LockOptions::default()).unwrap();
+            match lock.try_acquire(Duration::from_secs(30)).await {
+                Ok(Some(g)) => g.release().await.map_err(|e| format!("release: {e}")),
+                Ok(None) => Err("gave up after 30 s".to_owned()),
+                Err(e) => Err(format!(
+                    "failed instead of waiting through the restart: {e}"
+                )),
+            }
+        }));
+    }
+    // Every waiter is queued on the channel before the restart.
+    eventually(
+        Duration::from_secs(5),
+        "four waiters subscribed",
+        || async {
+            let mut c = admin(&url).await;
+            let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(format!("redisson_lock__channel:{{{name}}}"))
+                .query_async(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            match n.first() {
+                Some((_, 4)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    // Down for 1.5 s: longer than any reconnect retry inside a single call.
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.spawn().await;
+    let back = Instant::now();
+    let (first, _, rest) = futures::future::select_all(waiters).await;
+    let took = back.elapsed();
+    first.unwrap().unwrap();
+    assert!(
+        took < Duration::from_secs(3),
+        "the first waiter got the lock {took:?} after the server was back"
+    );
+    for w in rest {
+        w.await.unwrap().unwrap();
+    }
+    drop(g);
+}
+
+/// Review M1: after a restart without persistence the holder is told at once (here a fixed
+/// 60 s lease, which the old code only checked at its end; a watchdog hold up to ttl/3
+/// later), while another client could already take the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_reports_loss_as_soon_as_the_server_is_back() {
+    let Some(mut server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let name = Names::new().name("restart-loss");
+    let fixed = LockOptions::default().with_lease(Lease::Fixed(Duration::from_secs(60)));
+    let g = p.lock(&name, fixed).unwrap().acquire().await.unwrap();
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    server.spawn().await;
+    must(
+        Duration::from_secs(3),
+        "lost() within 3 s of the server being back",
+        g.lost(),
+    )
+    .await;
+    assert_eq!(g.loss_reason(), Some(dlock_core::LossReason::Gone));
+    assert!(!g.is_held());
+}
+
+/// Review M4: the fair queue's head is cancelled while the lock is free (here the holder's key
+/// vanished without an unlock message); the waiter behind it must be woken at once, not sleep
+/// until the timer it was given (the old holder's PTTL, capped at 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_fair_head_wakes_the_next_waiter() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let url = server.url();
+    let (x, w1, w2) = (
+        RedisProvider::connect(&url).await.unwrap(),
+        RedisProvider::connect(&url).await.unwrap(),
+        RedisProvider::connect(&url).await.unwrap(),
+    );
+    let name = Names::new().name("fair-head-leaves");
+    let fair = LockOptions::default().with_fair(true);
+    let held = x.lock(&name, fair).unwrap().acquire().await.unwrap();
+    let head = w1.lock(&name, fair).unwrap();
+    let first = tokio::spawn(async move { head.acquire().await });
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let mut c = admin(&url).await;
+    eventually(Duration::from_secs(5), "the head queued", || {
+        let mut c = c.clone();
+        let queue = queue.clone();
+        async move {
+            let n: usize = c.llen(&queue).await.map_err(|e| e.to_string())?;
+            if n == 1 { Ok(()) } else { Err(n.to_string()) }
+        }
+    })
+    .await;
+    let next = w2.lock(&name, fair).unwrap();
+    let second = tokio::spawn(async move { next.acquire().await });
+    eventually(Duration::from_secs(5), "the second waiter queued", || {
+        let mut c = c.clone();
+        let queue = queue.clone();
+        async move {
+            let n: usize = c.llen(&queue).await.map_err(|e| e.to_string())?;
+            if n == 2 { Ok(()) } else { Err(n.to_string()) }
+        }
+    })
+    .await;
+    // The hold vanishes without a message, and the head is cancelled (its undo leaves the
+    // queue in the background).
+    let _: () = c.del(&name).await.unwrap();
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let g = must(
+        Duration::from_millis(1500),
+        "the next waiter, woken when the head left",
+        second,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    g.release().await.unwrap();
+    drop(held);
+}
+
+/// Review H4: the provider's connections carry TCP keepalive, so a peer that vanished without
+/// a reset (a half-open connection behind a NAT) is noticed even on the subscription
+/// connection, which only listens. Linux shows the keepalive timer in /proc/net/tcp
+/// (`tr` = 2); the old connections had no timer.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn connections_carry_tcp_keepalive() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    // A waiter makes sure the subscription connection is open too.
+    let name = Names::new().name("keepalive");
+    let held = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let other = RedisProvider::connect(&server.url()).await.unwrap();
+    let _ = other
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::from_millis(200))
+        .await
+        .unwrap();
+    let port = format!(":{:04X}", server.port);
+    let timers: Vec<String> = std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Client ends of connections to the private server, established (st 01).
+            (f.get(2)?.ends_with(&port) && f.get(3)? == &"01")
+                .then(|| f.get(5).map(|t| (*t).to_owned()))?
+        })
+        .collect();
+    assert!(timers.len() >= 4, "connections to the server: {timers:?}");
+    assert!(
+        timers.iter().all(|t| t.starts_with("02:")),
+        "a connection without the keepalive timer: {timers:?}"
+    );
+    held.release().await.unwrap();
 }

@@ -96,6 +96,30 @@ pub struct SqlConfig {
     pub busy_timeout: Duration,
 }
 
+/// The URL parameters the sqlx driver of `dialect` understands (passed on to it).
+fn driver_parameters(dialect: Dialect) -> &'static [&'static str] {
+    match dialect {
+        Dialect::MySql => &[
+            "ssl-mode",
+            "ssl-ca",
+            "ssl-cert",
+            "ssl-key",
+            "charset",
+            "collation",
+            "statement-cache-capacity",
+            "socket",
+            "timezone",
+            "pipes-as-concat",
+            "enable-cleartext-plugin",
+        ],
+        Dialect::Sqlite => &["mode", "cache", "immutable", "vfs"],
+    }
+}
+
+fn driver_parameter(dialect: Dialect, key: &str) -> bool {
+    driver_parameters(dialect).contains(&key)
+}
+
 impl SqlConfig {
     /// Parses a `mysql://`, `mariadb://` or `sqlite://` URL.
     ///
@@ -130,7 +154,15 @@ impl SqlConfig {
                         Error::config(format!("pool={value:?}: expected a positive integer"))
                     })?;
                 }
-                _ => passed.push((key, value)),
+                other if driver_parameter(dialect, other) => passed.push((key, value)),
+                other => {
+                    // A typo (`stratgey=for-update`) must not silently mean the default.
+                    return Err(Error::config(format!(
+                        "unknown query parameter {other:?} (dlock's: strategy, table, pool; \
+                         the driver's: {})",
+                        driver_parameters(dialect).join(", ")
+                    )));
+                }
             }
         }
         if table.is_empty()
@@ -237,12 +269,16 @@ mod tests {
             "mysql://u:secret@h/db?table=x;drop",
             "mysql://u:secret@h/db?table=",
             "mysql://u:secret@h/db?pool=0",
+            "mysql://u:secret@h/db?stratgey=for-update",
+            "sqlite://x.db?ssl-mode=disabled",
             "sqlite://",
         ] {
             let e = SqlConfig::from_url(bad).unwrap_err();
             assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
             assert!(!e.to_string().contains("secret"), "{bad}: {e}");
         }
+        let e = SqlConfig::from_url("mysql://u@h/db?stratgey=for-update").unwrap_err();
+        assert!(e.to_string().contains("strategy, table, pool"), "{e}");
         let e = SqlConfig::from_url("sqlite://x.db?strategy=for-update").unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     }

@@ -1,86 +1,69 @@
-//! The mutex handle and its waiting loop: polls with capped exponential backoff and jitter
-//! (unique-insert, optimistic) or waits on the row lock (for-update).
+//! The mutex and its waiting loop: polls with capped exponential backoff and jitter
+//! (unique-insert, optimistic) or waits on the row lock (for-update). The core's handle adds
+//! re-entry, deadlines and the rest.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{
-    DistributedLock, Error, FencingToken, HoldSignal, LockGuard, LockName, LockOptions, NewHold,
-    Reentrancy, Result, async_trait,
-};
+use dlock_core::backend::{Backoff, Deadline, HoldSignal, NewHold, RawLock, Request};
+use dlock_core::{Error, FencingToken, Lease, LockGuard, LockKind, LockName, Result, async_trait};
 use rand::Rng;
+use sqlx::Any;
+use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::Inner;
 use crate::config::Strategy;
-use crate::strategies::{Attempt, SqlHold};
+use crate::strategies::{Attempt, SqlHold, watch};
 
 /// First pause between two attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(4);
 /// Longest pause between two attempts.
 const BACKOFF_MAX: Duration = Duration::from_millis(200);
 
-/// A mutex handle on one SQL provider.
+/// A mutex on one SQL provider: every attempt is an owner of its own.
 #[derive(Debug)]
-pub(crate) struct SqlLock {
-    inner: Arc<Inner>,
-    name: LockName,
-    options: LockOptions,
-    reentrancy: Reentrancy,
+pub(crate) struct SqlMutex {
+    pub(crate) inner: Arc<Inner>,
 }
 
-impl SqlLock {
-    pub(crate) fn new(inner: Arc<Inner>, name: LockName, options: LockOptions) -> Self {
-        Self {
-            inner,
-            name,
-            options,
-            reentrancy: Reentrancy::new(),
-        }
+#[async_trait]
+impl RawLock for SqlMutex {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        self.remote(req.name, req.options.lease, req.deadline).await
     }
+}
 
-    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let span = tracing::debug_span!("dlock.acquire", backend = self.inner.backend, lock = %self.name, strategy = %self.inner.strategy);
-        async {
-            if self.options.reentrant {
-                self.reentrancy
-                    .acquire(deadline, || self.remote(deadline))
-                    .await
-            } else {
-                self.remote(deadline).await
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
-    async fn remote(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let mut pause = BACKOFF_MIN;
+impl SqlMutex {
+    async fn remote(
+        &self,
+        name: &LockName,
+        lease: Lease,
+        deadline: Deadline,
+    ) -> Result<Option<LockGuard>> {
+        let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         loop {
             let started = Instant::now();
             let attempt = Attempt {
                 inner: Arc::clone(&self.inner),
-                name: self.name.clone(),
+                name: name.clone(),
                 owner: self.inner.next_owner(),
-                lease: self.options.lease.ttl(),
+                lease: lease.ttl(),
             };
-            match self.try_once(attempt, started, deadline).await {
+            match self.try_once(attempt, lease, started, deadline).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
                 Ok(None) => {}
                 Err(e) if e.is_retryable() => {
-                    tracing::debug!(lock = %self.name, error = %e, "acquire attempt failed; retrying");
+                    tracing::debug!(lock = %name, error = %e, "acquire attempt failed; retrying");
                 }
                 Err(e) => return Err(e),
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            if deadline.has_passed() {
                 return Ok(None);
             }
+            let pause = pause.next_pause();
             let jittered = rand::rng().random_range(pause / 2..=pause);
-            let wake = deadline.map_or(now + jittered, |d| d.min(now + jittered));
-            tokio::time::sleep_until(wake).await;
-            pause = (pause * 2).min(BACKOFF_MAX);
+            tokio::time::sleep_until(deadline.wake_after(jittered)).await;
         }
     }
 
@@ -91,26 +74,50 @@ impl SqlLock {
     async fn try_once(
         &self,
         attempt: Attempt,
+        lease: Lease,
         started: Instant,
-        deadline: Option<Instant>,
+        deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
         let strategy = self.inner.strategy;
         if strategy == Strategy::ForUpdate {
-            let Some((conn, connection_id)) = attempt.for_update(deadline).await? else {
+            let Some((mut conn, connection_id)) = attempt.for_update(deadline).await? else {
                 return Ok(None);
             };
+            let sent = attempt.start_lease(&mut conn).await?;
             let token = attempt.next_fence().await?;
+            // If the connection died after the grant (and another holder got the row and a
+            // token meanwhile), this fails: no guard carries a token above the real holder's
+            // (review M5).
+            attempt.confirm_lease(&mut conn).await?;
             attempt
                 .inner
                 .remember_holder(&attempt.owner, &attempt.name, connection_id);
-            let hold = SqlHold::ForUpdate(attempt, tokio::sync::Mutex::new(conn));
-            return Ok(Some(self.guard(hold, token, started)));
+            let lease_for_watch = attempt.lease;
+            let conn = Arc::new(tokio::sync::Mutex::new(conn));
+            let signal = HoldSignal::new();
+            tokio::spawn(watch(
+                Arc::downgrade(&conn),
+                signal.clone(),
+                lease_for_watch,
+            ));
+            let hold = SqlHold::ForUpdate(attempt, conn, signal.clone());
+            return Ok(Some(self.guard(hold, lease, token, sent, Some(signal))));
         }
+        // The statements that may take the lock, and the undo that frees it if this future
+        // is dropped, run on one connection: a dropped statement still runs to its end on the
+        // server (or SQLite's worker), and the undo must come after it, never before.
+        let conn = Arc::new(tokio::sync::Mutex::new(attempt.connection().await?));
+        // The lease runs from the claim, not from the wait for a pooled connection (which may
+        // take seconds under load: a lease counted from before it could end on arrival).
+        let started = Instant::now().max(started);
         let attempt = Arc::new(attempt);
-        let mut undo = Undo(Some(Arc::clone(&attempt)));
-        let got = match strategy {
-            Strategy::UniqueInsert => attempt.unique_insert().await,
-            _ => attempt.optimistic().await,
+        let mut undo = Undo(Some((Arc::clone(&attempt), Arc::clone(&conn))));
+        let got = {
+            let mut c = conn.lock().await;
+            match strategy {
+                Strategy::UniqueInsert => attempt.unique_insert(&mut c).await,
+                _ => attempt.optimistic(&mut c).await,
+            }
         };
         let token = match got {
             Ok(Some(token)) => token,
@@ -131,19 +138,30 @@ impl SqlLock {
             Strategy::UniqueInsert => SqlHold::UniqueInsert(attempt),
             _ => SqlHold::Optimistic(attempt, token),
         };
-        Ok(Some(self.guard(hold, token, started)))
+        Ok(Some(self.guard(hold, lease, token, started, None)))
     }
 
-    fn guard(&self, hold: SqlHold, token: u64, started: Instant) -> LockGuard {
-        LockGuard::new(NewHold::new(
+    fn guard(
+        &self,
+        hold: SqlHold,
+        lease: Lease,
+        token: u64,
+        sent: Instant,
+        signal: Option<HoldSignal>,
+    ) -> LockGuard {
+        let new = NewHold::new(
             self.inner.backend,
-            self.name.clone(),
+            LockKind::Mutex,
+            hold.name().clone(),
             FencingToken::new(token),
-            self.options.lease,
-            started,
+            lease,
+            sent,
             Arc::new(hold),
-            HoldSignal::new(),
-        ))
+        );
+        LockGuard::new(match signal {
+            Some(signal) => new.with_signal(signal),
+            None => new,
+        })
     }
 }
 
@@ -156,21 +174,35 @@ fn shared_attempt() -> Error {
     }
 }
 
-/// Frees whatever an in-flight attempt may have taken, if dropped while armed.
-struct Undo(Option<Arc<Attempt>>);
+/// Frees whatever an in-flight attempt may have taken, if dropped while armed, on the
+/// connection the attempt's statements ran on (so after them).
+struct Undo(Option<(Arc<Attempt>, Shared)>);
+
+/// The connection of one attempt, shared with its undo.
+type Shared = Arc<tokio::sync::Mutex<PoolConnection<Any>>>;
 
 impl Undo {
+    /// Undoes after a failed statement (which has ended), on a fresh connection: the
+    /// attempt's own may be the reason it failed.
     async fn run(&mut self) {
-        if let Some(a) = self.0.take() {
-            undo(&a).await;
+        if let Some((a, _)) = self.0.take() {
+            let r = match a.inner.strategy {
+                Strategy::UniqueInsert => a.unique_release().await,
+                Strategy::Optimistic => a.optimistic_release(None).await,
+                Strategy::ForUpdate => Ok(false),
+            };
+            if let Err(e) = r {
+                tracing::warn!(lock = %a.name, error = %e, "undo of a failed acquisition failed; its lease ends it");
+            }
         }
     }
 }
 
-async fn undo(a: &Attempt) {
+async fn undo(a: &Attempt, conn: &Shared) {
+    let mut c = conn.lock().await;
     let r = match a.inner.strategy {
-        Strategy::UniqueInsert => a.unique_release().await,
-        Strategy::Optimistic => a.optimistic_release(None).await,
+        Strategy::UniqueInsert => a.unique_release_on(&mut c).await,
+        Strategy::Optimistic => a.optimistic_release_on(&mut c, None).await,
         Strategy::ForUpdate => Ok(false),
     };
     if let Err(e) = r {
@@ -180,43 +212,10 @@ async fn undo(a: &Attempt) {
 
 impl Drop for Undo {
     fn drop(&mut self) {
-        if let Some(a) = self.0.take()
+        if let Some((a, conn)) = self.0.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(async move { undo(&a).await });
+            runtime.spawn(async move { undo(&a, &conn).await });
         }
-    }
-}
-
-#[async_trait]
-impl DistributedLock for SqlLock {
-    fn name(&self) -> &LockName {
-        &self.name
-    }
-
-    fn options(&self) -> &LockOptions {
-        &self.options
-    }
-
-    fn store_id(&self) -> &str {
-        &self.inner.store_id
-    }
-
-    async fn acquire(&self) -> Result<LockGuard> {
-        self.acquire_until(None)
-            .await?
-            .ok_or_else(|| Error::Backend {
-                backend: self.inner.backend,
-                message: format!(
-                    "an unbounded wait for {:?} ended without the lock",
-                    self.name
-                ),
-                retryable: true,
-                source: None,
-            })
-    }
-
-    async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_until(Some(Instant::now() + wait)).await
     }
 }

@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use dlock_core::backend::{HandleInfo, Lock};
 use dlock_core::{
-    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockName, LockOptions,
+    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockKind, LockName, LockOptions,
     LockProvider, LockStatus, Result,
 };
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
@@ -26,7 +27,7 @@ use sqlx::{AnyPool, Executor};
 
 pub use crate::config::{Dialect, SqlConfig, Strategy};
 use crate::error::from_sqlx;
-use crate::handles::SqlLock;
+use crate::handles::SqlMutex;
 use crate::sql::Statements;
 
 /// The URL schemes this backend serves (with the features that enable them).
@@ -275,13 +276,8 @@ impl SqlProvider {
             .map(|(_, id)| *id)
     }
 
-    /// What the database records about `name`: the current holder (owner, remaining lease) and
-    /// the last fencing token issued.
-    ///
-    /// # Errors
-    ///
-    /// Database errors.
-    pub async fn describe(&self, name: &str) -> Result<LockStatus> {
+    /// What the database records about `name` (see [`LockProvider::describe`]).
+    async fn describe_name(&self, name: &str) -> Result<LockStatus> {
         let name = LockName::new(name)?;
         let key = name.as_str().as_bytes();
         let s = &self.inner.sql;
@@ -305,7 +301,7 @@ impl SqlProvider {
                             | u64::try_from(takeovers).unwrap_or(0);
                         status(left > 0, Some(owner), left, Some(token))
                     }
-                    None => LockStatus::default(),
+                    None => LockStatus::free(None),
                 }
             }
             Strategy::Optimistic => {
@@ -327,7 +323,7 @@ impl SqlProvider {
                             u64::try_from(version).ok().filter(|v| *v > 0),
                         )
                     }
-                    None => LockStatus::default(),
+                    None => LockStatus::free(None),
                 }
             }
             Strategy::ForUpdate => {
@@ -349,7 +345,11 @@ impl SqlProvider {
                     }
                     None => true,
                 };
-                LockStatus::new(held, None, None, token)
+                if held {
+                    LockStatus::held_by(LockKind::Mutex, Vec::new()).with_last_token(token)
+                } else {
+                    LockStatus::free(token)
+                }
             }
         };
         Ok(status)
@@ -357,15 +357,23 @@ impl SqlProvider {
 }
 
 /// Creates the directory of a SQLite file (the driver creates the file, not its directory).
+///
+/// The URL holds the path percent-encoded (a space is `%20`), and sqlx decodes it: so must
+/// this, or `/home/Jane Doe/...` would get a directory named `Jane%20Doe` (review M3).
 fn create_parent_dir(config: &SqlConfig) -> Result<()> {
     let text = config.url.expose().as_str();
-    let path = text
+    let encoded = text
         .strip_prefix("sqlite://")
         .unwrap_or(text)
         .split('?')
         .next()
         .unwrap_or_default();
-    if let Some(dir) = std::path::Path::new(path)
+    let path = percent_decode(encoded).ok_or_else(|| {
+        Error::config(format!(
+            "the SQLite path {encoded:?} is not valid UTF-8 once decoded"
+        ))
+    })?;
+    if let Some(dir) = std::path::Path::new(&path)
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
     {
@@ -380,21 +388,55 @@ fn create_parent_dir(config: &SqlConfig) -> Result<()> {
     Ok(())
 }
 
-fn status(held: bool, owner: Option<String>, left_ms: i64, token: Option<u64>) -> LockStatus {
-    LockStatus::new(
-        held,
-        if held { owner } else { None },
-        held.then(|| Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))),
-        token,
-    )
+/// Decodes `%XX` escapes (as sqlx does for SQLite paths); `None` if the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                let value = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
+                out.push(u8::try_from(value).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
+fn status(held: bool, owner: Option<String>, left_ms: i64, token: Option<u64>) -> LockStatus {
+    if !held {
+        return LockStatus::free(token);
+    }
+    LockStatus::held_by(LockKind::Mutex, owner.into_iter().collect())
+        .with_remaining(Some(Duration::from_millis(
+            u64::try_from(left_ms).unwrap_or(0),
+        )))
+        .with_last_token(token)
+}
+
+#[dlock_core::async_trait]
 impl LockProvider for SqlProvider {
+    async fn describe(&self, name: &str) -> Result<LockStatus> {
+        self.describe_name(name).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::all(self.inner.backend);
         caps.fair = false;
         caps.read_write = false;
         caps.semaphore = false;
+        caps.connection_bound = self.inner.strategy == Strategy::ForUpdate;
         caps.min_lease = MIN_LEASE;
         caps
     }
@@ -406,11 +448,16 @@ impl LockProvider for SqlProvider {
     fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock> {
         let name = LockName::new(name)?;
         self.capabilities().check(&options)?;
-        Ok(Arc::new(SqlLock::new(
-            Arc::clone(&self.inner),
+        let info = HandleInfo::new(
+            self.inner.backend,
+            self.inner.store_id.as_str(),
             name,
             options,
-        )))
+        );
+        let raw = SqlMutex {
+            inner: Arc::clone(&self.inner),
+        };
+        Ok(Arc::new(Lock::new(info, raw)))
     }
 
     fn read_write_lock(&self, name: &str, _options: LockOptions) -> Result<DynReadWriteLock> {
@@ -434,5 +481,24 @@ impl LockProvider for SqlProvider {
             self.inner.backend,
             "semaphores (N slot rows per name; not offered by the SQL strategies yet)",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn percent_decoding_matches_the_driver() {
+        assert_eq!(
+            percent_decode("/home/Jane%20Doe/x.db").unwrap(),
+            "/home/Jane Doe/x.db"
+        );
+        assert_eq!(
+            percent_decode("/home/jos%C3%A9/x.db").unwrap(),
+            "/home/josé/x.db"
+        );
+        assert_eq!(percent_decode("/a%2/b%zz%").unwrap(), "/a%2/b%zz%");
+        assert!(percent_decode("/bad%FF").is_none());
     }
 }

@@ -26,6 +26,9 @@ pub(crate) struct Statements {
     pub(crate) lock_row: String,
     pub(crate) lock_row_nowait: String,
     pub(crate) lock_wait_timeout: String,
+    pub(crate) connection_id: String,
+    pub(crate) hold_timeout: String,
+    pub(crate) reset_hold_timeout: String,
     pub(crate) next_fence: String,
     // inspection
     pub(crate) describe_hold: String,
@@ -168,7 +171,13 @@ impl Statements {
             lock_row_nowait: format!(
                 "SELECT CONNECTION_ID() FROM {t}_rows WHERE name = ? FOR UPDATE NOWAIT"
             ),
-            lock_wait_timeout: "SET SESSION innodb_lock_wait_timeout = ?".to_owned(),
+            lock_wait_timeout: "SET SESSION innodb_lock_wait_timeout = ?, wait_timeout = ?"
+                .to_owned(),
+            connection_id: "SELECT CONNECTION_ID()".to_owned(),
+            // The server-side lease of a for-update hold: the server closes a connection idle
+            // this long, which rolls back and frees the row (a paused or cut-off holder).
+            hold_timeout: "SET SESSION wait_timeout = ?".to_owned(),
+            reset_hold_timeout: "SET SESSION wait_timeout = DEFAULT".to_owned(),
             next_fence,
             describe_hold: format!(
                 "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"

@@ -1,9 +1,11 @@
 //! The three strategies: one attempt each, and the holds they produce.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::{Error, Hold, LockName, Result, async_trait};
+use dlock_core::backend::{Deadline, Hold, HoldSignal, from_now};
+use dlock_core::{Error, LockName, LossReason, Result, async_trait};
+use sqlx::AnyConnection;
 use sqlx::any::AnyRow;
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, Row};
@@ -53,10 +55,15 @@ impl Attempt {
         move |e| from_sqlx(backend, &what, e)
     }
 
+    /// A connection of the provider's pool for a few statements in a row.
+    pub(crate) async fn connection(&self) -> Result<PoolConnection<Any>> {
+        self.inner.pool.acquire().await.map_err(self.err("connect"))
+    }
+
     // ------------------------------------------------------------ unique-insert
 
     /// INSERT the hold; on a duplicate, take an expired row over with a conditional UPDATE.
-    pub(crate) async fn unique_insert(&self) -> Result<Option<u64>> {
+    pub(crate) async fn unique_insert(&self, conn: &mut AnyConnection) -> Result<Option<u64>> {
         let s = &self.inner.sql;
         let insert = sqlx::query(&s.insert_hold)
             .bind(self.key())
@@ -65,17 +72,17 @@ impl Attempt {
         // MySQL hands the AUTO_INCREMENT id back with the INSERT; SQLite through RETURNING.
         let inserted = match self.inner.dialect {
             crate::Dialect::MySql => insert
-                .execute(&self.inner.pool)
+                .execute(&mut *conn)
                 .await
                 .map(|done| done.last_insert_id()),
             crate::Dialect::Sqlite => insert
-                .fetch_one(&self.inner.pool)
+                .fetch_one(&mut *conn)
                 .await
                 .and_then(|row| row.try_get::<i64, _>(0))
                 .map(Some),
         };
         match inserted {
-            Ok(Some(id)) => return Ok(Some(token(id, 0))),
+            Ok(Some(id)) => return self.token(id, 0).map(Some),
             Ok(None) => return Err(self.missing_id()),
             Err(e) if meaning(&e) == Meaning::Duplicate => {}
             Err(e) => return Err(self.err("acquire")(e)),
@@ -84,7 +91,7 @@ impl Attempt {
             .bind(&self.owner)
             .bind(ms(self.lease))
             .bind(self.key())
-            .execute(&self.inner.pool)
+            .execute(&mut *conn)
             .await
             .map_err(self.err("take over"))?;
         if taken.rows_affected() != 1 {
@@ -93,7 +100,7 @@ impl Attempt {
         let row = sqlx::query(&s.select_hold_token)
             .bind(self.key())
             .bind(&self.owner)
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(self.err("read the token"))?;
         let Some(row) = row else {
@@ -103,24 +110,32 @@ impl Attempt {
         let id: i64 = row.try_get(0).map_err(self.err("read the token"))?;
         let takeovers: i64 = row.try_get(1).map_err(self.err("read the token"))?;
         if takeovers >= 1 << TAKEOVER_BITS {
+            // The row's token space is used up. The attempt's undo deletes the row (it is
+            // ours now) and the retry inserts a new one, whose larger id gives larger tokens
+            // (review M4: this used to be a hard error).
             return Err(Error::Backend {
                 backend: self.inner.backend,
                 message: format!(
-                    "lock {:?} was taken over 2^20 times without a release; its tokens would run out: delete its row to start afresh",
+                    "lock {:?} was taken over 2^20 times without a release; starting a new row",
                     self.name
                 ),
-                retryable: false,
+                retryable: true,
                 source: None,
             });
         }
-        Ok(Some(token(id, takeovers)))
+        self.token(id, takeovers).map(Some)
     }
 
     pub(crate) async fn unique_release(&self) -> Result<bool> {
+        let mut conn = self.connection().await?;
+        self.unique_release_on(&mut conn).await
+    }
+
+    pub(crate) async fn unique_release_on(&self, conn: &mut AnyConnection) -> Result<bool> {
         let done = sqlx::query(&self.inner.sql.delete_hold)
             .bind(self.key())
             .bind(&self.owner)
-            .execute(&self.inner.pool)
+            .execute(&mut *conn)
             .await
             .map_err(self.err("release"))?;
         Ok(done.rows_affected() == 1)
@@ -141,28 +156,28 @@ impl Attempt {
 
     /// `UPDATE … WHERE version = ?` with the version last seen for this name; on a miss, read
     /// the current version (creating the row on first use) and try once more.
-    pub(crate) async fn optimistic(&self) -> Result<Option<u64>> {
+    pub(crate) async fn optimistic(&self, conn: &mut AnyConnection) -> Result<Option<u64>> {
         let cached = self.inner.cached_version(&self.name);
         if let Some(version) = cached
-            && let Some(token) = self.claim(version).await?
+            && let Some(token) = self.claim(conn, version).await?
         {
             return Ok(Some(token));
         }
         let s = &self.inner.sql;
         let mut row = sqlx::query(&s.select_version)
             .bind(self.key())
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(self.err("read the version"))?;
         if row.is_none() {
             sqlx::query(&s.insert_version)
                 .bind(self.key())
-                .execute(&self.inner.pool)
+                .execute(&mut *conn)
                 .await
                 .map_err(self.err("create the row"))?;
             row = sqlx::query(&s.select_version)
                 .bind(self.key())
-                .fetch_optional(&self.inner.pool)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(self.err("read the version"))?;
         }
@@ -172,10 +187,10 @@ impl Attempt {
         if cached == Some(version) {
             return Ok(None); // the claim above already failed on this very version
         }
-        self.claim(version).await
+        self.claim(conn, version).await
     }
 
-    async fn claim(&self, version: i64) -> Result<Option<u64>> {
+    async fn claim(&self, conn: &mut AnyConnection, version: i64) -> Result<Option<u64>> {
         let q = sqlx::query(&self.inner.sql.claim_version)
             .bind(&self.owner)
             .bind(ms(self.lease))
@@ -183,10 +198,7 @@ impl Attempt {
             .bind(version);
         let next = match self.inner.dialect {
             crate::Dialect::MySql => {
-                let done = q
-                    .execute(&self.inner.pool)
-                    .await
-                    .map_err(self.err("acquire"))?;
+                let done = q.execute(&mut *conn).await.map_err(self.err("acquire"))?;
                 if done.rows_affected() != 1 {
                     None
                 } else {
@@ -195,7 +207,7 @@ impl Attempt {
             }
             crate::Dialect::Sqlite => {
                 let row: Option<AnyRow> = q
-                    .fetch_optional(&self.inner.pool)
+                    .fetch_optional(&mut *conn)
                     .await
                     .map_err(self.err("acquire"))?;
                 match row {
@@ -211,6 +223,15 @@ impl Attempt {
     }
 
     pub(crate) async fn optimistic_release(&self, version: Option<u64>) -> Result<bool> {
+        let mut conn = self.connection().await?;
+        self.optimistic_release_on(&mut conn, version).await
+    }
+
+    pub(crate) async fn optimistic_release_on(
+        &self,
+        conn: &mut AnyConnection,
+        version: Option<u64>,
+    ) -> Result<bool> {
         let s = &self.inner.sql;
         let done = match version {
             Some(v) => {
@@ -218,14 +239,14 @@ impl Attempt {
                     .bind(self.key())
                     .bind(&self.owner)
                     .bind(i64::try_from(v).unwrap_or(i64::MAX))
-                    .execute(&self.inner.pool)
+                    .execute(&mut *conn)
                     .await
             }
             None => {
                 sqlx::query(&s.release_version_by_owner)
                     .bind(self.key())
                     .bind(&self.owner)
-                    .execute(&self.inner.pool)
+                    .execute(&mut *conn)
                     .await
             }
         }
@@ -247,12 +268,15 @@ impl Attempt {
 
     // ------------------------------------------------------------ for-update
 
-    /// Takes the row lock on a dedicated connection (the row is created on first use), waiting until
-    /// `deadline`; returns the connection holding it and the server's id for it.
-    pub(crate) async fn for_update(
-        &self,
-        deadline: Option<Instant>,
-    ) -> Result<Option<(Pinned, u64)>> {
+    /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
+    /// until `deadline`; returns the connection holding it and the server's id for it.
+    ///
+    /// The hold's lease is the server's: [`start_lease`](Self::start_lease) sets the
+    /// connection's `wait_timeout` to it, so a holder that stops talking (paused, cut off) is
+    /// disconnected by the server and its row freed. A statement that waits for the row is
+    /// killed (`KILL QUERY` from another connection) if the acquisition is dropped, so a
+    /// cancelled waiter leaves no waiting statement on the server.
+    pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<(Pinned, u64)>> {
         let Some(lock_pool) = &self.inner.lock_pool else {
             return Err(Error::unsupported(
                 self.inner.backend,
@@ -262,38 +286,98 @@ impl Attempt {
         let s = &self.inner.sql;
         // Each held or waiting lock pins a connection; waiting for one respects the deadline,
         // with a grace to open one, so that even a zero wait makes its one attempt.
-        let pooled = match deadline {
-            None => lock_pool.acquire().await,
-            Some(d) => match tokio::time::timeout_at(
-                d.max(Instant::now() + CONNECT_GRACE),
-                lock_pool.acquire(),
-            )
-            .await
-            {
-                Ok(c) => c,
-                Err(_) => return Ok(None),
-            },
+        // A pool that stays exhausted is an error that says so, not "held by someone" (review
+        // M1): every held or waiting for-update lock pins a connection.
+        let exhausted = || Error::Backend {
+            backend: self.inner.backend,
+            message: format!(
+                "for-update pins one connection per held or waiting lock, and all {} of the \
+                 pool are in use: raise ?pool=N (within the server's max_connections)",
+                lock_pool.options().get_max_connections()
+            ),
+            retryable: false,
+            source: None,
         };
-        let mut conn = Pinned(Some(pooled.map_err(self.err("connect"))?));
-        loop {
-            let now = Instant::now();
-            let left = deadline.map(|d| d.saturating_duration_since(now));
-            let statement = match left {
-                None => &s.lock_row,
-                Some(left) if left >= Duration::from_secs(1) => {
-                    sqlx::query(&s.lock_wait_timeout)
-                        .bind(i64::try_from(left.as_secs()).unwrap_or(50).min(50))
-                        .execute(&mut **conn.get()?)
-                        .await
-                        .map_err(self.err("set the lock wait"))?;
-                    &s.lock_row
+        let pooled = match deadline.instant() {
+            // No deadline: wait as long as it takes, also for a connection (review: an
+            // unbounded acquire must not fail because the pool is busy).
+            None => loop {
+                match lock_pool.acquire().await {
+                    Err(sqlx::Error::PoolTimedOut) => {
+                        tracing::debug!(lock = %self.name, "for-update pool busy; still waiting for a connection");
+                    }
+                    other => break other,
                 }
-                Some(_) => &s.lock_row_nowait,
+            },
+            Some(d) => {
+                match tokio::time::timeout_at(d.max(from_now(CONNECT_GRACE)), lock_pool.acquire())
+                    .await
+                {
+                    Ok(c) => c,
+                    Err(_) => return Err(exhausted()),
+                }
+            }
+        };
+        let pooled = match pooled {
+            Err(sqlx::Error::PoolTimedOut) => return Err(exhausted()),
+            other => other.map_err(self.err("connect"))?,
+        };
+        let mut conn = Pinned(Some(pooled));
+        let mut connection_id = None;
+        // The first try never waits (NOWAIT): an uncontended lock costs one round trip, with
+        // no lock-wait setting and no connection id for the killer of a waiting statement.
+        let mut first = true;
+        loop {
+            let left = deadline.remaining();
+            let blocking = !first && left.is_none_or(|left| left >= Duration::from_secs(1));
+            first = false;
+            if blocking {
+                // The server-side lease starts at the grant, not after it: a waiter frozen or
+                // cut off while it waits, and granted the row then, is disconnected after its
+                // lease of idleness instead of the server's default (8 h). The client's lease
+                // starts later (at `start_lease`), so the client still gives up first.
+                let lock_wait = left.map_or(50, |left| {
+                    i64::try_from(left.as_secs()).unwrap_or(50).min(50)
+                });
+                sqlx::query(&s.lock_wait_timeout)
+                    .bind(lock_wait)
+                    .bind(server_seconds(self.lease))
+                    .execute(&mut **conn.get()?)
+                    .await
+                    .map_err(self.err("set the lock wait"))?;
+            }
+            let statement = if blocking {
+                &s.lock_row
+            } else {
+                &s.lock_row_nowait
             };
+            // A statement that may wait gets a killer, armed while it is in flight.
+            let mut killer = None;
+            if blocking {
+                let id = match connection_id {
+                    Some(id) => id,
+                    None => {
+                        let row = sqlx::query(&s.connection_id)
+                            .fetch_one(&mut **conn.get()?)
+                            .await
+                            .map_err(self.err("connection id"))?;
+                        let id = u64::try_from(
+                            row.try_get::<i64, _>(0)
+                                .map_err(self.err("connection id"))?,
+                        )
+                        .unwrap_or(0);
+                        *connection_id.insert(id)
+                    }
+                };
+                killer = Some(KillOnDrop(Some((Arc::clone(&self.inner), id))));
+            }
             let locked = sqlx::query(statement)
                 .bind(self.key())
                 .fetch_optional(&mut **conn.get()?)
                 .await;
+            if let Some(mut k) = killer {
+                k.0 = None;
+            }
             match locked {
                 Ok(Some(row)) => {
                     let id: i64 = row.try_get(0).map_err(self.err("lock"))?;
@@ -310,7 +394,7 @@ impl Attempt {
                 Err(e) if meaning(&e) == Meaning::Busy => {
                     conn.rollback().await;
                     let now = Instant::now();
-                    match deadline {
+                    match deadline.instant() {
                         Some(d) if now >= d => {
                             conn.return_to_pool();
                             return Ok(None);
@@ -325,6 +409,26 @@ impl Attempt {
                 Err(e) => return Err(self.err("lock")(e)),
             }
         }
+    }
+
+    /// Starts a for-update hold's server-side lease on its connection (`wait_timeout`), and
+    /// returns when the statement was sent: the client's lease runs from there, before the
+    /// server starts counting idle time. Called right after the grant, so the row is never
+    /// without a server-side lease; [`confirm_lease`](Self::confirm_lease) follows the fence.
+    pub(crate) async fn start_lease(&self, conn: &mut Pinned) -> Result<Instant> {
+        let sent = Instant::now();
+        conn.renew(&self.inner.sql.hold_timeout, self.lease)
+            .await
+            .map_err(self.err("set the hold's server-side lease"))?;
+        Ok(sent)
+    }
+
+    /// Proves the holding connection (and so the row lock) is alive after the fence was
+    /// taken on another connection, by setting its lease again.
+    pub(crate) async fn confirm_lease(&self, conn: &mut Pinned) -> Result<()> {
+        conn.renew(&self.inner.sql.hold_timeout, self.lease)
+            .await
+            .map_err(self.err("confirm the hold after its fence"))
     }
 
     /// The next fencing token of this name, committed on its own (a holder that dies cannot
@@ -351,8 +455,58 @@ impl Attempt {
     }
 }
 
-fn token(id: i64, takeovers: i64) -> u64 {
-    (u64::try_from(id).unwrap_or(0) << TAKEOVER_BITS) | u64::try_from(takeovers).unwrap_or(0)
+impl Attempt {
+    /// A unique-insert token: the row id in the high bits, its takeovers in the low ones; an
+    /// id too large to shift is an error, never a silently truncated token (review M4).
+    fn token(&self, id: i64, takeovers: i64) -> Result<u64> {
+        let id = u64::try_from(id).unwrap_or(0);
+        if id >= 1 << (64 - TAKEOVER_BITS) {
+            return Err(Error::Backend {
+                backend: self.inner.backend,
+                message: format!(
+                    "the row id {id} of lock {:?} no longer fits a fencing token",
+                    self.name
+                ),
+                retryable: false,
+                source: None,
+            });
+        }
+        Ok((id << TAKEOVER_BITS) | u64::try_from(takeovers).unwrap_or(0))
+    }
+}
+
+/// A for-update hold's lease as the server's `wait_timeout`: whole seconds, rounded up, within
+/// the server's range (1 s to 365 days).
+pub(crate) fn server_seconds(lease: Duration) -> i64 {
+    let secs = lease
+        .as_secs()
+        .saturating_add(u64::from(lease.subsec_nanos() > 0));
+    i64::try_from(secs.clamp(1, 31_536_000)).unwrap_or(31_536_000)
+}
+
+/// Kills the statement of connection `id` (from another connection, in the background) if
+/// dropped while armed: a waiting `SELECT … FOR UPDATE` whose future was dropped would
+/// otherwise stay queued on the server until its lock wait timeout, and could even be granted
+/// the row after its client left.
+struct KillOnDrop(Option<(Arc<Inner>, u64)>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let Some((inner, id)) = self.0.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            if let Err(e) = sqlx::query(&format!("KILL QUERY {id}"))
+                .execute(&inner.pool)
+                .await
+            {
+                tracing::debug!(connection = id, error = %e, "could not kill a cancelled lock wait");
+            }
+        });
+    }
 }
 
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
@@ -362,10 +516,11 @@ pub(crate) struct Pinned(Option<PoolConnection<Any>>);
 
 impl Pinned {
     fn get(&mut self) -> Result<&mut PoolConnection<Any>> {
+        // A connection closed after a failed ROLLBACK (a reset): a new attempt gets another.
         self.0.as_mut().ok_or_else(|| Error::Backend {
             backend: "mysql",
-            message: "the holding connection is gone".into(),
-            retryable: false,
+            message: "the connection of this acquisition broke".into(),
+            retryable: true,
             source: None,
         })
     }
@@ -385,29 +540,39 @@ impl Pinned {
         }
     }
 
-    /// Commits (releasing the row lock) and returns the connection to the pool.
-    pub(crate) async fn commit(&mut self) -> std::result::Result<(), sqlx::Error> {
+    /// Commits (releasing the row lock) and returns the connection to the pool with the
+    /// server's default idle timeout.
+    pub(crate) async fn commit(&mut self, reset: &str) -> std::result::Result<(), sqlx::Error> {
         let Some(c) = self.0.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
-        match sqlx::query("COMMIT").execute(&mut **c).await {
-            Ok(_) => {
-                drop(self.0.take());
-                Ok(())
-            }
-            Err(e) => {
-                self.close();
-                Err(e)
-            }
+        if let Err(e) = sqlx::query("COMMIT").execute(&mut **c).await {
+            self.close();
+            return Err(e);
         }
+        match sqlx::query(reset).execute(&mut **c).await {
+            Ok(_) => drop(self.0.take()),
+            // Committed (the row is free); only the connection is not reusable.
+            Err(_) => self.close(),
+        }
+        Ok(())
     }
 
-    /// Checks the connection (and so the hold) is alive.
-    pub(crate) async fn ping(&mut self) -> std::result::Result<(), sqlx::Error> {
+    /// Renews the hold: sets the server-side lease again (which also proves the connection,
+    /// and so the row lock, is alive).
+    pub(crate) async fn renew(
+        &mut self,
+        statement: &str,
+        ttl: Duration,
+    ) -> std::result::Result<(), sqlx::Error> {
         let Some(c) = self.0.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
-        match sqlx::query("SELECT 1").execute(&mut **c).await {
+        match sqlx::query(statement)
+            .bind(server_seconds(ttl))
+            .execute(&mut **c)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) => {
                 self.close();
@@ -416,7 +581,43 @@ impl Pinned {
         }
     }
 
+    /// Whether the connection still answers (`None`: it is gone already, released or closed).
+    /// A connection that does not answer is closed.
+    ///
+    /// Bounded by `limit`: a connection that does not answer in time (a partition) is closed
+    /// too, so nothing waits on the hold's mutex for longer. Cancel safe: the connection is
+    /// out of `self` while the ping is in flight and is closed, not reused, if the ping is
+    /// dropped (a ping's unread answer would otherwise be read by the next statement).
+    async fn ping(&mut self, limit: Duration) -> Option<bool> {
+        let mut flight = ClosedUnlessReturned(Some(self.0.take()?));
+        let answered = match flight.0.as_mut() {
+            Some(c) => tokio::time::timeout(limit, sqlx::Connection::ping(&mut **c)).await,
+            None => return None,
+        };
+        match answered {
+            Ok(Ok(())) => {
+                self.0 = flight.0.take();
+                Some(true)
+            }
+            // Dropping `flight` closes the connection.
+            Ok(Err(_)) | Err(_) => Some(false),
+        }
+    }
+
     fn close(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            c.close_on_drop();
+            drop_connection(c);
+        }
+    }
+}
+
+/// A connection taken out of a [`Pinned`] for one call: closed when dropped, unless the call
+/// finished and put it back.
+struct ClosedUnlessReturned(Option<PoolConnection<Any>>);
+
+impl Drop for ClosedUnlessReturned {
+    fn drop(&mut self) {
         if let Some(mut c) = self.0.take() {
             c.close_on_drop();
             drop_connection(c);
@@ -440,19 +641,74 @@ impl Drop for Pinned {
     }
 }
 
+/// The connection a for-update hold lives in, shared with its [`watch`]er.
+pub(crate) type HoldingConnection = Arc<tokio::sync::Mutex<Pinned>>;
+
 /// The backend side of a SQL hold.
 #[derive(Debug)]
 pub(crate) enum SqlHold {
     UniqueInsert(Attempt),
     Optimistic(Attempt, u64),
-    ForUpdate(Attempt, tokio::sync::Mutex<Pinned>),
+    /// The row lock of one connection's transaction, and the hold's loss signal.
+    ForUpdate(Attempt, HoldingConnection, HoldSignal),
+}
+
+/// How often a for-update hold's connection is checked between renewals: a tenth of the
+/// lease, from 100 ms to 1 s.
+pub(crate) fn watch_period(lease: Duration) -> Duration {
+    (lease / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+/// How long a ping of a holding connection may take: a third of the lease (a renewal period),
+/// at least 100 ms. A connection slower than that is treated as gone (and closed): a false
+/// loss at worst, never a hold vouched for by a connection that no longer answers.
+fn ping_limit(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(100))
+}
+
+/// Watches a for-update hold's connection between renewals. The hold is that connection's
+/// row lock: a reset or a network fault ends it on the server at once, and the server grants
+/// the row to the next waiter, so the holder must not wait for its next renewal (a third of
+/// its lease) to learn of it. Pings every `period`; a connection that does not answer is
+/// closed and the hold marked lost ([`LossReason::ConnectionLost`]). Ends when the hold is
+/// released, lost or dropped. A ping resets the server's idle count like a renewal does, and
+/// stops with the process like one, so a paused or cut-off holder still runs out of its
+/// server-side lease.
+pub(crate) async fn watch(
+    conn: Weak<tokio::sync::Mutex<Pinned>>,
+    signal: HoldSignal,
+    lease: Duration,
+) {
+    let period = watch_period(lease);
+    loop {
+        tokio::time::sleep(period).await;
+        if signal.is_lost() {
+            return;
+        }
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        let alive = conn.lock().await.ping(ping_limit(lease)).await;
+        match alive {
+            Some(true) => {}
+            Some(false) => {
+                signal.mark_lost(LossReason::ConnectionLost);
+                return;
+            }
+            None => return,
+        }
+    }
 }
 
 impl SqlHold {
     fn attempt(&self) -> &Attempt {
         match self {
-            Self::UniqueInsert(a) | Self::Optimistic(a, _) | Self::ForUpdate(a, _) => a,
+            Self::UniqueInsert(a) | Self::Optimistic(a, _) | Self::ForUpdate(a, _, _) => a,
         }
+    }
+
+    pub(crate) fn name(&self) -> &LockName {
+        &self.attempt().name
     }
 }
 
@@ -463,9 +719,10 @@ impl Hold for SqlHold {
         let released = match self {
             Self::UniqueInsert(a) => retry_once(|| a.unique_release()).await?,
             Self::Optimistic(a, v) => retry_once(|| a.optimistic_release(Some(*v))).await?,
-            Self::ForUpdate(a, conn) => {
+            Self::ForUpdate(a, conn, _) => {
                 a.inner.forget_holder(&a.name, &a.owner);
-                conn.lock().await.commit().await.is_ok()
+                let reset = &a.inner.sql.reset_hold_timeout;
+                conn.lock().await.commit(reset).await.is_ok()
             }
         };
         if released {
@@ -475,13 +732,38 @@ impl Hold for SqlHold {
         }
     }
 
+    /// For-update asks the holding connection (a ping): the row lock lives as long as it does.
+    async fn verify(&self) -> Result<bool> {
+        let Self::ForUpdate(_, conn, signal) = self else {
+            return Ok(true);
+        };
+        let limit = ping_limit(self.attempt().lease);
+        let alive = conn.lock().await.ping(limit).await == Some(true);
+        if !alive {
+            signal.mark_lost(LossReason::ConnectionLost);
+        }
+        Ok(alive)
+    }
+
     async fn extend(&self, ttl: Duration) -> Result<()> {
         let a = self.attempt();
         let held = match self {
             Self::UniqueInsert(a) => a.unique_renew(ttl).await?,
             Self::Optimistic(a, v) => a.optimistic_renew(*v, ttl).await?,
-            // The server keeps the row lock as long as the connection lives.
-            Self::ForUpdate(_, conn) => conn.lock().await.ping().await.is_ok(),
+            // The server keeps the row lock while the connection lives, and keeps the
+            // connection while it is idle no longer than its wait_timeout.
+            Self::ForUpdate(a, conn, signal) => {
+                let alive = conn
+                    .lock()
+                    .await
+                    .renew(&a.inner.sql.hold_timeout, ttl)
+                    .await
+                    .is_ok();
+                if !alive {
+                    signal.mark_lost(LossReason::ConnectionLost);
+                }
+                alive
+            }
         };
         if held {
             Ok(())
@@ -493,7 +775,7 @@ impl Hold for SqlHold {
 
 impl Drop for SqlHold {
     fn drop(&mut self) {
-        if let Self::ForUpdate(a, _) = self {
+        if let Self::ForUpdate(a, _, _) = self {
             a.inner.forget_holder(&a.name, &a.owner);
         }
     }
@@ -509,5 +791,19 @@ where
     match call().await {
         Err(e) if e.is_retryable() => call().await.map(|_| true),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_lease_rounds_up_within_the_servers_range() {
+        assert_eq!(server_seconds(Duration::ZERO), 1);
+        assert_eq!(server_seconds(Duration::from_millis(800)), 1);
+        assert_eq!(server_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(server_seconds(Duration::from_secs(30)), 30);
+        assert_eq!(server_seconds(Duration::MAX), 31_536_000);
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_conformance::{Factory, async_trait, service_url};
+use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service_url};
 use dlock_core::{DynLockProvider, Result};
 use dlock_sql::SqlProvider;
 use sqlx::any::AnyPoolOptions;
@@ -65,6 +65,54 @@ impl SqlFactory {
     }
 }
 
+impl SqlFactory {
+    /// The server's transactions that hold or wait for `name`'s row: those in a lock wait on
+    /// the row (and the ones they wait for) from InnoDB's lock tables, and the holders this
+    /// case's providers know of whose transaction is still open. A cancelled waiter whose
+    /// statement still waits on the server counts.
+    async fn for_update_residue(&self, name: &str) -> usize {
+        let admin = self.admin().await;
+        let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        let mut threads = std::collections::BTreeSet::new();
+        let rows = sqlx::query(
+            "SELECT DISTINCT t.trx_mysql_thread_id \
+             FROM information_schema.INNODB_LOCKS l \
+             JOIN information_schema.INNODB_TRX t ON t.trx_id = l.lock_trx_id \
+             WHERE l.lock_table LIKE '%`dlock_rows`' AND l.lock_data = ?",
+        )
+        .bind(format!("0x{hex}"))
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+        for row in rows {
+            threads.insert(row.try_get::<i64, _>(0).unwrap());
+        }
+        let holders: Vec<u64> = self
+            .providers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.holder_connection_id(name))
+            .collect();
+        for id in holders {
+            let open: i64 = sqlx::query(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?",
+            )
+            .bind(i64::try_from(id).unwrap())
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+            if open > 0 {
+                threads.insert(i64::try_from(id).unwrap());
+            }
+        }
+        admin.close().await;
+        threads.len()
+    }
+}
+
 #[async_trait]
 impl Factory for SqlFactory {
     fn label(&self) -> String {
@@ -78,8 +126,30 @@ impl Factory for SqlFactory {
         Ok(Arc::new(p))
     }
 
+    /// MySQL through a proxy; a SQLite file cannot be cut off.
+    async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        if self.is_sqlite() {
+            return None;
+        }
+        Some(
+            async {
+                let (cut, url) = ProxyPartition::start(&self.url, 3306).await?;
+                let p = SqlProvider::connect(&url).await?;
+                self.providers.lock().unwrap().push(p.clone());
+                let p: DynLockProvider = Arc::new(p);
+                Ok((p, Box::new(cut) as Box<dyn Partition>))
+            }
+            .await,
+        )
+    }
+
     fn short_lease(&self) -> Duration {
         Duration::from_millis(800)
+    }
+
+    /// For-update: the server-side lease is the short lease in whole seconds.
+    fn holder_timeout(&self) -> Duration {
+        Duration::from_secs(1)
     }
 
     async fn force_expire(&self, name: &str) -> Option<Result<()>> {
@@ -122,7 +192,7 @@ impl Factory for SqlFactory {
         let query = match self.strategy {
             "unique-insert" => "SELECT COUNT(*) FROM dlock_holds WHERE name = ?",
             "optimistic" => "SELECT COUNT(*) FROM dlock_versions WHERE name = ? AND owner <> ''",
-            _ => return None,
+            _ => return Some(Ok(self.for_update_residue(name).await)),
         };
         let admin = self.admin().await;
         let n: i64 = sqlx::query(query)

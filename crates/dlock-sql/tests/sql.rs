@@ -16,7 +16,8 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 use tokio::time::Instant;
 
-/// MySQL tests in this file touch global status counters; they run one at a time.
+/// The tests here that start worker processes or kill connections run one at a time, so their
+/// timing does not depend on each other's load.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn admin(url: &str) -> AnyPool {
@@ -254,8 +255,10 @@ async fn killed_holder_process_frees_the_lock() {
     }
 }
 
-/// The for-update holder's connection killed with `KILL <id>`: `lost()` fires and another
-/// client gets the lock.
+/// The for-update holder's connection killed with `KILL <id>`: the server frees the row at
+/// once, so the holder is told by its connection watch (within a second for a 30 s lease),
+/// not at its first renewal 10 s later, and another client gets the lock. The old code told
+/// the holder only at that renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_for_update_connection_reports_loss() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
@@ -265,7 +268,7 @@ async fn killed_for_update_connection_reports_loss() {
     let url = format!("{mysql}?strategy=for-update");
     let p = SqlProvider::connect(&url).await.unwrap();
     let name = Names::new().name("kill-conn");
-    let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(900)));
+    let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
     let g = p.lock(&name, opts).unwrap().acquire().await.unwrap();
     let id = p
         .holder_connection_id(&name)
@@ -275,8 +278,17 @@ async fn killed_for_update_connection_reports_loss() {
         .execute(&db)
         .await
         .unwrap();
-    must(Duration::from_secs(3), "lost() after KILL", g.lost()).await;
+    must(
+        Duration::from_secs(5),
+        "lost() after KILL, long before the first renewal (10 s)",
+        g.lost(),
+    )
+    .await;
     assert!(!g.is_held());
+    assert_eq!(
+        g.loss_reason(),
+        Some(dlock_core::LossReason::ConnectionLost)
+    );
     let other = SqlProvider::connect(&url).await.unwrap();
     let g2 = other
         .lock(&name, LockOptions::default())
@@ -285,6 +297,133 @@ async fn killed_for_update_connection_reports_loss() {
         .await
         .unwrap();
     assert!(g2.is_some(), "free once the connection is gone");
+}
+
+/// A MultiLock whose first for-update member's connection dies while it awaits the second
+/// must not return: the row lock went with the connection (the server may already have given
+/// it to someone else) and the member's lease has not ended, so only the store can tell.
+/// Found by `dlock torture` ("token went backwards": a MultiLock returned a member whose
+/// connection had been reset while it waited; its fenced write was refused). The old code
+/// returned the guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multilock_does_not_return_a_member_whose_connection_died() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let url = format!("{mysql}?strategy=for-update");
+    let p = SqlProvider::connect(&url).await.unwrap();
+    let other = SqlProvider::connect(&url).await.unwrap();
+    let names = Names::new();
+    let (first, second) = (names.name("multi-a"), names.name("multi-b"));
+    let blocker = other
+        .lock(&second, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let multi = dlock_core::MultiLock::new([
+        p.lock(&first, LockOptions::default()).unwrap(),
+        p.lock(&second, LockOptions::default()).unwrap(),
+    ])
+    .unwrap();
+    let waiting = tokio::spawn(async move { multi.try_acquire(Duration::from_secs(20)).await });
+    let id = eventually(
+        Duration::from_secs(5),
+        "the first member is held",
+        || async { p.holder_connection_id(&first).ok_or("not yet") },
+    )
+    .await;
+    let db = admin(&mysql).await;
+    sqlx::query(&format!("KILL {id}"))
+        .execute(&db)
+        .await
+        .unwrap();
+    blocker.release().await.unwrap();
+    match must(Duration::from_secs(10), "the MultiLock returns", waiting)
+        .await
+        .unwrap()
+    {
+        Err(dlock_core::Error::LockLost { .. }) => {}
+        Err(e) => panic!("expected LockLost, got {e:?}"),
+        Ok(Some(g)) => panic!(
+            "returned a member whose connection died (tokens {:?})",
+            g.fencing_tokens()
+        ),
+        Ok(None) => panic!("timed out although both members came free"),
+    }
+}
+
+/// A for-update waiter cut off (or frozen) while it waits, and granted the row then, keeps it
+/// only for its lease of idleness: the server-side lease is set before the wait, so it runs
+/// from the grant. It used to be set after the grant, by a client that could not send it, so
+/// the server's default `wait_timeout` (8 h) applied and everyone else starved (review of this
+/// round's changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_when_granted_does_not_keep_the_row() {
+    use dlock_conformance::Partition;
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let url = format!("{mysql}?strategy=for-update");
+    let (cut, proxied) = dlock_conformance::ProxyPartition::start(&url, 3306)
+        .await
+        .unwrap();
+    let holder = SqlProvider::connect(&url).await.unwrap();
+    let waiter = SqlProvider::connect(&proxied).await.unwrap();
+    let name = Names::new().name("cut-waiter");
+    let g = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let w = waiter
+        .lock(
+            &name,
+            LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(2))),
+        )
+        .unwrap();
+    let waiting = tokio::spawn(async move { w.try_acquire(Duration::from_secs(60)).await });
+    let db = admin(&mysql).await;
+    let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+    eventually(
+        Duration::from_secs(10),
+        "the waiter waits in the server",
+        || async {
+            let threads: i64 = sqlx::query_scalar(
+                "SELECT COUNT(DISTINCT t.trx_mysql_thread_id) \
+             FROM information_schema.INNODB_LOCKS l \
+             JOIN information_schema.INNODB_TRX t ON t.trx_id = l.lock_trx_id \
+             WHERE l.lock_table LIKE '%`dlock_rows`' AND l.lock_data = ?",
+            )
+            .bind(format!("0x{hex}"))
+            .fetch_one(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            if threads >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{threads} threads on the row"))
+            }
+        },
+    )
+    .await;
+    cut.set_partitioned(true);
+    g.release().await.unwrap(); // the row goes to the cut-off waiter
+    let third = SqlProvider::connect(&url).await.unwrap();
+    let got = third
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert!(
+        got.is_some(),
+        "the row stayed with a waiter cut off when it was granted"
+    );
+    waiting.abort();
 }
 
 /// A row whose `expires_at` passed is taken over exactly once when 8 waiters race for it.
@@ -350,64 +489,106 @@ async fn expired_row_is_taken_over_exactly_once() {
     }
 }
 
-/// An uncontended unique-insert acquire + release is one INSERT and one DELETE (MySQL status
-/// counters); optimistic is one UPDATE each way once the version is known.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uncontended_round_trips() {
-    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
-        return;
-    };
-    let _serial = SERIAL.lock().await;
-    let db = admin(&mysql).await;
-    async fn counters(db: &AnyPool) -> std::collections::HashMap<String, i64> {
-        sqlx::query("SHOW GLOBAL STATUS LIKE 'Com\\_%'")
-            .fetch_all(db)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter_map(|r| {
-                let k: String = r.try_get(0).ok()?;
-                let v: String = r.try_get(1).ok()?;
-                Some((k, v.parse().ok()?))
-            })
-            .collect()
+/// Counts the statements one thread sends, by their first word, from sqlx's own statement log
+/// (`sqlx::query` events): a private scope, unlike the server's global `Com_*` counters, which
+/// any parallel client moves too. It is the process's global subscriber (a thread-scoped one
+/// would lose events: tracing caches a callsite as uninteresting when another thread meets it
+/// first), and it counts only the events of the thread being watched.
+#[derive(Clone, Default)]
+struct Statements {
+    watched: Arc<std::sync::Mutex<Option<std::thread::ThreadId>>>,
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+impl Statements {
+    /// The one instance, installed as the global subscriber on first use.
+    fn installed() -> &'static Self {
+        static ONE: std::sync::OnceLock<Statements> = std::sync::OnceLock::new();
+        ONE.get_or_init(|| {
+            use tracing_subscriber::layer::SubscriberExt;
+            let statements = Self::default();
+            tracing::subscriber::set_global_default(
+                tracing_subscriber::registry().with(statements.clone()),
+            )
+            .expect("no other global subscriber in this test binary");
+            tracing::callsite::rebuild_interest_cache();
+            statements
+        })
     }
-    for (strategy, expect) in [
-        (
-            "unique-insert",
-            [
-                ("Com_insert", 10),
-                ("Com_delete", 10),
-                ("Com_update", 0),
-                ("Com_select", 0),
-            ],
-        ),
-        (
-            "optimistic",
-            [
-                ("Com_insert", 0),
-                ("Com_delete", 0),
-                ("Com_update", 20),
-                ("Com_select", 0),
-            ],
-        ),
-    ] {
-        let p = SqlProvider::connect(&format!("{mysql}?strategy={strategy}"))
-            .await
-            .unwrap();
+
+    /// Counts this thread's statements from now on.
+    fn watch_this_thread(&self) {
+        *self.watched.lock().unwrap() = Some(std::thread::current().id());
+    }
+
+    fn take(&self) -> std::collections::HashMap<String, usize> {
+        std::mem::take(&mut *self.counts.lock().unwrap())
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Statements {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Summary(Option<String>);
+        impl tracing::field::Visit for Summary {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "summary" {
+                    self.0 = Some(value.to_owned());
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "summary" {
+                    self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
+                }
+            }
+        }
+        if event.metadata().target() != "sqlx::query"
+            || *self.watched.lock().unwrap() != Some(std::thread::current().id())
+        {
+            return;
+        }
+        let mut summary = Summary(None);
+        event.record(&mut summary);
+        let verb = summary
+            .0
+            .and_then(|s| s.split_whitespace().next().map(str::to_uppercase))
+            .unwrap_or_default();
+        *self.counts.lock().unwrap().entry(verb).or_default() += 1;
+    }
+}
+
+/// An uncontended unique-insert acquire + release is one INSERT and one DELETE; optimistic is
+/// one UPDATE each way once the version is known. Counted per statement this test's provider
+/// sends (a current-thread runtime, so every statement of the provider runs on this thread).
+/// MySQL/MariaDB only: sqlx runs SQLite statements on a worker thread of its own.
+#[tokio::test]
+async fn uncontended_round_trips() {
+    let statements = Statements::installed();
+    statements.watch_this_thread();
+    let mysql = targets(&["unique-insert", "optimistic"])
+        .into_iter()
+        .filter(|(_, label, _)| label.starts_with("mysql/"));
+    for (url, label, _) in mysql {
+        let expect = if label.ends_with("unique-insert") {
+            [("INSERT", 10), ("DELETE", 10), ("UPDATE", 0), ("SELECT", 0)]
+        } else {
+            [("INSERT", 0), ("DELETE", 0), ("UPDATE", 20), ("SELECT", 0)]
+        };
+        let p = SqlProvider::connect(&url).await.unwrap();
         let lock = p
             .lock(&Names::new().name("rtt"), LockOptions::default())
             .unwrap();
         lock.acquire().await.unwrap().release().await.unwrap(); // creates rows, learns the version
-        let before = counters(&db).await;
+        statements.take();
         for _ in 0..10 {
             lock.acquire().await.unwrap().release().await.unwrap();
         }
-        let after = counters(&db).await;
-        for (key, want) in expect {
-            let got = after[key] - before[key];
-            // The counters are the server's: another client's statement would show here too.
-            assert_eq!(got, want, "{strategy}: {key} for 10 cycles");
+        let sent = statements.take();
+        for (verb, want) in expect {
+            let got = sent.get(verb).copied().unwrap_or(0);
+            assert_eq!(
+                got, want,
+                "{label}: {verb} statements for 10 cycles; all: {sent:?}"
+            );
         }
     }
 }
@@ -435,7 +616,7 @@ async fn awkward_names_round_trip() {
             .await
             .unwrap();
         let status = p.describe(name).await.unwrap();
-        assert!(status.held, "{name}");
+        assert!(status.is_held(), "{name}");
         g.release().await.unwrap();
     }
     let e = p
@@ -450,5 +631,161 @@ async fn awkward_names_round_trip() {
         }
     })
     .await;
+    remove_sqlite(&path);
+}
+
+/// Regression test for the cancellation flake of issue 19 (`sqlite_optimistic::
+/// cancel_at_every_point_leaves_nothing`): an acquire dropped while its claim statement is
+/// still running must not leave a claim behind. The claim is held up by a write transaction of
+/// the test's own, so the drop lands mid-statement every time; the statement then finishes
+/// after the drop. The undo used to run on another connection, so it could run before the
+/// claim and leave the "free" lock claimed for a whole lease; it now runs on the claim's
+/// connection, after it. The case waits until the claim has run (the row's version moved)
+/// and then requires it undone.
+#[tokio::test]
+async fn optimistic_acquire_cancelled_mid_statement_leaves_no_claim() {
+    let (url, path) = sqlite_url("optimistic");
+    let a = SqlProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("cancel-mid-statement");
+    // First use: the row exists and its version is cached, so the next acquire's first
+    // statement is the claim itself.
+    let lock = a.lock(&name, LockOptions::default()).unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let version = || async {
+        let row = sqlx::query("SELECT owner, version FROM dlock_versions WHERE name = ?")
+            .bind(name.as_bytes())
+            .fetch_one(&admin(&url).await)
+            .await
+            .unwrap();
+        (
+            row.try_get::<String, _>(0).unwrap(),
+            row.try_get::<i64, _>(1).unwrap(),
+        )
+    };
+    let (_, before) = version().await;
+
+    let blocker = admin(&url).await;
+    let mut tx = blocker.begin().await.unwrap();
+    sqlx::query("INSERT INTO dlock_fence (name, token) VALUES ('blocker', 1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The claim waits for the blocker's write lock (busy timeout 5 s) until the drop.
+    let r = tokio::time::timeout(Duration::from_millis(300), lock.acquire()).await;
+    assert!(r.is_err(), "the acquire got through the blocker");
+    tx.rollback().await.unwrap();
+    blocker.close().await;
+
+    eventually(
+        Duration::from_secs(5),
+        "the cancelled claim ran and was undone",
+        || async {
+            match version().await {
+                (owner, v) if v > before && owner.is_empty() => Ok(()),
+                seen => Err(seen),
+            }
+        },
+    )
+    .await;
+    remove_sqlite(&path);
+}
+
+/// Review M3: a SQLite file under a directory with a space and a non-ASCII character (a home
+/// directory like `/home/Jane Doe` or `/home/josé`): dlock creates that directory, not its
+/// percent-encoded spelling, and the store works.
+#[tokio::test]
+async fn sqlite_path_with_a_space_and_an_accent() {
+    let root = std::env::temp_dir().join(format!("dlock {} josé", uuid::Uuid::new_v4().simple()));
+    let file = root.join("state dir").join("locks.db");
+    let p = SqlProvider::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    let g = p
+        .lock("spaced", LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    assert!(file.exists(), "no file at {}", file.display());
+    let encoded = root.to_string_lossy().replace(' ', "%20");
+    assert!(!std::path::Path::new(&encoded).exists(), "made {encoded}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Review M1: a for-update pool that stays exhausted (every connection pins a held lock) is
+/// an error that says so; it used to answer `None`, "held by someone", for a name nobody held.
+#[tokio::test]
+async fn for_update_pool_exhaustion_is_an_error_not_a_busy_lock() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let p = SqlProvider::connect(&format!("{mysql}?strategy=for-update&pool=1"))
+        .await
+        .unwrap();
+    let names = Names::new();
+    let held = p
+        .lock(&names.name("pins-the-pool"), LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let other = p
+        .lock(&names.name("free"), LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::from_millis(200))
+        .await;
+    match other {
+        Err(dlock_core::Error::Backend {
+            message, retryable, ..
+        }) => {
+            assert!(message.contains("pool"), "{message}");
+            assert!(!retryable);
+        }
+        other => panic!("a free name on an exhausted pool: {other:?}"),
+    }
+    held.release().await.unwrap();
+}
+
+/// Review M4: a unique-insert row taken over 2^20 times has used up its tokens; the next
+/// acquire starts a new row (a larger id, so larger tokens) instead of failing for good.
+#[tokio::test]
+async fn a_row_out_of_tokens_starts_afresh() {
+    let (url, path) = sqlite_url("unique-insert");
+    let (a, b) = (
+        SqlProvider::connect(&url).await.unwrap(),
+        SqlProvider::connect(&url).await.unwrap(),
+    );
+    let name = Names::new().name("worn-out");
+    let old = a
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let admin = admin(&url).await;
+    sqlx::query("UPDATE dlock_holds SET takeovers = 1048575, expires_at = 0 WHERE name = ?")
+        .bind(name.as_bytes())
+        .execute(&admin)
+        .await
+        .unwrap();
+    let highest_old = old.fencing_token().get() | 0xF_FFFF;
+    old.leak();
+    let g = must(
+        Duration::from_secs(10),
+        "an acquire after the last takeover",
+        b.lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap()
+    .expect("the lock is free (expired)");
+    assert!(
+        g.fencing_token().get() > highest_old,
+        "token {} not above the old row's {highest_old}",
+        g.fencing_token().get()
+    );
+    g.release().await.unwrap();
     remove_sqlite(&path);
 }

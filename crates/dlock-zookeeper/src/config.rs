@@ -155,9 +155,13 @@ impl ZkConfig {
         self.hosts.join(",")
     }
 
-    /// The store id: `zk://hosts/chroot`, without credentials or query.
+    /// The store id: `zk://hosts/chroot`, without credentials or query, with the hosts
+    /// sorted, so that two spellings of one ensemble are one store (MultiLock orders its
+    /// members by store: review L5).
     pub fn store_id(&self) -> String {
-        format!("zk://{}{}", self.connect_string(), self.chroot)
+        let mut hosts = self.hosts.clone();
+        hosts.sort();
+        format!("zk://{}{}", hosts.join(","), self.chroot)
     }
 
     /// The znode path the lock `name` lives at on the server (under the chroot); see the
@@ -264,13 +268,20 @@ fn parse_chroot(path: &str) -> std::result::Result<String, String> {
     Ok(trimmed.to_owned())
 }
 
+/// A positive number of milliseconds that fits the protocol's 32-bit field (review L5: a
+/// larger one used to wrap silently).
 fn positive_ms(key: &str, value: &str) -> Result<Duration> {
     value
         .parse::<u64>()
         .ok()
-        .filter(|ms| *ms > 0)
+        .filter(|ms| *ms > 0 && *ms <= u64::from(i32::MAX.unsigned_abs()))
         .map(Duration::from_millis)
-        .ok_or_else(|| Error::config(format!("{key}={value:?}: expected a positive integer")))
+        .ok_or_else(|| {
+            Error::config(format!(
+                "{key}={value:?}: expected a positive number of milliseconds up to {}",
+                i32::MAX
+            ))
+        })
 }
 
 /// Decodes `%XX` escapes; `None` if an escape is malformed or the result is not UTF-8.
@@ -306,7 +317,16 @@ mod tests {
         assert_eq!(c.session_timeout, Duration::from_secs(4));
         assert_eq!(c.connection_timeout, Some(Duration::from_millis(900)));
         assert_eq!(c.connect_string(), "a:1,b:2181,[::1]:2183");
-        assert_eq!(c.store_id(), "zk://a:1,b:2181,[::1]:2183/dlock/base");
+        assert_eq!(c.store_id(), "zk://[::1]:2183,a:1,b:2181/dlock/base");
+        let reordered = ZkConfig::from_url("zk://b,[::1]:2183,a:1/dlock/base").unwrap();
+        assert_eq!(
+            reordered.store_id(),
+            c.store_id(),
+            "one ensemble, two spellings"
+        );
+        assert!(ZkConfig::from_url("zk://h?session_timeout_ms=4294967296000").is_err());
+        assert!(ZkConfig::from_url("zk://h?session_timeout_ms=2147483648").is_err());
+        assert!(ZkConfig::from_url("zk://h?session_timeout_ms=2147483647").is_ok());
         assert_eq!(c.lock_path("orders/42").unwrap(), "/dlock/base/orders/42");
     }
 

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use dlock_core::backend::{Deadline, Hold, HoldSignal, NewHold, later};
 use dlock_core::{
-    Error, FencingToken, Hold, HoldSignal, Lease, LockGuard, LockName, NewHold, Result, async_trait,
+    Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
-use tokio::time::{Instant, timeout_at};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::BACKEND;
@@ -36,6 +37,11 @@ pub(crate) struct Created {
     pub(crate) seq: String,
     /// Its creation zxid: the fencing token.
     pub(crate) czxid: i64,
+    /// The session that owns it (its `ephemeralOwner`).
+    pub(crate) session: i64,
+    /// When the call that showed the node holds (the listing, or the create) was sent: the
+    /// client's lease runs from there.
+    pub(crate) granted: Instant,
 }
 
 #[derive(Debug)]
@@ -119,6 +125,7 @@ pub(crate) async fn create_protected(
     session: &Session,
     dir: &str,
     marker: &str,
+    data: &[u8],
     undo: &mut NodeUndo,
 ) -> Result<Created> {
     let prefix = nodes::protected_prefix();
@@ -130,8 +137,9 @@ pub(crate) async fn create_protected(
     let mut parent_tries = 0;
     let mut losses = 0;
     loop {
+        let sent = Instant::now();
         match session
-            .create(&base, zk::CreateMode::EphemeralSequential)
+            .create_with(&base, data, zk::CreateMode::EphemeralSequential)
             .await
         {
             Ok((stat, seq)) => {
@@ -144,6 +152,8 @@ pub(crate) async fn create_protected(
                     node,
                     seq,
                     czxid: stat.czxid,
+                    session: stat.ephemeral_owner,
+                    granted: sent,
                 });
             }
             Err(zk::Error::NoNode) if parent_tries < PARENT_RETRIES => {
@@ -156,7 +166,7 @@ pub(crate) async fn create_protected(
             Err(e) if is_transient(&e) && losses < 6 => {
                 losses += 1;
                 tokio::time::sleep(Duration::from_millis(20 << losses)).await;
-                if let Some(found) = find_protected(session, dir, &prefix).await? {
+                if let Some(found) = find_protected(session, dir, &prefix, marker).await? {
                     undo.state = UndoState::Created(found.path.clone());
                     return Ok(found);
                 }
@@ -167,30 +177,61 @@ pub(crate) async fn create_protected(
 }
 
 /// Looks for our node by its protected prefix after a create whose answer was lost.
-async fn find_protected(session: &Session, dir: &str, prefix: &str) -> Result<Option<Created>> {
+async fn find_protected(
+    session: &Session,
+    dir: &str,
+    prefix: &str,
+    marker: &str,
+) -> Result<Option<Created>> {
+    let sent = Instant::now();
+    // The client may have reconnected to a follower that has not applied our create yet:
+    // catch it up first, or we would miss our node and create a second one (review M3b).
+    match session.retrying(|| session.sync(dir)).await {
+        Ok(()) => {}
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(e) => return Err(from_zk(&format!("sync {dir}"), e)),
+    }
     let children = match session.retrying(|| session.children(dir)).await {
         Ok(c) => c,
         Err(zk::Error::NoNode) => return Ok(None),
         Err(e) => return Err(from_zk(&format!("list {dir}"), e)),
     };
-    let Some(node) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+    // Curator's protected mode (review M3): a node with our prefix counts only if the current
+    // session owns it (one left by an earlier session is deleted: that session's expiry would
+    // take it away under a live hold), and only one is kept (a second create after a lost
+    // answer can leave two: the others are deleted, or one would wait on itself).
+    let ours = session.client().session_id().0;
+    let mut found = None;
+    for node in children.into_iter().filter(|c| c.starts_with(prefix)) {
+        let path = format!("{dir}/{node}");
+        let stat = match session.retrying(|| session.exists(&path)).await {
+            Ok(Some(stat)) => stat,
+            Ok(None) => continue,
+            Err(e) => return Err(from_zk(&format!("stat {path}"), e)),
+        };
+        if found.is_none() && stat.ephemeral_owner == ours {
+            found = Some((path, node, stat));
+            continue;
+        }
+        tracing::debug!(node = %path, "deleting a protected node of an earlier try or session");
+        match session.retrying(|| session.delete(&path)).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(from_zk(&format!("delete {path}"), e)),
+        }
+    }
+    let Some((path, node, stat)) = found else {
         return Ok(None);
     };
-    let path = format!("{dir}/{node}");
-    let stat = match session.retrying(|| session.exists(&path)).await {
-        Ok(Some(stat)) => stat,
-        Ok(None) => return Ok(None),
-        Err(e) => return Err(from_zk(&format!("stat {path}"), e)),
-    };
-    let seq = node
-        .rfind(|c: char| !c.is_ascii_digit())
-        .map(|i| node[i + 1..].to_owned())
-        .ok_or_else(|| unexpected(format!("protected node {path} has no sequence")))?;
+    let seq = nodes::sequence(&node, marker)
+        .ok_or_else(|| unexpected(format!("protected node {path} has no sequence")))?
+        .to_owned();
     Ok(Some(Created {
         path,
         node,
         seq,
         czxid: stat.czxid,
+        session: stat.ephemeral_owner,
+        granted: sent,
     }))
 }
 
@@ -222,12 +263,13 @@ pub(crate) struct Recipe<'a> {
 pub(crate) async fn contend(
     session: &Session,
     recipe: Recipe<'_>,
-    deadline: Option<Instant>,
+    deadline: Deadline,
     undo: &mut NodeUndo,
 ) -> Result<Option<Created>> {
     for _ in 0..RECREATES {
-        let ours = create_protected(session, recipe.dir, recipe.marker, undo).await?;
+        let mut ours = create_protected(session, recipe.dir, recipe.marker, &[], undo).await?;
         loop {
+            let listed = Instant::now();
             let children = match session.retrying(|| session.children(recipe.dir)).await {
                 Ok(c) => c,
                 Err(zk::Error::NoNode) => break,
@@ -239,11 +281,14 @@ pub(crate) async fn contend(
                 Role::Reader => nodes::reader_standing(&sorted, &ours.node),
             };
             let watch = match standing {
-                Standing::Granted => return Ok(Some(ours)),
+                Standing::Granted => {
+                    ours.granted = listed;
+                    return Ok(Some(ours));
+                }
                 Standing::Missing => break,
                 Standing::Watch(node) => format!("{}/{node}", recipe.dir),
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.has_passed() {
                 undo.undo_now().await;
                 return Ok(None);
             }
@@ -253,21 +298,16 @@ pub(crate) async fn contend(
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(from_zk(&format!("watch {watch}"), e)),
             };
-            match deadline {
-                None => {
-                    watcher.changed().await;
-                }
-                Some(d) => {
-                    if timeout_at(d, watcher.changed()).await.is_err() {
-                        undo.undo_now().await;
-                        return Ok(None);
-                    }
-                }
+            if deadline.run(watcher.changed()).await.is_none() {
+                undo.undo_now().await;
+                return Ok(None);
             }
             session.woken();
         }
-        tracing::debug!(node = %ours.path, "our node is gone; creating a new one");
-        undo.disarm();
+        tracing::debug!(node = %ours.path, "our node is not among the contenders; creating a new one");
+        // Delete it by its path (a no-op if it is gone): a node of ours that the listing could
+        // not place must not stay behind, owned by our live session (review M5).
+        undo.undo_now().await;
     }
     Err(unexpected(format!(
         "the node of an acquisition under {} kept disappearing",
@@ -281,7 +321,11 @@ pub(crate) struct ZkHold {
     session: Arc<Session>,
     name: LockName,
     path: String,
+    /// The session that owns the node: once it is no longer live, the node is gone with it.
+    node_session: i64,
     registration: u64,
+    /// The hold's loss signal: a renewal that meets the session's expiry says so.
+    signal: HoldSignal,
     /// When the lease ends as far as this hold knows (moved by renewals): a hold dropped
     /// without release (leaked) is deleted then, as if its lease ran out on a server.
     lease_end: Mutex<Instant>,
@@ -292,31 +336,45 @@ pub(crate) struct ZkHold {
 pub(crate) fn grant(
     session: &Arc<Session>,
     name: &LockName,
+    kind: LockKind,
     created: &Created,
     lease: Lease,
-    started: Instant,
     undo: &mut NodeUndo,
 ) -> LockGuard {
     undo.disarm();
     let signal = HoldSignal::new();
-    let registration = session.register(name, &signal);
+    let registration = session.register(name, &signal, created.session);
     let hold = ZkHold {
         session: Arc::clone(session),
         name: name.clone(),
         path: created.path.clone(),
+        node_session: created.session,
         registration,
-        lease_end: Mutex::new(started + lease.ttl()),
+        signal: signal.clone(),
+        lease_end: Mutex::new(later(created.granted, lease.ttl())),
         released: AtomicBool::new(false),
     };
-    LockGuard::new(NewHold::new(
-        BACKEND,
-        name.clone(),
-        FencingToken::new(u64::try_from(created.czxid).unwrap_or(0)),
-        lease,
-        started,
-        Arc::new(hold),
-        signal,
-    ))
+    LockGuard::new(
+        NewHold::new(
+            BACKEND,
+            kind,
+            name.clone(),
+            FencingToken::new(u64::try_from(created.czxid).unwrap_or(0)),
+            lease,
+            created.granted,
+            Arc::new(hold),
+        )
+        .with_signal(signal),
+    )
+}
+
+impl ZkHold {
+    /// Whether the node went with its expired session (seen by the session's watcher or by a
+    /// renewal that met the expiry first): then there is nothing to delete.
+    fn gone_with_session(&self) -> bool {
+        !self.session.is_live(self.node_session)
+            || self.signal.reason() == Some(LossReason::SessionExpired)
+    }
 }
 
 #[async_trait]
@@ -324,6 +382,10 @@ impl Hold for ZkHold {
     async fn release(&self) -> Result<()> {
         self.released.store(true, Ordering::SeqCst);
         self.session.unregister(self.registration);
+        if self.gone_with_session() {
+            // Its session expired: the node went with it, nothing to delete.
+            return Err(Error::lock_lost(&self.name));
+        }
         let limit = self.session.config.session_timeout;
         match tokio::time::timeout(limit, self.session.delete_guaranteed(&self.path)).await {
             Ok(Ok(true)) => Ok(()),
@@ -347,16 +409,25 @@ impl Hold for ZkHold {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<()> {
-        let started = Instant::now();
+        let sent = Instant::now();
+        let expired = || {
+            self.signal.mark_lost(LossReason::SessionExpired);
+            Err(Error::lock_lost(&self.name))
+        };
+        if !self.session.is_live(self.node_session) {
+            return expired();
+        }
         match self.session.exists(&self.path).await {
             Ok(Some(_)) => {
                 *self
                     .lease_end
                     .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = started + ttl;
+                    .unwrap_or_else(PoisonError::into_inner) = later(sent, ttl);
                 Ok(())
             }
             Ok(None) => Err(Error::lock_lost(&self.name)),
+            // The renewal met the expiry before the session's state watcher did.
+            Err(zk::Error::SessionExpired) => expired(),
             Err(e) => Err(for_hold(&self.name, &format!("exists {}", self.path), e)),
         }
     }
@@ -368,6 +439,10 @@ impl Drop for ZkHold {
             return;
         }
         self.session.unregister(self.registration);
+        if self.gone_with_session() {
+            // Gone with its session: no delete to send (review L3).
+            return;
+        }
         // Leaked: nobody renews it any more. End it when its lease would have run out.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -384,5 +459,54 @@ impl Drop for ZkHold {
                 tracing::debug!(path, error = %e, "could not delete a leaked hold; the session's end removes it");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ZkConfig;
+
+    /// Review M3: protected-mode recovery takes only a node the current session owns, and
+    /// deletes the rest with our prefix (an earlier session's, a duplicate of a retried
+    /// create). It used to take the first node with the prefix, whoever owned it.
+    #[tokio::test]
+    async fn protected_mode_keeps_only_this_sessions_node() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_ZK_URL") else {
+            return;
+        };
+        let config = ZkConfig::from_url(&url).unwrap();
+        let session = Session::connect(config.clone()).await.unwrap();
+        let other = zk::Client::connect(&config.connect_string()).await.unwrap();
+        let dir = format!("/dlock-test/protected-{}", uuid::Uuid::new_v4().simple());
+        session.ensure_parents(&dir).await.unwrap();
+        let prefix = nodes::protected_prefix();
+        let base = format!("{dir}/{prefix}{}", nodes::LOCK);
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        // An earlier session's node first, then two of ours.
+        other.create(&base, &[], &mode).await.unwrap();
+        session
+            .create(&base, zk::CreateMode::EphemeralSequential)
+            .await
+            .unwrap();
+        session
+            .create(&base, zk::CreateMode::EphemeralSequential)
+            .await
+            .unwrap();
+        let found = find_protected(&session, &dir, &prefix, nodes::LOCK)
+            .await
+            .unwrap()
+            .expect("our node");
+        let (_, stat) = other.get_data(&found.path).await.unwrap();
+        assert_eq!(stat.ephemeral_owner, session.client().session_id().0);
+        let left: Vec<String> = other
+            .list_children(&dir)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.starts_with(&prefix))
+            .collect();
+        assert_eq!(left.len(), 1, "the other nodes with our prefix: {left:?}");
+        assert_eq!(left[0], found.node);
     }
 }

@@ -18,6 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::backend::{HandleInfo, Lock, ReadWriteLock, Semaphore};
 use dlock_core::{
     Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockName, LockOptions,
     LockProvider, Result,
@@ -29,8 +30,8 @@ pub use crate::session::ZkStats;
 /// The client library, for [`ZkProvider::client`].
 pub use zookeeper_client;
 
-use crate::mutex::ZkLock;
-use crate::rwlock::ZkReadWriteLock;
+use crate::mutex::ZkMutex;
+use crate::rwlock::ZkReadWrite;
 use crate::semaphore::ZkSemaphore;
 use crate::session::Session;
 
@@ -125,14 +126,10 @@ impl ZkProvider {
         self.session.stats().wakeups
     }
 
-    /// What the server records about mutex `name`: whether a contender holds it, which node
-    /// (owner), and its creation zxid (the holder's fencing token). ZooKeeper leases are
-    /// sessions, so no remaining time is reported.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`], or a connection error.
-    pub async fn describe(&self, name: &str) -> Result<dlock_core::LockStatus> {
+    /// What the server records about mutex `name` (see [`LockProvider::describe`]): whether a
+    /// contender holds it, which node, and its creation zxid (the holder's fencing token).
+    /// ZooKeeper leases are sessions, so no remaining time is reported.
+    async fn describe_name(&self, name: &str) -> Result<dlock_core::LockStatus> {
         let path = self.lock_path(name)?;
         let children = match self.session.retrying(|| self.session.children(&path)).await {
             Ok(c) => c,
@@ -141,24 +138,26 @@ impl ZkProvider {
         };
         let sorted = nodes::contenders(children, &[nodes::LOCK]);
         let Some(first) = sorted.first() else {
-            return Ok(dlock_core::LockStatus::default());
+            return Ok(dlock_core::LockStatus::free(None));
         };
         let node = format!("{path}/{}", first.node);
         let token = match self.session.retrying(|| self.session.exists(&node)).await {
             Ok(stat) => stat.and_then(|s| u64::try_from(s.czxid).ok()),
             Err(e) => return Err(crate::error::from_zk(&format!("stat {node}"), e)),
         };
-        Ok(dlock_core::LockStatus::new(
-            true,
-            Some(first.node.clone()),
-            None,
-            token,
-        ))
+        Ok(
+            dlock_core::LockStatus::held_by(dlock_core::LockKind::Mutex, vec![first.node.clone()])
+                .with_last_token(token),
+        )
     }
 
     /// Holds of this provider that are live right now (released and lost ones excluded).
     pub fn live_holds(&self) -> usize {
         self.session.live_holds()
+    }
+
+    fn info(&self, name: LockName, options: LockOptions) -> HandleInfo {
+        HandleInfo::new(BACKEND, self.session.store_id.as_str(), name, options)
     }
 
     fn name(&self, name: &str) -> Result<(LockName, String)> {
@@ -168,7 +167,12 @@ impl ZkProvider {
     }
 }
 
+#[dlock_core::async_trait]
 impl LockProvider for ZkProvider {
+    async fn describe(&self, name: &str) -> Result<dlock_core::LockStatus> {
+        self.describe_name(name).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::all(BACKEND);
         caps.min_lease = MIN_LEASE;
@@ -182,12 +186,11 @@ impl LockProvider for ZkProvider {
     fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock> {
         let (name, path) = self.name(name)?;
         self.capabilities().check(&options)?;
-        Ok(Arc::new(ZkLock::new(
-            Arc::clone(&self.session),
-            name,
+        let raw = ZkMutex {
+            session: Arc::clone(&self.session),
             path,
-            options,
-        )))
+        };
+        Ok(Arc::new(Lock::new(self.info(name, options), raw)))
     }
 
     fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock> {
@@ -200,12 +203,12 @@ impl LockProvider for ZkProvider {
                  reentrant)",
             ));
         }
-        Ok(Arc::new(ZkReadWriteLock::new(
-            Arc::clone(&self.session),
-            name,
+        let raw = ZkReadWrite {
+            session: Arc::clone(&self.session),
             path,
-            options,
-        )))
+            write_node: std::sync::Mutex::new(None),
+        };
+        Ok(Arc::new(ReadWriteLock::new(self.info(name, options), raw)))
     }
 
     fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore> {
@@ -213,12 +216,14 @@ impl LockProvider for ZkProvider {
         let caps = self.capabilities();
         caps.check_permits(permits)?;
         caps.check(&options)?;
-        Ok(Arc::new(ZkSemaphore::new(
-            Arc::clone(&self.session),
-            name,
+        let raw = ZkSemaphore {
+            session: Arc::clone(&self.session),
             path,
+        };
+        Ok(Arc::new(Semaphore::new(
+            self.info(name, options),
             permits,
-            options,
+            raw,
         )))
     }
 }

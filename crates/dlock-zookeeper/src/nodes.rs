@@ -36,8 +36,13 @@ pub(crate) fn forbidden_char(c: char) -> bool {
 /// - an empty segment becomes a lone `%` (no other segment encodes to that);
 /// - `.` and `..` become `%2E` and `%2E%2E`;
 /// - a first segment `zookeeper` at the root becomes `%7Aookeeper` (the server reserves
-///   `/zookeeper`).
-fn push_segment(out: &mut String, segment: &str, reserved_root: bool) {
+///   `/zookeeper`);
+/// - a later segment that a recipe of the lock above it would read as its own (`locks` and
+///   `leases`, a semaphore's directories, and names like `lock-0000000001` that parse as
+///   contender nodes) gets one character escaped, so that no name shares a path with another
+///   lock's internals (review M4): `x/locks` lives at `x/%6Cocks`, and `x/lock-0000000001` at
+///   `x/lock-%30000000001`.
+fn push_segment(out: &mut String, segment: &str, reserved_root: bool, nested: bool) {
     if segment.is_empty() {
         out.push('%');
         return;
@@ -46,8 +51,23 @@ fn push_segment(out: &mut String, segment: &str, reserved_root: bool) {
         out.push_str(&"%2E".repeat(segment.len()));
         return;
     }
+    // The index of one character to escape so that the segment is not read as recipe internals.
+    let internal = if nested && (segment == LOCKS || segment == LEASES) {
+        Some(0)
+    } else if nested && is_recipe_node(segment) {
+        // The first character of the sequence, after the last marker that parses.
+        [LOCK, READ, WRITE, LEASE]
+            .iter()
+            .filter(|m| sequence(segment, m).is_some())
+            .filter_map(|m| segment.rfind(m).map(|at| at + m.len()))
+            .max()
+            .map(|byte| segment[..byte].chars().count())
+    } else {
+        None
+    };
     for (i, c) in segment.chars().enumerate() {
-        let escape = c == '%' || forbidden_char(c) || (reserved_root && i == 0);
+        let escape =
+            c == '%' || forbidden_char(c) || (reserved_root && i == 0) || internal == Some(i);
         if escape {
             let mut buf = [0u8; 4];
             for b in c.encode_utf8(&mut buf).bytes() {
@@ -71,7 +91,7 @@ pub(crate) fn lock_path(base: &str, name: &LockName) -> String {
     for (i, segment) in name.as_str().split('/').enumerate() {
         out.push('/');
         let reserved_root = i == 0 && base.is_empty() && segment == "zookeeper";
-        push_segment(&mut out, segment, reserved_root);
+        push_segment(&mut out, segment, reserved_root, i > 0);
     }
     out
 }
@@ -89,12 +109,17 @@ pub(crate) fn protected_prefix() -> String {
     format!("_c_{}-", uuid::Uuid::new_v4())
 }
 
-/// The sequence of a node of the given kind: the 10 (or 19) digits after the last `marker`;
-/// `None` if `node` is not such a node (e.g. the container of a nested lock name).
+/// The sequence of a node of the given kind: the text after the last `marker`, ZooKeeper's
+/// `%010d` of the parent's counter (10 or more characters: digits, or a `-` and digits once the
+/// counter has overflowed); `None` if `node` is not such a node (e.g. the container of a nested
+/// lock name). Negative sequences are contenders too, sorted as text like Curator sorts them
+/// (review M5: they used to be invisible, so dlock ignored a Curator holder with one).
 pub(crate) fn sequence<'a>(node: &'a str, marker: &str) -> Option<&'a str> {
     let at = node.rfind(marker)?;
-    let digits = &node[at + marker.len()..];
-    (digits.len() >= 10 && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
+    let text = &node[at + marker.len()..];
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    (text.len() >= 10 && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(text)
 }
 
 /// A contender node of a recipe, with its sort key.
@@ -211,6 +236,29 @@ mod tests {
         assert_eq!(path("x/zookeeper"), "/x/zookeeper");
     }
 
+    /// Review M4: no name's path is another lock's internals.
+    #[test]
+    fn names_never_land_in_recipe_internals() {
+        assert_eq!(path("x/locks"), "/x/%6Cocks");
+        assert_eq!(path("x/leases"), "/x/%6Ceases");
+        assert_eq!(path("x/lock-0000000001"), "/x/lock-%30000000001");
+        assert_eq!(
+            path("s/leases/lease-0000000001"),
+            "/s/%6Ceases/lease-%30000000001"
+        );
+        assert_eq!(path("x/locksmith"), "/x/locksmith");
+        assert_eq!(path("locks"), "/locks");
+        for n in [
+            "x/lock-0000000001",
+            "x/_c_0-__WRIT__0000000002",
+            "x/lease--000000005",
+        ] {
+            let p = path(n);
+            let last = p.rsplit('/').next().unwrap();
+            assert!(!is_recipe_node(last), "{n:?} -> {p:?}");
+        }
+    }
+
     #[test]
     fn mapping_is_injective() {
         let names = [
@@ -241,6 +289,15 @@ mod tests {
             "%%",
             "/",
             "//",
+            "x/locks",
+            "x/%6Cocks",
+            "x/leases",
+            "x/lock-0000000001",
+            "x/lock-%30000000001",
+            "x/_c_0-__READ__0000000002",
+            "x/lease-0000000003",
+            "locks",
+            "lock-0000000001",
         ];
         let mut seen = std::collections::HashMap::new();
         for n in names {
@@ -275,6 +332,17 @@ mod tests {
         assert_eq!(sequence("lock-", LOCK), None);
         assert_eq!(sequence("y", LOCK), None);
         assert_eq!(sequence("lock-12", LOCK), None);
+        assert_eq!(sequence("lock-2147483648", LOCK), Some("2147483648"));
+        assert_eq!(sequence("lock--2147483648", LOCK), Some("-2147483648"));
+        assert_eq!(sequence("lock--000000005", LOCK), Some("-000000005"));
+        assert_eq!(sequence("lock--", LOCK), None);
+        assert_eq!(sequence("lock--12", LOCK), None);
+        // After the counter overflowed, Curator sorts `-...` before `0...`: so does dlock.
+        let wrapped = contenders(
+            vec!["lock-2147483647".to_owned(), "lock--2147483648".to_owned()],
+            &[LOCK],
+        );
+        assert_eq!(wrapped[0].node, "lock--2147483648");
         let children = vec![
             "_c_b-lock-0000000003".to_owned(),
             "nested".to_owned(),

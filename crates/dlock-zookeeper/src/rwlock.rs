@@ -2,54 +2,35 @@
 //! stays correct after the write is released (the CURATOR-621 fix of Curator 5.5).
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use dlock_core::{
-    DistributedReadWriteLock, Error, LockGuard, LockName, LockOptions, Reentrancy, Result,
-    async_trait,
-};
+use dlock_core::backend::{Deadline, RawReadWriteLock, Request};
+use dlock_core::{LockGuard, LockKind, LockName, LockOptions, Result, async_trait};
 use tokio::time::Instant;
-use tracing::Instrument;
 use zookeeper_client as zk;
 
-use crate::BACKEND;
 use crate::error::from_zk;
 use crate::hold::{Created, NodeUndo, Recipe, Role, contend, grant};
-use crate::mutex::{bounded, deadline, never_times_out};
 use crate::nodes::{self, READ, WRITE};
 use crate::session::Session;
 
-/// A read-write lock handle.
+/// A read-write lock.
 #[derive(Debug)]
-pub(crate) struct ZkReadWriteLock {
-    session: Arc<Session>,
-    name: LockName,
-    path: String,
-    options: LockOptions,
-    read: Reentrancy,
-    write: Reentrancy,
-    /// The sequence of this owner's current write node, for downgrades.
-    write_seq: Mutex<Option<String>>,
+pub(crate) struct ZkReadWrite {
+    pub(crate) session: Arc<Session>,
+    pub(crate) path: String,
+    /// This owner's current write node, for downgrades.
+    pub(crate) write_node: Mutex<Option<WriteNode>>,
 }
 
-impl ZkReadWriteLock {
-    pub(crate) fn new(
-        session: Arc<Session>,
-        name: LockName,
-        path: String,
-        options: LockOptions,
-    ) -> Self {
-        Self {
-            session,
-            name,
-            path,
-            options,
-            read: Reentrancy::new(),
-            write: Reentrancy::new(),
-            write_seq: Mutex::new(None),
-        }
-    }
+/// The write node a downgrade reads under.
+#[derive(Debug, Clone)]
+pub(crate) struct WriteNode {
+    seq: String,
+    path: String,
+    czxid: i64,
+}
 
+impl ZkReadWrite {
     fn recipe(&self, marker: &'static str, role: Role) -> Recipe<'_> {
         Recipe {
             dir: &self.path,
@@ -62,46 +43,92 @@ impl ZkReadWriteLock {
     /// A read hold for the owner of the write hold: a plain EPHEMERAL node
     /// `_c_{uuid}-__READ__{writer's sequence}`, which sorts at the writer's place, so that
     /// after the write is released no writer queued behind it gets in while this read lasts.
-    async fn downgrade(&self, writer_seq: &str) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
+    ///
+    /// The write node must still exist once the read node does (review H1): a writer queued
+    /// behind it is only granted after seeing it deleted, and so then sees this read node too.
+    /// If it is gone (released by another task of this owner, or expired meanwhile), the read
+    /// node is removed and `None` says: contend as a plain reader. The read's fencing token is
+    /// the write's (review M2): a writer queued behind the write has a later one.
+    async fn downgrade(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        write: &WriteNode,
+    ) -> Result<Option<LockGuard>> {
+        let writer_seq = &write.seq;
         let mut undo = NodeUndo::new(&self.session);
         let node = format!("{}{READ}{writer_seq}", nodes::protected_prefix());
         let path = format!("{}/{node}", self.path);
         undo.creating_exact(&path);
-        let (stat, _) = self
+        let sent = Instant::now();
+        // The session the read node is created on; if it expires meanwhile, the grant below
+        // is lost on arrival (a false loss at worst, never a hold on a dead session).
+        let node_session = self.session.client().session_id().0;
+        match self
             .session
-            .create(&path, zk::CreateMode::Ephemeral)
+            .retrying(|| self.session.create(&path, zk::CreateMode::Ephemeral))
             .await
-            .map_err(|e| from_zk(&format!("create {path}"), e))?;
+        {
+            Ok(_) => {}
+            // The write is gone and its parent was reaped: contend as a plain reader.
+            Err(zk::Error::NoNode) => return Ok(None),
+            // A retried create whose first try was applied: the node is ours.
+            Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(from_zk(&format!("create {path}"), e)),
+        }
+        match self
+            .session
+            .retrying(|| self.session.exists(&write.path))
+            .await
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                undo.undo_now().await;
+                return Ok(None);
+            }
+            Err(e) => {
+                undo.undo_now().await;
+                return Err(from_zk(&format!("check {}", write.path), e));
+            }
+        }
         let created = Created {
             path,
             node,
-            seq: writer_seq.to_owned(),
-            czxid: stat.czxid,
+            seq: writer_seq.clone(),
+            czxid: write.czxid,
+            session: node_session,
+            granted: sent,
         };
         Ok(Some(grant(
             &self.session,
-            &self.name,
+            name,
+            LockKind::Read,
             &created,
-            self.options.lease,
-            started,
+            options.lease,
             &mut undo,
         )))
     }
 
-    async fn read_remote(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let writer_seq = if self.write.is_held() {
-            self.write_seq
+    async fn read_remote(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        downgrade: bool,
+        deadline: Deadline,
+    ) -> Result<Option<LockGuard>> {
+        let write = if downgrade {
+            self.write_node
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone()
         } else {
             None
         };
-        if let Some(seq) = writer_seq {
-            return self.downgrade(&seq).await;
+        if let Some(write) = write
+            && let Some(guard) = self.downgrade(name, options, &write).await?
+        {
+            return Ok(Some(guard));
         }
-        let started = Instant::now();
         let mut undo = NodeUndo::new(&self.session);
         let granted = contend(
             &self.session,
@@ -113,17 +140,21 @@ impl ZkReadWriteLock {
         Ok(granted.map(|c| {
             grant(
                 &self.session,
-                &self.name,
+                name,
+                LockKind::Read,
                 &c,
-                self.options.lease,
-                started,
+                options.lease,
                 &mut undo,
             )
         }))
     }
 
-    async fn write_remote(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
+    async fn write_remote(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<LockGuard>> {
         let mut undo = NodeUndo::new(&self.session);
         let granted = contend(
             &self.session,
@@ -134,72 +165,33 @@ impl ZkReadWriteLock {
         .await?;
         Ok(granted.map(|c| {
             *self
-                .write_seq
+                .write_node
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(c.seq.clone());
+                .unwrap_or_else(PoisonError::into_inner) = Some(WriteNode {
+                seq: c.seq.clone(),
+                path: c.path.clone(),
+                czxid: c.czxid,
+            });
             grant(
                 &self.session,
-                &self.name,
+                name,
+                LockKind::Write,
                 &c,
-                self.options.lease,
-                started,
+                options.lease,
                 &mut undo,
             )
         }))
     }
-
-    async fn read_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let span = tracing::debug_span!("dlock.acquire", backend = BACKEND, lock = %self.name, mode = "read");
-        let remote = || bounded(deadline, self.read_remote(deadline));
-        self.read.acquire(deadline, remote).instrument(span).await
-    }
-
-    async fn write_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        if self.read.is_held() && !self.write.is_held() {
-            return Err(Error::WouldDeadlock {
-                name: self.name.to_string(),
-                reason: "this handle holds the read lock; release it before asking for the \
-                         write lock"
-                    .into(),
-            });
-        }
-        let span = tracing::debug_span!("dlock.acquire", backend = BACKEND, lock = %self.name, mode = "write");
-        let remote = || bounded(deadline, self.write_remote(deadline));
-        self.write.acquire(deadline, remote).instrument(span).await
-    }
 }
 
 #[async_trait]
-impl DistributedReadWriteLock for ZkReadWriteLock {
-    fn name(&self) -> &LockName {
-        &self.name
+impl RawReadWriteLock for ZkReadWrite {
+    async fn read(&self, req: &Request<'_>, downgrade: bool) -> Result<Option<LockGuard>> {
+        self.read_remote(req.name, req.options, downgrade, req.deadline)
+            .await
     }
 
-    fn options(&self) -> &LockOptions {
-        &self.options
-    }
-
-    fn store_id(&self) -> &str {
-        &self.session.store_id
-    }
-
-    async fn read(&self) -> Result<LockGuard> {
-        self.read_until(None)
-            .await?
-            .ok_or_else(|| never_times_out(&self.name))
-    }
-
-    async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.read_until(deadline(wait)).await
-    }
-
-    async fn write(&self) -> Result<LockGuard> {
-        self.write_until(None)
-            .await?
-            .ok_or_else(|| never_times_out(&self.name))
-    }
-
-    async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.write_until(deadline(wait)).await
+    async fn write(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        self.write_remote(req.name, req.options, req.deadline).await
     }
 }

@@ -2,17 +2,14 @@
 //! non-reentrant mutex (`InterProcessSemaphoreMutex` is a one-lease `InterProcessSemaphoreV2`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use dlock_core::{DistributedSemaphore, LockGuard, LockName, LockOptions, Result, async_trait};
-use tokio::time::{Instant, timeout_at};
-use tracing::Instrument;
+use dlock_core::backend::{Deadline, RawSemaphore, Request};
+use dlock_core::{Error, LockGuard, LockKind, LockName, LockOptions, Result, async_trait};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::BACKEND;
 use crate::error::{from_zk, unexpected};
 use crate::hold::{NodeUndo, Recipe, Role, contend, create_protected, grant};
-use crate::mutex::{bounded, deadline, never_times_out};
 use crate::nodes::{self, LEASE, LEASES, LOCK, LOCKS};
 use crate::session::Session;
 
@@ -23,34 +20,56 @@ const RECREATES: usize = 5;
 /// `{path}/leases/_c_{uuid}-lease-{seq}`, and while there are more leases than permits wait for
 /// the leases to change (still holding the internal mutex, so only one waiter watches);
 /// then release the internal mutex.
+///
+/// If our lease vanishes while we wait (an expired session, an operator deleting nodes), the
+/// internal mutex is released and the whole acquisition starts over, as Curator does: a lease
+/// re-created without the mutex could wait beside another waiter's, and with one permit the
+/// two would wait for each other for good (review M1).
 pub(crate) async fn acquire_lease(
     session: &Arc<Session>,
     name: &LockName,
     path: &str,
     permits: u32,
+    kind: LockKind,
     options: &LockOptions,
-    deadline: Option<Instant>,
+    deadline: Deadline,
 ) -> Result<Option<LockGuard>> {
-    let started = Instant::now();
     let locks = format!("{path}/{LOCKS}");
     let leases = format!("{path}/{LEASES}");
-    let mut internal = NodeUndo::new(session);
-    let recipe = Recipe {
-        dir: &locks,
-        marker: LOCK,
-        markers: &[LOCK],
-        role: Role::Exclusive,
-    };
-    if contend(session, recipe, deadline, &mut internal)
-        .await?
-        .is_none()
-    {
-        return Ok(None);
+    for _ in 0..RECREATES {
+        let mut internal = NodeUndo::new(session);
+        let recipe = Recipe {
+            dir: &locks,
+            marker: LOCK,
+            markers: &[LOCK],
+            role: Role::Exclusive,
+        };
+        if contend(session, recipe, deadline, &mut internal)
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let taken = take_lease(session, name, &leases, permits, kind, options, deadline).await;
+        // Release the internal mutex (left armed in `internal` by `contend`).
+        internal.undo_now().await;
+        match taken? {
+            Taken::Granted(guard) => return Ok(Some(guard)),
+            Taken::TimedOut => return Ok(None),
+            Taken::Vanished => {}
+        }
     }
-    let result = take_lease(session, name, &leases, permits, options, deadline, started).await;
-    // Release the internal mutex (left armed in `internal` by `contend`).
-    internal.undo_now().await;
-    result
+    Err(unexpected(format!(
+        "the lease node of an acquisition under {leases} kept disappearing"
+    )))
+}
+
+/// How one lease attempt under the internal mutex ended.
+enum Taken {
+    Granted(LockGuard),
+    TimedOut,
+    /// Our lease node (or its parent) vanished while we waited: start over.
+    Vanished,
 }
 
 async fn take_lease(
@@ -58,132 +77,158 @@ async fn take_lease(
     name: &LockName,
     leases: &str,
     permits: u32,
+    kind: LockKind,
     options: &LockOptions,
-    deadline: Option<Instant>,
-    started: Instant,
-) -> Result<Option<LockGuard>> {
+    deadline: Deadline,
+) -> Result<Taken> {
+    agree_on_permits(session, leases, permits).await?;
+    let data = permits_data(permits);
     let permits = usize::try_from(permits).unwrap_or(usize::MAX);
     let mut undo = NodeUndo::new(session);
-    for _ in 0..RECREATES {
-        let ours = create_protected(session, leases, LEASE, &mut undo).await?;
-        loop {
-            let (children, watcher) =
-                match session.retrying(|| session.children_watch(leases)).await {
-                    Ok(found) => found,
-                    Err(zk::Error::NoNode) => break,
-                    Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
-                };
-            if !children.contains(&ours.node) {
-                break;
+    let mut ours = create_protected(session, leases, LEASE, &data, &mut undo).await?;
+    loop {
+        let listed = Instant::now();
+        let (children, watcher) = match session.retrying(|| session.children_watch(leases)).await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => {
+                undo.disarm();
+                return Ok(Taken::Vanished);
             }
-            let count = children
-                .iter()
-                .filter(|c| nodes::sequence(c, LEASE).is_some())
-                .count();
-            if count <= permits {
-                return Ok(Some(grant(
-                    session,
-                    name,
-                    &ours,
-                    options.lease,
-                    started,
-                    &mut undo,
-                )));
-            }
-            match deadline {
-                Some(d) if Instant::now() >= d => {
-                    undo.undo_now().await;
-                    return Ok(None);
-                }
-                Some(d) => {
-                    if timeout_at(d, watcher.changed()).await.is_err() {
-                        undo.undo_now().await;
-                        return Ok(None);
-                    }
-                }
-                None => {
-                    watcher.changed().await;
-                }
-            }
-            session.woken();
+            Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
+        };
+        if !children.contains(&ours.node) {
+            undo.disarm();
+            return Ok(Taken::Vanished);
         }
-        undo.disarm();
+        let count = children
+            .iter()
+            .filter(|c| nodes::sequence(c, LEASE).is_some())
+            .count();
+        if count <= permits {
+            ours.granted = listed;
+            return Ok(Taken::Granted(grant(
+                session,
+                name,
+                kind,
+                &ours,
+                options.lease,
+                &mut undo,
+            )));
+        }
+        if deadline.has_passed() || deadline.run(watcher.changed()).await.is_none() {
+            undo.undo_now().await;
+            return Ok(Taken::TimedOut);
+        }
+        session.woken();
     }
-    Err(unexpected(format!(
-        "the lease node of an acquisition under {leases} kept disappearing"
-    )))
 }
 
-/// A semaphore handle.
+/// What a dlock lease node holds: the permit count its handle counts with. Curator writes other
+/// data (or none), which counts as no opinion.
+const PERMITS_DATA: &str = "dlock-permits=";
+
+fn permits_data(permits: u32) -> Vec<u8> {
+    format!("{PERMITS_DATA}{permits}").into_bytes()
+}
+
+fn read_permits(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data)
+        .ok()?
+        .strip_prefix(PERMITS_DATA)?
+        .parse()
+        .ok()
+}
+
+/// One rule for permit counts on every backend: while leases are held, a handle with another
+/// count gets `InvalidArgument`. Runs under the internal mutex, so the leases listed are the
+/// holders' (each checked on its way in): the first dlock lease found speaks for all.
+async fn agree_on_permits(session: &Session, leases: &str, permits: u32) -> Result<()> {
+    let children = match session.retrying(|| session.children(leases)).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => return Ok(()),
+        Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
+    };
+    for child in children
+        .iter()
+        .filter(|c| nodes::sequence(c, LEASE).is_some())
+    {
+        let path = format!("{leases}/{child}");
+        let data = match session.retrying(|| session.data(&path)).await {
+            Ok(data) => data,
+            Err(zk::Error::NoNode) => continue,
+            Err(e) => return Err(from_zk(&format!("read {path}"), e)),
+        };
+        match read_permits(&data) {
+            Some(held) if held != permits => {
+                return Err(Error::invalid_argument(
+                    "permits",
+                    format!(
+                        "the semaphore is in use with {held} permits; this handle counts \
+                         {permits} (handles must agree while any permit is held)"
+                    ),
+                ));
+            }
+            Some(_) => return Ok(()),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// A semaphore.
 #[derive(Debug)]
 pub(crate) struct ZkSemaphore {
-    session: Arc<Session>,
-    name: LockName,
-    path: String,
-    permits: u32,
-    options: LockOptions,
-}
-
-impl ZkSemaphore {
-    pub(crate) fn new(
-        session: Arc<Session>,
-        name: LockName,
-        path: String,
-        permits: u32,
-        options: LockOptions,
-    ) -> Self {
-        Self {
-            session,
-            name,
-            path,
-            permits,
-            options,
-        }
-    }
-
-    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>> {
-        let span = tracing::debug_span!("dlock.acquire", backend = BACKEND, semaphore = %self.name);
-        bounded(
-            deadline,
-            acquire_lease(
-                &self.session,
-                &self.name,
-                &self.path,
-                self.permits,
-                &self.options,
-                deadline,
-            ),
-        )
-        .instrument(span)
-        .await
-    }
+    pub(crate) session: Arc<Session>,
+    pub(crate) path: String,
 }
 
 #[async_trait]
-impl DistributedSemaphore for ZkSemaphore {
-    fn name(&self) -> &LockName {
-        &self.name
+impl RawSemaphore for ZkSemaphore {
+    async fn acquire(&self, req: &Request<'_>, permits: u32) -> Result<Option<LockGuard>> {
+        acquire_lease(
+            &self.session,
+            req.name,
+            &self.path,
+            permits,
+            LockKind::Permit,
+            req.options,
+            req.deadline,
+        )
+        .await
     }
 
-    fn permits(&self) -> u32 {
-        self.permits
+    /// Curator's `getParticipantNodes`: every lease node holds a permit until it is deleted
+    /// (a leaked hold's node goes at its lease end, a dead holder's with its session).
+    async fn available(&self, _name: &LockName, permits: u32) -> Result<u32> {
+        let leases = format!("{}/{LEASES}", self.path);
+        let children = match self
+            .session
+            .retrying(|| self.session.children(&leases))
+            .await
+        {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(permits),
+            Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
+        };
+        let taken = children
+            .iter()
+            .filter(|c| nodes::sequence(c, LEASE).is_some())
+            .count();
+        Ok(permits.saturating_sub(u32::try_from(taken).unwrap_or(u32::MAX)))
     }
+}
 
-    fn options(&self) -> &LockOptions {
-        &self.options
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn store_id(&self) -> &str {
-        &self.session.store_id
-    }
-
-    async fn acquire(&self) -> Result<LockGuard> {
-        self.acquire_until(None)
-            .await?
-            .ok_or_else(|| never_times_out(&self.name))
-    }
-
-    async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_until(deadline(wait)).await
+    #[test]
+    fn permit_counts_round_trip_and_foreign_data_has_no_opinion() {
+        assert_eq!(read_permits(&permits_data(3)), Some(3));
+        assert_eq!(read_permits(&permits_data(u32::MAX)), Some(u32::MAX));
+        assert_eq!(read_permits(b"127.0.0.1"), None);
+        assert_eq!(read_permits(b""), None);
+        assert_eq!(read_permits(b"dlock-permits=x"), None);
+        assert_eq!(read_permits(&[0xff, 0xfe]), None);
     }
 }

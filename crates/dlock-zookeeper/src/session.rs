@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use dlock_core::{HoldSignal, LockName, Result};
+use dlock_core::backend::{Backoff, HoldSignal};
+use dlock_core::{LockName, LossReason, Result};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
@@ -39,6 +40,8 @@ pub struct ZkStats {
     pub exists: u64,
     /// Waiters woken by a watch: with no herd, one per handoff.
     pub wakeups: u64,
+    /// Sessions opened: one at connect, and one after each expiry.
+    pub sessions: u64,
 }
 
 impl ZkStats {
@@ -56,6 +59,7 @@ struct Counters {
     get_data: AtomicU64,
     exists: AtomicU64,
     wakeups: AtomicU64,
+    sessions: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -67,13 +71,25 @@ struct Registered {
     signal: HoldSignal,
 }
 
+/// The live holds and the session state they are registered under, behind one lock, so a hold
+/// registered while the session changes state gets that state (review L1).
+#[derive(Default)]
+struct Holds {
+    map: HashMap<u64, Registered>,
+    /// Disconnected: new holds start suspended.
+    suspended: bool,
+    /// The session whose nodes are live; `None` from its expiry until a new one is open. A
+    /// grant of a node of any other session is lost on arrival.
+    live_session: Option<i64>,
+}
+
 /// One ZooKeeper session shared by every handle of a provider.
 pub(crate) struct Session {
     pub(crate) config: ZkConfig,
     pub(crate) store_id: String,
     client: RwLock<zk::Client>,
     counters: Counters,
-    holds: Mutex<HashMap<u64, Registered>>,
+    holds: Mutex<Holds>,
     next_hold: AtomicU64,
 }
 
@@ -112,12 +128,17 @@ impl Session {
         };
         let client = open(&config).await?;
         let watcher = client.state_watcher();
+        let counters = Counters::default();
+        bump(&counters.sessions);
         let session = Arc::new(Self {
             store_id: config.store_id(),
             config,
+            holds: Mutex::new(Holds {
+                live_session: Some(client.session_id().0),
+                ..Holds::default()
+            }),
             client: RwLock::new(client),
-            counters: Counters::default(),
-            holds: Mutex::new(HashMap::new()),
+            counters,
             next_hold: AtomicU64::new(0),
         });
         runtime.spawn(watch_state(Arc::downgrade(&session), watcher));
@@ -142,6 +163,7 @@ impl Session {
             get_data: get(&c.get_data),
             exists: get(&c.exists),
             wakeups: get(&c.wakeups),
+            sessions: get(&c.sessions),
         }
     }
 
@@ -151,10 +173,23 @@ impl Session {
 
     // ------------------------------------------------------------ holds
 
-    /// Registers a live hold's signal, for suspension and loss; returns its id.
-    pub(crate) fn register(&self, name: &LockName, signal: &HoldSignal) -> u64 {
+    /// Registers a live hold's signal, for suspension and loss; returns its id. `node_session`
+    /// is the session that owns the hold's node. The hold starts in the session's current
+    /// state: suspended while disconnected, and lost at once if its node belongs to a session
+    /// that expired meanwhile (review L1: a grant racing a state change used to start `Held`).
+    pub(crate) fn register(&self, name: &LockName, signal: &HoldSignal, node_session: i64) -> u64 {
         let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
-        lock(&self.holds).insert(
+        let mut holds = lock(&self.holds);
+        if holds.live_session != Some(node_session) {
+            drop(holds);
+            tracing::debug!(lock = %name, "a hold granted on a session that has expired");
+            signal.mark_lost(LossReason::SessionExpired);
+            return id;
+        }
+        if holds.suspended {
+            signal.set_suspended(true);
+        }
+        holds.map.insert(
             id,
             Registered {
                 name: name.clone(),
@@ -165,24 +200,42 @@ impl Session {
     }
 
     pub(crate) fn unregister(&self, id: u64) {
-        lock(&self.holds).remove(&id);
+        lock(&self.holds).map.remove(&id);
+    }
+
+    /// Whether nodes of `node_session` may still be live: it is the current session and it
+    /// has not expired. A hold of any other session is gone with it, so there is nothing to
+    /// delete (review L3: no storm of useless deletes after an expiry).
+    pub(crate) fn is_live(&self, node_session: i64) -> bool {
+        lock(&self.holds).live_session == Some(node_session)
     }
 
     /// Live holds right now.
     pub(crate) fn live_holds(&self) -> usize {
-        lock(&self.holds).len()
+        lock(&self.holds).map.len()
     }
 
     fn suspend_all(&self, suspended: bool) {
-        for h in lock(&self.holds).values() {
+        let mut holds = lock(&self.holds);
+        holds.suspended = suspended;
+        for h in holds.map.values() {
             h.signal.set_suspended(suspended);
         }
     }
 
-    fn lose_all(&self, reason: &str) {
-        let lost: Vec<Registered> = lock(&self.holds).drain().map(|(_, h)| h).collect();
+    fn lose_all(&self, reason: LossReason, detail: &str) {
+        let lost: Vec<Registered> = {
+            let mut holds = lock(&self.holds);
+            holds.live_session = None;
+            holds.suspended = false;
+            holds.map.drain().map(|(_, h)| h).collect()
+        };
+        if !lost.is_empty() {
+            tracing::warn!(store = %self.store_id, holds = lost.len(), detail, "zookeeper holds lost with their session");
+        }
         for h in lost {
-            h.signal.mark_lost(&h.name, reason);
+            tracing::debug!(lock = %h.name, detail, "zookeeper hold lost with its session");
+            h.signal.mark_lost(reason);
         }
     }
 
@@ -193,15 +246,36 @@ impl Session {
         path: &str,
         mode: zk::CreateMode,
     ) -> std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error> {
+        self.create_with(path, &[], mode).await
+    }
+
+    pub(crate) async fn create_with(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: zk::CreateMode,
+    ) -> std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error> {
         bump(&self.counters.creates);
         let client = self.client();
         let options = mode.with_acls(zk::Acls::anyone_all());
-        client.create(path, &[], &options).await
+        client.create(path, data, &options).await
+    }
+
+    pub(crate) async fn data(&self, path: &str) -> std::result::Result<Vec<u8>, zk::Error> {
+        bump(&self.counters.get_data);
+        let (data, _) = self.client().get_data(path).await?;
+        Ok(data)
     }
 
     pub(crate) async fn delete(&self, path: &str) -> std::result::Result<(), zk::Error> {
         bump(&self.counters.deletes);
         self.client().delete(path, None).await
+    }
+
+    /// Brings the server this client talks to up to date with the leader (ZooKeeper's
+    /// `sync`), before a read that must see our own earlier writes.
+    pub(crate) async fn sync(&self, path: &str) -> std::result::Result<(), zk::Error> {
+        self.client().sync(path).await
     }
 
     pub(crate) async fn children(&self, path: &str) -> std::result::Result<Vec<String>, zk::Error> {
@@ -245,15 +319,14 @@ impl Session {
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, zk::Error>>,
     {
-        let mut pause = RETRY_MIN;
+        let mut pause = Backoff::new(RETRY_MIN, RETRY_MAX);
         let mut tries = 0;
         loop {
             match call().await {
                 Err(e) if is_transient(&e) && tries < RETRIES => {
                     tries += 1;
                     tracing::debug!(error = %e, "zookeeper call failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
+                    pause.wait().await;
                 }
                 other => return other,
             }
@@ -273,7 +346,8 @@ impl Session {
                     stack.pop();
                 }
                 Err(zk::Error::NoNode) => match crate::nodes::parent(&path) {
-                    Some(p) if stack.len() < 64 => stack.push(p.to_owned()),
+                    // A name has at most 128 segments (255 bytes): no cap below that (review L4).
+                    Some(p) if stack.len() < 256 => stack.push(p.to_owned()),
                     _ => return Err(zk::Error::NoNode),
                 },
                 Err(e) => return Err(e),
@@ -283,20 +357,28 @@ impl Session {
     }
 
     /// Deletes `path`, retrying transient errors until done or the session is gone (Curator's
-    /// guaranteed delete). `Ok(false)`: there was no such node.
+    /// guaranteed delete). `Ok(false)`: there was no such node (and no earlier try of ours can
+    /// have deleted it).
     pub(crate) async fn delete_guaranteed(
         &self,
         path: &str,
     ) -> std::result::Result<bool, zk::Error> {
-        let mut pause = RETRY_MIN;
+        let mut pause = Backoff::new(RETRY_MIN, RETRY_MAX);
+        // Whether an earlier try may have deleted it and only its answer was lost: then a
+        // NoNode is our own delete, not a loss (review L2; Curator ignores NoNode here).
+        // Only within one session: a node gone with an expired session was lost, not deleted.
+        let mut maybe_applied = false;
+        let session = self.client().session_id().0;
         loop {
             match self.delete(path).await {
                 Ok(()) => return Ok(true),
-                Err(zk::Error::NoNode) => return Ok(false),
+                Err(zk::Error::NoNode) => {
+                    return Ok(maybe_applied && self.client().session_id().0 == session);
+                }
                 Err(e) if is_transient(&e) => {
+                    maybe_applied = true;
                     tracing::debug!(path, error = %e, "delete failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
+                    pause.wait().await;
                 }
                 Err(e) => return Err(e),
             }
@@ -310,19 +392,21 @@ impl Session {
         dir: &str,
         prefix: &str,
     ) -> std::result::Result<bool, zk::Error> {
-        let mut pause = RETRY_MIN;
+        let mut pause = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             match self.children(dir).await {
                 Ok(children) => {
-                    return match children.iter().find(|c| c.starts_with(prefix)) {
-                        Some(node) => self.delete_guaranteed(&format!("{dir}/{node}")).await,
-                        None => Ok(false),
-                    };
+                    // Every node with the prefix: a create retried after a lost answer can
+                    // have left two (review M3).
+                    let mut deleted = false;
+                    for node in children.iter().filter(|c| c.starts_with(prefix)) {
+                        deleted |= self.delete_guaranteed(&format!("{dir}/{node}")).await?;
+                    }
+                    return Ok(deleted);
                 }
                 Err(zk::Error::NoNode) => return Ok(false),
                 Err(e) if is_transient(&e) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
+                    pause.wait().await;
                 }
                 Err(e) => return Err(e),
             }
@@ -332,7 +416,10 @@ impl Session {
     async fn reopen(&self) -> Result<zk::StateWatcher> {
         let client = open(&self.config).await?;
         let watcher = client.state_watcher();
+        bump(&self.counters.sessions);
+        let id = client.session_id().0;
         *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
+        lock(&self.holds).live_session = Some(id);
         Ok(watcher)
     }
 }
@@ -354,9 +441,13 @@ async fn watch_state(session: Weak<Session>, mut watcher: zk::StateWatcher) {
                 s.suspend_all(false);
             }
             zk::SessionState::Expired => {
-                s.lose_all("the zookeeper session expired");
-                let mut pause = Duration::from_millis(100);
+                s.lose_all(LossReason::SessionExpired, "the zookeeper session expired");
+                // Retry with only a weak reference between tries: a provider dropped while
+                // the ensemble is unreachable stops reconnecting (review L3).
+                drop(s);
+                let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
                 loop {
+                    let Some(s) = session.upgrade() else { return };
                     match s.reopen().await {
                         Ok(w) => {
                             watcher = w;
@@ -364,16 +455,54 @@ async fn watch_state(session: Weak<Session>, mut watcher: zk::StateWatcher) {
                         }
                         Err(e) => {
                             tracing::warn!(store = %s.store_id, error = %e, "could not open a new zookeeper session; retrying");
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(Duration::from_secs(5));
                         }
                     }
+                    drop(s);
+                    pause.wait().await;
                 }
             }
             zk::SessionState::Closed | zk::SessionState::AuthFailed => {
-                s.lose_all("the zookeeper session was closed");
+                s.lose_all(
+                    LossReason::SessionExpired,
+                    "the zookeeper session was closed",
+                );
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_core::HoldState;
+
+    /// Review L1: a hold registered while the session is disconnected starts suspended, and
+    /// one whose node belongs to a session that expired meanwhile is lost at once. The old
+    /// registry ignored the session's state: both started `Held`, and the second was never
+    /// told. The state changes are driven as `watch_state` drives them.
+    #[tokio::test]
+    async fn a_hold_registered_during_a_state_change_gets_that_state() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_ZK_URL") else {
+            return;
+        };
+        let s = Session::connect(ZkConfig::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        let name = LockName::new("l1").unwrap();
+        let live = s.client().session_id().0;
+        s.suspend_all(true); // Disconnected
+        let during = HoldSignal::new();
+        s.register(&name, &during, live);
+        assert_eq!(during.state(), HoldState::Suspended);
+        s.suspend_all(false); // SyncConnected
+        assert_eq!(during.state(), HoldState::Held);
+        s.lose_all(LossReason::SessionExpired, "test"); // Expired
+        assert_eq!(during.reason(), Some(LossReason::SessionExpired));
+        let late = HoldSignal::new();
+        s.register(&name, &late, live);
+        assert_eq!(late.reason(), Some(LossReason::SessionExpired));
+        assert!(!s.is_live(live));
+        assert_eq!(s.live_holds(), 0);
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_conformance::{Factory, async_trait, service_url};
+use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service_url};
 use dlock_core::{DynLockProvider, Result};
 use dlock_zookeeper::zookeeper_client as zk;
 use dlock_zookeeper::{ZkConfig, ZkProvider, is_recipe_node};
@@ -60,6 +60,21 @@ impl Factory for ZkFactory {
 
     async fn connect(&self) -> Result<DynLockProvider> {
         Ok(Arc::new(ZkProvider::connect(&self.url).await?))
+    }
+
+    /// Through a proxy, with a 2 s session, so the server lets the cut-off holder's nodes go
+    /// well within the case's wait.
+    async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        Some(
+            async {
+                let (cut, url) =
+                    ProxyPartition::start(&self.url, dlock_zookeeper::DEFAULT_PORT).await?;
+                let url = format!("{url}?session_timeout_ms=2000");
+                let p: DynLockProvider = Arc::new(ZkProvider::connect(&url).await?);
+                Ok((p, Box::new(cut) as Box<dyn Partition>))
+            }
+            .await,
+        )
     }
 
     fn short_lease(&self) -> Duration {

@@ -70,7 +70,9 @@ async fn four_letter(url: &str, word: &str) -> String {
         .unwrap();
     stream.write_all(word.as_bytes()).await.unwrap();
     let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
+    must(LIMIT, word, stream.read_to_string(&mut out))
+        .await
+        .unwrap();
     out
 }
 
@@ -219,6 +221,8 @@ async fn rw_and_semaphore_layouts_are_curators() {
 struct Proxy {
     port: u16,
     blocked: Arc<AtomicBool>,
+    /// Connections accepted, refused ones included: each is a client's attempt.
+    attempts: Arc<std::sync::atomic::AtomicUsize>,
     conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -229,13 +233,16 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let blocked = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let attempts: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
         let accept = {
             let (blocked, conns) = (Arc::clone(&blocked), Arc::clone(&conns));
+            let attempts = Arc::clone(&attempts);
             tokio::spawn(async move {
                 loop {
                     let Ok((mut down, _)) = listener.accept().await else {
                         return;
                     };
+                    attempts.fetch_add(1, Ordering::SeqCst);
                     if blocked.load(Ordering::SeqCst) {
                         continue; // dropped: refused
                     }
@@ -251,6 +258,7 @@ impl Proxy {
         Self {
             port,
             blocked,
+            attempts,
             conns,
             accept,
         }
@@ -348,6 +356,125 @@ async fn session_expiry_reports_loss() {
     .unwrap();
     g3.release().await.unwrap();
     g2.release().await.unwrap();
+}
+
+/// Issue 13 item 4 (review L3): 1000 holds on one provider and a forced session expiry. Every
+/// guard reports `SessionExpired` within the session timeout, the provider opens exactly one
+/// new session, and neither the keepers' clean-up nor dropping the guards sends a single
+/// delete for nodes that went with the session (the old code sent one per hold, up to a lease
+/// later).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_holds_lost_with_their_session_cost_no_deletes() {
+    const HOLDS: usize = 1000;
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let proxy = Proxy::start(config.hosts[0].clone()).await;
+    let proxied = format!(
+        "zk://127.0.0.1:{}{}?session_timeout_ms=4000",
+        proxy.port, config.chroot
+    );
+    let a = provider(&proxied).await;
+    let names = Names::new();
+    // A short watchdog lease, so the old code's delayed deletes of dropped guards (sent at
+    // the lease end) fall inside the window checked below.
+    let opts = LockOptions::new().with_lease(dlock_core::Lease::watchdog(Duration::from_secs(2)));
+    let mut guards = Vec::with_capacity(HOLDS);
+    for chunk in (0..HOLDS).collect::<Vec<_>>().chunks(50) {
+        let acquired = futures::future::join_all(chunk.iter().map(|i| {
+            let l = a.lock(&names.name(&format!("many-{i}")), opts).unwrap();
+            async move { l.acquire().await.unwrap() }
+        }))
+        .await;
+        guards.extend(acquired);
+    }
+    assert_eq!(a.stats().sessions, 1);
+    let old_session = a.session_id();
+    proxy.block();
+    let thief = zk::Client::connector()
+        .with_session(a.client().session().clone())
+        .connect(&config.connect_string())
+        .await
+        .unwrap();
+    drop(thief); // closes the session on the server
+    let deletes_before = a.stats().deletes;
+    proxy.unblock();
+    let all_lost = futures::future::join_all(guards.iter().map(|g| g.lost()));
+    // Told as soon as the client hears of the expiry: within the 4 s session timeout of the
+    // reconnection.
+    must(
+        Duration::from_secs(4),
+        "every guard reports the loss",
+        all_lost,
+    )
+    .await;
+    for g in &guards {
+        assert_eq!(
+            g.loss_reason(),
+            Some(dlock_core::LossReason::SessionExpired)
+        );
+    }
+    eventually(LIMIT, "a new session", || async {
+        if a.session_id() != old_session {
+            Ok(())
+        } else {
+            Err("old session")
+        }
+    })
+    .await;
+    drop(guards);
+    // Past the lease end of every dropped guard (when the old code sent its delete).
+    let quiet_until = dlock_core::backend::from_now(Duration::from_secs(3));
+    while tokio::time::Instant::now() < quiet_until {
+        let sent = a.stats().deletes - deletes_before;
+        assert_eq!(sent, 0, "deletes sent for nodes gone with their session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(a.stats().sessions, 2, "one new session after the expiry");
+}
+
+/// Review L3: a provider whose session expired while the ensemble is unreachable keeps trying
+/// to open a new one, but only while someone still holds the provider. The old reopen loop
+/// held the session itself, so a dropped provider kept connecting for good. The client
+/// declares its session expired by itself after 1.4 session timeouts cut off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_provider_stops_reconnecting() {
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let proxy = Proxy::start(config.hosts[0].clone()).await;
+    let proxied = format!(
+        "zk://127.0.0.1:{}{}?session_timeout_ms=2000",
+        proxy.port, config.chroot
+    );
+    let a = provider(&proxied).await;
+    let old_session = a.session_id();
+    let g = a
+        .lock(&Names::new().name("orphan"), LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    proxy.block();
+    must(LIMIT, "the hold is lost with its session", g.lost()).await;
+    // The reopen loop is running against the refusing proxy.
+    let seen = proxy.attempts.load(Ordering::SeqCst);
+    eventually(LIMIT, "attempts to open a new session", || async {
+        let now = proxy.attempts.load(Ordering::SeqCst);
+        if now > seen + 1 { Ok(()) } else { Err(now) }
+    })
+    .await;
+    assert_eq!(a.session_id(), old_session);
+    drop(g);
+    drop(a);
+    // An attempt in flight when the provider was dropped may still end; then nothing more.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after_drop = proxy.attempts.load(Ordering::SeqCst);
+    // Longer than the loop's longest pause (5 s).
+    let quiet_until = dlock_core::backend::from_now(Duration::from_secs(7));
+    while tokio::time::Instant::now() < quiet_until {
+        let now = proxy.attempts.load(Ordering::SeqCst);
+        assert_eq!(now, after_drop, "a dropped provider is still connecting");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waiters dropped at many moments (0..30 ms, and sub-millisecond) while another holds the
@@ -891,7 +1018,14 @@ impl PrivateZk {
                 };
                 let mut out = String::new();
                 let _ = stream.write_all(b"srvr").await;
-                let _ = stream.read_to_string(&mut out).await;
+                // A server that is starting may accept and not answer: ask again.
+                let read = stream.read_to_string(&mut out);
+                if tokio::time::timeout(Duration::from_secs(1), read)
+                    .await
+                    .is_err()
+                {
+                    return Err("no answer within 1 s".to_owned());
+                }
                 if out.contains("Zookeeper version") {
                     Ok(())
                 } else {
@@ -958,17 +1092,228 @@ async fn server_restart_within_session_timeout_keeps_the_hold() {
         },
     )
     .await;
+    // Every call is bounded, so a hang (seen once under load in CI) names its step.
     let lb = b.lock(&name, LockOptions::default()).unwrap();
-    assert!(
-        lb.try_acquire(ZERO).await.unwrap().is_none(),
-        "the hold survived the restart"
-    );
-    g.release().await.unwrap();
-    lb.try_acquire(LIMIT)
-        .await
-        .unwrap()
-        .expect("free after release")
-        .release()
+    let busy = must(
+        LIMIT * 2,
+        "try_acquire(0) after the restart",
+        lb.try_acquire(ZERO),
+    )
+    .await;
+    assert!(busy.unwrap().is_none(), "the hold survived the restart");
+    must(LIMIT * 2, "release after the restart", g.release())
         .await
         .unwrap();
+    let g2 = must(
+        LIMIT * 2,
+        "acquire after the release",
+        lb.try_acquire(LIMIT),
+    )
+    .await
+    .unwrap()
+    .expect("free after release");
+    must(LIMIT * 2, "the second release", g2.release())
+        .await
+        .unwrap();
+}
+
+/// Review H1: a downgrade whose write node is already gone (here deleted behind the holder's
+/// back, as a release by another task of the same handle or an expiry would) must not grant
+/// the read beside a writer that got in meanwhile; it waits as a plain reader. The old
+/// downgrade created its read node at the write's place and granted it at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn downgrade_after_the_write_vanished_waits_for_the_new_writer() {
+    let Some(url) = url() else { return };
+    let (a, b, admin) = (
+        provider(&url).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let name = Names::new().name("downgrade-race");
+    let path = a.lock_path(&name).unwrap();
+    let mine = a.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w = mine.write().await.unwrap();
+    for node in recipe_children(&admin, &path).await {
+        admin.delete(&format!("{path}/{node}"), None).await.unwrap();
+    }
+    let other = b.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w2 = must(LIMIT, "the other writer", other.try_write(LIMIT))
+        .await
+        .unwrap()
+        .expect("the write node is gone: the other writer gets in");
+    // `w` has not noticed yet (its session is fine), so this read asks for a downgrade.
+    let r = must(LIMIT, "the read", mine.try_read(Duration::from_millis(500))).await;
+    assert!(
+        matches!(r, Ok(None)),
+        "a read granted beside another writer: {r:?}"
+    );
+    w2.release().await.unwrap();
+    drop(w);
+}
+
+/// Review M2: a read downgraded from a write carries the write's fencing token, so a writer
+/// queued behind that write (whose node, and token, came later) gets a higher token than the
+/// read. The old downgraded read had its own, later czxid: fencing went backwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn downgraded_read_token_is_below_the_next_writers() {
+    let Some(url) = url() else { return };
+    let (a, b) = (provider(&url).await, provider(&url).await);
+    let name = Names::new().name("downgrade-fence");
+    let mine = a.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w = mine.write().await.unwrap();
+    let other = b.read_write_lock(&name, LockOptions::default()).unwrap();
+    let queued = tokio::spawn(async move {
+        let g = other.write().await.unwrap();
+        let token = g.fencing_token().get();
+        g.release().await.unwrap();
+        token
+    });
+    // The other writer's node exists (it waits) before the downgrade.
+    let admin = admin(&url).await;
+    let path = a.lock_path(&name).unwrap();
+    eventually(LIMIT, "the other writer queued", || async {
+        let n = recipe_children(&admin, &path).await;
+        if n.len() == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    let r = mine.read().await.unwrap();
+    w.release().await.unwrap();
+    let read_token = r.fencing_token().get();
+    r.release().await.unwrap();
+    let next = must(LIMIT, "the queued writer", queued).await.unwrap();
+    assert!(
+        next > read_token,
+        "the next writer's token {next} is not above the downgraded read's {read_token}"
+    );
+}
+
+/// Review M1: a one-permit semaphore waiter whose nodes vanish while it waits (an operator
+/// unsticking the name, an expired session) starts over under the internal mutex. The old
+/// code re-created its lease without the mutex, so a second waiter could queue a lease beside
+/// it, and once the holder left both waited for each other for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn semaphore_waiter_whose_nodes_vanish_does_not_deadlock() {
+    let Some(url) = url() else { return };
+    let (h, a, b) = (
+        provider(&url).await,
+        provider(&url).await,
+        provider(&url).await,
+    );
+    let admin = admin(&url).await;
+    let name = Names::new().name("sem-vanish");
+    let path = h.lock_path(&name).unwrap();
+    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let opts = LockOptions::default();
+    let held = h
+        .semaphore(&name, 1, opts)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let sa = a.semaphore(&name, 1, opts).unwrap();
+    let first = tokio::spawn(async move {
+        let g = sa.acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    eventually(
+        LIMIT,
+        "the waiter holds the internal mutex and waits",
+        || async {
+            let (l, s) = (
+                recipe_children(&admin, &locks).await,
+                recipe_children(&admin, &leases).await,
+            );
+            if l.len() == 1 && s.len() == 2 {
+                Ok(())
+            } else {
+                Err((l, s))
+            }
+        },
+    )
+    .await;
+    // Delete the waiter's nodes: its internal-mutex node and its (newer) lease.
+    for node in recipe_children(&admin, &locks).await {
+        admin
+            .delete(&format!("{locks}/{node}"), None)
+            .await
+            .unwrap();
+    }
+    let mut lease_nodes = recipe_children(&admin, &leases).await;
+    lease_nodes.sort_by_key(|n| n[n.len() - 10..].to_owned());
+    let newest = lease_nodes.pop().unwrap();
+    admin
+        .delete(&format!("{leases}/{newest}"), None)
+        .await
+        .unwrap();
+    eventually(LIMIT, "the waiter is back with a new lease", || async {
+        let s = recipe_children(&admin, &leases).await;
+        if s.len() == 2 && !s.contains(&newest) {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    let sb = b.semaphore(&name, 1, opts).unwrap();
+    let second = tokio::spawn(async move {
+        let g = sb.acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    eprintln!(
+        "DBG before release: locks {:?} leases {:?}",
+        recipe_children(&admin, &locks).await,
+        recipe_children(&admin, &leases).await
+    );
+    held.release().await.unwrap();
+    must(LIMIT, "the first waiter gets the permit", first)
+        .await
+        .unwrap();
+    must(LIMIT, "the second waiter gets the permit", second)
+        .await
+        .unwrap();
+}
+
+/// Review M4: a mutex named like a semaphore's internal directory (`x/locks`) is not that
+/// directory: holding it does not block the semaphore `x`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_like_recipe_internals_is_its_own_lock() {
+    let Some(url) = url() else { return };
+    let (a, b) = (provider(&url).await, provider(&url).await);
+    let x = Names::new().name("x");
+    let inner = a
+        .lock(&format!("{x}/locks"), LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let permit = must(
+        LIMIT,
+        "a permit of x while x/locks is held",
+        b.semaphore(&x, 1, LockOptions::default())
+            .unwrap()
+            .try_acquire(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap()
+    .expect("x/locks blocked the semaphore x");
+    permit.release().await.unwrap();
+    inner.release().await.unwrap();
+}
+
+/// Review L4: a deeply nested name (100 segments, within the 255-byte limit) gets its parents
+/// created; the old 64-level cap failed it with a bare NoNode.
+#[tokio::test(flavor = "multi_thread")]
+async fn deeply_nested_names_work() {
+    let Some(url) = url() else { return };
+    let p = provider(&url).await;
+    let deep = format!("{}/{}", Names::new().name("deep"), ["d"; 100].join("/"));
+    assert!(deep.len() <= 255, "{}", deep.len());
+    let g = must(
+        LIMIT,
+        "a lock 100 levels deep",
+        p.lock(&deep, LockOptions::default()).unwrap().acquire(),
+    )
+    .await
+    .unwrap();
+    g.release().await.unwrap();
 }

@@ -1,0 +1,824 @@
+//! `dlock torture`: many worker processes contend for a few names with every primitive while
+//! faults are injected on a schedule drawn from a seed (proxy faults in front of the store:
+//! partitions, one-way cuts, latency, resets, delayed replies; process faults: SIGSTOP past the
+//! lease, SIGKILL), each hold writes to a shared resource that rejects stale fencing tokens,
+//! and a checker reads the whole history and says whether the contract held.
+
+mod check;
+mod history;
+mod resource;
+mod worker;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use dlock::backend::{from_now, later};
+use dlock_proxy::{Fault, Proxy};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub use self::history::FaultKind;
+use self::history::{FaultRecord, Stamped, WorkerEvent, now_ns};
+pub use self::worker::TortureWorkerOpts;
+pub(crate) use self::worker::worker;
+use crate::{exit, parse_duration};
+
+/// The primitives a worker uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Primitive {
+    /// A reentrant mutex with a watchdog lease.
+    Mutex,
+    /// A fair mutex (backends that have one).
+    Fair,
+    /// A read-write lock: 70% reads, 30% writes (backends that have one).
+    Rw,
+    /// A semaphore of 2 permits (backends that have one).
+    Semaphore,
+    /// A MultiLock over two mutex names.
+    Multi,
+}
+
+/// A deliberately broken lock, to show that the checker catches each breakage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Sabotage {
+    /// Every worker gets a store of its own: nothing excludes anything.
+    NoExclusion,
+    /// Workers report tokens that repeat.
+    RepeatTokens,
+    /// Workers ignore the loss signal: they stay in their critical section and never say.
+    NoLoss,
+}
+
+/// Options of `dlock torture`.
+#[derive(Debug, Args)]
+pub struct TortureOpts {
+    /// A store to attack (repeat for several: each is attacked in turn, with the same seed).
+    /// Network stores get a fault-injecting proxy in front of them for every worker; an
+    /// embedded SQLite store gets the process faults only. A Redis Cluster or Sentinel cannot
+    /// be proxied (clients learn node addresses from the servers).
+    #[arg(long = "url", value_name = "URL", required = true)]
+    pub urls: Vec<String>,
+
+    /// Worker processes, each with its own connections.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub processes: u32,
+
+    /// How long to attack each store.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub duration: Duration,
+
+    /// The faults to inject.
+    #[arg(long, value_delimiter = ',', default_values_t = FaultKind::ALL)]
+    pub faults: Vec<FaultKind>,
+
+    /// The seed of the fault schedule and of the workers' choices: a run with the same seed
+    /// replays the same schedule. Default: drawn from the clock, and printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// The primitives the workers use (those the backend lacks are left out, and said so).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "mutex,fair,rw,semaphore,multi"
+    )]
+    pub primitives: Vec<Primitive>,
+
+    /// Names per primitive.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=100))]
+    pub names: u64,
+
+    /// The workers' watchdog lease.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub lease: Duration,
+
+    /// The longest critical section.
+    #[arg(long, value_parser = parse_duration, default_value = "60ms")]
+    pub hold: Duration,
+
+    /// Write the reports (one per store) as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Write the whole history (every event, fault and accepted write) as JSON lines here.
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
+
+    /// Test only: break the lock on purpose (the checker must say so).
+    #[arg(long, hide = true)]
+    pub sabotage: Option<Sabotage>,
+}
+
+/// Tiny, stable pseudo-random numbers (SplitMix64): a seed replays the same run on any
+/// version of anything.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 for `n` = 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        let span = u64::try_from(high.saturating_sub(low).as_millis()).unwrap_or(0);
+        low.saturating_add(Duration::from_millis(self.below(span + 1)))
+    }
+}
+
+/// One planned fault.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    /// When, from the start of the attack.
+    at: Duration,
+    kind: FaultKind,
+    slot: usize,
+    /// How long it lasts (zero for a reset or a kill).
+    lasts: Duration,
+    /// The added latency, for `Latency`.
+    latency: Duration,
+    /// Which way, for `OneWay`.
+    upstream: bool,
+}
+
+/// The schedule of a run: one fault at a time, every one healed before the next, drawn from
+/// the seed.
+fn schedule(seed: u64, opts: &TortureOpts, kinds: &[FaultKind], slots: usize) -> Vec<Planned> {
+    let mut rng = Rng::new(seed);
+    let mut plan = Vec::new();
+    if kinds.is_empty() {
+        return plan;
+    }
+    let lease = opts.lease;
+    let mut at = lease;
+    let stop = opts.duration.saturating_sub(lease * 2);
+    while at < stop {
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        let slot = rng.below(slots as u64) as usize;
+        let lasts = match kind {
+            FaultKind::Pause | FaultKind::Partition | FaultKind::OneWay | FaultKind::Delay => {
+                rng.between(lease * 3 / 2, lease * 3)
+            }
+            FaultKind::Latency => rng.between(lease / 2, lease * 2),
+            FaultKind::Reset | FaultKind::Kill => Duration::ZERO,
+        };
+        plan.push(Planned {
+            at,
+            kind,
+            slot,
+            lasts,
+            latency: Duration::from_millis(50 + rng.below(251)),
+            upstream: rng.below(2) == 0,
+        });
+        at = at
+            .saturating_add(lasts)
+            .saturating_add(rng.between(lease / 2, lease * 2));
+    }
+    plan
+}
+
+/// The report of one store.
+#[derive(Debug, Serialize)]
+struct StoreReport {
+    url: String,
+    seed: u64,
+    processes: u32,
+    duration_s: f64,
+    primitives: Vec<String>,
+    faults_planned: usize,
+    command: String,
+    #[serde(flatten)]
+    report: check::Report,
+}
+
+pub(crate) async fn torture(opts: TortureOpts) -> u8 {
+    let seed = opts
+        .seed
+        .unwrap_or_else(|| now_ns() ^ u64::from(std::process::id()));
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("dlock: cannot find my own executable to start the workers: {e}");
+            return exit::SOFTWARE;
+        }
+    };
+    let mut reports = Vec::new();
+    let mut status = 0;
+    let mut history_out = match &opts.history {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Some(std::io::BufWriter::new(f)),
+            Err(e) => {
+                eprintln!("dlock: cannot write {}: {e}", path.display());
+                return exit::CONFIG;
+            }
+        },
+        None => None,
+    };
+    for url in &opts.urls {
+        match attack(&opts, url, seed, &exe, history_out.as_mut()).await {
+            Ok(r) => {
+                print_report(&r);
+                if !r.report.violations.is_empty() {
+                    status = 1;
+                }
+                reports.push(r);
+            }
+            Err(code) => return code,
+        }
+    }
+    if let Some(path) = &opts.json {
+        let written = serde_json::to_vec_pretty(&reports)
+            .map_err(std::io::Error::other)
+            .and_then(|json| std::fs::write(path, json));
+        if let Err(e) = written {
+            eprintln!("dlock: cannot write {}: {e}", path.display());
+            return exit::SOFTWARE;
+        }
+    }
+    status
+}
+
+fn print_report(r: &StoreReport) {
+    let rep = &r.report;
+    println!(
+        "{}: {} processes, {:.0} s, seed {}: {} holds; faults {:?}",
+        dlock::redact(&r.url),
+        r.processes,
+        r.duration_s,
+        r.seed,
+        rep.holds,
+        rep.faults
+    );
+    println!(
+        "  fenced writes: {} accepted, {} refused as stale, {} fencing violations",
+        rep.fenced_accepted, rep.fenced_refused, rep.fenced_violations
+    );
+    println!(
+        "  overlaps: {} explained by a fault, {} unexplained; {} unfenced updates lost",
+        rep.overlaps_explained, rep.overlaps_unexplained, rep.unfenced_lost_updates
+    );
+    println!(
+        "  losses reported: {}; worst report delay after an overlap began: {}; worst \
+         recovery after a fault: {}",
+        rep.losses_reported,
+        rep.worst_report_delay_ms
+            .map_or("-".to_string(), |d| format!("{d} ms")),
+        rep.worst_recovery_ms
+            .map_or("-".to_string(), |d| format!("{d} ms"))
+    );
+    println!("  replay: {}", r.command);
+    if rep.violations.is_empty() {
+        println!("  no violation");
+    } else {
+        println!("  {} VIOLATIONS:", rep.violations.len());
+        for v in &rep.violations {
+            println!("  - {v}");
+        }
+    }
+}
+
+/// Splits `scheme://[userinfo@]host:port[,host:port...][/rest]` into the head before the
+/// hosts, the host:port list (with the scheme's default port filled in) and the rest.
+fn hosts(url: &str) -> Option<(String, Vec<String>, String)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hostlist) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let default = match scheme {
+        "redis" | "rediss" => 6379,
+        "mysql" | "mariadb" => 3306,
+        "zk" => 2181,
+        "postgres" | "postgresql" => 5432,
+        "etcd" | "etcds" => 2379,
+        _ => return None,
+    };
+    let hosts = hostlist
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            let has_port = h.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']'));
+            if has_port {
+                h.to_owned()
+            } else {
+                format!("{h}:{default}")
+            }
+        })
+        .collect();
+    Some((format!("{scheme}://{userinfo}"), hosts, tail.to_owned()))
+}
+
+/// One worker slot: its proxies (one per server) and the process in it now.
+struct Slot {
+    proxies: Vec<Proxy>,
+    url: String,
+    child: Option<Child>,
+    worker: u32,
+    pid: Option<Pid>,
+    /// The tasks reading what this slot's workers (the current one and those it replaced)
+    /// write; each ends at its worker's end of output.
+    readers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn attack(
+    opts: &TortureOpts,
+    url: &str,
+    seed: u64,
+    exe: &std::path::Path,
+    history_out: Option<&mut std::io::BufWriter<std::fs::File>>,
+) -> Result<StoreReport, u8> {
+    let shown = dlock::redact(url);
+    if url.starts_with("memory:") {
+        eprintln!(
+            "dlock: {shown}: a memory store lives inside one process; torture needs a store \
+             its worker processes share (sqlite://, redis://, zk://, mysql://, ...)"
+        );
+        return Err(exit::CONFIG);
+    }
+    if url.contains("cluster=true") || url.contains("sentinel") {
+        eprintln!(
+            "dlock: {shown}: a Redis Cluster or Sentinel cannot be proxied (clients learn node \
+             addresses from the servers); attack a single server"
+        );
+        return Err(exit::CONFIG);
+    }
+    let locks = dlock::connect(url)
+        .await
+        .map_err(|e| crate::fail(&format!("cannot use {shown}"), &e))?;
+    let caps = locks.capabilities();
+    let primitives: Vec<Primitive> = opts
+        .primitives
+        .iter()
+        .copied()
+        .filter(|p| match p {
+            Primitive::Fair => caps.fair,
+            Primitive::Rw => caps.read_write,
+            Primitive::Semaphore => caps.semaphore,
+            Primitive::Mutex | Primitive::Multi => true,
+        })
+        .collect();
+    for p in &opts.primitives {
+        if !primitives.contains(p) {
+            eprintln!("dlock: {shown} has no {p:?}: left out");
+        }
+    }
+    if primitives.is_empty() {
+        eprintln!("dlock: {shown}: none of the requested primitives is supported");
+        return Err(exit::CONFIG);
+    }
+    let split = hosts(url);
+    let kinds: Vec<FaultKind> = opts
+        .faults
+        .iter()
+        .copied()
+        .filter(|k| split.is_some() || !k.needs_proxy())
+        .collect();
+    if split.is_none() && kinds.len() < opts.faults.len() {
+        eprintln!("dlock: {shown} has no network to attack: only process faults (pause, kill)");
+    }
+    let resource = resource::Resource::start().await.map_err(|e| {
+        eprintln!("dlock: cannot start the shared resource: {e}");
+        exit::SOFTWARE
+    })?;
+    let prefix = format!("torture/{seed:x}/{:x}", now_ns() % 0xffff_ffff);
+    let history: Shared<Vec<Stamped>> = Arc::default();
+    let holding: Shared<HashMap<u32, i64>> = Arc::default();
+    let mut slots = Vec::new();
+    let mut next_worker = 0u32;
+    for i in 0..opts.processes {
+        let (proxies, worker_url) = match &split {
+            Some((head, servers, tail)) => {
+                let mut proxies = Vec::new();
+                for server in servers {
+                    let p = Proxy::start(server.as_str()).await.map_err(|e| {
+                        eprintln!("dlock: cannot put a proxy in front of {server}: {e}");
+                        exit::UNAVAILABLE
+                    })?;
+                    proxies.push(p);
+                }
+                let list: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+                (proxies, format!("{head}{}{tail}", list.join(",")))
+            }
+            None if opts.sabotage == Some(Sabotage::NoExclusion) => {
+                (Vec::new(), private_store(url, i))
+            }
+            None => (Vec::new(), url.to_owned()),
+        };
+        let mut slot = Slot {
+            proxies,
+            url: worker_url,
+            child: None,
+            worker: 0,
+            pid: None,
+            readers: Vec::new(),
+        };
+        spawn(
+            &mut slot,
+            next_worker,
+            opts,
+            seed,
+            &prefix,
+            &primitives,
+            exe,
+            &resource,
+            &history,
+            &holding,
+        )?;
+        next_worker += 1;
+        slots.push(slot);
+    }
+    let plan = schedule(seed, opts, &kinds, slots.len());
+    let start = now_ns();
+    let started = tokio::time::Instant::now();
+    let mut faults: Vec<FaultRecord> = Vec::new();
+    for planned in &plan {
+        tokio::time::sleep_until(later(started, planned.at)).await;
+        let record = inject(
+            planned,
+            &mut slots,
+            &mut next_worker,
+            opts,
+            seed,
+            &prefix,
+            &primitives,
+            exe,
+            &resource,
+            &history,
+            &holding,
+        )
+        .await?;
+        faults.push(record);
+    }
+    tokio::time::sleep_until(later(started, opts.duration)).await;
+    let end = now_ns();
+    stop(&mut slots, opts.lease).await;
+    // Every worker has exited: its reader ends once it has read the worker's last line.
+    for reader in slots.iter_mut().flat_map(|s| s.readers.drain(..)) {
+        if tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .is_err()
+        {
+            eprintln!("dlock: a worker's output was not closed 5 s after it exited");
+        }
+    }
+    let history = std::mem::take(&mut *guard(&history));
+    let ledger = resource.ledger();
+    let report = check::check(
+        &history,
+        &faults,
+        &ledger,
+        (start, end),
+        opts.lease,
+        Duration::from_secs(2),
+        caps.connection_bound,
+    );
+    if let Some(out) = history_out {
+        for s in &history {
+            if let Ok(line) = serde_json::to_string(s) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        for f in &faults {
+            if let Ok(line) = serde_json::to_string(f) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        for a in &ledger.accepted {
+            if let Ok(line) = serde_json::to_string(a) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        let _ = out.flush();
+    }
+    let faults_arg: Vec<String> = opts.faults.iter().map(ToString::to_string).collect();
+    let prims_arg: Vec<String> = primitives
+        .iter()
+        .map(|p| format!("{p:?}").to_lowercase())
+        .collect();
+    Ok(StoreReport {
+        url: shown.clone(),
+        seed,
+        processes: opts.processes,
+        duration_s: opts.duration.as_secs_f64(),
+        primitives: prims_arg.clone(),
+        faults_planned: plan.len(),
+        command: format!(
+            "dlock torture --url '{shown}' --processes {} --duration {} --faults {} \
+             --primitives {} --names {} --lease {} --hold {} --seed {seed}",
+            opts.processes,
+            humantime::format_duration(opts.duration),
+            faults_arg.join(","),
+            prims_arg.join(","),
+            opts.names,
+            humantime::format_duration(opts.lease),
+            humantime::format_duration(opts.hold),
+        ),
+        report,
+    })
+}
+
+/// A store of its own for worker `i` (the no-exclusion sabotage of an embedded store).
+fn private_store(url: &str, i: u32) -> String {
+    match url.split_once('?') {
+        Some((path, query)) => format!("{path}.w{i}?{query}"),
+        None => format!("{url}.w{i}"),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn(
+    slot: &mut Slot,
+    worker: u32,
+    opts: &TortureOpts,
+    seed: u64,
+    prefix: &str,
+    primitives: &[Primitive],
+    exe: &std::path::Path,
+    resource: &resource::Resource,
+    history: &Shared<Vec<Stamped>>,
+    holding: &Shared<HashMap<u32, i64>>,
+) -> Result<(), u8> {
+    let prims: Vec<String> = primitives
+        .iter()
+        .map(|p| format!("{p:?}").to_lowercase())
+        .collect();
+    let mut cmd = Command::new(exe);
+    cmd.arg("torture-worker")
+        .arg("--id")
+        .arg(worker.to_string())
+        .arg("--url")
+        .arg(&slot.url)
+        .arg("--resource")
+        .arg(resource.addr().to_string())
+        .arg("--seed")
+        .arg(seed.to_string())
+        .arg("--prefix")
+        .arg(prefix)
+        .arg("--names")
+        .arg(opts.names.to_string())
+        .arg("--primitives")
+        .arg(prims.join(","))
+        .arg("--lease")
+        .arg(format!("{}ms", opts.lease.as_millis()))
+        .arg("--hold")
+        .arg(format!("{}ms", opts.hold.as_millis()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(s) = opts.sabotage
+        && s != Sabotage::NoExclusion
+    {
+        cmd.arg("--sabotage").arg(
+            s.to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_owned()),
+        );
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        eprintln!("dlock: cannot start a worker: {e}");
+        exit::SOFTWARE
+    })?;
+    let Some(stdout) = child.stdout.take() else {
+        return Err(exit::SOFTWARE);
+    };
+    let history = Arc::clone(history);
+    let holding = Arc::clone(holding);
+    let reader = tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(event) = serde_json::from_str::<WorkerEvent>(&line) else {
+                continue;
+            };
+            match &event {
+                WorkerEvent::Grant { .. } => *guard(&holding).entry(worker).or_default() += 1,
+                WorkerEvent::Exit { .. } => *guard(&holding).entry(worker).or_default() -= 1,
+                _ => {}
+            }
+            guard(&history).push(Stamped { worker, event });
+        }
+    });
+    slot.pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    slot.child = Some(child);
+    slot.worker = worker;
+    slot.readers.push(reader);
+    Ok(())
+}
+
+/// Applies one planned fault, waits until it has healed, and says what happened.
+#[allow(clippy::too_many_arguments)]
+async fn inject(
+    planned: &Planned,
+    slots: &mut [Slot],
+    next_worker: &mut u32,
+    opts: &TortureOpts,
+    seed: u64,
+    prefix: &str,
+    primitives: &[Primitive],
+    exe: &std::path::Path,
+    resource: &resource::Resource,
+    history: &Shared<Vec<Stamped>>,
+    holding: &Shared<HashMap<u32, i64>>,
+) -> Result<FaultRecord, u8> {
+    let slot_count = slots.len();
+    let mut index = planned.slot % slot_count;
+    // Pauses and kills hit a holder when there is one (a waiter otherwise).
+    if matches!(planned.kind, FaultKind::Pause | FaultKind::Kill) {
+        let until = from_now(opts.lease);
+        loop {
+            let holder = {
+                let held = guard(holding);
+                (0..slot_count)
+                    .map(|k| (index + k) % slot_count)
+                    .find(|i| held.get(&slots[*i].worker).copied().unwrap_or(0) > 0)
+            };
+            if let Some(i) = holder {
+                index = i;
+                break;
+            }
+            if tokio::time::Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let slot = &mut slots[index];
+    let worker = slot.worker;
+    let start = now_ns();
+    let set = |slot: &Slot, fault: Fault| {
+        for p in &slot.proxies {
+            p.set_fault(fault);
+        }
+    };
+    match planned.kind {
+        FaultKind::Pause => {
+            if let Some(pid) = slot.pid {
+                let _ = kill(pid, Signal::SIGSTOP);
+                tokio::time::sleep(planned.lasts).await;
+                let _ = kill(pid, Signal::SIGCONT);
+            }
+        }
+        FaultKind::Kill => {
+            if let Some(mut child) = slot.child.take() {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+            let end = now_ns();
+            spawn(
+                slot,
+                *next_worker,
+                opts,
+                seed,
+                prefix,
+                primitives,
+                exe,
+                resource,
+                history,
+                holding,
+            )?;
+            *next_worker += 1;
+            return Ok(FaultRecord {
+                kind: planned.kind,
+                worker,
+                start,
+                end,
+            });
+        }
+        FaultKind::Partition => {
+            set(slot, Fault::Partition);
+            tokio::time::sleep(planned.lasts).await;
+            set(slot, Fault::None);
+        }
+        FaultKind::OneWay => {
+            set(
+                slot,
+                if planned.upstream {
+                    Fault::Upstream
+                } else {
+                    Fault::Downstream
+                },
+            );
+            tokio::time::sleep(planned.lasts).await;
+            set(slot, Fault::None);
+        }
+        FaultKind::Latency => {
+            set(slot, Fault::Latency(planned.latency));
+            tokio::time::sleep(planned.lasts).await;
+            set(slot, Fault::None);
+        }
+        FaultKind::Delay => {
+            set(slot, Fault::DelayReplies(opts.lease + opts.lease / 2));
+            tokio::time::sleep(planned.lasts).await;
+            set(slot, Fault::None);
+        }
+        FaultKind::Reset => {
+            for p in &slot.proxies {
+                p.reset();
+            }
+        }
+    }
+    Ok(FaultRecord {
+        kind: planned.kind,
+        worker,
+        start,
+        end: now_ns(),
+    })
+}
+
+/// Heals everything, asks every worker to stop (closing its stdin), waits for them, and kills
+/// by pid the ones that do not stop.
+async fn stop(slots: &mut [Slot], lease: Duration) {
+    for slot in slots.iter_mut() {
+        for p in &slot.proxies {
+            p.set_fault(Fault::None);
+        }
+        if let Some(pid) = slot.pid {
+            let _ = kill(pid, Signal::SIGCONT);
+        }
+        if let Some(child) = slot.child.as_mut() {
+            drop(child.stdin.take());
+        }
+    }
+    let limit = lease * 3 + Duration::from_secs(5);
+    for slot in slots.iter_mut() {
+        if let Some(mut child) = slot.child.take()
+            && tokio::time::timeout(limit, child.wait()).await.is_err()
+        {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_into_proxyable_hosts() {
+        let (head, list, tail) = hosts("mysql://u:p@db.example/app?strategy=x").unwrap();
+        assert_eq!(head, "mysql://u:p@");
+        assert_eq!(list, ["db.example:3306"]);
+        assert_eq!(tail, "/app?strategy=x");
+        let (_, list, tail) = hosts("zk://a:1,b,[::1]:3/chroot").unwrap();
+        assert_eq!(list, ["a:1", "b:2181", "[::1]:3"]);
+        assert_eq!(tail, "/chroot");
+        assert!(hosts("sqlite:///tmp/x.db").is_none());
+        assert!(hosts("redis://h").is_some_and(|(_, l, _)| l == ["h:6379"]));
+    }
+
+    #[test]
+    fn a_seed_replays_the_same_schedule() {
+        let opts = TortureOpts {
+            urls: vec![],
+            processes: 4,
+            duration: Duration::from_secs(60),
+            faults: FaultKind::ALL.to_vec(),
+            seed: Some(7),
+            primitives: vec![Primitive::Mutex],
+            names: 3,
+            lease: Duration::from_secs(2),
+            hold: Duration::from_millis(60),
+            json: None,
+            history: None,
+            sabotage: None,
+        };
+        let a = schedule(7, &opts, &FaultKind::ALL, 4);
+        let b = schedule(7, &opts, &FaultKind::ALL, 4);
+        assert!(!a.is_empty());
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let c = schedule(8, &opts, &FaultKind::ALL, 4);
+        assert_ne!(format!("{a:?}"), format!("{c:?}"));
+        assert!(a.iter().all(|p| p.at + p.lasts <= opts.duration));
+    }
+}

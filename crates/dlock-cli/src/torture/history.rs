@@ -1,0 +1,177 @@
+//! What a torture run records: every event of every worker, every fault, every fenced write,
+//! each stamped with the host's monotonic clock (shared by all processes of the host).
+
+use serde::{Deserialize, Serialize};
+
+/// Nanoseconds on the host's monotonic clock (`CLOCK_MONOTONIC`), comparable across the
+/// processes of one host, unlike `Instant`.
+pub(crate) fn now_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .ok()
+        .and_then(|t| {
+            let secs = u64::try_from(t.tv_sec()).ok()?;
+            let nanos = u64::try_from(t.tv_nsec()).ok()?;
+            secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+        })
+        .unwrap_or(0)
+}
+
+/// What a worker holds during one critical section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum HoldKind {
+    /// A mutex (also each member of a MultiLock).
+    Mutex,
+    /// A fair mutex.
+    Fair,
+    /// A read hold.
+    Read,
+    /// The write hold.
+    Write,
+    /// A semaphore permit.
+    Permit,
+}
+
+impl HoldKind {
+    /// Whether holders of this kind must be alone on the name.
+    pub(crate) fn exclusive(self) -> bool {
+        matches!(self, Self::Mutex | Self::Fair | Self::Write)
+    }
+}
+
+/// One event of a worker, as it writes it on stdout (one JSON object per line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "e", rename_all = "snake_case")]
+pub(crate) enum WorkerEvent {
+    /// The worker started (with its process id).
+    Start { t: u64, pid: u32 },
+    /// A hold was granted: the critical section starts.
+    Grant {
+        t: u64,
+        hold: u64,
+        name: String,
+        kind: HoldKind,
+        token: u64,
+    },
+    /// The fenced write of a hold: accepted or refused by the resource.
+    Fenced {
+        t: u64,
+        hold: u64,
+        name: String,
+        token: u64,
+        accepted: bool,
+    },
+    /// The guard reported the hold lost.
+    Lost {
+        t: u64,
+        hold: u64,
+        name: String,
+        reason: String,
+    },
+    /// The critical section ended (before the release was sent).
+    Exit { t: u64, hold: u64 },
+    /// The release answered.
+    Release { t: u64, hold: u64, ok: bool },
+    /// An acquisition failed with an error (not a timeout).
+    Error { t: u64, what: String },
+    /// The worker stopped on request.
+    Stop { t: u64 },
+}
+
+/// A worker's event, with the worker it came from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Stamped {
+    /// The worker (a new id for each process, also after a SIGKILLed one is replaced).
+    pub(crate) worker: u32,
+    /// The event.
+    pub(crate) event: WorkerEvent,
+}
+
+/// An injected fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// SIGSTOP a worker (preferably a holder) past its lease, then SIGCONT.
+    Pause,
+    /// SIGKILL a worker (preferably a holder), and start a new one in its place.
+    Kill,
+    /// Cut one worker off the store both ways (its proxy stalls every byte), then heal.
+    Partition,
+    /// Cut one worker off the store one way (requests or replies), then heal.
+    OneWay,
+    /// Add 50-300 ms to every chunk of one worker's traffic for a while.
+    Latency,
+    /// Close every connection of one worker at once.
+    Reset,
+    /// Delay one worker's replies past its lease for a while.
+    Delay,
+}
+
+impl FaultKind {
+    /// Every kind, the default of `--faults`.
+    pub(crate) const ALL: [Self; 7] = [
+        Self::Pause,
+        Self::Kill,
+        Self::Partition,
+        Self::OneWay,
+        Self::Latency,
+        Self::Reset,
+        Self::Delay,
+    ];
+
+    /// The kinds that need a proxy in front of the store (not possible for SQLite).
+    pub(crate) fn needs_proxy(self) -> bool {
+        !matches!(self, Self::Pause | Self::Kill)
+    }
+
+    /// Whether a holder hit by it may legitimately be overlapped (its hold may end without it
+    /// knowing at once). A reset costs a hold only where the hold lives in its connection
+    /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)).
+    pub(crate) fn can_cost_a_hold(self, connection_bound: bool) -> bool {
+        match self {
+            Self::Latency => false,
+            Self::Reset => connection_bound,
+            _ => true,
+        }
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Pause => "pause",
+            Self::Kill => "kill",
+            Self::Partition => "partition",
+            Self::OneWay => "one-way",
+            Self::Latency => "latency",
+            Self::Reset => "reset",
+            Self::Delay => "delay",
+        })
+    }
+}
+
+/// A fault as it was applied.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct FaultRecord {
+    /// What.
+    pub(crate) kind: FaultKind,
+    /// The worker hit.
+    pub(crate) worker: u32,
+    /// When it began.
+    pub(crate) start: u64,
+    /// When it healed (a kill: when the process died).
+    pub(crate) end: u64,
+}
+
+/// One write the fenced resource accepted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Accepted {
+    /// When.
+    pub(crate) t: u64,
+    /// The resource (the lock's name).
+    pub(crate) name: String,
+    /// The token it carried.
+    pub(crate) token: u64,
+    /// The value written.
+    pub(crate) value: u64,
+}

@@ -1,0 +1,301 @@
+//! One torture worker: a process of its own with its own connections, contending for a few
+//! names with every primitive, writing to the shared resource while it holds, and reporting
+//! every grant, loss, write and release on stdout (one JSON object per line). It stops when
+//! its stdin closes.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use clap::Args;
+use dlock::{DynLockProvider, Lease, LockGuard, LockOptions, Member, MultiLock};
+use futures::future::select_all;
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+use super::history::{HoldKind, WorkerEvent, now_ns};
+use super::resource::Client;
+use super::{Primitive, Rng, Sabotage};
+use crate::{exit, parse_duration};
+
+/// Options of the hidden `dlock torture-worker` (started by `dlock torture`).
+#[derive(Debug, Args)]
+pub struct TortureWorkerOpts {
+    /// This worker's id.
+    #[arg(long)]
+    id: u32,
+    /// The store (through this worker's proxies).
+    #[arg(long)]
+    url: String,
+    /// The shared resource's address.
+    #[arg(long)]
+    resource: String,
+    /// The run's seed (mixed with the id).
+    #[arg(long)]
+    seed: u64,
+    /// The run's name prefix.
+    #[arg(long)]
+    prefix: String,
+    /// How many names of each primitive.
+    #[arg(long)]
+    names: u64,
+    /// The primitives to use.
+    #[arg(long, value_delimiter = ',')]
+    primitives: Vec<Primitive>,
+    /// The watchdog lease.
+    #[arg(long, value_parser = parse_duration)]
+    lease: Duration,
+    /// The longest critical section.
+    #[arg(long, value_parser = parse_duration)]
+    hold: Duration,
+    /// Break the lock on purpose (to test the checker).
+    #[arg(long)]
+    sabotage: Option<Sabotage>,
+}
+
+/// Semaphores of the run count this many permits.
+pub(crate) const PERMITS: u32 = 2;
+
+fn emit(event: &WorkerEvent) {
+    if let Ok(line) = serde_json::to_string(event) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// What one acquisition got.
+struct Held {
+    guards: Vec<(u64, String, HoldKind, LockGuard)>,
+}
+
+pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
+    emit(&WorkerEvent::Start {
+        t: now_ns(),
+        pid: std::process::id(),
+    });
+    let locks = match dlock::connect(&opts.url).await {
+        Ok(l) => l,
+        Err(e) => {
+            emit(&WorkerEvent::Error {
+                t: now_ns(),
+                what: format!("connect: {e}"),
+            });
+            return exit::UNAVAILABLE;
+        }
+    };
+    let mut resource = match Client::connect(&opts.resource).await {
+        Ok(c) => c,
+        Err(e) => {
+            emit(&WorkerEvent::Error {
+                t: now_ns(),
+                what: format!("resource: {e}"),
+            });
+            return exit::SOFTWARE;
+        }
+    };
+    // The coordinator stops a worker by closing its stdin.
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut sink = [0u8; 64];
+        let mut stdin = tokio::io::stdin();
+        while matches!(stdin.read(&mut sink).await, Ok(n) if n > 0) {}
+        let _ = stop_tx.send(true);
+    });
+    let mut rng = Rng::new(opts.seed ^ u64::from(opts.id).wrapping_mul(0x9E37_79B9));
+    let provider = std::sync::Arc::clone(locks.provider());
+    let mut holds = 0u64;
+    while !*stop.borrow() {
+        let held = match acquire(&provider, &opts, &mut rng).await {
+            Ok(Some(h)) => h,
+            Ok(None) => continue,
+            Err(e) => {
+                emit(&WorkerEvent::Error {
+                    t: now_ns(),
+                    what: e.to_string(),
+                });
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let mut guards = Vec::new();
+        for (name, kind, guard) in held.guards.into_iter().map(|(_, n, k, g)| (n, k, g)) {
+            holds += 1;
+            let mut token = guard.fencing_token().get();
+            if opts.sabotage == Some(Sabotage::RepeatTokens) {
+                token = 1 + token % 2;
+            }
+            emit(&WorkerEvent::Grant {
+                t: now_ns(),
+                hold: holds,
+                name: name.clone(),
+                kind,
+                token,
+            });
+            guards.push((holds, name, kind, guard, token));
+        }
+        critical_section(&opts, &mut rng, &mut resource, &guards).await;
+        for (hold, ..) in &guards {
+            emit(&WorkerEvent::Exit {
+                t: now_ns(),
+                hold: *hold,
+            });
+        }
+        for (hold, _, _, guard, _) in guards.into_iter().rev() {
+            let ok = guard.release().await.is_ok();
+            emit(&WorkerEvent::Release {
+                t: now_ns(),
+                hold,
+                ok,
+            });
+        }
+        let pause = rng.below(20);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    emit(&WorkerEvent::Stop { t: now_ns() });
+    0
+}
+
+async fn acquire(
+    provider: &DynLockProvider,
+    opts: &TortureWorkerOpts,
+    rng: &mut Rng,
+) -> dlock::Result<Option<Held>> {
+    let Some(&primitive) = opts
+        .primitives
+        .get(rng.below(opts.primitives.len() as u64) as usize)
+    else {
+        return Ok(None);
+    };
+    let i = rng.below(opts.names.max(1));
+    let p = &opts.prefix;
+    let options = LockOptions::new().with_lease(Lease::watchdog(opts.lease));
+    let wait = opts.lease * 2;
+    let one = |name: String, kind: HoldKind, g: Option<LockGuard>| {
+        g.map(|g| Held {
+            guards: vec![(0, name, kind, g)],
+        })
+    };
+    Ok(match primitive {
+        Primitive::Mutex => {
+            let name = format!("{p}/m{i}");
+            let g = provider.lock(&name, options)?.try_acquire(wait).await?;
+            one(name, HoldKind::Mutex, g)
+        }
+        Primitive::Fair => {
+            let name = format!("{p}/f{i}");
+            let g = provider
+                .lock(&name, options.with_fair(true))?
+                .try_acquire(wait)
+                .await?;
+            one(name, HoldKind::Fair, g)
+        }
+        Primitive::Rw => {
+            let name = format!("{p}/rw{i}");
+            let rw = provider.read_write_lock(&name, options)?;
+            if rng.below(10) < 7 {
+                one(name, HoldKind::Read, rw.try_read(wait).await?)
+            } else {
+                one(name, HoldKind::Write, rw.try_write(wait).await?)
+            }
+        }
+        Primitive::Semaphore => {
+            let name = format!("{p}/s{i}");
+            let s = provider.semaphore(&name, PERMITS, options)?;
+            one(name, HoldKind::Permit, s.try_acquire(wait).await?)
+        }
+        Primitive::Multi => {
+            let j = (i + 1 + rng.below(opts.names.max(2) - 1)) % opts.names.max(2);
+            let names = [format!("{p}/m{i}"), format!("{p}/m{j}")];
+            let members: Vec<Member> = names
+                .iter()
+                .map(|n| provider.lock(n, options).map(Member::from))
+                .collect::<dlock::Result<_>>()?;
+            match MultiLock::new(members)?.try_acquire(wait).await? {
+                None => None,
+                Some(multi) => {
+                    let guards = multi
+                        .into_guards()
+                        .into_iter()
+                        .map(|g| (0, g.name().to_string(), HoldKind::Mutex, g))
+                        .collect();
+                    Some(Held { guards })
+                }
+            }
+        }
+    })
+}
+
+/// Works while holding: half the hold, the writes to the resource, the other half; ends early
+/// (and says so) as soon as a hold is reported lost, unless the lock is sabotaged not to.
+async fn critical_section(
+    opts: &TortureWorkerOpts,
+    rng: &mut Rng,
+    resource: &mut Client,
+    guards: &[(u64, String, HoldKind, LockGuard, u64)],
+) {
+    let hold = opts.hold.as_millis().max(4) as u64;
+    let half = Duration::from_millis((hold / 4 + rng.below(hold * 3 / 4)) / 2);
+    let watch_loss = opts.sabotage != Some(Sabotage::NoLoss);
+    if watch_loss && lost_during(guards, half).await {
+        return;
+    }
+    if !watch_loss {
+        tokio::time::sleep(half).await;
+    }
+    for (hold, name, kind, _, token) in guards {
+        if !kind.exclusive() {
+            continue;
+        }
+        let accepted = resource
+            .fenced_increment(name, *token)
+            .await
+            .unwrap_or(false);
+        emit(&WorkerEvent::Fenced {
+            t: now_ns(),
+            hold: *hold,
+            name: name.clone(),
+            token: *token,
+            accepted,
+        });
+        let _ = resource.unfenced_increment(name).await;
+    }
+    if watch_loss {
+        lost_during(guards, half).await;
+    } else {
+        tokio::time::sleep(half).await;
+    }
+}
+
+/// Waits `d`, or until a hold is lost (reporting every hold lost by then); true if lost.
+async fn lost_during(guards: &[(u64, String, HoldKind, LockGuard, u64)], d: Duration) -> bool {
+    let losses: Vec<_> = guards.iter().map(|g| Box::pin(g.3.lost())).collect();
+    // A loss wins over the timer when both are due (after a pause, say).
+    let lost = tokio::select! {
+        biased;
+        _ = select_all(losses) => true,
+        () = tokio::time::sleep(d) => false,
+    };
+    // Looks again, as a careful holder does before it trusts what it did: the lease may have
+    // ended while the process was stopped, before any timer could fire.
+    let lost = lost || guards.iter().any(|g| !g.3.is_held());
+    if lost {
+        report_losses(guards);
+    }
+    lost
+}
+
+fn report_losses(guards: &[(u64, String, HoldKind, LockGuard, u64)]) {
+    let t = now_ns();
+    for (hold, name, _, guard, _) in guards {
+        if !guard.is_held() {
+            emit(&WorkerEvent::Lost {
+                t,
+                hold: *hold,
+                name: name.clone(),
+                reason: guard
+                    .loss_reason()
+                    .map_or_else(|| "suspended".to_string(), |r| r.to_string()),
+            });
+        }
+    }
+}

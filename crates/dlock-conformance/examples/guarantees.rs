@@ -1,0 +1,269 @@
+//! Turns a directory of conformance results (written by the suite when `DLOCK_RESULTS_DIR` is
+//! set) into `docs/guarantees.md`.
+//!
+//! ```text
+//! cargo run -p dlock-conformance --example guarantees -- RESULTS_DIR > docs/guarantees.md
+//! ```
+//!
+//! `scripts/test` runs the whole suite with `DLOCK_RESULTS_DIR`, regenerates the page, and
+//! fails if the committed one differs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::ExitCode;
+
+use dlock_conformance::{CASES, PROMISES};
+
+/// The columns, in this order when present (others follow, sorted).
+const ORDER: &[&str] = &[
+    "memory",
+    "memory (latency 1ms)",
+    "sqlite/unique-insert",
+    "sqlite/optimistic",
+    "mysql/unique-insert",
+    "mysql/optimistic",
+    "mysql/for-update",
+    "mysql/from-pool",
+    "postgres/advisory",
+    "postgres/unique-insert",
+    "postgres/for-update",
+    "redis",
+    "redis-cluster",
+    "redis-sentinel",
+    "zookeeper",
+    "etcd",
+    "etcd-cluster",
+];
+
+/// What each backend promises under failure, and the tests that show it. Written by hand:
+/// these are fault tests beyond the conformance suite.
+const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "memory",
+        "n/a: the store lives in the process",
+        "n/a",
+        "`set_partitioned`: the cut-off client's holds are lost by their lease end \
+         (`renewal_outage_longer_than_the_lease_reports_loss`)",
+        "a stalled runtime's guard is lost at its lease end \
+         (`is_held_is_false_at_the_lease_end_on_a_stalled_runtime`)",
+    ),
+    (
+        "SQLite",
+        "holds and tokens are in the file: they outlive the process that took them",
+        "n/a: one host",
+        "n/a: no network",
+        "a paused (SIGSTOP) or killed holder's row expires with its lease \
+         (`dlock torture` in scripts/test)",
+    ),
+    (
+        "MySQL / MariaDB",
+        "unique-insert and optimistic rows are InnoDB rows; for-update holds end with their \
+         connection and are reported lost at the next renewal. No test restarts the server",
+        "not covered: an asynchronous replica can lose a hold",
+        "a partitioned holder is lost by its lease end and others get in after it; for \
+         for-update the server's `wait_timeout` is the lease \
+         (`renewal_outage_longer_than_the_lease_reports_loss`)",
+        "paused (SIGSTOP) and killed holders, all three strategies: no overlap, no stuck lock \
+         (`dlock torture` in scripts/test)",
+    ),
+    (
+        "Redis",
+        "without AOF a restart loses holds and resets tokens: holders are told as soon as \
+         the server is back, waiters wait through it; with AOF both survive (tests/redis.rs)",
+        "replication is asynchronous: a failover can lose a hold, unless `?wait_replicas=N` (single server) makes acquire return only grants N replicas acknowledged (`wait_replicas_returns_only_replicated_grants`); renewals are not waited for, and no failover is driven by a test yet (no Sentinel)",
+        "a partitioned holder is lost by its lease end \
+         (`renewal_outage_longer_than_the_lease_reports_loss`, single server)",
+        "a stalled holder is lost at its lease end, its key expires with its PTTL \
+         (`is_held_is_false_at_the_lease_end_on_a_stalled_runtime`, `dlock torture`)",
+    ),
+    (
+        "ZooKeeper",
+        "holds survive a server restart within the session timeout, suspended meanwhile \
+         (tests/zookeeper.rs)",
+        "a killed leader keeps exclusion and raises tokens (tests/ensemble.rs)",
+        "a partitioned holder is lost; others get in when its session expires \
+         (`renewal_outage_longer_than_the_lease_reports_loss`)",
+        "a paused (SIGSTOP) holder's session expires: others get in, no overlap \
+         (`dlock torture` in scripts/test)",
+    ),
+];
+
+fn main() -> ExitCode {
+    let Some(dir) = std::env::args_os().nth(1) else {
+        eprintln!("usage: guarantees RESULTS_DIR > docs/guarantees.md");
+        return ExitCode::from(64);
+    };
+    match render(Path::new(&dir)) {
+        Ok(page) => {
+            print!("{page}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("guarantees: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// label → case → outcome line ("passed", "unsupported: ...", "skipped: ...", "n/a: ...").
+type Results = BTreeMap<String, BTreeMap<String, String>>;
+
+fn read(dir: &Path) -> Result<Results, String> {
+    let mut results = Results::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for folder in entries {
+        let folder = folder.map_err(|e| e.to_string())?.path();
+        if !folder.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&folder).map_err(|e| e.to_string())? {
+            let file = file.map_err(|e| e.to_string())?.path();
+            let text = std::fs::read_to_string(&file).map_err(|e| e.to_string())?;
+            let mut lines = text.lines();
+            let (Some(label), Some(outcome)) = (lines.next(), lines.next()) else {
+                return Err(format!("{}: not a result file", file.display()));
+            };
+            let case = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| format!("{}: bad file name", file.display()))?;
+            results
+                .entry(label.to_owned())
+                .or_default()
+                .insert(case.to_owned(), outcome.to_owned());
+        }
+    }
+    if results.is_empty() {
+        return Err(format!("no results under {}", dir.display()));
+    }
+    Ok(results)
+}
+
+fn columns(results: &Results) -> Vec<String> {
+    let mut cols: Vec<String> = ORDER
+        .iter()
+        .filter(|l| results.contains_key(**l))
+        .map(|l| (*l).to_owned())
+        .collect();
+    let rest: BTreeSet<&String> = results
+        .keys()
+        .filter(|l| !ORDER.contains(&l.as_str()))
+        .collect();
+    cols.extend(rest.into_iter().cloned());
+    cols
+}
+
+fn render(dir: &Path) -> Result<String, String> {
+    let results = read(dir)?;
+    let cols = columns(&results);
+    let mut out = String::new();
+    let w = &mut out;
+    let _ = writeln!(w, "# Guarantees, backend by backend\n");
+    let _ = writeln!(
+        w,
+        "Generated from the conformance results of `scripts/test` by `cargo run -p \
+         dlock-conformance --example guarantees`; do not edit by hand. `scripts/test` fails \
+         when this page is stale.\n"
+    );
+    let _ = writeln!(
+        w,
+        "Each cell counts the cases of that promise that **passed** against the real server \
+         (see `dlock_conformance::CASES` for which case checks which promise). A case that \
+         does not apply is counted apart, with its reason below: *unsupported* (the backend \
+         refuses the feature, and a case checks that it says so), *n/a* (a case that checks a \
+         refusal, on a backend that offers the feature), *skipped* (the test rig cannot \
+         inject the fault there).\n"
+    );
+    let _ = write!(w, "| promise |");
+    for c in &cols {
+        let _ = write!(w, " {c} |");
+    }
+    let _ = writeln!(w);
+    let _ = write!(w, "| --- |");
+    for _ in &cols {
+        let _ = write!(w, " --- |");
+    }
+    let _ = writeln!(w);
+    for (point, title) in PROMISES {
+        let cases: Vec<&str> = CASES
+            .iter()
+            .filter(|(_, p)| p == point)
+            .map(|(n, _)| *n)
+            .collect();
+        let _ = write!(w, "| {point}. {title} ({}) |", cases.len());
+        for c in &cols {
+            let _ = write!(w, " {} |", cell(&results[c], &cases));
+        }
+        let _ = writeln!(w);
+    }
+    let _ = writeln!(w, "\n## Cases that did not apply, and why\n");
+    let mut why: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for c in &cols {
+        for (case, outcome) in &results[c] {
+            if outcome != "passed" {
+                why.entry((case.clone(), outcome.clone()))
+                    .or_default()
+                    .push(c.clone());
+            }
+        }
+    }
+    if why.is_empty() {
+        let _ = writeln!(w, "Every case ran and passed on every backend.");
+    }
+    for ((case, outcome), labels) in &why {
+        let _ = writeln!(w, "- `{case}` on {}: {outcome}", labels.join(", "));
+    }
+    let missing: Vec<String> = cols
+        .iter()
+        .flat_map(|c| {
+            CASES
+                .iter()
+                .filter(|(n, _)| !results[c].contains_key(*n))
+                .map(move |(n, _)| format!("{c}: {n}"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "cases without a result (the run was partial or failed): {}",
+            missing.join(", ")
+        ));
+    }
+    let _ = writeln!(w, "\n## Under failure\n");
+    let _ = writeln!(
+        w,
+        "What each backend promises when the infrastructure fails, and the test that shows \
+         it. Fencing tokens are the answer to every window below: a resource that rejects \
+         stale tokens stays safe.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| backend | server restart | failover | partition | pause |"
+    );
+    let _ = writeln!(w, "| --- | --- | --- | --- | --- |");
+    for (backend, restart, failover, partition, pause) in UNDER_FAILURE {
+        let _ = writeln!(
+            w,
+            "| {backend} | {restart} | {failover} | {partition} | {pause} |"
+        );
+    }
+    Ok(out)
+}
+
+/// "n ✓", with the cases that did not pass counted by kind.
+fn cell(results: &BTreeMap<String, String>, cases: &[&str]) -> String {
+    let mut passed = 0;
+    let mut other: BTreeMap<&str, usize> = BTreeMap::new();
+    for case in cases {
+        match results.get(*case).map(String::as_str) {
+            Some("passed") => passed += 1,
+            Some(o) => *other.entry(o.split(':').next().unwrap_or(o)).or_default() += 1,
+            None => *other.entry("no result").or_default() += 1,
+        }
+    }
+    let mut text = format!("{passed} ✓");
+    for (kind, n) in other {
+        let _ = write!(text, ", {n} {kind}");
+    }
+    text
+}

@@ -1,0 +1,218 @@
+//! Cancellation and drop: a dropped acquire future, or a dropped guard, leaves nothing behind.
+
+use std::time::Duration;
+
+use dlock_core::{LockOptions, MultiLock};
+
+use super::{
+    ZERO, assert_busy, caps, client, cuts, lock, lock_with, release, residue_is, residue_reaches,
+    rw, sem, take, unsupported, until_free,
+};
+use crate::Factory;
+use crate::support::{Names, must};
+
+/// A waiter whose acquire future is dropped leaves no queue entry and never takes the lock.
+pub async fn cancelled_waiter_leaves_nothing(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let name = Names::new().name("cancel");
+    let g = take(f, &lock(&a, &name)).await;
+    let lb = lock(&b, &name);
+    let r = tokio::time::timeout(Duration::from_millis(100), lb.acquire()).await;
+    assert!(r.is_err(), "the waiter should still be waiting");
+    residue_is(f, &name, 1, "only the holder is left").await;
+    release(g).await;
+    residue_is(f, &name, 0, "nothing is left after release").await;
+    let lc = lock(&a, &name);
+    let g = take(f, &lc).await;
+    assert_busy(&lb, "the cancelled waiter must not hold anything").await;
+    release(g).await;
+}
+
+/// Acquire futures dropped at many different moments (free and held lock) leave nothing
+/// behind: the lock ends up free and the store empty.
+pub async fn cancel_at_every_point_leaves_nothing(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let name = Names::new().name("cancel-points");
+    let la = lock(&a, &name);
+    let lb = lock(&b, &name);
+    for cut in cuts() {
+        // On a free lock: may win, and then the guard is dropped at once.
+        let _ = tokio::time::timeout(cut, la.acquire()).await;
+        // On a held lock: must lose.
+        let g = take(f, &lb).await;
+        let r = tokio::time::timeout(cut, la.acquire()).await;
+        assert!(!matches!(r, Ok(Ok(_))), "acquired a held lock");
+        release(g).await;
+    }
+    until_free(f, &lb, ZERO, "free after cancelled acquires").await;
+    residue_is(f, &name, 0, "no residue after cancelled acquires").await;
+}
+
+/// Fair waiters cancelled while queued, and at many points of their acquisition, leave no
+/// queue entry: the queue is back to the holder alone, and a newcomer is not blocked later.
+pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
+    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
+    if !caps(&a).fair {
+        return unsupported(f, "no fair locks");
+    }
+    let name = Names::new().name("cancel-fair");
+    let opts = LockOptions::new().with_fair(true);
+    let holder = take(f, &lock_with(&a, &name, opts)).await;
+    residue_is(f, &name, 1, "the holder alone").await;
+    let lb = lock_with(&b, &name, opts);
+    let queued = {
+        let lb = std::sync::Arc::clone(&lb);
+        tokio::spawn(async move { lb.acquire().await })
+    };
+    residue_reaches(f, &name, 2, "the fair waiter is queued").await;
+    queued.abort();
+    assert!(
+        queued.await.is_err_and(|e| e.is_cancelled()),
+        "the waiter was cancelled"
+    );
+    residue_is(f, &name, 1, "the cancelled fair waiter left the queue").await;
+    for cut in cuts() {
+        let r = tokio::time::timeout(cut, lb.acquire()).await;
+        assert!(
+            !matches!(r, Ok(Ok(_))),
+            "a fair waiter acquired a held lock"
+        );
+    }
+    residue_is(f, &name, 1, "only the holder after cancelled fair waiters").await;
+    release(holder).await;
+    residue_is(f, &name, 0, "nothing after the release").await;
+    let g = must(
+        f.slack(),
+        "a newcomer after cancelled fair waiters",
+        lock_with(&c, &name, opts).try_acquire(f.slack()),
+    )
+    .await
+    .unwrap()
+    .expect("no cancelled waiter blocks the queue");
+    release(g).await;
+}
+
+/// Readers and writers cancelled while a writer holds, and writers cancelled while a reader
+/// holds, leave nothing behind.
+pub async fn cancelled_readers_and_writers_leave_nothing(f: &impl Factory) {
+    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
+    if !caps(&a).read_write {
+        return unsupported(f, "no read-write locks");
+    }
+    let name = Names::new().name("cancel-rw");
+    let writer = rw(&a, &name)
+        .try_write(f.slack())
+        .await
+        .unwrap()
+        .expect("the writer");
+    let other = rw(&b, &name);
+    for cut in cuts() {
+        let r = tokio::time::timeout(cut, other.read()).await;
+        assert!(!matches!(r, Ok(Ok(_))), "a reader got in beside a writer");
+        let r = tokio::time::timeout(cut, other.write()).await;
+        assert!(!matches!(r, Ok(Ok(_))), "a writer got in beside a writer");
+    }
+    residue_is(
+        f,
+        &name,
+        1,
+        "only the writer after cancelled readers and writers",
+    )
+    .await;
+    release(writer).await;
+    residue_is(f, &name, 0, "nothing after the writer's release").await;
+    let reader = rw(&a, &name)
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("the reader");
+    for cut in cuts() {
+        let r = tokio::time::timeout(cut, other.write()).await;
+        assert!(!matches!(r, Ok(Ok(_))), "a writer got in beside a reader");
+    }
+    residue_is(f, &name, 1, "only the reader after cancelled writers").await;
+    release(reader).await;
+    residue_is(f, &name, 0, "nothing after the reader's release").await;
+    let w = rw(&c, &name)
+        .try_write(f.slack())
+        .await
+        .unwrap()
+        .expect("nothing blocks a writer now");
+    release(w).await;
+}
+
+/// Semaphore waiters cancelled while every permit is held leave nothing behind and take no
+/// permit.
+pub async fn cancelled_semaphore_waiters_leave_nothing(f: &impl Factory) {
+    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
+    if !caps(&a).semaphore {
+        return unsupported(f, "no semaphores");
+    }
+    let name = Names::new().name("cancel-sem");
+    let opts = LockOptions::default();
+    let held = sem(&a, &name, 1, opts)
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("the permit");
+    let waiter = sem(&b, &name, 1, opts);
+    for cut in cuts() {
+        let r = tokio::time::timeout(cut, waiter.acquire()).await;
+        assert!(!matches!(r, Ok(Ok(_))), "a second permit of one");
+    }
+    residue_is(
+        f,
+        &name,
+        1,
+        "only the holder's permit after cancelled waiters",
+    )
+    .await;
+    release(held).await;
+    residue_is(f, &name, 0, "nothing after the release").await;
+    let p = sem(&c, &name, 1, opts)
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("the permit is free: no cancelled waiter took it");
+    release(p).await;
+}
+
+/// A MultiLock cancelled while it waits for a busy member gives back the members it took.
+pub async fn cancelled_multilock_leaves_nothing(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let names = Names::new();
+    let (n1, n2) = (names.name("m1"), names.name("m2"));
+    let blocker = take(f, &lock(&b, &n2)).await;
+    let multi = MultiLock::new(vec![lock(&a, &n1), lock(&a, &n2)]).unwrap();
+    for cut in cuts() {
+        let r = tokio::time::timeout(cut, multi.acquire()).await;
+        assert!(!matches!(r, Ok(Ok(_))), "a MultiLock got a held member");
+    }
+    residue_is(
+        f,
+        &n1,
+        0,
+        "the cancelled MultiLock gave its first member back",
+    )
+    .await;
+    residue_is(f, &n2, 1, "only the blocker holds the second member").await;
+    release(blocker).await;
+    let all = must(
+        f.slack(),
+        "the MultiLock after the blocker left",
+        multi.try_acquire(f.slack()),
+    )
+    .await
+    .unwrap()
+    .expect("both free");
+    all.release().await.unwrap();
+}
+
+/// A dropped guard is released in the background, soon.
+pub async fn dropped_guard_is_released_in_background(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let name = Names::new().name("dropped");
+    let g = take(f, &lock(&a, &name)).await;
+    drop(g);
+    until_free(f, &lock(&b, &name), ZERO, "background release after drop").await;
+}

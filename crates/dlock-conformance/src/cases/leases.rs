@@ -1,0 +1,438 @@
+//! Leases, expiry, loss and owner-only release.
+
+use std::time::Duration;
+
+use dlock_core::backend::{from_now, later};
+use dlock_core::{Error, Lease, LockOptions, LossReason};
+use tokio::time::Instant;
+
+use super::{
+    ZERO, assert_busy, caps, client, fixed, lock, lock_with, release, short_watchdog, skip, take,
+    unsupported, until_free,
+};
+use crate::Factory;
+use crate::support::{Names, must};
+
+/// A fixed lease runs out, another takes the lock, and the old guard's release is
+/// `LockLost` and does not disturb the new holder.
+pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).fixed_lease {
+        return unsupported(f, "no fixed leases");
+    }
+    let name = Names::new().name("takeover");
+    let old = take(f, &lock_with(&a, &name, fixed(f))).await;
+    must(f.short_lease() + f.slack(), "fixed lease end", old.lost()).await;
+    let lb = lock(&b, &name);
+    let new = must(f.holder_timeout() + f.slack() * 2, "takeover", lb.acquire())
+        .await
+        .unwrap();
+    let err = old
+        .release()
+        .await
+        .expect_err("release after takeover must fail");
+    assert!(
+        matches!(err, Error::LockLost { .. }),
+        "expected LockLost, got {err:?}"
+    );
+    assert!(new.is_held());
+    assert_busy(&lock(&a, &name), "the new holder must be undisturbed").await;
+    release(new).await;
+}
+
+/// The store drops a hold behind its holder's back and another client takes the lock; the
+/// old guard, whose keeper has not noticed yet (a 30 s watchdog lease), releases: the store
+/// itself must refuse (`LockLost`) and leave the new holder alone.
+pub async fn stale_release_reaches_the_store(f: &impl Factory) {
+    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
+    let name = Names::new().name("stale-release");
+    let old = take(f, &lock(&a, &name)).await;
+    match f.force_expire(&name).await {
+        None => return skip(f, "the factory cannot drop a hold behind its holder's back"),
+        Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
+    }
+    let new = must(
+        f.slack(),
+        "takeover after the store dropped the hold",
+        lock(&b, &name).try_acquire(f.slack()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("acquire: {e}"))
+    .expect("the lock is free once the store dropped the hold");
+    let err = old
+        .release()
+        .await
+        .expect_err("the store must refuse a release by the old owner");
+    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    assert!(new.is_held(), "the new holder was disturbed");
+    assert_busy(&lock(&c, &name), "the new holder must keep excluding").await;
+    release(new).await;
+}
+
+/// As [`stale_release_reaches_the_store`], for `extend` on a long fixed lease.
+pub async fn stale_extend_reaches_the_store(f: &impl Factory) {
+    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
+    if !caps(&a).fixed_lease {
+        return unsupported(f, "no fixed leases");
+    }
+    let name = Names::new().name("stale-extend");
+    let long = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
+    let old = take(f, &lock_with(&a, &name, long)).await;
+    match f.force_expire(&name).await {
+        None => return skip(f, "the factory cannot drop a hold behind its holder's back"),
+        Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
+    }
+    let new = must(
+        f.slack(),
+        "takeover after the store dropped the hold",
+        lock(&b, &name).try_acquire(f.slack()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("acquire: {e}"))
+    .expect("the lock is free once the store dropped the hold");
+    let err = old
+        .extend(Duration::from_secs(60))
+        .await
+        .expect_err("the store must refuse an extend by the old owner");
+    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    assert!(!old.is_held(), "a refused extend means the hold is lost");
+    assert!(new.is_held(), "the new holder was disturbed");
+    assert_busy(&lock(&c, &name), "the new holder must keep excluding").await;
+    release(new).await;
+}
+
+/// A holder that dies (stops renewing without releasing) frees the lock within its lease
+/// (some backends free it at once: a dead connection ends a row lock).
+pub async fn abandoned_hold_expires(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).watchdog {
+        return unsupported(f, "no watchdog leases");
+    }
+    let name = Names::new().name("abandoned");
+    let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
+    let _token = g.leak();
+    let lb = lock(&b, &name);
+    let got = must(
+        f.holder_timeout() + f.slack() * 2,
+        "abandoned lock frees itself",
+        lb.acquire(),
+    )
+    .await
+    .unwrap();
+    release(got).await;
+}
+
+/// The watchdog keeps a live holder's lock well past its TTL.
+pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).watchdog {
+        return unsupported(f, "no watchdog leases");
+    }
+    let name = Names::new().name("watchdog");
+    let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
+    let span = f.short_lease() * 7 / 2;
+    let lost = tokio::time::timeout(span, g.lost()).await;
+    assert!(
+        lost.is_err(),
+        "the watchdog let the hold go: {:?}",
+        g.loss_reason()
+    );
+    assert!(g.is_held());
+    assert_busy(&lock(&b, &name), "the watchdog keeps it").await;
+    release(g).await;
+}
+
+/// A fixed lease is exclusive exactly until its end and no longer: others are refused while
+/// it runs, `lost()` resolves no earlier than a lease after the acquire started (and says
+/// why), `is_held()` turns false, and others get in.
+pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).fixed_lease {
+        return unsupported(f, "no fixed leases");
+    }
+    let name = Names::new().name("fixed");
+    let lease = f.short_lease();
+    let started = Instant::now();
+    let g = take(f, &lock_with(&a, &name, fixed(f))).await;
+    assert!(g.is_held());
+    let other = lock(&b, &name);
+    let lost = g.lost();
+    tokio::pin!(lost);
+    let mut probes = 0;
+    let mut resolved = false;
+    let deadline = from_now(lease + f.slack());
+    loop {
+        tokio::select! {
+            () = &mut lost => {
+                resolved = true;
+                break;
+            }
+            () = tokio::time::sleep(lease / 8) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lost() did not resolve by the end of the lease"
+        );
+        let r = other.try_acquire(ZERO).await;
+        let answered = Instant::now();
+        match r {
+            Ok(None) => probes += 1,
+            // The store granted it before the lease could have ended there: no exclusion.
+            Ok(Some(_)) if answered < later(started, lease) => {
+                panic!(
+                    "another client got the lock {:?} into a {lease:?} fixed lease",
+                    answered - started
+                )
+            }
+            Ok(Some(g2)) => {
+                release(g2).await;
+                break;
+            }
+            Err(e) => panic!("try_acquire: {e}"),
+        }
+    }
+    if !resolved {
+        must(f.slack(), "lost() at the end of the fixed lease", &mut lost).await;
+    }
+    let lost_at = Instant::now();
+    assert!(
+        lost_at >= later(started, lease),
+        "lost {:?} after the acquire started, before the {lease:?} lease could end",
+        lost_at - started
+    );
+    assert!(probes > 0, "the lease was never probed while it ran");
+    assert!(!g.is_held());
+    assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
+    until_free(f, &other, f.holder_timeout(), "free after the fixed lease").await;
+}
+
+/// `extend` moves the end of a fixed lease, and the extended lease ends in its turn.
+pub async fn extend_keeps_fixed_lease(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).fixed_lease {
+        return unsupported(f, "no fixed leases");
+    }
+    let name = Names::new().name("extend");
+    let lease = f.short_lease();
+    let g = take(f, &lock_with(&a, &name, fixed(f))).await;
+    let extending = Instant::now();
+    g.extend(lease * 4).await.unwrap();
+    let lost = tokio::time::timeout(lease * 2, g.lost()).await;
+    assert!(
+        lost.is_err(),
+        "lost although extended: {:?}",
+        g.loss_reason()
+    );
+    assert!(g.is_held());
+    assert_busy(&lock(&b, &name), "the extended lease has not run out").await;
+    must(
+        lease * 2 + f.slack(),
+        "the extended lease ends in its turn",
+        g.lost(),
+    )
+    .await;
+    assert!(
+        extending.elapsed() >= lease * 4,
+        "the extended lease ended early"
+    );
+    assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
+    until_free(
+        f,
+        &lock(&b, &name),
+        f.holder_timeout(),
+        "free after the extended lease",
+    )
+    .await;
+}
+
+/// `extend` after the hold was lost is `LockLost`.
+pub async fn extend_after_loss_is_lock_lost(f: &impl Factory) {
+    let a = client(f).await;
+    if !caps(&a).fixed_lease {
+        return unsupported(f, "no fixed leases");
+    }
+    let g = take(f, &lock_with(&a, &Names::new().name("late"), fixed(f))).await;
+    must(f.short_lease() + f.slack(), "fixed lease end", g.lost()).await;
+    let err = g
+        .extend(f.short_lease())
+        .await
+        .expect_err("extend after loss");
+    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+}
+
+/// `extend` is for fixed leases; on a watchdog lease it is an invalid argument.
+pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
+    let a = client(f).await;
+    if !caps(&a).watchdog {
+        return unsupported(f, "no watchdog leases");
+    }
+    let g = take(f, &lock(&a, &Names::new().name("wd-extend"))).await;
+    let err = g
+        .extend(Duration::from_secs(1))
+        .await
+        .expect_err("extend on watchdog");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "got {err:?}");
+    assert!(g.is_held());
+    release(g).await;
+}
+
+/// A hold removed behind the holder's back is reported lost, within one renewal period.
+pub async fn forced_expiry_reports_loss(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).loss_detection {
+        return unsupported(f, "no loss detection");
+    }
+    let name = Names::new().name("forced");
+    let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
+    match f.force_expire(&name).await {
+        None => return skip(f, "the factory cannot force expiry"),
+        Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
+    }
+    must(
+        f.short_lease() + f.slack(),
+        "lost() after forced expiry",
+        g.lost(),
+    )
+    .await;
+    assert!(!g.is_held());
+    assert!(g.loss_reason().is_some(), "a loss without a reason");
+    let lb = lock(&b, &name);
+    let g2 = must(f.slack(), "acquire after forced expiry", lb.acquire())
+        .await
+        .unwrap();
+    let err = g.release().await.expect_err("release of a lost hold");
+    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    assert!(g2.is_held());
+    release(g2).await;
+}
+
+/// The store becomes unreachable for one client for longer than its lease: its guard reports
+/// the loss by the lease end, others get the lock once the store lets the hold go, and after
+/// the outage the old guard's release is `LockLost`.
+pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory) {
+    let Some(partitionable) = f.connect_partitionable().await else {
+        return skip(f, "the factory cannot cut one client off the store");
+    };
+    let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
+    let b = client(f).await;
+    if !caps(&p).watchdog || !caps(&p).loss_detection {
+        return unsupported(f, "no watchdog leases with loss detection");
+    }
+    let name = Names::new().name("outage");
+    let g = take(f, &lock_with(&p, &name, short_watchdog(f))).await;
+    cut.set_partitioned(true);
+    must(
+        f.short_lease() + f.slack(),
+        "lost() by the end of the lease during the outage",
+        g.lost(),
+    )
+    .await;
+    assert!(!g.is_held());
+    let reason = g.loss_reason();
+    assert!(
+        matches!(
+            reason,
+            Some(
+                LossReason::RenewalFailed
+                    | LossReason::LeaseEnded
+                    | LossReason::SessionExpired
+                    | LossReason::ConnectionLost
+            )
+        ),
+        "lost for an unexpected reason: {reason:?}"
+    );
+    let other = lock(&b, &name);
+    let got = must(
+        f.holder_timeout() + f.slack() * 2,
+        "another client gets the lock after the partitioned holder's lease",
+        other.acquire(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("acquire: {e}"));
+    cut.set_partitioned(false);
+    let err = g
+        .release()
+        .await
+        .expect_err("release of a hold lost in an outage");
+    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    assert!(got.is_held());
+    release(got).await;
+}
+
+/// A hold taken on a runtime that then stops running (as in a stalled or paused process: its
+/// lease keeper never runs again): `is_held()` is false once the lease end has passed, and says
+/// why.
+pub async fn is_held_is_false_at_the_lease_end_on_a_stalled_runtime(f: &impl Factory) {
+    let probe = client(f).await;
+    if !caps(&probe).watchdog {
+        return unsupported(f, "no watchdog leases");
+    }
+    drop(probe);
+    let name = Names::new().name("stalled");
+    let lease = f.short_lease();
+    let (held, reason, released) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            // Everything of this client runs on `rt`, which runs only inside `block_on`.
+            let (p, g) = rt.block_on(async {
+                let p = client(f).await;
+                let g = take(f, &lock_with(&p, &name, short_watchdog(f))).await;
+                assert!(g.is_held());
+                (p, g)
+            });
+            // The stall itself (the fault this case injects, not a wait for an event): the
+            // runtime does not run for one and a half leases.
+            std::thread::sleep(lease.saturating_add(lease / 2));
+            let held = g.is_held();
+            let reason = g.loss_reason();
+            let released = rt.block_on(g.release());
+            drop(p);
+            (held, reason, released)
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    });
+    assert!(
+        !held,
+        "is_held() was true after the lease end on a stalled runtime"
+    );
+    assert_eq!(reason, Some(LossReason::LeaseEnded));
+    assert!(
+        matches!(released, Err(Error::LockLost { .. })),
+        "release after the lease end: {released:?}"
+    );
+}
+
+/// The runtime the hold was taken on is shut down while the guard lives on: the keeper dies
+/// with it and the guard reports the loss instead of claiming a hold nobody renews.
+pub async fn keeper_runtime_dropped_reports_loss(f: &impl Factory) {
+    let name = Names::new().name("orphan");
+    let (held, reason, guard, provider) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let (p, g) = rt.block_on(async {
+                let p = client(f).await;
+                let g = take(f, &lock(&p, &name)).await;
+                (p, g)
+            });
+            drop(rt);
+            (g.is_held(), g.loss_reason(), g, p)
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    });
+    assert!(!held, "is_held() after the keeper's runtime was shut down");
+    assert_eq!(reason, Some(LossReason::KeeperStopped));
+    let err = guard
+        .release()
+        .await
+        .expect_err("release of an orphaned hold");
+    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    drop(provider);
+}

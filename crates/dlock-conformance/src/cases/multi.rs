@@ -1,0 +1,248 @@
+//! MultiLock: all or nothing, over any mix of members.
+
+use dlock_core::{Error, Lease, LockOptions, Member, MultiLock};
+
+use super::{
+    ZERO, assert_busy, caps, client, is_free, lock, lock_with, release, rw, sem, skip, take,
+    unsupported,
+};
+use crate::Factory;
+use crate::support::{Names, must};
+
+/// If one member is busy, a MultiLock takes none: the members taken before it are rolled
+/// back.
+pub async fn multilock_is_all_or_nothing(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let names = Names::new();
+    let (n1, n2, n3) = (names.name("m1"), names.name("m2"), names.name("m3"));
+    // The busy member sorts last, so the two before it are taken and must be rolled back.
+    let blocker = take(f, &lock(&b, &n3)).await;
+    let multi = MultiLock::new(vec![lock(&a, &n3), lock(&a, &n1), lock(&a, &n2)]).unwrap();
+    let r = multi
+        .try_acquire(std::time::Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(r.is_none(), "a MultiLock with a busy member must fail");
+    assert!(is_free(&lock(&b, &n1)).await, "m1 must be rolled back");
+    assert!(is_free(&lock(&b, &n2)).await, "m2 must be rolled back");
+    release(blocker).await;
+    let all = multi
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("all free now");
+    assert_eq!(all.guards().len(), 3);
+    all.release().await.unwrap();
+}
+
+/// Two MultiLocks over the same names given in opposite orders never deadlock.
+pub async fn multilock_opposite_orders_do_not_deadlock(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let names = Names::new();
+    let (n1, n2) = (names.name("d1"), names.name("d2"));
+    let m1 = MultiLock::new(vec![lock(&a, &n1), lock(&a, &n2)]).unwrap();
+    let m2 = MultiLock::new(vec![lock(&b, &n2), lock(&b, &n1)]).unwrap();
+    let run = |m: MultiLock| {
+        tokio::spawn(async move {
+            for _ in 0..20 {
+                let g = m.acquire().await.unwrap();
+                tokio::task::yield_now().await;
+                g.release().await.unwrap();
+            }
+        })
+    };
+    let (r1, r2) = must(f.slack() * 10, "opposite-order MultiLocks", async {
+        tokio::join!(run(m1), run(m2))
+    })
+    .await;
+    r1.unwrap();
+    r2.unwrap();
+}
+
+/// Releasing a MultiGuard frees every lock.
+pub async fn multilock_releases_everything(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let names = Names::new();
+    let ns: Vec<String> = (0..4).map(|i| names.name(&format!("r{i}"))).collect();
+    let multi = MultiLock::new(ns.iter().map(|n| lock(&a, n)).collect::<Vec<_>>()).unwrap();
+    let g = must(f.slack(), "MultiLock acquire", multi.acquire())
+        .await
+        .unwrap();
+    assert!(g.is_held());
+    let tokens = g.fencing_tokens();
+    assert_eq!(tokens.len(), 4);
+    for n in &ns {
+        assert_busy(&lock(&b, n), "the MultiLock holds it").await;
+    }
+    g.release().await.unwrap();
+    for n in &ns {
+        assert!(
+            is_free(&lock(&b, n)).await,
+            "{n} must be free after release"
+        );
+    }
+}
+
+/// The same lock twice in one MultiLock is an invalid argument, not a self-deadlock.
+pub async fn multilock_rejects_duplicates(f: &impl Factory) {
+    let a = client(f).await;
+    let name = Names::new().name("dup");
+    let e = MultiLock::new(vec![lock(&a, &name), lock(&a, &name)]).expect_err("duplicate");
+    assert!(matches!(e, Error::InvalidArgument { .. }), "got {e:?}");
+    let e = MultiLock::new(Vec::<Member>::new()).expect_err("empty");
+    assert!(matches!(e, Error::InvalidArgument { .. }), "got {e:?}");
+}
+
+/// A MultiLock over a mutex, a read hold and a semaphore permit takes all three: the mutex
+/// and the permit exclude, the read shares with readers and excludes writers.
+pub async fn multilock_mixes_reads_and_permits(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let c = caps(&a);
+    if !c.read_write || !c.semaphore {
+        return unsupported(f, "no read-write locks and semaphores to mix");
+    }
+    let names = Names::new();
+    let (nl, nr, ns) = (
+        names.name("mix-lock"),
+        names.name("mix-rw"),
+        names.name("mix-sem"),
+    );
+    let opts = LockOptions::default();
+    let multi = MultiLock::new([
+        Member::from(lock(&a, &nl)),
+        Member::read(rw(&a, &nr)),
+        Member::permit(sem(&a, &ns, 1, opts)),
+    ])
+    .unwrap();
+    let g = must(f.slack(), "a mixed MultiLock", multi.acquire())
+        .await
+        .unwrap_or_else(|e| panic!("mixed MultiLock: {e}"));
+    assert!(g.is_held());
+    assert_busy(&lock(&b, &nl), "the MultiLock holds the mutex").await;
+    let other = rw(&b, &nr);
+    assert!(
+        other.try_write(ZERO).await.unwrap().is_none(),
+        "a writer beside the MultiLock's read"
+    );
+    let r = other
+        .try_read(f.slack())
+        .await
+        .unwrap()
+        .expect("readers share");
+    release(r).await;
+    assert!(
+        sem(&b, &ns, 1, opts)
+            .try_acquire(ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the MultiLock holds the only permit"
+    );
+    g.release().await.unwrap();
+    assert!(is_free(&lock(&b, &nl)).await, "the mutex after release");
+    let w = other
+        .try_write(f.slack())
+        .await
+        .unwrap()
+        .expect("the write after release");
+    release(w).await;
+    let p = sem(&b, &ns, 1, opts)
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("the permit after release");
+    release(p).await;
+}
+
+/// A member with a fixed lease runs out while the MultiLock waits for a later member: the
+/// MultiLock checks every member before it returns, rolls back, and says `LockLost`.
+pub async fn multilock_rechecks_members_before_returning(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).fixed_lease {
+        return unsupported(f, "no fixed leases");
+    }
+    let names = Names::new();
+    let (n1, n2) = (names.name("a-first"), names.name("b-second"));
+    let lease = f.short_lease();
+    let blocker = take(f, &lock(&b, &n2)).await;
+    let short = LockOptions::new().with_lease(Lease::Fixed(lease));
+    let multi = MultiLock::new(vec![lock_with(&a, &n1, short), lock(&a, &n2)]).unwrap();
+    let mut pending = tokio::spawn(async move { multi.acquire().await });
+    let early = tokio::time::timeout(lease * 2, &mut pending).await;
+    assert!(
+        early.is_err(),
+        "the MultiLock did not wait for its busy member"
+    );
+    release(blocker).await;
+    let r = must(f.slack(), "the MultiLock after the blocker left", pending)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    match r {
+        Err(Error::LockLost { .. }) => {}
+        Ok(g) => panic!(
+            "a MultiLock returned with a member whose lease ended while it waited: held {:?}",
+            g.guards().iter().map(|g| g.is_held()).collect::<Vec<_>>()
+        ),
+        Err(e) => panic!("expected LockLost, got {e:?}"),
+    }
+    assert!(
+        is_free(&lock(&b, &n1)).await,
+        "the first member after the rollback"
+    );
+    assert!(
+        is_free(&lock(&b, &n2)).await,
+        "the second member after the rollback"
+    );
+}
+
+/// A member fails with an error (not a timeout): the members taken before it are rolled back.
+pub async fn multilock_rolls_back_after_an_error(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let c = caps(&a);
+    let names = Names::new();
+    let (n1, n2) = (names.name("a-taken"), names.name("b-fails"));
+    let (failing, keep) = if c.read_write {
+        // A handle that holds the read side and asks for the write side: WouldDeadlock.
+        let handle = rw(&a, &n2);
+        let read = handle.try_read(f.slack()).await.unwrap().expect("the read");
+        (Member::write(handle), Some(read))
+    } else if c.semaphore {
+        // A handle that disagrees on the permit count while a permit is held.
+        let held = sem(&b, &n2, 2, LockOptions::default())
+            .try_acquire(f.slack())
+            .await
+            .unwrap()
+            .expect("a permit");
+        (
+            Member::permit(sem(&a, &n2, 3, LockOptions::default())),
+            Some(held),
+        )
+    } else {
+        return skip(
+            f,
+            "no member kind that fails on demand (needs rw locks or semaphores)",
+        );
+    };
+    let multi = MultiLock::new([Member::from(lock(&a, &n1)), failing]).unwrap();
+    let e = must(
+        f.slack(),
+        "a MultiLock with a failing member",
+        multi.try_acquire(f.slack()),
+    )
+    .await
+    .expect_err("the failing member's error");
+    assert!(
+        matches!(
+            e,
+            Error::WouldDeadlock { .. } | Error::InvalidArgument { .. }
+        ),
+        "got {e:?}"
+    );
+    assert!(
+        is_free(&lock(&b, &n1)).await,
+        "the member taken before the error is rolled back"
+    );
+    if let Some(g) = keep {
+        release(g).await;
+    }
+}

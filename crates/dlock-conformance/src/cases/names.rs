@@ -1,0 +1,178 @@
+//! Names and bad input: exact names, clear errors, never a panic.
+
+use std::time::Duration;
+
+use dlock_core::{Error, Lease, LockName, LockOptions};
+
+use super::{ZERO, assert_busy, caps, client, lock, not_applicable, release, take};
+use crate::Factory;
+use crate::support::Names;
+
+/// Names are exact: case, punctuation, wildcards, brackets, unicode and prefixes all make
+/// different locks, and each one excludes itself (all are held at once).
+pub async fn names_are_exact_and_case_sensitive(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let names = Names::new();
+    let suffixes = [
+        "Key",
+        "key",
+        "KEY",
+        "a%",
+        "a_",
+        "ab",
+        "a*",
+        "a?",
+        "a.b",
+        "a/b",
+        "a:b",
+        "a{b}",
+        "{a}b",
+        "a b",
+        "a'b",
+        "a\"b",
+        "a\\b",
+        "a;b",
+        "a-b",
+        "a\u{e9}",
+        "ae\u{301}",
+        "🔒",
+        "a/",
+        "a//b",
+        "a/./b",
+        "a/../b",
+        "-",
+        "0",
+        "x",
+        "x/y",
+        "x/y/z",
+        "__READ__",
+        "lock-",
+        "_c_",
+    ];
+    let mut guards = Vec::new();
+    for s in suffixes {
+        let name = names.name(s);
+        guards.push(take(f, &lock(&a, &name)).await);
+        assert_busy(&lock(&b, &name), "it is held").await;
+    }
+    for g in guards {
+        release(g).await;
+    }
+}
+
+/// Names that differ only by trailing or leading spaces (the classic padded-collation pitfall)
+/// are different locks, held at once.
+pub async fn names_differing_by_a_trailing_space_are_distinct(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let names = Names::new();
+    let suffixes = ["pad", "pad ", "pad  ", " pad", "pad\u{a0}"];
+    let mut guards = Vec::new();
+    for s in suffixes {
+        let name = names.name(s);
+        guards.push(take(f, &lock(&a, &name)).await);
+        assert_busy(&lock(&b, &name), "it is held").await;
+    }
+    for g in guards {
+        release(g).await;
+    }
+}
+
+/// A name of exactly 255 bytes works; 256 bytes is rejected before any I/O.
+pub async fn longest_name_works(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let prefix = Names::new().name("");
+    let name = format!("{prefix}{}", "n".repeat(LockName::MAX_LEN - prefix.len()));
+    assert_eq!(name.len(), 255);
+    let g = take(f, &lock(&a, &name)).await;
+    assert_busy(&lock(&b, &name), "it is held").await;
+    release(g).await;
+    let too_long = format!("{name}n");
+    let err = a
+        .lock(&too_long, LockOptions::default())
+        .expect_err("256 bytes");
+    assert!(matches!(err, Error::InvalidName { .. }), "got {err:?}");
+}
+
+/// Empty names, NUL, control characters and over-long names are `InvalidName` for every
+/// primitive.
+pub async fn bad_names_are_rejected(f: &impl Factory) {
+    let a = client(f).await;
+    let c = caps(&a);
+    let long = "x".repeat(256);
+    for bad in [
+        "",
+        "a\0b",
+        "tab\t",
+        "new\nline",
+        "\u{1b}[31m",
+        long.as_str(),
+    ] {
+        let opts = LockOptions::default();
+        let e = a.lock(bad, opts).expect_err("lock with a bad name");
+        assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
+        if c.read_write {
+            let e = a
+                .read_write_lock(bad, opts)
+                .expect_err("rw with a bad name");
+            assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
+        }
+        if c.semaphore {
+            let e = a
+                .semaphore(bad, 2, opts)
+                .expect_err("semaphore with a bad name");
+            assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
+        }
+    }
+}
+
+/// Zero and too-short leases and zero permits are `InvalidArgument`.
+pub async fn bad_options_are_rejected(f: &impl Factory) {
+    let a = client(f).await;
+    let c = caps(&a);
+    let name = Names::new().name("opts");
+    let mut leases = vec![Lease::Fixed(ZERO), Lease::watchdog(ZERO)];
+    if let Some(short) = c.min_lease.checked_sub(Duration::from_nanos(1))
+        && !short.is_zero()
+    {
+        leases.push(Lease::watchdog(short));
+        leases.push(Lease::Fixed(short));
+    }
+    for lease in leases {
+        let e = a
+            .lock(&name, LockOptions::new().with_lease(lease))
+            .expect_err("a zero or too-short lease");
+        assert!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "{lease:?}: {e:?}"
+        );
+    }
+    if c.semaphore {
+        let e = a
+            .semaphore(&name, 0, LockOptions::default())
+            .expect_err("zero permits");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    }
+}
+
+/// A backend without read-write locks or semaphores says `Unsupported` for them, instead of
+/// handing out something that does not exclude.
+pub async fn missing_primitives_are_unsupported(f: &impl Factory) {
+    let a = client(f).await;
+    let c = caps(&a);
+    if c.read_write && c.semaphore {
+        return not_applicable(f, "read-write locks and semaphores are supported");
+    }
+    let name = Names::new().name("missing");
+    if !c.read_write {
+        let e = a
+            .read_write_lock(&name, LockOptions::default())
+            .expect_err("read_write_lock without the capability");
+        assert!(matches!(e, Error::Unsupported { .. }), "got {e:?}");
+    }
+    if !c.semaphore {
+        let e = a
+            .semaphore(&name, 2, LockOptions::default())
+            .expect_err("semaphore without the capability");
+        assert!(matches!(e, Error::Unsupported { .. }), "got {e:?}");
+    }
+}

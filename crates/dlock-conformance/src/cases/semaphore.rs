@@ -1,0 +1,198 @@
+//! Semaphores.
+
+use std::collections::BTreeSet;
+
+use dlock_core::{Error, LockGuard, LockOptions};
+
+use super::{ZERO, caps, client, release, sem, short_watchdog, unsupported};
+use crate::Factory;
+use crate::support::{Names, must};
+
+/// At most `permits` holders; a released permit lets the next one in.
+pub async fn semaphore_limits_holders(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).semaphore {
+        return unsupported(f, "no semaphores");
+    }
+    let name = Names::new().name("sem");
+    let opts = LockOptions::default();
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let s = sem(if i % 2 == 0 { &a } else { &b }, &name, 3, opts);
+        held.push(
+            s.try_acquire(f.slack())
+                .await
+                .unwrap()
+                .expect("a free permit"),
+        );
+    }
+    let fourth = sem(&b, &name, 3, opts);
+    assert!(
+        fourth.try_acquire(ZERO).await.unwrap().is_none(),
+        "a 4th permit of 3"
+    );
+    let tokens: BTreeSet<_> = held.iter().map(LockGuard::fencing_token).collect();
+    assert_eq!(tokens.len(), 3, "each permit has its own token");
+    release(held.pop().unwrap()).await;
+    let g = fourth
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("the freed permit");
+    release(g).await;
+    for g in held {
+        release(g).await;
+    }
+}
+
+/// Every acquisition takes a permit, even through the same handle.
+pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
+    let a = client(f).await;
+    if !caps(&a).semaphore {
+        return unsupported(f, "no semaphores");
+    }
+    let s = sem(
+        &a,
+        &Names::new().name("sem-same"),
+        2,
+        LockOptions::default(),
+    );
+    let g1 = s.try_acquire(f.slack()).await.unwrap().expect("permit 1");
+    let g2 = s.try_acquire(f.slack()).await.unwrap().expect("permit 2");
+    assert!(
+        s.try_acquire(ZERO).await.unwrap().is_none(),
+        "a 3rd permit of 2"
+    );
+    release(g1).await;
+    release(g2).await;
+}
+
+/// A permit whose holder died comes back after its lease.
+pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).semaphore || !caps(&a).watchdog {
+        return unsupported(f, "no semaphores with watchdog leases");
+    }
+    let name = Names::new().name("sem-dead");
+    let g = sem(&a, &name, 1, short_watchdog(f))
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("the permit");
+    let _ = g.leak();
+    let s = sem(&b, &name, 1, LockOptions::default());
+    assert!(
+        s.try_acquire(ZERO).await.unwrap().is_none(),
+        "the dead holder's lease runs"
+    );
+    let g = must(
+        f.holder_timeout() + f.slack() * 2,
+        "the permit comes back",
+        s.acquire(),
+    )
+    .await
+    .unwrap();
+    release(g).await;
+}
+
+/// One rule for permit counts on every backend: while permits of a semaphore are held, a
+/// handle that counts a different number of permits gets `InvalidArgument` (instead of each
+/// handle enforcing its own limit); handles that agree go on, and once every permit is back
+/// the count may change.
+pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).semaphore {
+        return unsupported(f, "no semaphores");
+    }
+    let name = Names::new().name("sem-count");
+    let opts = LockOptions::default();
+    let three = sem(&a, &name, 3, opts);
+    let held = three
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("a permit of 3");
+    for (permits, wait) in [(5, ZERO), (1, ZERO), (5, f.slack())] {
+        let other = sem(&b, &name, permits, opts);
+        let e = must(
+            f.slack() * 2,
+            "a disagreeing handle",
+            other.try_acquire(wait),
+        )
+        .await
+        .expect_err("a handle with another permit count while permits are held");
+        assert!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "{permits} permits: {e:?}"
+        );
+    }
+    let agreeing = sem(&b, &name, 3, opts)
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("a handle that agrees on 3");
+    release(agreeing).await;
+    release(held).await;
+    let g = must(
+        f.slack(),
+        "a new count once every permit is back",
+        sem(&b, &name, 5, opts).try_acquire(f.slack()),
+    )
+    .await
+    .unwrap()
+    .expect("a free semaphore with a new count");
+    release(g).await;
+}
+
+/// `available()` counts free permits as the store does: all at first, one fewer per holder
+/// (of any handle), one more per release, and a leaked permit whose fixed lease ended counts as
+/// free although nobody released it.
+pub async fn semaphore_counts_available_permits(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    if !caps(&a).semaphore {
+        return unsupported(f, "no semaphores");
+    }
+    let name = Names::new().name("sem-available");
+    let s = sem(&a, &name, 3, LockOptions::default());
+    let other = sem(&b, &name, 3, LockOptions::default());
+    let free = |s: &dlock_core::DynSemaphore| {
+        let s = std::sync::Arc::clone(s);
+        async move { s.available().await.expect("available()") }
+    };
+    assert_eq!(free(&s).await, 3, "a fresh semaphore");
+    let g1 = s.try_acquire(f.slack()).await.unwrap().expect("permit 1");
+    let g2 = other
+        .try_acquire(f.slack())
+        .await
+        .unwrap()
+        .expect("permit 2");
+    assert_eq!(free(&s).await, 1, "two of three taken");
+    assert_eq!(free(&other).await, 1, "the same count from another client");
+    release(g1).await;
+    assert_eq!(free(&s).await, 2, "one returned");
+    if caps(&a).fixed_lease {
+        let ending = sem(&a, &name, 3, super::fixed(f));
+        let g3 = ending
+            .try_acquire(f.slack())
+            .await
+            .unwrap()
+            .expect("permit 3");
+        assert_eq!(free(&s).await, 1);
+        // Leaked, as by a crashed holder: nobody releases it, so only the store's own
+        // reckoning of the ended lease can make it free.
+        g3.leak();
+        let limit = f.short_lease() + f.holder_timeout() + f.slack();
+        crate::support::eventually(limit, "a leaked permit whose lease ended is free", || {
+            let s = std::sync::Arc::clone(&s);
+            async move {
+                match s.available().await {
+                    Ok(2) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        })
+        .await;
+    }
+    release(g2).await;
+    assert_eq!(free(&s).await, 3, "all returned");
+}

@@ -1,0 +1,78 @@
+//! How each case ended, for `docs/guarantees.md`: passed, unsupported or skipped, with why.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::Factory;
+
+/// How a case ended, short of failing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every assertion held.
+    Passed,
+    /// The backend does not offer what the case tests (its capabilities say so).
+    Unsupported(String),
+    /// The case could not run here: the factory lacks a hook it needs.
+    Skipped(String),
+    /// The case checks a refusal the backend has no reason to make (it offers the feature).
+    NotApplicable(String),
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Passed => f.write_str("passed"),
+            Self::Unsupported(why) => write!(f, "unsupported: {why}"),
+            Self::Skipped(why) => write!(f, "skipped: {why}"),
+            Self::NotApplicable(why) => write!(f, "n/a: {why}"),
+        }
+    }
+}
+
+struct Current {
+    outcome: Mutex<Option<Outcome>>,
+}
+
+tokio::task_local! {
+    static CURRENT: Arc<Current>;
+}
+
+/// Notes that the running case ends without testing anything (called by the cases).
+pub(crate) fn note(outcome: Outcome) {
+    let _ = CURRENT.try_with(|c| {
+        *c.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+    });
+}
+
+/// Runs one case against `factory` and records how it ended when `DLOCK_RESULTS_DIR` is set
+/// (a case that fails panics, and records nothing).
+pub async fn run<F: Factory>(factory: &F, case: &str, body: impl Future<Output = ()>) {
+    let current = Arc::new(Current {
+        outcome: Mutex::new(None),
+    });
+    CURRENT.scope(Arc::clone(&current), body).await;
+    let outcome = current
+        .outcome
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .unwrap_or(Outcome::Passed);
+    let Some(dir) = std::env::var_os("DLOCK_RESULTS_DIR") else {
+        return;
+    };
+    let label = factory.label();
+    let folder: String = label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let dir = std::path::Path::new(&dir).join(folder);
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(case), format!("{label}\n{outcome}\n")));
+    if let Err(e) = written {
+        panic!(
+            "cannot record the result of {case} in {}: {e}",
+            dir.display()
+        );
+    }
+}

@@ -1,0 +1,534 @@
+//! The handles every backend shares: the contract traits implemented once over a backend's
+//! "acquire until this deadline" per primitive.
+//!
+//! A backend implements [`RawLock`], [`RawReadWriteLock`] or [`RawSemaphore`]: one remote
+//! acquisition that waits until a [`Deadline`]. [`Lock`], [`ReadWriteLock`] and [`Semaphore`]
+//! add the rest: the name, options and store id, `acquire` and `try_acquire` (with
+//! `try_acquire(Duration::MAX)` meaning "as long as it takes"), re-entry, the read→write
+//! deadlock check, and one `dlock.acquire` span with the same fields on every backend.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::error::{Error, Result};
+use crate::guard::{LockGuard, Shared, lock};
+use crate::loss::LockKind;
+use crate::metrics;
+use crate::name::LockName;
+use crate::options::LockOptions;
+use crate::reentrancy::Reentrancy;
+use crate::time::Deadline;
+use crate::traits::{DistributedLock, DistributedReadWriteLock, DistributedSemaphore};
+
+/// What every handle knows about itself: backend, store, name, options.
+#[derive(Debug, Clone)]
+pub struct HandleInfo {
+    backend: &'static str,
+    store_id: Arc<str>,
+    name: LockName,
+    options: LockOptions,
+}
+
+impl HandleInfo {
+    /// Describes a handle. The backend has validated `name` and `options` already.
+    pub fn new(
+        backend: &'static str,
+        store_id: impl Into<Arc<str>>,
+        name: LockName,
+        options: LockOptions,
+    ) -> Self {
+        Self {
+            backend,
+            store_id: store_id.into(),
+            name,
+            options,
+        }
+    }
+
+    /// The backend's short name.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The store's id.
+    pub fn store_id(&self) -> &str {
+        &self.store_id
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The handle's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    fn request(&self, deadline: Deadline) -> Request<'_> {
+        Request {
+            name: &self.name,
+            options: &self.options,
+            deadline,
+        }
+    }
+
+    fn unbounded_wait_ended(&self) -> Error {
+        Error::unbounded_wait_ended(self.backend, &self.name)
+    }
+}
+
+/// One remote acquisition, as the core hands it to a backend.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Request<'a> {
+    /// The lock's name.
+    pub name: &'a LockName,
+    /// The handle's options (lease, fairness, reentrancy).
+    pub options: &'a LockOptions,
+    /// When to give up and return `Ok(None)`; [`Deadline::NEVER`] waits as long as it takes.
+    pub deadline: Deadline,
+}
+
+/// A backend's mutex: one acquisition on the store for a new holder.
+///
+/// Re-entry is the core's business: [`Lock`] calls this once per remote hold, and for a
+/// `reentrant(false)` handle once per acquisition, so each call must be a holder of its own
+/// (its own hash field, node, row owner) that waits for the others, including earlier holds of
+/// the same handle.
+#[async_trait]
+pub trait RawLock: fmt::Debug + Send + Sync + 'static {
+    /// Acquires, waiting until `req.deadline`; `Ok(None)` once it passed without the lock.
+    ///
+    /// Must be cancel safe: dropped at any await, it leaves nothing behind on the store.
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>>;
+}
+
+/// A backend's read-write lock.
+#[async_trait]
+pub trait RawReadWriteLock: fmt::Debug + Send + Sync + 'static {
+    /// Acquires a read hold, waiting until `req.deadline`. `downgrade` is true when this handle
+    /// holds the write hold right now: the read must then be granted beside it (and the backend
+    /// must make sure that write hold is still there when it grants, or wait like anyone else).
+    ///
+    /// Must be cancel safe.
+    async fn read(&self, req: &Request<'_>, downgrade: bool) -> Result<Option<LockGuard>>;
+
+    /// Acquires the write hold, waiting until `req.deadline`.
+    ///
+    /// Must be cancel safe.
+    async fn write(&self, req: &Request<'_>) -> Result<Option<LockGuard>>;
+}
+
+/// A backend's counting semaphore.
+#[async_trait]
+pub trait RawSemaphore: fmt::Debug + Send + Sync + 'static {
+    /// Takes one permit out of `permits`, waiting until `req.deadline`.
+    ///
+    /// Must be cancel safe.
+    async fn acquire(&self, req: &Request<'_>, permits: u32) -> Result<Option<LockGuard>>;
+
+    /// How many of `permits` are free right now (see
+    /// [`DistributedSemaphore::available`]). The default: [`Error::Unsupported`].
+    async fn available(&self, name: &LockName, permits: u32) -> Result<u32> {
+        let _ = (name, permits);
+        Err(Error::unsupported(
+            "dlock",
+            "counting a semaphore's available permits",
+        ))
+    }
+}
+
+/// The `dlock.acquire` span, with the same fields on every backend; `outcome`, `token` and
+/// `waited_ms` are recorded when the acquisition ends.
+fn acquire_span(info: &HandleInfo, kind: LockKind) -> tracing::Span {
+    tracing::debug_span!(
+        "dlock.acquire",
+        backend = info.backend,
+        kind = %kind,
+        lock = %info.name,
+        outcome = tracing::field::Empty,
+        token = tracing::field::Empty,
+        waited_ms = tracing::field::Empty,
+    )
+}
+
+/// Runs a backend's acquisition until it hands over a live hold. A grant whose reply came back
+/// after the hold's lease had already ended (a reply delayed longer than the lease, a paused
+/// process) is a guard that is lost on arrival: it is dropped (its store ends it with its
+/// lease, which is over) and the acquisition tried again while the deadline allows, so no
+/// caller is ever handed a hold that another client may already have.
+///
+/// A timed acquisition is also cut off [`CALL_GRACE`] after its deadline, whatever the backend
+/// is waiting for (a slow script, a SUBSCRIBE, a pool, a hung server): `try_acquire(wait)`
+/// returns by `wait` plus that grace. Backends are cancel safe, so what a cut-off call may
+/// have taken is given back by their undo.
+async fn live<F, Fut>(deadline: Deadline, mut acquire: F) -> Result<Option<LockGuard>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<LockGuard>>>,
+{
+    let attempts = async {
+        let mut dead = 0u32;
+        loop {
+            match acquire().await? {
+                Some(guard) if guard.is_held() => return Ok(Some(guard)),
+                Some(guard) => {
+                    tracing::debug!(lock = %guard.name(), reason = ?guard.loss_reason(), "granted after the hold's lease ended; trying again");
+                    let name = guard.name().to_string();
+                    let lease = guard_lease(&guard);
+                    drop(guard);
+                    dead += 1;
+                    // Every grant arriving dead means the lease is shorter than the trip to
+                    // the store and back: say so instead of trying for ever.
+                    if dead >= DEAD_ON_ARRIVAL_LIMIT {
+                        return Err(Error::Backend {
+                            backend: "dlock",
+                            message: format!(
+                                "{DEAD_ON_ARRIVAL_LIMIT} grants of {name:?} in a row arrived after \
+                                 their lease{lease} had ended: the lease is shorter than the \
+                                 round trip to the store"
+                            ),
+                            retryable: true,
+                            source: None,
+                        });
+                    }
+                    if deadline.has_passed() {
+                        return Ok(None);
+                    }
+                    tokio::time::sleep_until(deadline.wake_after(DEAD_ON_ARRIVAL_PAUSE * dead))
+                        .await;
+                }
+                None => return Ok(None),
+            }
+        }
+    };
+    deadline
+        .with_grace(CALL_GRACE)
+        .run(attempts)
+        .await
+        .unwrap_or(Ok(None))
+}
+
+/// How many grants in a row may arrive after their lease ended before the acquisition fails.
+const DEAD_ON_ARRIVAL_LIMIT: u32 = 5;
+
+/// The pause after a grant that arrived dead, times the number of such grants in a row.
+const DEAD_ON_ARRIVAL_PAUSE: Duration = Duration::from_millis(20);
+
+/// The lease of a guard, for messages.
+fn guard_lease(guard: &LockGuard) -> String {
+    guard
+        .shared()
+        .map(|s| format!(" ({:?})", s.lease.ttl()))
+        .unwrap_or_default()
+}
+
+/// How long past its deadline a timed acquisition's calls to the store may run before the
+/// handle cuts them off (the wait itself ends at the deadline; this bounds a slow or hung
+/// call, so `try_acquire(wait)` returns by `wait` plus this).
+pub const CALL_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs one acquisition inside its span and records how it ended.
+async fn traced<F>(info: &HandleInfo, kind: LockKind, acquire: F) -> Result<Option<LockGuard>>
+where
+    F: Future<Output = Result<Option<LockGuard>>>,
+{
+    let span = acquire_span(info, kind);
+    let started = Instant::now();
+    let result = acquire.instrument(span.clone()).await;
+    let took = started.elapsed();
+    span.record(
+        "waited_ms",
+        u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+    );
+    let outcome = match &result {
+        Ok(Some(guard)) => {
+            span.record("token", guard.fencing_token().get());
+            "acquired"
+        }
+        Ok(None) => "timeout",
+        Err(e) => {
+            tracing::debug!(parent: &span, error = %e, "dlock.acquire failed");
+            "error"
+        }
+    };
+    span.record("outcome", outcome);
+    metrics::acquired(info.backend, kind, outcome, took);
+    result
+}
+
+/// The holds a handle has taken and not yet given back, to tell whether it holds the read or
+/// the write side right now.
+#[derive(Debug, Default)]
+struct Holds(Mutex<Vec<Weak<Shared>>>);
+
+impl Holds {
+    fn add(&self, guard: &LockGuard) {
+        if let Some(shared) = guard.shared() {
+            let mut holds = lock(&self.0);
+            holds.retain(|w| w.strong_count() > 0);
+            holds.push(Arc::downgrade(shared));
+        }
+    }
+
+    fn any_live(&self) -> bool {
+        lock(&self.0)
+            .iter()
+            .any(|w| w.upgrade().is_some_and(|s| s.is_live()))
+    }
+}
+
+/// A mutex handle over a backend's [`RawLock`]. Its clones (through the `Arc` the provider
+/// returns) are one owner.
+#[derive(Debug)]
+pub struct Lock<R> {
+    info: HandleInfo,
+    reentrancy: Reentrancy,
+    raw: R,
+}
+
+impl<R: RawLock> Lock<R> {
+    /// A handle.
+    pub fn new(info: HandleInfo, raw: R) -> Self {
+        Self {
+            info,
+            reentrancy: Reentrancy::new(),
+            raw,
+        }
+    }
+
+    /// The backend part.
+    pub fn raw(&self) -> &R {
+        &self.raw
+    }
+
+    async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+        let req = self.info.request(deadline);
+        traced(&self.info, LockKind::Mutex, async {
+            let remote = || live(deadline, || self.raw.acquire(&req));
+            if self.info.options.reentrant {
+                self.reentrancy.acquire(deadline, remote).await
+            } else {
+                remote().await
+            }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl<R: RawLock> DistributedLock for Lock<R> {
+    fn name(&self) -> &LockName {
+        &self.info.name
+    }
+
+    fn options(&self) -> &LockOptions {
+        &self.info.options
+    }
+
+    fn store_id(&self) -> &str {
+        &self.info.store_id
+    }
+
+    async fn acquire(&self) -> Result<LockGuard> {
+        self.acquire_until(Deadline::NEVER)
+            .await?
+            .ok_or_else(|| self.info.unbounded_wait_ended())
+    }
+
+    async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.acquire_until(Deadline::after(wait)).await
+    }
+}
+
+/// A read-write lock handle over a backend's [`RawReadWriteLock`]. The read and write sides
+/// share one owner, so the writer can also read (downgrade), and a reader that asks for the
+/// write lock gets [`Error::WouldDeadlock`] at once, re-entrant or not.
+#[derive(Debug)]
+pub struct ReadWriteLock<R> {
+    info: HandleInfo,
+    read: Reentrancy,
+    write: Reentrancy,
+    reads: Holds,
+    writes: Holds,
+    raw: R,
+}
+
+impl<R: RawReadWriteLock> ReadWriteLock<R> {
+    /// A handle.
+    pub fn new(info: HandleInfo, raw: R) -> Self {
+        Self {
+            info,
+            read: Reentrancy::new(),
+            write: Reentrancy::new(),
+            reads: Holds::default(),
+            writes: Holds::default(),
+            raw,
+        }
+    }
+
+    /// The backend part.
+    pub fn raw(&self) -> &R {
+        &self.raw
+    }
+
+    /// Whether this handle holds the write side right now.
+    pub fn holds_write(&self) -> bool {
+        self.writes.any_live()
+    }
+
+    async fn read_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+        let req = self.info.request(deadline);
+        // Asked after the re-entry gate, so a write released meanwhile is not taken for a
+        // downgrade.
+        let remote = || async {
+            let downgrade = self.writes.any_live();
+            let guard = live(deadline, || self.raw.read(&req, downgrade)).await?;
+            if let Some(g) = &guard {
+                self.reads.add(g);
+            }
+            Ok(guard)
+        };
+        traced(&self.info, LockKind::Read, async {
+            if self.info.options.reentrant {
+                self.read.acquire(deadline, remote).await
+            } else {
+                remote().await
+            }
+        })
+        .await
+    }
+
+    async fn write_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+        if self.reads.any_live() && !self.writes.any_live() {
+            return Err(Error::WouldDeadlock {
+                name: self.info.name.to_string(),
+                reason: "this handle holds the read lock; release it before asking for the \
+                         write lock"
+                    .into(),
+            });
+        }
+        let req = self.info.request(deadline);
+        let remote = || async {
+            let guard = live(deadline, || self.raw.write(&req)).await?;
+            if let Some(g) = &guard {
+                self.writes.add(g);
+            }
+            Ok(guard)
+        };
+        traced(&self.info, LockKind::Write, async {
+            if self.info.options.reentrant {
+                self.write.acquire(deadline, remote).await
+            } else {
+                remote().await
+            }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl<R: RawReadWriteLock> DistributedReadWriteLock for ReadWriteLock<R> {
+    fn name(&self) -> &LockName {
+        &self.info.name
+    }
+
+    fn options(&self) -> &LockOptions {
+        &self.info.options
+    }
+
+    fn store_id(&self) -> &str {
+        &self.info.store_id
+    }
+
+    async fn read(&self) -> Result<LockGuard> {
+        self.read_until(Deadline::NEVER)
+            .await?
+            .ok_or_else(|| self.info.unbounded_wait_ended())
+    }
+
+    async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.read_until(Deadline::after(wait)).await
+    }
+
+    async fn write(&self) -> Result<LockGuard> {
+        self.write_until(Deadline::NEVER)
+            .await?
+            .ok_or_else(|| self.info.unbounded_wait_ended())
+    }
+
+    async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.write_until(Deadline::after(wait)).await
+    }
+}
+
+/// A semaphore handle over a backend's [`RawSemaphore`]. Every acquisition takes a permit of
+/// its own, even through the same handle.
+#[derive(Debug)]
+pub struct Semaphore<R> {
+    info: HandleInfo,
+    permits: u32,
+    raw: R,
+}
+
+impl<R: RawSemaphore> Semaphore<R> {
+    /// A handle counting against `permits` permits.
+    pub fn new(info: HandleInfo, permits: u32, raw: R) -> Self {
+        Self { info, permits, raw }
+    }
+
+    /// The backend part.
+    pub fn raw(&self) -> &R {
+        &self.raw
+    }
+
+    async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+        let req = self.info.request(deadline);
+        traced(
+            &self.info,
+            LockKind::Permit,
+            live(deadline, || self.raw.acquire(&req, self.permits)),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl<R: RawSemaphore> DistributedSemaphore for Semaphore<R> {
+    fn name(&self) -> &LockName {
+        &self.info.name
+    }
+
+    fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    fn options(&self) -> &LockOptions {
+        &self.info.options
+    }
+
+    fn store_id(&self) -> &str {
+        &self.info.store_id
+    }
+
+    async fn acquire(&self) -> Result<LockGuard> {
+        self.acquire_until(Deadline::NEVER)
+            .await?
+            .ok_or_else(|| self.info.unbounded_wait_ended())
+    }
+
+    async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.acquire_until(Deadline::after(wait)).await
+    }
+
+    async fn available(&self) -> Result<u32> {
+        self.raw.available(&self.info.name, self.permits).await
+    }
+}

@@ -1,0 +1,211 @@
+//! Time arithmetic for deadlines and leases, in one place.
+//!
+//! `Instant + Duration` panics when the sum does not fit (`Duration::MAX` is a common way to
+//! say "forever"), so nothing in dlock adds a caller's duration to an instant directly: a
+//! deadline that does not fit is no deadline ([`Deadline::after`]), and a lease end that does
+//! not fit is the far future ([`later`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// About thirty years: what [`later`] returns past the start when the sum does not fit. Far
+/// enough to be "never" for a lock, near enough that every platform's clock can represent it.
+const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+
+/// `start + d`, or the far future (about thirty years on) if that does not fit.
+///
+/// Use it for every lease end, renewal time and pause, instead of `+`.
+pub fn later(start: Instant, d: Duration) -> Instant {
+    start
+        .checked_add(d)
+        .or_else(|| start.checked_add(FAR))
+        .unwrap_or(start)
+}
+
+/// `d` from now, saturating like [`later`].
+pub fn from_now(d: Duration) -> Instant {
+    later(Instant::now(), d)
+}
+
+/// When a wait ends: at an instant, or never (wait as long as it takes).
+///
+/// `try_acquire(wait)` turns `wait` into a deadline with [`Deadline::after`]; a `wait` too large
+/// to add to the clock (e.g. `Duration::MAX`) is no deadline, so `try_acquire(Duration::MAX)`
+/// behaves as `acquire()`.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::backend::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// assert!(Deadline::after(Duration::MAX).is_never());
+/// assert!(!Deadline::after(Duration::from_secs(1)).has_passed());
+/// assert!(Deadline::after(Duration::ZERO).has_passed());
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// No deadline: wait as long as it takes.
+    pub const NEVER: Self = Self(None);
+
+    /// `wait` from now, or [`Deadline::NEVER`] if that does not fit on the clock.
+    pub fn after(wait: Duration) -> Self {
+        Self(Instant::now().checked_add(wait))
+    }
+
+    /// At `instant`.
+    pub const fn at(instant: Instant) -> Self {
+        Self(Some(instant))
+    }
+
+    /// The instant, or `None` for no deadline.
+    pub const fn instant(self) -> Option<Instant> {
+        self.0
+    }
+
+    /// Whether this is [`Deadline::NEVER`].
+    pub const fn is_never(self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether the deadline has passed (never, for no deadline).
+    pub fn has_passed(self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// Time left: `None` for no deadline, zero once it passed.
+    pub fn remaining(self) -> Option<Duration> {
+        self.0.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// The earlier of the deadline and `at`.
+    pub fn earliest(self, at: Instant) -> Instant {
+        self.0.map_or(at, |d| d.min(at))
+    }
+
+    /// The earlier of the deadline and `pause` from now: when a waiter that would sleep
+    /// `pause` must wake up.
+    pub fn wake_after(self, pause: Duration) -> Instant {
+        self.earliest(from_now(pause))
+    }
+
+    /// The deadline moved `grace` later (still never for no deadline): a bound for server
+    /// calls that may run a little past the wait itself.
+    pub fn with_grace(self, grace: Duration) -> Self {
+        Self(self.0.map(|d| later(d, grace)))
+    }
+
+    /// Sleeps until the deadline; forever for no deadline.
+    pub async fn sleep(self) {
+        match self.0 {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Runs `fut` until the deadline: `None` if the deadline came first.
+    pub async fn run<F: Future>(self, fut: F) -> Option<F::Output> {
+        match self.0 {
+            Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
+            None => Some(fut.await),
+        }
+    }
+}
+
+impl From<Option<Instant>> for Deadline {
+    fn from(instant: Option<Instant>) -> Self {
+        Self(instant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn huge_durations_never_panic() {
+        let now = Instant::now();
+        assert!(later(now, Duration::MAX) > now);
+        assert!(later(now, Duration::from_secs(u64::MAX)) > now);
+        assert_eq!(
+            later(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        assert!(Deadline::after(Duration::MAX).is_never());
+        assert_eq!(Deadline::after(Duration::MAX).remaining(), None);
+        assert!(Deadline::NEVER.with_grace(Duration::MAX).is_never());
+        let d = Deadline::after(Duration::from_secs(5)).with_grace(Duration::MAX);
+        assert!(!d.is_never() && !d.has_passed());
+        assert!(Deadline::NEVER.wake_after(Duration::MAX) > now);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_bound_waits() {
+        let d = Deadline::after(Duration::from_millis(100));
+        assert_eq!(d.run(std::future::pending::<()>()).await, None);
+        assert!(d.has_passed());
+        assert_eq!(d.remaining(), Some(Duration::ZERO));
+        assert_eq!(Deadline::NEVER.run(async { 7 }).await, Some(7));
+        let wake = Deadline::after(Duration::from_secs(1)).wake_after(Duration::from_secs(60));
+        assert!(wake <= from_now(Duration::from_secs(1)));
+    }
+}
+
+/// A pause between retries that doubles after each one, from `first` up to `max`: the one
+/// backoff every backend uses for reconnects, polls and retried calls.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::backend::Backoff;
+///
+/// let mut b = Backoff::new(Duration::from_millis(20), Duration::from_millis(50));
+/// assert_eq!(b.next_pause(), Duration::from_millis(20));
+/// assert_eq!(b.next_pause(), Duration::from_millis(40));
+/// assert_eq!(b.next_pause(), Duration::from_millis(50));
+/// b.reset();
+/// assert_eq!(b.next_pause(), Duration::from_millis(20));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    first: Duration,
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// Starts at `first` and doubles up to `max` (`first` if `max` is smaller).
+    pub const fn new(first: Duration, max: Duration) -> Self {
+        let max = if max.as_nanos() < first.as_nanos() {
+            first
+        } else {
+            max
+        };
+        Self {
+            first,
+            next: first,
+            max,
+        }
+    }
+
+    /// The pause before the next try; the one after it is twice as long (at most `max`).
+    pub fn next_pause(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        pause
+    }
+
+    /// Starts over at the first pause (after a success).
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+
+    /// Sleeps the next pause.
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.next_pause()).await;
+    }
+}

@@ -1,0 +1,352 @@
+//! The guard and its lease keeper on a store-less hold: time, loss, and the types' bounds.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock_core::backend::{Hold, NewHold};
+use dlock_core::{
+    Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, MultiGuard, Result,
+    async_trait,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// A hold whose store always answers yes (or, with `gone`, "not yours"), counting calls.
+#[derive(Debug, Default)]
+struct Fake {
+    gone: AtomicBool,
+    extends: AtomicUsize,
+    releases: AtomicUsize,
+    /// When set, `extend` waits for it before answering.
+    gate: Option<Arc<Notify>>,
+}
+
+#[async_trait]
+impl Hold for Fake {
+    async fn release(&self) -> Result<()> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(Error::lock_lost("fake"));
+        }
+        Ok(())
+    }
+
+    async fn extend(&self, _ttl: Duration) -> Result<()> {
+        if let Some(gate) = &self.gate {
+            gate.notified().await;
+        }
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(Error::lock_lost("fake"));
+        }
+        Ok(())
+    }
+}
+
+fn guard(hold: Arc<Fake>, lease: Lease) -> LockGuard {
+    LockGuard::new(NewHold::new(
+        "fake",
+        LockKind::Mutex,
+        LockName::new("fake").unwrap(),
+        FencingToken::new(1),
+        lease,
+        Instant::now(),
+        hold,
+    ))
+}
+
+fn check_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
+fn check_send<T: Send>(_: &T) {}
+
+/// The types a user moves between tasks, and the futures a user spawns, are `Send`, `Sync`
+/// and `'static` where they should be (as tokio's `bounds()` test pins its guards).
+#[tokio::test]
+async fn bounds() {
+    fn types<T: Send + Sync + 'static>() {}
+    types::<LockGuard>();
+    types::<MultiGuard>();
+    types::<dlock_core::DynLock>();
+    types::<dlock_core::DynReadWriteLock>();
+    types::<dlock_core::DynSemaphore>();
+    types::<dlock_core::DynLockProvider>();
+    types::<dlock_core::MultiLock>();
+    types::<Error>();
+    let g = guard(Arc::default(), Lease::default());
+    check_send_sync_static(&g.lost());
+    let extend = g.extend(Duration::from_secs(1));
+    check_send(&extend);
+    drop(extend);
+    let release = g.release();
+    check_send(&release);
+    fn is_static<F: Future + 'static>(_: &F) {}
+    is_static(&release);
+    release.await.unwrap();
+}
+
+/// Without any keeper (the guard was built outside a runtime), `is_held()` is false once the
+/// lease end passed, and `lost()` resolves then.
+#[test]
+fn a_guard_without_a_keeper_is_lost_at_its_lease_end() {
+    let g = guard(Arc::default(), Lease::Fixed(Duration::from_millis(50)));
+    assert!(g.is_held());
+    // The stall under test (nothing runs: there is no runtime), not a wait for an event.
+    std::thread::sleep(Duration::from_millis(80));
+    assert!(!g.is_held());
+    assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(1), g.lost())
+            .await
+            .expect("lost() resolves");
+    });
+}
+
+/// A keeper whose runtime is dropped reports `KeeperStopped`, even if it never ran.
+#[test]
+fn a_keeper_whose_runtime_is_dropped_reports_the_loss() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = rt.block_on(async { guard(Arc::default(), Lease::default()) });
+    assert!(g.is_held());
+    drop(rt);
+    assert!(!g.is_held());
+    assert_eq!(g.loss_reason(), Some(LossReason::KeeperStopped));
+}
+
+/// A guard released normally does not report a loss when its keeper is stopped.
+#[tokio::test]
+async fn a_released_guard_is_not_reported_lost() {
+    let hold = Arc::new(Fake::default());
+    let g = guard(Arc::clone(&hold), Lease::default());
+    let lost = g.lost();
+    g.release().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), lost)
+            .await
+            .is_err(),
+        "a released hold was reported lost"
+    );
+    assert_eq!(hold.releases.load(Ordering::SeqCst), 1);
+}
+
+/// `extend` that answers after the hold was lost meanwhile does not count.
+#[tokio::test]
+async fn extend_rechecks_the_loss_after_its_call() {
+    let gate = Arc::new(Notify::new());
+    let hold = Arc::new(Fake {
+        gate: Some(Arc::clone(&gate)),
+        ..Fake::default()
+    });
+    let g = Arc::new(guard(
+        Arc::clone(&hold),
+        Lease::Fixed(Duration::from_millis(300)),
+    ));
+    let extending = {
+        let g = Arc::clone(&g);
+        tokio::spawn(async move { g.extend(Duration::from_secs(60)).await })
+    };
+    // The fixed lease ends while the extend is in flight.
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("the fixed lease ends");
+    gate.notify_one();
+    let r = extending.await.unwrap();
+    assert!(matches!(r, Err(Error::LockLost { .. })), "got {r:?}");
+    assert!(!g.is_held());
+}
+
+/// The watchdog renews every ttl/3 and reports `Gone` when the store says the hold is not ours.
+#[tokio::test(start_paused = true)]
+async fn the_watchdog_renews_and_reports_a_gone_hold() {
+    let hold = Arc::new(Fake::default());
+    let g = guard(Arc::clone(&hold), Lease::watchdog(Duration::from_secs(3)));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(g.is_held());
+    assert!(
+        hold.extends.load(Ordering::SeqCst) >= 3,
+        "renewed every second"
+    );
+    hold.gone.store(true, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("lost within a renewal period");
+    assert_eq!(g.loss_reason(), Some(LossReason::Gone));
+}
+
+/// Huge durations: extend by `Duration::MAX` is refused, by `Lease::MAX` works; a hold of
+/// `Lease::MAX` has a far lease end.
+#[tokio::test]
+async fn huge_durations_never_panic() {
+    let g = guard(Arc::default(), Lease::Fixed(Lease::MAX));
+    assert!(g.remaining() > Duration::from_secs(300 * 24 * 3600));
+    assert!(matches!(
+        g.extend(Duration::MAX).await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    g.extend(Lease::MAX).await.unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+}
+
+/// A backend whose first grant comes back after its lease ended (a reply delayed past the
+/// lease: found by `dlock torture` on Redis as a token granted "backwards"): the handle drops
+/// that hold (its store ends it with its lease, which is over) and acquires again, so the
+/// caller only ever gets a live guard.
+#[tokio::test]
+async fn a_grant_lost_on_arrival_is_dropped_and_tried_again() {
+    use dlock_core::backend::{HandleInfo, Lock, RawLock, Request};
+    use dlock_core::{DistributedLock, LockOptions};
+
+    #[derive(Debug, Default)]
+    struct SlowFirstReply {
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl RawLock for SlowFirstReply {
+        async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            let lease = Lease::watchdog(Duration::from_millis(300));
+            // The first grant was sent a whole lease ago: lost on arrival.
+            let sent = if n == 0 {
+                Instant::now().checked_sub(Duration::from_secs(1)).unwrap()
+            } else {
+                Instant::now()
+            };
+            let hold = Arc::new(Fake::default());
+            Ok(Some(LockGuard::new(NewHold::new(
+                "fake",
+                LockKind::Mutex,
+                req.name.clone(),
+                FencingToken::new(n as u64 + 1),
+                lease,
+                sent,
+                hold,
+            ))))
+        }
+    }
+
+    let name = LockName::new("slow-reply").unwrap();
+    let info = HandleInfo::new("fake", "fake://", name, LockOptions::default());
+    let lock = Lock::new(info, SlowFirstReply::default());
+    let g = lock
+        .try_acquire(Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g.is_held(), "handed a guard lost on arrival");
+    assert_eq!(g.fencing_token().get(), 2, "the second grant");
+    assert_eq!(lock.raw().calls.load(Ordering::SeqCst), 2);
+    g.release().await.unwrap();
+}
+
+/// Review redis M10 (and the same hazard on every backend): a timed acquisition whose call to
+/// the store hangs returns by its wait plus `CALL_GRACE`, as `None`.
+#[tokio::test]
+async fn a_hung_store_call_cannot_outlast_the_wait() {
+    use dlock_core::backend::{CALL_GRACE, HandleInfo, Lock, RawLock, Request};
+    use dlock_core::{DistributedLock, LockOptions};
+
+    #[derive(Debug)]
+    struct Hung;
+
+    #[async_trait]
+    impl RawLock for Hung {
+        async fn acquire(&self, _req: &Request<'_>) -> Result<Option<LockGuard>> {
+            std::future::pending().await
+        }
+    }
+
+    let info = HandleInfo::new(
+        "fake",
+        "fake://",
+        LockName::new("hung").unwrap(),
+        LockOptions::default(),
+    );
+    let lock = Lock::new(info, Hung);
+    let started = Instant::now();
+    let got = tokio::time::timeout(CALL_GRACE * 3, lock.try_acquire(Duration::from_millis(100)))
+        .await
+        .expect("try_acquire(100 ms) outlasted its wait and grace");
+    assert!(matches!(got, Ok(None)), "{got:?}");
+    assert!(started.elapsed() >= Duration::from_millis(100));
+}
+
+/// A store whose every grant arrives after its lease (the lease is shorter than the round
+/// trip): `acquire()` says so with an error instead of retrying for ever.
+#[tokio::test]
+async fn grants_that_always_arrive_dead_end_in_an_error() {
+    use dlock_core::backend::{HandleInfo, Lock, RawLock, Request};
+    use dlock_core::{DistributedLock, LockOptions};
+
+    #[derive(Debug, Default)]
+    struct AlwaysLate(AtomicUsize);
+
+    #[async_trait]
+    impl RawLock for AlwaysLate {
+        async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Some(LockGuard::new(NewHold::new(
+                "fake",
+                LockKind::Mutex,
+                req.name.clone(),
+                FencingToken::new(1),
+                Lease::watchdog(Duration::from_millis(100)),
+                Instant::now().checked_sub(Duration::from_secs(1)).unwrap(),
+                Arc::new(Fake::default()),
+            ))))
+        }
+    }
+
+    let info = HandleInfo::new(
+        "fake",
+        "fake://",
+        LockName::new("late").unwrap(),
+        LockOptions::default(),
+    );
+    let lock = Lock::new(info, AlwaysLate::default());
+    let got = tokio::time::timeout(Duration::from_secs(10), lock.acquire())
+        .await
+        .expect("acquire() kept retrying grants that arrive dead");
+    let e = got.expect_err("a guard lost on arrival");
+    assert!(e.to_string().contains("round trip"), "{e}");
+    assert_eq!(lock.raw().0.load(Ordering::SeqCst), 5);
+}
+
+/// A fixed lease whose end the guard notices before its keeper does (`is_held()` or `lost()`
+/// wins the race at the lease end) is still cleaned up on the store: a backend without a
+/// server-side lease (ZooKeeper) would otherwise keep the node until its session ends. It used
+/// to be left behind whenever the guard saw the end first.
+#[test]
+fn a_lease_end_seen_by_the_guard_first_still_cleans_up() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let hold = Arc::new(Fake::default());
+        let g = guard(Arc::clone(&hold), Lease::Fixed(Duration::from_millis(50)));
+        tokio::task::yield_now().await;
+        // The stall under test: the keeper cannot run while the thread sleeps past the lease
+        // end, so the guard's own check sees the end first.
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(!g.is_held());
+        assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
+        let deadline = dlock_core::backend::from_now(Duration::from_secs(5));
+        while hold.releases.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the hold was never released on the store after its fixed lease ended"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(g);
+    });
+}

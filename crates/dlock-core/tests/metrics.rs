@@ -1,0 +1,179 @@
+//! The `metrics` feature: the documented metrics appear, with their labels, in a recorder.
+#![cfg(feature = "metrics")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dlock_core::backend::{HandleInfo, Hold, Lock, NewHold, RawLock, Request};
+use dlock_core::{
+    DistributedLock, FencingToken, Lease, LockGuard, LockKind, LockName, LockOptions, Result,
+    async_trait,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tokio::time::Instant;
+
+#[derive(Debug)]
+struct Yes;
+
+#[async_trait]
+impl Hold for Yes {
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn extend(&self, _: Duration) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Grants at once unless `busy`, then waits until the deadline.
+#[derive(Debug, Default)]
+struct State {
+    busy: AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+struct Store(Arc<State>);
+
+#[async_trait]
+impl RawLock for Store {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        if self.0.busy.load(Ordering::SeqCst) {
+            req.deadline.sleep().await;
+            return Ok(None);
+        }
+        Ok(Some(LockGuard::new(NewHold::new(
+            "test",
+            LockKind::Mutex,
+            req.name.clone(),
+            FencingToken::new(1),
+            req.options.lease,
+            Instant::now(),
+            Arc::new(Yes),
+        ))))
+    }
+}
+
+/// metric name + sorted labels → value.
+fn snapshot(snapshotter: &metrics_util::debugging::Snapshotter) -> HashMap<String, DebugValue> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            (format!("{}{{{}}}", key.name(), labels.join(",")), value)
+        })
+        .collect()
+}
+
+fn counter(m: &HashMap<String, DebugValue>, key: &str) -> u64 {
+    match m.get(key) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{key}: {other:?}; have {:?}", m.keys().collect::<Vec<_>>()),
+    }
+}
+
+#[tokio::test]
+async fn the_documented_metrics_appear_with_their_labels() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+
+    let store = Store(Arc::default());
+    let lock = |lease| {
+        let info = HandleInfo::new(
+            "test",
+            "test://",
+            LockName::new("secret-name").unwrap(),
+            LockOptions::new().with_lease(lease),
+        );
+        Lock::new(info, store.clone())
+    };
+    let watchdog = lock(Lease::watchdog(Duration::from_millis(90)));
+    let g = watchdog.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // two renewals, at 30 and 60 ms
+    // (The debugging recorder resets counters and gauges at each snapshot.)
+    let m = snapshot(&snapshotter);
+    assert_eq!(
+        m.get("dlock_holds{backend=test,kind=mutex}"),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    assert!(counter(&m, "dlock_renewal_total{backend=test,outcome=renewed}") >= 2);
+    assert_eq!(
+        counter(
+            &m,
+            "dlock_acquire_total{backend=test,kind=mutex,outcome=acquired}"
+        ),
+        1
+    );
+    g.release().await.unwrap();
+
+    store.0.busy.store(true, Ordering::SeqCst);
+    assert!(
+        watchdog
+            .try_acquire(Duration::from_millis(10))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    store.0.busy.store(false, Ordering::SeqCst);
+    let fixed = lock(Lease::Fixed(Duration::from_millis(30)));
+    let g = fixed.acquire().await.unwrap();
+    g.lost().await;
+    drop(g);
+    // Let the finished keepers run to their end (this runtime has one thread).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+
+    let m = snapshot(&snapshotter);
+    assert_eq!(
+        counter(
+            &m,
+            "dlock_acquire_total{backend=test,kind=mutex,outcome=acquired}"
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "dlock_acquire_total{backend=test,kind=mutex,outcome=timeout}"
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "dlock_release_total{backend=test,kind=mutex,outcome=released}"
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "dlock_lost_total{backend=test,kind=mutex,reason=fixed_lease_ended}"
+        ),
+        1
+    );
+    assert!(matches!(
+        m.get("dlock_acquire_duration_seconds{backend=test,kind=mutex,outcome=timeout}"),
+        Some(DebugValue::Histogram(v)) if !v.is_empty()
+    ));
+    // Since the first snapshot: the watchdog hold ended, the fixed one came and went.
+    assert_eq!(
+        m.get("dlock_holds{backend=test,kind=mutex}"),
+        Some(&DebugValue::Gauge((-1.0).into()))
+    );
+    assert!(
+        m.keys().all(|k| !k.contains("secret-name")),
+        "a lock name in a label: {:?}",
+        m.keys()
+    );
+}

@@ -1,0 +1,186 @@
+//! The provider: handles over one store, and the hooks that make the bad days happen.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::backend::{HandleInfo, Lock, ReadWriteLock, Semaphore};
+use dlock_core::{
+    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, LockName, LockOptions, LockProvider,
+    LockStatus, Result, async_trait,
+};
+
+use crate::config;
+use crate::handles::{MemoryMutex, MemoryReadWrite, MemorySemaphore};
+use crate::store::{Link, Store};
+use crate::{BACKEND, MIN_LEASE};
+
+/// A provider over an in-process store: the reference implementation of the dlock contract.
+///
+/// Cloning is cheap; the clone reaches the same store over the same link (see
+/// [`set_partitioned`](Self::set_partitioned)). See the crate docs for the hooks.
+#[derive(Debug, Clone)]
+pub struct MemoryProvider {
+    store: Arc<Store>,
+    store_id: Arc<str>,
+    link: Arc<Link>,
+}
+
+impl Default for MemoryProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryProvider {
+    /// A provider over a fresh private store.
+    pub fn new() -> Self {
+        let store = Arc::new(Store::default());
+        let id = format!("memory://#{:p}", Arc::as_ptr(&store));
+        Self::over(store, id)
+    }
+
+    /// A provider over the process-wide store called `name`: every provider with the same name
+    /// shares holds, waiters and fencing counters, like clients of one server.
+    pub fn named(name: &str) -> Self {
+        Self::over(config::named(name), format!("memory://{name}"))
+    }
+
+    fn over(store: Arc<Store>, store_id: String) -> Self {
+        Self {
+            store,
+            store_id: store_id.into(),
+            link: Arc::default(),
+        }
+    }
+
+    /// A provider for a `memory://` (private store) or `memory://NAME` (shared store) URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`](dlock_core::Error::Config) for any other URL.
+    pub fn connect(url: &str) -> Result<Self> {
+        Ok(match config::parse(url)? {
+            None => Self::new(),
+            Some(name) => Self::named(&name),
+        })
+    }
+
+    fn info(&self, name: &str, options: LockOptions) -> Result<HandleInfo> {
+        let name = LockName::new(name)?;
+        self.capabilities().check(&options)?;
+        Ok(HandleInfo::new(
+            BACKEND,
+            Arc::clone(&self.store_id),
+            name,
+            options,
+        ))
+    }
+
+    // ---- hooks for tests ----
+
+    /// Expires every hold on `name` now (all primitives): their guards report the loss
+    /// ([`LossReason::Forced`](dlock_core::LossReason::Forced)) and the waiters may proceed.
+    /// Returns how many holds ended.
+    pub fn force_expire(&self, name: &str) -> usize {
+        self.store.force_expire(name)
+    }
+
+    /// Removes every hold on `name` (all primitives) without telling the holders, like an
+    /// operator deleting keys behind their backs: each finds out when it next talks to the
+    /// store (its next renewal, `extend` or `release`), and others may take the lock at once.
+    /// Returns how many holds went.
+    pub fn drop_holds(&self, name: &str) -> usize {
+        self.store.drop_holds(name)
+    }
+
+    /// How many holds the store has on `name` (all primitives).
+    pub fn holders(&self, name: &str) -> usize {
+        self.store.count(name).0
+    }
+
+    /// How many acquisitions are waiting on `name` (all primitives).
+    pub fn waiters(&self, name: &str) -> usize {
+        self.store.count(name).1
+    }
+
+    /// Makes every store call (acquire, release, renew) take `latency` first, like a slow
+    /// server. `Duration::ZERO` turns it off.
+    pub fn set_latency(&self, latency: Duration) {
+        self.store.set_latency(latency);
+    }
+
+    /// Makes renewals fail with a retryable connection error, so watchdog holds are lost when
+    /// their lease runs out.
+    pub fn set_fail_renewals(&self, fail: bool) {
+        self.store.set_fail_renewals(fail);
+    }
+
+    /// Makes every store call fail with a connection error, like a server that went away.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.store.set_unavailable(unavailable);
+    }
+
+    /// Cuts this provider (and its clones) off the store, like a client partitioned from its
+    /// server: its calls fail with a connection error, its waiters give up with one, and its
+    /// holds can no longer be renewed, while every other provider of the store goes on.
+    pub fn set_partitioned(&self, partitioned: bool) {
+        self.link.set_cut(partitioned);
+    }
+
+    /// Breaks one promise of the contract on purpose, for good: for showing that a test (the
+    /// conformance suite, a user's own) catches the breakage. Never use it otherwise.
+    #[cfg(feature = "sabotage")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sabotage")))]
+    pub fn sabotage(&self, sabotage: crate::Sabotage) {
+        self.store.sabotage(sabotage);
+    }
+}
+
+#[async_trait]
+impl LockProvider for MemoryProvider {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::all(BACKEND);
+        caps.min_lease = MIN_LEASE;
+        caps
+    }
+
+    fn store_id(&self) -> &str {
+        &self.store_id
+    }
+
+    fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock> {
+        let raw = MemoryMutex {
+            store: Arc::clone(&self.store),
+            link: Arc::clone(&self.link),
+        };
+        Ok(Arc::new(Lock::new(self.info(name, options)?, raw)))
+    }
+
+    fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock> {
+        let raw = MemoryReadWrite {
+            store: Arc::clone(&self.store),
+            link: Arc::clone(&self.link),
+            owner: self.store.next_id(),
+        };
+        Ok(Arc::new(ReadWriteLock::new(self.info(name, options)?, raw)))
+    }
+
+    fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore> {
+        self.capabilities().check_permits(permits)?;
+        let raw = MemorySemaphore {
+            store: Arc::clone(&self.store),
+            link: Arc::clone(&self.link),
+        };
+        Ok(Arc::new(Semaphore::new(
+            self.info(name, options)?,
+            permits,
+            raw,
+        )))
+    }
+
+    async fn describe(&self, name: &str) -> Result<LockStatus> {
+        let name = LockName::new(name)?;
+        self.store.reachable(&self.link)?;
+        Ok(self.store.describe(name.as_str()))
+    }
+}

@@ -1,0 +1,340 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(
+    not(test),
+    deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
+)]
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+/// What the proxy does to the traffic it forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Forward everything as it comes.
+    #[default]
+    None,
+    /// Delay every chunk, both ways.
+    Latency(Duration),
+    /// Move nothing either way; connections stay open and bytes wait (a partition).
+    Partition,
+    /// Move nothing from the client to the server (one-way partition).
+    Upstream,
+    /// Move nothing from the server to the client (one-way partition).
+    Downstream,
+    /// Delay the server's replies only.
+    DelayReplies(Duration),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Up,
+    Down,
+}
+
+impl Fault {
+    /// Whether bytes going `dir` must wait.
+    fn stalls(self, dir: Direction) -> bool {
+        matches!(
+            (self, dir),
+            (Self::Partition, _)
+                | (Self::Upstream, Direction::Up)
+                | (Self::Downstream, Direction::Down)
+        )
+    }
+
+    fn delay(self, dir: Direction) -> Duration {
+        match (self, dir) {
+            (Self::Latency(d), _) | (Self::DelayReplies(d), Direction::Down) => d,
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+struct Shared {
+    fault: watch::Sender<Fault>,
+    /// Cancelled (and replaced) by [`Proxy::reset`]: every connection opened before ends.
+    reset: std::sync::Mutex<CancellationToken>,
+    open: AtomicUsize,
+    accepted: AtomicUsize,
+}
+
+/// A fault-injecting TCP proxy in front of one server. See the crate docs.
+pub struct Proxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    _accept: AbortOnDropHandle<()>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("addr", &self.addr)
+            .field("upstream", &self.upstream)
+            .field("fault", &self.fault())
+            .finish()
+    }
+}
+
+impl Proxy {
+    /// Starts a proxy on an ephemeral loopback port in front of `upstream`. Needs a tokio
+    /// runtime; it runs until dropped.
+    ///
+    /// # Errors
+    ///
+    /// When `upstream` does not resolve or the local port cannot be bound.
+    pub async fn start(upstream: impl ToSocketAddrs) -> io::Result<Self> {
+        let upstream = tokio::net::lookup_host(upstream)
+            .await?
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no upstream address"))?;
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let (fault, _) = watch::channel(Fault::None);
+        let shared = Arc::new(Shared {
+            fault,
+            reset: std::sync::Mutex::new(CancellationToken::new()),
+            open: AtomicUsize::new(0),
+            accepted: AtomicUsize::new(0),
+        });
+        let stop = CancellationToken::new();
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            upstream,
+            Arc::clone(&shared),
+            stop.clone(),
+        ));
+        Ok(Self {
+            addr,
+            upstream,
+            shared,
+            _accept: AbortOnDropHandle::new(accept),
+            stop,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server behind the proxy.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// The fault in force.
+    pub fn fault(&self) -> Fault {
+        *self.shared.fault.borrow()
+    }
+
+    /// Puts `fault` in force for every connection, open or new.
+    pub fn set_fault(&self, fault: Fault) {
+        self.shared.fault.send_replace(fault);
+        tracing::debug!(proxy = %self.addr, ?fault, "dlock-proxy fault");
+    }
+
+    /// Closes every connection open now (new ones are accepted as usual).
+    pub fn reset(&self) {
+        let mut reset = self
+            .shared
+            .reset
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        reset.cancel();
+        *reset = CancellationToken::new();
+    }
+
+    /// Connections open right now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.open.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted_connections(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((client, _)) = accepted else { continue };
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
+        let reset = shared
+            .reset
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let shared = Arc::clone(&shared);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            shared.open.fetch_add(1, Ordering::SeqCst);
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = reset.cancelled() => {}
+                () = connection(client, upstream, &shared) => {}
+            }
+            shared.open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+async fn connection(client: TcpStream, upstream: SocketAddr, shared: &Shared) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::select! {
+        () = pump(client_read, server_write, shared.fault.subscribe(), Direction::Up) => {}
+        () = pump(server_read, client_write, shared.fault.subscribe(), Direction::Down) => {}
+    }
+}
+
+/// Copies `from` to `to`, applying the fault in force to each chunk.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut fault: watch::Receiver<Fault>,
+    dir: Direction,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // A stalled direction does not even read: its bytes wait in the sockets.
+        if fault.wait_for(|f| !f.stalls(dir)).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let delay = fault.borrow().delay(dir);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        // Bytes read before a stall began are held back until it ends.
+        if fault.wait_for(|f| !f.stalls(dir)).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An echo server on an ephemeral port.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+        s.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(limit, s.read_exact(&mut buf))
+            .await
+            .ok()
+            .map(|r| {
+                r.unwrap();
+                buf.to_vec()
+            })
+    }
+
+    #[tokio::test]
+    async fn forwards_stalls_heals_and_resets() {
+        let proxy = Proxy::start(echo().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let long = Duration::from_secs(5);
+        assert_eq!(
+            round_trip(&mut s, long).await.as_deref(),
+            Some(&b"ping"[..])
+        );
+
+        proxy.set_fault(Fault::Partition);
+        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await, None);
+        proxy.set_fault(Fault::None);
+        // The stalled ping arrives once healed, as TCP would retransmit it.
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(long, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"ping");
+
+        proxy.set_fault(Fault::Downstream);
+        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await, None);
+        proxy.set_fault(Fault::None);
+        tokio::time::timeout(long, s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+
+        proxy.set_fault(Fault::DelayReplies(Duration::from_millis(300)));
+        let started = tokio::time::Instant::now();
+        assert!(round_trip(&mut s, long).await.is_some());
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        proxy.set_fault(Fault::None);
+
+        assert_eq!(proxy.open_connections(), 1);
+        proxy.reset();
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(long, s.read(&mut buf)).await.unwrap();
+        assert!(matches!(n, Ok(0) | Err(_)), "a reset connection ends");
+        let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert!(round_trip(&mut again, long).await.is_some());
+        assert_eq!(proxy.accepted_connections(), 2);
+    }
+}
