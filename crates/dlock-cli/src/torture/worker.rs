@@ -133,10 +133,10 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
             });
             guards.push((holds, name, kind, guard, token));
         }
-        critical_section(&opts, &mut rng, &mut resource, &guards).await;
+        let end = critical_section(&opts, &mut rng, &mut resource, &guards).await;
         for (hold, ..) in &guards {
             emit(&WorkerEvent::Exit {
-                t: now_ns(),
+                t: end,
                 hold: *hold,
             });
         }
@@ -227,17 +227,21 @@ async fn acquire(
 
 /// Works while holding: half the hold, the writes to the resource, the other half; ends early
 /// (and says so) as soon as a hold is reported lost, unless the lock is sabotaged not to.
+///
+/// Returns when the critical section ended: the moment of the last check that found every hold
+/// still held, not the moment this returns. A pause between that check and the `Exit` event
+/// (a `SIGSTOP` lands anywhere) would otherwise stretch the hold past work it never did.
 async fn critical_section(
     opts: &TortureWorkerOpts,
     rng: &mut Rng,
     resource: &mut Client,
     guards: &[(u64, String, HoldKind, LockGuard, u64)],
-) {
+) -> u64 {
     let hold = opts.hold.as_millis().max(4) as u64;
     let half = Duration::from_millis((hold / 4 + rng.below(hold * 3 / 4)) / 2);
     let watch_loss = opts.sabotage != Some(Sabotage::NoLoss);
-    if watch_loss && lost_during(guards, half).await {
-        return;
+    if watch_loss && let Watched::Lost = lost_during(guards, half).await {
+        return now_ns();
     }
     if !watch_loss {
         tokio::time::sleep(half).await;
@@ -259,15 +263,26 @@ async fn critical_section(
         });
         let _ = resource.unfenced_increment(name).await;
     }
-    if watch_loss {
-        lost_during(guards, half).await;
-    } else {
+    if !watch_loss {
         tokio::time::sleep(half).await;
+        return now_ns();
+    }
+    match lost_during(guards, half).await {
+        Watched::Held { checked_at } => checked_at,
+        Watched::Lost => now_ns(),
     }
 }
 
-/// Waits `d`, or until a hold is lost (reporting every hold lost by then); true if lost.
-async fn lost_during(guards: &[(u64, String, HoldKind, LockGuard, u64)], d: Duration) -> bool {
+/// What [`lost_during`] saw.
+enum Watched {
+    /// Every hold was still held at `checked_at` (taken before the check that said so).
+    Held { checked_at: u64 },
+    /// A hold was lost, and reported.
+    Lost,
+}
+
+/// Waits `d`, or until a hold is lost (reporting every hold lost by then).
+async fn lost_during(guards: &[(u64, String, HoldKind, LockGuard, u64)], d: Duration) -> Watched {
     let losses: Vec<_> = guards.iter().map(|g| Box::pin(g.3.lost())).collect();
     // A loss wins over the timer when both are due (after a pause, say).
     let lost = tokio::select! {
@@ -276,12 +291,14 @@ async fn lost_during(guards: &[(u64, String, HoldKind, LockGuard, u64)], d: Dura
         () = tokio::time::sleep(d) => false,
     };
     // Looks again, as a careful holder does before it trusts what it did: the lease may have
-    // ended while the process was stopped, before any timer could fire.
-    let lost = lost || guards.iter().any(|g| !g.3.is_held());
-    if lost {
+    // ended while the process was stopped, before any timer could fire. The time is taken
+    // first, so "held at `checked_at`" is what the check proves.
+    let checked_at = now_ns();
+    if lost || guards.iter().any(|g| !g.3.is_held()) {
         report_losses(guards);
+        return Watched::Lost;
     }
-    lost
+    Watched::Held { checked_at }
 }
 
 fn report_losses(guards: &[(u64, String, HoldKind, LockGuard, u64)]) {
