@@ -106,6 +106,74 @@ fn default_port(scheme: &str) -> Option<u16> {
     }
 }
 
+/// Parses a comma-separated list of `host[:port]` (a `[v6]` host in brackets), as in
+/// `zk://a:2181,b:2181` or the Sentinels of a `redis+sentinel://` URL: each entry becomes
+/// `host:port`, with `default_port` where none is given. Shared by the backends whose URLs
+/// name several servers.
+///
+/// ```
+/// use dlock_core::backend::parse_host_list;
+/// assert_eq!(
+///     parse_host_list("a:1,[::1],b", 26379).unwrap(),
+///     ["a:1", "[::1]:26379", "b:26379"]
+/// );
+/// assert!(parse_host_list("a:1,,b", 26379).is_err());
+/// ```
+///
+/// # Errors
+///
+/// A message naming the bad entry: an empty list or entry, an unclosed `[`, a character
+/// that has no place in a host, a port that is not `1..=65535`.
+pub fn parse_host_list(list: &str, default_port: u16) -> std::result::Result<Vec<String>, String> {
+    if list.is_empty() {
+        return Err("no host".into());
+    }
+    list.split(',')
+        .map(|h| parse_host(h, default_port))
+        .collect()
+}
+
+fn parse_host(host: &str, default_port: u16) -> std::result::Result<String, String> {
+    if host.is_empty() {
+        return Err("empty host in the host list".into());
+    }
+    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
+        let Some(end) = v6.find(']') else {
+            return Err(format!("unclosed [ in host {host:?}"));
+        };
+        let after = &v6[end + 1..];
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err(format!("junk after ] in host {host:?}")),
+        };
+        (&host[..end + 2], port)
+    } else {
+        match host.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host, None),
+        }
+    };
+    if name.is_empty() || name == "[]" {
+        return Err(format!("empty host name in {host:?}"));
+    }
+    if name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || "/?#@%".contains(c))
+    {
+        return Err(format!("bad character in host {host:?}"));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("bad port {p:?} in host {host:?}"))?,
+    };
+    Ok(format!("{name}:{port}"))
+}
+
 /// Redacts the password of anything that looks like `scheme://user:password@host`, even text
 /// that does not parse as a URL, for error messages about malformed input.
 pub fn redact(text: &str) -> String {

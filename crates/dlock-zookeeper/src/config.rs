@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use dlock_core::backend::parse_host_list;
 use dlock_core::{Error, Result, redact};
 
 use crate::nodes;
@@ -102,10 +103,7 @@ impl ZkConfig {
         if hostlist.is_empty() {
             return Err(bad("a zk URL needs at least one host"));
         }
-        let mut hosts = Vec::new();
-        for host in hostlist.split(',') {
-            hosts.push(parse_host(host).map_err(|why| bad(&why))?);
-        }
+        let hosts = parse_host_list(hostlist, DEFAULT_PORT).map_err(|why| bad(&why))?;
         let chroot = parse_chroot(path).map_err(|why| bad(&why))?;
         let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
         let mut connection_timeout = None;
@@ -204,47 +202,6 @@ impl fmt::Debug for ZkConfig {
             .field("connection_timeout", &self.connection_timeout)
             .finish()
     }
-}
-
-fn parse_host(host: &str) -> std::result::Result<String, String> {
-    if host.is_empty() {
-        return Err("empty host in the host list".into());
-    }
-    let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-        let Some(end) = v6.find(']') else {
-            return Err(format!("unclosed [ in host {host:?}"));
-        };
-        let after = &v6[end + 1..];
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p),
-            None if after.is_empty() => None,
-            None => return Err(format!("junk after ] in host {host:?}")),
-        };
-        (&host[..end + 2], port)
-    } else {
-        match host.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (host, None),
-        }
-    };
-    if name.is_empty() || name == "[]" {
-        return Err(format!("empty host name in {host:?}"));
-    }
-    if name
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || "/?#@%".contains(c))
-    {
-        return Err(format!("bad character in host {host:?}"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("bad port {p:?} in host {host:?}"))?,
-    };
-    Ok(format!("{name}:{port}"))
 }
 
 fn parse_chroot(path: &str) -> std::result::Result<String, String> {
