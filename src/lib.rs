@@ -97,6 +97,8 @@ pub const SCHEMES: &[&str] = &[
     "redis",
     #[cfg(feature = "redis")]
     "rediss",
+    #[cfg(feature = "redis")]
+    "redis+sentinel",
     #[cfg(feature = "zookeeper")]
     "zk",
     #[cfg(feature = "mysql")]
@@ -112,6 +114,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("memory", "memory"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+sentinel", "redis"),
     ("zk", "zookeeper"),
     ("mysql", "mysql"),
     ("mariadb", "mysql"),
@@ -173,7 +176,9 @@ pub async fn connect(url: &str) -> Result<Locks> {
         #[cfg(feature = "memory")]
         "memory" => Arc::new(dlock_memory::MemoryProvider::connect(url)?),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Arc::new(dlock_redis::RedisProvider::connect(url).await?),
+        "redis" | "rediss" | "redis+sentinel" => {
+            Arc::new(dlock_redis::RedisProvider::connect(url).await?)
+        }
         #[cfg(feature = "zookeeper")]
         "zk" => Arc::new(dlock_zookeeper::ZkProvider::connect(url).await?),
         #[cfg(feature = "mysql")]

@@ -2,6 +2,7 @@
 //! the wait between attempts, and the hold it becomes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dlock_core::backend::{Backoff, Deadline, Hold, HoldSignal, NewHold};
@@ -50,6 +51,8 @@ pub(crate) struct Acquisition {
     pub(crate) field: String,
     pub(crate) kind: Kind,
     pub(crate) lease: Lease,
+    /// Replicas that acknowledged the last acquire script (`?wait_replicas=N` only).
+    pub(crate) acked: AtomicU32,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -124,6 +127,29 @@ impl Acquisition {
         self.inner.conn.script(what, &invocation).await
     }
 
+    /// Runs one acquire script; with `?wait_replicas=N`, in one pipeline with `WAIT`, and
+    /// keeps how many replicas acknowledged it for [`confirm`](Self::confirm).
+    async fn run_attempt(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<Value> {
+        let want = self.inner.wait_replicas;
+        if want == 0 {
+            return self.run(what, script, keys, args).await;
+        }
+        self.acked.store(0, Ordering::SeqCst);
+        let (reply, acked) = self
+            .inner
+            .conn
+            .script_then_wait(what, script, keys, args, want, self.inner.wait_timeout)
+            .await?;
+        self.acked.store(acked, Ordering::SeqCst);
+        Ok(reply)
+    }
+
     /// One try; `queue` lets a fair waiter take its place in the queue.
     async fn attempt(&self, queue: bool) -> Result<Attempt> {
         let k = &self.keys;
@@ -131,7 +157,7 @@ impl Acquisition {
         let field = self.field.as_bytes();
         let reply = match &self.kind {
             Kind::Mutex => {
-                self.run(
+                self.run_attempt(
                     "acquire",
                     &scripts::LOCK,
                     &[&k.name, &k.token],
@@ -147,7 +173,7 @@ impl Acquisition {
                 };
                 let wait = ms(self.inner.fair_wait).to_string();
                 // ARGV[4] (now) is set by the script from the server's clock.
-                self.run(
+                self.run_attempt(
                     "acquire",
                     script,
                     &[&k.name, &k.queue, &k.timeouts, &k.token],
@@ -158,7 +184,7 @@ impl Acquisition {
             Kind::Read { downgrade } => {
                 let timeouts = k.read_timeouts(&self.field);
                 let write = downgrade.as_deref().unwrap_or("");
-                self.run(
+                self.run_attempt(
                     "read",
                     &scripts::READ_LOCK,
                     &[&k.name, &timeouts, &k.token],
@@ -167,7 +193,7 @@ impl Acquisition {
                 .await?
             }
             Kind::Write => {
-                self.run(
+                self.run_attempt(
                     "write",
                     &scripts::WRITE_LOCK,
                     &[&k.name, &k.token],
@@ -178,7 +204,7 @@ impl Acquisition {
             Kind::Permit { permits, id } => {
                 // The expiry and now (ARGV 2 and 3) come from the server's clock.
                 let permits = permits.to_string();
-                self.run(
+                self.run_attempt(
                     "acquire permit",
                     &scripts::SEM_ACQUIRE,
                     &[
@@ -431,36 +457,27 @@ impl Acquisition {
     }
 
     /// Turns a grant into a guard once it is safe from a failover: with `?wait_replicas=N`,
-    /// once N replicas acknowledged it (`WAIT`). If fewer do in time, the grant is given back
-    /// (the undo stays armed until then) and the acquire fails with a retryable error, so no
-    /// guard carries a grant that a failover could hand to someone else with the same token.
+    /// once N replicas acknowledged it (the `WAIT` sent in one pipeline with the granting
+    /// script). If fewer did in time, the grant is given back (the undo stays armed until
+    /// then) and the acquire fails with a retryable error, so no guard carries a grant that a
+    /// failover could hand to someone else with the same token.
     async fn confirm(&self, undo: Undo, token: u64, sent: Instant) -> Result<Option<LockGuard>> {
         let want = self.inner.wait_replicas;
-        if want == 0 {
+        let got = self.acked.swap(0, Ordering::SeqCst);
+        if want == 0 || got >= want {
             return Ok(Some(undo.grant(token, sent)));
         }
-        let timeout = self.inner.wait_timeout;
-        let acked = self.inner.conn.wait_replicas(want, timeout).await;
-        match acked {
-            Ok(got) if got >= want => Ok(Some(undo.grant(token, sent))),
-            Ok(got) => {
-                undo.give_back().await;
-                Err(Error::Backend {
-                    backend: BACKEND,
-                    message: format!(
-                        "only {got} of {want} replicas acknowledged the grant of {:?} within \
-                         {timeout:?}; gave it back",
-                        self.name
-                    ),
-                    retryable: true,
-                    source: None,
-                })
-            }
-            Err(e) => {
-                undo.give_back().await;
-                Err(e)
-            }
-        }
+        undo.give_back().await;
+        Err(Error::Backend {
+            backend: BACKEND,
+            message: format!(
+                "only {got} of {want} replicas acknowledged the grant of {:?} within {:?}; gave \
+                 it back",
+                self.name, self.inner.wait_timeout
+            ),
+            retryable: true,
+            source: None,
+        })
     }
 
     /// Acquires, waiting until `deadline`.

@@ -2,12 +2,17 @@
 
 use std::time::Duration;
 
+use dlock_core::backend::parse_host_list;
 use dlock_core::{Error, RedactedUrl, Result};
 
 /// How to reach Redis. Build it from a URL with [`RedisConfig::from_url`] or field by field;
 /// `Debug` and `Display` never show the password.
 ///
-/// URL: `redis[s]://[[user]:password@]host[:port][/db][?cluster=true&timeout_ms=N]`
+/// URL: `redis[s]://[[user]:password@]host[:port][/db][?cluster=true&timeout_ms=N]`, or for a
+/// master watched by Redis Sentinel,
+/// `redis+sentinel://[[user]:password@]sentinel[:port][,sentinel[:port]...]/master-name[/db][?...]`
+/// (Sentinels default to port 26379; the credentials and the database are the master's; the
+/// Sentinels themselves are asked without a password).
 ///
 /// | query parameter | meaning | default |
 /// | --- | --- | --- |
@@ -32,7 +37,28 @@ pub struct RedisConfig {
     /// an equal or lower fencing token to someone else. `0` (the default) does not wait.
     /// Single server only (a replica set behind one master); refused for a cluster.
     pub wait_replicas: u32,
+    /// The Sentinels to ask for the master, from a `redis+sentinel://` URL; `None` for a
+    /// plain server or a cluster.
+    pub sentinel: Option<SentinelConfig>,
 }
+
+/// Where a master watched by Redis Sentinel is found: the Sentinels and the master's name.
+///
+/// dlock asks the Sentinels for the master's address when it connects, and again whenever
+/// the master stops answering or answers as a replica (after a failover); every hold of the
+/// provider is then checked on the new master and the ones that did not survive are
+/// reported lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SentinelConfig {
+    /// The Sentinels, as `host:port`, asked in order.
+    pub sentinels: Vec<String>,
+    /// The master's name (`sentinel monitor <name> ...` in the Sentinels' configuration).
+    pub master: String,
+}
+
+/// The port Sentinels listen on unless the URL says otherwise.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 impl RedisConfig {
     /// Parses a `redis://` or `rediss://` URL.
@@ -42,10 +68,11 @@ impl RedisConfig {
     /// [`Error::Config`] for another scheme, a missing host, or a bad or unknown query
     /// parameter. The message never contains the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parsed = RedactedUrl::parse(url)?;
+        let (url, sentinel) = split_sentinel(url)?;
+        let parsed = RedactedUrl::parse(&url)?;
         if !crate::SCHEMES.contains(&parsed.scheme()) {
             return Err(Error::config(format!(
-                "the redis backend takes redis:// or rediss:// URLs, not {}://",
+                "the redis backend takes redis://, rediss:// or redis+sentinel:// URLs, not {}://",
                 parsed.scheme()
             )));
         }
@@ -101,12 +128,18 @@ impl RedisConfig {
             response_timeout,
             fair_wait,
             wait_replicas,
+            sentinel,
         }
         .checked()
     }
 
     /// Refuses combinations dlock cannot keep.
     pub(crate) fn checked(self) -> Result<Self> {
+        if self.cluster && self.sentinel.is_some() {
+            return Err(Error::config(
+                "cluster=true and a redis+sentinel:// URL: a Redis Cluster has no Sentinels",
+            ));
+        }
         if self.cluster && self.wait_replicas > 0 {
             return Err(Error::config(
                 "wait_replicas is not supported on a Redis Cluster yet (WAIT must reach each \
@@ -140,10 +173,88 @@ impl RedisConfig {
         self
     }
 
-    /// The store id: the URL without credentials or query.
+    /// The store id: the URL without credentials or query; for Sentinel, the Sentinels and
+    /// the master's name (whichever server is master now).
     pub(crate) fn store_id(&self) -> String {
-        self.url.store_id()
+        match &self.sentinel {
+            None => self.url.store_id(),
+            Some(s) => {
+                let db = self.url.expose().path().trim_matches('/');
+                let db = if db.is_empty() || db == "0" {
+                    String::new()
+                } else {
+                    format!("/{db}")
+                };
+                format!(
+                    "redis+sentinel://{}/{}{db}",
+                    s.sentinels.join(",").to_ascii_lowercase(),
+                    s.master
+                )
+            }
+        }
     }
+}
+
+/// Splits a `redis+sentinel://` URL into a plain `redis://` URL of the first Sentinel (with
+/// the master's credentials, database and the query, so they parse as for any server) and the
+/// Sentinel part; other URLs pass through.
+fn split_sentinel(url: &str) -> Result<(String, Option<SentinelConfig>)> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok((url.to_owned(), None));
+    };
+    match scheme {
+        "redis+sentinel" => {}
+        "rediss+sentinel" => {
+            return Err(Error::config(
+                "rediss+sentinel://: TLS with Sentinel is not supported yet; use                  redis+sentinel:// on a trusted network, or rediss:// to one server",
+            ));
+        }
+        _ => return Ok((url.to_owned(), None)),
+    }
+    let bad = |why: &str| {
+        Error::config(format!(
+            "{}: {why}; expected redis+sentinel://[user:password@]host[:port][,host[:port]...]\
+             /master-name[/db]",
+            dlock_core::redact(url)
+        ))
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => (&authority[..=i], &authority[i + 1..]),
+        None => ("", authority),
+    };
+    let sentinels = parse_host_list(hosts, DEFAULT_SENTINEL_PORT).map_err(|why| bad(&why))?;
+    let mut segments = path.trim_start_matches('/').splitn(2, '/');
+    let master = segments.next().unwrap_or_default();
+    if master.is_empty() {
+        return Err(bad("the master's name is missing"));
+    }
+    if master.contains('%') || master.chars().any(char::is_whitespace) {
+        return Err(bad(
+            "the master's name must be plain (no spaces or %-escapes)",
+        ));
+    }
+    let db = segments.next().unwrap_or_default();
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(bad(&format!("database {db:?} is not a number")));
+    }
+    let first = sentinels.first().map_or("", String::as_str);
+    let mut plain = format!("redis://{userinfo}{first}/{db}");
+    if let Some(q) = query {
+        plain.push('?');
+        plain.push_str(q);
+    }
+    Ok((
+        plain,
+        Some(SentinelConfig {
+            sentinels,
+            master: master.to_owned(),
+        }),
+    ))
 }
 
 fn positive_ms(key: &str, value: &str) -> Result<Duration> {
@@ -168,6 +279,50 @@ mod tests {
         assert_eq!(c.url.expose().as_str(), "redis://:pw@127.0.0.1:7000/0");
         assert_eq!(c.store_id(), "redis://127.0.0.1:7000/0");
         assert!(!format!("{c:?}").contains("pw@"));
+    }
+
+    #[test]
+    fn parses_sentinel_urls() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://:pw@127.0.0.1:26390,Host-B,[::1]:26392/mymaster/2?timeout_ms=300",
+        )
+        .unwrap();
+        let s = c.sentinel.as_ref().unwrap();
+        assert_eq!(
+            s.sentinels,
+            ["127.0.0.1:26390", "Host-B:26379", "[::1]:26392"]
+        );
+        assert_eq!(s.master, "mymaster");
+        assert_eq!(c.response_timeout, Duration::from_millis(300));
+        assert_eq!(c.url.expose().password(), Some("pw"));
+        assert_eq!(c.url.expose().path(), "/2");
+        assert_eq!(
+            c.store_id(),
+            "redis+sentinel://127.0.0.1:26390,host-b:26379,[::1]:26392/mymaster/2"
+        );
+        assert!(!format!("{c:?}").contains("pw@"));
+        let c = RedisConfig::from_url("redis+sentinel://h/m").unwrap();
+        assert_eq!(c.store_id(), "redis+sentinel://h:26379/m");
+    }
+
+    #[test]
+    fn rejects_bad_sentinel_urls_without_leaking_the_password() {
+        for bad in [
+            "redis+sentinel://:secret@h1,h2",
+            "redis+sentinel://:secret@h1,h2/",
+            "redis+sentinel://:secret@h1,,h2/m",
+            "redis+sentinel://:secret@h1:0/m",
+            "redis+sentinel://:secret@h1/m/x",
+            "redis+sentinel://:secret@h1/m a",
+            "redis+sentinel://:secret@/m",
+            "redis+sentinel://:secret@h1/m?cluster=true",
+            "redis+sentinel://:secret@h1/m?sentinel=x",
+            "rediss+sentinel://:secret@h1/m",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
+            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -2,24 +2,30 @@
 //! and one RESP3 connection for subscriptions. Both reconnect by themselves.
 
 use std::fmt;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use dlock_core::Result;
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    Client, FromRedisValue, IntoConnectionInfo, ProtocolVersion, ScriptInvocation, ToRedisArgs,
+    Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
+    PushInfo, PushKind, RedisError, Script, ScriptInvocation, ServerErrorKind, ToRedisArgs, Value,
 };
+use tokio::time::Instant;
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, SentinelConfig};
 use crate::error::from_redis;
 
-/// One connection, to a single server or to a cluster.
+/// One connection, to a single server, to a cluster, or to the master Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<Sentinelled>),
 }
 
 impl fmt::Debug for Conn {
@@ -27,7 +33,188 @@ impl fmt::Debug for Conn {
         f.write_str(match self {
             Self::Single(_) => "Conn::Single",
             Self::Cluster(_) => "Conn::Cluster",
+            Self::Sentinel(_) => "Conn::Sentinel",
         })
+    }
+}
+
+/// Runs one command on whichever connection `conn` is: `$single` with `$c` bound to a single
+/// server's connection manager (for Sentinel, the current master's, relocated after an error
+/// that says the master may have moved), `$cluster` with `$c` bound to the cluster connection.
+macro_rules! on_conn {
+    ($conn:expr, |$c:ident| $single:expr, |$cc:ident| $cluster:expr) => {
+        match $conn.clone() {
+            Conn::Single(mut $c) => $single,
+            Conn::Cluster(mut $cc) => $cluster,
+            Conn::Sentinel(s) => {
+                let (generation, mut $c) = s.current();
+                let result = $single;
+                if let Err(e) = &result {
+                    s.after_error(e, generation).await;
+                }
+                result
+            }
+        }
+    };
+}
+
+/// The connection to a master found through Redis Sentinel. redis-rs's connection manager
+/// reconnects to one fixed address; after a failover that address is a replica or gone, so
+/// on an error that says so the Sentinels are asked again and, if the master moved, a new
+/// manager to the new master replaces the old one.
+pub(crate) struct Sentinelled {
+    resolver: tokio::sync::Mutex<Resolver>,
+    /// The current master's manager, and how many times the master moved.
+    current: std::sync::Mutex<(u64, ConnectionManager)>,
+    manager: ConnectionManagerConfig,
+    timeout: Duration,
+    /// Told when the master moved (the subscription connection: its waiters re-subscribe and
+    /// the provider checks its holds, as after any disconnection).
+    on_move: Option<Arc<dyn AsyncPushSender>>,
+}
+
+struct Resolver {
+    client: SentinelClient,
+    /// The master's address, as the Sentinels last gave it.
+    master: String,
+    /// When the Sentinels were last asked (asked at most every [`RELOOKUP`]).
+    asked: Instant,
+}
+
+/// The shortest time between two lookups of the master.
+const RELOOKUP: Duration = Duration::from_millis(100);
+
+impl Sentinelled {
+    async fn connect(
+        config: &RedisConfig,
+        sentinel: &SentinelConfig,
+        tcp: TcpSettings,
+        manager: ConnectionManagerConfig,
+        push: Option<Arc<dyn AsyncPushSender>>,
+    ) -> Result<Self> {
+        let what = format!("connect to {}", config.store_id());
+        let err = |e| from_redis(&what, e);
+        let mut addrs = Vec::new();
+        for s in &sentinel.sentinels {
+            // `host:port` from parse_host_list; a [v6] host keeps its brackets.
+            let (host, port) = s.rsplit_once(':').unwrap_or((s.as_str(), "26379"));
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            addrs.push(ConnectionAddr::Tcp(
+                host.to_owned(),
+                port.parse().unwrap_or(crate::config::DEFAULT_SENTINEL_PORT),
+            ));
+        }
+        let info = config
+            .url
+            .expose()
+            .clone()
+            .into_connection_info()
+            .map_err(err)?;
+        let redis = info.redis_settings();
+        let mut builder =
+            SentinelClientBuilder::new(addrs, &sentinel.master, SentinelServerType::Master)
+                .map_err(err)?
+                .set_client_to_redis_db(redis.db())
+                .set_client_to_redis_tcp_settings(tcp.clone())
+                .set_client_to_sentinel_tcp_settings(tcp);
+        if let Some(user) = redis.username() {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = redis.password() {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if push.is_some() {
+            builder = builder.set_client_to_redis_protocol(ProtocolVersion::RESP3);
+        }
+        let mut client = builder.build().map_err(err)?;
+        let timeout = config.response_timeout;
+        let found = tokio::time::timeout(timeout.saturating_mul(2), client.async_get_client())
+            .await
+            .map_err(|_| {
+                dlock_core::Error::connection(
+                    crate::BACKEND,
+                    format!("{what}: no Sentinel named the master within {timeout:?}"),
+                    std::io::Error::from(std::io::ErrorKind::TimedOut),
+                )
+            })?
+            .map_err(err)?;
+        let master = found.get_connection_info().addr().to_string();
+        let conn = found
+            .get_connection_manager_with_config(manager.clone())
+            .await
+            .map_err(err)?;
+        Ok(Self {
+            resolver: tokio::sync::Mutex::new(Resolver {
+                client,
+                master,
+                asked: Instant::now(),
+            }),
+            current: std::sync::Mutex::new((0, conn)),
+            manager,
+            timeout,
+            on_move: push,
+        })
+    }
+
+    fn current(&self) -> (u64, ConnectionManager) {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// After a failed command: if the error says the master may have moved (the connection
+    /// failed, or the server is now a replica), asks the Sentinels, within the response
+    /// timeout. The command itself is not retried here; its caller decides.
+    async fn after_error(&self, e: &RedisError, generation: u64) {
+        let moved = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if moved {
+            let _ = tokio::time::timeout(self.timeout, self.relocate(generation)).await;
+        }
+    }
+
+    /// Asks the Sentinels where the master is; if it moved since `generation`, switches to
+    /// it. Cancel safe: the switch is one assignment, after the new manager is connected.
+    async fn relocate(&self, generation: u64) {
+        let mut resolver = self.resolver.lock().await;
+        if self.current().0 != generation || resolver.asked.elapsed() < RELOOKUP {
+            return;
+        }
+        resolver.asked = Instant::now();
+        let client = match resolver.client.async_get_client().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "redis sentinel: no master named");
+                return;
+            }
+        };
+        let master = client.get_connection_info().addr().to_string();
+        if master == resolver.master {
+            return;
+        }
+        let conn = match client
+            .get_connection_manager_with_config(self.manager.clone())
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(%master, error = %e, "redis sentinel: new master not reachable");
+                return;
+            }
+        };
+        tracing::warn!(from = %resolver.master, to = %master, "redis sentinel: the master moved");
+        resolver.master = master;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = (generation + 1, conn);
+        if let Some(tell) = &self.on_move {
+            let _ = tell.send(PushInfo {
+                kind: PushKind::Disconnection,
+                data: Vec::new(),
+            });
+        }
     }
 }
 
@@ -63,6 +250,23 @@ impl Conn {
                 .clone()
                 .set_protocol(ProtocolVersion::RESP3);
             info = info.set_redis_settings(redis);
+        }
+        if let Some(sentinel) = &config.sentinel {
+            let mut manager = ConnectionManagerConfig::new()
+                .set_response_timeout(Some(config.response_timeout))
+                .set_connection_timeout(Some(config.response_timeout))
+                .set_number_of_retries(2);
+            let push: Option<Arc<dyn AsyncPushSender>> = match push {
+                Some(push) => {
+                    manager = manager
+                        .set_push_sender(push.clone())
+                        .set_automatic_resubscription();
+                    Some(Arc::new(push))
+                }
+                None => None,
+            };
+            let conn = Sentinelled::connect(config, sentinel, tcp, manager, push).await?;
+            return Ok(Self::Sentinel(Arc::new(conn)));
         }
         if config.cluster {
             let mut builder = ClusterClientBuilder::new(vec![info])
@@ -104,10 +308,9 @@ impl Conn {
         what: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T> {
-        let result = match self.clone() {
-            Self::Single(mut c) => invocation.invoke_async(&mut c).await,
-            Self::Cluster(mut c) => invocation.invoke_async(&mut c).await,
-        };
+        let result = on_conn!(self, |c| invocation.invoke_async(&mut c).await, |c| {
+            invocation.invoke_async(&mut c).await
+        });
         result.map_err(|e| from_redis(what, e))
     }
 
@@ -117,52 +320,81 @@ impl Conn {
         matches!(self, Self::Cluster(_))
     }
 
-    /// `WAIT replicas timeout`: how many replicas acknowledged every write sent on this
-    /// connection so far (on a multiplexed connection, everyone's writes: a superset of ours).
-    pub(crate) async fn wait_replicas(&self, replicas: u32, timeout: Duration) -> Result<u32> {
+    /// Runs a script and `WAIT replicas timeout` in one pipeline: how many replicas
+    /// acknowledged the script's writes. One pipeline is one write on one connection, so a
+    /// reconnect (or, with Sentinel, a move to a new master) cannot fall between the two and
+    /// make `WAIT` count a fresh connection's writes (none) instead of the script's.
+    pub(crate) async fn script_then_wait(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<(Value, u32)> {
+        if self.is_cluster() {
+            return Err(dlock_core::Error::unsupported(
+                crate::BACKEND,
+                "wait_replicas on a Redis Cluster",
+            ));
+        }
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let result: redis::RedisResult<u32> = match self.clone() {
-            Self::Single(mut c) => {
-                redis::cmd("WAIT")
-                    .arg(replicas)
-                    .arg(ms)
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            evalsha.arg(*key);
+        }
+        for arg in args {
+            evalsha.arg(*arg);
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(evalsha).cmd("WAIT").arg(replicas).arg(ms);
+        let mut loaded = false;
+        loop {
+            let result: redis::RedisResult<(Value, u32)> =
+                on_conn!(self, |c| pipe.query_async(&mut c).await, |c| pipe
                     .query_async(&mut c)
-                    .await
+                    .await);
+            match result {
+                // The script did not run (the server does not know it yet): load it, once.
+                Err(e) if !loaded && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    loaded = true;
+                    let invocation = script.prepare_invoke();
+                    let load: redis::RedisResult<String> =
+                        on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
+                            invocation.load_async(&mut c).await
+                        });
+                    load.map_err(|e| from_redis(what, e))?;
+                }
+                other => return other.map_err(|e| from_redis(what, e)),
             }
-            Self::Cluster(_) => {
-                return Err(dlock_core::Error::unsupported(
-                    crate::BACKEND,
-                    "wait_replicas on a Redis Cluster",
-                ));
-            }
-        };
-        result.map_err(|e| from_redis("wait for replicas", e))
+        }
     }
 
     /// A PING on this connection.
     pub(crate) async fn ping(&self) -> Result<()> {
-        let result: redis::RedisResult<String> = match self.clone() {
-            Self::Single(mut c) => redis::cmd("PING").query_async(&mut c).await,
-            Self::Cluster(mut c) => redis::cmd("PING").query_async(&mut c).await,
-        };
+        let result: redis::RedisResult<String> = on_conn!(
+            self,
+            |c| redis::cmd("PING").query_async(&mut c).await,
+            |c| redis::cmd("PING").query_async(&mut c).await
+        );
         result.map(|_| ()).map_err(|e| from_redis("ping", e))
     }
 
     pub(crate) async fn subscribe(&self, channel: impl ToRedisArgs) -> Result<()> {
-        let result = match self.clone() {
-            Self::Single(mut c) => c.subscribe(channel).await,
-            Self::Cluster(mut c) => c.ssubscribe(channel).await,
-        };
+        let result = on_conn!(self, |c| c.subscribe(&channel).await, |c| c
+            .ssubscribe(&channel)
+            .await);
         result.map_err(|e| from_redis("subscribe", e))
     }
 
     pub(crate) async fn unsubscribe(&self, channel: impl ToRedisArgs) -> Result<()> {
-        let result = match self.clone() {
-            Self::Single(mut c) => c.unsubscribe(channel).await,
-            Self::Cluster(mut c) => c.sunsubscribe(channel).await,
-        };
+        let result = on_conn!(self, |c| c.unsubscribe(&channel).await, |c| c
+            .sunsubscribe(&channel)
+            .await);
         result.map_err(|e| from_redis("unsubscribe", e))
     }
 }

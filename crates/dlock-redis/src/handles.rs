@@ -18,6 +18,7 @@ fn acquisition(inner: &Arc<Inner>, keys: &Keys, kind: Kind, req: &Request<'_>) -
         field: inner.next_field(),
         kind,
         lease: req.options.lease,
+        acked: std::sync::atomic::AtomicU32::new(0),
     })
 }
 

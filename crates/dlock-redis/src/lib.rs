@@ -29,7 +29,7 @@ use dlock_core::{
 use tokio::time::Instant;
 
 use crate::acquire::Acquisition;
-pub use crate::config::RedisConfig;
+pub use crate::config::{DEFAULT_SENTINEL_PORT, RedisConfig, SentinelConfig};
 use crate::conn::Conn;
 use crate::handles::{RedisMutex, RedisReadWrite, RedisSemaphore};
 use crate::pubsub::Subscriptions;
@@ -52,7 +52,7 @@ pub mod raw {
 }
 
 /// The URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["redis", "rediss"];
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel"];
 
 pub(crate) const BACKEND: &str = "redis";
 

@@ -1,5 +1,6 @@
-//! The conformance suite against a real Redis server (`DLOCK_REDIS_URL`) and a real
-//! 3-master Redis Cluster (`DLOCK_REDIS_CLUSTER_URL`, from `scripts/services up`).
+//! The conformance suite against a real Redis server (`DLOCK_REDIS_URL`), a real 3-master
+//! Redis Cluster (`DLOCK_REDIS_CLUSTER_URL`) and a master with a replica behind three
+//! Sentinels (`DLOCK_REDIS_SENTINEL_URL`), all from `scripts/services up`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,14 @@ use dlock_redis::RedisProvider;
 
 struct RedisFactory {
     url: String,
-    cluster: bool,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Single,
+    Cluster,
+    Sentinel,
 }
 
 /// A plain connection for the test's own commands, to a server or a cluster.
@@ -31,19 +39,45 @@ impl Admin {
 impl RedisFactory {
     fn from_env(var: &str) -> Option<Self> {
         service_url(var).map(|url| Self {
-            cluster: url.contains("cluster=true"),
+            kind: if url.starts_with("redis+sentinel://") {
+                Kind::Sentinel
+            } else if url.contains("cluster=true") {
+                Kind::Cluster
+            } else {
+                Kind::Single
+            },
             url,
         })
     }
 
     async fn admin(&self) -> Admin {
-        if self.cluster {
-            let seed = self.url.split('?').next().unwrap();
-            let client = redis::cluster::ClusterClient::new(vec![seed]).unwrap();
-            Admin::Cluster(client.get_async_connection().await.unwrap())
-        } else {
-            let client = redis::Client::open(self.url.as_str()).unwrap();
-            Admin::Single(client.get_multiplexed_async_connection().await.unwrap())
+        match self.kind {
+            Kind::Cluster => {
+                let seed = self.url.split('?').next().unwrap();
+                let client = redis::cluster::ClusterClient::new(vec![seed]).unwrap();
+                Admin::Cluster(client.get_async_connection().await.unwrap())
+            }
+            Kind::Single => {
+                let client = redis::Client::open(self.url.as_str()).unwrap();
+                Admin::Single(client.get_multiplexed_async_connection().await.unwrap())
+            }
+            Kind::Sentinel => {
+                // redis+sentinel://host:port,host:port/master: ask the Sentinels.
+                let rest = self.url.trim_start_matches("redis+sentinel://");
+                let (hosts, master) = rest.split_once('/').unwrap();
+                let master = master.split(['/', '?']).next().unwrap();
+                let sentinels: Vec<String> =
+                    hosts.split(',').map(|h| format!("redis://{h}")).collect();
+                let mut sentinel = redis::sentinel::SentinelClient::build(
+                    sentinels,
+                    master,
+                    None,
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .unwrap();
+                let client = sentinel.async_get_client().await.unwrap();
+                Admin::Single(client.get_multiplexed_async_connection().await.unwrap())
+            }
         }
     }
 }
@@ -51,10 +85,10 @@ impl RedisFactory {
 #[async_trait]
 impl Factory for RedisFactory {
     fn label(&self) -> String {
-        if self.cluster {
-            "redis-cluster".into()
-        } else {
-            "redis".into()
+        match self.kind {
+            Kind::Single => "redis".into(),
+            Kind::Cluster => "redis-cluster".into(),
+            Kind::Sentinel => "redis-sentinel".into(),
         }
     }
 
@@ -63,8 +97,10 @@ impl Factory for RedisFactory {
     }
 
     async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
-        if self.cluster {
-            // A cluster client learns the nodes' own addresses from CLUSTER SLOTS.
+        if self.kind != Kind::Single {
+            // A cluster client learns the nodes' own addresses from CLUSTER SLOTS, a Sentinel
+            // client the master's from the Sentinels: a proxy in front of the URL's hosts
+            // would not stand between the client and its data.
             return None;
         }
         Some(
@@ -118,4 +154,9 @@ mod single {
 mod cluster {
     use super::*;
     dlock_conformance::conformance_tests!(RedisFactory::from_env("DLOCK_REDIS_CLUSTER_URL"));
+}
+
+mod sentinel {
+    use super::*;
+    dlock_conformance::conformance_tests!(RedisFactory::from_env("DLOCK_REDIS_SENTINEL_URL"));
 }

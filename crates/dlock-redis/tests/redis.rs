@@ -95,7 +95,13 @@ impl PrivateRedis {
                 "",
             ])
             .args(["--appendonly", if self.appendonly { "yes" } else { "no" }])
-            .args(["--appendfsync", "always", "--dir"])
+            .args([
+                "--appendfsync",
+                "always",
+                "--repl-diskless-sync-delay",
+                "0",
+                "--dir",
+            ])
             .arg(&self.dir)
             .args(
                 self.replica_of
@@ -859,6 +865,311 @@ async fn no_lost_wakeups_under_contention() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+// ------------------------------------------------------------------ Sentinel
+
+/// A Sentinel of our own on a free loopback port, watching `master` under `name`; killed on
+/// drop.
+struct PrivateSentinel {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateSentinel {
+    async fn start(master: &PrivateRedis, name: &str) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("dlock-sentinel-test-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A Sentinel rewrites its configuration file: it must be its own and writable.
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {} 2\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 3000\n",
+                dir.display(),
+                master.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let sentinel = Self {
+            port,
+            dir,
+            child: Some(child),
+        };
+        let url = sentinel.url();
+        eventually(
+            Duration::from_secs(10),
+            "private sentinel answers",
+            || async {
+                let mut c = redis::Client::open(url.as_str())
+                    .map_err(|e| e.to_string())?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+        sentinel
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The master's port as this Sentinel knows it.
+    async fn master_port(&self, name: &str) -> Result<u16, String> {
+        let mut c = redis::Client::open(self.url())
+            .map_err(|e| e.to_string())?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr: Vec<String> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(name)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| e.to_string())?;
+        addr.get(1)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("no master address: {addr:?}"))
+    }
+
+    /// `SENTINEL CKQUORUM`: this Sentinel sees enough peers to fail over.
+    async fn quorum(&self, name: &str) -> Result<(), String> {
+        let mut c = redis::Client::open(self.url())
+            .map_err(|e| e.to_string())?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        redis::cmd("SENTINEL")
+            .arg("CKQUORUM")
+            .arg(name)
+            .query_async::<String>(&mut c)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for PrivateSentinel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What the contenders of a failover saw, in the order they saw it.
+#[derive(Default)]
+struct Ledger {
+    /// Who is inside now: (contender, token).
+    inside: Option<(usize, u64)>,
+    /// Each grant: (contender, token, when).
+    grants: Vec<(usize, u64, Instant)>,
+    /// Holders that found their hold lost when they left: their tokens.
+    lost: std::collections::HashSet<u64>,
+    /// (older token, newer token) of every grant made while someone else was inside.
+    overlaps: Vec<(u64, u64)>,
+    /// Errors that said a retry cannot help.
+    fatal: Vec<String>,
+}
+
+/// Issue 12 item 5: a Sentinel failover during contention, with `wait_replicas=1`. A master,
+/// two replicas and three Sentinels of our own; four clients contend for one lock through
+/// `redis+sentinel://`; the master is killed (SIGKILL) and the Sentinels promote a replica.
+/// No grant is made while another holder still believes it holds, fencing tokens only rise
+/// across the failover (the token counter reached a replica before each grant was returned),
+/// every error on the way says a retry can help, and every contender gets the lock again
+/// on the new master. Before `redis+sentinel://`, no client could follow the master at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_failover_during_contention_keeps_exclusion_and_token_order() {
+    const NAME: &str = "dlockfailover";
+    const LIMIT: Duration = Duration::from_secs(30);
+    const CONTENDERS: usize = 4;
+    let Some(mut master) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let replicas = [
+        PrivateRedis::replica_of(&master).await.unwrap(),
+        PrivateRedis::replica_of(&master).await.unwrap(),
+    ];
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(PrivateSentinel::start(&master, NAME).await);
+    }
+    for s in &sentinels {
+        eventually(LIMIT, "the sentinels reach a quorum", || s.quorum(NAME)).await;
+    }
+    let mut on_master = admin(&master.url()).await;
+    eventually(LIMIT, "both replicas are online", || {
+        let mut c = on_master.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            if info.contains("connected_slaves:2") {
+                Ok(())
+            } else {
+                Err(info)
+            }
+        }
+    })
+    .await;
+    let _: () = redis::cmd("PING")
+        .query_async(&mut on_master)
+        .await
+        .unwrap();
+    let url = format!(
+        "redis+sentinel://{}/{NAME}?wait_replicas=1&timeout_ms=1000",
+        sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let name = Names::new().name("failover");
+    let ledger = Arc::new(std::sync::Mutex::new(Ledger::default()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for id in 0..CONTENDERS {
+        let p = RedisProvider::connect(&url).await.unwrap();
+        let lock = p.lock(&name, watchdog(1000)).unwrap();
+        let (ledger, stop) = (Arc::clone(&ledger), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let _client = p;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match lock.try_acquire(Duration::from_secs(2)).await {
+                    Ok(Some(g)) => {
+                        let token = g.fencing_token().get();
+                        {
+                            let mut l = ledger.lock().unwrap();
+                            if let Some((_, older)) = l.inside {
+                                l.overlaps.push((older, token));
+                            }
+                            l.inside = Some((id, token));
+                            l.grants.push((id, token, Instant::now()));
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        {
+                            let mut l = ledger.lock().unwrap();
+                            if !g.is_held() {
+                                l.lost.insert(token);
+                            }
+                            if l.inside == Some((id, token)) {
+                                l.inside = None;
+                            }
+                        }
+                        let _ = g.release().await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        if !e.is_retryable() {
+                            ledger.lock().unwrap().fatal.push(e.to_string());
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }));
+    }
+    let grants = || ledger.lock().unwrap().grants.len();
+    eventually(LIMIT, "contention before the failover", || async {
+        if grants() >= 20 {
+            Ok(())
+        } else {
+            Err(grants())
+        }
+    })
+    .await;
+
+    let old = master.port;
+    master.kill();
+    let killed = Instant::now();
+    eventually(LIMIT, "a sentinel promotes a replica", || async {
+        match sentinels[0].master_port(NAME).await {
+            Ok(p) if p != old => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let promoted = Instant::now();
+    eventually(
+        LIMIT,
+        "every contender gets the lock on the new master",
+        || async {
+            let l = ledger.lock().unwrap();
+            let after: std::collections::HashSet<usize> = l
+                .grants
+                .iter()
+                .filter(|(_, _, at)| *at > promoted)
+                .map(|(id, _, _)| *id)
+                .collect();
+            if after.len() == CONTENDERS {
+                Ok(())
+            } else {
+                Err(format!(
+                    "contenders with a grant since the failover: {after:?}"
+                ))
+            }
+        },
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        must(LIMIT, "a contender stops", t).await.unwrap();
+    }
+    let l = ledger.lock().unwrap();
+    let tokens: Vec<u64> = l.grants.iter().map(|(_, t, _)| *t).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens went backwards across the failover: {tokens:?}"
+    );
+    let unlost: Vec<_> = l
+        .overlaps
+        .iter()
+        .filter(|(older, _)| !l.lost.contains(older))
+        .collect();
+    assert!(
+        unlost.is_empty(),
+        "granted while a holder that was never told it lost was inside: {unlost:?}"
+    );
+    assert!(
+        l.fatal.is_empty(),
+        "errors a retry cannot help: {:?}",
+        l.fatal
+    );
+    eprintln!(
+        "failover: {} grants, {} overlaps (all told lost), promoted {:?} after the kill",
+        l.grants.len(),
+        l.overlaps.len(),
+        promoted - killed
+    );
+    drop(replicas);
 }
 
 // ------------------------------------------------------------------ review findings
