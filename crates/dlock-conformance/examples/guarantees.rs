@@ -78,7 +78,7 @@ const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
          during contention with `wait_replicas=1` gives no overlap with a holder that was \
          not told, and no token that goes back \
          (`a_sentinel_failover_during_contention_keeps_exclusion_and_token_order`); renewals \
-         are not waited for",
+         are waited for too",
         "a partitioned holder is lost by its lease end \
          (`renewal_outage_longer_than_the_lease_reports_loss`, single server)",
         "a stalled holder is lost at its lease end, its key expires with its PTTL \

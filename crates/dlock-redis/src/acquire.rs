@@ -150,6 +150,42 @@ impl Acquisition {
         Ok(reply)
     }
 
+    /// Runs a renewal script; with `?wait_replicas=N`, in one pipeline with `WAIT`, and fails
+    /// (retryable) unless N replicas acknowledged it: a lease the replicas have not seen
+    /// extended is not extended, so a failover cannot cut a hold shorter than its holder
+    /// believes. A holder whose replicas stay away is lost at its lease end.
+    async fn run_replicated(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<Value> {
+        let want = self.inner.wait_replicas;
+        if want == 0 {
+            return self.run(what, script, keys, args).await;
+        }
+        let timeout = self.inner.wait_timeout;
+        let (reply, acked) = self
+            .inner
+            .conn
+            .script_then_wait(what, script, keys, args, want, timeout)
+            .await?;
+        if acked < want {
+            return Err(Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{what} of {:?}: only {acked} of {want} replicas acknowledged it within \
+                     {timeout:?}",
+                    self.name
+                ),
+                retryable: true,
+                source: None,
+            });
+        }
+        Ok(reply)
+    }
+
     /// One try; `queue` lets a fair waiter take its place in the queue.
     async fn attempt(&self, queue: bool) -> Result<Attempt> {
         let k = &self.keys;
@@ -348,7 +384,7 @@ impl Acquisition {
         let field = self.field.as_bytes();
         let reply = match &self.kind {
             Kind::Mutex | Kind::Fair | Kind::Write => {
-                self.run(
+                self.run_replicated(
                     "renew",
                     &scripts::RENEW,
                     &[&k.name],
@@ -357,7 +393,7 @@ impl Acquisition {
                 .await?
             }
             Kind::Read { .. } => {
-                self.run(
+                self.run_replicated(
                     "renew read",
                     &scripts::READ_RENEW,
                     &[&k.name, &k.rw_prefix],
@@ -366,7 +402,7 @@ impl Acquisition {
                 .await?
             }
             Kind::Permit { id, .. } => {
-                self.run(
+                self.run_replicated(
                     "renew permit",
                     &scripts::SEM_RENEW,
                     &[&k.sem_timeouts],

@@ -34,7 +34,8 @@ pub struct RedisConfig {
     /// Replicas that must acknowledge a grant before `acquire` returns it (`WAIT`, within half
     /// the response timeout); if fewer do, the grant is given back and the acquire fails with
     /// a retryable error. A failover to an acknowledging replica then cannot hand the lock and
-    /// an equal or lower fencing token to someone else. `0` (the default) does not wait.
+    /// an equal or lower fencing token to someone else. Renewals must be acknowledged too, or
+    /// they do not extend the hold. `0` (the default) does not wait.
     /// Single server only (a replica set behind one master); refused for a cluster.
     pub wait_replicas: u32,
     /// The Sentinels to ask for the master, from a `redis+sentinel://` URL; `None` for a

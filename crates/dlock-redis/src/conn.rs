@@ -236,7 +236,9 @@ impl Conn {
         // data stays unacknowledged past twice the response timeout is dropped, so the
         // connection manager reconnects (review H4: a half-open connection used to be trusted
         // for good).
-        let tcp = info.tcp_settings().clone().set_keepalive(
+        // TCP_NODELAY: a multiplexed connection under concurrency must not wait for delayed
+        // ACKs (redis-rs leaves Nagle on; review L14).
+        let tcp = info.tcp_settings().clone().set_nodelay(true).set_keepalive(
             socket2::TcpKeepalive::new()
                 .with_time(std::time::Duration::from_secs(15))
                 .with_interval(std::time::Duration::from_secs(5)),

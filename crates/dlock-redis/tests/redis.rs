@@ -739,11 +739,13 @@ async fn names_that_are_bookkeeping_keys_are_refused() {
 /// Issue 12 item 6: with `?wait_replicas=1`, `acquire` returns only once the replica has the
 /// grant (WAIT); with the replica stopped (SIGSTOP), acquire fails with a retryable error and
 /// gives the grant back, for a mutex and a semaphore alike, so no guard carries a grant a
-/// failover could take back. The old code refused the parameter.
+/// failover could take back; and a renewal the replica does not acknowledge does not extend
+/// the hold. The old code refused the parameter (and then renewed without waiting).
 #[tokio::test(flavor = "multi_thread")]
 async fn wait_replicas_returns_only_replicated_grants() {
     const LIMIT: Duration = Duration::from_secs(10);
-    const ZERO: Duration = Duration::ZERO;
+    // Longer than one WAIT: the failed confirmation, not the deadline, ends the acquire.
+    const WAIT: Duration = Duration::from_secs(3);
     let Some(master) = PrivateRedis::start(false).await else {
         return;
     };
@@ -764,7 +766,9 @@ async fn wait_replicas_returns_only_replicated_grants() {
         }
     })
     .await;
-    let p = RedisProvider::connect(&format!("{}?wait_replicas=1&timeout_ms=1000", master.url()))
+    // WAIT gets half the response timeout: 1.5 s, enough for a replica on a loaded machine,
+    // and within the 2 s the core gives a call past a zero wait.
+    let p = RedisProvider::connect(&format!("{}?wait_replicas=1&timeout_ms=3000", master.url()))
         .await
         .unwrap();
     let name = Names::new().name("replicated");
@@ -789,13 +793,13 @@ async fn wait_replicas_returns_only_replicated_grants() {
     let mutex = p.lock(&name, LockOptions::default()).unwrap();
     let permits = p.semaphore(&sem, 1, LockOptions::default()).unwrap();
     let tries = [
-        must(LIMIT, "a mutex acquire fails", mutex.try_acquire(ZERO))
+        must(LIMIT, "a mutex acquire fails", mutex.try_acquire(WAIT))
             .await
             .err(),
         must(
             LIMIT,
             "a semaphore acquire fails",
-            permits.try_acquire(ZERO),
+            permits.try_acquire(WAIT),
         )
         .await
         .err(),
@@ -826,6 +830,21 @@ async fn wait_replicas_returns_only_replicated_grants() {
         .release()
         .await
         .unwrap();
+    // Renewals too: with the replica stopped, a watchdog hold is not extended past what the
+    // replica saw, so its holder is told it lost at its lease end (the old code renewed on
+    // the master alone and kept the hold for good).
+    let short = p.lock(&name, watchdog(600)).unwrap();
+    let g = must(LIMIT, "acquire with the replica up", short.acquire())
+        .await
+        .unwrap();
+    replica.signal("-STOP");
+    let told = tokio::time::timeout(LIMIT, g.lost()).await;
+    replica.signal("-CONT");
+    assert!(
+        told.is_ok(),
+        "lost() without the replica's acknowledgements"
+    );
+    assert!(!g.is_held());
     // A cluster cannot route WAIT to each key's master: refused up front.
     let e =
         dlock_redis::RedisConfig::from_url("redis://127.0.0.1:7000/?cluster=true&wait_replicas=1")
@@ -1109,6 +1128,9 @@ async fn a_sentinel_failover_during_contention_keeps_exclusion_and_token_order()
 
     let old = master.port;
     master.kill();
+    // The Sentinels keep calling the old master's port; hold it, so no other test's server
+    // that happens to get it is taken for the old master and turned into a replica.
+    let _old_port = TcpListener::bind(("127.0.0.1", old)).ok();
     let killed = Instant::now();
     eventually(LIMIT, "a sentinel promotes a replica", || async {
         match sentinels[0].master_port(NAME).await {
