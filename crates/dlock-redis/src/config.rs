@@ -41,6 +41,19 @@ pub struct RedisConfig {
     /// The Sentinels to ask for the master, from a `redis+sentinel://` URL; `None` for a
     /// plain server or a cluster.
     pub sentinel: Option<SentinelConfig>,
+    /// The application's own client, from [`RedisConfig::from_client`]: its address,
+    /// credentials and TLS settings are used instead of the URL's.
+    pub(crate) client: Option<ClientInfo>,
+}
+
+/// A client's connection settings, kept out of `Debug` (they hold the password).
+#[derive(Clone)]
+pub(crate) struct ClientInfo(pub(crate) redis::ConnectionInfo);
+
+impl std::fmt::Debug for ClientInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientInfo({})", self.0.addr())
+    }
 }
 
 /// Where a master watched by Redis Sentinel is found: the Sentinels and the master's name.
@@ -130,8 +143,53 @@ impl RedisConfig {
             fair_wait,
             wait_replicas,
             sentinel,
+            client: None,
         }
         .checked()
+    }
+
+    /// A configuration for a client the application already built: its address, database,
+    /// credentials, TLS settings (a custom CA, client certificates) and TCP settings are used
+    /// as they are, and dlock adds only what it needs (RESP3 on its subscription connection,
+    /// `TCP_NODELAY`, and keepalive when the client sets none). The other fields take their
+    /// defaults; change them with the `with_*` methods. A single server only: a cluster or a
+    /// Sentinel group is reached through its URL.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> dlock_core::Result<()> {
+    /// use dlock_redis::{RedisConfig, RedisProvider};
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/").expect("a valid URL");
+    /// let config = RedisConfig::from_client(&client)?.with_wait_replicas(1);
+    /// let redis = RedisProvider::connect_with(config).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the client's address cannot be written as a URL (the store id).
+    pub fn from_client(client: &redis::Client) -> Result<Self> {
+        let info = client.get_connection_info().clone();
+        let scheme = match info.addr() {
+            redis::ConnectionAddr::TcpTls { .. } => "rediss",
+            _ => "redis",
+        };
+        let db = info.redis_settings().db();
+        // The address without credentials: the store id and what messages show.
+        let shown = match info.addr() {
+            redis::ConnectionAddr::Unix(path) => format!("redis+unix://{}", path.display()),
+            addr => format!("{scheme}://{addr}/{db}"),
+        };
+        let url = RedactedUrl::parse(&shown)?;
+        Ok(Self {
+            url,
+            cluster: false,
+            response_timeout: Duration::from_secs(5),
+            fair_wait: crate::DEFAULT_FAIR_WAIT,
+            wait_replicas: 0,
+            sentinel: None,
+            client: Some(ClientInfo(info)),
+        })
     }
 
     /// Refuses combinations dlock cannot keep.
@@ -178,7 +236,14 @@ impl RedisConfig {
     /// the master's name (whichever server is master now).
     pub(crate) fn store_id(&self) -> String {
         match &self.sentinel {
-            None => self.url.store_id(),
+            // Database 0 is the default: `redis://h/0` and `redis://h` are one store.
+            None => {
+                let id = self.url.store_id();
+                match id.strip_suffix("/0") {
+                    Some(bare) => bare.to_owned(),
+                    None => id,
+                }
+            }
             Some(s) => {
                 let db = self.url.expose().path().trim_matches('/');
                 let db = if db.is_empty() || db == "0" {
@@ -278,7 +343,9 @@ mod tests {
         assert!(c.cluster);
         assert_eq!(c.response_timeout, Duration::from_millis(250));
         assert_eq!(c.url.expose().as_str(), "redis://:pw@127.0.0.1:7000/0");
-        assert_eq!(c.store_id(), "redis://127.0.0.1:7000/0");
+        assert_eq!(c.store_id(), "redis://127.0.0.1:7000");
+        let c = RedisConfig::from_url("redis://127.0.0.1:7000/10").unwrap();
+        assert_eq!(c.store_id(), "redis://127.0.0.1:7000/10");
         assert!(!format!("{c:?}").contains("pw@"));
     }
 
@@ -324,6 +391,22 @@ mod tests {
             assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
             assert!(!e.to_string().contains("secret"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_config_from_a_client_keeps_its_settings_and_hides_the_password() {
+        let client = redis::Client::open("redis://:secret@Example.COM:6380/3").unwrap();
+        let c = RedisConfig::from_client(&client).unwrap();
+        assert_eq!(c.store_id(), "redis://example.com:6380/3");
+        let shown = format!("{c:?} {}", c.url);
+        assert!(!shown.contains("secret"), "{shown}");
+        let info = &c.client.as_ref().unwrap().0;
+        assert_eq!(info.redis_settings().password(), Some("secret"));
+        assert_eq!(info.redis_settings().db(), 3);
+        let c = c
+            .with_wait_replicas(1)
+            .with_response_timeout(Duration::from_secs(1));
+        assert_eq!(c.wait_replicas, 1);
     }
 
     #[test]

@@ -225,12 +225,15 @@ impl Conn {
         push: Option<impl AsyncPushSender + Clone>,
     ) -> Result<Self> {
         let what = format!("connect to {}", config.url);
-        let mut info = config
-            .url
-            .expose()
-            .clone()
-            .into_connection_info()
-            .map_err(|e| from_redis(&what, e))?;
+        let mut info = match &config.client {
+            Some(client) => client.0.clone(),
+            None => config
+                .url
+                .expose()
+                .clone()
+                .into_connection_info()
+                .map_err(|e| from_redis(&what, e))?,
+        };
         // Dead peers are noticed even on a connection that only listens (the subscription
         // connection): keepalive probes after 15 s of silence, and on Linux a connection whose
         // data stays unacknowledged past twice the response timeout is dropped, so the
@@ -238,13 +241,20 @@ impl Conn {
         // for good).
         // TCP_NODELAY: a multiplexed connection under concurrency must not wait for delayed
         // ACKs (redis-rs leaves Nagle on; review L14).
-        let tcp = info.tcp_settings().clone().set_nodelay(true).set_keepalive(
-            socket2::TcpKeepalive::new()
-                .with_time(std::time::Duration::from_secs(15))
-                .with_interval(std::time::Duration::from_secs(5)),
-        );
+        // An application's own client keeps its keepalive and user timeout if it set them.
+        let own = info.tcp_settings().clone();
+        let mut tcp = own.clone().set_nodelay(true);
+        if own.keepalive().is_none() {
+            tcp = tcp.set_keepalive(
+                socket2::TcpKeepalive::new()
+                    .with_time(std::time::Duration::from_secs(15))
+                    .with_interval(std::time::Duration::from_secs(5)),
+            );
+        }
         #[cfg(target_os = "linux")]
-        let tcp = tcp.set_user_timeout(config.response_timeout.saturating_mul(2));
+        if own.user_timeout().is_none() {
+            tcp = tcp.set_user_timeout(config.response_timeout.saturating_mul(2));
+        }
         info = info.set_tcp_settings(tcp.clone());
         if push.is_some() {
             let redis = info

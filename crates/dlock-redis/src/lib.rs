@@ -213,6 +213,17 @@ impl RedisProvider {
         Self::connect_with(RedisConfig::from_url(url)?).await
     }
 
+    /// Connects through a client the application already built (its address, credentials,
+    /// TLS and TCP settings), with the default options; see [`RedisConfig::from_client`] to
+    /// change them. Opens dlock's own two connections from it.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn from_client(client: &redis::Client) -> Result<Self> {
+        Self::connect_with(RedisConfig::from_client(client)?).await
+    }
+
     /// Connects with an explicit configuration.
     ///
     /// # Errors

@@ -886,6 +886,61 @@ async fn no_lost_wakeups_under_contention() {
     }
 }
 
+/// Issue 16 item 3: a provider made from the application's own `redis::Client` (here a RESP2
+/// client, redis-rs's default) locks, wakes its waiters (its subscription connection speaks
+/// RESP3 whatever the client says), and is the same store as one made from the URL, so a
+/// MultiLock treats them as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_from_the_applications_client() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let own = RedisProvider::from_client(&client).await.unwrap();
+    let by_url = RedisProvider::connect(&url).await.unwrap();
+    assert_eq!(own.store_id(), by_url.store_id());
+    let name = Names::new().name("from-client");
+    let held = own
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = {
+        let other = RedisProvider::from_client(&client).await.unwrap();
+        let name = name.clone();
+        tokio::spawn(async move {
+            let lock = other.lock(&name, LockOptions::default()).unwrap();
+            // Woken by the release message: a 30 s lease would keep a waiter that missed it
+            // asleep far longer than this bound.
+            let g = must(
+                Duration::from_secs(10),
+                "the waiter is woken",
+                lock.acquire(),
+            )
+            .await
+            .unwrap();
+            g.release().await.unwrap();
+        })
+    };
+    eventually(Duration::from_secs(5), "the waiter subscribed", || async {
+        let mut c = admin(&url).await;
+        let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(format!("redisson_lock__channel:{{{name}}}"))
+            .query_async(&mut c)
+            .await
+            .map_err(|e| e.to_string())?;
+        match n.first() {
+            Some((_, 1)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    held.release().await.unwrap();
+    waiter.await.unwrap();
+}
+
 // ------------------------------------------------------------------ Sentinel
 
 /// A Sentinel of our own on a free loopback port, watching `master` under `name`; killed on
