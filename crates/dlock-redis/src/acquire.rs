@@ -127,8 +127,27 @@ impl Acquisition {
         self.inner.conn.script(what, &invocation).await
     }
 
-    /// Runs one acquire script; with `?wait_replicas=N`, in one pipeline with `WAIT`, and
-    /// keeps how many replicas acknowledged it for [`confirm`](Self::confirm).
+    /// Runs a script; with `?wait_replicas=N`, in one pipeline with `WAIT`. Returns the reply
+    /// and how many replicas acknowledged it (0 when not waiting).
+    async fn run_waiting(
+        &self,
+        what: &str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<(Value, u32)> {
+        let want = self.inner.wait_replicas;
+        if want == 0 {
+            return Ok((self.run(what, script, keys, args).await?, 0));
+        }
+        self.inner
+            .conn
+            .script_then_wait(what, script, keys, args, want, self.inner.wait_timeout)
+            .await
+    }
+
+    /// Runs one acquire script, keeping how many replicas acknowledged it for
+    /// [`confirm`](Self::confirm).
     async fn run_attempt(
         &self,
         what: &str,
@@ -136,24 +155,16 @@ impl Acquisition {
         keys: &[&str],
         args: &[&[u8]],
     ) -> Result<Value> {
-        let want = self.inner.wait_replicas;
-        if want == 0 {
-            return self.run(what, script, keys, args).await;
-        }
         self.acked.store(0, Ordering::SeqCst);
-        let (reply, acked) = self
-            .inner
-            .conn
-            .script_then_wait(what, script, keys, args, want, self.inner.wait_timeout)
-            .await?;
+        let (reply, acked) = self.run_waiting(what, script, keys, args).await?;
         self.acked.store(acked, Ordering::SeqCst);
         Ok(reply)
     }
 
-    /// Runs a renewal script; with `?wait_replicas=N`, in one pipeline with `WAIT`, and fails
-    /// (retryable) unless N replicas acknowledged it: a lease the replicas have not seen
-    /// extended is not extended, so a failover cannot cut a hold shorter than its holder
-    /// believes. A holder whose replicas stay away is lost at its lease end.
+    /// Runs a renewal script; with `?wait_replicas=N` it fails (retryable) unless N replicas
+    /// acknowledged it: a lease the replicas have not seen extended is not extended, so a
+    /// failover cannot cut a hold shorter than its holder believes. A holder whose replicas
+    /// stay away is lost at its lease end.
     async fn run_replicated(
         &self,
         what: &str,
@@ -162,22 +173,13 @@ impl Acquisition {
         args: &[&[u8]],
     ) -> Result<Value> {
         let want = self.inner.wait_replicas;
-        if want == 0 {
-            return self.run(what, script, keys, args).await;
-        }
-        let timeout = self.inner.wait_timeout;
-        let (reply, acked) = self
-            .inner
-            .conn
-            .script_then_wait(what, script, keys, args, want, timeout)
-            .await?;
+        let (reply, acked) = self.run_waiting(what, script, keys, args).await?;
         if acked < want {
             return Err(Error::Backend {
                 backend: BACKEND,
                 message: format!(
-                    "{what} of {:?}: only {acked} of {want} replicas acknowledged it within \
-                     {timeout:?}",
-                    self.name
+                    "{what} of {:?}: only {acked} of {want} replicas acknowledged it within {:?}",
+                    self.name, self.inner.wait_timeout
                 ),
                 retryable: true,
                 source: None,

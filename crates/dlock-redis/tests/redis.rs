@@ -27,6 +27,39 @@ async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// A plain connection to `url`, or why there is none.
+async fn try_admin(url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
+    redis::Client::open(url)
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// PING on a fresh connection to `url`.
+async fn pong(url: &str) -> Result<String, String> {
+    redis::cmd("PING")
+        .query_async::<String>(&mut try_admin(url).await?)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Whether exactly `count` connections subscribe to the lock channel of `name` (Redisson's
+/// `redisson_lock__channel:{name}`).
+async fn subscribed(url: &str, name: &str, count: i64) -> Result<(), String> {
+    let mut c = admin(url).await;
+    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(format!("redisson_lock__channel:{{{name}}}"))
+        .query_async(&mut c)
+        .await
+        .map_err(|e| e.to_string())?;
+    match n.first() {
+        Some((_, n)) if *n == count => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
 /// A `redis-server` of our own on a free loopback port; killed on drop.
 struct PrivateRedis {
     port: u16,
@@ -123,17 +156,7 @@ impl PrivateRedis {
         eventually(
             Duration::from_secs(10),
             "private redis-server answers",
-            || async {
-                let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
-                let mut c = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())
-            },
+            || pong(&url),
         )
         .await;
     }
@@ -923,18 +946,8 @@ async fn a_provider_from_the_applications_client() {
             g.release().await.unwrap();
         })
     };
-    eventually(Duration::from_secs(5), "the waiter subscribed", || async {
-        let mut c = admin(&url).await;
-        let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(format!("redisson_lock__channel:{{{name}}}"))
-            .query_async(&mut c)
-            .await
-            .map_err(|e| e.to_string())?;
-        match n.first() {
-            Some((_, 1)) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
+    eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        subscribed(&url, &name, 1)
     })
     .await;
     held.release().await.unwrap();
@@ -988,21 +1001,9 @@ impl PrivateSentinel {
             child: Some(child),
         };
         let url = sentinel.url();
-        eventually(
-            Duration::from_secs(10),
-            "private sentinel answers",
-            || async {
-                let mut c = redis::Client::open(url.as_str())
-                    .map_err(|e| e.to_string())?
-                    .get_multiplexed_async_connection()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())
-            },
-        )
+        eventually(Duration::from_secs(10), "private sentinel answers", || {
+            pong(&url)
+        })
         .await;
         sentinel
     }
@@ -1013,11 +1014,7 @@ impl PrivateSentinel {
 
     /// The master's port as this Sentinel knows it.
     async fn master_port(&self, name: &str) -> Result<u16, String> {
-        let mut c = redis::Client::open(self.url())
-            .map_err(|e| e.to_string())?
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut c = try_admin(&self.url()).await?;
         let addr: Vec<String> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(name)
@@ -1031,11 +1028,7 @@ impl PrivateSentinel {
 
     /// `SENTINEL CKQUORUM`: this Sentinel sees enough peers to fail over.
     async fn quorum(&self, name: &str) -> Result<(), String> {
-        let mut c = redis::Client::open(self.url())
-            .map_err(|e| e.to_string())?
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut c = try_admin(&self.url()).await?;
         redis::cmd("SENTINEL")
             .arg("CKQUORUM")
             .arg(name)
@@ -1422,23 +1415,9 @@ async fn waiters_survive_a_restart_and_get_the_lock() {
         }));
     }
     // Every waiter is queued on the channel before the restart.
-    eventually(
-        Duration::from_secs(5),
-        "four waiters subscribed",
-        || async {
-            let mut c = admin(&url).await;
-            let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(format!("redisson_lock__channel:{{{name}}}"))
-                .query_async(&mut c)
-                .await
-                .map_err(|e| e.to_string())?;
-            match n.first() {
-                Some((_, 4)) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
+    eventually(Duration::from_secs(5), "four waiters subscribed", || {
+        subscribed(&url, &name, 4)
+    })
     .await;
     // Down for 1.5 s: longer than any reconnect retry inside a single call.
     server.kill();
