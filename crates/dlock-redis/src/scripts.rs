@@ -617,6 +617,19 @@ return {kind, redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]), fields}
 mod tests {
     use super::*;
 
+    /// The test's own connection, with the library's default patience (5 s) rather than
+    /// redis-rs's (500 ms for an answer), which a loaded machine exceeds.
+    async fn test_connection(url: &str) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)));
+        redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap()
+    }
+
     #[test]
     fn layout_matches_redisson() {
         let k = Keys::new("orders/42");
@@ -660,11 +673,7 @@ mod tests {
         let Some(url) = dlock_conformance::service_url("DLOCK_REDIS_URL") else {
             return;
         };
-        let mut c = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut c = test_connection(&url).await;
         let name = format!("idempotent-{}", uuid::Uuid::new_v4().simple());
         let k = Keys::new(&name);
         let conn = c.clone();
@@ -788,11 +797,7 @@ mod tests {
         let Some(url) = dlock_conformance::service_url("DLOCK_REDIS_URL") else {
             return;
         };
-        let mut c = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut c = test_connection(&url).await;
         let name = format!("skew-{}", uuid::Uuid::new_v4().simple());
         let k = Keys::new(&name);
         let ahead = (std::time::SystemTime::now()

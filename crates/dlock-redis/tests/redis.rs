@@ -19,10 +19,15 @@ use tokio::time::Instant;
 
 // ------------------------------------------------------------------ helpers
 
+/// The test's own connection, with the library's default patience (5 s) rather than
+/// redis-rs's (500 ms for an answer), which a loaded machine exceeds.
 async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_connection_timeout(Some(Duration::from_secs(5)));
     redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap()
 }
