@@ -14,6 +14,7 @@
 //! | `zookeeper` | [`zookeeper`]: Curator-compatible locks on ZooKeeper | `zk://` |
 //! | `mysql` | [`sql`]: MySQL / MariaDB (unique-insert, optimistic, for-update) | `mysql://`, `mariadb://` |
 //! | `sqlite` (default) | [`sql`]: embedded SQLite, the default store | `sqlite://` |
+//! | `postgres` | [`sql`]: PostgreSQL (unique-insert, optimistic, for-update) | `postgres://`, `postgresql://` |
 //! | `all-backends` | every backend below, for CI and docs | |
 //!
 //! # Guards and release
@@ -28,7 +29,8 @@ use std::fmt;
     feature = "redis",
     feature = "zookeeper",
     feature = "mysql",
-    feature = "sqlite"
+    feature = "sqlite",
+    feature = "postgres"
 ))]
 use std::sync::Arc;
 
@@ -65,8 +67,11 @@ pub mod zookeeper {
 }
 
 /// SQL locks: MySQL / MariaDB (`mysql://`) and embedded SQLite (`sqlite://`).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "mysql", feature = "sqlite"))))]
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres")))
+)]
 pub mod sql {
     pub use dlock_sql::*;
 }
@@ -107,6 +112,10 @@ pub const SCHEMES: &[&str] = &[
     "mariadb",
     #[cfg(feature = "sqlite")]
     "sqlite",
+    #[cfg(feature = "postgres")]
+    "postgres",
+    #[cfg(feature = "postgres")]
+    "postgresql",
 ];
 
 /// Every scheme dlock knows, with the feature that enables it.
@@ -119,6 +128,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("mysql", "mysql"),
     ("mariadb", "mysql"),
     ("sqlite", "sqlite"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
 ];
 
 /// Connects to the store a URL names and returns a client for it.
@@ -130,6 +141,7 @@ const KNOWN: &[(&str, &str)] = &[
 /// | `zk://host:port[,host:port…][/chroot][?session_timeout_ms=N]` | ZooKeeper, Curator-compatible | `zookeeper` |
 /// | `mysql://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | MySQL / MariaDB | `mysql` |
 /// | `sqlite://path/to/locks.db[?strategy=unique-insert\|optimistic]` | embedded SQLite (file created if missing) | `sqlite` |
+/// | `postgres://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | PostgreSQL | `postgres` |
 ///
 /// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
 /// within the [`Capabilities`] each backend declares.
@@ -157,7 +169,8 @@ const KNOWN: &[(&str, &str)] = &[
         feature = "redis",
         feature = "zookeeper",
         feature = "mysql",
-        feature = "sqlite"
+        feature = "sqlite",
+        feature = "postgres"
     )),
     allow(unreachable_code, unused_variables)
 )]
@@ -185,6 +198,8 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "mysql" | "mariadb" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
         other => {
             return Err(match KNOWN.iter().find(|(s, _)| *s == other) {
                 Some((_, feature)) => Error::config(format!(

@@ -14,6 +14,8 @@ pub enum Dialect {
     MySql,
     /// SQLite 3.42+ (embedded, file-based).
     Sqlite,
+    /// PostgreSQL 12+.
+    Postgres,
 }
 
 /// How locks are kept in the database.
@@ -28,7 +30,7 @@ pub enum Strategy {
     /// fencing token.
     Optimistic,
     /// A dedicated connection holds `SELECT … FOR UPDATE` on the name's row in an open
-    /// transaction (MySQL/MariaDB only).
+    /// transaction (MySQL/MariaDB and PostgreSQL).
     ForUpdate,
 }
 
@@ -77,8 +79,13 @@ impl FromStr for Strategy {
 /// | `strategy` | `unique-insert`, `optimistic` or `for-update` | `unique-insert` |
 /// | `table` | prefix of the tables dlock creates (`[A-Za-z0-9_]`, at most 40) | `dlock` |
 /// | `pool` | maximum connections of the provider's pool | `16` (MySQL), `8` (SQLite) |
+/// | `synchronous` | SQLite only: `full` (a commit survives an OS crash, so a fencing token never repeats) or `normal` (faster; a crash may lose the last commits, and with them tokens) | `full` |
 ///
-/// Other parameters are passed to the driver (e.g. `ssl-mode=required`).
+/// The driver's parameters are passed on: for MySQL `ssl-mode`, `ssl-ca`, `ssl-cert`,
+/// `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`,
+/// `pipes-as-concat`, `enable-cleartext-plugin`; for SQLite `mode` (`rwc`, `rw`, `ro`),
+/// `cache`, `immutable`, `vfs`. Any other parameter is refused, so that a typo never silently
+/// means the default. The MySQL session time zone is always UTC (no `timezone`).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SqlConfig {
@@ -94,6 +101,9 @@ pub struct SqlConfig {
     pub pool: u32,
     /// How long SQLite waits for its write lock before `SQLITE_BUSY`.
     pub busy_timeout: Duration,
+    /// SQLite: commits are synced to disk before they count (`synchronous=FULL`), so that no
+    /// fencing token can repeat after an OS crash. `?synchronous=normal` turns it off.
+    pub durable: bool,
 }
 
 /// The URL parameters the sqlx driver of `dialect` understands (passed on to it).
@@ -108,11 +118,19 @@ fn driver_parameters(dialect: Dialect) -> &'static [&'static str] {
             "collation",
             "statement-cache-capacity",
             "socket",
-            "timezone",
             "pipes-as-concat",
             "enable-cleartext-plugin",
         ],
         Dialect::Sqlite => &["mode", "cache", "immutable", "vfs"],
+        Dialect::Postgres => &[
+            "sslmode",
+            "sslrootcert",
+            "sslcert",
+            "sslkey",
+            "application_name",
+            "statement-cache-capacity",
+            "options",
+        ],
     }
 }
 
@@ -121,7 +139,7 @@ fn driver_parameter(dialect: Dialect, key: &str) -> bool {
 }
 
 impl SqlConfig {
-    /// Parses a `mysql://`, `mariadb://` or `sqlite://` URL.
+    /// Parses a `mysql://`, `mariadb://`, `postgres://` (`postgresql://`) or `sqlite://` URL.
     ///
     /// # Errors
     ///
@@ -132,22 +150,43 @@ impl SqlConfig {
         let dialect = match parsed.scheme() {
             "mysql" | "mariadb" => Dialect::MySql,
             "sqlite" => Dialect::Sqlite,
+            "postgres" | "postgresql" => Dialect::Postgres,
             other => {
                 return Err(Error::config(format!(
-                    "the sql backend takes mysql://, mariadb:// or sqlite:// URLs, not {other}://"
+                    "the sql backend takes mysql://, mariadb://, postgres:// or sqlite:// URLs, \
+                     not {other}://"
                 )));
             }
         };
         let mut strategy = Strategy::default();
         let mut table = "dlock".to_owned();
         let mut pool = match dialect {
-            Dialect::MySql => 16,
+            Dialect::MySql | Dialect::Postgres => 16,
             Dialect::Sqlite => 8,
         };
         let mut passed = Vec::new();
+        let mut durable = true;
         for (key, value) in parsed.query_pairs() {
             match key.as_str() {
                 "strategy" => strategy = value.parse()?,
+                "synchronous" if dialect == Dialect::Sqlite => {
+                    durable = match value.to_ascii_lowercase().as_str() {
+                        "full" => true,
+                        "normal" => false,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "synchronous={value:?}: expected full or normal"
+                            )));
+                        }
+                    }
+                }
+                "timezone" | "time-zone" if dialect == Dialect::MySql => {
+                    // The lease arithmetic reads the server's clock in the session's zone.
+                    return Err(Error::config(
+                        "timezone: dlock pins the MySQL session time zone to UTC (leases are \
+                         computed on the server's clock); remove the parameter",
+                    ));
+                }
                 "table" => table = value,
                 "pool" => {
                     pool = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -158,8 +197,13 @@ impl SqlConfig {
                 other => {
                     // A typo (`stratgey=for-update`) must not silently mean the default.
                     return Err(Error::config(format!(
-                        "unknown query parameter {other:?} (dlock's: strategy, table, pool; \
+                        "unknown query parameter {other:?} (dlock's: strategy, table, pool{}; \
                          the driver's: {})",
+                        if dialect == Dialect::Sqlite {
+                            ", synchronous"
+                        } else {
+                            ""
+                        },
                         driver_parameters(dialect).join(", ")
                     )));
                 }
@@ -181,19 +225,13 @@ impl SqlConfig {
         }
         let mut driver_url = parsed.expose().clone();
         driver_url.set_query(None);
-        if dialect == Dialect::MySql && driver_url.scheme() == "mariadb" {
-            // The driver knows the family as mysql://.
-            let text = driver_url.as_str().replacen("mariadb://", "mysql://", 1);
-            driver_url = RedactedUrl::parse(&text)?.expose().clone();
-        }
-        if dialect == Dialect::Sqlite {
-            if driver_url.path().is_empty() && driver_url.host_str().is_none_or(str::is_empty) {
-                return Err(Error::config(
-                    "sqlite:// needs a file path, e.g. sqlite://locks.db",
-                ));
-            }
-            passed.retain(|(k, _)| k != "mode");
-            passed.push(("mode".into(), "rwc".into()));
+        if dialect == Dialect::Sqlite
+            && driver_url.path().is_empty()
+            && driver_url.host_str().is_none_or(str::is_empty)
+        {
+            return Err(Error::config(
+                "sqlite:// needs a file path, e.g. sqlite://locks.db",
+            ));
         }
         if !passed.is_empty() {
             driver_url.query_pairs_mut().extend_pairs(passed.iter());
@@ -205,6 +243,28 @@ impl SqlConfig {
             table,
             pool,
             busy_timeout: Duration::from_secs(5),
+            durable,
+        })
+    }
+
+    /// The file of a `sqlite://` URL, as a path: the text after `sqlite://`, percent-decoded
+    /// (a space is `%20` in a URL), so a directory with a space or non-ASCII characters works.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if the decoded path is not UTF-8.
+    pub(crate) fn sqlite_path(&self) -> Result<std::path::PathBuf> {
+        let text = self.url.expose().as_str();
+        let encoded = text
+            .strip_prefix("sqlite://")
+            .unwrap_or(text)
+            .split('?')
+            .next()
+            .unwrap_or_default();
+        percent_decode(encoded).map(Into::into).ok_or_else(|| {
+            Error::config(format!(
+                "the SQLite path {encoded:?} is not valid UTF-8 once decoded"
+            ))
         })
     }
 
@@ -223,8 +283,43 @@ impl SqlConfig {
     /// The store id: the database URL without credentials or parameters, with the table prefix
     /// and strategy (different tables or strategies are different stores).
     pub(crate) fn store_id(&self) -> String {
-        format!("{}#{}/{}", self.url.store_id(), self.table, self.strategy)
+        // mariadb:// and mysql:// name the same server, as do postgresql:// and postgres://.
+        let url = self.url.store_id();
+        let url = if let Some(rest) = url.strip_prefix("mariadb://") {
+            format!("mysql://{rest}")
+        } else if let Some(rest) = url.strip_prefix("postgresql://") {
+            format!("postgres://{rest}")
+        } else {
+            url
+        };
+        format!("{url}#{}/{}", self.table, self.strategy)
     }
+}
+
+/// Decodes `%XX` escapes (as URLs encode a path); `None` if the result is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                let value = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
+                out.push(u8::try_from(value).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -248,7 +343,7 @@ mod tests {
         assert!(!format!("{c:?}").contains("secret"));
         assert_eq!(c.store_id(), "mysql://127.0.0.1:3306/db#locks_1/optimistic");
         let m = SqlConfig::from_url("mariadb://u@h/db").unwrap();
-        assert_eq!(m.url.expose().scheme(), "mysql");
+        assert_eq!(m.store_id(), "mysql://h:3306/db#dlock/unique-insert");
     }
 
     #[test]
@@ -256,21 +351,33 @@ mod tests {
         let c = SqlConfig::from_url("sqlite:///tmp/x/locks.db").unwrap();
         assert_eq!(c.dialect, Dialect::Sqlite);
         assert_eq!(c.strategy, Strategy::UniqueInsert);
-        assert_eq!(c.url.expose().as_str(), "sqlite:///tmp/x/locks.db?mode=rwc");
+        assert_eq!(c.url.expose().as_str(), "sqlite:///tmp/x/locks.db");
+        assert!(c.durable);
         let rel = SqlConfig::from_url("sqlite://locks.db?strategy=optimistic").unwrap();
         assert_eq!(rel.strategy, Strategy::Optimistic);
+        assert_eq!(rel.sqlite_path().unwrap(), std::path::Path::new("locks.db"));
+        let fast = SqlConfig::from_url("sqlite:///tmp/Jane%20Doe/jos%C3%A9.db?synchronous=normal")
+            .unwrap();
+        assert!(!fast.durable);
+        assert_eq!(
+            fast.sqlite_path().unwrap(),
+            std::path::Path::new("/tmp/Jane Doe/josé.db")
+        );
     }
 
     #[test]
     fn rejects_bad_urls() {
         for bad in [
-            "postgres://u:secret@h/db",
+            "oracle://u:secret@h/db",
             "mysql://u:secret@h/db?strategy=gets",
             "mysql://u:secret@h/db?table=x;drop",
             "mysql://u:secret@h/db?table=",
             "mysql://u:secret@h/db?pool=0",
             "mysql://u:secret@h/db?stratgey=for-update",
             "sqlite://x.db?ssl-mode=disabled",
+            "sqlite://x.db?synchronous=off",
+            "mysql://u:secret@h/db?synchronous=full",
+            "mysql://u:secret@h/db?timezone=%2B01:00",
             "sqlite://",
         ] {
             let e = SqlConfig::from_url(bad).unwrap_err();
@@ -281,5 +388,24 @@ mod tests {
         assert!(e.to_string().contains("strategy, table, pool"), "{e}");
         let e = SqlConfig::from_url("sqlite://x.db?strategy=for-update").unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod decode_tests {
+    use super::percent_decode;
+
+    #[test]
+    fn percent_decoding_matches_the_driver() {
+        assert_eq!(
+            percent_decode("/home/Jane%20Doe/x.db").unwrap(),
+            "/home/Jane Doe/x.db"
+        );
+        assert_eq!(
+            percent_decode("/home/jos%C3%A9/x.db").unwrap(),
+            "/home/josé/x.db"
+        );
+        assert_eq!(percent_decode("/a%2/b%zz%").unwrap(), "/a%2/b%zz%");
+        assert!(percent_decode("/bad%FF").is_none());
     }
 }

@@ -22,11 +22,25 @@ pub(crate) fn meaning(e: &sqlx::Error) -> Meaning {
     if db.kind() == ErrorKind::UniqueViolation {
         return Meaning::Duplicate;
     }
+    if pg_code(db).as_deref() == Some("55P03") {
+        // lock_not_available: NOWAIT failed, or lock_timeout ran out.
+        return Meaning::Busy;
+    }
     match mysql_code(db) {
         // ER_LOCK_WAIT_TIMEOUT, ER_LOCK_NOWAIT (MySQL), and MariaDB's NOWAIT answer.
         Some(1205 | 3572) => Meaning::Busy,
         _ => Meaning::Other,
     }
+}
+
+/// The PostgreSQL SQLSTATE, if it is a PostgreSQL error.
+fn pg_code(db: &dyn sqlx::error::DatabaseError) -> Option<String> {
+    #[cfg(feature = "postgres")]
+    if let Some(p) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return Some(p.code().to_owned());
+    }
+    let _ = db;
+    None
 }
 
 /// The MySQL error number, if it is one.
@@ -53,6 +67,16 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             message: format!("{what}: {e}"),
             source: Some(Box::new(e)),
         },
+        sqlx::Error::Database(db) if pg_code(db.as_ref()).is_some() => {
+            let code = pg_code(db.as_ref()).unwrap_or_default();
+            // serialization failure, deadlock, lock not available, the server shutting down
+            // or refusing connections for now, and every connection exception (class 08).
+            let retryable = matches!(
+                code.as_str(),
+                "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "53300"
+            ) || code.starts_with("08");
+            Error::backend(backend, format!("{what}: {e}"), retryable, e)
+        }
         sqlx::Error::Database(db) => {
             let retryable = match mysql_code(db.as_ref()) {
                 // deadlock, lock wait timeout, NOWAIT, server gone, lost connection, too many

@@ -8,12 +8,11 @@ use std::time::Duration;
 use dlock_core::backend::{Backoff, Deadline, HoldSignal, NewHold, RawLock, Request};
 use dlock_core::{Error, FencingToken, Lease, LockGuard, LockKind, LockName, Result, async_trait};
 use rand::Rng;
-use sqlx::Any;
-use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
 
 use crate::Inner;
 use crate::config::Strategy;
+use crate::db::Conn;
 use crate::strategies::{Attempt, SqlHold, watch};
 
 /// First pause between two attempts.
@@ -179,7 +178,7 @@ fn shared_attempt() -> Error {
 struct Undo(Option<(Arc<Attempt>, Shared)>);
 
 /// The connection of one attempt, shared with its undo.
-type Shared = Arc<tokio::sync::Mutex<PoolConnection<Any>>>;
+type Shared = Arc<tokio::sync::Mutex<Conn>>;
 
 impl Undo {
     /// Undoes after a failed statement (which has ended), on a fresh connection: the

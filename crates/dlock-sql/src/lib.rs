@@ -6,10 +6,13 @@
 )]
 
 mod config;
+mod db;
 mod error;
 mod handles;
 mod sql;
 mod strategies;
+#[cfg(feature = "mysql")]
+mod transaction;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,13 +25,14 @@ use dlock_core::{
     Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockKind, LockName, LockOptions,
     LockProvider, LockStatus, Result,
 };
-use sqlx::any::{AnyPoolOptions, install_default_drivers};
-use sqlx::{AnyPool, Executor};
 
 pub use crate::config::{Dialect, SqlConfig, Strategy};
+use crate::db::{Pool, query};
 use crate::error::from_sqlx;
 use crate::handles::SqlMutex;
 use crate::sql::Statements;
+#[cfg(feature = "mysql")]
+pub use crate::transaction::TxLock;
 
 /// The URL schemes this backend serves (with the features that enable them).
 pub const SCHEMES: &[&str] = &[
@@ -38,6 +42,10 @@ pub const SCHEMES: &[&str] = &[
     "mariadb",
     #[cfg(feature = "sqlite")]
     "sqlite",
+    #[cfg(feature = "postgres")]
+    "postgres",
+    #[cfg(feature = "postgres")]
+    "postgresql",
 ];
 
 /// The shortest lease this backend accepts.
@@ -51,9 +59,9 @@ pub struct SqlProvider {
 }
 
 pub(crate) struct Inner {
-    pub(crate) pool: AnyPool,
+    pub(crate) pool: Pool,
     /// For-update only: connections with autocommit off, one per held or waiting lock.
-    pub(crate) lock_pool: Option<AnyPool>,
+    pub(crate) lock_pool: Option<Pool>,
     pub(crate) sql: Statements,
     pub(crate) dialect: Dialect,
     pub(crate) strategy: Strategy,
@@ -106,7 +114,7 @@ impl Inner {
 
     pub(crate) async fn create_row(&self, name: &LockName) -> Result<()> {
         // A plain SELECT reads without locking; INSERT IGNORE would wait for a holder's lock.
-        let exists = sqlx::query(&self.sql.row_exists)
+        let exists = query(&self.sql.row_exists)
             .bind(name.as_str().as_bytes())
             .fetch_optional(&self.pool)
             .await
@@ -114,7 +122,7 @@ impl Inner {
         if exists.is_some() {
             return Ok(());
         }
-        sqlx::query(&self.sql.insert_row)
+        query(&self.sql.insert_row)
             .bind(name.as_str().as_bytes())
             .execute(&self.pool)
             .await
@@ -150,107 +158,243 @@ impl SqlProvider {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: SqlConfig) -> Result<Self> {
-        install_default_drivers();
-        let backend = match config.dialect {
-            Dialect::MySql => "mysql",
-            Dialect::Sqlite => "sqlite",
-        };
+        let backend = backend_name(config.dialect);
         let enabled = match config.dialect {
             Dialect::MySql => cfg!(feature = "mysql"),
             Dialect::Sqlite => cfg!(feature = "sqlite"),
+            Dialect::Postgres => cfg!(feature = "postgres"),
         };
         if !enabled {
             return Err(Error::config(format!(
                 "dlock-sql was built without its `{backend}` feature"
             )));
         }
-        if config.table.is_empty()
-            || config.table.len() > 40
-            || !config
-                .table
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(Error::config(format!(
-                "table={:?}: a table prefix is 1 to 40 of [A-Za-z0-9_]",
-                config.table
-            )));
-        }
+        check_table(&config.table)?;
         if config.dialect == Dialect::Sqlite && config.strategy == Strategy::ForUpdate {
             return Err(Error::unsupported("sqlite", "the for-update strategy"));
         }
-        let sqlite = config.dialect == Dialect::Sqlite;
-        if sqlite {
+        if config.dialect == Dialect::Sqlite {
             create_parent_dir(&config)?;
+            warn_if_network_fs(&config.sqlite_path()?);
         }
         let what = format!("connect to {}", config.url);
-        let busy_ms = i64::try_from(config.busy_timeout.as_millis()).unwrap_or(5000);
-        // No ping on every checkout: a dead connection shows as a statement error, which is
-        // retried (and for a hold, reported as a loss); the ping would double each cycle's
-        // round trips.
-        let pool = AnyPoolOptions::new()
-            .max_connections(config.pool)
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    if sqlite {
-                        conn.execute("PRAGMA journal_mode = WAL").await?;
-                        conn.execute(format!("PRAGMA busy_timeout = {busy_ms}").as_str())
-                            .await?;
-                        conn.execute("PRAGMA synchronous = NORMAL").await?;
-                    } else {
-                        // Short statements only: one that waits on a row lock longer than this
-                        // is answered as busy and retried by the caller.
-                        conn.execute("SET SESSION innodb_lock_wait_timeout = 2")
-                            .await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect(config.url.expose().as_str())
+        let (pool, lock_pool) = db::connect(&config)
             .await
             .map_err(|e| from_sqlx(backend, &what, e))?;
-        let sql = Statements::new(config.dialect, &config.table);
-        for ddl in &sql.ddl {
-            pool.execute(ddl.as_str())
-                .await
-                .map_err(|e| from_sqlx(backend, "create dlock's tables", e))?;
-        }
-        let lock_pool = if config.strategy == Strategy::ForUpdate {
+        Self::start(
+            pool,
+            lock_pool,
+            config.dialect,
+            config.strategy,
+            &config.table,
+            config.store_id(),
+        )
+        .await
+    }
+
+    /// A provider on a MySQL/MariaDB pool the application already has (see
+    /// [`from_sqlite_pool`](Self::from_sqlite_pool) for SQLite), with dlock's tables named
+    /// `<table>_…`; they are created if missing.
+    ///
+    /// The statements of `unique-insert` and `optimistic` run on the pool's connections, so a
+    /// lock costs no connection of its own. `for-update` pins a connection per held or waiting
+    /// lock, with autocommit off: those come from a second pool of `lock_pool_size`
+    /// connections that dlock opens with the same connect options (your pool's connections
+    /// are never left with a transaction open). Leases are computed on the server's clock in
+    /// the session's time zone: keep sqlx's default, UTC.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await.expect("pool");
+    /// let locks = SqlProvider::from_mysql_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a bad table prefix, [`Error::Connection`] if the second pool
+    /// cannot connect, [`Error::Backend`] if the tables cannot be created.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn from_mysql_pool(
+        pool: sqlx::MySqlPool,
+        strategy: Strategy,
+        table: &str,
+        lock_pool_size: u32,
+    ) -> Result<Self> {
+        check_table(table)?;
+        let options = (*pool.connect_options()).clone();
+        let store = format!(
+            "mysql://{}:{}/{}#{table}/{strategy}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        );
+        let lock_pool = if strategy == Strategy::ForUpdate {
             Some(
-                AnyPoolOptions::new()
-                    .max_connections(config.pool)
-                    .test_before_acquire(false)
-                    .acquire_timeout(Duration::from_secs(10))
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            // Every SELECT … FOR UPDATE opens a transaction that COMMIT ends; a
-                            // blocked one gives up after 5 s and is tried again.
-                            conn.execute("SET autocommit = 0").await?;
-                            conn.execute("SET SESSION innodb_lock_wait_timeout = 5")
-                                .await?;
-                            Ok(())
-                        })
-                    })
-                    .connect(config.url.expose().as_str())
+                db::mysql_lock_pool(lock_pool_size.max(1), options)
                     .await
-                    .map_err(|e| from_sqlx(backend, &what, e))?,
+                    .map_err(|e| from_sqlx("mysql", "open the for-update pool", e))?,
             )
         } else {
             None
         };
+        Self::start(
+            Pool::MySql(pool),
+            lock_pool,
+            Dialect::MySql,
+            strategy,
+            table,
+            store,
+        )
+        .await
+    }
+
+    /// A provider on a SQLite pool the application already has, with dlock's tables named
+    /// `<table>_…`; they are created if missing. `for-update` is not offered on SQLite.
+    ///
+    /// dlock's statements wait for SQLite's write lock as long as the pool's `busy_timeout`
+    /// allows (sqlx's default: 5 s). The database is switched to WAL mode, as dlock does for
+    /// the files it opens by URL (a setting the file keeps): in sqlx's default rollback-journal
+    /// mode a reader blocks every writer, and renewals of short leases failed under load.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    /// let options = SqliteConnectOptions::new().filename("app.db").create_if_missing(true);
+    /// let pool = SqlitePool::connect_with(options).await.expect("pool");
+    /// let locks = SqlProvider::from_sqlite_pool(pool, Strategy::Optimistic, "dlock").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a bad table prefix, [`Error::Unsupported`] for `for-update`,
+    /// [`Error::Backend`] if the tables cannot be created.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub async fn from_sqlite_pool(
+        pool: sqlx::SqlitePool,
+        strategy: Strategy,
+        table: &str,
+    ) -> Result<Self> {
+        check_table(table)?;
+        if strategy == Strategy::ForUpdate {
+            return Err(Error::unsupported("sqlite", "the for-update strategy"));
+        }
+        let store = format!(
+            "sqlite://{}#{table}/{strategy}",
+            pool.connect_options().get_filename().display()
+        );
+        let pool = Pool::Sqlite(pool);
+        pool.raw("PRAGMA journal_mode = WAL")
+            .await
+            .map_err(|e| from_sqlx("sqlite", "switch the database to WAL mode", e))?;
+        Self::start(pool, None, Dialect::Sqlite, strategy, table, store).await
+    }
+
+    /// A provider on a PostgreSQL pool the application already has, with dlock's tables named
+    /// `<table>_…`; they are created if missing. As [`from_mysql_pool`](Self::from_mysql_pool):
+    /// `for-update` opens a second pool of `lock_pool_size` connections with the same options.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await.expect("pool");
+    /// let locks = SqlProvider::from_pg_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`from_mysql_pool`](Self::from_mysql_pool).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn from_pg_pool(
+        pool: sqlx::PgPool,
+        strategy: Strategy,
+        table: &str,
+        lock_pool_size: u32,
+    ) -> Result<Self> {
+        check_table(table)?;
+        let options = (*pool.connect_options()).clone();
+        let store = format!(
+            "postgres://{}:{}/{}#{table}/{strategy}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        );
+        let lock_pool = if strategy == Strategy::ForUpdate {
+            Some(
+                db::pg_pool(lock_pool_size.max(1), options, "5s")
+                    .await
+                    .map_err(|e| from_sqlx("postgres", "open the for-update pool", e))?,
+            )
+        } else {
+            None
+        };
+        Self::start(
+            Pool::Postgres(pool),
+            lock_pool,
+            Dialect::Postgres,
+            strategy,
+            table,
+            store,
+        )
+        .await
+    }
+
+    /// Creates the tables and the provider around its pools.
+    async fn start(
+        pool: Pool,
+        lock_pool: Option<Pool>,
+        dialect: Dialect,
+        strategy: Strategy,
+        table: &str,
+        store_id: String,
+    ) -> Result<Self> {
+        let backend = backend_name(dialect);
+        let mariadb = match dialect {
+            Dialect::MySql => {
+                let row = query("SELECT VERSION()")
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(|e| from_sqlx(backend, "read the server version", e))?;
+                let version = row
+                    .text(0)
+                    .map_err(|e| from_sqlx(backend, "read the server version", e))?;
+                check_server_version(&version)?
+            }
+            Dialect::Sqlite | Dialect::Postgres => false,
+        };
+        let sql = Statements::new(dialect, table, mariadb);
+        for ddl in &sql.ddl {
+            // Two providers creating one PostgreSQL table at once: one of them fails on the
+            // catalog's unique index although the statement says IF NOT EXISTS. The second
+            // try sees the table.
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match pool.raw(ddl).await {
+                    Ok(()) => break,
+                    Err(e) if tries < 3 && error::meaning(&e) == error::Meaning::Duplicate => {}
+                    Err(e) => return Err(from_sqlx(backend, "create dlock's tables", e)),
+                }
+            }
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 lock_pool,
                 sql,
-                dialect: config.dialect,
-                strategy: config.strategy,
+                dialect,
+                strategy,
                 backend,
                 client_id: uuid::Uuid::new_v4().to_string(),
                 ids: AtomicU64::new(0),
-                store_id: config.store_id(),
+                store_id,
                 versions: Mutex::new(HashMap::new()),
                 holders: Mutex::new(HashMap::new()),
             }),
@@ -283,20 +427,19 @@ impl SqlProvider {
         let s = &self.inner.sql;
         let backend = self.inner.backend;
         let err = |e| from_sqlx(backend, "describe", e);
-        use sqlx::Row;
         let status = match self.inner.strategy {
             Strategy::UniqueInsert => {
-                let row = sqlx::query(&s.describe_hold)
+                let row = query(&s.describe_hold)
                     .bind(key)
                     .fetch_optional(&self.inner.pool)
                     .await
                     .map_err(err)?;
                 match row {
                     Some(row) => {
-                        let owner: String = row.try_get(0).map_err(err)?;
-                        let id: i64 = row.try_get(1).map_err(err)?;
-                        let takeovers: i64 = row.try_get(2).map_err(err)?;
-                        let left: i64 = row.try_get(3).map_err(err)?;
+                        let owner = row.text(0).map_err(err)?;
+                        let id = row.int(1).map_err(err)?;
+                        let takeovers = row.int(2).map_err(err)?;
+                        let left = row.int(3).map_err(err)?;
                         let token = (u64::try_from(id).unwrap_or(0) << 20)
                             | u64::try_from(takeovers).unwrap_or(0);
                         status(left > 0, Some(owner), left, Some(token))
@@ -305,16 +448,16 @@ impl SqlProvider {
                 }
             }
             Strategy::Optimistic => {
-                let row = sqlx::query(&s.describe_version)
+                let row = query(&s.describe_version)
                     .bind(key)
                     .fetch_optional(&self.inner.pool)
                     .await
                     .map_err(err)?;
                 match row {
                     Some(row) => {
-                        let owner: String = row.try_get(0).map_err(err)?;
-                        let version: i64 = row.try_get(1).map_err(err)?;
-                        let left: i64 = row.try_get(2).map_err(err)?;
+                        let owner = row.text(0).map_err(err)?;
+                        let version = row.int(1).map_err(err)?;
+                        let left = row.int(2).map_err(err)?;
                         let held = !owner.is_empty() && left > 0;
                         status(
                             held,
@@ -327,24 +470,16 @@ impl SqlProvider {
                 }
             }
             Strategy::ForUpdate => {
-                let row = sqlx::query(&s.describe_fence)
+                let row = query(&s.describe_fence)
                     .bind(key)
                     .fetch_optional(&self.inner.pool)
                     .await
                     .map_err(err)?;
                 let token = match row {
-                    Some(row) => u64::try_from(row.try_get::<i64, _>(0).map_err(err)?).ok(),
+                    Some(row) => u64::try_from(row.int(0).map_err(err)?).ok(),
                     None => None,
                 };
-                // Whether a row lock is held cannot be read without taking it: try NOWAIT.
-                let lock = self.lock(name.as_str(), LockOptions::default())?;
-                let held = match lock.try_acquire(Duration::ZERO).await? {
-                    Some(g) => {
-                        let _ = g.release().await;
-                        false
-                    }
-                    None => true,
-                };
+                let held = self.row_locked(&name).await?;
                 if held {
                     LockStatus::held_by(LockKind::Mutex, Vec::new()).with_last_token(token)
                 } else {
@@ -356,27 +491,41 @@ impl SqlProvider {
     }
 }
 
+impl SqlProvider {
+    /// For-update: whether some connection holds `name`'s row lock, asked with a shared lock
+    /// that does not wait, in a transaction rolled back at once: it never takes the lock (a
+    /// plain try would) nor bumps the fence.
+    async fn row_locked(&self, name: &LockName) -> Result<bool> {
+        let backend = self.inner.backend;
+        let Some(lock_pool) = &self.inner.lock_pool else {
+            return Ok(false);
+        };
+        let mut conn = lock_pool
+            .acquire()
+            .await
+            .map_err(|e| from_sqlx(backend, "connect", e))?;
+        let asked = query(&self.inner.sql.row_locked)
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&mut conn)
+            .await;
+        if query("ROLLBACK").execute(&mut conn).await.is_err() {
+            conn.close_on_drop();
+        }
+        match asked {
+            Ok(_) => Ok(false),
+            Err(e) if error::meaning(&e) == error::Meaning::Busy => Ok(true),
+            Err(e) => {
+                conn.close_on_drop();
+                Err(from_sqlx(backend, "describe", e))
+            }
+        }
+    }
+}
+
 /// Creates the directory of a SQLite file (the driver creates the file, not its directory).
-///
-/// The URL holds the path percent-encoded (a space is `%20`), and sqlx decodes it: so must
-/// this, or `/home/Jane Doe/...` would get a directory named `Jane%20Doe` (review M3).
 fn create_parent_dir(config: &SqlConfig) -> Result<()> {
-    let text = config.url.expose().as_str();
-    let encoded = text
-        .strip_prefix("sqlite://")
-        .unwrap_or(text)
-        .split('?')
-        .next()
-        .unwrap_or_default();
-    let path = percent_decode(encoded).ok_or_else(|| {
-        Error::config(format!(
-            "the SQLite path {encoded:?} is not valid UTF-8 once decoded"
-        ))
-    })?;
-    if let Some(dir) = std::path::Path::new(&path)
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-    {
+    let path = config.sqlite_path()?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::Config {
             message: format!(
                 "cannot create the directory {} for the SQLite file: {e}",
@@ -388,30 +537,124 @@ fn create_parent_dir(config: &SqlConfig) -> Result<()> {
     Ok(())
 }
 
-/// Decodes `%XX` escapes (as sqlx does for SQLite paths); `None` if the result is not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied(),
-            bytes.get(i + 2).copied(),
-        ) {
-            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
-                let value = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
-                out.push(u8::try_from(value).unwrap_or(b'?'));
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
+/// Refuses a server on which fencing tokens could go backwards; says whether it is MariaDB.
+///
+/// The tokens come from `AUTO_INCREMENT` counters and counter rows: a server that resets
+/// `AUTO_INCREMENT` on restart (MySQL before 8.0, MariaDB before 10.2.4) could hand out a
+/// token twice, and `for-update` needs `NOWAIT` (MySQL 8.0, MariaDB 10.3).
+fn check_server_version(version: &str) -> Result<bool> {
+    let mariadb = version.contains("MariaDB");
+    // MariaDB may prefix its version with "5.5.5-" for old replication clients.
+    let numbers = if mariadb {
+        version.strip_prefix("5.5.5-").unwrap_or(version)
+    } else {
+        version
+    };
+    let mut parts = numbers
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    let (floor, name) = if mariadb {
+        ((10, 3), "MariaDB 10.3")
+    } else {
+        ((8, 0), "MySQL 8.0")
+    };
+    if (major, minor) < floor {
+        return Err(Error::unsupported(
+            "mysql",
+            format!(
+                "server version {version:?}: dlock needs {name} or later (older servers reset \
+                 AUTO_INCREMENT on restart, so fencing tokens could repeat)"
+            ),
+        ));
+    }
+    Ok(mariadb)
+}
+
+/// File systems whose locks SQLite cannot trust: the file may be shared by two hosts, each
+/// believing it holds the write lock.
+const NETWORK_FILE_SYSTEMS: &[&str] = &[
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "ceph",
+    "glusterfs",
+    "fuse.glusterfs",
+    "fuse.sshfs",
+    "afs",
+    "lustre",
+    "gpfs",
+    "virtiofs",
+    "fuse.s3fs",
+];
+
+/// Warns (once per connect) if the SQLite file lives on a network file system.
+fn warn_if_network_fs(path: &std::path::Path) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let Ok(dir) = std::fs::canonicalize(dir.unwrap_or(std::path::Path::new("."))) else {
+        return;
+    };
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    if let Some(fs) = network_fs(&mounts, &dir) {
+        tracing::warn!(
+            file = %path.display(),
+            fs,
+            "the SQLite file is on a network file system, whose locks SQLite cannot trust: \
+             two hosts could both hold a lock; use a local disk or a server backend"
+        );
+    }
+}
+
+/// The type of the file system `dir` is on, per `/proc/self/mountinfo`, if it is a network
+/// one (the mount with the longest mount point that contains `dir`).
+fn network_fs(mountinfo: &str, dir: &std::path::Path) -> Option<String> {
+    let mut best: Option<(usize, &str)> = None;
+    for line in mountinfo.lines() {
+        // id parent major:minor root mount-point options [optional fields] - type source ...
+        let mut fields = line.split(' ');
+        let Some(mount_point) = fields.nth(4) else {
+            continue;
+        };
+        let Some(fs_type) = line.split(" - ").nth(1).and_then(|t| t.split(' ').next()) else {
+            continue;
+        };
+        let mount_point = mount_point.replace("\\040", " ");
+        if dir.starts_with(&mount_point) && best.is_none_or(|(len, _)| mount_point.len() >= len) {
+            best = Some((mount_point.len(), fs_type));
         }
     }
-    String::from_utf8(out).ok()
+    best.map(|(_, fs)| fs)
+        .filter(|fs| NETWORK_FILE_SYSTEMS.contains(fs))
+        .map(str::to_owned)
+}
+
+/// The backend name errors and handles carry.
+fn backend_name(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::MySql => "mysql",
+        Dialect::Sqlite => "sqlite",
+        Dialect::Postgres => "postgres",
+    }
+}
+
+/// A table prefix is formatted into the statements: only a plain identifier is accepted.
+fn check_table(table: &str) -> Result<()> {
+    if table.is_empty()
+        || table.len() > 40
+        || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(Error::config(format!(
+            "table={table:?}: a table prefix is 1 to 40 of [A-Za-z0-9_]"
+        )));
+    }
+    Ok(())
 }
 
 fn status(held: bool, owner: Option<String>, left_ms: i64, token: Option<u64>) -> LockStatus {
@@ -486,19 +729,47 @@ impl LockProvider for SqlProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decode;
+    use super::check_server_version;
 
     #[test]
-    fn percent_decoding_matches_the_driver() {
+    fn a_file_on_a_network_file_system_is_found() {
+        use std::path::Path;
+        let mounts = "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n\
+                      40 22 0:50 / /mnt/shared rw - nfs4 srv:/export rw,vers=4.2\n\
+                      41 40 8:2 / /mnt/shared/local rw shared:5 - ext4 /dev/sdb1 rw\n\
+                      42 22 0:51 / /home/Jane\\040Doe rw - cifs //srv/jane rw\n";
+        assert_eq!(super::network_fs(mounts, Path::new("/var/lib/app")), None);
         assert_eq!(
-            percent_decode("/home/Jane%20Doe/x.db").unwrap(),
-            "/home/Jane Doe/x.db"
+            super::network_fs(mounts, Path::new("/mnt/shared/app")).as_deref(),
+            Some("nfs4")
         );
         assert_eq!(
-            percent_decode("/home/jos%C3%A9/x.db").unwrap(),
-            "/home/josé/x.db"
+            super::network_fs(mounts, Path::new("/mnt/shared/local/x")),
+            None
         );
-        assert_eq!(percent_decode("/a%2/b%zz%").unwrap(), "/a%2/b%zz%");
-        assert!(percent_decode("/bad%FF").is_none());
+        assert_eq!(
+            super::network_fs(mounts, Path::new("/home/Jane Doe/locks")).as_deref(),
+            Some("cifs")
+        );
+    }
+
+    #[test]
+    fn servers_that_could_repeat_tokens_are_refused() {
+        assert!(check_server_version("10.11.19-MariaDB-0+deb12u1").unwrap());
+        assert!(!check_server_version("8.0.36").unwrap());
+        assert!(!check_server_version("8.4.0-commercial").unwrap());
+        assert!(check_server_version("5.5.5-10.3.39-MariaDB").unwrap());
+        for old in [
+            "5.7.44-log",
+            "10.2.44-MariaDB",
+            "5.5.5-10.1.48-MariaDB",
+            "garbage",
+        ] {
+            let e = check_server_version(old).unwrap_err();
+            assert!(
+                matches!(e, dlock_core::Error::Unsupported { .. }),
+                "{old}: {e}"
+            );
+        }
     }
 }

@@ -6,6 +6,7 @@ use crate::config::Dialect;
 /// The DDL and statements of one provider.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
+    pub(crate) dialect: Dialect,
     pub(crate) ddl: Vec<String>,
     // unique-insert
     pub(crate) insert_hold: String,
@@ -34,6 +35,9 @@ pub(crate) struct Statements {
     pub(crate) describe_hold: String,
     pub(crate) describe_version: String,
     pub(crate) describe_fence: String,
+    /// For-update: whether the row is locked, learned with a shared lock that does not wait
+    /// (it fails at once if a holder has the row), never by taking the lock.
+    pub(crate) row_locked: String,
 }
 
 /// The database clock, in milliseconds since the epoch.
@@ -41,11 +45,31 @@ fn now(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::MySql => "CAST(ROUND(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000) AS SIGNED)",
         Dialect::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        // clock_timestamp(), not now(): now() is the start of the transaction.
+        Dialect::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
     }
 }
 
+/// PostgreSQL numbers its placeholders: `?` becomes `$1`, `$2`, … (no statement here has a
+/// `?` inside a string literal).
+fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl Statements {
-    pub(crate) fn new(dialect: Dialect, t: &str) -> Self {
+    /// `mariadb` picks MariaDB's spelling where MySQL's differs.
+    pub(crate) fn new(dialect: Dialect, t: &str, mariadb: bool) -> Self {
         let now = now(dialect);
         let ddl = match dialect {
             Dialect::MySql => vec![
@@ -100,10 +124,39 @@ impl Statements {
                      token INTEGER NOT NULL)"
                 ),
             ],
+            Dialect::Postgres => vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_holds (\
+                     name BYTEA NOT NULL PRIMARY KEY, \
+                     id BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, \
+                     owner TEXT NOT NULL, \
+                     holds INT NOT NULL, \
+                     takeovers BIGINT NOT NULL DEFAULT 0, \
+                     expires_at BIGINT NOT NULL)"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_versions (\
+                     name BYTEA NOT NULL PRIMARY KEY, \
+                     owner TEXT NOT NULL DEFAULT '', \
+                     holds INT NOT NULL DEFAULT 0, \
+                     version BIGINT NOT NULL DEFAULT 0, \
+                     expires_at BIGINT NOT NULL DEFAULT 0)"
+                ),
+                format!("CREATE TABLE IF NOT EXISTS {t}_rows (name BYTEA NOT NULL PRIMARY KEY)"),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_fence (\
+                     name BYTEA NOT NULL PRIMARY KEY, \
+                     token BIGINT NOT NULL)"
+                ),
+            ],
         };
-        let (insert_ignore, claim_version, next_fence) = match dialect {
+        let (insert_ignore, ignore_suffix) = match dialect {
+            Dialect::MySql => ("INSERT IGNORE INTO", ""),
+            Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
+            Dialect::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
+        };
+        let (claim_version, next_fence) = match dialect {
             Dialect::MySql => (
-                "INSERT IGNORE INTO",
                 // LAST_INSERT_ID(expr) hands the new version back with the UPDATE's answer.
                 format!(
                     "UPDATE {t}_versions SET owner = ?, holds = 1, \
@@ -115,8 +168,7 @@ impl Statements {
                      ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
                 ),
             ),
-            Dialect::Sqlite => (
-                "INSERT OR IGNORE INTO",
+            Dialect::Sqlite | Dialect::Postgres => (
                 format!(
                     "UPDATE {t}_versions SET owner = ?, holds = 1, version = version + 1, \
                      expires_at = {now} + ? \
@@ -125,18 +177,51 @@ impl Statements {
                 ),
                 format!(
                     "INSERT INTO {t}_fence (name, token) VALUES (?, 1) \
-                     ON CONFLICT(name) DO UPDATE SET token = token + 1 RETURNING token"
+                     ON CONFLICT(name) DO UPDATE SET token = {t}_fence.token + 1 RETURNING token"
                 ),
             ),
         };
-        Self {
+        let (connection_id, lock_wait_timeout, hold_timeout, reset_hold_timeout, share_nowait) =
+            match dialect {
+                Dialect::Postgres => (
+                    "pg_backend_pid()::BIGINT",
+                    // lock_timeout bounds the wait; idle_in_transaction_session_timeout is
+                    // the server-side lease (a session idle in its transaction that long is
+                    // ended, which frees the row).
+                    // Both take milliseconds up to 2^31 - 1 (24.8 days).
+                    "SELECT set_config('lock_timeout', \
+                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false), \
+                     set_config('idle_in_transaction_session_timeout', \
+                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)",
+                    "SELECT set_config('idle_in_transaction_session_timeout', \
+                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)",
+                    "SELECT set_config('idle_in_transaction_session_timeout', '0', false)",
+                    "FOR SHARE NOWAIT",
+                ),
+                _ => (
+                    "CONNECTION_ID()",
+                    "SET SESSION innodb_lock_wait_timeout = ?, wait_timeout = ?",
+                    // The server-side lease of a for-update hold: the server closes a
+                    // connection idle this long, which rolls back and frees the row (a paused
+                    // or cut-off holder).
+                    "SET SESSION wait_timeout = ?",
+                    "SET SESSION wait_timeout = DEFAULT",
+                    if mariadb {
+                        "LOCK IN SHARE MODE NOWAIT"
+                    } else {
+                        "FOR SHARE NOWAIT"
+                    },
+                ),
+            };
+        let statements = Self {
+            dialect,
             ddl,
             insert_hold: format!(
                 "INSERT INTO {t}_holds (name, owner, holds, takeovers, expires_at) \
                  VALUES (?, ?, 1, 0, {now} + ?){}",
                 match dialect {
                     Dialect::MySql => "",
-                    Dialect::Sqlite => " RETURNING id",
+                    Dialect::Sqlite | Dialect::Postgres => " RETURNING id",
                 }
             ),
             take_over_hold: format!(
@@ -152,7 +237,9 @@ impl Statements {
             ),
             claim_version,
             select_version: format!("SELECT version FROM {t}_versions WHERE name = ?"),
-            insert_version: format!("{insert_ignore} {t}_versions (name) VALUES (?)"),
+            insert_version: format!(
+                "{insert_ignore} {t}_versions (name) VALUES (?){ignore_suffix}"
+            ),
             release_version: format!(
                 "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
                  WHERE name = ? AND owner = ? AND version = ?"
@@ -165,19 +252,16 @@ impl Statements {
                 "UPDATE {t}_versions SET expires_at = {now} + ? \
                  WHERE name = ? AND owner = ? AND version = ?"
             ),
-            insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?)"),
+            insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
             row_exists: format!("SELECT 1 FROM {t}_rows WHERE name = ?"),
-            lock_row: format!("SELECT CONNECTION_ID() FROM {t}_rows WHERE name = ? FOR UPDATE"),
+            lock_row: format!("SELECT {connection_id} FROM {t}_rows WHERE name = ? FOR UPDATE"),
             lock_row_nowait: format!(
-                "SELECT CONNECTION_ID() FROM {t}_rows WHERE name = ? FOR UPDATE NOWAIT"
+                "SELECT {connection_id} FROM {t}_rows WHERE name = ? FOR UPDATE NOWAIT"
             ),
-            lock_wait_timeout: "SET SESSION innodb_lock_wait_timeout = ?, wait_timeout = ?"
-                .to_owned(),
-            connection_id: "SELECT CONNECTION_ID()".to_owned(),
-            // The server-side lease of a for-update hold: the server closes a connection idle
-            // this long, which rolls back and frees the row (a paused or cut-off holder).
-            hold_timeout: "SET SESSION wait_timeout = ?".to_owned(),
-            reset_hold_timeout: "SET SESSION wait_timeout = DEFAULT".to_owned(),
+            lock_wait_timeout: lock_wait_timeout.to_owned(),
+            connection_id: format!("SELECT {connection_id}"),
+            hold_timeout: hold_timeout.to_owned(),
+            reset_hold_timeout: reset_hold_timeout.to_owned(),
             next_fence,
             describe_hold: format!(
                 "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"
@@ -186,6 +270,53 @@ impl Statements {
                 "SELECT owner, version, expires_at - {now} FROM {t}_versions WHERE name = ?"
             ),
             describe_fence: format!("SELECT token FROM {t}_fence WHERE name = ?"),
+            row_locked: format!("SELECT 1 FROM {t}_rows WHERE name = ? {share_nowait}"),
+        };
+        if dialect == Dialect::Postgres {
+            statements.numbered()
+        } else {
+            statements
+        }
+    }
+
+    /// Every statement with PostgreSQL's numbered placeholders.
+    fn numbered(self) -> Self {
+        let n = |s: String| numbered(&s);
+        Self {
+            dialect: self.dialect,
+            ddl: self.ddl,
+            insert_hold: n(self.insert_hold),
+            take_over_hold: n(self.take_over_hold),
+            select_hold_token: n(self.select_hold_token),
+            delete_hold: n(self.delete_hold),
+            renew_hold: n(self.renew_hold),
+            claim_version: n(self.claim_version),
+            select_version: n(self.select_version),
+            insert_version: n(self.insert_version),
+            release_version: n(self.release_version),
+            release_version_by_owner: n(self.release_version_by_owner),
+            renew_version: n(self.renew_version),
+            insert_row: n(self.insert_row),
+            row_exists: n(self.row_exists),
+            lock_row: n(self.lock_row),
+            lock_row_nowait: n(self.lock_row_nowait),
+            lock_wait_timeout: n(self.lock_wait_timeout),
+            connection_id: self.connection_id,
+            hold_timeout: n(self.hold_timeout),
+            reset_hold_timeout: self.reset_hold_timeout,
+            next_fence: n(self.next_fence),
+            describe_hold: n(self.describe_hold),
+            describe_version: n(self.describe_version),
+            describe_fence: n(self.describe_fence),
+            row_locked: n(self.row_locked),
+        }
+    }
+
+    /// Stops the statement running on server connection `id` (a cancelled lock wait).
+    pub(crate) fn kill_query(&self, id: u64) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("SELECT pg_cancel_backend({id})"),
+            _ => format!("KILL QUERY {id}"),
         }
     }
 }

@@ -5,13 +5,10 @@ use std::time::Duration;
 
 use dlock_core::backend::{Deadline, Hold, HoldSignal, from_now};
 use dlock_core::{Error, LockName, LossReason, Result, async_trait};
-use sqlx::AnyConnection;
-use sqlx::any::AnyRow;
-use sqlx::pool::PoolConnection;
-use sqlx::{Any, Row};
 use tokio::time::Instant;
 
 use crate::Inner;
+use crate::db::{Conn, query};
 use crate::error::{Meaning, from_sqlx, meaning};
 
 /// Tokens of the unique-insert strategy: the row's AUTO_INCREMENT id in the high bits (it only
@@ -56,16 +53,16 @@ impl Attempt {
     }
 
     /// A connection of the provider's pool for a few statements in a row.
-    pub(crate) async fn connection(&self) -> Result<PoolConnection<Any>> {
+    pub(crate) async fn connection(&self) -> Result<Conn> {
         self.inner.pool.acquire().await.map_err(self.err("connect"))
     }
 
     // ------------------------------------------------------------ unique-insert
 
     /// INSERT the hold; on a duplicate, take an expired row over with a conditional UPDATE.
-    pub(crate) async fn unique_insert(&self, conn: &mut AnyConnection) -> Result<Option<u64>> {
+    pub(crate) async fn unique_insert(&self, conn: &mut Conn) -> Result<Option<u64>> {
         let s = &self.inner.sql;
-        let insert = sqlx::query(&s.insert_hold)
+        let insert = query(&s.insert_hold)
             .bind(self.key())
             .bind(&self.owner)
             .bind(ms(self.lease));
@@ -74,11 +71,11 @@ impl Attempt {
             crate::Dialect::MySql => insert
                 .execute(&mut *conn)
                 .await
-                .map(|done| done.last_insert_id()),
-            crate::Dialect::Sqlite => insert
+                .map(|done| done.last_insert_id.and_then(|id| i64::try_from(id).ok())),
+            crate::Dialect::Sqlite | crate::Dialect::Postgres => insert
                 .fetch_one(&mut *conn)
                 .await
-                .and_then(|row| row.try_get::<i64, _>(0))
+                .and_then(|row| row.int(0))
                 .map(Some),
         };
         match inserted {
@@ -87,17 +84,17 @@ impl Attempt {
             Err(e) if meaning(&e) == Meaning::Duplicate => {}
             Err(e) => return Err(self.err("acquire")(e)),
         }
-        let taken = sqlx::query(&s.take_over_hold)
+        let taken = query(&s.take_over_hold)
             .bind(&self.owner)
             .bind(ms(self.lease))
             .bind(self.key())
             .execute(&mut *conn)
             .await
             .map_err(self.err("take over"))?;
-        if taken.rows_affected() != 1 {
+        if taken.rows_affected != 1 {
             return Ok(None);
         }
-        let row = sqlx::query(&s.select_hold_token)
+        let row = query(&s.select_hold_token)
             .bind(self.key())
             .bind(&self.owner)
             .fetch_optional(&mut *conn)
@@ -107,8 +104,8 @@ impl Attempt {
             // Taken over from us already (our lease was shorter than the round trip).
             return Ok(None);
         };
-        let id: i64 = row.try_get(0).map_err(self.err("read the token"))?;
-        let takeovers: i64 = row.try_get(1).map_err(self.err("read the token"))?;
+        let id = row.int(0).map_err(self.err("read the token"))?;
+        let takeovers = row.int(1).map_err(self.err("read the token"))?;
         if takeovers >= 1 << TAKEOVER_BITS {
             // The row's token space is used up. The attempt's undo deletes the row (it is
             // ours now) and the retry inserts a new one, whose larger id gives larger tokens
@@ -131,32 +128,32 @@ impl Attempt {
         self.unique_release_on(&mut conn).await
     }
 
-    pub(crate) async fn unique_release_on(&self, conn: &mut AnyConnection) -> Result<bool> {
-        let done = sqlx::query(&self.inner.sql.delete_hold)
+    pub(crate) async fn unique_release_on(&self, conn: &mut Conn) -> Result<bool> {
+        let done = query(&self.inner.sql.delete_hold)
             .bind(self.key())
             .bind(&self.owner)
             .execute(&mut *conn)
             .await
             .map_err(self.err("release"))?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected == 1)
     }
 
     pub(crate) async fn unique_renew(&self, ttl: Duration) -> Result<bool> {
-        let done = sqlx::query(&self.inner.sql.renew_hold)
+        let done = query(&self.inner.sql.renew_hold)
             .bind(ms(ttl))
             .bind(self.key())
             .bind(&self.owner)
             .execute(&self.inner.pool)
             .await
             .map_err(self.err("renew"))?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected == 1)
     }
 
     // ------------------------------------------------------------ optimistic
 
     /// `UPDATE … WHERE version = ?` with the version last seen for this name; on a miss, read
     /// the current version (creating the row on first use) and try once more.
-    pub(crate) async fn optimistic(&self, conn: &mut AnyConnection) -> Result<Option<u64>> {
+    pub(crate) async fn optimistic(&self, conn: &mut Conn) -> Result<Option<u64>> {
         let cached = self.inner.cached_version(&self.name);
         if let Some(version) = cached
             && let Some(token) = self.claim(conn, version).await?
@@ -164,25 +161,25 @@ impl Attempt {
             return Ok(Some(token));
         }
         let s = &self.inner.sql;
-        let mut row = sqlx::query(&s.select_version)
+        let mut row = query(&s.select_version)
             .bind(self.key())
             .fetch_optional(&mut *conn)
             .await
             .map_err(self.err("read the version"))?;
         if row.is_none() {
-            sqlx::query(&s.insert_version)
+            query(&s.insert_version)
                 .bind(self.key())
                 .execute(&mut *conn)
                 .await
                 .map_err(self.err("create the row"))?;
-            row = sqlx::query(&s.select_version)
+            row = query(&s.select_version)
                 .bind(self.key())
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(self.err("read the version"))?;
         }
         let Some(row) = row else { return Ok(None) };
-        let version: i64 = row.try_get(0).map_err(self.err("read the version"))?;
+        let version = row.int(0).map_err(self.err("read the version"))?;
         self.inner.cache_version(&self.name, version);
         if cached == Some(version) {
             return Ok(None); // the claim above already failed on this very version
@@ -190,8 +187,8 @@ impl Attempt {
         self.claim(conn, version).await
     }
 
-    async fn claim(&self, conn: &mut AnyConnection, version: i64) -> Result<Option<u64>> {
-        let q = sqlx::query(&self.inner.sql.claim_version)
+    async fn claim(&self, conn: &mut Conn, version: i64) -> Result<Option<u64>> {
+        let q = query(&self.inner.sql.claim_version)
             .bind(&self.owner)
             .bind(ms(self.lease))
             .bind(self.key())
@@ -199,19 +196,20 @@ impl Attempt {
         let next = match self.inner.dialect {
             crate::Dialect::MySql => {
                 let done = q.execute(&mut *conn).await.map_err(self.err("acquire"))?;
-                if done.rows_affected() != 1 {
+                if done.rows_affected != 1 {
                     None
                 } else {
-                    Some(done.last_insert_id().ok_or_else(|| self.missing_id())?)
+                    let id = done.last_insert_id.ok_or_else(|| self.missing_id())?;
+                    Some(i64::try_from(id).map_err(|_| self.missing_id())?)
                 }
             }
-            crate::Dialect::Sqlite => {
-                let row: Option<AnyRow> = q
+            crate::Dialect::Sqlite | crate::Dialect::Postgres => {
+                let row = q
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(self.err("acquire"))?;
                 match row {
-                    Some(row) => Some(row.try_get::<i64, _>(0).map_err(self.err("acquire"))?),
+                    Some(row) => Some(row.int(0).map_err(self.err("acquire"))?),
                     None => None,
                 }
             }
@@ -229,13 +227,13 @@ impl Attempt {
 
     pub(crate) async fn optimistic_release_on(
         &self,
-        conn: &mut AnyConnection,
+        conn: &mut Conn,
         version: Option<u64>,
     ) -> Result<bool> {
         let s = &self.inner.sql;
         let done = match version {
             Some(v) => {
-                sqlx::query(&s.release_version)
+                query(&s.release_version)
                     .bind(self.key())
                     .bind(&self.owner)
                     .bind(i64::try_from(v).unwrap_or(i64::MAX))
@@ -243,7 +241,7 @@ impl Attempt {
                     .await
             }
             None => {
-                sqlx::query(&s.release_version_by_owner)
+                query(&s.release_version_by_owner)
                     .bind(self.key())
                     .bind(&self.owner)
                     .execute(&mut *conn)
@@ -251,11 +249,11 @@ impl Attempt {
             }
         }
         .map_err(self.err("release"))?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected == 1)
     }
 
     pub(crate) async fn optimistic_renew(&self, version: u64, ttl: Duration) -> Result<bool> {
-        let done = sqlx::query(&self.inner.sql.renew_version)
+        let done = query(&self.inner.sql.renew_version)
             .bind(ms(ttl))
             .bind(self.key())
             .bind(&self.owner)
@@ -263,7 +261,7 @@ impl Attempt {
             .execute(&self.inner.pool)
             .await
             .map_err(self.err("renew"))?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected == 1)
     }
 
     // ------------------------------------------------------------ for-update
@@ -293,7 +291,7 @@ impl Attempt {
             message: format!(
                 "for-update pins one connection per held or waiting lock, and all {} of the \
                  pool are in use: raise ?pool=N (within the server's max_connections)",
-                lock_pool.options().get_max_connections()
+                lock_pool.max_connections()
             ),
             retryable: false,
             source: None,
@@ -339,10 +337,10 @@ impl Attempt {
                 let lock_wait = left.map_or(50, |left| {
                     i64::try_from(left.as_secs()).unwrap_or(50).min(50)
                 });
-                sqlx::query(&s.lock_wait_timeout)
+                query(&s.lock_wait_timeout)
                     .bind(lock_wait)
                     .bind(server_seconds(self.lease))
-                    .execute(&mut **conn.get()?)
+                    .execute(conn.get()?)
                     .await
                     .map_err(self.err("set the lock wait"))?;
             }
@@ -351,36 +349,41 @@ impl Attempt {
             } else {
                 &s.lock_row_nowait
             };
+            if self.inner.dialect == crate::Dialect::Postgres {
+                // PostgreSQL has no autocommit switch: the row lock's transaction is opened by
+                // hand (MySQL's lock pool opens one with every statement).
+                query("BEGIN")
+                    .execute(conn.get()?)
+                    .await
+                    .map_err(self.err("begin"))?;
+            }
             // A statement that may wait gets a killer, armed while it is in flight.
             let mut killer = None;
             if blocking {
                 let id = match connection_id {
                     Some(id) => id,
                     None => {
-                        let row = sqlx::query(&s.connection_id)
-                            .fetch_one(&mut **conn.get()?)
+                        let row = query(&s.connection_id)
+                            .fetch_one(conn.get()?)
                             .await
                             .map_err(self.err("connection id"))?;
-                        let id = u64::try_from(
-                            row.try_get::<i64, _>(0)
-                                .map_err(self.err("connection id"))?,
-                        )
-                        .unwrap_or(0);
+                        let id = u64::try_from(row.int(0).map_err(self.err("connection id"))?)
+                            .unwrap_or(0);
                         *connection_id.insert(id)
                     }
                 };
                 killer = Some(KillOnDrop(Some((Arc::clone(&self.inner), id))));
             }
-            let locked = sqlx::query(statement)
+            let locked = query(statement)
                 .bind(self.key())
-                .fetch_optional(&mut **conn.get()?)
+                .fetch_optional(conn.get()?)
                 .await;
             if let Some(mut k) = killer {
                 k.0 = None;
             }
             match locked {
                 Ok(Some(row)) => {
-                    let id: i64 = row.try_get(0).map_err(self.err("lock"))?;
+                    let id = row.int(0).map_err(self.err("lock"))?;
                     return Ok(Some((conn, u64::try_from(id).unwrap_or(0))));
                 }
                 Ok(None) => {
@@ -434,21 +437,22 @@ impl Attempt {
     /// The next fencing token of this name, committed on its own (a holder that dies cannot
     /// take its token back).
     pub(crate) async fn next_fence(&self) -> Result<u64> {
-        let q = sqlx::query(&self.inner.sql.next_fence).bind(self.key());
+        let q = query(&self.inner.sql.next_fence).bind(self.key());
         let v = match self.inner.dialect {
             crate::Dialect::MySql => {
                 let done = q
                     .execute(&self.inner.pool)
                     .await
                     .map_err(self.err("fence"))?;
-                done.last_insert_id().ok_or_else(|| self.missing_id())?
+                let id = done.last_insert_id.ok_or_else(|| self.missing_id())?;
+                i64::try_from(id).map_err(|_| self.missing_id())?
             }
-            crate::Dialect::Sqlite => {
+            crate::Dialect::Sqlite | crate::Dialect::Postgres => {
                 let row = q
                     .fetch_one(&self.inner.pool)
                     .await
                     .map_err(self.err("fence"))?;
-                row.try_get::<i64, _>(0).map_err(self.err("fence"))?
+                row.int(0).map_err(self.err("fence"))?
             }
         };
         Ok(u64::try_from(v).unwrap_or(0))
@@ -499,7 +503,7 @@ impl Drop for KillOnDrop {
             return;
         };
         rt.spawn(async move {
-            if let Err(e) = sqlx::query(&format!("KILL QUERY {id}"))
+            if let Err(e) = query(&inner.sql.kill_query(id))
                 .execute(&inner.pool)
                 .await
             {
@@ -512,10 +516,10 @@ impl Drop for KillOnDrop {
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
 /// without [`Pinned::into_pool`], it is closed (the server then rolls back and releases).
 #[derive(Debug)]
-pub(crate) struct Pinned(Option<PoolConnection<Any>>);
+pub(crate) struct Pinned(Option<Conn>);
 
 impl Pinned {
-    fn get(&mut self) -> Result<&mut PoolConnection<Any>> {
+    fn get(&mut self) -> Result<&mut Conn> {
         // A connection closed after a failed ROLLBACK (a reset): a new attempt gets another.
         self.0.as_mut().ok_or_else(|| Error::Backend {
             backend: "mysql",
@@ -527,7 +531,7 @@ impl Pinned {
 
     async fn rollback(&mut self) {
         if let Some(c) = self.0.as_mut()
-            && sqlx::query("ROLLBACK").execute(&mut **c).await.is_err()
+            && query("ROLLBACK").execute(c).await.is_err()
         {
             self.close();
         }
@@ -546,11 +550,11 @@ impl Pinned {
         let Some(c) = self.0.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
-        if let Err(e) = sqlx::query("COMMIT").execute(&mut **c).await {
+        if let Err(e) = query("COMMIT").execute(&mut *c).await {
             self.close();
             return Err(e);
         }
-        match sqlx::query(reset).execute(&mut **c).await {
+        match query(reset).execute(&mut *c).await {
             Ok(_) => drop(self.0.take()),
             // Committed (the row is free); only the connection is not reusable.
             Err(_) => self.close(),
@@ -568,11 +572,7 @@ impl Pinned {
         let Some(c) = self.0.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
-        match sqlx::query(statement)
-            .bind(server_seconds(ttl))
-            .execute(&mut **c)
-            .await
-        {
+        match query(statement).bind(server_seconds(ttl)).execute(c).await {
             Ok(_) => Ok(()),
             Err(e) => {
                 self.close();
@@ -591,7 +591,7 @@ impl Pinned {
     async fn ping(&mut self, limit: Duration) -> Option<bool> {
         let mut flight = ClosedUnlessReturned(Some(self.0.take()?));
         let answered = match flight.0.as_mut() {
-            Some(c) => tokio::time::timeout(limit, sqlx::Connection::ping(&mut **c)).await,
+            Some(c) => tokio::time::timeout(limit, c.ping()).await,
             None => return None,
         };
         match answered {
@@ -614,7 +614,7 @@ impl Pinned {
 
 /// A connection taken out of a [`Pinned`] for one call: closed when dropped, unless the call
 /// finished and put it back.
-struct ClosedUnlessReturned(Option<PoolConnection<Any>>);
+struct ClosedUnlessReturned(Option<Conn>);
 
 impl Drop for ClosedUnlessReturned {
     fn drop(&mut self) {
@@ -627,7 +627,7 @@ impl Drop for ClosedUnlessReturned {
 
 /// Drops a pool connection; without a tokio runtime (which the pool needs to take it back) it
 /// is leaked instead, and the server frees what it held when the process exits.
-fn drop_connection(c: PoolConnection<Any>) {
+fn drop_connection(c: Conn) {
     if tokio::runtime::Handle::try_current().is_ok() {
         drop(c);
     } else {

@@ -1,5 +1,7 @@
 //! The conformance suite for every SQL strategy: MySQL/MariaDB at `DLOCK_MYSQL_URL` (three
-//! strategies) and SQLite on a temporary file (two strategies).
+//! strategies), PostgreSQL at `DLOCK_POSTGRES_URL` (three strategies) and SQLite on a
+//! temporary file (two strategies); and providers made from the application's own sqlx pool
+//! (`from_mysql_pool`, `from_sqlite_pool`, `from_pg_pool`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,6 +15,8 @@ use sqlx::{AnyPool, Row};
 struct SqlFactory {
     url: String,
     strategy: &'static str,
+    /// The provider is made from a pool the test opens (`from_*_pool`), not from the URL.
+    from_pool: bool,
     providers: Mutex<Vec<SqlProvider>>,
     _file: Option<TempFile>,
 }
@@ -34,6 +38,17 @@ impl SqlFactory {
             // A for-update hold pins a connection: the cases hold up to 34 locks at once.
             url: format!("{url}?strategy={strategy}&pool=48"),
             strategy,
+            from_pool: false,
+            providers: Mutex::new(Vec::new()),
+            _file: None,
+        })
+    }
+
+    fn postgres(strategy: &'static str) -> Option<Self> {
+        service_url("DLOCK_POSTGRES_URL").map(|url| Self {
+            url: format!("{url}?strategy={strategy}&pool=48"),
+            strategy,
+            from_pool: false,
             providers: Mutex::new(Vec::new()),
             _file: None,
         })
@@ -45,13 +60,75 @@ impl SqlFactory {
         Some(Self {
             url: format!("sqlite://{}?strategy={strategy}", path.display()),
             strategy,
+            from_pool: false,
             providers: Mutex::new(Vec::new()),
             _file: Some(TempFile(path)),
         })
     }
 
+    fn on_own_pool(self) -> Self {
+        Self {
+            from_pool: true,
+            ..self
+        }
+    }
+
+    /// A provider for `url`: from the URL, or from a pool opened on it as an application
+    /// would (sqlx's defaults, none of dlock's settings).
+    async fn provider(&self, url: &str) -> Result<SqlProvider> {
+        if !self.from_pool {
+            return SqlProvider::connect(url).await;
+        }
+        let strategy: dlock_sql::Strategy = self.strategy.parse()?;
+        let base = url.split('?').next().unwrap();
+        if self.is_postgres() {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(48)
+                .connect(base)
+                .await
+                .unwrap();
+            return SqlProvider::from_pg_pool(pool, strategy, "dlock", 48).await;
+        }
+        if self.is_sqlite() {
+            let options = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(base.strip_prefix("sqlite://").unwrap())
+                .create_if_missing(true);
+            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+            SqlProvider::from_sqlite_pool(pool, strategy, "dlock").await
+        } else {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(48)
+                .connect(base)
+                .await
+                .unwrap();
+            SqlProvider::from_mysql_pool(pool, strategy, "dlock", 48).await
+        }
+    }
+
     fn is_sqlite(&self) -> bool {
         self.url.starts_with("sqlite:")
+    }
+
+    fn is_postgres(&self) -> bool {
+        self.url.starts_with("postgres")
+    }
+
+    /// `sql` with PostgreSQL's numbered placeholders where needed.
+    fn q(&self, sql: &str) -> String {
+        if !self.is_postgres() {
+            return sql.to_owned();
+        }
+        let mut n = 0;
+        sql.chars()
+            .map(|c| {
+                if c == '?' {
+                    n += 1;
+                    format!("${n}")
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
     }
 
     async fn admin(&self) -> AnyPool {
@@ -71,6 +148,9 @@ impl SqlFactory {
     /// case's providers know of whose transaction is still open. A cancelled waiter whose
     /// statement still waits on the server counts.
     async fn for_update_residue(&self, name: &str) -> usize {
+        if self.is_postgres() {
+            return self.pg_for_update_residue(name).await;
+        }
         let admin = self.admin().await;
         let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
         let mut threads = std::collections::BTreeSet::new();
@@ -113,15 +193,66 @@ impl SqlFactory {
     }
 }
 
+impl SqlFactory {
+    /// PostgreSQL: the backends this case's providers know hold `name` whose transaction is
+    /// still open, and every backend blocked by one of them (a cancelled waiter whose
+    /// statement still waits on the server counts).
+    async fn pg_for_update_residue(&self, name: &str) -> usize {
+        let admin = self.admin().await;
+        let holders: Vec<u64> = self
+            .providers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.holder_connection_id(name))
+            .collect();
+        let mut pids = std::collections::BTreeSet::new();
+        for id in holders {
+            let id = i64::try_from(id).unwrap();
+            let open: i64 = sqlx::query(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1 AND xact_start IS NOT NULL",
+            )
+            .bind(id)
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+            if open > 0 {
+                pids.insert(id);
+            }
+            let blocked = sqlx::query(
+                "SELECT pid::BIGINT FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(id)
+            .fetch_all(&admin)
+            .await
+            .unwrap();
+            for row in blocked {
+                pids.insert(row.try_get::<i64, _>(0).unwrap());
+            }
+        }
+        admin.close().await;
+        pids.len()
+    }
+}
+
 #[async_trait]
 impl Factory for SqlFactory {
     fn label(&self) -> String {
-        let db = if self.is_sqlite() { "sqlite" } else { "mysql" };
-        format!("{db}/{}", self.strategy)
+        let db = if self.is_sqlite() {
+            "sqlite"
+        } else if self.is_postgres() {
+            "postgres"
+        } else {
+            "mysql"
+        };
+        let own = if self.from_pool { " (own pool)" } else { "" };
+        format!("{db}/{}{own}", self.strategy)
     }
 
     async fn connect(&self) -> Result<DynLockProvider> {
-        let p = SqlProvider::connect(&self.url).await?;
+        let p = self.provider(&self.url).await?;
         self.providers.lock().unwrap().push(p.clone());
         Ok(Arc::new(p))
     }
@@ -133,8 +264,9 @@ impl Factory for SqlFactory {
         }
         Some(
             async {
-                let (cut, url) = ProxyPartition::start(&self.url, 3306).await?;
-                let p = SqlProvider::connect(&url).await?;
+                let port = if self.is_postgres() { 5432 } else { 3306 };
+                let (cut, url) = ProxyPartition::start(&self.url, port).await?;
+                let p = self.provider(&url).await?;
                 self.providers.lock().unwrap().push(p.clone());
                 let p: DynLockProvider = Arc::new(p);
                 Ok((p, Box::new(cut) as Box<dyn Partition>))
@@ -156,18 +288,20 @@ impl Factory for SqlFactory {
         let admin = self.admin().await;
         match self.strategy {
             "unique-insert" => {
-                sqlx::query("DELETE FROM dlock_holds WHERE name = ?")
+                sqlx::query(&self.q("DELETE FROM dlock_holds WHERE name = ?"))
                     .bind(name.as_bytes())
                     .execute(&admin)
                     .await
                     .unwrap();
             }
             "optimistic" => {
-                sqlx::query("UPDATE dlock_versions SET owner = '', expires_at = 0 WHERE name = ?")
-                    .bind(name.as_bytes())
-                    .execute(&admin)
-                    .await
-                    .unwrap();
+                sqlx::query(
+                    &self.q("UPDATE dlock_versions SET owner = '', expires_at = 0 WHERE name = ?"),
+                )
+                .bind(name.as_bytes())
+                .execute(&admin)
+                .await
+                .unwrap();
             }
             _ => {
                 // for-update: kill the connection that holds the row lock.
@@ -178,10 +312,12 @@ impl Factory for SqlFactory {
                     .iter()
                     .find_map(|p| p.holder_connection_id(name))
                     .expect("a holder connection");
-                sqlx::query(&format!("KILL {id}"))
-                    .execute(&admin)
-                    .await
-                    .unwrap();
+                let kill = if self.is_postgres() {
+                    format!("SELECT pg_terminate_backend({id})")
+                } else {
+                    format!("KILL {id}")
+                };
+                sqlx::query(&kill).execute(&admin).await.unwrap();
             }
         }
         admin.close().await;
@@ -195,7 +331,7 @@ impl Factory for SqlFactory {
             _ => return Some(Ok(self.for_update_residue(name).await)),
         };
         let admin = self.admin().await;
-        let n: i64 = sqlx::query(query)
+        let n: i64 = sqlx::query(&self.q(query))
             .bind(name.as_bytes())
             .fetch_one(&admin)
             .await
@@ -230,4 +366,40 @@ mod sqlite_unique_insert {
 mod sqlite_optimistic {
     use super::*;
     dlock_conformance::conformance_tests!(SqlFactory::sqlite("optimistic"));
+}
+
+mod mysql_for_update_own_pool {
+    use super::*;
+    dlock_conformance::conformance_tests!(
+        SqlFactory::mysql("for-update").map(SqlFactory::on_own_pool)
+    );
+}
+
+mod sqlite_unique_insert_own_pool {
+    use super::*;
+    dlock_conformance::conformance_tests!(
+        SqlFactory::sqlite("unique-insert").map(SqlFactory::on_own_pool)
+    );
+}
+
+mod postgres_unique_insert {
+    use super::*;
+    dlock_conformance::conformance_tests!(SqlFactory::postgres("unique-insert"));
+}
+
+mod postgres_optimistic {
+    use super::*;
+    dlock_conformance::conformance_tests!(SqlFactory::postgres("optimistic"));
+}
+
+mod postgres_for_update {
+    use super::*;
+    dlock_conformance::conformance_tests!(SqlFactory::postgres("for-update"));
+}
+
+mod postgres_for_update_own_pool {
+    use super::*;
+    dlock_conformance::conformance_tests!(
+        SqlFactory::postgres("for-update").map(SqlFactory::on_own_pool)
+    );
 }

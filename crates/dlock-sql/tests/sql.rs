@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use dlock_conformance::{Names, eventually, must, service_url};
 use dlock_core::{Lease, LockOptions, LockProvider};
-use dlock_sql::SqlProvider;
+use dlock_sql::{SqlProvider, Strategy};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 use tokio::time::Instant;
@@ -58,6 +58,35 @@ fn targets(strategies: &[&str]) -> Vec<(String, String, Option<std::path::PathBu
         out.push((url, format!("sqlite/{s}"), Some(path)));
     }
     out
+}
+
+/// [`targets`], and PostgreSQL's strategies when `DLOCK_POSTGRES_URL` is configured.
+fn targets_with_postgres(strategies: &[&str]) -> Vec<(String, String, Option<std::path::PathBuf>)> {
+    let mut out = targets(strategies);
+    if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
+        for s in strategies {
+            out.push((format!("{pg}?strategy={s}"), format!("postgres/{s}"), None));
+        }
+    }
+    out
+}
+
+/// `sql` with PostgreSQL's numbered placeholders when `url` is PostgreSQL's.
+fn q(url: &str, sql: &str) -> String {
+    if !url.starts_with("postgres") {
+        return sql.to_owned();
+    }
+    let mut n = 0;
+    sql.chars()
+        .map(|c| {
+            if c == '?' {
+                n += 1;
+                format!("${n}")
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A worker process, killed if the test ends (or fails) while it still runs.
@@ -124,20 +153,26 @@ async fn worker_process() {
             let db = admin(&url).await;
             for _ in 0..cycles {
                 let g = lock.acquire().await.unwrap();
-                let v: i64 = sqlx::query("SELECT value FROM dlock_test_counter WHERE name = ?")
-                    .bind(name.as_bytes())
-                    .fetch_one(&db)
-                    .await
-                    .unwrap()
-                    .try_get(0)
-                    .unwrap();
+                let v: i64 = sqlx::query(&q(
+                    &url,
+                    "SELECT value FROM dlock_test_counter WHERE name = ?",
+                ))
+                .bind(name.as_bytes())
+                .fetch_one(&db)
+                .await
+                .unwrap()
+                .try_get(0)
+                .unwrap();
                 tokio::task::yield_now().await;
-                sqlx::query("UPDATE dlock_test_counter SET value = ? WHERE name = ?")
-                    .bind(v + 1)
-                    .bind(name.as_bytes())
-                    .execute(&db)
-                    .await
-                    .unwrap();
+                sqlx::query(&q(
+                    &url,
+                    "UPDATE dlock_test_counter SET value = ? WHERE name = ?",
+                ))
+                .bind(v + 1)
+                .bind(name.as_bytes())
+                .execute(&db)
+                .await
+                .unwrap();
                 g.release().await.unwrap();
             }
         }
@@ -157,22 +192,31 @@ async fn processes_contending_keep_the_counter_exact() {
     const PROCESSES: u32 = 4;
     const CYCLES: u32 = 25;
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in targets(&["unique-insert", "optimistic", "for-update"]) {
+    for (url, label, file) in targets_with_postgres(&["unique-insert", "optimistic", "for-update"])
+    {
         let name = Names::new().name("cross");
         // Creates dlock's tables before the workers race to.
         let _p = SqlProvider::connect(&url).await.unwrap();
         let db = admin(&url).await;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS dlock_test_counter (name VARCHAR(255) NOT NULL PRIMARY KEY, value BIGINT NOT NULL)",
-        )
+        let bytes = if url.starts_with("postgres") {
+            "BYTEA"
+        } else {
+            "VARBINARY(255)"
+        };
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS dlock_test_counter (name {bytes} NOT NULL PRIMARY KEY, value BIGINT NOT NULL)",
+        ))
         .execute(&db)
         .await
         .unwrap();
-        sqlx::query("INSERT INTO dlock_test_counter (name, value) VALUES (?, 0)")
-            .bind(name.as_bytes())
-            .execute(&db)
-            .await
-            .unwrap();
+        sqlx::query(&q(
+            &url,
+            "INSERT INTO dlock_test_counter (name, value) VALUES (?, 0)",
+        ))
+        .bind(name.as_bytes())
+        .execute(&db)
+        .await
+        .unwrap();
         let mut children: Vec<_> = (0..PROCESSES)
             .map(|_| spawn_worker("count", &url, &name, CYCLES))
             .collect();
@@ -190,13 +234,16 @@ async fn processes_contending_keep_the_counter_exact() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        let v: i64 = sqlx::query("SELECT value FROM dlock_test_counter WHERE name = ?")
-            .bind(name.as_bytes())
-            .fetch_one(&db)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
+        let v: i64 = sqlx::query(&q(
+            &url,
+            "SELECT value FROM dlock_test_counter WHERE name = ?",
+        ))
+        .bind(name.as_bytes())
+        .fetch_one(&db)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
         assert_eq!(v, i64::from(PROCESSES * CYCLES), "{label}: lost updates");
         db.close().await;
         if let Some(f) = file {
@@ -210,7 +257,8 @@ async fn processes_contending_keep_the_counter_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_the_lock() {
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in targets(&["unique-insert", "optimistic", "for-update"]) {
+    for (url, label, file) in targets_with_postgres(&["unique-insert", "optimistic", "for-update"])
+    {
         let name = Names::new().name("sigkill");
         let mut child = spawn_worker("hold", &url, &name, 0);
         let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -788,4 +836,271 @@ async fn a_row_out_of_tokens_starts_afresh() {
     );
     g.release().await.unwrap();
     remove_sqlite(&path);
+}
+
+/// A for-update lock taken inside the application's own transaction (`lock_in`) and a plain
+/// for-update holder exclude each other; the lock ends with the transaction (commit or
+/// rollback); its token is above every earlier holder's and never repeats after a rollback;
+/// a connection outside a transaction is refused, as is a provider of another strategy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let plain = SqlProvider::connect(&format!("{mysql}?strategy=for-update"))
+        .await
+        .unwrap();
+    let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
+    let locks = SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, "dlock", 4)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS dlock_test_fenced \
+         (id VARBINARY(255) NOT NULL PRIMARY KEY, fence BIGINT NOT NULL) ENGINE=InnoDB",
+    )
+    .execute(&app)
+    .await
+    .unwrap();
+    let name = Names::new().name("in-tx");
+    let plain_lock = plain.lock(&name, LockOptions::default()).unwrap();
+
+    // The transaction holds it: a plain holder cannot take it, and gets it at the commit.
+    let mut tx = app.begin().await.unwrap();
+    let session_wait: u64 = sqlx::query_scalar("SELECT @@innodb_lock_wait_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let held = locks
+        .lock_in(&mut tx, &name, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    assert_eq!(held.name().as_str(), name);
+    assert!(
+        plain_lock
+            .try_acquire(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the transaction holds the lock"
+    );
+    sqlx::query("INSERT INTO dlock_test_fenced (id, fence) VALUES (?, ?)")
+        .bind(name.as_bytes())
+        .bind(held.token().get())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let waiter = {
+        let lock = Arc::clone(&plain_lock);
+        tokio::spawn(async move { lock.try_acquire(Duration::from_secs(20)).await })
+    };
+    tx.commit().await.unwrap();
+    let g = must(Duration::from_secs(25), "the plain waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted once the transaction committed");
+    assert!(g.fencing_token() > held.token());
+    let stored: i64 = sqlx::query_scalar("SELECT fence FROM dlock_test_fenced WHERE id = ?")
+        .bind(name.as_bytes())
+        .fetch_one(&app)
+        .await
+        .unwrap();
+    assert_eq!(u64::try_from(stored).unwrap(), held.token().get());
+
+    // The plain holder holds it: the transaction does not get it, waiting or not, and the
+    // session's lock wait is put back afterwards.
+    let mut tx = app.begin().await.unwrap();
+    assert!(
+        locks
+            .lock_in(&mut tx, &name, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        locks
+            .lock_in(&mut tx, &name, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let after: u64 = sqlx::query_scalar("SELECT @@innodb_lock_wait_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        after, session_wait,
+        "the session's lock wait was not put back"
+    );
+    tx.rollback().await.unwrap();
+    let last_plain = g.fencing_token();
+    g.release().await.unwrap();
+
+    // A rollback ends the lock too; the token it had is never handed out again.
+    let mut tx = app.begin().await.unwrap();
+    let again = locks
+        .lock_in(&mut tx, &name, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(again.token() > last_plain);
+    tx.rollback().await.unwrap();
+    let g = plain_lock
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free after the rollback");
+    assert!(g.fencing_token() > again.token());
+    g.release().await.unwrap();
+
+    // Outside a transaction the row lock would end with its statement: refused.
+    let mut conn = app.acquire().await.unwrap();
+    let e = locks
+        .lock_in(&mut conn, &name, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, dlock_core::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+    drop(conn);
+    let other = SqlProvider::from_mysql_pool(app.clone(), Strategy::UniqueInsert, "dlock", 1)
+        .await
+        .unwrap();
+    let mut tx = app.begin().await.unwrap();
+    let e = other
+        .lock_in(&mut tx, &name, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock_core::Error::Unsupported { .. }), "{e}");
+    tx.rollback().await.unwrap();
+    sqlx::query("DELETE FROM dlock_test_fenced WHERE id = ?")
+        .bind(name.as_bytes())
+        .execute(&app)
+        .await
+        .unwrap();
+}
+
+/// `describe` of a for-update lock neither takes it nor bumps its fence (issue 11 item 8): it
+/// used to try the lock with NOWAIT, which took a fencing token when the lock was free (and
+/// made a concurrent NOWAIT acquirer fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describing_a_for_update_lock_neither_takes_it_nor_bumps_the_fence() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let p = SqlProvider::connect(&format!("{mysql}?strategy=for-update"))
+        .await
+        .unwrap();
+    let name = Names::new().name("describe-fence");
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    let g = lock.acquire().await.unwrap();
+    let first = g.fencing_token().get();
+    let status = p.describe(&name).await.unwrap();
+    assert!(status.is_held(), "{status:?}");
+    assert_eq!(status.last_token, Some(first));
+    g.release().await.unwrap();
+    for _ in 0..3 {
+        let status = p.describe(&name).await.unwrap();
+        assert!(!status.is_held(), "{status:?}");
+        assert_eq!(status.last_token, Some(first), "describe bumped the fence");
+    }
+    let g = lock.acquire().await.unwrap();
+    assert_eq!(
+        g.fencing_token().get(),
+        first + 1,
+        "the next holder's token is the next one: describe handed out none"
+    );
+    g.release().await.unwrap();
+}
+
+/// A for-update guard dropped on a thread with no tokio runtime still frees its row at once:
+/// the release, and with it the pinned connection's COMMIT, runs on the runtime the guard was
+/// made on (review: "a dropped guard leaks its pinned connection"; the core's guard captures
+/// that runtime). Without it the row would stay locked for the hold's 60 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_for_update_guard_dropped_outside_the_runtime_frees_its_row() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let url = format!("{mysql}?strategy=for-update");
+    let (a, b) = (
+        SqlProvider::connect(&url).await.unwrap(),
+        SqlProvider::connect(&url).await.unwrap(),
+    );
+    let name = Names::new().name("drop-off-runtime");
+    let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(60)));
+    let g = a.lock(&name, opts).unwrap().acquire().await.unwrap();
+    std::thread::spawn(move || drop(g)).join().unwrap();
+    let g = must(
+        Duration::from_secs(15),
+        "an acquire after the drop",
+        b.lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(Duration::from_secs(10)),
+    )
+    .await
+    .unwrap()
+    .expect("the dropped guard's row was freed well within its 60 s lease");
+    g.release().await.unwrap();
+}
+
+/// A holder process frozen with SIGSTOP (a GC pause, a VM migration, a partition) past its 2 s
+/// lease loses the lock, and another process acquires it within the lease + 2 s: by the
+/// row's expiry (unique-insert, optimistic), or by the server-side lease of for-update (the
+/// server ends a connection idle longer than its `wait_timeout` or
+/// `idle_in_transaction_session_timeout`; without it the row stayed locked for the server's
+/// default, 8 hours on MySQL, forever on PostgreSQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_holder_process_loses_the_lock_within_its_lease() {
+    let _serial = SERIAL.lock().await;
+    for (url, label, file) in targets_with_postgres(&["unique-insert", "optimistic", "for-update"])
+    {
+        let name = Names::new().name("sigstop");
+        let mut child = spawn_worker("hold", &url, &name, 0);
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let held = tokio::task::block_in_place(|| {
+            let mut line = String::new();
+            while out.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.trim_end().ends_with("HELD") {
+                    return true;
+                }
+                line.clear();
+            }
+            false
+        });
+        assert!(held, "{label}: the worker never held the lock");
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let lock = p.lock(&name, LockOptions::default()).unwrap();
+        assert!(
+            lock.try_acquire(Duration::ZERO).await.unwrap().is_none(),
+            "{label}: held by the child"
+        );
+        let stopped = Command::new("kill")
+            .args(["-STOP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let frozen = Instant::now();
+        // The lease is 2 s (renewed every 2/3 s): the row or the connection outlives the
+        // freeze by at most that, plus the 2 s the issue allows.
+        let g = must(
+            Duration::from_secs(4) + Duration::from_secs(1),
+            &format!("{label}: free after the holder froze"),
+            lock.try_acquire(Duration::from_secs(4)),
+        )
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{label}: still held 4 s after its holder froze"));
+        eprintln!("{label}: free {:?} after SIGSTOP", frozen.elapsed());
+        g.release().await.unwrap();
+        let _ = Command::new("kill")
+            .args(["-CONT", &child.id().to_string()])
+            .status();
+        drop(child);
+        if let Some(f) = file {
+            remove_sqlite(&f);
+        }
+    }
 }

@@ -134,6 +134,13 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                 "mysql"
             };
             let sqlite = backend == "sqlite";
+            // As durable as the provider: dlock's SQLite syncs every commit unless the URL
+            // opts out with ?synchronous=normal.
+            let synchronous = if url.contains("synchronous=normal") {
+                "PRAGMA synchronous = NORMAL"
+            } else {
+                "PRAGMA synchronous = FULL"
+            };
             let pool = AnyPoolOptions::new()
                 .max_connections(1)
                 .test_before_acquire(false)
@@ -143,7 +150,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                         if sqlite {
                             use sqlx::Executor;
                             conn.execute("PRAGMA journal_mode = WAL").await?;
-                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                            conn.execute(synchronous).await?;
                         }
                         Ok(())
                     })

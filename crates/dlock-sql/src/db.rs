@@ -1,0 +1,594 @@
+//! The two drivers behind one small private interface: typed sqlx pools and connections (no
+//! `Any`, so no process-wide driver registry to collide with the application's), statements
+//! with bound arguments, and rows read by position.
+//!
+//! The strategies write each statement once (`query(sql).bind(..).execute(on)`); this module
+//! turns it into the driver's own typed query. A statement runs on a pool, a pooled connection
+//! or a bare connection (the application's transaction).
+#![cfg_attr(
+    not(any(feature = "mysql", feature = "sqlite")),
+    allow(
+        dead_code,
+        unused_imports,
+        unused_variables,
+        unreachable_code,
+        clippy::needless_pass_by_value
+    )
+)]
+
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Database, Encode, Executor, Type};
+
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+use crate::config::Strategy;
+use crate::config::{Dialect, SqlConfig};
+
+#[cfg(feature = "mysql")]
+use sqlx::mysql::{MySql, MySqlConnection, MySqlPool, MySqlRow};
+#[cfg(feature = "postgres")]
+use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
+#[cfg(feature = "sqlite")]
+use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool, SqliteRow};
+
+/// A connection pool of one driver.
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    /// MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(MySqlPool),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(SqlitePool),
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(PgPool),
+}
+
+/// A connection checked out of a [`Pool`]; it goes back when dropped.
+#[derive(Debug)]
+pub(crate) enum Conn {
+    #[cfg(feature = "mysql")]
+    MySql(PoolConnection<MySql>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(PoolConnection<Sqlite>),
+    #[cfg(feature = "postgres")]
+    Postgres(PoolConnection<Postgres>),
+}
+
+/// Where a statement runs.
+pub(crate) enum On<'c> {
+    Pool(&'c Pool),
+    #[cfg(feature = "mysql")]
+    MySql(&'c mut MySqlConnection),
+    #[cfg(feature = "sqlite")]
+    Sqlite(&'c mut SqliteConnection),
+    #[cfg(feature = "postgres")]
+    Postgres(&'c mut PgConnection),
+}
+
+impl<'c> From<&'c Pool> for On<'c> {
+    fn from(pool: &'c Pool) -> Self {
+        On::Pool(pool)
+    }
+}
+
+impl<'c> From<&'c mut Conn> for On<'c> {
+    fn from(conn: &'c mut Conn) -> Self {
+        match *conn {
+            #[cfg(feature = "mysql")]
+            Conn::MySql(ref mut c) => On::MySql(c),
+            #[cfg(feature = "sqlite")]
+            Conn::Sqlite(ref mut c) => On::Sqlite(c),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(ref mut c) => On::Postgres(c),
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<'c> From<&'c mut MySqlConnection> for On<'c> {
+    fn from(conn: &'c mut MySqlConnection) -> Self {
+        On::MySql(conn)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<'c> From<&'c mut PgConnection> for On<'c> {
+    fn from(conn: &'c mut PgConnection) -> Self {
+        On::Postgres(conn)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<'c> From<&'c mut SqliteConnection> for On<'c> {
+    fn from(conn: &'c mut SqliteConnection) -> Self {
+        On::Sqlite(conn)
+    }
+}
+
+impl Pool {
+    /// A connection for a few statements in a row.
+    pub(crate) async fn acquire(&self) -> Result<Conn, sqlx::Error> {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.acquire().await.map(Conn::MySql),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.acquire().await.map(Conn::Sqlite),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.acquire().await.map(Conn::Postgres),
+        }
+    }
+
+    /// The most connections the pool opens.
+    pub(crate) fn max_connections(&self) -> u32 {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.options().get_max_connections(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.options().get_max_connections(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.options().get_max_connections(),
+        }
+    }
+
+    /// Runs statements without arguments or preparation (DDL).
+    pub(crate) async fn raw(&self, sql: &str) -> Result<(), sqlx::Error> {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.execute(sql).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.execute(sql).await.map(drop),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.execute(sql).await.map(drop),
+        }
+    }
+}
+
+impl Conn {
+    /// Whether the connection answers.
+    pub(crate) async fn ping(&mut self) -> Result<(), sqlx::Error> {
+        use sqlx::Connection;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref mut c) => c.ping().await,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref mut c) => c.ping().await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref mut c) => c.ping().await,
+        }
+    }
+
+    /// Closes the connection when it is dropped, instead of returning it to the pool.
+    pub(crate) fn close_on_drop(&mut self) {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref mut c) => c.close_on_drop(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref mut c) => c.close_on_drop(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref mut c) => c.close_on_drop(),
+        }
+    }
+}
+
+/// A bound argument.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg<'a> {
+    Bytes(&'a [u8]),
+    Text(&'a str),
+    Int(i64),
+}
+
+impl<'a> From<&'a [u8]> for Arg<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Arg::Bytes(v)
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(v)
+    }
+}
+
+/// What a statement that returns no rows did.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Done {
+    /// Rows changed.
+    pub(crate) rows_affected: u64,
+    /// MySQL's `LAST_INSERT_ID()` after the statement (`None` on SQLite, which answers with
+    /// `RETURNING` instead).
+    pub(crate) last_insert_id: Option<u64>,
+}
+
+/// A row of a result, read by column position.
+pub(crate) enum Row {
+    #[cfg(feature = "mysql")]
+    MySql(MySqlRow),
+    #[cfg(feature = "sqlite")]
+    Sqlite(SqliteRow),
+    #[cfg(feature = "postgres")]
+    Postgres(PgRow),
+}
+
+impl Row {
+    /// An integer column (MySQL's unsigned ones too, such as `CONNECTION_ID()`, if they fit).
+    pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
+        use sqlx::Row as _;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => r.try_get::<i64, _>(i).or_else(|signed| {
+                let v = r.try_get::<u64, _>(i).map_err(|_| signed)?;
+                i64::try_from(v).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+            }),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get::<i64, _>(i),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => r
+                .try_get::<i64, _>(i)
+                .or_else(|wide| r.try_get::<i32, _>(i).map(i64::from).map_err(|_| wide)),
+        }
+    }
+
+    /// A text column.
+    pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+        use sqlx::Row as _;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => r.try_get::<String, _>(i),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get::<String, _>(i),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => r.try_get::<String, _>(i),
+        }
+    }
+}
+
+/// A statement and its arguments.
+#[must_use]
+pub(crate) struct Query<'a> {
+    sql: &'a str,
+    args: Vec<Arg<'a>>,
+}
+
+/// A statement with `?` placeholders, to [`bind`](Query::bind) and run.
+pub(crate) fn query(sql: &str) -> Query<'_> {
+    Query {
+        sql,
+        args: Vec::new(),
+    }
+}
+
+/// The driver's typed query for `sql` with `args` bound.
+fn typed<'q, DB>(
+    sql: &'q str,
+    args: &[Arg<'q>],
+) -> sqlx::query::Query<'q, DB, <DB as Database>::Arguments<'q>>
+where
+    DB: Database,
+    &'q [u8]: Encode<'q, DB> + Type<DB>,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+{
+    let mut q = sqlx::query::<DB>(sql);
+    for arg in args {
+        q = match *arg {
+            Arg::Bytes(v) => q.bind(v),
+            Arg::Text(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+impl<'a> Query<'a> {
+    /// Binds the next `?`.
+    pub(crate) fn bind(mut self, arg: impl Into<Arg<'a>>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Runs a statement that returns no rows.
+    pub(crate) async fn execute(self, on: impl Into<On<'_>>) -> Result<Done, sqlx::Error> {
+        match on.into() {
+            On::Pool(pool) => match *pool {
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => typed::<MySql>(self.sql, &self.args)
+                    .execute(p)
+                    .await
+                    .map(mysql_done),
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => typed::<Sqlite>(self.sql, &self.args)
+                    .execute(p)
+                    .await
+                    .map(sqlite_done),
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => typed::<Postgres>(self.sql, &self.args)
+                    .execute(p)
+                    .await
+                    .map(pg_done),
+            },
+            #[cfg(feature = "mysql")]
+            On::MySql(c) => typed::<MySql>(self.sql, &self.args)
+                .execute(c)
+                .await
+                .map(mysql_done),
+            #[cfg(feature = "sqlite")]
+            On::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
+                .execute(c)
+                .await
+                .map(sqlite_done),
+            #[cfg(feature = "postgres")]
+            On::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
+                .execute(c)
+                .await
+                .map(pg_done),
+        }
+    }
+
+    /// Runs a query that returns at most one row.
+    pub(crate) async fn fetch_optional(
+        self,
+        on: impl Into<On<'_>>,
+    ) -> Result<Option<Row>, sqlx::Error> {
+        match on.into() {
+            On::Pool(pool) => match *pool {
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => typed::<MySql>(self.sql, &self.args)
+                    .fetch_optional(p)
+                    .await
+                    .map(|r| r.map(Row::MySql)),
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => typed::<Sqlite>(self.sql, &self.args)
+                    .fetch_optional(p)
+                    .await
+                    .map(|r| r.map(Row::Sqlite)),
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => typed::<Postgres>(self.sql, &self.args)
+                    .fetch_optional(p)
+                    .await
+                    .map(|r| r.map(Row::Postgres)),
+            },
+            #[cfg(feature = "mysql")]
+            On::MySql(c) => typed::<MySql>(self.sql, &self.args)
+                .fetch_optional(c)
+                .await
+                .map(|r| r.map(Row::MySql)),
+            #[cfg(feature = "sqlite")]
+            On::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
+                .fetch_optional(c)
+                .await
+                .map(|r| r.map(Row::Sqlite)),
+            #[cfg(feature = "postgres")]
+            On::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
+                .fetch_optional(c)
+                .await
+                .map(|r| r.map(Row::Postgres)),
+        }
+    }
+
+    /// Runs a query that returns exactly one row.
+    pub(crate) async fn fetch_one(self, on: impl Into<On<'_>>) -> Result<Row, sqlx::Error> {
+        self.fetch_optional(on)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_done(r: sqlx::mysql::MySqlQueryResult) -> Done {
+    Done {
+        rows_affected: r.rows_affected(),
+        last_insert_id: Some(r.last_insert_id()),
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn pg_done(r: sqlx::postgres::PgQueryResult) -> Done {
+    Done {
+        rows_affected: r.rows_affected(),
+        last_insert_id: None,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_done(r: sqlx::sqlite::SqliteQueryResult) -> Done {
+    Done {
+        rows_affected: r.rows_affected(),
+        last_insert_id: None,
+    }
+}
+
+/// Opens the provider's pools for `config`: the statements' pool and, for `for-update`, the
+/// pool of connections that hold row locks (autocommit off).
+pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), sqlx::Error> {
+    match config.dialect {
+        #[cfg(feature = "mysql")]
+        Dialect::MySql => {
+            let options = mysql_options(config)?;
+            let pool = mysql_pool(config.pool, options.clone()).await?;
+            let lock_pool = if config.strategy == Strategy::ForUpdate {
+                Some(mysql_lock_pool(config.pool, options).await?)
+            } else {
+                None
+            };
+            Ok((pool, lock_pool))
+        }
+        #[cfg(feature = "sqlite")]
+        Dialect::Sqlite => {
+            let options = sqlite_options(config)?;
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(config.pool)
+                .test_before_acquire(false)
+                .acquire_timeout(POOL_WAIT)
+                .connect_with(options)
+                .await?;
+            Ok((Pool::Sqlite(pool), None))
+        }
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => {
+            use sqlx::ConnectOptions;
+            let options = sqlx::postgres::PgConnectOptions::from_url(config.url.expose())?;
+            let pool = pg_pool(config.pool, options.clone(), "2s").await?;
+            let lock_pool = if config.strategy == Strategy::ForUpdate {
+                Some(pg_pool(config.pool, options, "5s").await?)
+            } else {
+                None
+            };
+            Ok((pool, lock_pool))
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(sqlx::Error::Configuration(
+            format!(
+                "dlock-sql was built without the driver for {:?}",
+                config.dialect
+            )
+            .into(),
+        )),
+    }
+}
+
+/// How long a statement waits for a pooled connection before the pool reports itself busy.
+const POOL_WAIT: Duration = Duration::from_secs(10);
+
+/// The driver's options for a `mysql://` (or `mariadb://`) URL: the URL's own, with the
+/// session time zone pinned to UTC (the lease arithmetic reads the server's clock through
+/// `UNIX_TIMESTAMP`, which a local zone would shift around a daylight-saving change).
+#[cfg(feature = "mysql")]
+fn mysql_options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    Ok(
+        sqlx::mysql::MySqlConnectOptions::from_url(config.url.expose())?
+            .timezone(Some("+00:00".to_owned())),
+    )
+}
+
+/// The statements' pool. No ping on every checkout: a dead connection shows as a statement
+/// error, which is retried (and for a hold, reported as a loss); the ping would double each
+/// cycle's round trips.
+#[cfg(feature = "mysql")]
+async fn mysql_pool(
+    size: u32,
+    options: sqlx::mysql::MySqlConnectOptions,
+) -> Result<Pool, sqlx::Error> {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(POOL_WAIT)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Short statements only: one that waits on a row lock longer than this is
+                // answered as busy and retried by the caller.
+                conn.execute("SET SESSION innodb_lock_wait_timeout = 2")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await?;
+    Ok(Pool::MySql(pool))
+}
+
+/// The for-update pool: connections with autocommit off, one per held or waiting lock. Every
+/// `SELECT … FOR UPDATE` opens a transaction that COMMIT ends; a blocked one gives up after
+/// 5 s and is tried again.
+#[cfg(feature = "mysql")]
+pub(crate) async fn mysql_lock_pool(
+    size: u32,
+    options: sqlx::mysql::MySqlConnectOptions,
+) -> Result<Pool, sqlx::Error> {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(POOL_WAIT)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET autocommit = 0").await?;
+                conn.execute("SET SESSION innodb_lock_wait_timeout = 5")
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await?;
+    Ok(Pool::MySql(pool))
+}
+
+/// A PostgreSQL pool whose statements give up on a row lock after `lock_timeout` (they are
+/// retried; the for-update pool sets its own bound per wait).
+#[cfg(feature = "postgres")]
+pub(crate) async fn pg_pool(
+    size: u32,
+    options: sqlx::postgres::PgConnectOptions,
+    lock_timeout: &'static str,
+) -> Result<Pool, sqlx::Error> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(POOL_WAIT)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                conn.execute(format!("SET lock_timeout = '{lock_timeout}'").as_str())
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await?;
+    Ok(Pool::Postgres(pool))
+}
+
+/// The driver's options for a `sqlite://` URL: the file by its path (never re-parsed as a
+/// URL, so any directory name works), WAL, the busy timeout, and the driver parameters the
+/// URL names.
+#[cfg(feature = "sqlite")]
+fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    let bad = |key: &str, value: &str, expected: &str| {
+        sqlx::Error::Configuration(format!("{key}={value:?}: expected {expected}").into())
+    };
+    let path = config
+        .sqlite_path()
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+    let mut options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(config.busy_timeout)
+        .synchronous(if config.durable {
+            SqliteSynchronous::Full
+        } else {
+            SqliteSynchronous::Normal
+        });
+    for (key, value) in config.url.expose().query_pairs() {
+        options = match (&*key, &*value) {
+            ("mode", "rwc") => options.create_if_missing(true),
+            ("mode", "rw") => options.create_if_missing(false),
+            ("mode", "ro") => options.create_if_missing(false).read_only(true),
+            ("mode", v) => return Err(bad("mode", v, "rwc, rw or ro")),
+            ("cache", "shared") => options.shared_cache(true),
+            ("cache", "private") => options.shared_cache(false),
+            ("cache", v) => return Err(bad("cache", v, "shared or private")),
+            ("immutable", "true" | "1") => options.immutable(true),
+            ("immutable", "false" | "0") => options.immutable(false),
+            ("immutable", v) => return Err(bad("immutable", v, "true or false")),
+            ("vfs", v) => options.vfs(v.to_owned()),
+            (k, v) => return Err(bad(k, v, "no such SQLite parameter")),
+        };
+    }
+    Ok(options)
+}
