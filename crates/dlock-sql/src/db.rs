@@ -431,13 +431,30 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
             let options = sqlite_options(config)?;
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(config.pool)
-                .test_before_acquire(false)
-                .acquire_timeout(POOL_WAIT)
-                .connect_with(options)
-                .await?;
-            Ok((Pool::Sqlite(pool), None))
+            // Several processes opening one new file at once race to switch it to WAL (the
+            // first connection does): SQLite answers the loser BUSY at once, without its busy
+            // timeout. Opening again finds the file in WAL mode.
+            let give_up = dlock_core::backend::from_now(SETUP_PATIENCE);
+            let mut pause = setup_pauses();
+            loop {
+                let opened = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(config.pool)
+                    .test_before_acquire(false)
+                    .acquire_timeout(POOL_WAIT)
+                    .connect_with(options.clone())
+                    .await;
+                match opened {
+                    Ok(pool) => return Ok((Pool::Sqlite(pool), None)),
+                    Err(sqlx::Error::Database(db))
+                        if crate::error::sqlite_busy(db.as_ref())
+                            && tokio::time::Instant::now() < give_up =>
+                    {
+                        tracing::debug!(error = %db, "opening the SQLite file: trying again");
+                        tokio::time::sleep(pause.next_pause()).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         #[cfg(feature = "postgres")]
         Dialect::Postgres => {
@@ -460,6 +477,14 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
             .into(),
         )),
     }
+}
+
+/// How long opening a database and setting up dlock's tables may retry a busy database.
+pub(crate) const SETUP_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The pauses between two tries of a setup step on a busy database.
+pub(crate) fn setup_pauses() -> dlock_core::backend::Backoff {
+    dlock_core::backend::Backoff::new(Duration::from_millis(5), Duration::from_millis(200))
 }
 
 /// How long a statement waits for a pooled connection before the pool reports itself busy.

@@ -83,14 +83,18 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
                 // connections, read-only during failover
                 Some(1213 | 1205 | 3572 | 2006 | 2013 | 1040 | 1053 | 1290 | 1836) => true,
                 Some(_) => false,
-                // SQLite: BUSY (5) and LOCKED (6), with extended codes.
-                None => db
-                    .code()
-                    .and_then(|c| c.parse::<u32>().ok())
-                    .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+                None => sqlite_busy(db.as_ref()),
             };
             Error::backend(backend, format!("{what}: {e}"), retryable, e)
         }
         _ => Error::backend(backend, format!("{what}: {e}"), false, e),
     }
+}
+
+/// SQLite's BUSY (5) or LOCKED (6), with their extended codes: another connection has the
+/// lock; trying again can help.
+pub(crate) fn sqlite_busy(db: &dyn sqlx::error::DatabaseError) -> bool {
+    db.code()
+        .and_then(|c| c.parse::<u32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
 }

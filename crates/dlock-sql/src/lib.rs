@@ -289,9 +289,13 @@ impl SqlProvider {
             pool.connect_options().get_filename().display()
         );
         let pool = Pool::Sqlite(pool);
-        pool.raw("PRAGMA journal_mode = WAL")
-            .await
-            .map_err(|e| from_sqlx("sqlite", "switch the database to WAL mode", e))?;
+        setup(
+            &pool,
+            "sqlite",
+            "switch the database to WAL mode",
+            "PRAGMA journal_mode = WAL",
+        )
+        .await?;
         Self::start(pool, None, Dialect::Sqlite, strategy, table, store).await
     }
 
@@ -371,18 +375,7 @@ impl SqlProvider {
         };
         let sql = Statements::new(dialect, table, mariadb);
         for ddl in &sql.ddl {
-            // Two providers creating one PostgreSQL table at once: one of them fails on the
-            // catalog's unique index although the statement says IF NOT EXISTS. The second
-            // try sees the table.
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                match pool.raw(ddl).await {
-                    Ok(()) => break,
-                    Err(e) if tries < 3 && error::meaning(&e) == error::Meaning::Duplicate => {}
-                    Err(e) => return Err(from_sqlx(backend, "create dlock's tables", e)),
-                }
-            }
+            setup(&pool, backend, "create dlock's tables", ddl).await?;
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -724,6 +717,38 @@ impl LockProvider for SqlProvider {
             self.inner.backend,
             "semaphores (N slot rows per name; not offered by the SQL strategies yet)",
         ))
+    }
+}
+
+/// Runs one statement that sets up dlock's tables, again while the database answers that it
+/// is busy (for `db::SETUP_PATIENCE`) or that the table appeared meanwhile (twice):
+/// - several applications opening one new SQLite file at once race to switch it to WAL and
+///   create the tables; in rollback-journal mode SQLite answers a lock upgrade that would
+///   deadlock with `SQLITE_BUSY` at once, without waiting for its busy timeout;
+/// - two providers creating one PostgreSQL table at once: one of them fails on the catalog's
+///   unique index although the statement says IF NOT EXISTS. The next try sees the table.
+async fn setup(pool: &Pool, backend: &'static str, what: &str, sql: &str) -> Result<()> {
+    let give_up = dlock_core::backend::from_now(db::SETUP_PATIENCE);
+    let mut pause = db::setup_pauses();
+    let mut duplicates = 0;
+    loop {
+        let e = match pool.raw(sql).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let duplicate = error::meaning(&e) == error::Meaning::Duplicate;
+        let e = from_sqlx(backend, what, e);
+        let again = if duplicate {
+            duplicates += 1;
+            duplicates < 3
+        } else {
+            e.is_retryable() && tokio::time::Instant::now() < give_up
+        };
+        if !again {
+            return Err(e);
+        }
+        tracing::debug!(error = %e, "setting up dlock's tables: trying again");
+        tokio::time::sleep(pause.next_pause()).await;
     }
 }
 

@@ -761,6 +761,103 @@ async fn sqlite_path_with_a_space_and_an_accent() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Issue 11 item 5: `try_acquire(0)` is bounded by its wait (plus the handle's 2 s grace)
+/// even when SQLite's write lock is taken by someone else and the pool is the application's
+/// own (sqlx's busy timeout: 5 s), and the attempt cut off leaves nothing behind.
+#[tokio::test]
+async fn try_acquire_zero_is_bounded_while_sqlite_is_write_locked() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    let file =
+        std::env::temp_dir().join(format!("dlock-busy-{}.db", uuid::Uuid::new_v4().simple()));
+    let options = SqliteConnectOptions::new()
+        .filename(&file)
+        .create_if_missing(true);
+    let pool = SqlitePool::connect_with(options.clone()).await.unwrap();
+    let p = SqlProvider::from_sqlite_pool(pool, Strategy::UniqueInsert, "dlock")
+        .await
+        .unwrap();
+    // Another writer (of the application) holds SQLite's write lock.
+    let other = SqlitePool::connect_with(options).await.unwrap();
+    let mut writer = other.begin().await.unwrap();
+    sqlx::query("CREATE TABLE busy_marker (x INTEGER)")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let lock = p.lock("write-locked", LockOptions::default()).unwrap();
+    let started = Instant::now();
+    let r = lock.try_acquire(Duration::ZERO).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(r, Ok(None)),
+        "try_acquire(0) while write-locked: {r:?}"
+    );
+    // The grace is 2 s; the busy timeout 5 s.
+    assert!(
+        took < Duration::from_secs(4),
+        "try_acquire(0) took {took:?}"
+    );
+    writer.rollback().await.unwrap();
+    // Once the writer is gone, the lock is free: the cut-off attempt left nothing behind.
+    let g = eventually(
+        Duration::from_secs(10),
+        "the lock after the writer left",
+        || {
+            let lock = &lock;
+            async move {
+                match lock.try_acquire(Duration::ZERO).await {
+                    Ok(Some(g)) => Ok(g),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    g.release().await.unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
+}
+
+/// Several applications opening one new SQLite file at once, on their own pools or by URL, all
+/// get a provider: creating the tables and switching to WAL race in rollback-journal mode, where
+/// SQLite answers a lock upgrade that would deadlock with `SQLITE_BUSY` at once, without its
+/// busy timeout (found by the conformance suite on the application's own pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_opening_one_new_sqlite_file_at_once_all_connect() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    for round in 0..200 {
+        let file =
+            std::env::temp_dir().join(format!("dlock-race-{}.db", uuid::Uuid::new_v4().simple()));
+        let opens = (0..12).map(|i| {
+            let file = file.clone();
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    // By URL, with dlock's own pool.
+                    return SqlProvider::connect(&format!("sqlite://{}", file.display()))
+                        .await
+                        .map_err(|e| sqlx::Error::Protocol(e.to_string()));
+                }
+                let options = SqliteConnectOptions::new()
+                    .filename(&file)
+                    .create_if_missing(true);
+                let pool = SqlitePool::connect_with(options).await?;
+                SqlProvider::from_sqlite_pool(pool, Strategy::UniqueInsert, "dlock")
+                    .await
+                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))
+            })
+        });
+        let opens: Vec<_> = opens.collect();
+        for open in opens {
+            if let Err(e) = open.await.unwrap() {
+                panic!("round {round}: an application could not open the new file: {e}");
+            }
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+        }
+    }
+}
+
 /// Review M1: a for-update pool that stays exhausted (every connection pins a held lock) is
 /// an error that says so; it used to answer `None`, "held by someone", for a name nobody held.
 #[tokio::test]
