@@ -420,9 +420,9 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
         #[cfg(feature = "mysql")]
         Dialect::MySql => {
             let options = mysql_options(config)?;
-            let pool = mysql_pool(config.pool, options.clone()).await?;
+            let pool = mysql_pool(config.pool, options.clone(), MYSQL_STATEMENTS).await?;
             let lock_pool = if config.strategy == Strategy::ForUpdate {
-                Some(mysql_lock_pool(config.pool, options).await?)
+                Some(mysql_pool(config.pool, options, MYSQL_LOCKS).await?)
             } else {
                 None
             };
@@ -431,6 +431,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
             let options = sqlite_options(config)?;
+            crate::mounts::warn_if_shared(options.get_filename());
             // Several processes opening one new file at once race to switch it to WAL (the
             // first connection does): SQLite answers the loser BUSY at once, without its busy
             // timeout. Opening again finds the file in WAL mode.
@@ -502,49 +503,38 @@ fn mysql_options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions,
     )
 }
 
-/// The statements' pool. No ping on every checkout: a dead connection shows as a statement
-/// error, which is retried (and for a hold, reported as a loss); the ping would double each
-/// cycle's round trips.
+/// The statements' pool: short statements only; one that waits on a row lock longer than
+/// 2 s is answered as busy and retried by the caller.
 #[cfg(feature = "mysql")]
-async fn mysql_pool(
-    size: u32,
-    options: sqlx::mysql::MySqlConnectOptions,
-) -> Result<Pool, sqlx::Error> {
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(size)
-        .test_before_acquire(false)
-        .acquire_timeout(POOL_WAIT)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                // Short statements only: one that waits on a row lock longer than this is
-                // answered as busy and retried by the caller.
-                conn.execute("SET SESSION innodb_lock_wait_timeout = 2")
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect_with(options)
-        .await?;
-    Ok(Pool::MySql(pool))
-}
+const MYSQL_STATEMENTS: &[&str] = &["SET SESSION innodb_lock_wait_timeout = 2"];
 
 /// The for-update pool: connections with autocommit off, one per held or waiting lock. Every
 /// `SELECT … FOR UPDATE` opens a transaction that COMMIT ends; a blocked one gives up after
 /// 5 s and is tried again.
 #[cfg(feature = "mysql")]
-pub(crate) async fn mysql_lock_pool(
+pub(crate) const MYSQL_LOCKS: &[&str] = &[
+    "SET autocommit = 0",
+    "SET SESSION innodb_lock_wait_timeout = 5",
+];
+
+/// A MySQL pool whose connections run `session` when they open. No ping on every checkout: a
+/// dead connection shows as a statement error, which is retried (and for a hold, reported as
+/// a loss); the ping would double each cycle's round trips.
+#[cfg(feature = "mysql")]
+pub(crate) async fn mysql_pool(
     size: u32,
     options: sqlx::mysql::MySqlConnectOptions,
+    session: &'static [&'static str],
 ) -> Result<Pool, sqlx::Error> {
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(size)
         .test_before_acquire(false)
         .acquire_timeout(POOL_WAIT)
-        .after_connect(|conn, _| {
+        .after_connect(move |conn, _| {
             Box::pin(async move {
-                conn.execute("SET autocommit = 0").await?;
-                conn.execute("SET SESSION innodb_lock_wait_timeout = 5")
-                    .await?;
+                for statement in session {
+                    conn.execute(*statement).await?;
+                }
                 Ok(())
             })
         })

@@ -9,9 +9,11 @@ mod config;
 mod db;
 mod error;
 mod handles;
+#[cfg(feature = "sqlite")]
+mod mounts;
 mod sql;
 mod strategies;
-#[cfg(feature = "mysql")]
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 mod transaction;
 
 use std::collections::HashMap;
@@ -31,7 +33,7 @@ use crate::db::{Pool, query};
 use crate::error::from_sqlx;
 use crate::handles::SqlMutex;
 use crate::sql::Statements;
-#[cfg(feature = "mysql")]
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub use crate::transaction::TxLock;
 
 /// The URL schemes this backend serves (with the features that enable them).
@@ -233,7 +235,7 @@ impl SqlProvider {
         );
         let lock_pool = if strategy == Strategy::ForUpdate {
             Some(
-                db::mysql_lock_pool(lock_pool_size.max(1), options)
+                db::mysql_pool(lock_pool_size.max(1), options, db::MYSQL_LOCKS)
                     .await
                     .map_err(|e| from_sqlx("mysql", "open the for-update pool", e))?,
             )
@@ -284,6 +286,7 @@ impl SqlProvider {
         if strategy == Strategy::ForUpdate {
             return Err(Error::unsupported("sqlite", "the for-update strategy"));
         }
+        mounts::warn_if_shared(pool.connect_options().get_filename());
         let store = format!(
             "sqlite://{}#{table}/{strategy}",
             pool.connect_options().get_filename().display()

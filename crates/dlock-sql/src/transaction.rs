@@ -4,12 +4,17 @@
 use std::time::Duration;
 
 use dlock_core::{Error, FencingToken, LockName, Result};
+#[cfg(feature = "mysql")]
 use sqlx::MySqlConnection;
+#[cfg(feature = "postgres")]
+use sqlx::PgConnection;
 
 use crate::db::query;
 use crate::error::{Meaning, from_sqlx, meaning};
-use crate::strategies::{Attempt, server_seconds};
-use crate::{SqlProvider, Strategy};
+use crate::strategies::Attempt;
+#[cfg(feature = "mysql")]
+use crate::strategies::server_seconds;
+use crate::{Dialect, Inner, SqlProvider, Strategy};
 
 /// A for-update lock held by the caller's transaction (see [`SqlProvider::lock_in`]).
 ///
@@ -75,11 +80,14 @@ impl SqlProvider {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] unless the provider is MySQL/MariaDB with `for-update`;
+    /// [`Error::Unsupported`] unless the provider is MySQL/MariaDB with `for-update` (for
+    /// PostgreSQL see [`lock_in_pg`](Self::lock_in_pg));
     /// [`Error::InvalidArgument`] if `conn` has no open transaction (the row lock would end
     /// with the statement) or `name` is not a valid lock name; [`Error::Backend`] or
     /// [`Error::Connection`] for a failed statement (the transaction may then be unusable, as
     /// for any failed statement).
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn lock_in(
         &self,
         conn: &mut MySqlConnection,
@@ -88,13 +96,7 @@ impl SqlProvider {
     ) -> Result<Option<TxLock>> {
         let name = LockName::new(name)?;
         let inner = &self.inner;
-        if inner.strategy != Strategy::ForUpdate || inner.dialect != crate::Dialect::MySql {
-            return Err(Error::unsupported(
-                inner.backend,
-                "locks in the caller's transaction without the for-update strategy on MySQL \
-                 (connect with ?strategy=for-update)",
-            ));
-        }
+        in_transaction_supported(inner, Dialect::MySql)?;
         let backend = inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         let session = query("SELECT @@in_transaction, @@innodb_lock_wait_timeout")
@@ -102,11 +104,7 @@ impl SqlProvider {
             .await
             .map_err(err("read the session"))?;
         if session.int(0).map_err(err("read the session"))? == 0 {
-            return Err(Error::invalid_argument(
-                "conn",
-                "lock_in needs a connection inside a transaction (pool.begin()): without one \
-                 the row lock would end with its statement",
-            ));
+            return Err(not_in_transaction());
         }
         let previous = session.int(1).map_err(err("read the session"))?;
         // The row must exist before the transaction reads it: a locking read of a missing row
@@ -128,12 +126,7 @@ impl SqlProvider {
         }
         let locked = match query(statement).bind(key).fetch_optional(&mut *conn).await {
             Ok(Some(_)) => Ok(true),
-            Ok(None) => Err(Error::Backend {
-                backend,
-                message: format!("the row of lock {name:?} vanished (deleted by hand?)"),
-                retryable: true,
-                source: None,
-            }),
+            Ok(None) => Err(vanished(backend, &name)),
             Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
             Err(e) => Err(from_sqlx(backend, "lock", e)),
         };
@@ -147,16 +140,164 @@ impl SqlProvider {
         if !locked? {
             return Ok(None);
         }
-        let attempt = Attempt {
-            inner: std::sync::Arc::clone(inner),
-            name: name.clone(),
-            owner: String::new(),
-            lease: wait,
-        };
-        let token = attempt.next_fence().await?;
-        Ok(Some(TxLock {
-            name,
-            token: FencingToken::new(token),
-        }))
+        fenced(inner, name).await.map(Some)
     }
+
+    /// Takes the `for-update` lock `name` inside the caller's open PostgreSQL transaction,
+    /// waiting up to `wait` (`Duration::ZERO` does not wait). `Ok(None)` if another holder
+    /// kept it that long. As [`lock_in`](Self::lock_in) for MySQL: the lock is the
+    /// transaction's row lock and ends with it; it excludes the plain `for-update` locks of
+    /// providers on the same tables, and they exclude it.
+    ///
+    /// The lock is tried inside a savepoint, so a lock that stays busy (PostgreSQL ends such
+    /// a statement with an error, which would abort the whole transaction) leaves the caller's
+    /// transaction usable. The wait is a transaction-local `lock_timeout`, put back after it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await.expect("pool");
+    /// let locks = SqlProvider::from_pg_pool(pool.clone(), Strategy::ForUpdate, "dlock", 4).await?;
+    ///
+    /// let mut tx = pool.begin().await.expect("begin");
+    /// if let Some(lock) = locks.lock_in_pg(&mut tx, "invoices/42", Duration::from_secs(5)).await? {
+    ///     // A fenced write in the same transaction.
+    ///     let token = i64::try_from(lock.token().get()).expect("tokens fit in BIGINT");
+    ///     sqlx::query("UPDATE invoices SET state = 'paid', fence = $1 WHERE id = 42 AND fence < $1")
+    ///         .bind(token)
+    ///         .execute(&mut *tx)
+    ///         .await
+    ///         .expect("update");
+    ///     tx.commit().await.expect("commit"); // the lock ends with the transaction
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] unless the provider is PostgreSQL with `for-update`;
+    /// [`Error::InvalidArgument`] if `conn` has no open transaction (begun through sqlx) or
+    /// `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
+    /// failed statement.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn lock_in_pg(
+        &self,
+        conn: &mut PgConnection,
+        name: &str,
+        wait: Duration,
+    ) -> Result<Option<TxLock>> {
+        use sqlx::Connection;
+        let name = LockName::new(name)?;
+        let inner = &self.inner;
+        in_transaction_supported(inner, Dialect::Postgres)?;
+        if !conn.is_in_transaction() {
+            return Err(not_in_transaction());
+        }
+        let backend = inner.backend;
+        let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
+        // As on MySQL: the row exists before the transaction reads it, committed at once.
+        inner.create_row(&name).await?;
+        let previous: String = query("SELECT current_setting('lock_timeout')")
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|row| row.text(0))
+            .map_err(err("read the session"))?;
+        query("SAVEPOINT dlock_lock_in")
+            .execute(&mut *conn)
+            .await
+            .map_err(err("open a savepoint"))?;
+        let statement = if wait.is_zero() {
+            &inner.sql.lock_row_nowait
+        } else {
+            let ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+            query("SELECT set_config('lock_timeout', LEAST($1, 2147483647)::TEXT, true)")
+                .bind(ms.max(1))
+                .execute(&mut *conn)
+                .await
+                .map_err(err("set the lock wait"))?;
+            &inner.sql.lock_row
+        };
+        let locked = match query(statement)
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&mut *conn)
+            .await
+        {
+            Ok(Some(_)) => Ok(true),
+            Ok(None) => Err(vanished(backend, &name)),
+            Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
+            Err(e) => Err(from_sqlx(backend, "lock", e)),
+        };
+        if matches!(locked, Ok(true)) {
+            // Granted: releasing the savepoint keeps the row lock with the transaction; the
+            // lock wait goes back to what it was.
+            query("SELECT set_config('lock_timeout', $1, true)")
+                .bind(previous.as_str())
+                .execute(&mut *conn)
+                .await
+                .map_err(err("restore the lock wait"))?;
+        } else {
+            // Busy or failed: PostgreSQL aborted the transaction; rolling back to the
+            // savepoint makes it usable again and undoes the lock wait.
+            query("ROLLBACK TO SAVEPOINT dlock_lock_in")
+                .execute(&mut *conn)
+                .await
+                .map_err(err("roll back to the savepoint"))?;
+        }
+        query("RELEASE SAVEPOINT dlock_lock_in")
+            .execute(&mut *conn)
+            .await
+            .map_err(err("release the savepoint"))?;
+        if !locked? {
+            return Ok(None);
+        }
+        fenced(inner, name).await.map(Some)
+    }
+}
+
+/// The provider can lock inside a caller's transaction on `dialect`.
+fn in_transaction_supported(inner: &Inner, dialect: Dialect) -> Result<()> {
+    if inner.strategy != Strategy::ForUpdate || inner.dialect != dialect {
+        return Err(Error::unsupported(
+            inner.backend,
+            format!(
+                "locks in the caller's transaction without the for-update strategy on {dialect:?} \
+                 (connect with ?strategy=for-update)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn not_in_transaction() -> Error {
+    Error::invalid_argument(
+        "conn",
+        "lock_in needs a connection inside a transaction (pool.begin()): without one the row \
+         lock would end with its statement",
+    )
+}
+
+fn vanished(backend: &'static str, name: &LockName) -> Error {
+    Error::Backend {
+        backend,
+        message: format!("the row of lock {name:?} vanished (deleted by hand?)"),
+        retryable: true,
+        source: None,
+    }
+}
+
+/// The transaction holds `name`'s row: its fencing token, committed on its own.
+async fn fenced(inner: &std::sync::Arc<Inner>, name: LockName) -> Result<TxLock> {
+    let attempt = Attempt {
+        inner: std::sync::Arc::clone(inner),
+        name: name.clone(),
+        owner: String::new(),
+        lease: Duration::ZERO,
+    };
+    let token = attempt.next_fence().await?;
+    Ok(TxLock {
+        name,
+        token: FencingToken::new(token),
+    })
 }
