@@ -312,8 +312,24 @@ async fn killed_for_update_connection_reports_loss() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
         return;
     };
+    holder_connection_ended_reports_loss(&mysql, "KILL").await;
+}
+
+/// The same on PostgreSQL (issue 17): `pg_terminate_backend` of the holder's backend is
+/// reported through `lost()` at once, and another client gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_postgres_holder_backend_reports_loss() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    holder_connection_ended_reports_loss(&pg, "SELECT pg_terminate_backend").await;
+}
+
+/// Ends the for-update holder's server connection with `kill <id>` (or `kill(<id>)`) from an
+/// admin connection, and checks the holder is told at once and the lock is free.
+async fn holder_connection_ended_reports_loss(base: &str, kill: &str) {
     let _serial = SERIAL.lock().await;
-    let url = format!("{mysql}?strategy=for-update");
+    let url = format!("{base}?strategy=for-update");
     let p = SqlProvider::connect(&url).await.unwrap();
     let name = Names::new().name("kill-conn");
     let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
@@ -321,14 +337,16 @@ async fn killed_for_update_connection_reports_loss() {
     let id = p
         .holder_connection_id(&name)
         .expect("the holding connection");
-    let db = admin(&mysql).await;
-    sqlx::query(&format!("KILL {id}"))
-        .execute(&db)
-        .await
-        .unwrap();
+    let db = admin(base).await;
+    let statement = if kill.starts_with("SELECT") {
+        format!("{kill}({id})")
+    } else {
+        format!("{kill} {id}")
+    };
+    sqlx::query(&statement).execute(&db).await.unwrap();
     must(
         Duration::from_secs(5),
-        "lost() after KILL, long before the first renewal (10 s)",
+        "lost() after the connection was ended, long before the first renewal (10 s)",
         g.lost(),
     )
     .await;
