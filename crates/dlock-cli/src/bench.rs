@@ -44,7 +44,7 @@ pub enum Workload {
 pub struct BenchOpts {
     /// A store to measure (repeat for several). Default: the embedded SQLite (both
     /// strategies, in a temporary file), memory://, and every DLOCK_REDIS_URL, DLOCK_ZK_URL,
-    /// DLOCK_MYSQL_URL set (MySQL with each strategy).
+    /// DLOCK_MYSQL_URL and DLOCK_POSTGRES_URL set (MySQL and PostgreSQL with each strategy).
     ///
     /// Every zk:// store (and, by default, the place of DLOCK_ZK_URL even when it is unset) is
     /// followed by a `curator (java)` target: W1-W4 run through Apache Curator's
@@ -148,7 +148,12 @@ fn label_of(url: &str) -> String {
         .split_once("strategy=")
         .map(|(_, s)| s.split('&').next().unwrap_or(s).to_owned());
     match scheme {
-        "mysql" | "mariadb" | "sqlite" => {
+        "mysql" | "mariadb" | "sqlite" | "postgres" | "postgresql" => {
+            let scheme = if scheme == "postgresql" {
+                "postgres"
+            } else {
+                scheme
+            };
             format!(
                 "{scheme}/{}",
                 strategy.unwrap_or_else(|| "unique-insert".into())
@@ -177,7 +182,10 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
                 urls.push(CURATOR_WITHOUT_ZK.into());
             }
         }
-        if let Ok(url) = std::env::var("DLOCK_MYSQL_URL") {
+        for var in ["DLOCK_MYSQL_URL", "DLOCK_POSTGRES_URL"] {
+            let Ok(url) = std::env::var(var) else {
+                continue;
+            };
             for s in ["unique-insert", "optimistic", "for-update"] {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 urls.push(format!("{url}{sep}strategy={s}&pool=64"));

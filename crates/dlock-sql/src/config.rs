@@ -209,14 +209,7 @@ impl SqlConfig {
                 }
             }
         }
-        if table.is_empty()
-            || table.len() > 40
-            || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(Error::config(format!(
-                "table={table:?}: a table prefix is 1 to 40 of [A-Za-z0-9_]"
-            )));
-        }
+        check_table(&table)?;
         if dialect == Dialect::Sqlite && strategy == Strategy::ForUpdate {
             return Err(Error::unsupported(
                 "sqlite",
@@ -322,6 +315,23 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// A table prefix dlock can format into its statements unquoted on every dialect: 1 to 40 of
+/// `[A-Za-z0-9_]`, not starting with a digit (PostgreSQL and SQLite read an unquoted name that
+/// starts with one as a number).
+pub(crate) fn check_table(table: &str) -> Result<()> {
+    if table.is_empty()
+        || table.len() > 40
+        || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        || table.starts_with(|c: char| c.is_ascii_digit())
+    {
+        return Err(Error::config(format!(
+            "table={table:?}: a table prefix is 1 to 40 of [A-Za-z0-9_], not starting with a \
+             digit"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,6 +382,7 @@ mod tests {
             "mysql://u:secret@h/db?strategy=gets",
             "mysql://u:secret@h/db?table=x;drop",
             "mysql://u:secret@h/db?table=",
+            "postgres://u:secret@h/db?table=1locks",
             "mysql://u:secret@h/db?pool=0",
             "mysql://u:secret@h/db?stratgey=for-update",
             "sqlite://x.db?ssl-mode=disabled",

@@ -171,7 +171,7 @@ impl SqlProvider {
                 "dlock-sql was built without its `{backend}` feature"
             )));
         }
-        check_table(&config.table)?;
+        config::check_table(&config.table)?;
         if config.dialect == Dialect::Sqlite && config.strategy == Strategy::ForUpdate {
             return Err(Error::unsupported("sqlite", "the for-update strategy"));
         }
@@ -225,7 +225,7 @@ impl SqlProvider {
         table: &str,
         lock_pool_size: u32,
     ) -> Result<Self> {
-        check_table(table)?;
+        config::check_table(table)?;
         let options = (*pool.connect_options()).clone();
         let store = format!(
             "mysql://{}:{}/{}#{table}/{strategy}",
@@ -282,7 +282,7 @@ impl SqlProvider {
         strategy: Strategy,
         table: &str,
     ) -> Result<Self> {
-        check_table(table)?;
+        config::check_table(table)?;
         if strategy == Strategy::ForUpdate {
             return Err(Error::unsupported("sqlite", "the for-update strategy"));
         }
@@ -325,7 +325,7 @@ impl SqlProvider {
         table: &str,
         lock_pool_size: u32,
     ) -> Result<Self> {
-        check_table(table)?;
+        config::check_table(table)?;
         let options = (*pool.connect_options()).clone();
         let store = format!(
             "postgres://{}:{}/{}#{table}/{strategy}",
@@ -436,9 +436,10 @@ impl SqlProvider {
                         let id = row.int(1).map_err(err)?;
                         let takeovers = row.int(2).map_err(err)?;
                         let left = row.int(3).map_err(err)?;
-                        let token = (u64::try_from(id).unwrap_or(0) << 20)
-                            | u64::try_from(takeovers).unwrap_or(0);
-                        status(left > 0, Some(owner), left, Some(token))
+                        // A row out of tokens has none to show (its next holder starts a
+                        // new row), never a truncated one.
+                        let token = strategies::unique_insert_token(id, takeovers);
+                        status(left > 0, Some(owner), left, token)
                     }
                     None => LockStatus::free(None),
                 }
@@ -638,19 +639,6 @@ fn backend_name(dialect: Dialect) -> &'static str {
         Dialect::Sqlite => "sqlite",
         Dialect::Postgres => "postgres",
     }
-}
-
-/// A table prefix is formatted into the statements: only a plain identifier is accepted.
-fn check_table(table: &str) -> Result<()> {
-    if table.is_empty()
-        || table.len() > 40
-        || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    {
-        return Err(Error::config(format!(
-            "table={table:?}: a table prefix is 1 to 40 of [A-Za-z0-9_]"
-        )));
-    }
-    Ok(())
 }
 
 fn status(held: bool, owner: Option<String>, left_ms: i64, token: Option<u64>) -> LockStatus {

@@ -463,20 +463,27 @@ impl Attempt {
     /// A unique-insert token: the row id in the high bits, its takeovers in the low ones; an
     /// id too large to shift is an error, never a silently truncated token (review M4).
     fn token(&self, id: i64, takeovers: i64) -> Result<u64> {
-        let id = u64::try_from(id).unwrap_or(0);
-        if id >= 1 << (64 - TAKEOVER_BITS) {
-            return Err(Error::Backend {
-                backend: self.inner.backend,
-                message: format!(
-                    "the row id {id} of lock {:?} no longer fits a fencing token",
-                    self.name
-                ),
-                retryable: false,
-                source: None,
-            });
-        }
-        Ok((id << TAKEOVER_BITS) | u64::try_from(takeovers).unwrap_or(0))
+        unique_insert_token(id, takeovers).ok_or_else(|| Error::Backend {
+            backend: self.inner.backend,
+            message: format!(
+                "the row id {id} of lock {:?} no longer fits a fencing token",
+                self.name
+            ),
+            retryable: false,
+            source: None,
+        })
     }
+}
+
+/// A unique-insert token from a row's id and takeovers, `None` if they do not fit (an id of
+/// 2^44 or more, takeovers of 2^20 or more, or a negative value).
+pub(crate) fn unique_insert_token(id: i64, takeovers: i64) -> Option<u64> {
+    let id = u64::try_from(id).ok()?;
+    let takeovers = u64::try_from(takeovers).ok()?;
+    if id >= 1 << (64 - TAKEOVER_BITS) || takeovers >= 1 << TAKEOVER_BITS {
+        return None;
+    }
+    Some((id << TAKEOVER_BITS) | takeovers)
 }
 
 /// A for-update hold's lease as the server's `wait_timeout`: whole seconds, rounded up, within
@@ -797,6 +804,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unique_insert_tokens_never_truncate() {
+        assert_eq!(unique_insert_token(1, 0), Some(1 << 20));
+        assert_eq!(unique_insert_token(3, 5), Some((3 << 20) | 5));
+        assert_eq!(
+            unique_insert_token((1 << 44) - 1, (1 << 20) - 1),
+            Some(u64::MAX)
+        );
+        assert_eq!(unique_insert_token(1 << 44, 0), None);
+        assert_eq!(unique_insert_token(1, 1 << 20), None);
+        assert_eq!(unique_insert_token(-1, 0), None);
+        assert_eq!(unique_insert_token(1, -1), None);
+    }
 
     #[test]
     fn server_lease_rounds_up_within_the_servers_range() {

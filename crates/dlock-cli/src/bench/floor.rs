@@ -5,15 +5,16 @@
 //! | --- | --- |
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
 //! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
-//! | MySQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row |
-//! | MySQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
+//! | MySQL, PostgreSQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row |
+//! | MySQL, PostgreSQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
 //! | memory | none (no server) |
 
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
     feature = "mysql",
-    feature = "sqlite"
+    feature = "sqlite",
+    feature = "postgres"
 ))]
 use std::time::Instant;
 
@@ -21,7 +22,8 @@ use std::time::Instant;
     feature = "redis",
     feature = "zookeeper",
     feature = "mysql",
-    feature = "sqlite"
+    feature = "sqlite",
+    feature = "postgres"
 ))]
 fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::Error {
     dlock::Error::Backend {
@@ -214,8 +216,76 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
             pool.close().await;
             Ok(measured)
         }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let base = url.split('?').next().unwrap_or(url);
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .connect(base)
+                .await
+                .map_err(|e| err("postgres", "connect", e))?;
+            let measured = postgres_floor(&pool, url, cycles, ns).await;
+            pool.close().await;
+            measured
+        }
         _ => Ok(None),
     }
+}
+
+/// PostgreSQL's floor, on one connection: the for-update cycle, or INSERT + DELETE.
+#[cfg(feature = "postgres")]
+async fn postgres_floor(
+    pool: &sqlx::PgPool,
+    url: &str,
+    cycles: u64,
+    ns: &str,
+) -> dlock::Result<Option<f64>> {
+    let e = |what: &'static str| move |e| err("postgres", what, e);
+    let name = format!("{ns}/floor").into_bytes();
+    let mut c = pool.acquire().await.map_err(e("connect"))?;
+    if url.contains("strategy=for-update") {
+        sqlx::query("INSERT INTO dlock_rows (name) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(&name)
+            .execute(&mut *c)
+            .await
+            .map_err(e("create the row"))?;
+        let started = Instant::now();
+        for _ in 0..cycles {
+            sqlx::query("BEGIN")
+                .execute(&mut *c)
+                .await
+                .map_err(e("BEGIN"))?;
+            sqlx::query("SELECT name FROM dlock_rows WHERE name = $1 FOR UPDATE")
+                .bind(&name)
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(e("SELECT FOR UPDATE"))?;
+            sqlx::query("COMMIT")
+                .execute(&mut *c)
+                .await
+                .map_err(e("COMMIT"))?;
+        }
+        return Ok(rate(started, cycles));
+    }
+    sqlx::query("CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BYTEA NOT NULL PRIMARY KEY)")
+        .execute(&mut *c)
+        .await
+        .map_err(e("create the table"))?;
+    let started = Instant::now();
+    for _ in 0..cycles {
+        sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES ($1)")
+            .bind(&name)
+            .execute(&mut *c)
+            .await
+            .map_err(e("INSERT"))?;
+        sqlx::query("DELETE FROM dlock_bench_floor WHERE name = $1")
+            .bind(&name)
+            .execute(&mut *c)
+            .await
+            .map_err(e("DELETE"))?;
+    }
+    Ok(rate(started, cycles))
 }
 
 /// Cycles per second since `started`.
@@ -223,7 +293,8 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
     feature = "redis",
     feature = "zookeeper",
     feature = "mysql",
-    feature = "sqlite"
+    feature = "sqlite",
+    feature = "postgres"
 ))]
 fn rate(started: Instant, cycles: u64) -> Option<f64> {
     let secs = started.elapsed().as_secs_f64();
