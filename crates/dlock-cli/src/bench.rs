@@ -689,3 +689,24 @@ fn print_table(rows: &[Row]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::label_of;
+
+    #[test]
+    fn labels_name_the_backend_and_strategy() {
+        assert_eq!(label_of("sqlite:///tmp/x.db"), "sqlite/unique-insert");
+        assert_eq!(
+            label_of("mysql://u@h/db?strategy=for-update&pool=64"),
+            "mysql/for-update"
+        );
+        assert_eq!(
+            label_of("postgresql://u@h/db?pool=64&strategy=optimistic"),
+            "postgres/optimistic"
+        );
+        assert_eq!(label_of("postgres://u@h/db"), "postgres/unique-insert");
+        assert_eq!(label_of("redis://h:7000/?cluster=true"), "redis-cluster");
+        assert_eq!(label_of("zk://h:2181"), "zk");
+    }
+}
