@@ -517,9 +517,11 @@ pub(crate) const MYSQL_LOCKS: &[&str] = &[
     "SET SESSION innodb_lock_wait_timeout = 5",
 ];
 
-/// A MySQL pool whose connections run `session` when they open. No ping on every checkout: a
+/// A MySQL pool whose connections run `session` when they open. No ping before a checkout: a
 /// dead connection shows as a statement error, which is retried (and for a hold, reported as
-/// a loss); the ping would double each cycle's round trips.
+/// a loss). sqlx 0.8 still pings every connection on its way back to the pool (review L8),
+/// off the statement's path; an attempt runs all its statements on one checkout, so that is
+/// one ping per attempt.
 #[cfg(feature = "mysql")]
 pub(crate) async fn mysql_pool(
     size: u32,

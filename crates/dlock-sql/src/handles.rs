@@ -41,6 +41,7 @@ impl SqlMutex {
         deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
         let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+        let mut failures = 0u32;
         loop {
             let started = Instant::now();
             let attempt = Attempt {
@@ -51,9 +52,16 @@ impl SqlMutex {
             };
             match self.try_once(attempt, lease, started, deadline).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
-                Ok(None) => {}
+                Ok(None) => failures = 0,
                 Err(e) if e.is_retryable() => {
-                    tracing::debug!(lock = %name, error = %e, "acquire attempt failed; retrying");
+                    failures = failures.saturating_add(1);
+                    if worth_a_warning(failures) {
+                        // A database that stays down must not look like a lock held for
+                        // ever (review L6).
+                        tracing::warn!(lock = %name, error = %e, failures, "acquire keeps failing; still retrying");
+                    } else {
+                        tracing::debug!(lock = %name, error = %e, "acquire attempt failed; retrying");
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -164,6 +172,13 @@ impl SqlMutex {
     }
 }
 
+/// Whether the `failures`-th retryable failure in a row of one acquisition is logged as a
+/// warning: the 5th, then the 10th, 20th, 40th … (fewer as an outage goes on).
+fn worth_a_warning(failures: u32) -> bool {
+    failures == 5
+        || (failures >= 10 && failures.is_multiple_of(10) && (failures / 10).is_power_of_two())
+}
+
 fn shared_attempt() -> Error {
     Error::Backend {
         backend: "sql",
@@ -216,5 +231,18 @@ impl Drop for Undo {
         {
             runtime.spawn(async move { undo(&a, &conn).await });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worth_a_warning;
+
+    #[test]
+    fn an_outage_is_warned_about_ever_more_rarely() {
+        let warned: Vec<u32> = (1..=200).filter(|n| worth_a_warning(*n)).collect();
+        assert_eq!(warned, [5, 10, 20, 40, 80, 160]);
+        assert!(worth_a_warning(10 * 1024));
+        assert!(!worth_a_warning(u32::MAX));
     }
 }

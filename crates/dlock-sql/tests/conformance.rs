@@ -32,11 +32,17 @@ impl Drop for TempFile {
     }
 }
 
+/// `url` with `pairs` added to its query string (review L11: a configured URL may have one).
+fn with_query(url: &str, pairs: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{pairs}")
+}
+
 impl SqlFactory {
     fn mysql(strategy: &'static str) -> Option<Self> {
         service_url("DLOCK_MYSQL_URL").map(|url| Self {
             // A for-update hold pins a connection: the cases hold up to 34 locks at once.
-            url: format!("{url}?strategy={strategy}&pool=48"),
+            url: with_query(&url, &format!("strategy={strategy}&pool=48")),
             strategy,
             from_pool: false,
             providers: Mutex::new(Vec::new()),
@@ -46,7 +52,7 @@ impl SqlFactory {
 
     fn postgres(strategy: &'static str) -> Option<Self> {
         service_url("DLOCK_POSTGRES_URL").map(|url| Self {
-            url: format!("{url}?strategy={strategy}&pool=48"),
+            url: with_query(&url, &format!("strategy={strategy}&pool=48")),
             strategy,
             from_pool: false,
             providers: Mutex::new(Vec::new()),

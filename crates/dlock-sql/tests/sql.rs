@@ -44,13 +44,23 @@ fn remove_sqlite(path: &std::path::Path) {
     }
 }
 
+/// `url` with `pair` added to its query string (review L11: a configured URL may have one).
+fn with_query(url: &str, pair: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{pair}")
+}
+
 /// Every (url, label) this machine can test: MySQL strategies when configured, SQLite ones
 /// always. SQLite files are returned for cleanup.
 fn targets(strategies: &[&str]) -> Vec<(String, String, Option<std::path::PathBuf>)> {
     let mut out = Vec::new();
     if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
         for s in strategies {
-            out.push((format!("{mysql}?strategy={s}"), format!("mysql/{s}"), None));
+            out.push((
+                with_query(&mysql, &format!("strategy={s}")),
+                format!("mysql/{s}"),
+                None,
+            ));
         }
     }
     for s in strategies.iter().filter(|s| **s != "for-update") {
@@ -65,7 +75,11 @@ fn targets_with_postgres(strategies: &[&str]) -> Vec<(String, String, Option<std
     let mut out = targets(strategies);
     if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
         for s in strategies {
-            out.push((format!("{pg}?strategy={s}"), format!("postgres/{s}"), None));
+            out.push((
+                with_query(&pg, &format!("strategy={s}")),
+                format!("postgres/{s}"),
+                None,
+            ));
         }
     }
     out
