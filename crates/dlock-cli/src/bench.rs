@@ -186,9 +186,14 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
             let Ok(url) = std::env::var(var) else {
                 continue;
             };
-            for s in ["unique-insert", "optimistic", "for-update"] {
+            // One set of tables serves one strategy: each gets its own prefix.
+            for (s, table) in [
+                ("unique-insert", "dlock"),
+                ("optimistic", "dlock_optimistic"),
+                ("for-update", "dlock_for_update"),
+            ] {
                 let sep = if url.contains('?') { '&' } else { '?' };
-                urls.push(format!("{url}{sep}strategy={s}&pool=64"));
+                urls.push(format!("{url}{sep}strategy={s}&table={table}&pool=64"));
             }
         }
     }

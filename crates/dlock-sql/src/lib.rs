@@ -380,6 +380,7 @@ impl SqlProvider {
         for ddl in &sql.ddl {
             setup(&pool, backend, "create dlock's tables", ddl).await?;
         }
+        check_strategy(&pool, &sql, backend, strategy, table).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -708,6 +709,60 @@ impl LockProvider for SqlProvider {
             self.inner.backend,
             "semaphores (N slot rows per name; not offered by the SQL strategies yet)",
         ))
+    }
+}
+
+/// Records `strategy` for the tables `<table>_…` if none is recorded, and refuses a provider
+/// whose strategy differs from the recorded one: two strategies on one set of tables keep
+/// their holds in different tables, so they would not exclude each other (review M7).
+async fn check_strategy(
+    pool: &Pool,
+    sql: &Statements,
+    backend: &'static str,
+    strategy: Strategy,
+    table: &str,
+) -> Result<()> {
+    let give_up = dlock_core::backend::from_now(db::SETUP_PATIENCE);
+    let mut pause = db::setup_pauses();
+    let wanted = strategy.to_string();
+    loop {
+        let claimed = query(&sql.claim_strategy)
+            .bind(wanted.as_str())
+            .execute(pool)
+            .await;
+        let recorded = match claimed {
+            Ok(_) => query(&sql.read_strategy).fetch_optional(pool).await,
+            Err(e) => Err(e),
+        };
+        let recorded = match recorded {
+            Ok(Some(row)) => row
+                .text(0)
+                .map_err(|e| from_sqlx(backend, "read the tables' strategy", e))?,
+            Ok(None) => {
+                return Err(Error::Backend {
+                    backend,
+                    message: format!("{table}_meta has no strategy after recording one"),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            Err(e) => {
+                let e = from_sqlx(backend, "record the tables' strategy", e);
+                if !e.is_retryable() || tokio::time::Instant::now() >= give_up {
+                    return Err(e);
+                }
+                tokio::time::sleep(pause.next_pause()).await;
+                continue;
+            }
+        };
+        if recorded == wanted {
+            return Ok(());
+        }
+        return Err(Error::config(format!(
+            "the tables {table}_… serve the {recorded} strategy, and this provider asks for \
+             {wanted}: two strategies on one set of tables do not exclude each other. Use \
+             ?strategy={recorded} like the others, or another ?table= prefix"
+        )));
     }
 }
 

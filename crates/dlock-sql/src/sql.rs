@@ -38,6 +38,11 @@ pub(crate) struct Statements {
     /// For-update: whether the row is locked, learned with a shared lock that does not wait
     /// (it fails at once if a holder has the row), never by taking the lock.
     pub(crate) row_locked: String,
+    // the tables' strategy
+    /// Records a strategy for the tables if none is recorded yet (`?`: the strategy).
+    pub(crate) claim_strategy: String,
+    /// The strategy recorded for the tables.
+    pub(crate) read_strategy: String,
 }
 
 /// The database clock, in milliseconds since the epoch.
@@ -74,6 +79,11 @@ impl Statements {
         let ddl = match dialect {
             Dialect::MySql => vec![
                 format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_meta (\
+                     name VARCHAR(64) NOT NULL PRIMARY KEY, \
+                     value VARCHAR(64) NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
                     "CREATE TABLE IF NOT EXISTS {t}_holds (\
                      name VARBINARY(255) NOT NULL PRIMARY KEY, \
                      id BIGINT NOT NULL AUTO_INCREMENT UNIQUE, \
@@ -102,6 +112,11 @@ impl Statements {
             ],
             Dialect::Sqlite => vec![
                 format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_meta (\
+                     name TEXT NOT NULL PRIMARY KEY, \
+                     value TEXT NOT NULL)"
+                ),
+                format!(
                     "CREATE TABLE IF NOT EXISTS {t}_holds (\
                      id INTEGER PRIMARY KEY AUTOINCREMENT, \
                      name BLOB NOT NULL UNIQUE, \
@@ -125,6 +140,11 @@ impl Statements {
                 ),
             ],
             Dialect::Postgres => vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_meta (\
+                     name TEXT NOT NULL PRIMARY KEY, \
+                     value TEXT NOT NULL)"
+                ),
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t}_holds (\
                      name BYTEA NOT NULL PRIMARY KEY, \
@@ -271,6 +291,10 @@ impl Statements {
             ),
             describe_fence: format!("SELECT token FROM {t}_fence WHERE name = ?"),
             row_locked: format!("SELECT 1 FROM {t}_rows WHERE name = ? {share_nowait}"),
+            claim_strategy: format!(
+                "{insert_ignore} {t}_meta (name, value) VALUES ('strategy', ?){ignore_suffix}"
+            ),
+            read_strategy: format!("SELECT value FROM {t}_meta WHERE name = 'strategy'"),
         };
         if dialect == Dialect::Postgres {
             statements.numbered()
@@ -309,6 +333,8 @@ impl Statements {
             describe_version: n(self.describe_version),
             describe_fence: n(self.describe_fence),
             row_locked: n(self.row_locked),
+            claim_strategy: n(self.claim_strategy),
+            read_strategy: self.read_strategy,
         }
     }
 

@@ -32,6 +32,12 @@ impl Drop for TempFile {
     }
 }
 
+/// The table prefix of `strategy`'s cases: one set of tables serves one strategy (a provider
+/// with another is refused), and the three share one test database.
+fn prefix(strategy: &str) -> String {
+    format!("dlock_{}", strategy.replace('-', "_"))
+}
+
 /// `url` with `pairs` added to its query string (review L11: a configured URL may have one).
 fn with_query(url: &str, pairs: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -42,7 +48,10 @@ impl SqlFactory {
     fn mysql(strategy: &'static str) -> Option<Self> {
         service_url("DLOCK_MYSQL_URL").map(|url| Self {
             // A for-update hold pins a connection: the cases hold up to 34 locks at once.
-            url: with_query(&url, &format!("strategy={strategy}&pool=48")),
+            url: with_query(
+                &url,
+                &format!("strategy={strategy}&pool=48&table={}", prefix(strategy)),
+            ),
             strategy,
             from_pool: false,
             providers: Mutex::new(Vec::new()),
@@ -52,7 +61,10 @@ impl SqlFactory {
 
     fn postgres(strategy: &'static str) -> Option<Self> {
         service_url("DLOCK_POSTGRES_URL").map(|url| Self {
-            url: with_query(&url, &format!("strategy={strategy}&pool=48")),
+            url: with_query(
+                &url,
+                &format!("strategy={strategy}&pool=48&table={}", prefix(strategy)),
+            ),
             strategy,
             from_pool: false,
             providers: Mutex::new(Vec::new()),
@@ -64,7 +76,11 @@ impl SqlFactory {
         let path =
             std::env::temp_dir().join(format!("dlock-conf-{}.db", uuid::Uuid::new_v4().simple()));
         Some(Self {
-            url: format!("sqlite://{}?strategy={strategy}", path.display()),
+            url: format!(
+                "sqlite://{}?strategy={strategy}&table={}",
+                path.display(),
+                prefix(strategy)
+            ),
             strategy,
             from_pool: false,
             providers: Mutex::new(Vec::new()),
@@ -93,21 +109,21 @@ impl SqlFactory {
                 .connect(base)
                 .await
                 .unwrap();
-            return SqlProvider::from_pg_pool(pool, strategy, "dlock", 48).await;
+            return SqlProvider::from_pg_pool(pool, strategy, &prefix(self.strategy), 48).await;
         }
         if self.is_sqlite() {
             let options = sqlx::sqlite::SqliteConnectOptions::new()
                 .filename(base.strip_prefix("sqlite://").unwrap())
                 .create_if_missing(true);
             let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-            SqlProvider::from_sqlite_pool(pool, strategy, "dlock").await
+            SqlProvider::from_sqlite_pool(pool, strategy, &prefix(self.strategy)).await
         } else {
             let pool = sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(48)
                 .connect(base)
                 .await
                 .unwrap();
-            SqlProvider::from_mysql_pool(pool, strategy, "dlock", 48).await
+            SqlProvider::from_mysql_pool(pool, strategy, &prefix(self.strategy), 48).await
         }
     }
 
@@ -160,12 +176,13 @@ impl SqlFactory {
         let admin = self.admin().await;
         let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
         let mut threads = std::collections::BTreeSet::new();
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT DISTINCT t.trx_mysql_thread_id \
              FROM information_schema.INNODB_LOCKS l \
              JOIN information_schema.INNODB_TRX t ON t.trx_id = l.lock_trx_id \
-             WHERE l.lock_table LIKE '%`dlock_rows`' AND l.lock_data = ?",
-        )
+             WHERE l.lock_table LIKE '%`{}_rows`' AND l.lock_data = ?",
+            prefix(self.strategy)
+        ))
         .bind(format!("0x{hex}"))
         .fetch_all(&admin)
         .await
@@ -294,16 +311,18 @@ impl Factory for SqlFactory {
         let admin = self.admin().await;
         match self.strategy {
             "unique-insert" => {
-                sqlx::query(&self.q("DELETE FROM dlock_holds WHERE name = ?"))
+                let t = prefix(self.strategy);
+                sqlx::query(&self.q(&format!("DELETE FROM {t}_holds WHERE name = ?")))
                     .bind(name.as_bytes())
                     .execute(&admin)
                     .await
                     .unwrap();
             }
             "optimistic" => {
-                sqlx::query(
-                    &self.q("UPDATE dlock_versions SET owner = '', expires_at = 0 WHERE name = ?"),
-                )
+                let t = prefix(self.strategy);
+                sqlx::query(&self.q(&format!(
+                    "UPDATE {t}_versions SET owner = '', expires_at = 0 WHERE name = ?"
+                )))
                 .bind(name.as_bytes())
                 .execute(&admin)
                 .await
@@ -331,13 +350,16 @@ impl Factory for SqlFactory {
     }
 
     async fn residue(&self, name: &str) -> Option<Result<usize>> {
+        let t = prefix(self.strategy);
         let query = match self.strategy {
-            "unique-insert" => "SELECT COUNT(*) FROM dlock_holds WHERE name = ?",
-            "optimistic" => "SELECT COUNT(*) FROM dlock_versions WHERE name = ? AND owner <> ''",
+            "unique-insert" => format!("SELECT COUNT(*) FROM {t}_holds WHERE name = ?"),
+            "optimistic" => {
+                format!("SELECT COUNT(*) FROM {t}_versions WHERE name = ? AND owner <> ''")
+            }
             _ => return Some(Ok(self.for_update_residue(name).await)),
         };
         let admin = self.admin().await;
-        let n: i64 = sqlx::query(&self.q(query))
+        let n: i64 = sqlx::query(&self.q(&query))
             .bind(name.as_bytes())
             .fetch_one(&admin)
             .await

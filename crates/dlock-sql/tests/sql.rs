@@ -44,6 +44,28 @@ fn remove_sqlite(path: &std::path::Path) {
     }
 }
 
+/// The table prefix the tests give `strategy` on a shared server: one set of tables serves
+/// one strategy (a provider with another is refused).
+fn prefix(strategy: &str) -> String {
+    format!("dlock_{}", strategy.replace('-', "_"))
+}
+
+/// The table prefix a test URL names (`dlock` by default).
+fn table_of(url: &str) -> String {
+    url.split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("table=")))
+        .unwrap_or("dlock")
+        .to_owned()
+}
+
+/// `base` for a for-update provider, on the for-update tables.
+fn for_update(base: &str) -> String {
+    with_query(
+        base,
+        &format!("strategy=for-update&table={}", prefix("for-update")),
+    )
+}
+
 /// `url` with `pair` added to its query string (review L11: a configured URL may have one).
 fn with_query(url: &str, pair: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -57,7 +79,7 @@ fn targets(strategies: &[&str]) -> Vec<(String, String, Option<std::path::PathBu
     if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
         for s in strategies {
             out.push((
-                with_query(&mysql, &format!("strategy={s}")),
+                with_query(&mysql, &format!("strategy={s}&table={}", prefix(s))),
                 format!("mysql/{s}"),
                 None,
             ));
@@ -76,7 +98,7 @@ fn targets_with_postgres(strategies: &[&str]) -> Vec<(String, String, Option<std
     if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
         for s in strategies {
             out.push((
-                with_query(&pg, &format!("strategy={s}")),
+                with_query(&pg, &format!("strategy={s}&table={}", prefix(s))),
                 format!("postgres/{s}"),
                 None,
             ));
@@ -343,7 +365,7 @@ async fn terminated_postgres_holder_backend_reports_loss() {
 /// admin connection, and checks the holder is told at once and the lock is free.
 async fn holder_connection_ended_reports_loss(base: &str, kill: &str) {
     let _serial = SERIAL.lock().await;
-    let url = format!("{base}?strategy=for-update");
+    let url = for_update(base);
     let p = SqlProvider::connect(&url).await.unwrap();
     let name = Names::new().name("kill-conn");
     let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
@@ -391,7 +413,7 @@ async fn multilock_does_not_return_a_member_whose_connection_died() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let url = format!("{mysql}?strategy=for-update");
+    let url = for_update(&mysql);
     let p = SqlProvider::connect(&url).await.unwrap();
     let other = SqlProvider::connect(&url).await.unwrap();
     let names = Names::new();
@@ -446,7 +468,7 @@ async fn a_waiter_cut_off_when_granted_does_not_keep_the_row() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let url = format!("{mysql}?strategy=for-update");
+    let url = for_update(&mysql);
     let (cut, proxied) = dlock_conformance::ProxyPartition::start(&url, 3306)
         .await
         .unwrap();
@@ -476,7 +498,7 @@ async fn a_waiter_cut_off_when_granted_does_not_keep_the_row() {
                 "SELECT COUNT(DISTINCT t.trx_mysql_thread_id) \
              FROM information_schema.INNODB_LOCKS l \
              JOIN information_schema.INNODB_TRX t ON t.trx_id = l.lock_trx_id \
-             WHERE l.lock_table LIKE '%`dlock_rows`' AND l.lock_data = ?",
+             WHERE l.lock_table LIKE '%`dlock_for_update_rows`' AND l.lock_data = ?",
             )
             .bind(format!("0x{hex}"))
             .fetch_one(&db)
@@ -514,18 +536,23 @@ async fn expired_row_is_taken_over_exactly_once() {
         let name = Names::new().name("expired");
         let p = SqlProvider::connect(&url).await.unwrap();
         let db = admin(&url).await;
+        let t = table_of(&url);
         let (ins, upd) = if label.ends_with("unique-insert") {
             (
-                "INSERT INTO dlock_holds (name, owner, holds, takeovers, expires_at) VALUES (?, 'ghost:1', 1, 0, 1000)",
+                format!(
+                    "INSERT INTO {t}_holds (name, owner, holds, takeovers, expires_at) VALUES (?, 'ghost:1', 1, 0, 1000)"
+                ),
                 None,
             )
         } else {
             (
-                "INSERT INTO dlock_versions (name, owner, holds, version, expires_at) VALUES (?, 'ghost:1', 1, 7, 1000)",
+                format!(
+                    "INSERT INTO {t}_versions (name, owner, holds, version, expires_at) VALUES (?, 'ghost:1', 1, 7, 1000)"
+                ),
                 Some(7),
             )
         };
-        sqlx::query(ins)
+        sqlx::query(&ins)
             .bind(name.as_bytes())
             .execute(&db)
             .await
@@ -890,6 +917,47 @@ async fn applications_opening_one_new_sqlite_file_at_once_all_connect() {
     }
 }
 
+/// Review M7 (issue 11 item 7): two strategies on one set of tables keep their holds in
+/// different tables and would not exclude each other; the tables record the strategy that
+/// first used them, and a provider asking for another is refused with a Config error that
+/// says what to do. The same strategy, or another prefix, is fine. The old code accepted both.
+#[tokio::test]
+async fn two_strategies_on_one_set_of_tables_are_refused() {
+    let (sqlite, path) = sqlite_url("unique-insert");
+    let mut bases = vec![sqlite.replace("?strategy=unique-insert", "")];
+    bases.extend(service_url("DLOCK_MYSQL_URL"));
+    bases.extend(service_url("DLOCK_POSTGRES_URL"));
+    for base in bases {
+        let url = |s: &str, t: &str| with_query(&base, &format!("strategy={s}&table={t}"));
+        let first = SqlProvider::connect(&url("unique-insert", "dlock_mixed"))
+            .await
+            .unwrap();
+        for other in ["optimistic", "for-update"] {
+            if other == "for-update" && base.starts_with("sqlite") {
+                continue;
+            }
+            match SqlProvider::connect(&url(other, "dlock_mixed")).await {
+                Err(dlock_core::Error::Config { message, .. }) => {
+                    assert!(
+                        message.contains("unique-insert") && message.contains(other),
+                        "{base}: {message}"
+                    );
+                }
+                Err(e) => panic!("{base}: {other} on unique-insert's tables: {e}"),
+                Ok(_) => panic!("{base}: {other} on unique-insert's tables was accepted"),
+            }
+        }
+        SqlProvider::connect(&url("unique-insert", "dlock_mixed"))
+            .await
+            .expect("the same strategy again");
+        SqlProvider::connect(&url("optimistic", "dlock_mixed_other"))
+            .await
+            .expect("another strategy on its own tables");
+        drop(first);
+    }
+    remove_sqlite(&path);
+}
+
 /// Review M1: a for-update pool that stays exhausted (every connection pins a held lock) is
 /// an error that says so; it used to answer `None`, "held by someone", for a name nobody held.
 #[tokio::test]
@@ -897,7 +965,7 @@ async fn for_update_pool_exhaustion_is_an_error_not_a_busy_lock() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
         return;
     };
-    let p = SqlProvider::connect(&format!("{mysql}?strategy=for-update&pool=1"))
+    let p = SqlProvider::connect(&with_query(&for_update(&mysql), "pool=1"))
         .await
         .unwrap();
     let names = Names::new();
@@ -976,13 +1044,12 @@ async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
         return;
     };
-    let plain = SqlProvider::connect(&format!("{mysql}?strategy=for-update"))
-        .await
-        .unwrap();
+    let plain = SqlProvider::connect(&for_update(&mysql)).await.unwrap();
     let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
-    let locks = SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, "dlock", 4)
-        .await
-        .unwrap();
+    let locks =
+        SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+            .await
+            .unwrap();
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS dlock_test_fenced \
          (id VARBINARY(255) NOT NULL PRIMARY KEY, fence BIGINT NOT NULL) ENGINE=InnoDB",
@@ -1094,9 +1161,28 @@ async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other
         "{e}"
     );
     drop(conn);
-    let other = SqlProvider::from_mysql_pool(app.clone(), Strategy::UniqueInsert, "dlock", 1)
-        .await
-        .unwrap();
+    // Another strategy on the for-update tables is refused (review M7); on its own tables it
+    // cannot lock in a transaction.
+    let refused = SqlProvider::from_mysql_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("for-update"),
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, dlock_core::Error::Config { .. }),
+        "{refused}"
+    );
+    let other = SqlProvider::from_mysql_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("unique-insert"),
+        1,
+    )
+    .await
+    .unwrap();
     let mut tx = app.begin().await.unwrap();
     let e = other
         .lock_in(&mut tx, &name, Duration::ZERO)
@@ -1119,13 +1205,12 @@ async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other(
     let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
         return;
     };
-    let plain = SqlProvider::connect(&format!("{pg}?strategy=for-update"))
-        .await
-        .unwrap();
+    let plain = SqlProvider::connect(&for_update(&pg)).await.unwrap();
     let app = sqlx::PgPool::connect(&pg).await.unwrap();
-    let locks = SqlProvider::from_pg_pool(app.clone(), Strategy::ForUpdate, "dlock", 4)
-        .await
-        .unwrap();
+    let locks =
+        SqlProvider::from_pg_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+            .await
+            .unwrap();
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS dlock_test_fenced (id BYTEA PRIMARY KEY, fence BIGINT NOT NULL)",
     )
@@ -1233,9 +1318,28 @@ async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other(
         "{e}"
     );
     drop(conn);
-    let other = SqlProvider::from_pg_pool(app.clone(), Strategy::UniqueInsert, "dlock", 1)
-        .await
-        .unwrap();
+    // Another strategy on the for-update tables is refused (review M7); on its own tables it
+    // cannot lock in a transaction.
+    let refused = SqlProvider::from_pg_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("for-update"),
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, dlock_core::Error::Config { .. }),
+        "{refused}"
+    );
+    let other = SqlProvider::from_pg_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("unique-insert"),
+        1,
+    )
+    .await
+    .unwrap();
     let mut tx = app.begin().await.unwrap();
     let e = other
         .lock_in_pg(&mut tx, &name, Duration::ZERO)
@@ -1258,9 +1362,7 @@ async fn describing_a_for_update_lock_neither_takes_it_nor_bumps_the_fence() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
         return;
     };
-    let p = SqlProvider::connect(&format!("{mysql}?strategy=for-update"))
-        .await
-        .unwrap();
+    let p = SqlProvider::connect(&for_update(&mysql)).await.unwrap();
     let name = Names::new().name("describe-fence");
     let lock = p.lock(&name, LockOptions::default()).unwrap();
     let g = lock.acquire().await.unwrap();
@@ -1292,7 +1394,7 @@ async fn a_for_update_guard_dropped_outside_the_runtime_frees_its_row() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
         return;
     };
-    let url = format!("{mysql}?strategy=for-update");
+    let url = for_update(&mysql);
     let (a, b) = (
         SqlProvider::connect(&url).await.unwrap(),
         SqlProvider::connect(&url).await.unwrap(),

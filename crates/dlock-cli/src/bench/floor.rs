@@ -34,6 +34,19 @@ fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::E
     }
 }
 
+/// The table prefix of a SQL store's URL (`?table=`, `dlock` by default): the for-update
+/// floor locks a row of the provider's own table. Only `[A-Za-z0-9_]` is kept (the provider
+/// refuses anything else anyway).
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+fn table_of(url: &str) -> String {
+    url.split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("table=")))
+        .unwrap_or("dlock")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
 /// Cycles per second of the floor for the store `url` names, or `None` if it has none.
 pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
     let scheme = url.split("://").next().unwrap_or_default();
@@ -162,11 +175,14 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                 .map_err(|e| err(backend, "connect", e))?;
             let name = format!("{ns}/floor").into_bytes();
             let measured = if url.contains("strategy=for-update") {
-                sqlx::query("INSERT IGNORE INTO dlock_rows (name) VALUES (?)")
-                    .bind(&name)
-                    .execute(&pool)
-                    .await
-                    .map_err(|e| err(backend, "create the row", e))?;
+                sqlx::query(&format!(
+                    "INSERT IGNORE INTO {}_rows (name) VALUES (?)",
+                    table_of(url)
+                ))
+                .bind(&name)
+                .execute(&pool)
+                .await
+                .map_err(|e| err(backend, "create the row", e))?;
                 let mut c = pool
                     .acquire()
                     .await
@@ -177,11 +193,14 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                         .execute(&mut *c)
                         .await
                         .map_err(|e| err(backend, "BEGIN", e))?;
-                    sqlx::query("SELECT name FROM dlock_rows WHERE name = ? FOR UPDATE")
-                        .bind(&name)
-                        .fetch_optional(&mut *c)
-                        .await
-                        .map_err(|e| err(backend, "SELECT FOR UPDATE", e))?;
+                    sqlx::query(&format!(
+                        "SELECT name FROM {}_rows WHERE name = ? FOR UPDATE",
+                        table_of(url)
+                    ))
+                    .bind(&name)
+                    .fetch_optional(&mut *c)
+                    .await
+                    .map_err(|e| err(backend, "SELECT FOR UPDATE", e))?;
                     sqlx::query("COMMIT")
                         .execute(&mut *c)
                         .await
@@ -245,22 +264,28 @@ async fn postgres_floor(
     let name = format!("{ns}/floor").into_bytes();
     let mut c = pool.acquire().await.map_err(e("connect"))?;
     if url.contains("strategy=for-update") {
-        sqlx::query("INSERT INTO dlock_rows (name) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(&name)
-            .execute(&mut *c)
-            .await
-            .map_err(e("create the row"))?;
+        sqlx::query(&format!(
+            "INSERT INTO {}_rows (name) VALUES ($1) ON CONFLICT DO NOTHING",
+            table_of(url)
+        ))
+        .bind(&name)
+        .execute(&mut *c)
+        .await
+        .map_err(e("create the row"))?;
         let started = Instant::now();
         for _ in 0..cycles {
             sqlx::query("BEGIN")
                 .execute(&mut *c)
                 .await
                 .map_err(e("BEGIN"))?;
-            sqlx::query("SELECT name FROM dlock_rows WHERE name = $1 FOR UPDATE")
-                .bind(&name)
-                .fetch_optional(&mut *c)
-                .await
-                .map_err(e("SELECT FOR UPDATE"))?;
+            sqlx::query(&format!(
+                "SELECT name FROM {}_rows WHERE name = $1 FOR UPDATE",
+                table_of(url)
+            ))
+            .bind(&name)
+            .fetch_optional(&mut *c)
+            .await
+            .map_err(e("SELECT FOR UPDATE"))?;
             sqlx::query("COMMIT")
                 .execute(&mut *c)
                 .await
