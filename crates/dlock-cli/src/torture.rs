@@ -270,8 +270,9 @@ fn print_report(r: &StoreReport) {
         rep.faults
     );
     println!(
-        "  fenced writes: {} accepted, {} refused as stale, {} fencing violations",
-        rep.fenced_accepted, rep.fenced_refused, rep.fenced_violations
+        "  fenced writes: {} accepted, {} refused as stale, {} fencing violations; {} grants \
+         stamped late after a pause",
+        rep.fenced_accepted, rep.fenced_refused, rep.fenced_violations, rep.late_grants_explained
     );
     println!(
         "  overlaps: {} explained by a fault, {} unexplained; {} unfenced updates lost",
