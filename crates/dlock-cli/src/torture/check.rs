@@ -687,7 +687,7 @@ mod tests {
         };
         let released_before = released(1, 1, S, true);
         let h = [
-            released_before.clone(),
+            released_before,
             grant(2, 1, 2 * S, 43),
             exit(2, 1, 2 * S + S / 2),
             grant(1, 2, 3 * S + S / 10, 29),
