@@ -133,6 +133,20 @@ impl Pool {
         }
     }
 
+    /// Whether every connection the pool may open is open and checked out: the pool is
+    /// exhausted, not merely slow to open a connection.
+    pub(crate) fn all_in_use(&self) -> bool {
+        let (size, idle) = match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => (p.size(), p.num_idle()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => (p.size(), p.num_idle()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => (p.size(), p.num_idle()),
+        };
+        size >= self.max_connections() && idle == 0
+    }
+
     /// Runs statements without arguments or preparation (DDL).
     pub(crate) async fn raw(&self, sql: &str) -> Result<(), sqlx::Error> {
         match *self {
@@ -393,7 +407,8 @@ impl<'a> Query<'a> {
 fn mysql_done(r: sqlx::mysql::MySqlQueryResult) -> Done {
     Done {
         rows_affected: r.rows_affected(),
-        last_insert_id: Some(r.last_insert_id()),
+        // 0: the statement produced no id (every id dlock asks for is at least 1).
+        last_insert_id: Some(r.last_insert_id()).filter(|id| *id != 0),
     }
 }
 

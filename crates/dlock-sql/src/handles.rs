@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, Deadline, HoldSignal, NewHold, RawLock, Request};
+use dlock_core::backend::{Backoff, Deadline, HoldSignal, NewHold, RawLock, Request, later};
 use dlock_core::{Error, FencingToken, Lease, LockGuard, LockKind, LockName, Result, async_trait};
 use rand::Rng;
 use tokio::time::Instant;
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::Inner;
 use crate::config::Strategy;
 use crate::db::Conn;
-use crate::strategies::{Attempt, SqlHold, watch};
+use crate::strategies::{Attempt, FixedEnd, SqlHold, watch};
 
 /// First pause between two attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(4);
@@ -42,6 +42,9 @@ impl SqlMutex {
     ) -> Result<Option<LockGuard>> {
         let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         let mut failures = 0u32;
+        // Where releases are announced, a waiter sleeps until one (or its pause) ends. A
+        // notification that comes while it tries is kept for its next wait.
+        let wakeup = self.inner.wakeup(name);
         loop {
             let started = Instant::now();
             let attempt = Attempt {
@@ -70,7 +73,16 @@ impl SqlMutex {
             }
             let pause = pause.next_pause();
             let jittered = rand::rng().random_range(pause / 2..=pause);
-            tokio::time::sleep_until(deadline.wake_after(jittered)).await;
+            let sleep = tokio::time::sleep_until(deadline.wake_after(jittered));
+            match &wakeup {
+                Some(released) => {
+                    tokio::select! {
+                        () = sleep => {}
+                        () = released.notified() => {}
+                    }
+                }
+                None => sleep.await,
+            }
         }
     }
 
@@ -102,12 +114,19 @@ impl SqlMutex {
             let lease_for_watch = attempt.lease;
             let conn = Arc::new(tokio::sync::Mutex::new(conn));
             let signal = HoldSignal::new();
+            // A fixed lease is enforced by the server too (the watcher keeps the server-side
+            // lease at what is left of it), not only by the client.
+            let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(
+                (!lease.is_watchdog()).then(|| later(sent, lease.ttl())),
+            ));
             tokio::spawn(watch(
                 Arc::downgrade(&conn),
                 signal.clone(),
                 lease_for_watch,
+                Arc::clone(&fixed),
+                attempt.inner.sql.hold_timeout.clone(),
             ));
-            let hold = SqlHold::ForUpdate(attempt, conn, signal.clone());
+            let hold = SqlHold::ForUpdate(attempt, conn, signal.clone(), fixed);
             return Ok(Some(self.guard(hold, lease, token, sent, Some(signal))));
         }
         // The statements that may take the lock, and the undo that frees it if this future

@@ -11,6 +11,8 @@ mod error;
 mod handles;
 #[cfg(feature = "sqlite")]
 mod mounts;
+#[cfg(feature = "postgres")]
+mod notify;
 mod sql;
 mod strategies;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
@@ -75,6 +77,9 @@ pub(crate) struct Inner {
     versions: Mutex<HashMap<LockName, i64>>,
     /// For-update: owner of each live hold → (name, server connection id).
     holders: Mutex<HashMap<String, (LockName, u64)>>,
+    /// PostgreSQL unique-insert and optimistic: the waiters woken by release notifications.
+    #[cfg(feature = "postgres")]
+    wakeups: Option<Arc<notify::Wakeups>>,
 }
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -132,6 +137,17 @@ impl Inner {
         Ok(())
     }
 
+    /// The wake-up of `name`'s waiters in this process, where releases are announced
+    /// (PostgreSQL `NOTIFY`); `None` where waiters only poll.
+    pub(crate) fn wakeup(&self, name: &LockName) -> Option<Arc<tokio::sync::Notify>> {
+        #[cfg(feature = "postgres")]
+        if let Some(w) = &self.wakeups {
+            return Some(w.register(name));
+        }
+        let _ = name;
+        None
+    }
+
     pub(crate) fn remember_holder(&self, owner: &str, name: &LockName, connection: u64) {
         guard(&self.holders).insert(owner.to_owned(), (name.clone(), connection));
     }
@@ -177,7 +193,6 @@ impl SqlProvider {
         }
         if config.dialect == Dialect::Sqlite {
             create_parent_dir(&config)?;
-            warn_if_network_fs(&config.sqlite_path()?);
         }
         let what = format!("connect to {}", config.url);
         let (pool, lock_pool) = db::connect(&config)
@@ -381,6 +396,15 @@ impl SqlProvider {
             setup(&pool, backend, "create dlock's tables", ddl).await?;
         }
         check_strategy(&pool, &sql, backend, strategy, table).await?;
+        // Releases of the polling strategies are announced on PostgreSQL (for-update waiters
+        // wait on the row lock itself).
+        #[cfg(feature = "postgres")]
+        let wakeups = match (&pool, strategy) {
+            (Pool::Postgres(p), Strategy::UniqueInsert | Strategy::Optimistic) => Some(
+                notify::Wakeups::start((*p.connect_options()).clone(), notify::channel(table)),
+            ),
+            _ => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -394,8 +418,21 @@ impl SqlProvider {
                 store_id,
                 versions: Mutex::new(HashMap::new()),
                 holders: Mutex::new(HashMap::new()),
+                #[cfg(feature = "postgres")]
+                wakeups,
             }),
         })
+    }
+
+    /// How many release notifications this provider's listener received (PostgreSQL
+    /// `unique-insert` and `optimistic`; 0 elsewhere). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn release_notifications(&self) -> u64 {
+        #[cfg(feature = "postgres")]
+        if let Some(w) = &self.inner.wakeups {
+            return w.received();
+        }
+        0
     }
 
     /// The strategy of this provider.
@@ -571,68 +608,6 @@ fn check_server_version(version: &str) -> Result<bool> {
     Ok(mariadb)
 }
 
-/// File systems whose locks SQLite cannot trust: the file may be shared by two hosts, each
-/// believing it holds the write lock.
-const NETWORK_FILE_SYSTEMS: &[&str] = &[
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb3",
-    "smbfs",
-    "9p",
-    "ceph",
-    "glusterfs",
-    "fuse.glusterfs",
-    "fuse.sshfs",
-    "afs",
-    "lustre",
-    "gpfs",
-    "virtiofs",
-    "fuse.s3fs",
-];
-
-/// Warns (once per connect) if the SQLite file lives on a network file system.
-fn warn_if_network_fs(path: &std::path::Path) {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    let Ok(dir) = std::fs::canonicalize(dir.unwrap_or(std::path::Path::new("."))) else {
-        return;
-    };
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    if let Some(fs) = network_fs(&mounts, &dir) {
-        tracing::warn!(
-            file = %path.display(),
-            fs,
-            "the SQLite file is on a network file system, whose locks SQLite cannot trust: \
-             two hosts could both hold a lock; use a local disk or a server backend"
-        );
-    }
-}
-
-/// The type of the file system `dir` is on, per `/proc/self/mountinfo`, if it is a network
-/// one (the mount with the longest mount point that contains `dir`).
-fn network_fs(mountinfo: &str, dir: &std::path::Path) -> Option<String> {
-    let mut best: Option<(usize, &str)> = None;
-    for line in mountinfo.lines() {
-        // id parent major:minor root mount-point options [optional fields] - type source ...
-        let mut fields = line.split(' ');
-        let Some(mount_point) = fields.nth(4) else {
-            continue;
-        };
-        let Some(fs_type) = line.split(" - ").nth(1).and_then(|t| t.split(' ').next()) else {
-            continue;
-        };
-        let mount_point = mount_point.replace("\\040", " ");
-        if dir.starts_with(&mount_point) && best.is_none_or(|(len, _)| mount_point.len() >= len) {
-            best = Some((mount_point.len(), fs_type));
-        }
-    }
-    best.map(|(_, fs)| fs)
-        .filter(|fs| NETWORK_FILE_SYSTEMS.contains(fs))
-        .map(str::to_owned)
-}
-
 /// The backend name errors and handles carry.
 fn backend_name(dialect: Dialect) -> &'static str {
     match dialect {
@@ -801,28 +776,6 @@ async fn setup(pool: &Pool, backend: &'static str, what: &str, sql: &str) -> Res
 #[cfg(test)]
 mod tests {
     use super::check_server_version;
-
-    #[test]
-    fn a_file_on_a_network_file_system_is_found() {
-        use std::path::Path;
-        let mounts = "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n\
-                      40 22 0:50 / /mnt/shared rw - nfs4 srv:/export rw,vers=4.2\n\
-                      41 40 8:2 / /mnt/shared/local rw shared:5 - ext4 /dev/sdb1 rw\n\
-                      42 22 0:51 / /home/Jane\\040Doe rw - cifs //srv/jane rw\n";
-        assert_eq!(super::network_fs(mounts, Path::new("/var/lib/app")), None);
-        assert_eq!(
-            super::network_fs(mounts, Path::new("/mnt/shared/app")).as_deref(),
-            Some("nfs4")
-        );
-        assert_eq!(
-            super::network_fs(mounts, Path::new("/mnt/shared/local/x")),
-            None
-        );
-        assert_eq!(
-            super::network_fs(mounts, Path::new("/home/Jane Doe/locks")).as_deref(),
-            Some("cifs")
-        );
-    }
 
     #[test]
     fn servers_that_could_repeat_tokens_are_refused() {

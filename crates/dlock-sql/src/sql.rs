@@ -21,6 +21,12 @@ pub(crate) struct Statements {
     pub(crate) release_version: String,
     pub(crate) release_version_by_owner: String,
     pub(crate) renew_version: String,
+    /// A new seed: a number never handed out before for these tables (an AUTO_INCREMENT
+    /// row, deleted again at once; the counter is kept across deletes and restarts).
+    pub(crate) new_seed: String,
+    pub(crate) drop_seed: String,
+    /// Moves a free row to the versions of a new seed (`?`: the new version).
+    pub(crate) reseed_version: String,
     // for-update
     pub(crate) insert_row: String,
     pub(crate) row_exists: String,
@@ -53,6 +59,19 @@ fn now(dialect: Dialect) -> &'static str {
         // clock_timestamp(), not now(): now() is the start of the transaction.
         Dialect::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
     }
+}
+
+/// A release statement that also announces the release on PostgreSQL: the rows it changed
+/// `NOTIFY` the provider's channel with their names (sent when the statement commits), and its
+/// row count is still the number of rows released. Elsewhere the statement as it is.
+fn notifying(dialect: Dialect, t: &str, release: String) -> String {
+    if dialect != Dialect::Postgres {
+        return release;
+    }
+    format!(
+        "WITH released AS ({release} RETURNING name) \
+         SELECT pg_notify('{t}_release', convert_from(name, 'UTF8')) FROM released"
+    )
 }
 
 /// PostgreSQL numbers its placeholders: `?` becomes `$1`, `$2`, … (no statement here has a
@@ -101,6 +120,10 @@ impl Statements {
                      expires_at BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
                 ),
                 format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_seeds (\
+                     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB"
+                ),
+                format!(
                     "CREATE TABLE IF NOT EXISTS {t}_rows (\
                      name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=InnoDB"
                 ),
@@ -133,6 +156,10 @@ impl Statements {
                      version INTEGER NOT NULL DEFAULT 0, \
                      expires_at INTEGER NOT NULL DEFAULT 0)"
                 ),
+                // AUTOINCREMENT: ids are never reused, even after the largest is deleted.
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_seeds (id INTEGER PRIMARY KEY AUTOINCREMENT)"
+                ),
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t}_fence (\
                      name BLOB NOT NULL PRIMARY KEY, \
@@ -161,6 +188,10 @@ impl Statements {
                      holds INT NOT NULL DEFAULT 0, \
                      version BIGINT NOT NULL DEFAULT 0, \
                      expires_at BIGINT NOT NULL DEFAULT 0)"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_seeds (\
+                     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY)"
                 ),
                 format!("CREATE TABLE IF NOT EXISTS {t}_rows (name BYTEA NOT NULL PRIMARY KEY)"),
                 format!(
@@ -251,26 +282,49 @@ impl Statements {
             select_hold_token: format!(
                 "SELECT id, takeovers FROM {t}_holds WHERE name = ? AND owner = ?"
             ),
-            delete_hold: format!("DELETE FROM {t}_holds WHERE name = ? AND owner = ?"),
+            delete_hold: notifying(
+                dialect,
+                t,
+                format!("DELETE FROM {t}_holds WHERE name = ? AND owner = ?"),
+            ),
             renew_hold: format!(
                 "UPDATE {t}_holds SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
             ),
             claim_version,
             select_version: format!("SELECT version FROM {t}_versions WHERE name = ?"),
             insert_version: format!(
-                "{insert_ignore} {t}_versions (name) VALUES (?){ignore_suffix}"
+                "{insert_ignore} {t}_versions (name, version) VALUES (?, ?){ignore_suffix}"
             ),
-            release_version: format!(
-                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
-                 WHERE name = ? AND owner = ? AND version = ?"
+            release_version: notifying(
+                dialect,
+                t,
+                format!(
+                    "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
+                     WHERE name = ? AND owner = ? AND version = ?"
+                ),
             ),
-            release_version_by_owner: format!(
-                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
-                 WHERE name = ? AND owner = ?"
+            release_version_by_owner: notifying(
+                dialect,
+                t,
+                format!(
+                    "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
+                     WHERE name = ? AND owner = ?"
+                ),
             ),
             renew_version: format!(
                 "UPDATE {t}_versions SET expires_at = {now} + ? \
                  WHERE name = ? AND owner = ? AND version = ?"
+            ),
+            new_seed: match dialect {
+                Dialect::MySql => format!("INSERT INTO {t}_seeds () VALUES ()"),
+                Dialect::Sqlite | Dialect::Postgres => {
+                    format!("INSERT INTO {t}_seeds DEFAULT VALUES RETURNING id")
+                }
+            },
+            drop_seed: format!("DELETE FROM {t}_seeds WHERE id = ?"),
+            reseed_version: format!(
+                "UPDATE {t}_versions SET version = ? \
+                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
             ),
             insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
             row_exists: format!("SELECT 1 FROM {t}_rows WHERE name = ?"),
@@ -320,6 +374,9 @@ impl Statements {
             release_version: n(self.release_version),
             release_version_by_owner: n(self.release_version_by_owner),
             renew_version: n(self.renew_version),
+            new_seed: self.new_seed,
+            drop_seed: n(self.drop_seed),
+            reseed_version: n(self.reseed_version),
             insert_row: n(self.insert_row),
             row_exists: n(self.row_exists),
             lock_row: n(self.lock_row),

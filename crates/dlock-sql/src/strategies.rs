@@ -13,6 +13,8 @@ use crate::error::{Meaning, from_sqlx, meaning};
 
 /// Tokens of the unique-insert strategy: the row's AUTO_INCREMENT id in the high bits (it only
 /// grows, across deletes and restarts), the number of takeovers of that row in the low bits.
+/// Optimistic versions are laid out the same way: a seed (an AUTO_INCREMENT number) in the
+/// high bits, the claims since the row got it in the low bits.
 const TAKEOVER_BITS: u32 = 20;
 
 /// How long even a zero-wait attempt may take to get a connection from the pool.
@@ -167,8 +169,12 @@ impl Attempt {
             .await
             .map_err(self.err("read the version"))?;
         if row.is_none() {
+            // A new row starts at the versions of a new seed, above every token an earlier
+            // row of this name gave (one deleted by hand, say): tokens never go backwards.
+            let first = self.seeded_version(conn).await?;
             query(&s.insert_version)
                 .bind(self.key())
+                .bind(first)
                 .execute(&mut *conn)
                 .await
                 .map_err(self.err("create the row"))?;
@@ -187,7 +193,60 @@ impl Attempt {
         self.claim(conn, version).await
     }
 
+    /// The first version of a new seed: `seed << 20`. Each seed is a number never handed out
+    /// before for these tables, so its versions lie above those of every earlier seed, as
+    /// long as no row uses more than 2^20 - 1 versions of one seed
+    /// ([`claim`](Self::claim) moves a row to a new seed before that).
+    async fn seeded_version(&self, conn: &mut Conn) -> Result<i64> {
+        let s = &self.inner.sql;
+        let q = query(&s.new_seed);
+        let seed = match self.inner.dialect {
+            crate::Dialect::MySql => {
+                let done = q.execute(&mut *conn).await.map_err(self.err("seed"))?;
+                done.last_insert_id
+                    .and_then(|id| i64::try_from(id).ok())
+                    .ok_or_else(|| self.missing_id())?
+            }
+            crate::Dialect::Sqlite | crate::Dialect::Postgres => {
+                let row = q.fetch_one(&mut *conn).await.map_err(self.err("seed"))?;
+                row.int(0).map_err(self.err("seed"))?
+            }
+        };
+        // The seed row has done its work: the counter, not the row, remembers it.
+        if let Err(e) = query(&s.drop_seed).bind(seed).execute(&mut *conn).await {
+            tracing::debug!(error = %e, "could not delete a used seed row");
+        }
+        seeded(seed).ok_or_else(|| Error::Backend {
+            backend: self.inner.backend,
+            message: format!(
+                "the seed {seed} of {:?} no longer fits a fencing token",
+                self.name
+            ),
+            retryable: false,
+            source: None,
+        })
+    }
+
+    /// Claims `version` of a free row; a row whose seed has no version left is moved to a
+    /// new seed first.
     async fn claim(&self, conn: &mut Conn, version: i64) -> Result<Option<u64>> {
+        let version = if seed_used_up(version) {
+            let next = self.seeded_version(conn).await?;
+            let moved = query(&self.inner.sql.reseed_version)
+                .bind(next)
+                .bind(self.key())
+                .bind(version)
+                .execute(&mut *conn)
+                .await
+                .map_err(self.err("move to a new seed"))?;
+            if moved.rows_affected != 1 {
+                return Ok(None); // held, or claimed or moved by someone else
+            }
+            self.inner.cache_version(&self.name, next);
+            next
+        } else {
+            version
+        };
         let q = query(&self.inner.sql.claim_version)
             .bind(&self.owner)
             .bind(ms(self.lease))
@@ -296,28 +355,49 @@ impl Attempt {
             retryable: false,
             source: None,
         };
+        // A connect that timed out while the pool had room is a slow server (retryable), not
+        // an exhausted pool.
+        let timed_out = || {
+            if lock_pool.all_in_use() {
+                exhausted()
+            } else {
+                Error::Backend {
+                    backend: self.inner.backend,
+                    message: "opening a connection for a for-update lock timed out".into(),
+                    retryable: true,
+                    source: None,
+                }
+            }
+        };
         let pooled = match deadline.instant() {
             // No deadline: wait as long as it takes, also for a connection (review: an
-            // unbounded acquire must not fail because the pool is busy).
-            None => loop {
-                match lock_pool.acquire().await {
-                    Err(sqlx::Error::PoolTimedOut) => {
-                        tracing::debug!(lock = %self.name, "for-update pool busy; still waiting for a connection");
+            // unbounded acquire must not fail because the pool is busy), and say so: a
+            // wait that never ends must not look like a lock held for ever.
+            None => {
+                let mut waits = 0u32;
+                loop {
+                    match lock_pool.acquire().await {
+                        Err(sqlx::Error::PoolTimedOut) => {
+                            waits = waits.saturating_add(1);
+                            if lock_pool.all_in_use() && (waits == 1 || waits.is_power_of_two()) {
+                                tracing::warn!(lock = %self.name, error = %exhausted(), "still waiting for a connection");
+                            }
+                        }
+                        other => break other,
                     }
-                    other => break other,
                 }
-            },
+            }
             Some(d) => {
                 match tokio::time::timeout_at(d.max(from_now(CONNECT_GRACE)), lock_pool.acquire())
                     .await
                 {
                     Ok(c) => c,
-                    Err(_) => return Err(exhausted()),
+                    Err(_) => return Err(timed_out()),
                 }
             }
         };
         let pooled = match pooled {
-            Err(sqlx::Error::PoolTimedOut) => return Err(exhausted()),
+            Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
             other => other.map_err(self.err("connect"))?,
         };
         let mut conn = Pinned(Some(pooled));
@@ -325,11 +405,15 @@ impl Attempt {
         // The first try never waits (NOWAIT): an uncontended lock costs one round trip, with
         // no lock-wait setting and no connection id for the killer of a waiting statement.
         let mut first = true;
+        // Whether a blocking try set the connection's server-side lease (to be put back before
+        // the connection returns to the pool, where the server would otherwise close it).
+        let mut lease_set = false;
         loop {
             let left = deadline.remaining();
             let blocking = !first && left.is_none_or(|left| left >= Duration::from_secs(1));
             first = false;
             if blocking {
+                lease_set = true;
                 // The server-side lease starts at the grant, not after it: a waiter frozen or
                 // cut off while it waits, and granted the row then, is disconnected after its
                 // lease of idleness instead of the server's default (8 h). The client's lease
@@ -399,6 +483,9 @@ impl Attempt {
                     let now = Instant::now();
                     match deadline.instant() {
                         Some(d) if now >= d => {
+                            if lease_set {
+                                conn.reset_lease(&s.reset_hold_timeout).await;
+                            }
                             conn.return_to_pool();
                             return Ok(None);
                         }
@@ -486,6 +573,21 @@ pub(crate) fn unique_insert_token(id: i64, takeovers: i64) -> Option<u64> {
     Some((id << TAKEOVER_BITS) | takeovers)
 }
 
+/// The first version of seed `seed` (`seed << 20`), `None` if it does not fit a token.
+fn seeded(seed: i64) -> Option<i64> {
+    if !(0..1 << (63 - TAKEOVER_BITS)).contains(&seed) {
+        return None;
+    }
+    Some(seed << TAKEOVER_BITS)
+}
+
+/// Whether claiming `version + 1` would leave `version`'s seed (its low 20 bits would wrap).
+fn seed_used_up(version: i64) -> bool {
+    version
+        .checked_add(1)
+        .is_none_or(|next| next & ((1 << TAKEOVER_BITS) - 1) == 0)
+}
+
 /// A for-update hold's lease as the server's `wait_timeout`: whole seconds, rounded up, within
 /// the server's range (1 s to 365 days).
 pub(crate) fn server_seconds(lease: Duration) -> i64 {
@@ -544,6 +646,16 @@ impl Pinned {
         }
     }
 
+    /// Puts the server's default idle timeout back on a connection going back to the pool
+    /// (closes it if that fails).
+    async fn reset_lease(&mut self, reset: &str) {
+        if let Some(c) = self.0.as_mut()
+            && query(reset).execute(c).await.is_err()
+        {
+            self.close();
+        }
+    }
+
     /// Returns a clean connection (no transaction open) to the pool.
     fn return_to_pool(&mut self) {
         if let Some(c) = self.0.take() {
@@ -585,6 +697,32 @@ impl Pinned {
                 self.close();
                 Err(e)
             }
+        }
+    }
+
+    /// [`renew`](Self::renew) to `ttl`, as a check of the connection like [`ping`](Self::ping):
+    /// bounded by `limit` and cancel safe (a connection that does not answer in time is
+    /// closed). `None`: the connection is gone already.
+    async fn renew_within(
+        &mut self,
+        statement: &str,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Option<bool> {
+        let mut flight = ClosedUnlessReturned(Some(self.0.take()?));
+        let answered = match flight.0.as_mut() {
+            Some(c) => {
+                let q = query(statement).bind(server_seconds(ttl));
+                tokio::time::timeout(limit, q.execute(c)).await
+            }
+            None => return None,
+        };
+        match answered {
+            Ok(Ok(_)) => {
+                self.0 = flight.0.take();
+                Some(true)
+            }
+            Ok(Err(_)) | Err(_) => Some(false),
         }
     }
 
@@ -651,13 +789,23 @@ impl Drop for Pinned {
 /// The connection a for-update hold lives in, shared with its [`watch`]er.
 pub(crate) type HoldingConnection = Arc<tokio::sync::Mutex<Pinned>>;
 
+/// The end of a for-update hold's fixed lease (`None` for a watchdog lease), shared with its
+/// [`watch`]er, which has the server enforce it; moved by `extend`.
+pub(crate) type FixedEnd = Arc<std::sync::Mutex<Option<Instant>>>;
+
+fn fixed_end(end: &FixedEnd) -> Option<Instant> {
+    *end.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The backend side of a SQL hold.
 #[derive(Debug)]
 pub(crate) enum SqlHold {
     UniqueInsert(Attempt),
     Optimistic(Attempt, u64),
-    /// The row lock of one connection's transaction, and the hold's loss signal.
-    ForUpdate(Attempt, HoldingConnection, HoldSignal),
+    /// The row lock of one connection's transaction, the hold's loss signal, and its fixed
+    /// lease's end.
+    ForUpdate(Attempt, HoldingConnection, HoldSignal, FixedEnd),
 }
 
 /// How often a for-update hold's connection is checked between renewals: a tenth of the
@@ -681,10 +829,16 @@ fn ping_limit(lease: Duration) -> Duration {
 /// released, lost or dropped. A ping resets the server's idle count like a renewal does, and
 /// stops with the process like one, so a paused or cut-off holder still runs out of its
 /// server-side lease.
+///
+/// Under a fixed lease the check sets the server-side lease to what is left of the fixed
+/// one instead of pinging, so a holder paused just before its end loses the row at that end
+/// (rounded up to the server's whole seconds), not a whole lease after its last ping.
 pub(crate) async fn watch(
     conn: Weak<tokio::sync::Mutex<Pinned>>,
     signal: HoldSignal,
     lease: Duration,
+    fixed: FixedEnd,
+    hold_timeout: String,
 ) {
     let period = watch_period(lease);
     loop {
@@ -695,7 +849,21 @@ pub(crate) async fn watch(
         let Some(conn) = conn.upgrade() else {
             return;
         };
-        let alive = conn.lock().await.ping(ping_limit(lease)).await;
+        let alive = match fixed_end(&fixed) {
+            None => conn.lock().await.ping(ping_limit(lease)).await,
+            Some(end) => {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    // Over: the guard reports it and the keeper releases; the server-side
+                    // lease set last ends it at most a second later if nobody can.
+                    return;
+                }
+                conn.lock()
+                    .await
+                    .renew_within(&hold_timeout, left, ping_limit(lease))
+                    .await
+            }
+        };
         match alive {
             Some(true) => {}
             Some(false) => {
@@ -710,7 +878,7 @@ pub(crate) async fn watch(
 impl SqlHold {
     fn attempt(&self) -> &Attempt {
         match self {
-            Self::UniqueInsert(a) | Self::Optimistic(a, _) | Self::ForUpdate(a, _, _) => a,
+            Self::UniqueInsert(a) | Self::Optimistic(a, _) | Self::ForUpdate(a, _, _, _) => a,
         }
     }
 
@@ -726,7 +894,7 @@ impl Hold for SqlHold {
         let released = match self {
             Self::UniqueInsert(a) => retry_once(|| a.unique_release()).await?,
             Self::Optimistic(a, v) => retry_once(|| a.optimistic_release(Some(*v))).await?,
-            Self::ForUpdate(a, conn, _) => {
+            Self::ForUpdate(a, conn, _, _) => {
                 a.inner.forget_holder(&a.name, &a.owner);
                 let reset = &a.inner.sql.reset_hold_timeout;
                 conn.lock().await.commit(reset).await.is_ok()
@@ -741,7 +909,7 @@ impl Hold for SqlHold {
 
     /// For-update asks the holding connection (a ping): the row lock lives as long as it does.
     async fn verify(&self) -> Result<bool> {
-        let Self::ForUpdate(_, conn, signal) = self else {
+        let Self::ForUpdate(_, conn, signal, _) = self else {
             return Ok(true);
         };
         let limit = ping_limit(self.attempt().lease);
@@ -759,7 +927,8 @@ impl Hold for SqlHold {
             Self::Optimistic(a, v) => a.optimistic_renew(*v, ttl).await?,
             // The server keeps the row lock while the connection lives, and keeps the
             // connection while it is idle no longer than its wait_timeout.
-            Self::ForUpdate(a, conn, signal) => {
+            Self::ForUpdate(a, conn, signal, fixed) => {
+                let sent = Instant::now();
                 let alive = conn
                     .lock()
                     .await
@@ -768,6 +937,13 @@ impl Hold for SqlHold {
                     .is_ok();
                 if !alive {
                     signal.mark_lost(LossReason::ConnectionLost);
+                } else if let Some(end) = fixed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .as_mut()
+                {
+                    // The watcher holds the server to the new end.
+                    *end = dlock_core::backend::later(sent, ttl);
                 }
                 alive
             }
@@ -782,7 +958,7 @@ impl Hold for SqlHold {
 
 impl Drop for SqlHold {
     fn drop(&mut self) {
-        if let Self::ForUpdate(a, _, _) = self {
+        if let Self::ForUpdate(a, _, _, _) = self {
             a.inner.forget_holder(&a.name, &a.owner);
         }
     }
@@ -817,6 +993,20 @@ mod tests {
         assert_eq!(unique_insert_token(1, 1 << 20), None);
         assert_eq!(unique_insert_token(-1, 0), None);
         assert_eq!(unique_insert_token(1, -1), None);
+    }
+
+    #[test]
+    fn optimistic_seeds_leave_room_and_never_overflow() {
+        assert_eq!(seeded(0), Some(0));
+        assert_eq!(seeded(3), Some(3 << 20));
+        assert_eq!(seeded((1 << 43) - 1), Some(((1 << 43) - 1) << 20));
+        assert_eq!(seeded(1 << 43), None);
+        assert_eq!(seeded(-1), None);
+        assert!(!seed_used_up(0));
+        assert!(!seed_used_up((3 << 20) + 5));
+        assert!(seed_used_up((1 << 20) - 1));
+        assert!(seed_used_up((4 << 20) - 1));
+        assert!(seed_used_up(i64::MAX));
     }
 
     #[test]

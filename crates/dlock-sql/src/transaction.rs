@@ -49,7 +49,9 @@ impl SqlProvider {
     ///
     /// This is the strongest lock a SQL database offers: the row lock lives in the same
     /// transaction as the data it protects, so the writes commit only while the lock is held,
-    /// and a crash, a partition or a rollback ends both at once. It excludes the plain
+    /// and a rollback or a crash of the client ends both at once (after a partition nothing of
+    /// the transaction commits, and the server keeps the row until it drops the connection:
+    /// its `wait_timeout`, which is the application's to set). It excludes the plain
     /// `for-update` locks of providers on the same tables, and they exclude it.
     ///
     /// The provider must use the `for-update` strategy (its tables are the ones locked).
@@ -99,14 +101,16 @@ impl SqlProvider {
         in_transaction_supported(inner, Dialect::MySql)?;
         let backend = inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
-        let session = query("SELECT @@in_transaction, @@innodb_lock_wait_timeout")
+        // sqlx's own count of the transactions open on the connection (`@@in_transaction`,
+        // which the server could tell, is MariaDB's alone).
+        if !sqlx::Connection::is_in_transaction(&*conn) {
+            return Err(not_in_transaction());
+        }
+        let session = query("SELECT @@innodb_lock_wait_timeout")
             .fetch_one(&mut *conn)
             .await
             .map_err(err("read the session"))?;
-        if session.int(0).map_err(err("read the session"))? == 0 {
-            return Err(not_in_transaction());
-        }
-        let previous = session.int(1).map_err(err("read the session"))?;
+        let previous = session.int(0).map_err(err("read the session"))?;
         // The row must exist before the transaction reads it: a locking read of a missing row
         // takes a gap lock, which would block its creation until the transaction ends. It is
         // created outside the transaction (committed at once, so other holders see it).

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::backend::later;
 use dlock_core::{Lease, LockOptions, LockProvider};
 use dlock_sql::{SqlProvider, Strategy};
 use sqlx::any::AnyPoolOptions;
@@ -217,9 +218,18 @@ async fn worker_process() {
             println!("HELD");
             std::future::pending::<()>().await;
         }
+        "hold-fixed" => {
+            let fixed = LockOptions::new().with_lease(Lease::Fixed(FIXED_LEASE));
+            let _g = p.lock(&name, fixed).unwrap().acquire().await.unwrap();
+            println!("HELD");
+            std::future::pending::<()>().await;
+        }
         other => panic!("unknown worker mode {other}"),
     }
 }
+
+/// The fixed lease of the `hold-fixed` worker.
+const FIXED_LEASE: Duration = Duration::from_secs(4);
 
 /// Four OS processes × 25 cycles on one name through one database: the counter they update
 /// read-then-write inside the critical section ends exact.
@@ -1472,5 +1482,203 @@ async fn frozen_holder_process_loses_the_lock_within_its_lease() {
         if let Some(f) = file {
             remove_sqlite(&f);
         }
+    }
+}
+
+/// A for-update holder with a fixed lease, frozen (SIGSTOP) shortly before that lease ends,
+/// loses the row at its end, not a whole lease after its last sign of life: the server is held
+/// to the fixed lease (the holder's watcher keeps the server-side lease at what is left of
+/// it), so another process acquires within the lease + 2 s of the grant. With only pings, the
+/// server kept the row until the last ping plus the whole lease (about 7 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_holder_loses_its_fixed_lease_at_its_end() {
+    let _serial = SERIAL.lock().await;
+    for (url, label, _) in targets_with_postgres(&["for-update"]) {
+        let name = Names::new().name("fixed-freeze");
+        let mut child = spawn_worker("hold-fixed", &url, &name, 0);
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let held = tokio::task::block_in_place(|| {
+            let mut line = String::new();
+            while out.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.trim_end().ends_with("HELD") {
+                    return true;
+                }
+                line.clear();
+            }
+            false
+        });
+        assert!(held, "{label}: the worker never held the lock");
+        let granted = Instant::now();
+        // Freeze it 3.2 s into its 4 s lease: it has just confirmed its connection.
+        tokio::time::sleep_until(later(granted, Duration::from_millis(3200))).await;
+        let stopped = Command::new("kill")
+            .args(["-STOP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let lock = p.lock(&name, LockOptions::default()).unwrap();
+        let bound = later(granted, FIXED_LEASE + Duration::from_secs(2));
+        let g = must(
+            Duration::from_secs(10),
+            &format!("{label}: the try after the freeze"),
+            lock.try_acquire(bound.saturating_duration_since(Instant::now())),
+        )
+        .await
+        .unwrap()
+        .unwrap_or_else(|| {
+            panic!(
+                "{label}: still held {:?} after the grant of a {FIXED_LEASE:?} fixed lease",
+                granted.elapsed()
+            )
+        });
+        eprintln!(
+            "{label}: free {:?} after the grant of a {FIXED_LEASE:?} fixed lease",
+            granted.elapsed()
+        );
+        g.release().await.unwrap();
+        let _ = Command::new("kill")
+            .args(["-CONT", &child.id().to_string()])
+            .status();
+        drop(child);
+    }
+}
+
+/// Optimistic tokens never go backwards, even when the name's row is deleted by hand (a
+/// clean-up job, say): a new row starts at the versions of a new seed, above every earlier
+/// one. And a row whose seed has no version left moves to a new seed before its next claim.
+/// The old rows started again at version 0, so the token after the delete was 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optimistic_tokens_survive_a_deleted_row() {
+    for (url, label, file) in targets_with_postgres(&["optimistic"]) {
+        let name = Names::new().name("reseed");
+        let table = table_of(&url);
+        let mut last = 0;
+        let take = |last: &mut u64, token: u64, what: &str| {
+            assert!(
+                token > *last,
+                "{label}: {what}: token {token} is not above the last one, {last}"
+            );
+            *last = token;
+        };
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let db = admin(&url).await;
+        let lock = p.lock(&name, LockOptions::default()).unwrap();
+        for _ in 0..2 {
+            let g = lock.acquire().await.unwrap();
+            take(&mut last, g.fencing_token().get(), "before the delete");
+            g.release().await.unwrap();
+        }
+        let delete = q(
+            &url,
+            &format!("DELETE FROM {table}_versions WHERE name = ?"),
+        );
+        sqlx::query(&delete)
+            .bind(name.as_bytes())
+            .execute(&db)
+            .await
+            .unwrap();
+        // The same provider (its cached version is gone with the row) and a fresh one.
+        let fresh = SqlProvider::connect(&url).await.unwrap();
+        for (who, provider) in [("same provider", &p), ("fresh provider", &fresh)] {
+            let g = provider
+                .lock(&name, LockOptions::default())
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            take(
+                &mut last,
+                g.fencing_token().get(),
+                &format!("after the delete ({who})"),
+            );
+            g.release().await.unwrap();
+        }
+        // The next claim is the last of its seed; the one after it moves the row on.
+        let end_of_seed = ((last >> 20) + 1) << 20;
+        let set = q(
+            &url,
+            &format!("UPDATE {table}_versions SET version = ? WHERE name = ?"),
+        );
+        sqlx::query(&set)
+            .bind(i64::try_from(end_of_seed - 2).unwrap())
+            .bind(name.as_bytes())
+            .execute(&db)
+            .await
+            .unwrap();
+        last = end_of_seed - 2;
+        for what in ["the last version of a seed", "the first of the next seed"] {
+            let g = fresh
+                .lock(&name, LockOptions::default())
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            take(&mut last, g.fencing_token().get(), what);
+            g.release().await.unwrap();
+        }
+        assert!(last > end_of_seed, "{label}: moved to a new seed ({last})");
+        if let Some(f) = file {
+            remove_sqlite(&f);
+        }
+    }
+}
+
+/// PostgreSQL announces the releases of the polling strategies: a release `NOTIFY`s the name on
+/// the provider's channel, and a waiter's provider receives it (and wakes the waiter, which
+/// then takes the lock; how soon is `dlock bench`'s W3). The tables are the test's own, so no
+/// other test's releases are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_announces_releases_to_waiters() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    for strategy in ["unique-insert", "optimistic"] {
+        let table = format!("dlock_notify_{}", strategy.replace('-', "_"));
+        let url = with_query(&pg, &format!("strategy={strategy}&table={table}"));
+        let name = Names::new().name("notify");
+        let holder = SqlProvider::connect(&url).await.unwrap();
+        let waiter = SqlProvider::connect(&url).await.unwrap();
+        // The waiter's provider listens once its connection is up: until then a release
+        // reaches nobody (its waiters poll).
+        let warm_up = holder.lock(&name, LockOptions::default()).unwrap();
+        eventually(
+            Duration::from_secs(10),
+            &format!("{strategy}: the waiter's provider listens"),
+            || async {
+                warm_up.acquire().await.unwrap().release().await.unwrap();
+                let n = waiter.release_notifications();
+                if n > 0 { Ok(()) } else { Err(n) }
+            },
+        )
+        .await;
+        let g = holder
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let before = waiter.release_notifications();
+        let lock = waiter.lock(&name, LockOptions::default()).unwrap();
+        let waiting = tokio::spawn(async move { lock.acquire().await.map(|g| (lock, g)) });
+        g.release().await.unwrap();
+        let (_lock, g2) = must(
+            Duration::from_secs(5),
+            &format!("{strategy}: the waiter after the release"),
+            waiting,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        eventually(
+            Duration::from_secs(5),
+            &format!("{strategy}: the waiter's provider received the release"),
+            || async {
+                let n = waiter.release_notifications();
+                if n > before { Ok(()) } else { Err(n) }
+            },
+        )
+        .await;
+        g2.release().await.unwrap();
     }
 }

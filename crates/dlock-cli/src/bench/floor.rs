@@ -252,7 +252,8 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
     }
 }
 
-/// PostgreSQL's floor, on one connection: the for-update cycle, or INSERT + DELETE.
+/// PostgreSQL's floor, on one connection: the for-update cycle, or INSERT + a DELETE that
+/// announces itself (`pg_notify`, as dlock's releases do).
 #[cfg(feature = "postgres")]
 async fn postgres_floor(
     pool: &sqlx::PgPool,
@@ -304,11 +305,15 @@ async fn postgres_floor(
             .execute(&mut *c)
             .await
             .map_err(e("INSERT"))?;
-        sqlx::query("DELETE FROM dlock_bench_floor WHERE name = $1")
-            .bind(&name)
-            .execute(&mut *c)
-            .await
-            .map_err(e("DELETE"))?;
+        // A release announces itself (NOTIFY), as dlock's does on PostgreSQL.
+        sqlx::query(
+            "WITH d AS (DELETE FROM dlock_bench_floor WHERE name = $1 RETURNING name) \
+             SELECT pg_notify('dlock_bench_floor', encode(name, 'escape')) FROM d",
+        )
+        .bind(&name)
+        .execute(&mut *c)
+        .await
+        .map_err(e("DELETE"))?;
     }
     Ok(rate(started, cycles))
 }
