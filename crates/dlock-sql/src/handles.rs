@@ -104,10 +104,15 @@ impl SqlMutex {
             };
             let sent = attempt.start_lease(&mut conn).await?;
             let token = attempt.next_fence().await?;
+            // A fixed lease ends at its time on the server too, however long the fence took.
+            let fixed_at = (!lease.is_watchdog()).then(|| later(sent, lease.ttl()));
+            let left = fixed_at.map_or(attempt.lease, |end| {
+                end.saturating_duration_since(Instant::now())
+            });
             // If the connection died after the grant (and another holder got the row and a
             // token meanwhile), this fails: no guard carries a token above the real holder's
             // (review M5).
-            attempt.confirm_lease(&mut conn).await?;
+            attempt.confirm_lease(&mut conn, left).await?;
             attempt
                 .inner
                 .remember_holder(&attempt.owner, &attempt.name, connection_id);
@@ -116,9 +121,7 @@ impl SqlMutex {
             let signal = HoldSignal::new();
             // A fixed lease is enforced by the server too (the watcher keeps the server-side
             // lease at what is left of it), not only by the client.
-            let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(
-                (!lease.is_watchdog()).then(|| later(sent, lease.ttl())),
-            ));
+            let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(fixed_at));
             tokio::spawn(watch(
                 Arc::downgrade(&conn),
                 signal.clone(),

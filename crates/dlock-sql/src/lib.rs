@@ -405,7 +405,7 @@ impl SqlProvider {
             ),
             _ => None,
         };
-        Ok(Self {
+        let provider = Self {
             inner: Arc::new(Inner {
                 pool,
                 lock_pool,
@@ -421,7 +421,29 @@ impl SqlProvider {
                 #[cfg(feature = "postgres")]
                 wakeups,
             }),
-        })
+        };
+        if strategy == Strategy::Optimistic {
+            provider.raise_seeds().await?;
+        }
+        Ok(provider)
+    }
+
+    /// Optimistic: keeps the seed counter above every row's versions, so a row created later
+    /// (after one was deleted) starts above them. Tables of an older dlock counted versions from
+    /// 0, past 2^20 for a busy name, with no seed behind them.
+    async fn raise_seeds(&self) -> Result<()> {
+        let inner = &self.inner;
+        let err = |e| from_sqlx(inner.backend, "read the highest version", e);
+        let mut conn = inner.pool.acquire().await.map_err(err)?;
+        let max = query(&inner.sql.max_version)
+            .fetch_one(&mut conn)
+            .await
+            .and_then(|row| row.int(0))
+            .map_err(err)?;
+        if max >= 1 << 20 {
+            strategies::seed_above(inner, &mut conn, max).await?;
+        }
+        Ok(())
     }
 
     /// How many release notifications this provider's listener received (PostgreSQL

@@ -69,9 +69,13 @@ impl Wakeups {
         self.received.load(Ordering::Relaxed)
     }
 
-    fn wake(&self, name: &str) {
+    /// Wakes a waiter of the name a release announced (in hex).
+    fn wake(&self, payload: &str) {
         self.received.fetch_add(1, Ordering::Relaxed);
-        if let Some(notify) = self.names().get(name).and_then(Weak::upgrade) {
+        let Some(name) = from_hex(payload) else {
+            return;
+        };
+        if let Some(notify) = self.names().get(&name).and_then(Weak::upgrade) {
             notify.notify_one();
         }
     }
@@ -83,6 +87,22 @@ impl Wakeups {
             notify.notify_one();
         }
     }
+}
+
+/// The name a release announced: UTF-8 in hex (`encode(name, 'hex')`); `None` if it is not.
+fn from_hex(hex: &str) -> Option<String> {
+    let digits = hex.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = digits
+        .chunks(2)
+        .map(|pair| {
+            let text = std::str::from_utf8(pair).ok()?;
+            u8::from_str_radix(text, 16).ok()
+        })
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// The listening task: `LISTEN`s on `channel` and wakes the waiters of each name notified,
@@ -103,9 +123,11 @@ async fn listen(
         .connect_lazy_with(options);
     let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
+        let mut listened = false;
         let session = async {
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.listen(&channel).await?;
+            listened = true;
             // Listening again after a break: whatever was released meanwhile is looked at.
             if let Some(w) = wakeups.upgrade() {
                 w.wake_all();
@@ -137,9 +159,28 @@ async fn listen(
                 }
             },
         }
+        if listened {
+            // It worked for a while: the next break starts with a short pause again.
+            pause.reset();
+        }
         tokio::select! {
             _ = &mut stopped => return,
             () = tokio::time::sleep(pause.next_pause()) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::from_hex;
+
+    #[test]
+    fn announced_names_are_read_from_hex() {
+        assert_eq!(from_hex("6f72646572732f3432").as_deref(), Some("orders/42"));
+        assert_eq!(from_hex("c3a9").as_deref(), Some("\u{e9}"));
+        assert_eq!(from_hex(""), Some(String::new()));
+        assert_eq!(from_hex("6"), None);
+        assert_eq!(from_hex("zz"), None);
+        assert_eq!(from_hex("ff"), None);
     }
 }

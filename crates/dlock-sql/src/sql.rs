@@ -27,6 +27,12 @@ pub(crate) struct Statements {
     pub(crate) drop_seed: String,
     /// Moves a free row to the versions of a new seed (`?`: the new version).
     pub(crate) reseed_version: String,
+    /// Whether the row is at version `?` and free (`?`: name, version).
+    pub(crate) version_free: String,
+    /// The highest version of the tables (0 if none).
+    pub(crate) max_version: String,
+    /// MariaDB rather than MySQL (MySQL dialect only).
+    pub(crate) mariadb: bool,
     // for-update
     pub(crate) insert_row: String,
     pub(crate) row_exists: String,
@@ -62,7 +68,8 @@ fn now(dialect: Dialect) -> &'static str {
 }
 
 /// A release statement that also announces the release on PostgreSQL: the rows it changed
-/// `NOTIFY` the provider's channel with their names (sent when the statement commits), and its
+/// `NOTIFY` the provider's channel with their names in hex (any name, in any database
+/// encoding; sent when the statement commits), and its
 /// row count is still the number of rows released. Elsewhere the statement as it is.
 fn notifying(dialect: Dialect, t: &str, release: String) -> String {
     if dialect != Dialect::Postgres {
@@ -70,7 +77,7 @@ fn notifying(dialect: Dialect, t: &str, release: String) -> String {
     }
     format!(
         "WITH released AS ({release} RETURNING name) \
-         SELECT pg_notify('{t}_release', convert_from(name, 'UTF8')) FROM released"
+         SELECT pg_notify('{t}_release', encode(name, 'hex')) FROM released"
     )
 }
 
@@ -326,6 +333,12 @@ impl Statements {
                 "UPDATE {t}_versions SET version = ? \
                  WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
             ),
+            version_free: format!(
+                "SELECT 1 FROM {t}_versions \
+                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
+            ),
+            max_version: format!("SELECT COALESCE(MAX(version), 0) FROM {t}_versions"),
+            mariadb,
             insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
             row_exists: format!("SELECT 1 FROM {t}_rows WHERE name = ?"),
             lock_row: format!("SELECT {connection_id} FROM {t}_rows WHERE name = ? FOR UPDATE"),
@@ -377,6 +390,9 @@ impl Statements {
             new_seed: self.new_seed,
             drop_seed: n(self.drop_seed),
             reseed_version: n(self.reseed_version),
+            version_free: n(self.version_free),
+            max_version: self.max_version,
+            mariadb: self.mariadb,
             insert_row: n(self.insert_row),
             row_exists: n(self.row_exists),
             lock_row: n(self.lock_row),

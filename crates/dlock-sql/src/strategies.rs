@@ -171,7 +171,7 @@ impl Attempt {
         if row.is_none() {
             // A new row starts at the versions of a new seed, above every token an earlier
             // row of this name gave (one deleted by hand, say): tokens never go backwards.
-            let first = self.seeded_version(conn).await?;
+            let first = seed_above(&self.inner, conn, -1).await?;
             query(&s.insert_version)
                 .bind(self.key())
                 .bind(first)
@@ -193,45 +193,23 @@ impl Attempt {
         self.claim(conn, version).await
     }
 
-    /// The first version of a new seed: `seed << 20`. Each seed is a number never handed out
-    /// before for these tables, so its versions lie above those of every earlier seed, as
-    /// long as no row uses more than 2^20 - 1 versions of one seed
-    /// ([`claim`](Self::claim) moves a row to a new seed before that).
-    async fn seeded_version(&self, conn: &mut Conn) -> Result<i64> {
-        let s = &self.inner.sql;
-        let q = query(&s.new_seed);
-        let seed = match self.inner.dialect {
-            crate::Dialect::MySql => {
-                let done = q.execute(&mut *conn).await.map_err(self.err("seed"))?;
-                done.last_insert_id
-                    .and_then(|id| i64::try_from(id).ok())
-                    .ok_or_else(|| self.missing_id())?
-            }
-            crate::Dialect::Sqlite | crate::Dialect::Postgres => {
-                let row = q.fetch_one(&mut *conn).await.map_err(self.err("seed"))?;
-                row.int(0).map_err(self.err("seed"))?
-            }
-        };
-        // The seed row has done its work: the counter, not the row, remembers it.
-        if let Err(e) = query(&s.drop_seed).bind(seed).execute(&mut *conn).await {
-            tracing::debug!(error = %e, "could not delete a used seed row");
-        }
-        seeded(seed).ok_or_else(|| Error::Backend {
-            backend: self.inner.backend,
-            message: format!(
-                "the seed {seed} of {:?} no longer fits a fencing token",
-                self.name
-            ),
-            retryable: false,
-            source: None,
-        })
-    }
-
     /// Claims `version` of a free row; a row whose seed has no version left is moved to a
     /// new seed first.
     async fn claim(&self, conn: &mut Conn, version: i64) -> Result<Option<u64>> {
         let version = if seed_used_up(version) {
-            let next = self.seeded_version(conn).await?;
+            // Only a free row moves (a seed is not minted for every poll of a held one).
+            let free = query(&self.inner.sql.version_free)
+                .bind(self.key())
+                .bind(version)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(self.err("read the version"))?;
+            if free.is_none() {
+                return Ok(None);
+            }
+            // Above the row's own versions, whatever seed they came from (a row of an older
+            // dlock counted from 0 and may be past 2^20).
+            let next = seed_above(&self.inner, conn, version).await?;
             let moved = query(&self.inner.sql.reseed_version)
                 .bind(next)
                 .bind(self.key())
@@ -514,9 +492,10 @@ impl Attempt {
     }
 
     /// Proves the holding connection (and so the row lock) is alive after the fence was
-    /// taken on another connection, by setting its lease again.
-    pub(crate) async fn confirm_lease(&self, conn: &mut Pinned) -> Result<()> {
-        conn.renew(&self.inner.sql.hold_timeout, self.lease)
+    /// taken on another connection, by setting its lease again: to `left`, what is left of
+    /// the hold's lease.
+    pub(crate) async fn confirm_lease(&self, conn: &mut Pinned, left: Duration) -> Result<()> {
+        conn.renew(&self.inner.sql.hold_timeout, left)
             .await
             .map_err(self.err("confirm the hold after its fence"))
     }
@@ -571,6 +550,67 @@ pub(crate) fn unique_insert_token(id: i64, takeovers: i64) -> Option<u64> {
         return None;
     }
     Some((id << TAKEOVER_BITS) | takeovers)
+}
+
+/// How many seeds one call of [`seed_above`] may mint before it gives up.
+const MAX_MINTS: u32 = 10_000;
+
+/// Mints a new seed: a number never handed out before for these tables (an AUTO_INCREMENT
+/// row, deleted again at once: the counter, not the row, remembers it).
+async fn mint_seed(inner: &Inner, conn: &mut Conn) -> Result<i64> {
+    let s = &inner.sql;
+    let err = |e| from_sqlx(inner.backend, "seed", e);
+    let q = query(&s.new_seed);
+    let seed = match inner.dialect {
+        crate::Dialect::MySql => {
+            let done = q.execute(&mut *conn).await.map_err(err)?;
+            done.last_insert_id
+                .and_then(|id| i64::try_from(id).ok())
+                .ok_or_else(|| Error::Backend {
+                    backend: inner.backend,
+                    message: "the database returned no id for a new seed".into(),
+                    retryable: false,
+                    source: None,
+                })?
+        }
+        crate::Dialect::Sqlite | crate::Dialect::Postgres => {
+            let row = q.fetch_one(&mut *conn).await.map_err(err)?;
+            row.int(0).map_err(err)?
+        }
+    };
+    if let Err(e) = query(&s.drop_seed).bind(seed).execute(&mut *conn).await {
+        tracing::debug!(error = %e, "could not delete a used seed row");
+    }
+    Ok(seed)
+}
+
+/// The first version (`seed << 20`) of a new seed whose versions lie above `floor` (-1: any):
+/// seeds are minted until one is. Each seed is a number never handed out before for these
+/// tables, so its versions lie above those of every earlier seed as long as no row uses more
+/// than 2^20 - 1 versions of one seed ([`Attempt::claim`] moves a row on before that); rows
+/// of an older dlock, which counted from 0, are what `floor` is for.
+pub(crate) async fn seed_above(inner: &Inner, conn: &mut Conn, floor: i64) -> Result<i64> {
+    for _ in 0..MAX_MINTS {
+        let seed = mint_seed(inner, conn).await?;
+        let first = seeded(seed).ok_or_else(|| Error::Backend {
+            backend: inner.backend,
+            message: format!("the seed {seed} no longer fits a fencing token"),
+            retryable: false,
+            source: None,
+        })?;
+        if first > floor {
+            return Ok(first);
+        }
+    }
+    Err(Error::Backend {
+        backend: inner.backend,
+        message: format!(
+            "{MAX_MINTS} seeds minted without passing version {floor}: the version was set by \
+             hand far above what dlock hands out"
+        ),
+        retryable: false,
+        source: None,
+    })
 }
 
 /// The first version of seed `seed` (`seed << 20`), `None` if it does not fit a token.
@@ -849,8 +889,11 @@ pub(crate) async fn watch(
         let Some(conn) = conn.upgrade() else {
             return;
         };
+        // The end is read under the connection's lock, which `extend` holds until it has
+        // moved the end: an end read before an extension must not be sent after it.
+        let mut c = conn.lock().await;
         let alive = match fixed_end(&fixed) {
-            None => conn.lock().await.ping(ping_limit(lease)).await,
+            None => c.ping(ping_limit(lease)).await,
             Some(end) => {
                 let left = end.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -858,12 +901,10 @@ pub(crate) async fn watch(
                     // lease set last ends it at most a second later if nobody can.
                     return;
                 }
-                conn.lock()
-                    .await
-                    .renew_within(&hold_timeout, left, ping_limit(lease))
-                    .await
+                c.renew_within(&hold_timeout, left, ping_limit(lease)).await
             }
         };
+        drop(c);
         match alive {
             Some(true) => {}
             Some(false) => {
@@ -928,13 +969,10 @@ impl Hold for SqlHold {
             // The server keeps the row lock while the connection lives, and keeps the
             // connection while it is idle no longer than its wait_timeout.
             Self::ForUpdate(a, conn, signal, fixed) => {
+                // One lock of the connection across the renewal and the new end (see `watch`).
+                let mut c = conn.lock().await;
                 let sent = Instant::now();
-                let alive = conn
-                    .lock()
-                    .await
-                    .renew(&a.inner.sql.hold_timeout, ttl)
-                    .await
-                    .is_ok();
+                let alive = c.renew(&a.inner.sql.hold_timeout, ttl).await.is_ok();
                 if !alive {
                     signal.mark_lost(LossReason::ConnectionLost);
                 } else if let Some(end) = fixed
@@ -945,6 +983,7 @@ impl Hold for SqlHold {
                     // The watcher holds the server to the new end.
                     *end = dlock_core::backend::later(sent, ttl);
                 }
+                drop(c);
                 alive
             }
         };

@@ -101,15 +101,24 @@ impl SqlProvider {
         in_transaction_supported(inner, Dialect::MySql)?;
         let backend = inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
-        // sqlx's own count of the transactions open on the connection (`@@in_transaction`,
-        // which the server could tell, is MariaDB's alone).
+        // sqlx's own count of the transactions it opened on the connection, and on MariaDB the
+        // server's word too (`@@in_transaction`, which MySQL lacks): a deadlock or an implicit
+        // commit may have ended the transaction behind sqlx's back, and a locking read
+        // outside one would hold nothing.
         if !sqlx::Connection::is_in_transaction(&*conn) {
             return Err(not_in_transaction());
         }
-        let session = query("SELECT @@innodb_lock_wait_timeout")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(err("read the session"))?;
+        let session = query(if inner.sql.mariadb {
+            "SELECT @@innodb_lock_wait_timeout, @@in_transaction"
+        } else {
+            "SELECT @@innodb_lock_wait_timeout, 1"
+        })
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err("read the session"))?;
+        if session.int(1).map_err(err("read the session"))? == 0 {
+            return Err(not_in_transaction());
+        }
         let previous = session.int(0).map_err(err("read the session"))?;
         // The row must exist before the transaction reads it: a locking read of a missing row
         // takes a gap lock, which would block its creation until the transaction ends. It is
