@@ -1682,3 +1682,92 @@ async fn postgres_announces_releases_to_waiters() {
         g2.release().await.unwrap();
     }
 }
+
+/// Optimistic rows of an older dlock counted versions from 0, with no seed behind them, and a
+/// busy name can be past 2^20. Their tokens never go backwards either: a row at the end of a
+/// seed's versions moves to a seed above its own version (not merely the next seed), and a
+/// provider raises the seed counter above the tables' versions when it connects, so such a
+/// row deleted by hand comes back above them. The tables are the test's own (a fresh seed
+/// counter), dropped at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optimistic_rows_of_an_older_dlock_keep_their_tokens_rising() {
+    for (url, label, file) in targets_with_postgres(&["optimistic"]) {
+        let table = format!(
+            "dlock_legacy_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..16]
+        );
+        let url = with_query(
+            url.split('?').next().unwrap(),
+            &format!("strategy=optimistic&table={table}"),
+        );
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let db = admin(&url).await;
+        let plant = |name: String, version: i64| {
+            let db = db.clone();
+            let insert = q(
+                &url,
+                &format!("INSERT INTO {table}_versions (name, version) VALUES (?, ?)"),
+            );
+            async move {
+                sqlx::query(&insert)
+                    .bind(name.into_bytes())
+                    .bind(version)
+                    .execute(&db)
+                    .await
+                    .unwrap();
+            }
+        };
+        let token = |p: SqlProvider, name: String| async move {
+            let g = p
+                .lock(&name, LockOptions::default())
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            let t = g.fencing_token().get();
+            g.release().await.unwrap();
+            t
+        };
+        // A fresh name takes seed 1: versions from 2^20.
+        let fresh = Names::new().name("fresh");
+        assert!(token(p.clone(), fresh).await > 1 << 20, "{label}: seeded");
+        // An old row two seeds further, one claim before the end of its versions.
+        let old = Names::new().name("old");
+        let end = (3u64 << 20) - 1;
+        plant(old.clone(), i64::try_from(end - 1).unwrap()).await;
+        assert_eq!(token(p.clone(), old.clone()).await, end, "{label}: last");
+        let moved = token(p.clone(), old).await;
+        assert!(
+            moved > end,
+            "{label}: the old row moved to a seed below its versions: {moved} after {end}"
+        );
+        // An old row far above the counter, seen by a provider that connects, then deleted.
+        let deleted = Names::new().name("deleted");
+        let high = (9u64 << 20) - 2;
+        plant(deleted.clone(), i64::try_from(high).unwrap()).await;
+        let later_provider = SqlProvider::connect(&url).await.unwrap();
+        let delete = q(
+            &url,
+            &format!("DELETE FROM {table}_versions WHERE name = ?"),
+        );
+        sqlx::query(&delete)
+            .bind(deleted.as_bytes())
+            .execute(&db)
+            .await
+            .unwrap();
+        let back = token(later_provider, deleted).await;
+        assert!(
+            back > high,
+            "{label}: a deleted old row came back below its versions: {back} after {high}"
+        );
+        for suffix in ["meta", "holds", "versions", "seeds", "rows", "fence"] {
+            sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{suffix}"))
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+        if let Some(f) = file {
+            remove_sqlite(&f);
+        }
+    }
+}
