@@ -136,7 +136,7 @@ impl Pool {
     /// Whether every connection the pool may open is open and checked out: the pool is
     /// exhausted, not merely slow to open a connection.
     pub(crate) fn all_in_use(&self) -> bool {
-        let (size, idle) = match *self {
+        let (size, idle): (u32, usize) = match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref p) => (p.size(), p.num_idle()),
             #[cfg(feature = "sqlite")]
