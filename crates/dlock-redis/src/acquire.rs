@@ -11,7 +11,7 @@ use redis::{Script, Value};
 use tokio::time::Instant;
 
 use crate::error::unexpected;
-use crate::pubsub::{self, ChannelKind};
+use crate::pubsub::{self, ChannelKind, Subscribed};
 use crate::scripts::{self, Keys};
 use crate::{BACKEND, Inner};
 
@@ -96,6 +96,10 @@ const RETRIES: usize = 2;
 /// Longest sleep without a message: when the holder's key has no expiry, and the cap on every
 /// other wait (so a lost wake-up message costs at most this long).
 const NO_TTL_RECHECK: Duration = Duration::from_secs(5);
+
+/// The longest pause between two tries of a waiter while the server is away (a restart, a
+/// failover): once it is back, every waiter tries within this long.
+pub(crate) const OUTAGE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 impl Acquisition {
     fn publish(&self) -> &'static str {
@@ -540,13 +544,18 @@ impl Acquisition {
         }
         let (channel, kind) = self.channel();
         let listener = self.inner.subs.listen(&channel, kind).await?;
-        let mut outage = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        let mut outage = Backoff::new(Duration::from_millis(50), OUTAGE_PAUSE_MAX);
+        // Pauses while no subscription can wake this waiter (at most 4 tries a second).
+        let mut unheard = Backoff::new(Duration::from_millis(50), OUTAGE_PAUSE_MAX);
         // Whether the last attempt failed: its script may have run with the answer lost.
         let mut uncertain = false;
         loop {
-            // Tried, subscribed, try again: a release between the two is not missed.
-            let attempt = self.attempt_retrying(true).await;
+            // Tried, subscribed, try again: a release between the two is not missed. The
+            // wake-up that led here is used up before the attempt, not after it: a release
+            // announced while the attempt is in flight (which may have seen the lock still
+            // held) wakes this waiter again instead of being erased with the old wake-up.
             listener.consumed();
+            let attempt = self.attempt_retrying(true).await;
             let wait = match attempt {
                 Ok((Attempt::Granted(token), sent)) => {
                     return self.confirm(undo, token, sent).await;
@@ -575,9 +584,21 @@ impl Acquisition {
             }
             // Bounded even when a wake-up message is due: one lost message (a pub/sub
             // connection that died with a restart) costs at most NO_TTL_RECHECK.
-            let until = deadline.wake_after(wait.unwrap_or(NO_TTL_RECHECK).min(NO_TTL_RECHECK));
-            if deadline.run(listener.resubscribe()).await.is_some() {
-                listener.wait(Some(until)).await;
+            let wait = wait.unwrap_or(NO_TTL_RECHECK).min(NO_TTL_RECHECK);
+            match deadline.run(listener.resubscribe()).await {
+                Some(Subscribed::Already) => {
+                    unheard.reset();
+                    listener.wait(Some(deadline.wake_after(wait))).await;
+                }
+                // Subscribed again just now (after a disconnection): a release published
+                // since the attempt was not heard, so try again before waiting.
+                Some(Subscribed::Now) => unheard.reset(),
+                // No subscription: no message can wake this waiter, so it looks again soon.
+                Some(Subscribed::Failed) => {
+                    let short = wait.min(unheard.next_pause());
+                    listener.wait(Some(deadline.wake_after(short))).await;
+                }
+                None => {}
             }
         }
     }

@@ -139,7 +139,7 @@ impl Inner {
     /// round trip each, and reports the missing ones lost at once, instead of at their next
     /// renewal (ttl/3 away) or, for fixed leases, at their lease end (review M1).
     async fn check_holds(&self) {
-        let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        let mut pause = Backoff::new(Duration::from_millis(50), acquire::OUTAGE_PAUSE_MAX);
         let give_up = from_now(CHECK_WINDOW);
         loop {
             let holds: Vec<(u64, Arc<Acquisition>, HoldSignal)> = self

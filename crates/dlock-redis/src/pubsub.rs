@@ -218,8 +218,12 @@ impl Subscriptions {
     }
 
     /// Subscribes `channel` unless it is. A failure is logged, not returned: the caller waits
-    /// with a bounded timer and tries again.
-    async fn ensure_subscribed(&self, channel: &str) {
+    /// with a short timer and tries again.
+    ///
+    /// The SUBSCRIBE waits at most [`SUBSCRIBE_WAIT`]: right after a restart its answer can
+    /// be lost in the client (seen: a SUBSCRIBE on the reconnected connection answered only
+    /// by the 5 s response timeout), and every release meanwhile would go unheard.
+    async fn ensure_subscribed(&self, channel: &str) -> Subscribed {
         // Always under `ops`: an UNSUBSCRIBE of this channel may be in flight (its last waiter
         // just left), and its flag is only cleared when it completes. Checking the flag outside
         // would let this waiter trust a subscription that is about to end, and sleep until the
@@ -231,16 +235,25 @@ impl Subscriptions {
             .get(channel)
             .is_some_and(|c| c.subscribed);
         if subscribed {
-            return;
+            return Subscribed::Already;
         }
-        match self.conn.subscribe(channel).await {
-            Ok(()) => {
+        match tokio::time::timeout(SUBSCRIBE_WAIT, self.conn.subscribe(channel)).await {
+            Ok(Ok(())) => {
                 if let Some(c) = self.registry.channels().get_mut(channel) {
                     c.subscribed = true;
                 }
+                Subscribed::Now
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::debug!(channel, error = %e, "subscribe failed; waiting on a timer until it works");
+                Subscribed::Failed
+            }
+            Err(_) => {
+                tracing::debug!(
+                    channel,
+                    "subscribe unanswered; waiting on a timer until it works"
+                );
+                Subscribed::Failed
             }
         }
     }
@@ -267,6 +280,22 @@ impl Subscriptions {
             }
         }
     }
+}
+
+/// How long a SUBSCRIBE may take before the waiter falls back to a short timer (and tries
+/// to subscribe again on its next round).
+const SUBSCRIBE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What [`Listener::resubscribe`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Subscribed {
+    /// Subscribed all along: every release since the last attempt wakes the waiter.
+    Already,
+    /// Subscribed just now: a release before this was not heard, so try again first.
+    Now,
+    /// Not subscribed (the server is away, or the SUBSCRIBE went unanswered): nothing wakes
+    /// the waiter but its timer, which must be short.
+    Failed,
 }
 
 /// One waiter's registration on a channel; dropping it leaves the channel (and unsubscribes
@@ -298,12 +327,13 @@ impl Listener {
     }
 
     /// Subscribes the channel again if a disconnection (or a failed SUBSCRIBE) left it
-    /// unsubscribed.
-    pub(crate) async fn resubscribe(&self) {
-        self.subs.ensure_subscribed(&self.channel).await;
+    /// unsubscribed, and says how the subscription stands.
+    pub(crate) async fn resubscribe(&self) -> Subscribed {
+        self.subs.ensure_subscribed(&self.channel).await
     }
 
-    /// Marks a wake-up as used: call after an attempt that followed it has completed.
+    /// Marks a wake-up as used: call right before the attempt it leads to (a wake-up that
+    /// comes during the attempt then stays for the next wait).
     pub(crate) fn consumed(&self) {
         self.signalled.store(false, Ordering::SeqCst);
     }
