@@ -535,8 +535,22 @@ impl Acquisition {
             acq: Arc::clone(&self),
             armed: true,
         };
-        if let (Attempt::Granted(token), sent) = self.attempt_retrying(queue).await? {
-            return self.confirm(undo, token, sent).await;
+        // Whether the last attempt failed: its script may have run with the answer lost.
+        let mut uncertain = false;
+        match self.attempt_retrying(queue).await {
+            Ok((Attempt::Granted(token), sent)) => {
+                return self.confirm(undo, token, sent).await;
+            }
+            Ok(_) => {}
+            // The server is away or slow on the first try too: a waiter with time left keeps
+            // waiting, as it does when that happens later (it used to fail at once, even a
+            // plain acquire(), which waits as long as it takes).
+            Err(e) if e.is_retryable() && !deadline.has_passed() => {
+                tracing::debug!(lock = %self.name, error = %e, "store unreachable at the first try; waiting");
+                uncertain = true;
+            }
+            // The undo is still armed: dropped, it gives back what the attempt may have taken.
+            Err(e) => return Err(e),
         }
         if deadline.has_passed() {
             undo.finish(queue, false).await;
@@ -547,8 +561,6 @@ impl Acquisition {
         let mut outage = Backoff::new(Duration::from_millis(50), OUTAGE_PAUSE_MAX);
         // Pauses while no subscription can wake this waiter (at most 4 tries a second).
         let mut unheard = Backoff::new(Duration::from_millis(50), OUTAGE_PAUSE_MAX);
-        // Whether the last attempt failed: its script may have run with the answer lost.
-        let mut uncertain = false;
         loop {
             // Tried, subscribed, try again: a release between the two is not missed. The
             // wake-up that led here is used up before the attempt, not after it: a release

@@ -1606,3 +1606,88 @@ async fn connections_carry_tcp_keepalive() {
     );
     held.release().await.unwrap();
 }
+
+/// Issue 12's lost-reply acceptance, on a single server: the server is paused for writes
+/// (`CLIENT PAUSE … WRITE`) while an acquire's script is in flight, so its answer comes after
+/// the client's 200 ms response timeout, and the client sends the acquisition again (and its
+/// undo) before the first one has run. When the server resumes, every queued copy runs: the
+/// lock ends with exactly one hold count, released by one release, and a semaphore leaks no
+/// permit. (A cluster client re-sends on its own; the scripts are the same.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_lost_to_a_paused_server_leave_one_hold_and_no_leaked_permit() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&format!("{}?timeout_ms=200", server.url()))
+        .await
+        .unwrap();
+    let mut admin = admin(&server.url()).await;
+    let name = Names::new().name("paused");
+    let sem_name = Names::new().name("paused-sem");
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    let sem = p.semaphore(&sem_name, 1, LockOptions::default()).unwrap();
+    // Load the scripts first: the pause is for the acquisition, not for SCRIPT LOAD.
+    lock.acquire().await.unwrap().release().await.unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+    let paused = admin.clone();
+    let pause = |ms: u64| {
+        let mut c = paused.clone();
+        async move {
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(ms)
+                .arg("WRITE")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    };
+
+    pause(1000).await;
+    let g = must(
+        Duration::from_secs(15),
+        "the acquire across the pause",
+        lock.acquire(),
+    )
+    .await
+    .unwrap();
+    let counts: Vec<String> = redis::cmd("HVALS")
+        .arg(&name)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(counts, ["1"], "one hold, counted once");
+    g.release().await.unwrap();
+    let left: bool = redis::cmd("EXISTS")
+        .arg(&name)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(!left, "one release frees the lock");
+
+    pause(1000).await;
+    let permit = must(
+        Duration::from_secs(15),
+        "the permit across the pause",
+        sem.acquire(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(sem.available().await.unwrap(), 0, "one permit taken, once");
+    permit.release().await.unwrap();
+    eventually(Duration::from_secs(5), "the permit is back", || async {
+        match sem.available().await {
+            Ok(1) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let other = RedisProvider::connect(&server.url()).await.unwrap();
+    let again = other
+        .semaphore(&sem_name, 1, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(again.is_some(), "the permit is free for anyone");
+}
