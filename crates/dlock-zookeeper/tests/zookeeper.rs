@@ -725,6 +725,16 @@ impl Peer {
         );
     }
 
+    /// Checks the peer is still waiting: it says nothing (no ACQUIRED) for 300 ms. Called
+    /// once its node is queued, so a peer that wrongly got in has every chance to say so.
+    async fn still_waiting(&mut self, what: &str) {
+        if let Ok(line) =
+            tokio::time::timeout(Duration::from_millis(300), self.lines.next_line()).await
+        {
+            panic!("{what}: the Curator peer said {line:?} while it should still wait");
+        }
+    }
+
     /// Tells the peer to release, and waits until it has.
     async fn release(&mut self) {
         let mut stdin = self.stdin.take().unwrap();
@@ -770,6 +780,7 @@ async fn curator_mutex_interop() {
         if n == 2 { Ok(()) } else { Err(n) }
     })
     .await;
+    assert!(!waiter.is_finished(), "dlock got in while Curator holds");
     java.release().await;
     let g = must(LIMIT, "dlock after Curator's release", waiter)
         .await
@@ -788,6 +799,7 @@ async fn curator_mutex_interop() {
         if n == 2 { Ok(()) } else { Err(n) }
     })
     .await;
+    java.still_waiting("Curator behind dlock's hold").await;
     g.release().await.unwrap();
     java.expect("ACQUIRED").await;
     assert!(l.try_acquire(ZERO).await.unwrap().is_none());
@@ -798,6 +810,194 @@ async fn curator_mutex_interop() {
         .unwrap()
         .release()
         .await
+        .unwrap();
+}
+
+/// The lease nodes of a semaphore-layout lock at `path` (Curator's `InterProcessSemaphoreMutex`
+/// and `InterProcessSemaphoreV2`, dlock's `reentrant(false)` mutex and semaphores).
+async fn lease_nodes(admin: &zk::Client, path: &str) -> usize {
+    match admin.list_children(&format!("{path}/leases")).await {
+        Ok(c) => c.len(),
+        Err(zk::Error::NoNode) => 0,
+        Err(e) => panic!("list {path}/leases: {e}"),
+    }
+}
+
+/// Curator's `InterProcessSemaphoreMutex` (its non-reentrant mutex, a one-lease semaphore) and
+/// a dlock mutex built `reentrant(false)` on the same path exclude each other both ways; each
+/// side's waiter is queued and still waiting while the other holds, and gets in after its
+/// release.
+#[tokio::test(flavor = "multi_thread")]
+async fn curator_semaphore_mutex_interop() {
+    let Some(url) = url() else { return };
+    if curator_classpath().is_none() {
+        return;
+    }
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("interop/semmutex");
+    let path = p.lock_path(&name).unwrap();
+    let opts = LockOptions::new().with_reentrant(false);
+    let l = p.lock(&name, opts).unwrap();
+
+    // Curator holds: dlock cannot get in; a dlock waiter queues and waits for the release.
+    let mut java = Peer::start(&url, &["semmutex", &path, "60000"]).await;
+    java.expect("WAITING").await;
+    java.expect("ACQUIRED").await;
+    assert!(
+        l.try_acquire(ZERO).await.unwrap().is_none(),
+        "dlock got in while Curator's semaphore mutex holds"
+    );
+    let waiter = {
+        let l = p.lock(&name, opts).unwrap();
+        tokio::spawn(async move { l.acquire().await })
+    };
+    eventually(LIMIT, "dlock's lease queued beside Curator's", || async {
+        let n = lease_nodes(&admin, &path).await;
+        if n == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    assert!(!waiter.is_finished(), "dlock got in while Curator holds");
+    java.release().await;
+    let g = must(LIMIT, "dlock after Curator's release", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // dlock holds: Curator's timed acquire fails; a waiting Curator gets in after the release.
+    let mut java = Peer::start(&url, &["semmutex", &path, "60000", "tryacquire", "300"]).await;
+    java.expect("WAITING").await;
+    java.expect("TIMEOUT").await;
+    java.finish().await;
+    let mut java = Peer::start(&url, &["semmutex", &path, "60000", "tryacquire", "20000"]).await;
+    java.expect("WAITING").await;
+    eventually(LIMIT, "Curator's lease queued beside dlock's", || async {
+        let n = lease_nodes(&admin, &path).await;
+        if n == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    java.still_waiting("Curator's semaphore mutex behind dlock's hold")
+        .await;
+    g.release().await.unwrap();
+    java.expect("ACQUIRED").await;
+    assert!(l.try_acquire(ZERO).await.unwrap().is_none());
+    java.release().await;
+    l.try_acquire(LIMIT)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A Curator writer against a dlock downgrade: dlock writes, takes the read lock too, and lets
+/// the write go. A Curator writer that arrives then waits for dlock's read (a downgraded read
+/// is a read like any other), and gets in once it is released.
+#[tokio::test(flavor = "multi_thread")]
+async fn curator_writer_waits_for_a_dlock_downgrade() {
+    let Some(url) = url() else { return };
+    if curator_classpath().is_none() {
+        return;
+    }
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("interop/downgrade");
+    let path = p.lock_path(&name).unwrap();
+    let rw = p.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w = rw.try_write(LIMIT).await.unwrap().expect("write");
+    let r = rw
+        .try_read(LIMIT)
+        .await
+        .unwrap()
+        .expect("the writer reads too");
+    w.release().await.unwrap();
+    assert!(r.is_held(), "the downgraded read outlives the write");
+
+    let mut java = Peer::start(&url, &["write", &path, "60000", "tryacquire", "20000"]).await;
+    java.expect("WAITING").await;
+    eventually(
+        LIMIT,
+        "Curator's write queued behind dlock's read",
+        || async {
+            let n = recipe_children(&admin, &path).await.len();
+            if n == 2 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    java.still_waiting("a Curator writer during dlock's downgraded read")
+        .await;
+    r.release().await.unwrap();
+    java.expect("ACQUIRED").await;
+    assert!(
+        rw.try_read(ZERO).await.unwrap().is_none(),
+        "dlock read during Curator's write"
+    );
+    java.release().await;
+}
+
+/// Mixed read/write queues across the two clients: a dlock reader holds; a Curator writer
+/// queues behind it; a dlock reader that arrives after the writer queues behind the writer
+/// (readers do not pass a queued writer, in Curator's layout) and gets in only after the
+/// writer has had its turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn mixed_read_write_queues_with_curator() {
+    let Some(url) = url() else { return };
+    if curator_classpath().is_none() {
+        return;
+    }
+    let (p, p2, admin) = (
+        provider(&url).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let name = Names::new().name("interop/queue");
+    let path = p.lock_path(&name).unwrap();
+    let rw = p.read_write_lock(&name, LockOptions::default()).unwrap();
+    let r1 = rw.try_read(LIMIT).await.unwrap().expect("first read");
+
+    let mut java = Peer::start(&url, &["write", &path, "60000", "tryacquire", "20000"]).await;
+    java.expect("WAITING").await;
+    eventually(
+        LIMIT,
+        "Curator's write queued behind the first read",
+        || async {
+            let n = recipe_children(&admin, &path).await.len();
+            if n == 2 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    let late_reader = {
+        let rw2 = p2.read_write_lock(&name, LockOptions::default()).unwrap();
+        tokio::spawn(async move {
+            let r = rw2.read().await?;
+            r.release().await
+        })
+    };
+    eventually(
+        LIMIT,
+        "the late read queued behind Curator's write",
+        || async {
+            let n = recipe_children(&admin, &path).await.len();
+            if n == 3 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    java.still_waiting("Curator's write behind the first read")
+        .await;
+    assert!(
+        !late_reader.is_finished(),
+        "a read that came after a queued writer got in first"
+    );
+
+    r1.release().await.unwrap();
+    java.expect("ACQUIRED").await;
+    assert!(
+        !late_reader.is_finished(),
+        "a read got in during Curator's write"
+    );
+    java.release().await;
+    must(LIMIT, "the late read after Curator's write", late_reader)
+        .await
+        .unwrap()
         .unwrap();
 }
 

@@ -1,6 +1,8 @@
 // A Curator 5.4 peer for dlock-zookeeper's interop tests (tests/zookeeper.rs compiles and runs it).
 //
-//   java CuratorPeer <connect> mutex|read|write|semaphore <path> <hold ms> [tryacquire <ms>] [permits <n>]
+//   java CuratorPeer <connect> mutex|semmutex|read|write|semaphore <path> <hold ms> [tryacquire <ms>] [permits <n>]
+//
+// semmutex is InterProcessSemaphoreMutex (Curator's non-reentrant mutex, a one-lease semaphore).
 //
 // Prints WAITING before it asks for the lock, then ACQUIRED once it holds it (or TIMEOUT if a
 // `tryacquire` wait ran out), then RELEASED after it let go: after <hold ms>, or earlier when a
@@ -16,6 +18,7 @@ import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
 import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryNTimes;
@@ -48,6 +51,9 @@ public class CuratorPeer {
         switch (mode) {
             case "mutex":
                 lock = new InterProcessMutex(client, path);
+                break;
+            case "semmutex":
+                lock = new InterProcessSemaphoreMutex(client, path);
                 break;
             case "read":
                 lock = new InterProcessReadWriteLock(client, path).readLock();
