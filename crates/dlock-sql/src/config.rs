@@ -32,6 +32,10 @@ pub enum Strategy {
     /// A dedicated connection holds `SELECT … FOR UPDATE` on the name's row in an open
     /// transaction (MySQL/MariaDB and PostgreSQL).
     ForUpdate,
+    /// A dedicated session holds a PostgreSQL advisory lock (`pg_advisory_lock`) on the
+    /// name's key, a number the name is given once in a table (never a hash); the session's
+    /// `idle_session_timeout` is the lease (PostgreSQL 14+).
+    Advisory,
 }
 
 impl Strategy {
@@ -41,7 +45,14 @@ impl Strategy {
             Self::UniqueInsert => "unique-insert",
             Self::Optimistic => "optimistic",
             Self::ForUpdate => "for-update",
+            Self::Advisory => "advisory",
         }
+    }
+
+    /// Whether each held or waiting lock pins a connection of its own (whose session holds
+    /// the lock, and whose end ends it).
+    pub(crate) const fn pins_connections(self) -> bool {
+        matches!(self, Self::ForUpdate | Self::Advisory)
     }
 }
 
@@ -59,8 +70,10 @@ impl FromStr for Strategy {
             "unique-insert" => Ok(Self::UniqueInsert),
             "optimistic" => Ok(Self::Optimistic),
             "for-update" => Ok(Self::ForUpdate),
+            "advisory" => Ok(Self::Advisory),
             other => Err(Error::config(format!(
-                "unknown strategy {other:?}: expected unique-insert, optimistic or for-update"
+                "unknown strategy {other:?}: expected unique-insert, optimistic, for-update or \
+                 advisory (PostgreSQL)"
             ))),
         }
     }
@@ -216,6 +229,7 @@ impl SqlConfig {
                 "the for-update strategy (SQLite has no row locks: use unique-insert or optimistic)",
             ));
         }
+        check_advisory(dialect, strategy)?;
         let mut driver_url = parsed.expose().clone();
         driver_url.set_query(None);
         if dialect == Dialect::Sqlite
@@ -318,6 +332,20 @@ fn percent_decode(text: &str) -> Option<String> {
 /// A table prefix dlock can format into its statements unquoted on every dialect: 1 to 40 of
 /// `[A-Za-z0-9_]`, not starting with a digit (PostgreSQL and SQLite read an unquoted name that
 /// starts with one as a number).
+/// The advisory strategy is PostgreSQL's.
+pub(crate) fn check_advisory(dialect: Dialect, strategy: Strategy) -> Result<()> {
+    if strategy != Strategy::Advisory || dialect == Dialect::Postgres {
+        return Ok(());
+    }
+    Err(Error::unsupported(
+        match dialect {
+            Dialect::MySql => "mysql",
+            _ => "sqlite",
+        },
+        "the advisory strategy (PostgreSQL advisory locks: use for-update or unique-insert)",
+    ))
+}
+
 pub(crate) fn check_table(table: &str) -> Result<()> {
     if table.is_empty()
         || table.len() > 40

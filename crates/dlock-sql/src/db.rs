@@ -22,7 +22,6 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Database, Encode, Executor, Type};
 
 #[cfg(any(feature = "mysql", feature = "postgres"))]
-use crate::config::Strategy;
 use crate::config::{Dialect, SqlConfig};
 
 #[cfg(feature = "mysql")]
@@ -259,6 +258,19 @@ impl Row {
     }
 
     /// A text column.
+    /// Whether column `i` is NULL.
+    pub(crate) fn is_null(&self, i: usize) -> Result<bool, sqlx::Error> {
+        use sqlx::{Row as _, ValueRef as _};
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
+        }
+    }
+
     pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
         use sqlx::Row as _;
         match *self {
@@ -436,7 +448,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
         Dialect::MySql => {
             let options = mysql_options(config)?;
             let pool = mysql_pool(config.pool, options.clone(), MYSQL_STATEMENTS).await?;
-            let lock_pool = if config.strategy == Strategy::ForUpdate {
+            let lock_pool = if config.strategy.pins_connections() {
                 Some(mysql_pool(config.pool, options, MYSQL_LOCKS).await?)
             } else {
                 None
@@ -477,7 +489,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
             use sqlx::ConnectOptions;
             let options = sqlx::postgres::PgConnectOptions::from_url(config.url.expose())?;
             let pool = pg_pool(config.pool, options.clone(), "2s").await?;
-            let lock_pool = if config.strategy == Strategy::ForUpdate {
+            let lock_pool = if config.strategy.pins_connections() {
                 Some(pg_pool(config.pool, options, "5s").await?)
             } else {
                 None

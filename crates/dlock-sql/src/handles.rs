@@ -98,21 +98,34 @@ impl SqlMutex {
         deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
         let strategy = self.inner.strategy;
-        if strategy == Strategy::ForUpdate {
-            let Some((mut conn, connection_id)) = attempt.for_update(deadline).await? else {
-                return Ok(None);
-            };
-            let sent = attempt.start_lease(&mut conn).await?;
-            let token = attempt.next_fence().await?;
-            // A fixed lease ends at its time on the server too, however long the fence took.
-            let fixed_at = (!lease.is_watchdog()).then(|| later(sent, lease.ttl()));
-            let left = fixed_at.map_or(attempt.lease, |end| {
-                end.saturating_duration_since(Instant::now())
-            });
-            // If the connection died after the grant (and another holder got the row and a
-            // token meanwhile), this fails: no guard carries a token above the real holder's
-            // (review M5).
-            attempt.confirm_lease(&mut conn, left).await?;
+        if strategy.pins_connections() {
+            let (conn, connection_id, key, token, sent, fixed_at);
+            if strategy == Strategy::Advisory {
+                // One statement took the lock, the token and the server-side lease.
+                let Some(g) = attempt.advisory(deadline).await? else {
+                    return Ok(None);
+                };
+                fixed_at = (!lease.is_watchdog()).then(|| later(g.sent, lease.ttl()));
+                (conn, connection_id, key, token, sent) =
+                    (g.conn, g.pid, Some(g.key), g.token, g.sent);
+            } else {
+                let Some((mut pinned, id)) = attempt.for_update(deadline).await? else {
+                    return Ok(None);
+                };
+                let granted = attempt.start_lease(&mut pinned).await?;
+                let fence = attempt.next_fence().await?;
+                // A fixed lease ends at its time on the server too, however long the fence
+                // took.
+                fixed_at = (!lease.is_watchdog()).then(|| later(granted, lease.ttl()));
+                let left = fixed_at.map_or(attempt.lease, |end| {
+                    end.saturating_duration_since(Instant::now())
+                });
+                // If the connection died after the grant (and another holder got the row and
+                // a token meanwhile), this fails: no guard carries a token above the real
+                // holder's (review M5).
+                attempt.confirm_lease(&mut pinned, left).await?;
+                (conn, connection_id, key, token, sent) = (pinned, id, None, fence, granted);
+            }
             attempt
                 .inner
                 .remember_holder(&attempt.owner, &attempt.name, connection_id);
@@ -127,9 +140,12 @@ impl SqlMutex {
                 signal.clone(),
                 lease_for_watch,
                 Arc::clone(&fixed),
-                attempt.inner.sql.hold_timeout.clone(),
+                attempt.inner.hold_timeout().to_owned(),
             ));
-            let hold = SqlHold::ForUpdate(attempt, conn, signal.clone(), fixed);
+            let hold = match key {
+                Some(key) => SqlHold::Advisory(attempt, conn, signal.clone(), fixed, key),
+                None => SqlHold::ForUpdate(attempt, conn, signal.clone(), fixed),
+            };
             return Ok(Some(self.guard(hold, lease, token, sent, Some(signal))));
         }
         // The statements that may take the lock, and the undo that frees it if this future
@@ -225,7 +241,7 @@ impl Undo {
             let r = match a.inner.strategy {
                 Strategy::UniqueInsert => a.unique_release().await,
                 Strategy::Optimistic => a.optimistic_release(None).await,
-                Strategy::ForUpdate => Ok(false),
+                Strategy::ForUpdate | Strategy::Advisory => Ok(false),
             };
             if let Err(e) = r {
                 tracing::warn!(lock = %a.name, error = %e, "undo of a failed acquisition failed; its lease ends it");
@@ -239,7 +255,7 @@ async fn undo(a: &Attempt, conn: &Shared) {
     let r = match a.inner.strategy {
         Strategy::UniqueInsert => a.unique_release_on(&mut c).await,
         Strategy::Optimistic => a.optimistic_release_on(&mut c, None).await,
-        Strategy::ForUpdate => Ok(false),
+        Strategy::ForUpdate | Strategy::Advisory => Ok(false),
     };
     if let Err(e) = r {
         tracing::warn!(lock = %a.name, error = %e, "undo of an interrupted acquisition failed; its lease ends it");

@@ -75,8 +75,10 @@ pub(crate) struct Inner {
     pub(crate) store_id: String,
     /// Optimistic: the version last seen per name (saves the read before the claim).
     versions: Mutex<HashMap<LockName, i64>>,
-    /// For-update: owner of each live hold → (name, server connection id).
+    /// For-update and advisory: owner of each live hold → (name, server connection id).
     holders: Mutex<HashMap<String, (LockName, u64)>>,
+    /// Advisory: the key of each name seen (a name's key never changes).
+    keys: Mutex<HashMap<LockName, i32>>,
     /// PostgreSQL unique-insert and optimistic: the waiters woken by release notifications.
     #[cfg(feature = "postgres")]
     wakeups: Option<Arc<notify::Wakeups>>,
@@ -117,6 +119,32 @@ impl Inner {
             versions.clear();
         }
         versions.insert(name.clone(), version);
+    }
+
+    pub(crate) fn cached_key(&self, name: &LockName) -> Option<i32> {
+        guard(&self.keys).get(name).copied()
+    }
+
+    pub(crate) fn cache_key(&self, name: &LockName, key: i32) {
+        let mut keys = guard(&self.keys);
+        if keys.len() > 10_000 {
+            keys.clear();
+        }
+        keys.insert(name.clone(), key);
+    }
+
+    pub(crate) fn forget_key(&self, name: &LockName) {
+        guard(&self.keys).remove(name);
+    }
+
+    /// The statement that sets a held lock's server-side lease (`?`: seconds): the session's
+    /// idle timeout for an advisory lock, the transaction's for a row lock.
+    pub(crate) fn hold_timeout(&self) -> &str {
+        if self.strategy == Strategy::Advisory {
+            &self.sql.advisory_hold_timeout
+        } else {
+            &self.sql.hold_timeout
+        }
     }
 
     pub(crate) async fn create_row(&self, name: &LockName) -> Result<()> {
@@ -248,7 +276,7 @@ impl SqlProvider {
             options.get_port(),
             options.get_database().unwrap_or_default()
         );
-        let lock_pool = if strategy == Strategy::ForUpdate {
+        let lock_pool = if strategy.pins_connections() {
             Some(
                 db::mysql_pool(lock_pool_size.max(1), options, db::MYSQL_LOCKS)
                     .await
@@ -348,7 +376,7 @@ impl SqlProvider {
             options.get_port(),
             options.get_database().unwrap_or_default()
         );
-        let lock_pool = if strategy == Strategy::ForUpdate {
+        let lock_pool = if strategy.pins_connections() {
             Some(
                 db::pg_pool(lock_pool_size.max(1), options, "5s")
                     .await
@@ -378,6 +406,10 @@ impl SqlProvider {
         store_id: String,
     ) -> Result<Self> {
         let backend = backend_name(dialect);
+        config::check_advisory(dialect, strategy)?;
+        if strategy == Strategy::Advisory {
+            check_advisory_server(&pool).await?;
+        }
         let mariadb = match dialect {
             Dialect::MySql => {
                 let row = query("SELECT VERSION()")
@@ -418,6 +450,7 @@ impl SqlProvider {
                 store_id,
                 versions: Mutex::new(HashMap::new()),
                 holders: Mutex::new(HashMap::new()),
+                keys: Mutex::new(HashMap::new()),
                 #[cfg(feature = "postgres")]
                 wakeups,
             }),
@@ -526,6 +559,46 @@ impl SqlProvider {
                     None => LockStatus::free(None),
                 }
             }
+            Strategy::Advisory => {
+                let token = match query(&s.advisory_token)
+                    .bind(key)
+                    .fetch_optional(&self.inner.pool)
+                    .await
+                    .map_err(err)?
+                {
+                    Some(row) => u64::try_from(row.int(0).map_err(err)?)
+                        .ok()
+                        .filter(|t| *t > 0),
+                    None => None,
+                };
+                let held = match self.inner.cached_key(&name) {
+                    Some(k) => Some(k),
+                    None => match query(&s.advisory_key)
+                        .bind(key)
+                        .fetch_optional(&self.inner.pool)
+                        .await
+                        .map_err(err)?
+                    {
+                        Some(row) => i32::try_from(row.int(0).map_err(err)?).ok(),
+                        None => None,
+                    },
+                };
+                // Who holds it is the lock manager's to say (pg_locks), without taking it.
+                let holders = match held {
+                    Some(k) => query(&s.advisory_holders)
+                        .bind(i64::from(k))
+                        .fetch_one(&self.inner.pool)
+                        .await
+                        .and_then(|row| row.int(0))
+                        .map_err(err)?,
+                    None => 0,
+                };
+                if holders > 0 {
+                    LockStatus::held_by(LockKind::Mutex, Vec::new()).with_last_token(token)
+                } else {
+                    LockStatus::free(token)
+                }
+            }
             Strategy::ForUpdate => {
                 let row = query(&s.describe_fence)
                     .bind(key)
@@ -630,6 +703,27 @@ fn check_server_version(version: &str) -> Result<bool> {
     Ok(mariadb)
 }
 
+/// The advisory strategy's server-side lease is `idle_session_timeout`, which PostgreSQL 14
+/// brought: an older server is refused (a paused holder would keep its lock for ever).
+async fn check_advisory_server(pool: &Pool) -> Result<()> {
+    let err = |e| from_sqlx("postgres", "read the server version", e);
+    let version = query("SELECT current_setting('server_version_num')::BIGINT")
+        .fetch_one(pool)
+        .await
+        .and_then(|row| row.int(0))
+        .map_err(err)?;
+    if version < 140_000 {
+        return Err(Error::unsupported(
+            "postgres",
+            format!(
+                "the advisory strategy on server version {version}: it needs PostgreSQL 14 or \
+                 later (idle_session_timeout is the lease); use for-update"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The backend name errors and handles carry.
 fn backend_name(dialect: Dialect) -> &'static str {
     match dialect {
@@ -661,7 +755,7 @@ impl LockProvider for SqlProvider {
         caps.fair = false;
         caps.read_write = false;
         caps.semaphore = false;
-        caps.connection_bound = self.inner.strategy == Strategy::ForUpdate;
+        caps.connection_bound = self.inner.strategy.pins_connections();
         caps.min_lease = MIN_LEASE;
         caps
     }

@@ -33,6 +33,30 @@ pub(crate) struct Statements {
     pub(crate) max_version: String,
     /// MariaDB rather than MySQL (MySQL dialect only).
     pub(crate) mariadb: bool,
+    // advisory (PostgreSQL)
+    /// The key of a name (`?`: name).
+    pub(crate) advisory_key: String,
+    /// Gives a name its key if it has none (`?`: name).
+    pub(crate) advisory_new_key: String,
+    /// Tries the lock without waiting (`$1`: key, `$2`: lease in seconds); if granted, in
+    /// the same statement, takes the next fencing token and sets the server-side lease:
+    /// (token or NULL, lease set or NULL, the backend's pid).
+    pub(crate) advisory_try: String,
+    /// Sets the wait and the server-side lease before a waiting try (`?`: wait, lease).
+    pub(crate) advisory_wait: String,
+    /// Waits for the lock (`$1`: key) and takes the next fencing token in the same
+    /// statement: (token or NULL, the backend's pid).
+    pub(crate) advisory_lock: String,
+    /// Releases the lock (`?`: key) and puts the session back as the pool gave it: whether
+    /// this session held the lock.
+    pub(crate) advisory_unlock: String,
+    /// The server-side lease of a held advisory lock (`?`: seconds).
+    pub(crate) advisory_hold_timeout: String,
+    /// The session back to what the pool gave (no server-side lease, the pool's lock wait).
+    pub(crate) advisory_reset: String,
+    /// How many sessions hold the key's lock (`?`: key), and its last token (`?`: name).
+    pub(crate) advisory_holders: String,
+    pub(crate) advisory_token: String,
     // for-update
     pub(crate) insert_row: String,
     pub(crate) row_exists: String,
@@ -56,6 +80,11 @@ pub(crate) struct Statements {
     /// The strategy recorded for the tables.
     pub(crate) read_strategy: String,
 }
+
+/// The first key of dlock's PostgreSQL advisory locks (`pg_advisory_lock(space, key)`): the
+/// two-integer form, in a space of its own ("dloc"), apart from the single-bigint keys that
+/// applications and tools (sqlx's migrations, for one) use.
+pub(crate) const ADVISORY_SPACE: i32 = 0x646c_6f63;
 
 /// The database clock, in milliseconds since the epoch.
 fn now(dialect: Dialect) -> &'static str {
@@ -201,6 +230,16 @@ impl Statements {
                      id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY)"
                 ),
                 format!("CREATE TABLE IF NOT EXISTS {t}_rows (name BYTEA NOT NULL PRIMARY KEY)"),
+                // Advisory locks: each name gets its own key once, from one sequence for the
+                // whole database (advisory locks are per database, so two table prefixes must
+                // not hand out the same key); never a hash, so two names never share one.
+                "CREATE SEQUENCE IF NOT EXISTS dlock_advisory_keys AS INTEGER".to_owned(),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_names (\
+                     name BYTEA NOT NULL PRIMARY KEY, \
+                     id INTEGER NOT NULL UNIQUE DEFAULT nextval('dlock_advisory_keys'), \
+                     token BIGINT NOT NULL DEFAULT 0)"
+                ),
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t}_fence (\
                      name BYTEA NOT NULL PRIMARY KEY, \
@@ -339,6 +378,53 @@ impl Statements {
             ),
             max_version: format!("SELECT COALESCE(MAX(version), 0) FROM {t}_versions"),
             mariadb,
+            advisory_key: format!("SELECT id FROM {t}_names WHERE name = ?"),
+            advisory_new_key: format!(
+                "INSERT INTO {t}_names (name) VALUES (?) ON CONFLICT (name) DO NOTHING"
+            ),
+            // The token is taken in the granting statement, by the session that holds the
+            // lock: a token is never issued to a session that does not hold it (for-update
+            // needs a confirmation after its fence for that), and an uncontended acquire is
+            // one round trip.
+            advisory_try: format!(
+                "WITH g AS MATERIALIZED \
+                 (SELECT pg_try_advisory_lock({ADVISORY_SPACE}, $1::INTEGER) AS got), \
+                 f AS (UPDATE {t}_names SET token = token + 1 \
+                 WHERE id = $1::INTEGER AND (SELECT got FROM g) RETURNING token) \
+                 SELECT (SELECT token FROM f), \
+                 CASE WHEN (SELECT got FROM g) THEN set_config('idle_session_timeout', \
+                 LEAST($2::BIGINT * 1000, 2147483647)::TEXT, false) END, \
+                 pg_backend_pid()::BIGINT"
+            ),
+            advisory_wait: "SELECT set_config('lock_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false), \
+                 set_config('idle_session_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
+                .to_owned(),
+            advisory_lock: format!(
+                "WITH g AS MATERIALIZED \
+                 (SELECT pg_advisory_lock({ADVISORY_SPACE}, $1::INTEGER)::TEXT AS got), \
+                 f AS (UPDATE {t}_names SET token = token + 1 \
+                 WHERE id = $1::INTEGER AND EXISTS (SELECT 1 FROM g) RETURNING token) \
+                 SELECT (SELECT token FROM f), pg_backend_pid()::BIGINT"
+            ),
+            advisory_unlock: format!(
+                "SELECT pg_advisory_unlock({ADVISORY_SPACE}, ?::INTEGER)::INTEGER, \
+                 set_config('idle_session_timeout', '0', false), \
+                 set_config('lock_timeout', '5s', false)"
+            ),
+            advisory_hold_timeout: "SELECT set_config('idle_session_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
+                .to_owned(),
+            advisory_reset: "SELECT set_config('idle_session_timeout', '0', false), \
+                 set_config('lock_timeout', '5s', false)"
+                .to_owned(),
+            advisory_holders: format!(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = {ADVISORY_SPACE} AND objid = (?::INTEGER)::OID AND objsubid = 2 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ),
+            advisory_token: format!("SELECT token FROM {t}_names WHERE name = ?"),
             insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
             row_exists: format!("SELECT 1 FROM {t}_rows WHERE name = ?"),
             lock_row: format!("SELECT {connection_id} FROM {t}_rows WHERE name = ? FOR UPDATE"),
@@ -393,6 +479,16 @@ impl Statements {
             version_free: n(self.version_free),
             max_version: self.max_version,
             mariadb: self.mariadb,
+            advisory_key: n(self.advisory_key),
+            advisory_new_key: n(self.advisory_new_key),
+            advisory_try: n(self.advisory_try),
+            advisory_wait: n(self.advisory_wait),
+            advisory_lock: n(self.advisory_lock),
+            advisory_unlock: n(self.advisory_unlock),
+            advisory_hold_timeout: n(self.advisory_hold_timeout),
+            advisory_reset: self.advisory_reset,
+            advisory_holders: n(self.advisory_holders),
+            advisory_token: n(self.advisory_token),
             insert_row: n(self.insert_row),
             row_exists: n(self.row_exists),
             lock_row: n(self.lock_row),

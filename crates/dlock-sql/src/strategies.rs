@@ -303,22 +303,15 @@ impl Attempt {
 
     // ------------------------------------------------------------ for-update
 
-    /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
-    /// until `deadline`; returns the connection holding it and the server's id for it.
-    ///
-    /// The hold's lease is the server's: [`start_lease`](Self::start_lease) sets the
-    /// connection's `wait_timeout` to it, so a holder that stops talking (paused, cut off) is
-    /// disconnected by the server and its row freed. A statement that waits for the row is
-    /// killed (`KILL QUERY` from another connection) if the acquisition is dropped, so a
-    /// cancelled waiter leaves no waiting statement on the server.
-    pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<(Pinned, u64)>> {
+    /// A connection of the lock pool for one held or waiting lock, waiting for one until
+    /// `deadline` (with a grace to open one, so that even a zero wait makes its attempt).
+    async fn pin(&self, deadline: Deadline) -> Result<Pinned> {
         let Some(lock_pool) = &self.inner.lock_pool else {
             return Err(Error::unsupported(
                 self.inner.backend,
-                "the for-update strategy",
+                "a lock on a connection of its own",
             ));
         };
-        let s = &self.inner.sql;
         // Each held or waiting lock pins a connection; waiting for one respects the deadline,
         // with a grace to open one, so that even a zero wait makes its one attempt.
         // A pool that stays exhausted is an error that says so, not "held by someone" (review
@@ -326,8 +319,9 @@ impl Attempt {
         let exhausted = || Error::Backend {
             backend: self.inner.backend,
             message: format!(
-                "for-update pins one connection per held or waiting lock, and all {} of the \
+                "{} pins one connection per held or waiting lock, and all {} of the \
                  pool are in use: raise ?pool=N (within the server's max_connections)",
+                self.inner.strategy,
                 lock_pool.max_connections()
             ),
             retryable: false,
@@ -378,7 +372,20 @@ impl Attempt {
             Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
             other => other.map_err(self.err("connect"))?,
         };
-        let mut conn = Pinned(Some(pooled));
+        Ok(Pinned(Some(pooled)))
+    }
+
+    /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
+    /// until `deadline`; returns the connection holding it and the server's id for it.
+    ///
+    /// The hold's lease is the server's: [`start_lease`](Self::start_lease) sets the
+    /// connection's `wait_timeout` to it, so a holder that stops talking (paused, cut off) is
+    /// disconnected by the server and its row freed. A statement that waits for the row is
+    /// killed (`KILL QUERY` from another connection) if the acquisition is dropped, so a
+    /// cancelled waiter leaves no waiting statement on the server.
+    pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<(Pinned, u64)>> {
+        let s = &self.inner.sql;
+        let mut conn = self.pin(deadline).await?;
         let mut connection_id = None;
         // The first try never waits (NOWAIT): an uncontended lock costs one round trip, with
         // no lock-wait setting and no connection id for the killer of a waiting statement.
@@ -479,13 +486,166 @@ impl Attempt {
         }
     }
 
+    // ------------------------------------------------------------ advisory (PostgreSQL)
+
+    /// The advisory key of this name: its number in `<prefix>_names`, given on first use.
+    async fn advisory_key(&self) -> Result<i32> {
+        if let Some(key) = self.inner.cached_key(&self.name) {
+            return Ok(key);
+        }
+        let s = &self.inner.sql;
+        let read = || async {
+            let row = query(&s.advisory_key)
+                .bind(self.key())
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(self.err("read the advisory key"))?;
+            match row {
+                Some(row) => row
+                    .int(0)
+                    .map(Some)
+                    .map_err(self.err("read the advisory key")),
+                None => Ok(None),
+            }
+        };
+        let id = match read().await? {
+            Some(id) => id,
+            None => {
+                query(&s.advisory_new_key)
+                    .bind(self.key())
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(self.err("give the name an advisory key"))?;
+                read().await?.ok_or_else(|| self.missing_id())?
+            }
+        };
+        let key = i32::try_from(id).map_err(|_| self.missing_id())?;
+        self.inner.cache_key(&self.name, key);
+        Ok(key)
+    }
+
+    /// Takes the advisory lock of this name on a session of its own, waiting until
+    /// `deadline`, with its fencing token taken in the granting statement.
+    ///
+    /// The hold's lease is the server's: the session's `idle_session_timeout` is set with the
+    /// grant (in the statement that takes the lock, or before a waiting one), so a holder
+    /// that stops talking (paused, cut off) is disconnected and its lock freed. A waiting
+    /// statement is cancelled (`pg_cancel_backend`) if the acquisition is dropped, and the
+    /// session closed: nothing it might have been granted outlives it.
+    pub(crate) async fn advisory(&self, deadline: Deadline) -> Result<Option<AdvisoryGrant>> {
+        let key = self.advisory_key().await?;
+        let s = &self.inner.sql;
+        let mut conn = self.pin(deadline).await?;
+        let lease = server_seconds(self.lease);
+        let mut first = true;
+        let mut lease_set = false;
+        loop {
+            let left = deadline.remaining();
+            let blocking = !first && left.is_none_or(|left| left >= Duration::from_secs(1));
+            first = false;
+            let sent;
+            // (token, pid) of a grant; `None` while the lock is busy.
+            let granted = if blocking {
+                lease_set = true;
+                let wait = left.map_or(50, |left| {
+                    i64::try_from(left.as_secs()).unwrap_or(50).min(50)
+                });
+                query(&s.advisory_wait)
+                    .bind(wait)
+                    .bind(lease)
+                    .execute(conn.get()?)
+                    .await
+                    .map_err(self.err("set the lock wait"))?;
+                let pid = self.backend_pid(&mut conn).await?;
+                let mut killer = KillOnDrop(Some((Arc::clone(&self.inner), pid)));
+                sent = Instant::now();
+                let locked = query(&s.advisory_lock)
+                    .bind(i64::from(key))
+                    .fetch_one(conn.get()?)
+                    .await;
+                killer.0 = None;
+                match locked {
+                    Ok(row) => {
+                        let token = optional_int(&row, 0).map_err(self.err("lock"))?;
+                        Some((token, pid))
+                    }
+                    Err(e) if meaning(&e) == Meaning::Busy => None,
+                    Err(e) => return Err(self.err("lock")(e)),
+                }
+            } else {
+                sent = Instant::now();
+                let row = query(&s.advisory_try)
+                    .bind(i64::from(key))
+                    .bind(lease)
+                    .fetch_one(conn.get()?)
+                    .await
+                    .map_err(self.err("lock"))?;
+                let pid = u64::try_from(row.int(2).map_err(self.err("lock"))?).unwrap_or(0);
+                // The second column is the lease set on a grant, NULL while the lock is busy.
+                if row.is_null(1).map_err(self.err("lock"))? {
+                    None
+                } else {
+                    Some((optional_int(&row, 0).map_err(self.err("lock"))?, pid))
+                }
+            };
+            match granted {
+                Some((Some(token), pid)) => {
+                    let token = u64::try_from(token).map_err(|_| self.missing_id())?;
+                    return Ok(Some(AdvisoryGrant {
+                        conn,
+                        pid,
+                        key,
+                        token,
+                        sent,
+                    }));
+                }
+                Some((None, _)) => {
+                    // Granted, but the name's row is gone (deleted by hand): no token to give.
+                    // Closing the session frees the lock; the next try gives the name a key.
+                    drop(conn);
+                    self.inner.forget_key(&self.name);
+                    return Err(Error::Backend {
+                        backend: self.inner.backend,
+                        message: format!("the advisory key of {:?} vanished", self.name),
+                        retryable: true,
+                        source: None,
+                    });
+                }
+                None => {}
+            }
+            let now = Instant::now();
+            match deadline.instant() {
+                Some(d) if now >= d => {
+                    if lease_set {
+                        conn.reset_lease(&s.advisory_reset).await;
+                    }
+                    conn.return_to_pool();
+                    return Ok(None);
+                }
+                Some(d) if d - now < Duration::from_secs(1) => {
+                    tokio::time::sleep((d - now).min(Duration::from_millis(20))).await;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The backend pid of a pinned session.
+    async fn backend_pid(&self, conn: &mut Pinned) -> Result<u64> {
+        let row = query(&self.inner.sql.connection_id)
+            .fetch_one(conn.get()?)
+            .await
+            .map_err(self.err("connection id"))?;
+        Ok(u64::try_from(row.int(0).map_err(self.err("connection id"))?).unwrap_or(0))
+    }
+
     /// Starts a for-update hold's server-side lease on its connection (`wait_timeout`), and
     /// returns when the statement was sent: the client's lease runs from there, before the
     /// server starts counting idle time. Called right after the grant, so the row is never
     /// without a server-side lease; [`confirm_lease`](Self::confirm_lease) follows the fence.
     pub(crate) async fn start_lease(&self, conn: &mut Pinned) -> Result<Instant> {
         let sent = Instant::now();
-        conn.renew(&self.inner.sql.hold_timeout, self.lease)
+        conn.renew(self.inner.hold_timeout(), self.lease)
             .await
             .map_err(self.err("set the hold's server-side lease"))?;
         Ok(sent)
@@ -495,7 +655,7 @@ impl Attempt {
     /// taken on another connection, by setting its lease again: to `left`, what is left of
     /// the hold's lease.
     pub(crate) async fn confirm_lease(&self, conn: &mut Pinned, left: Duration) -> Result<()> {
-        conn.renew(&self.inner.sql.hold_timeout, left)
+        conn.renew(self.inner.hold_timeout(), left)
             .await
             .map_err(self.err("confirm the hold after its fence"))
     }
@@ -613,6 +773,26 @@ pub(crate) async fn seed_above(inner: &Inner, conn: &mut Conn, floor: i64) -> Re
     })
 }
 
+/// A granted advisory lock: the session that holds it, its backend pid, the key, the token
+/// taken with the grant, and when the granting statement was sent (the lease runs from there).
+#[derive(Debug)]
+pub(crate) struct AdvisoryGrant {
+    pub(crate) conn: Pinned,
+    pub(crate) pid: u64,
+    pub(crate) key: i32,
+    pub(crate) token: u64,
+    pub(crate) sent: Instant,
+}
+
+/// Column `i` as an integer, `None` if it is NULL.
+fn optional_int(row: &crate::db::Row, i: usize) -> std::result::Result<Option<i64>, sqlx::Error> {
+    if row.is_null(i)? {
+        Ok(None)
+    } else {
+        row.int(i).map(Some)
+    }
+}
+
 /// The first version of seed `seed` (`seed << 20`), `None` if it does not fit a token.
 fn seeded(seed: i64) -> Option<i64> {
     if !(0..1 << (63 - TAKEOVER_BITS)).contains(&seed) {
@@ -719,6 +899,25 @@ impl Pinned {
             Err(_) => self.close(),
         }
         Ok(())
+    }
+
+    /// Releases an advisory lock (the statement also resets the session) and returns the
+    /// connection to the pool; whether this session held the lock. A session that did not,
+    /// or that fails, is closed (which frees whatever it holds).
+    pub(crate) async fn unlock(&mut self, unlock: &str, key: i32) -> bool {
+        let Some(c) = self.0.as_mut() else {
+            return false;
+        };
+        let released = match query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await {
+            Ok(row) => row.int(0).is_ok_and(|held| held == 1),
+            Err(_) => false,
+        };
+        if released {
+            drop(self.0.take());
+        } else {
+            self.close();
+        }
+        released
     }
 
     /// Renews the hold: sets the server-side lease again (which also proves the connection,
@@ -846,6 +1045,9 @@ pub(crate) enum SqlHold {
     /// The row lock of one connection's transaction, the hold's loss signal, and its fixed
     /// lease's end.
     ForUpdate(Attempt, HoldingConnection, HoldSignal, FixedEnd),
+    /// A PostgreSQL advisory lock of one session, the hold's loss signal, its fixed lease's
+    /// end, and the key.
+    Advisory(Attempt, HoldingConnection, HoldSignal, FixedEnd, i32),
 }
 
 /// How often a for-update hold's connection is checked between renewals: a tenth of the
@@ -919,7 +1121,10 @@ pub(crate) async fn watch(
 impl SqlHold {
     fn attempt(&self) -> &Attempt {
         match self {
-            Self::UniqueInsert(a) | Self::Optimistic(a, _) | Self::ForUpdate(a, _, _, _) => a,
+            Self::UniqueInsert(a)
+            | Self::Optimistic(a, _)
+            | Self::ForUpdate(a, _, _, _)
+            | Self::Advisory(a, _, _, _, _) => a,
         }
     }
 
@@ -940,6 +1145,11 @@ impl Hold for SqlHold {
                 let reset = &a.inner.sql.reset_hold_timeout;
                 conn.lock().await.commit(reset).await.is_ok()
             }
+            Self::Advisory(a, conn, _, _, key) => {
+                a.inner.forget_holder(&a.name, &a.owner);
+                let s = &a.inner.sql;
+                conn.lock().await.unlock(&s.advisory_unlock, *key).await
+            }
         };
         if released {
             Ok(())
@@ -950,7 +1160,8 @@ impl Hold for SqlHold {
 
     /// For-update asks the holding connection (a ping): the row lock lives as long as it does.
     async fn verify(&self) -> Result<bool> {
-        let Self::ForUpdate(_, conn, signal, _) = self else {
+        let (Self::ForUpdate(_, conn, signal, _) | Self::Advisory(_, conn, signal, _, _)) = self
+        else {
             return Ok(true);
         };
         let limit = ping_limit(self.attempt().lease);
@@ -968,11 +1179,11 @@ impl Hold for SqlHold {
             Self::Optimistic(a, v) => a.optimistic_renew(*v, ttl).await?,
             // The server keeps the row lock while the connection lives, and keeps the
             // connection while it is idle no longer than its wait_timeout.
-            Self::ForUpdate(a, conn, signal, fixed) => {
+            Self::ForUpdate(a, conn, signal, fixed) | Self::Advisory(a, conn, signal, fixed, _) => {
                 // One lock of the connection across the renewal and the new end (see `watch`).
                 let mut c = conn.lock().await;
                 let sent = Instant::now();
-                let alive = c.renew(&a.inner.sql.hold_timeout, ttl).await.is_ok();
+                let alive = c.renew(a.inner.hold_timeout(), ttl).await.is_ok();
                 if !alive {
                     signal.mark_lost(LossReason::ConnectionLost);
                 } else if let Some(end) = fixed
@@ -997,7 +1208,7 @@ impl Hold for SqlHold {
 
 impl Drop for SqlHold {
     fn drop(&mut self) {
-        if let Self::ForUpdate(a, _, _, _) = self {
+        if let Self::ForUpdate(a, _, _, _) | Self::Advisory(a, _, _, _, _) = self {
             a.inner.forget_holder(&a.name, &a.owner);
         }
     }

@@ -217,6 +217,34 @@ impl SqlFactory {
 }
 
 impl SqlFactory {
+    /// PostgreSQL advisory locks: the sessions that hold or wait for `name`'s key, from the
+    /// lock manager (a cancelled waiter whose statement still waits counts).
+    async fn advisory_residue(&self, name: &str) -> usize {
+        let admin = self.admin().await;
+        let t = prefix(self.strategy);
+        let key: Option<i32> = sqlx::query(&format!("SELECT id FROM {t}_names WHERE name = $1"))
+            .bind(name.as_bytes())
+            .fetch_optional(&admin)
+            .await
+            .unwrap()
+            .map(|row| row.try_get(0).unwrap());
+        let n: i64 = match key {
+            Some(key) => sqlx::query(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND classid = 1684828003 AND objid = $1::INTEGER::OID AND objsubid = 2",
+            )
+            .bind(key)
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap(),
+            None => 0,
+        };
+        admin.close().await;
+        usize::try_from(n).unwrap()
+    }
+
     /// PostgreSQL: the backends this case's providers know hold `name` whose transaction is
     /// still open, and every backend blocked by one of them (a cancelled waiter whose
     /// statement still waits on the server counts).
@@ -356,6 +384,7 @@ impl Factory for SqlFactory {
             "optimistic" => {
                 format!("SELECT COUNT(*) FROM {t}_versions WHERE name = ? AND owner <> ''")
             }
+            "advisory" => return Some(Ok(self.advisory_residue(name).await)),
             _ => return Some(Ok(self.for_update_residue(name).await)),
         };
         let admin = self.admin().await;
@@ -408,6 +437,11 @@ mod sqlite_unique_insert_own_pool {
     dlock_conformance::conformance_tests!(
         SqlFactory::sqlite("unique-insert").map(SqlFactory::on_own_pool)
     );
+}
+
+mod postgres_advisory {
+    use super::*;
+    dlock_conformance::conformance_tests!(SqlFactory::postgres("advisory"));
 }
 
 mod postgres_unique_insert {

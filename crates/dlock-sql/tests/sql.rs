@@ -78,7 +78,8 @@ fn with_query(url: &str, pair: &str) -> String {
 fn targets(strategies: &[&str]) -> Vec<(String, String, Option<std::path::PathBuf>)> {
     let mut out = Vec::new();
     if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
-        for s in strategies {
+        // Advisory locks are PostgreSQL's.
+        for s in strategies.iter().filter(|s| **s != "advisory") {
             out.push((
                 with_query(&mysql, &format!("strategy={s}&table={}", prefix(s))),
                 format!("mysql/{s}"),
@@ -86,7 +87,10 @@ fn targets(strategies: &[&str]) -> Vec<(String, String, Option<std::path::PathBu
             ));
         }
     }
-    for s in strategies.iter().filter(|s| **s != "for-update") {
+    for s in strategies
+        .iter()
+        .filter(|s| **s != "for-update" && **s != "advisory")
+    {
         let (url, path) = sqlite_url(s);
         out.push((url, format!("sqlite/{s}"), Some(path)));
     }
@@ -238,7 +242,8 @@ async fn processes_contending_keep_the_counter_exact() {
     const PROCESSES: u32 = 4;
     const CYCLES: u32 = 25;
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in targets_with_postgres(&["unique-insert", "optimistic", "for-update"])
+    for (url, label, file) in
+        targets_with_postgres(&["unique-insert", "optimistic", "for-update", "advisory"])
     {
         let name = Names::new().name("cross");
         // Creates dlock's tables before the workers race to.
@@ -303,7 +308,8 @@ async fn processes_contending_keep_the_counter_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_the_lock() {
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in targets_with_postgres(&["unique-insert", "optimistic", "for-update"])
+    for (url, label, file) in
+        targets_with_postgres(&["unique-insert", "optimistic", "for-update", "advisory"])
     {
         let name = Names::new().name("sigkill");
         let mut child = spawn_worker("hold", &url, &name, 0);
@@ -358,7 +364,7 @@ async fn killed_for_update_connection_reports_loss() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
         return;
     };
-    holder_connection_ended_reports_loss(&mysql, "KILL").await;
+    holder_connection_ended_reports_loss(&mysql, "KILL", "for-update").await;
 }
 
 /// The same on PostgreSQL (issue 17): `pg_terminate_backend` of the holder's backend is
@@ -368,14 +374,26 @@ async fn terminated_postgres_holder_backend_reports_loss() {
     let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
         return;
     };
-    holder_connection_ended_reports_loss(&pg, "SELECT pg_terminate_backend").await;
+    holder_connection_ended_reports_loss(&pg, "SELECT pg_terminate_backend", "for-update").await;
+}
+
+/// The same for a PostgreSQL advisory lock (issue 17): its session is the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_postgres_advisory_holder_reports_loss() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    holder_connection_ended_reports_loss(&pg, "SELECT pg_terminate_backend", "advisory").await;
 }
 
 /// Ends the for-update holder's server connection with `kill <id>` (or `kill(<id>)`) from an
 /// admin connection, and checks the holder is told at once and the lock is free.
-async fn holder_connection_ended_reports_loss(base: &str, kill: &str) {
+async fn holder_connection_ended_reports_loss(base: &str, kill: &str, strategy: &str) {
     let _serial = SERIAL.lock().await;
-    let url = for_update(base);
+    let url = with_query(
+        base,
+        &format!("strategy={strategy}&table={}", prefix(strategy)),
+    );
     let p = SqlProvider::connect(&url).await.unwrap();
     let name = Names::new().name("kill-conn");
     let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
@@ -1435,7 +1453,8 @@ async fn a_for_update_guard_dropped_outside_the_runtime_frees_its_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_holder_process_loses_the_lock_within_its_lease() {
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in targets_with_postgres(&["unique-insert", "optimistic", "for-update"])
+    for (url, label, file) in
+        targets_with_postgres(&["unique-insert", "optimistic", "for-update", "advisory"])
     {
         let name = Names::new().name("sigstop");
         let mut child = spawn_worker("hold", &url, &name, 0);
@@ -1493,7 +1512,7 @@ async fn frozen_holder_process_loses_the_lock_within_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holder_loses_its_fixed_lease_at_its_end() {
     let _serial = SERIAL.lock().await;
-    for (url, label, _) in targets_with_postgres(&["for-update"]) {
+    for (url, label, _) in targets_with_postgres(&["for-update", "advisory"]) {
         let name = Names::new().name("fixed-freeze");
         let mut child = spawn_worker("hold-fixed", &url, &name, 0);
         let mut out = BufReader::new(child.stdout.take().unwrap());
