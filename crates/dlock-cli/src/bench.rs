@@ -17,6 +17,8 @@ use crate::exit;
 mod chart;
 mod curator;
 mod floor;
+#[cfg(feature = "postgres")]
+mod sqlx_pg;
 
 /// The longest one workload may take on one backend before it is reported as failed.
 const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
@@ -131,6 +133,8 @@ struct Target {
     /// The workloads run through Apache Curator (Java) against the ZooKeeper of `url`, which
     /// is empty when no zk:// store is configured (the rows then say so).
     curator: bool,
+    /// W1 and W3 through sqlx's own `PgAdvisoryLock` against the PostgreSQL of `url`.
+    sqlx_pg: bool,
 }
 
 impl Target {
@@ -187,11 +191,15 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
                 continue;
             };
             // One set of tables serves one strategy: each gets its own prefix.
+            let advisory = (var == "DLOCK_POSTGRES_URL").then_some(("advisory", "dlock_advisory"));
             for (s, table) in [
                 ("unique-insert", "dlock"),
                 ("optimistic", "dlock_optimistic"),
                 ("for-update", "dlock_for_update"),
-            ] {
+            ]
+            .into_iter()
+            .chain(advisory)
+            {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 urls.push(format!("{url}{sep}strategy={s}&table={table}&pool=64"));
             }
@@ -205,10 +213,15 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
                 url: String::new(),
                 broken: false,
                 curator: true,
+                sqlx_pg: false,
             });
             continue;
         }
         let zk = url.starts_with("zk://");
+        // sqlx's own advisory lock beside dlock's, on the same server.
+        let advisory = cfg!(feature = "postgres")
+            && url.starts_with("postgres")
+            && url.contains("strategy=advisory");
         targets.push(Target {
             label: if url == "broken://" {
                 "broken (test)".into()
@@ -218,6 +231,7 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
             broken: url == "broken://",
             url: url.clone(),
             curator: false,
+            sqlx_pg: false,
         });
         if zk {
             targets.push(Target {
@@ -225,6 +239,16 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
                 url,
                 broken: false,
                 curator: true,
+                sqlx_pg: false,
+            });
+        }
+        if advisory {
+            targets.push(Target {
+                label: "sqlx PgAdvisoryLock".into(),
+                url: targets.last().map(|t| t.url.clone()).unwrap_or_default(),
+                broken: false,
+                curator: false,
+                sqlx_pg: true,
             });
         }
     }
@@ -287,6 +311,21 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
                 }
             }
             rows.extend(curator_rows);
+            progress.inc(opts.workload.len() as u64);
+            continue;
+        }
+        if target.sqlx_pg {
+            progress.set_message(target.label.clone());
+            let peer_rows = sqlx_peer(target, &opts).await;
+            for r in &peer_rows {
+                if let Some(why) = r.skipped.as_deref().filter(|s| s.starts_with("error:")) {
+                    failed = true;
+                    progress.suspend(|| {
+                        eprintln!("dlock bench: {} {}: {why}", r.backend, r.workload);
+                    });
+                }
+            }
+            rows.extend(peer_rows);
             progress.inc(opts.workload.len() as u64);
             continue;
         }
@@ -479,6 +518,20 @@ fn finish(row: &mut Row, cycles: u64, elapsed: Duration) {
     } else {
         0.0
     };
+}
+
+/// The rows of the sqlx `PgAdvisoryLock` target (none without the `postgres` feature).
+async fn sqlx_peer(target: &Target, opts: &BenchOpts) -> Vec<Row> {
+    #[cfg(feature = "postgres")]
+    {
+        let ns = format!("dlock-bench/{}/{}", std::process::id(), uuid_like());
+        sqlx_pg::rows(&target.url, &ns, &opts.workload, opts.cycles, opts.duration).await
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = (target, opts);
+        Vec::new()
+    }
 }
 
 fn uuid_like() -> String {

@@ -252,8 +252,8 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
     }
 }
 
-/// PostgreSQL's floor, on one connection: the for-update cycle, or INSERT + a DELETE that
-/// announces itself (`pg_notify`, as dlock's releases do).
+/// PostgreSQL's floor, on one connection: the advisory cycle, the for-update cycle, or
+/// INSERT + a DELETE that announces itself (`pg_notify`, as dlock's releases do).
 #[cfg(feature = "postgres")]
 async fn postgres_floor(
     pool: &sqlx::PgPool,
@@ -264,6 +264,46 @@ async fn postgres_floor(
     let e = |what: &'static str| move |e| err("postgres", what, e);
     let name = format!("{ns}/floor").into_bytes();
     let mut c = pool.acquire().await.map_err(e("connect"))?;
+    if url.contains("strategy=advisory") {
+        // The statements of dlock's advisory cycle, raw: one that takes the lock, the token
+        // and the lease, one that unlocks (and resets the session).
+        let t = table_of(url);
+        sqlx::query(&format!(
+            "INSERT INTO {t}_names (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"
+        ))
+        .bind(&name)
+        .execute(&mut *c)
+        .await
+        .map_err(e("give the name a key"))?;
+        let key: i32 = sqlx::query_scalar(&format!("SELECT id FROM {t}_names WHERE name = $1"))
+            .bind(&name)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(e("read the key"))?;
+        let lock = format!(
+            "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock(1684828003, $1) AS got), \
+             f AS (UPDATE {t}_names SET token = token + 1 WHERE id = $1 AND (SELECT got FROM g) \
+             RETURNING token) \
+             SELECT (SELECT token FROM f), CASE WHEN (SELECT got FROM g) THEN \
+             set_config('idle_session_timeout', '30000', false) END, pg_backend_pid()::BIGINT"
+        );
+        let unlock = "SELECT pg_advisory_unlock(1684828003, $1)::INTEGER, \
+             set_config('idle_session_timeout', '0', false), set_config('lock_timeout', '5s', false)";
+        let started = Instant::now();
+        for _ in 0..cycles {
+            sqlx::query(&lock)
+                .bind(key)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(e("lock"))?;
+            sqlx::query(unlock)
+                .bind(key)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(e("unlock"))?;
+        }
+        return Ok(rate(started, cycles));
+    }
     if url.contains("strategy=for-update") {
         sqlx::query(&format!(
             "INSERT INTO {}_rows (name) VALUES ($1) ON CONFLICT DO NOTHING",

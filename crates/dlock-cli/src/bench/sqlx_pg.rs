@@ -1,0 +1,150 @@
+//! The `sqlx PgAdvisoryLock` target: W1 and W3 through sqlx's own PostgreSQL advisory lock on
+//! the same server, beside the `postgres/advisory` rows of the same run.
+//!
+//! sqlx's lock is a bare `pg_advisory_lock` on a connection the caller holds: no lease, no
+//! fencing token, no loss signal, no re-entry by the handle. It shows what an advisory lock
+//! costs at the least; dlock's rows add those promises on top.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
+use std::time::Instant;
+
+use super::{Row, Workload, fill_latency, finish, histogram, out_of_time, us};
+
+/// The backend column of the sqlx rows.
+pub(super) const LABEL: &str = "sqlx PgAdvisoryLock";
+
+/// One row per requested workload of W1 and W3 against the PostgreSQL of `url`; a row's
+/// `skipped` starts with `error:` when the run failed.
+pub(super) async fn rows(
+    url: &str,
+    ns: &str,
+    workloads: &[Workload],
+    cycles: u64,
+    limit: Option<Duration>,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for w in workloads {
+        let mut row = Row {
+            backend: LABEL.into(),
+            workload: format!("{w:?}"),
+            ..Row::default()
+        };
+        let ran = match w {
+            Workload::W1 => uncontended(url, ns, cycles, limit, &mut row).await,
+            Workload::W3 => handoff(url, ns, cycles, limit, &mut row).await,
+            _ => continue,
+        };
+        if let Err(e) = ran {
+            row.skipped = Some(format!("error: {e}"));
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+async fn pool(url: &str, size: u32) -> Result<sqlx::PgPool, String> {
+    let base = url.split('?').next().unwrap_or(url);
+    PgPoolOptions::new()
+        .max_connections(size)
+        .connect(base)
+        .await
+        .map_err(|e| format!("connect: {e}"))
+}
+
+fn failed(what: &'static str) -> impl Fn(sqlx::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// W1: acquire + release on one connection, 200 warm-up cycles first.
+async fn uncontended(
+    url: &str,
+    ns: &str,
+    cycles: u64,
+    limit: Option<Duration>,
+    row: &mut Row,
+) -> Result<(), String> {
+    let pool = pool(url, 1).await?;
+    let mut conn = pool.acquire().await.map_err(failed("connect"))?;
+    let lock = PgAdvisoryLock::new(format!("{ns}/sqlx-w1"));
+    for _ in 0..200.min(cycles) {
+        let g = lock.acquire(&mut conn).await.map_err(failed("lock"))?;
+        g.release_now().await.map_err(failed("unlock"))?;
+    }
+    let mut h: Histogram<u64> = histogram().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut n = 0;
+    while n < cycles && !out_of_time(started, limit) {
+        let t = Instant::now();
+        let g = lock.acquire(&mut conn).await.map_err(failed("lock"))?;
+        g.release_now().await.map_err(failed("unlock"))?;
+        let _ = h.record(us(t.elapsed()));
+        n += 1;
+    }
+    finish(row, n, started.elapsed());
+    fill_latency(row, &h);
+    drop(conn);
+    pool.close().await;
+    Ok(())
+}
+
+/// W3: two connections hand the lock back and forth; the time from the holder's release
+/// returning to the waiter's acquire returning.
+async fn handoff(
+    url: &str,
+    ns: &str,
+    cycles: u64,
+    limit: Option<Duration>,
+    row: &mut Row,
+) -> Result<(), String> {
+    let handoffs = (cycles / 4).max(2);
+    let pool = pool(url, 2).await?;
+    let lock = Arc::new(PgAdvisoryLock::new(format!("{ns}/sqlx-w3")));
+    let mut holder = pool.acquire().await.map_err(failed("connect"))?;
+    let mut waiter = pool.acquire().await.map_err(failed("connect"))?;
+    lock.acquire(&mut holder)
+        .await
+        .map_err(failed("lock"))?
+        .leak();
+    let mut h: Histogram<u64> = histogram().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut n = 0;
+    while n < handoffs && !out_of_time(started, limit) {
+        let task = {
+            let lock = Arc::clone(&lock);
+            tokio::spawn(async move {
+                let got = lock.acquire(&mut waiter).await.map(|g| {
+                    g.leak();
+                });
+                (got, Instant::now(), waiter)
+            })
+        };
+        // Let the waiter reach the server before the release.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let (conn, released) = lock.force_release(holder).await.map_err(failed("unlock"))?;
+        if !released {
+            return Err("the holder did not hold the lock".into());
+        }
+        let released_at = Instant::now();
+        let (got, acquired, conn_of_waiter) =
+            task.await.map_err(|e| format!("waiter panicked: {e}"))?;
+        got.map_err(failed("lock"))?;
+        let _ = h.record(us(acquired.saturating_duration_since(released_at)));
+        // The waiter holds now: the roles swap.
+        holder = conn_of_waiter;
+        waiter = conn;
+        n += 1;
+    }
+    lock.force_release(holder).await.map_err(failed("unlock"))?;
+    finish(row, n, started.elapsed());
+    if !h.is_empty() {
+        row.handoff_p50_us = Some(h.value_at_quantile(0.5));
+        row.handoff_p99_us = Some(h.value_at_quantile(0.99));
+    }
+    drop(waiter);
+    pool.close().await;
+    Ok(())
+}
