@@ -302,14 +302,7 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
             progress.set_message(target.label.clone());
             let url = Some(target.url.as_str()).filter(|u| !u.is_empty());
             let curator_rows = curator::rows(url, &opts.workload, opts.cycles, opts.duration).await;
-            for r in &curator_rows {
-                if let Some(why) = r.skipped.as_deref().filter(|s| s.starts_with("error:")) {
-                    failed = true;
-                    progress.suspend(|| {
-                        eprintln!("dlock bench: {} {}: {why}", r.backend, r.workload);
-                    });
-                }
-            }
+            failed |= report_errors(&curator_rows, &progress);
             rows.extend(curator_rows);
             progress.inc(opts.workload.len() as u64);
             continue;
@@ -317,14 +310,7 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
         if target.sqlx_pg {
             progress.set_message(target.label.clone());
             let peer_rows = sqlx_peer(target, &opts).await;
-            for r in &peer_rows {
-                if let Some(why) = r.skipped.as_deref().filter(|s| s.starts_with("error:")) {
-                    failed = true;
-                    progress.suspend(|| {
-                        eprintln!("dlock bench: {} {}: {why}", r.backend, r.workload);
-                    });
-                }
-            }
+            failed |= report_errors(&peer_rows, &progress);
             rows.extend(peer_rows);
             progress.inc(opts.workload.len() as u64);
             continue;
@@ -518,6 +504,19 @@ fn finish(row: &mut Row, cycles: u64, elapsed: Duration) {
     } else {
         0.0
     };
+}
+
+/// Prints the rows of a peer target that failed (their `skipped` starts with `error:`);
+/// whether there was one.
+fn report_errors(rows: &[Row], progress: &ProgressBar) -> bool {
+    let mut failed = false;
+    for r in rows {
+        if let Some(why) = r.skipped.as_deref().filter(|s| s.starts_with("error:")) {
+            failed = true;
+            progress.suspend(|| eprintln!("dlock bench: {} {}: {why}", r.backend, r.workload));
+        }
+    }
+    failed
 }
 
 /// The rows of the sqlx `PgAdvisoryLock` target (none without the `postgres` feature).

@@ -465,20 +465,9 @@ impl Attempt {
                 }
                 Err(e) if meaning(&e) == Meaning::Busy => {
                     conn.rollback().await;
-                    let now = Instant::now();
-                    match deadline.instant() {
-                        Some(d) if now >= d => {
-                            if lease_set {
-                                conn.reset_lease(&s.reset_hold_timeout).await;
-                            }
-                            conn.return_to_pool();
-                            return Ok(None);
-                        }
-                        Some(d) if d - now < Duration::from_secs(1) => {
-                            // Sub-second remainder: poll NOWAIT with a short pause.
-                            tokio::time::sleep((d - now).min(Duration::from_millis(20))).await;
-                        }
-                        _ => {}
+                    let reset = lease_set.then_some(s.reset_hold_timeout.as_str());
+                    if conn.busy(deadline, reset).await {
+                        return Ok(None);
                     }
                 }
                 Err(e) => return Err(self.err("lock")(e)),
@@ -613,19 +602,11 @@ impl Attempt {
                 }
                 None => {}
             }
-            let now = Instant::now();
-            match deadline.instant() {
-                Some(d) if now >= d => {
-                    if lease_set {
-                        conn.reset_lease(&s.advisory_reset).await;
-                    }
-                    conn.return_to_pool();
-                    return Ok(None);
-                }
-                Some(d) if d - now < Duration::from_secs(1) => {
-                    tokio::time::sleep((d - now).min(Duration::from_millis(20))).await;
-                }
-                _ => {}
+            if conn
+                .busy(deadline, lease_set.then_some(s.advisory_reset.as_str()))
+                .await
+            {
+                return Ok(None);
             }
         }
     }
@@ -873,6 +854,28 @@ impl Pinned {
             && query(reset).execute(c).await.is_err()
         {
             self.close();
+        }
+    }
+
+    /// After a busy try of a pinned lock: at the deadline, puts the session back (`reset`, if
+    /// a waiting try set its server-side lease), returns it to the pool and says so (`true`);
+    /// with less than a second left, pauses briefly before the next try (which does not wait
+    /// on the server).
+    async fn busy(&mut self, deadline: Deadline, reset: Option<&str>) -> bool {
+        let now = Instant::now();
+        match deadline.instant() {
+            Some(d) if now >= d => {
+                if let Some(reset) = reset {
+                    self.reset_lease(reset).await;
+                }
+                self.return_to_pool();
+                true
+            }
+            Some(d) if d - now < Duration::from_secs(1) => {
+                tokio::time::sleep((d - now).min(Duration::from_millis(20))).await;
+                false
+            }
+            _ => false,
         }
     }
 
