@@ -72,14 +72,18 @@ const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "PostgreSQL",
-        "unique-insert and optimistic rows are table rows; for-update holds end with their \
-         connection and are reported lost at the next renewal. No test restarts the server",
+        "unique-insert and optimistic rows are table rows; for-update and advisory holds end \
+         with their session and are reported lost within a second (the watcher's pings; \
+         `terminated_postgres_advisory_holder_reports_loss`). No test restarts the server",
         "not covered: an asynchronous standby can lose a hold",
-        "a partitioned holder is lost by its lease end and others get in after it; for \
-         for-update the server's `idle_in_transaction_session_timeout` is the lease \
+        "a partitioned holder is lost by its lease end and others get in after it; the server \
+         enforces the lease too: `idle_in_transaction_session_timeout` (for-update), \
+         `idle_session_timeout` (advisory) \
          (`renewal_outage_longer_than_the_lease_reports_loss`)",
-        "paused (SIGSTOP) and killed holders, unique-insert and for-update: no overlap, no \
-         stuck lock (`dlock torture` in scripts/test)",
+        "paused (SIGSTOP) and killed holders, every strategy: freed within the lease \
+         (`frozen_holder_process_loses_the_lock_within_its_lease`), fixed leases at their \
+         end (`a_frozen_holder_loses_its_fixed_lease_at_its_end`); no overlap, no stuck lock \
+         (`dlock torture` in scripts/test)",
     ),
     (
         "Redis",

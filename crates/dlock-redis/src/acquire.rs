@@ -553,7 +553,7 @@ impl Acquisition {
             Err(e) => return Err(e),
         }
         if deadline.has_passed() {
-            undo.finish(queue, false).await;
+            undo.finish(queue, uncertain).await;
             return Ok(None);
         }
         let (channel, kind) = self.channel();
@@ -568,6 +568,7 @@ impl Acquisition {
             // held) wakes this waiter again instead of being erased with the old wake-up.
             listener.consumed();
             let attempt = self.attempt_retrying(true).await;
+            listener.tried();
             let wait = match attempt {
                 Ok((Attempt::Granted(token), sent)) => {
                     return self.confirm(undo, token, sent).await;

@@ -54,6 +54,9 @@ struct Channel {
     kind: ChannelKind,
     waiters: Vec<Waiter>,
     subscribed: bool,
+    /// A SUBSCRIBE went unanswered: the server may be subscribed all the same, so the last
+    /// waiter to leave unsubscribes.
+    maybe: bool,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +108,7 @@ impl Registry {
                 self.disconnects.notify_one();
                 for chan in self.channels().values_mut() {
                     chan.subscribed = false;
+                    chan.maybe = false;
                     chan.waiters.iter().for_each(Waiter::wake);
                 }
             }
@@ -207,6 +211,7 @@ impl Subscriptions {
                 id,
                 notify: Arc::clone(&waiter.notify),
                 signalled: Arc::clone(&waiter.signalled),
+                trying: AtomicBool::new(false),
             };
             let chan = channels.entry(channel.to_owned()).or_default();
             chan.kind = kind;
@@ -241,6 +246,7 @@ impl Subscriptions {
             Ok(Ok(())) => {
                 if let Some(c) = self.registry.channels().get_mut(channel) {
                     c.subscribed = true;
+                    c.maybe = false;
                 }
                 Subscribed::Now
             }
@@ -253,6 +259,9 @@ impl Subscriptions {
                     channel,
                     "subscribe unanswered; waiting on a timer until it works"
                 );
+                if let Some(c) = self.registry.channels().get_mut(channel) {
+                    c.maybe = true;
+                }
                 Subscribed::Failed
             }
         }
@@ -260,14 +269,19 @@ impl Subscriptions {
 
     async fn unsubscribe_if_idle(self: Arc<Self>, channel: String) {
         let _ops = self.ops.lock().await;
-        let idle = {
-            let channels = self.registry.channels();
-            channels
-                .get(&channel)
-                .is_some_and(|c| c.waiters.is_empty() && c.subscribed)
-        };
-        if !idle {
-            return;
+        {
+            let mut channels = self.registry.channels();
+            let Some(c) = channels.get(&channel) else {
+                return;
+            };
+            if !c.waiters.is_empty() {
+                return;
+            }
+            if !c.subscribed && !c.maybe {
+                // Never subscribed (the server was away): nothing to undo on the server.
+                channels.remove(&channel);
+                return;
+            }
         }
         // On failure the flag stays set: the connection still delivers, and the next waiter
         // reuses the subscription. Messages for a channel without waiters are dropped.
@@ -277,6 +291,7 @@ impl Subscriptions {
                 channels.remove(&channel);
             } else if let Some(c) = channels.get_mut(&channel) {
                 c.subscribed = false;
+                c.maybe = false;
             }
         }
     }
@@ -307,6 +322,8 @@ pub(crate) struct Listener {
     id: u64,
     notify: Arc<Notify>,
     signalled: Arc<AtomicBool>,
+    /// Between [`Listener::consumed`] and [`Listener::tried`].
+    trying: AtomicBool,
 }
 
 impl Listener {
@@ -333,9 +350,17 @@ impl Listener {
     }
 
     /// Marks a wake-up as used: call right before the attempt it leads to (a wake-up that
-    /// comes during the attempt then stays for the next wait).
+    /// comes during the attempt then stays for the next wait). Until [`tried`](Self::tried),
+    /// the listener counts as acting on it: dropped meanwhile (the acquisition cancelled), it
+    /// passes a wake-up on to the next waiter.
     pub(crate) fn consumed(&self) {
+        self.trying.store(true, Ordering::SeqCst);
         self.signalled.store(false, Ordering::SeqCst);
+    }
+
+    /// The attempt after [`consumed`](Self::consumed) has completed.
+    pub(crate) fn tried(&self) {
+        self.trying.store(false, Ordering::SeqCst);
     }
 }
 
@@ -347,8 +372,9 @@ impl Drop for Listener {
                 return;
             };
             chan.waiters.retain(|w| w.id != self.id);
-            // A wake-up we received but did not act on belongs to the next waiter.
-            if self.signalled.load(Ordering::SeqCst) {
+            // A wake-up we received but did not act on (or were acting on when dropped)
+            // belongs to the next waiter; one too many costs that waiter one try.
+            if self.signalled.load(Ordering::SeqCst) || self.trying.load(Ordering::SeqCst) {
                 wake_unsignalled(&chan.waiters, 1);
             }
             chan.waiters.is_empty()

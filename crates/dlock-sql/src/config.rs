@@ -329,9 +329,6 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// A table prefix dlock can format into its statements unquoted on every dialect: 1 to 40 of
-/// `[A-Za-z0-9_]`, not starting with a digit (PostgreSQL and SQLite read an unquoted name that
-/// starts with one as a number).
 /// The advisory strategy is PostgreSQL's.
 pub(crate) fn check_advisory(dialect: Dialect, strategy: Strategy) -> Result<()> {
     if strategy != Strategy::Advisory || dialect == Dialect::Postgres {
@@ -346,6 +343,9 @@ pub(crate) fn check_advisory(dialect: Dialect, strategy: Strategy) -> Result<()>
     ))
 }
 
+/// A table prefix dlock can format into its statements unquoted on every dialect: 1 to 40 of
+/// `[A-Za-z0-9_]`, not starting with a digit (PostgreSQL and SQLite read an unquoted name that
+/// starts with one as a number).
 pub(crate) fn check_table(table: &str) -> Result<()> {
     if table.is_empty()
         || table.len() > 40

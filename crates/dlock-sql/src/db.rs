@@ -21,7 +21,6 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Encode, Executor, Type};
 
-#[cfg(any(feature = "mysql", feature = "postgres"))]
 use crate::config::{Dialect, SqlConfig};
 
 #[cfg(feature = "mysql")]
@@ -257,7 +256,6 @@ impl Row {
         }
     }
 
-    /// A text column.
     /// Whether column `i` is NULL.
     pub(crate) fn is_null(&self, i: usize) -> Result<bool, sqlx::Error> {
         use sqlx::{Row as _, ValueRef as _};
@@ -271,6 +269,7 @@ impl Row {
         }
     }
 
+    /// A text column.
     pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
         use sqlx::Row as _;
         match *self {
@@ -588,6 +587,12 @@ pub(crate) async fn pg_pool(
             Box::pin(async move {
                 conn.execute(format!("SET lock_timeout = '{lock_timeout}'").as_str())
                     .await?;
+                // A database or role that defaults to repeatable read would answer a waiter
+                // granted behind another with a serialization error.
+                conn.execute(
+                    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                )
+                .await?;
                 Ok(())
             })
         })

@@ -410,13 +410,17 @@ impl Statements {
             ),
             advisory_unlock: format!(
                 "SELECT pg_advisory_unlock({ADVISORY_SPACE}, ?::INTEGER)::INTEGER, \
+                 pg_advisory_unlock_all()::TEXT, \
                  set_config('idle_session_timeout', '0', false), \
                  set_config('lock_timeout', '5s', false)"
             ),
             advisory_hold_timeout: "SELECT set_config('idle_session_timeout', \
                  LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
                 .to_owned(),
-            advisory_reset: "SELECT set_config('idle_session_timeout', '0', false), \
+            // unlock_all: a session of the lock pool goes back to it holding nothing, whatever
+            // a failed statement may have left.
+            advisory_reset: "SELECT pg_advisory_unlock_all()::TEXT, \
+                 set_config('idle_session_timeout', '0', false), \
                  set_config('lock_timeout', '5s', false)"
                 .to_owned(),
             advisory_holders: format!(

@@ -547,7 +547,6 @@ impl Attempt {
                     .map_err(self.err("set the lock wait"))?;
                 let pid = self.backend_pid(&mut conn).await?;
                 let mut killer = KillOnDrop(Some((Arc::clone(&self.inner), pid)));
-                sent = Instant::now();
                 let locked = query(&s.advisory_lock)
                     .bind(i64::from(key))
                     .fetch_one(conn.get()?)
@@ -556,10 +555,25 @@ impl Attempt {
                 match locked {
                     Ok(row) => {
                         let token = optional_int(&row, 0).map_err(self.err("lock"))?;
+                        // The statement may have waited long: the lease runs from after it
+                        // (as the server's idle time does), not from when it was sent.
+                        sent = self.start_lease(&mut conn).await?;
                         Some((token, pid))
                     }
-                    Err(e) if meaning(&e) == Meaning::Busy => None,
-                    Err(e) => return Err(self.err("lock")(e)),
+                    Err(e) => {
+                        // The session may hold the lock all the same (a lock timeout at the
+                        // moment of the grant, or the token's UPDATE failing after it): it is
+                        // closed, never reused or returned to the pool.
+                        conn.close();
+                        if meaning(&e) != Meaning::Busy {
+                            return Err(self.err("lock")(e));
+                        }
+                        if deadline.has_passed() {
+                            return Ok(None);
+                        }
+                        conn = self.pin(deadline).await?;
+                        continue;
+                    }
                 }
             } else {
                 sent = Instant::now();
