@@ -88,6 +88,15 @@ fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Remembers `value` for `name` in a per-name cache, which starts afresh past 10,000 names.
+fn remember<V>(cache: &Mutex<HashMap<LockName, V>>, name: &LockName, value: V) {
+    let mut cache = guard(cache);
+    if cache.len() > 10_000 {
+        cache.clear();
+    }
+    cache.insert(name.clone(), value);
+}
+
 impl fmt::Debug for Inner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlProvider")
@@ -114,11 +123,7 @@ impl Inner {
     }
 
     pub(crate) fn cache_version(&self, name: &LockName, version: i64) {
-        let mut versions = guard(&self.versions);
-        if versions.len() > 10_000 {
-            versions.clear();
-        }
-        versions.insert(name.clone(), version);
+        remember(&self.versions, name, version);
     }
 
     pub(crate) fn cached_key(&self, name: &LockName) -> Option<i32> {
@@ -126,11 +131,7 @@ impl Inner {
     }
 
     pub(crate) fn cache_key(&self, name: &LockName, key: i32) {
-        let mut keys = guard(&self.keys);
-        if keys.len() > 10_000 {
-            keys.clear();
-        }
-        keys.insert(name.clone(), key);
+        remember(&self.keys, name, key);
     }
 
     pub(crate) fn forget_key(&self, name: &LockName) {

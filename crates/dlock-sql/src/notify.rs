@@ -165,7 +165,7 @@ async fn listen(
         }
         tokio::select! {
             _ = &mut stopped => return,
-            () = tokio::time::sleep(pause.next_pause()) => {}
+            () = pause.wait() => {}
         }
     }
 }

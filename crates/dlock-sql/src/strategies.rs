@@ -528,6 +528,9 @@ impl Attempt {
         let lease = server_seconds(self.lease);
         let mut first = true;
         let mut lease_set = false;
+        // The session's backend pid: every try that does not wait reports it, so a waiting
+        // try asks only on a session that has not tried yet.
+        let mut session_pid = None;
         loop {
             let left = deadline.remaining();
             let blocking = !first && left.is_none_or(|left| left >= Duration::from_secs(1));
@@ -545,7 +548,10 @@ impl Attempt {
                     .execute(conn.get()?)
                     .await
                     .map_err(self.err("set the lock wait"))?;
-                let pid = self.backend_pid(&mut conn).await?;
+                let pid = match session_pid {
+                    Some(pid) => pid,
+                    None => *session_pid.insert(self.backend_pid(&mut conn).await?),
+                };
                 let mut killer = KillOnDrop(Some((Arc::clone(&self.inner), pid)));
                 let locked = query(&s.advisory_lock)
                     .bind(i64::from(key))
@@ -572,6 +578,7 @@ impl Attempt {
                             return Ok(None);
                         }
                         conn = self.pin(deadline).await?;
+                        session_pid = None;
                         continue;
                     }
                 }
@@ -584,6 +591,7 @@ impl Attempt {
                     .await
                     .map_err(self.err("lock"))?;
                 let pid = u64::try_from(row.int(2).map_err(self.err("lock"))?).unwrap_or(0);
+                session_pid = Some(pid);
                 // The second column is the lease set on a grant, NULL while the lock is busy.
                 if row.is_null(1).map_err(self.err("lock"))? {
                     None

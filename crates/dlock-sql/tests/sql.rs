@@ -173,6 +173,23 @@ fn spawn_worker(mode: &str, url: &str, name: &str, cycles: u32) -> Worker {
     )
 }
 
+/// Waits until the worker says it holds the lock (the test harness prints its own lines
+/// first), and fails the test if it ends without saying so.
+fn await_held(child: &mut Worker, label: &str) {
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let held = tokio::task::block_in_place(|| {
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.trim_end().ends_with("HELD") {
+                return true;
+            }
+            line.clear();
+        }
+        false
+    });
+    assert!(held, "{label}: the worker never held the lock");
+}
+
 /// The worker side, run in a child process: `count` does read-yield-write increments of a
 /// counter row under the lock; `hold` takes the lock, says HELD, and waits to be killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,19 +330,7 @@ async fn killed_holder_process_frees_the_lock() {
     {
         let name = Names::new().name("sigkill");
         let mut child = spawn_worker("hold", &url, &name, 0);
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        // The test harness prints its own lines first; wait for the worker's.
-        let held = tokio::task::block_in_place(|| {
-            let mut line = String::new();
-            while out.read_line(&mut line).unwrap_or(0) > 0 {
-                if line.trim_end().ends_with("HELD") {
-                    return true;
-                }
-                line.clear();
-            }
-            false
-        });
-        assert!(held, "{label}: the worker never held the lock");
+        await_held(&mut child, &label);
         let p = SqlProvider::connect(&url).await.unwrap();
         let lock = p.lock(&name, LockOptions::default()).unwrap();
         assert!(
@@ -1458,18 +1463,7 @@ async fn frozen_holder_process_loses_the_lock_within_its_lease() {
     {
         let name = Names::new().name("sigstop");
         let mut child = spawn_worker("hold", &url, &name, 0);
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let held = tokio::task::block_in_place(|| {
-            let mut line = String::new();
-            while out.read_line(&mut line).unwrap_or(0) > 0 {
-                if line.trim_end().ends_with("HELD") {
-                    return true;
-                }
-                line.clear();
-            }
-            false
-        });
-        assert!(held, "{label}: the worker never held the lock");
+        await_held(&mut child, &label);
         let p = SqlProvider::connect(&url).await.unwrap();
         let lock = p.lock(&name, LockOptions::default()).unwrap();
         assert!(
@@ -1515,18 +1509,7 @@ async fn a_frozen_holder_loses_its_fixed_lease_at_its_end() {
     for (url, label, _) in targets_with_postgres(&["for-update", "advisory"]) {
         let name = Names::new().name("fixed-freeze");
         let mut child = spawn_worker("hold-fixed", &url, &name, 0);
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let held = tokio::task::block_in_place(|| {
-            let mut line = String::new();
-            while out.read_line(&mut line).unwrap_or(0) > 0 {
-                if line.trim_end().ends_with("HELD") {
-                    return true;
-                }
-                line.clear();
-            }
-            false
-        });
-        assert!(held, "{label}: the worker never held the lock");
+        await_held(&mut child, &label);
         let granted = Instant::now();
         // Freeze it 3.2 s into its 4 s lease: it has just confirmed its connection.
         tokio::time::sleep_until(later(granted, Duration::from_millis(3200))).await;

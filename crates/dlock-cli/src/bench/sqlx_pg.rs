@@ -101,10 +101,14 @@ async fn handoff(
     row: &mut Row,
 ) -> Result<(), String> {
     let handoffs = (cycles / 4).max(2);
-    let pool = pool(url, 2).await?;
+    // Two sessions hand the lock back and forth; a third watches the waiter queue.
+    let pool = pool(url, 3).await?;
     let lock = Arc::new(PgAdvisoryLock::new(format!("{ns}/sqlx-w3")));
     let mut holder = pool.acquire().await.map_err(failed("connect"))?;
     let mut waiter = pool.acquire().await.map_err(failed("connect"))?;
+    let mut observer = pool.acquire().await.map_err(failed("connect"))?;
+    let mut holder_pid = backend_pid(&mut holder).await?;
+    let mut waiter_pid = backend_pid(&mut waiter).await?;
     lock.acquire(&mut holder)
         .await
         .map_err(failed("lock"))?
@@ -122,8 +126,8 @@ async fn handoff(
                 (got, Instant::now(), waiter)
             })
         };
-        // Let the waiter reach the server before the release.
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // The release comes once the waiter waits on the server.
+        until_waiting(&mut observer, waiter_pid).await?;
         let (conn, released) = lock.force_release(holder).await.map_err(failed("unlock"))?;
         if !released {
             return Err("the holder did not hold the lock".into());
@@ -136,6 +140,7 @@ async fn handoff(
         // The waiter holds now: the roles swap.
         holder = conn_of_waiter;
         waiter = conn;
+        std::mem::swap(&mut holder_pid, &mut waiter_pid);
         n += 1;
     }
     lock.force_release(holder).await.map_err(failed("unlock"))?;
@@ -144,7 +149,39 @@ async fn handoff(
         row.handoff_p50_us = Some(h.value_at_quantile(0.5));
         row.handoff_p99_us = Some(h.value_at_quantile(0.99));
     }
-    drop(waiter);
+    drop((waiter, observer));
     pool.close().await;
     Ok(())
+}
+
+/// Polls `pg_stat_activity` until backend `pid` waits for a lock; an error after 10 s.
+async fn until_waiting(
+    observer: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
+    pid: i32,
+) -> Result<(), String> {
+    let waiting = async {
+        loop {
+            let waits: bool = sqlx::query_scalar(
+                "SELECT COALESCE(bool_or(wait_event_type = 'Lock'), false) \
+                 FROM pg_stat_activity WHERE pid = $1",
+            )
+            .bind(pid)
+            .fetch_one(&mut **observer)
+            .await
+            .map_err(failed("watch the waiter"))?;
+            if waits {
+                return Ok(());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap_or_else(|_| Err("the waiter never waited on the server".into()))
+}
+
+async fn backend_pid(conn: &mut sqlx::pool::PoolConnection<sqlx::Postgres>) -> Result<i32, String> {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut **conn)
+        .await
+        .map_err(failed("pid"))
 }
