@@ -65,6 +65,15 @@ async fn subscribed(url: &str, name: &str, count: i64) -> Result<(), String> {
     }
 }
 
+/// A loopback port nobody listens on (the kernel's pick, released at once).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A `redis-server` of our own on a free loopback port; killed on drop.
 struct PrivateRedis {
     port: u16,
@@ -73,21 +82,47 @@ struct PrivateRedis {
     appendonly: bool,
     /// The port of the master this server replicates.
     replica_of: Option<u16>,
+    /// A cluster of this one node, which serves every slot.
+    cluster: bool,
+    /// The port the node tells cluster clients to use (a proxy's), if not its own.
+    announce_port: Option<u16>,
 }
 
 impl PrivateRedis {
     /// Starts one, or returns `None` (skip) when `redis-server` is not installed and skipping
     /// is allowed.
     async fn start(appendonly: bool) -> Option<Self> {
-        Self::start_with(appendonly, None).await
+        Self::start_with(appendonly, None, false).await
+    }
+
+    /// Starts a cluster of one node that serves all 16384 slots, behind a fault-injecting
+    /// proxy: the node announces the proxy's port, so every connection of a cluster client
+    /// (the first and those it learns from `CLUSTER SLOTS`) goes through the proxy.
+    async fn start_cluster_behind_proxy() -> Option<(Self, dlock_proxy::Proxy)> {
+        let port = free_port();
+        let proxy = dlock_proxy::Proxy::start(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let server = Self::start_on(port, false, None, true, Some(proxy.addr().port())).await?;
+        Some((server, proxy))
     }
 
     /// Starts a replica of `master`.
     async fn replica_of(master: &Self) -> Option<Self> {
-        Self::start_with(false, Some(master.port)).await
+        Self::start_with(false, Some(master.port), false).await
     }
 
-    async fn start_with(appendonly: bool, replica_of: Option<u16>) -> Option<Self> {
+    async fn start_with(appendonly: bool, replica_of: Option<u16>, cluster: bool) -> Option<Self> {
+        Self::start_on(free_port(), appendonly, replica_of, cluster, None).await
+    }
+
+    async fn start_on(
+        port: u16,
+        appendonly: bool,
+        replica_of: Option<u16>,
+        cluster: bool,
+        announce_port: Option<u16>,
+    ) -> Option<Self> {
         if Command::new("redis-server")
             .arg("--version")
             .output()
@@ -99,11 +134,6 @@ impl PrivateRedis {
             eprintln!("skipped: redis-server is not installed");
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let dir = std::env::temp_dir().join(format!("dlock-redis-test-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -113,8 +143,13 @@ impl PrivateRedis {
             child: None,
             appendonly,
             replica_of,
+            cluster,
+            announce_port,
         };
         server.spawn().await;
+        if cluster {
+            server.serve_every_slot().await;
+        }
         Some(server)
     }
 
@@ -141,6 +176,24 @@ impl PrivateRedis {
                 "--dir",
             ])
             .arg(&self.dir)
+            .args(if self.cluster {
+                // The cluster bus on a port of its own (its default, port + 10000, may not
+                // exist for an ephemeral port).
+                let mut args = vec![
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-config-file".to_owned(),
+                    self.dir.join("nodes.conf").display().to_string(),
+                    "--cluster-port".to_owned(),
+                    free_port().to_string(),
+                ];
+                if let Some(port) = self.announce_port {
+                    args.extend(["--cluster-announce-port".to_owned(), port.to_string()]);
+                }
+                args
+            } else {
+                Vec::new()
+            })
             .args(
                 self.replica_of
                     .map(|port| {
@@ -163,6 +216,34 @@ impl PrivateRedis {
             "private redis-server answers",
             || pong(&url),
         )
+        .await;
+    }
+
+    /// Gives this node of a cluster every slot, and waits until the cluster says it is ok.
+    async fn serve_every_slot(&self) {
+        let mut c = admin(&self.url()).await;
+        let _: () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        eventually(Duration::from_secs(10), "the cluster is ok", || {
+            let mut c = c.clone();
+            async move {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if info.contains("cluster_state:ok") {
+                    Ok(())
+                } else {
+                    Err(info)
+                }
+            }
+        })
         .await;
     }
 
@@ -1618,9 +1699,192 @@ async fn replies_lost_to_a_paused_server_leave_one_hold_and_no_leaked_permit() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let p = RedisProvider::connect(&format!("{}?timeout_ms=200", server.url()))
+    let url = format!("{}?timeout_ms=200", server.url());
+    replies_lost_leave_one_hold_and_no_leaked_permit(&server, &url).await;
+}
+
+/// Issue 12's lost-reply acceptance on a cluster: the connection of an acquisition is cut
+/// after the node ran its script and before the reply reached the client (the reply is held
+/// back by a proxy, then the proxy closes the connection). The cluster client reconnects and
+/// may send the very same script again on its own (a dropped connection is retried; when its
+/// retries run out first, dlock undoes the attempt and tries anew): the node's MONITOR shows
+/// which happened. The cut is driven until the client has re-sent an acquisition of the lock
+/// and of the semaphore, and after every cut the lock has one hold count and the semaphore
+/// one permit taken: the re-sent script found its own field or permit and changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit() {
+    let Some((server, proxy)) = PrivateRedis::start_cluster_behind_proxy().await else {
+        return;
+    };
+    let url = format!("redis://{}/?cluster=true", proxy.addr());
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let mut admin = admin(&server.url()).await;
+    let monitor = Monitor::start(&server.url()).await;
+    let name = Names::new().name("cut");
+    let sem_name = Names::new().name("cut-sem");
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    let sem = p.semaphore(&sem_name, 1, LockOptions::default()).unwrap();
+    // Load the scripts first: the cut is for the acquisition, not for SCRIPT LOAD.
+    lock.acquire().await.unwrap().release().await.unwrap();
+    sem.acquire().await.unwrap().release().await.unwrap();
+
+    // Holds the replies back, waits until `ran` says the node did the work, then cuts every
+    // connection (the held-back reply with it) and lets traffic through again.
+    let watcher = admin.clone();
+    let cut_after = |what: &'static str, ran: redis::Cmd| {
+        let (proxy, admin) = (&proxy, watcher.clone());
+        async move {
+            eventually(Duration::from_secs(10), what, || {
+                let (ran, mut admin) = (ran.clone(), admin.clone());
+                async move {
+                    let n: i64 = ran
+                        .query_async(&mut admin)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if n > 0 { Ok(()) } else { Err(format!("{n}")) }
+                }
+            })
+            .await;
+            proxy.reset();
+            proxy.set_fault(dlock_proxy::Fault::None);
+        }
+    };
+
+    let mut lock_resent = 0;
+    for _ in 0..20 {
+        monitor.clear();
+        proxy.set_fault(dlock_proxy::Fault::Downstream);
+        let mut hlen = redis::cmd("HLEN");
+        hlen.arg(&name);
+        let (g, ()) = tokio::join!(
+            must(
+                Duration::from_secs(15),
+                "the acquire across the cut",
+                lock.acquire()
+            ),
+            cut_after("the node ran the acquisition", hlen),
+        );
+        let g = g.unwrap();
+        let counts: Vec<String> = redis::cmd("HVALS")
+            .arg(&name)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(counts, ["1"], "one hold, counted once");
+        lock_resent += monitor.resent_scripts();
+        g.release().await.unwrap();
+        let left: bool = redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(!left, "one release frees the lock");
+        if lock_resent > 0 {
+            break;
+        }
+    }
+    assert!(
+        lock_resent > 0,
+        "the cluster client never re-sent the lock's script in 20 cuts"
+    );
+
+    let mut sem_resent = 0;
+    for _ in 0..20 {
+        monitor.clear();
+        proxy.set_fault(dlock_proxy::Fault::Downstream);
+        let mut taken = redis::cmd("ZCARD");
+        // The permit's entry in the semaphore's timeout set (Redisson's `{name}:timeout`).
+        taken.arg(format!("{{{sem_name}}}:timeout"));
+        let (permit, ()) = tokio::join!(
+            must(
+                Duration::from_secs(15),
+                "the permit across the cut",
+                sem.acquire()
+            ),
+            cut_after("the node ran the permit's acquisition", taken),
+        );
+        let permit = permit.unwrap();
+        assert_eq!(sem.available().await.unwrap(), 0, "one permit taken, once");
+        sem_resent += monitor.resent_scripts();
+        permit.release().await.unwrap();
+        eventually(Duration::from_secs(5), "the permit is back", || async {
+            match sem.available().await {
+                Ok(1) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        if sem_resent > 0 {
+            break;
+        }
+    }
+    assert!(
+        sem_resent > 0,
+        "the cluster client never re-sent the semaphore's script in 20 cuts"
+    );
+    let again = RedisProvider::connect(&url)
+        .await
+        .unwrap()
+        .semaphore(&sem_name, 1, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::ZERO)
         .await
         .unwrap();
+    assert!(again.is_some(), "the permit is free for anyone");
+}
+
+/// The `EVALSHA` calls a server ran, seen through `MONITOR`.
+struct Monitor {
+    calls: Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Monitor {
+    async fn start(url: &str) -> Self {
+        use futures::StreamExt;
+        let mut stream = redis::Client::open(url)
+            .unwrap()
+            .get_async_monitor()
+            .await
+            .unwrap()
+            .into_on_message::<String>();
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&calls);
+        let task = tokio::spawn(async move {
+            while let Some(line) = stream.next().await {
+                // `<time> [<db> <client>] "evalsha" "<sha>" ...`: keep the command and its
+                // arguments, which name the acquisition (its own field or permit id).
+                if let Some(at) = line.to_ascii_lowercase().find("\"evalsha\"") {
+                    seen.lock().unwrap().push(line[at..].to_owned());
+                }
+            }
+        });
+        Self { calls, task }
+    }
+
+    fn clear(&self) {
+        self.calls.lock().unwrap().clear();
+    }
+
+    /// How many calls since the last `clear` repeat an earlier one exactly (the same script
+    /// with the same arguments: a client's re-send of one call).
+    fn resent_scripts(&self) -> usize {
+        let calls = self.calls.lock().unwrap();
+        let distinct: std::collections::HashSet<&String> = calls.iter().collect();
+        calls.len() - distinct.len()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Pauses `server`'s writes past the response timeout of a provider on `url` while it
+/// acquires a lock and then a permit, and counts what the re-sent calls left behind.
+async fn replies_lost_leave_one_hold_and_no_leaked_permit(server: &PrivateRedis, url: &str) {
+    let p = RedisProvider::connect(url).await.unwrap();
     let mut admin = admin(&server.url()).await;
     let name = Names::new().name("paused");
     let sem_name = Names::new().name("paused-sem");
@@ -1682,7 +1946,7 @@ async fn replies_lost_to_a_paused_server_leave_one_hold_and_no_leaked_permit() {
         }
     })
     .await;
-    let other = RedisProvider::connect(&server.url()).await.unwrap();
+    let other = RedisProvider::connect(url).await.unwrap();
     let again = other
         .semaphore(&sem_name, 1, LockOptions::default())
         .unwrap()
