@@ -103,7 +103,7 @@ pub(crate) const OUTAGE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 impl Acquisition {
     fn publish(&self) -> &'static str {
-        if self.inner.conn.is_cluster() {
+        if self.inner.conn.sharded() {
             "spublish"
         } else {
             "publish"

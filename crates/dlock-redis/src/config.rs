@@ -20,6 +20,7 @@ use dlock_core::{Error, RedactedUrl, Result};
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
 /// | `fair_wait_ms` | how long a queued fair waiter has to take its turn before others skip it (Redisson's `fairLockWaitTimeout`) | `300000` |
 /// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
+/// | `pubsub` | a cluster's wake-up messages: `sharded` (SPUBLISH/SSUBSCRIBE, Redis 7+), `classic` (PUBLISH/SUBSCRIBE) or `auto` (sharded where the cluster has it); see [`PubSubMode`] | `auto` |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedisConfig {
@@ -38,12 +39,55 @@ pub struct RedisConfig {
     /// they do not extend the hold. `0` (the default) does not wait.
     /// Single server only (a replica set behind one master); refused for a cluster.
     pub wait_replicas: u32,
+    /// How a cluster carries wake-up messages; a single server (and Sentinel) always uses
+    /// PUBLISH/SUBSCRIBE, as Redisson does.
+    pub pubsub: PubSubMode,
     /// The Sentinels to ask for the master, from a `redis+sentinel://` URL; `None` for a
     /// plain server or a cluster.
     pub sentinel: Option<SentinelConfig>,
     /// The application's own client, from [`RedisConfig::from_client`]: its address,
     /// credentials and TLS settings are used instead of the URL's.
     pub(crate) client: Option<ClientInfo>,
+}
+
+/// How a Redis Cluster carries the wake-up messages of releases (the `pubsub` URL parameter).
+///
+/// Waiters and releasers must agree, Java ones included: Redisson (3.22 and later) uses
+/// sharded pub/sub on a cluster that has it (`shardedSubscriptionMode` AUTO, the default), and
+/// classic pub/sub on older servers, older Redisson or `shardedSubscriptionMode=OFF`. A
+/// mismatch costs no safety, only speed: a waiter that misses a message wakes at the
+/// holder's expiry or at its own recheck (at most 5 s).
+///
+/// | mode | commands | for |
+/// | --- | --- | --- |
+/// | `Auto` | sharded if the cluster answers `PUBSUB SHARDNUMSUB`, classic if not | the default, as Redisson |
+/// | `Sharded` | SPUBLISH / SSUBSCRIBE (Redis 7+) | a Redis 7 cluster shared with Redisson 3.22+ |
+/// | `Classic` | PUBLISH / SUBSCRIBE (broadcast to every node) | Redis 6 clusters, or Java clients with `shardedSubscriptionMode=OFF` |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PubSubMode {
+    /// Sharded where the cluster supports it (Redis 7+), classic where it does not.
+    #[default]
+    Auto,
+    /// SPUBLISH and SSUBSCRIBE.
+    Sharded,
+    /// PUBLISH and SUBSCRIBE.
+    Classic,
+}
+
+impl std::str::FromStr for PubSubMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "sharded" => Ok(Self::Sharded),
+            "classic" => Ok(Self::Classic),
+            other => Err(Error::config(format!(
+                "pubsub={other:?}: expected auto, sharded or classic"
+            ))),
+        }
+    }
 }
 
 /// A client's connection settings, kept out of `Debug` (they hold the password).
@@ -97,6 +141,7 @@ impl RedisConfig {
         let mut response_timeout = Duration::from_secs(5);
         let mut fair_wait = crate::DEFAULT_FAIR_WAIT;
         let mut wait_replicas = 0;
+        let mut pubsub = PubSubMode::Auto;
         for (key, value) in parsed.query_pairs() {
             match key.as_str() {
                 "cluster" => {
@@ -119,6 +164,7 @@ impl RedisConfig {
                         ))
                     })?;
                 }
+                "pubsub" => pubsub = value.parse()?,
                 "protocol" => {
                     return Err(Error::config(
                         "protocol= is chosen by dlock (RESP3 for its subscriptions); remove it",
@@ -128,7 +174,7 @@ impl RedisConfig {
                     // A typo (`clustr=true`) must not silently mean something else.
                     return Err(Error::config(format!(
                         "unknown query parameter {other:?} (known: cluster, timeout_ms, \
-                         fair_wait_ms, wait_replicas)"
+                         fair_wait_ms, wait_replicas, pubsub)"
                     )));
                 }
             }
@@ -142,6 +188,7 @@ impl RedisConfig {
             response_timeout,
             fair_wait,
             wait_replicas,
+            pubsub,
             sentinel,
             client: None,
         }
@@ -187,6 +234,7 @@ impl RedisConfig {
             response_timeout: Duration::from_secs(5),
             fair_wait: crate::DEFAULT_FAIR_WAIT,
             wait_replicas: 0,
+            pubsub: PubSubMode::Auto,
             sentinel: None,
             client: Some(ClientInfo(info)),
         })
@@ -205,7 +253,19 @@ impl RedisConfig {
                  key's master); use it with a single server and its replicas",
             ));
         }
+        if !self.cluster && self.pubsub == PubSubMode::Sharded {
+            return Err(Error::config(
+                "pubsub=sharded is for a Redis Cluster (cluster=true); a single server uses \
+                 PUBLISH/SUBSCRIBE, as Redisson does",
+            ));
+        }
         Ok(self)
+    }
+
+    /// Sets how a cluster carries wake-up messages.
+    pub fn with_pubsub(mut self, mode: PubSubMode) -> Self {
+        self.pubsub = mode;
+        self
     }
 
     /// Sets how many replicas must acknowledge a grant before `acquire` returns it.
@@ -418,11 +478,31 @@ mod tests {
             "redis://:secret@h?timeout_ms=0",
             "redis://:secret@h?protocol=resp2",
             "redis://:secret@h?clustr=true",
+            "redis://:secret@h?cluster=true&pubsub=shard",
+            // Sharded pub/sub is a cluster's: a single server would not hear Redisson.
+            "redis://:secret@h?pubsub=sharded",
             "redis://:secret@[::1",
         ] {
             let e = RedisConfig::from_url(bad).unwrap_err();
             assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
             assert!(!e.to_string().contains("secret"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn pubsub_mode() {
+        let c = RedisConfig::from_url("redis://h:7000?cluster=true").unwrap();
+        assert_eq!(c.pubsub, PubSubMode::Auto);
+        for (mode, want) in [
+            ("auto", PubSubMode::Auto),
+            ("sharded", PubSubMode::Sharded),
+            ("classic", PubSubMode::Classic),
+        ] {
+            let c = RedisConfig::from_url(&format!("redis://h:7000?cluster=true&pubsub={mode}"))
+                .unwrap();
+            assert_eq!(c.pubsub, want, "{mode}");
+        }
+        // Classic on a single server is what it uses anyway.
+        assert!(RedisConfig::from_url("redis://h?pubsub=classic").is_ok());
     }
 }

@@ -17,14 +17,15 @@ use redis::{
 };
 use tokio::time::Instant;
 
-use crate::config::{RedisConfig, SentinelConfig};
+use crate::config::{PubSubMode, RedisConfig, SentinelConfig};
 use crate::error::from_redis;
 
 /// One connection, to a single server, to a cluster, or to the master Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// A cluster connection, and whether it uses sharded pub/sub.
+    Cluster(ClusterConnection, bool),
     Sentinel(Arc<Sentinelled>),
 }
 
@@ -32,7 +33,7 @@ impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Single(_) => "Conn::Single",
-            Self::Cluster(_) => "Conn::Cluster",
+            Self::Cluster(..) => "Conn::Cluster",
             Self::Sentinel(_) => "Conn::Sentinel",
         })
     }
@@ -45,7 +46,7 @@ macro_rules! on_conn {
     ($conn:expr, |$c:ident| $single:expr, |$cc:ident| $cluster:expr) => {
         match $conn.clone() {
             Conn::Single(mut $c) => $single,
-            Conn::Cluster(mut $cc) => $cluster,
+            Conn::Cluster(mut $cc, _) => $cluster,
             Conn::Sentinel(s) => {
                 let (generation, mut $c) = s.current();
                 let result = $single;
@@ -292,11 +293,27 @@ impl Conn {
                     .push_sender(push);
             }
             let client = builder.build().map_err(|e| from_redis(&what, e))?;
-            let conn = client
+            let mut conn = client
                 .get_async_connection()
                 .await
                 .map_err(|e| from_redis(&what, e))?;
-            Ok(Self::Cluster(conn))
+            let sharded = match config.pubsub {
+                PubSubMode::Sharded => true,
+                PubSubMode::Classic => false,
+                // Redisson's probe: a cluster that knows `PUBSUB SHARDNUMSUB` (Redis 7+) has
+                // sharded pub/sub. Any error (an unknown subcommand) means it has not.
+                _ => {
+                    let probe: redis::RedisResult<Value> = redis::cmd("PUBSUB")
+                        .arg("SHARDNUMSUB")
+                        .query_async(&mut conn)
+                        .await;
+                    if let Err(e) = &probe {
+                        tracing::debug!(error = %e, "no sharded pub/sub: using PUBLISH/SUBSCRIBE");
+                    }
+                    probe.is_ok()
+                }
+            };
+            Ok(Self::Cluster(conn, sharded))
         } else {
             let client = Client::open(info).map_err(|e| from_redis(&what, e))?;
             let mut manager = ConnectionManagerConfig::new()
@@ -326,10 +343,15 @@ impl Conn {
         result.map_err(|e| from_redis(what, e))
     }
 
-    /// Whether this is a cluster connection; a cluster uses sharded pub/sub (SPUBLISH and
-    /// SSUBSCRIBE), as Redisson does on Redis 7.
+    /// Whether this is a cluster connection.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Self::Cluster(_))
+        matches!(self, Self::Cluster(..))
+    }
+
+    /// Whether wake-ups use sharded pub/sub (SPUBLISH and SSUBSCRIBE): a cluster that has it,
+    /// unless told otherwise ([`PubSubMode`]), as Redisson does.
+    pub(crate) fn sharded(&self) -> bool {
+        matches!(self, Self::Cluster(_, true))
     }
 
     /// Runs a script and `WAIT replicas timeout` in one pipeline: how many replicas
@@ -397,16 +419,22 @@ impl Conn {
     }
 
     pub(crate) async fn subscribe(&self, channel: impl ToRedisArgs) -> Result<()> {
-        let result = on_conn!(self, |c| c.subscribe(&channel).await, |c| c
-            .ssubscribe(&channel)
-            .await);
+        let sharded = self.sharded();
+        let result = on_conn!(self, |c| c.subscribe(&channel).await, |c| if sharded {
+            c.ssubscribe(&channel).await
+        } else {
+            c.subscribe(&channel).await
+        });
         result.map_err(|e| from_redis("subscribe", e))
     }
 
     pub(crate) async fn unsubscribe(&self, channel: impl ToRedisArgs) -> Result<()> {
-        let result = on_conn!(self, |c| c.unsubscribe(&channel).await, |c| c
-            .sunsubscribe(&channel)
-            .await);
+        let sharded = self.sharded();
+        let result = on_conn!(self, |c| c.unsubscribe(&channel).await, |c| if sharded {
+            c.sunsubscribe(&channel).await
+        } else {
+            c.unsubscribe(&channel).await
+        });
         result.map_err(|e| from_redis("unsubscribe", e))
     }
 }

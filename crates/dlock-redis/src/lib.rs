@@ -29,7 +29,7 @@ use dlock_core::{
 use tokio::time::Instant;
 
 use crate::acquire::Acquisition;
-pub use crate::config::{DEFAULT_SENTINEL_PORT, RedisConfig, SentinelConfig};
+pub use crate::config::{DEFAULT_SENTINEL_PORT, PubSubMode, RedisConfig, SentinelConfig};
 use crate::conn::Conn;
 use crate::handles::{RedisMutex, RedisReadWrite, RedisSemaphore};
 use crate::pubsub::Subscriptions;

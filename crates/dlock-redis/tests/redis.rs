@@ -806,6 +806,78 @@ async fn cluster_rejects_names_it_cannot_colocate() {
     }
 }
 
+/// Review M3: a cluster's wake-ups follow `pubsub=` (Redis 6 clusters and Java clients with
+/// `shardedSubscriptionMode=OFF` use PUBLISH/SUBSCRIBE). With `pubsub=classic` a release
+/// reaches a plain SUBSCRIBE on any node (what such a Java client listens with) and wakes a
+/// waiting dlock by its message; `auto` (sharded on this Redis 7) wakes its waiter by message
+/// too. The old code had no `pubsub=` and always published sharded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wake_ups_follow_the_pubsub_mode() {
+    use futures::StreamExt;
+    let Some(url) = service_url("DLOCK_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    let node = url.split('?').next().unwrap().to_owned();
+    for mode in ["classic", "auto"] {
+        let with_mode = format!("{url}&pubsub={mode}");
+        let holder = RedisProvider::connect(&with_mode).await.unwrap();
+        let waiter = RedisProvider::connect(&with_mode).await.unwrap();
+        let name = Names::new().name(&format!("pubsub-{mode}"));
+        let channel = format!("redisson_lock__channel:{{{name}}}");
+        let mut listener = redis::Client::open(node.as_str())
+            .unwrap()
+            .get_async_pubsub()
+            .await
+            .unwrap();
+        listener.subscribe(&channel).await.unwrap();
+        let mut messages = listener.into_on_message();
+
+        let held = holder
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let lock = waiter.lock(&name, LockOptions::default()).unwrap();
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        let subscribed = waiter.clone();
+        eventually(Duration::from_secs(10), "the waiter subscribed", || {
+            let p = subscribed.clone();
+            async move {
+                if p.subscriptions() == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{} subscriptions", p.subscriptions()))
+                }
+            }
+        })
+        .await;
+        let before = waiter.messages_delivered();
+        held.release().await.unwrap();
+        let g = must(Duration::from_secs(15), "the waiter's grant", waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            waiter.messages_delivered() > before,
+            "{mode}: the waiter was not woken by the release's message"
+        );
+        g.release().await.unwrap();
+        let heard = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
+        if mode == "classic" {
+            let msg = heard
+                .expect("a classic subscriber hears the release")
+                .unwrap();
+            assert_eq!(msg.get_channel_name(), channel);
+        } else {
+            assert!(
+                heard.is_err(),
+                "auto on Redis 7 publishes sharded, which a classic subscriber does not hear"
+            );
+        }
+    }
+}
+
 /// Review L10: a name that is another name's bookkeeping key in Redisson's layout (a token,
 /// a fair queue, a semaphore's permits, a read hold's timeout) is refused for every
 /// primitive: the two would share one key and fail with WRONGTYPE, or worse. The old code
