@@ -1,8 +1,13 @@
 //! Failover on a 3-server ensemble (`DLOCK_ZK_ENSEMBLE_URL`, started by
-//! `scripts/services up zk-ensemble`): the leader is killed (SIGKILL) while 4 contenders fight
-//! over one mutex. Mutual exclusion holds throughout, fencing tokens keep growing across the
-//! new leader's epoch, and the contenders go on after the election. The killed server is
-//! restarted with `scripts/services up zk-ensemble` at the end (also when the test fails).
+//! `scripts/services up zk-ensemble`), while 4 contenders fight over one mutex:
+//! - the leader is killed (SIGKILL): the sessions outlive the election;
+//! - the leader and a follower are killed, so the quorum is gone for longer than the session
+//!   timeout: every session expires while no leader is elected.
+//!
+//! Mutual exclusion holds throughout (holds reported lost included, up to when their owner
+//! learned of the loss), fencing tokens keep growing across the new leader's epoch, and the
+//! contenders go on after the election. The killed servers are restarted with
+//! `scripts/services up zk-ensemble` (also when the test fails). The two cases take turns.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,6 +26,21 @@ use tokio::time::Instant;
 const CONTENDERS: usize = 4;
 /// Long enough that the sessions outlive the election, short enough to matter.
 const SESSION_TIMEOUT_MS: u64 = 8000;
+/// The sessions of the quorum-loss case: short, so that they expire during the outage.
+const SHORT_SESSION_TIMEOUT_MS: u64 = 4000;
+
+/// The two cases kill servers of one ensemble: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What the case does to the ensemble.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL the leader; two servers stay, a quorum.
+    KillLeader,
+    /// SIGKILL the leader and a follower; the one left has no quorum until they are back,
+    /// which is after every session timed out.
+    LoseQuorum,
+}
 /// Contention before the kill, and after the new leader is in place.
 const BEFORE_KILL: Duration = Duration::from_secs(2);
 const AFTER_FAILOVER: Duration = Duration::from_secs(3);
@@ -272,21 +292,71 @@ fn skip_or_panic(why: &str) {
 /// progress after the election.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_killed_during_contention() {
+    run(Fault::KillLeader).await;
+}
+
+/// Review item 6: the quorum is lost for longer than the session timeout, so every session
+/// expires during the election (the client gives its session up once it has heard nothing
+/// for the timeout). A holder of another name is told its hold is lost (SessionExpired)
+/// before the ensemble is back; once it is, a new session takes that name (the old session's
+/// node goes when the new leader expires it), no two holders overlap, tokens only grow, and
+/// every contender acquires again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_lost_past_the_session_timeout() {
+    run(Fault::LoseQuorum).await;
+}
+
+async fn run(fault: Fault) {
     let Some(url) = service_url("DLOCK_ZK_ENSEMBLE_URL") else {
         eprintln!("(the ensemble is optional: `eval \"$(scripts/services up zk-ensemble)\"`)");
         return;
     };
+    let _turn = ONE_AT_A_TIME.lock().await;
     // Each step below is bounded too; this bounds their sum. On a timeout the scenario is
-    // dropped, and its `Restore` brings the killed server back.
+    // dropped, and its `Restore` brings the killed servers back.
     must(
-        Duration::from_secs(50),
+        Duration::from_secs(80),
         "the failover scenario",
-        failover(url),
+        failover(url, fault),
     )
     .await;
 }
 
-async fn failover(url: String) {
+/// Sends SIGKILL to `pid` and waits until `host` no longer accepts connections.
+async fn kill_server(host: &str, pid: u32) {
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -KILL {pid} failed");
+    eventually(Duration::from_secs(5), "the killed server is gone", || {
+        let host = host.to_owned();
+        async move {
+            match tokio::net::TcpStream::connect(&host).await {
+                Err(_) => Ok(()),
+                Ok(_) => Err("still accepting connections"),
+            }
+        }
+    })
+    .await;
+}
+
+/// Waits until one of `hosts` leads, and returns it.
+async fn a_leader_among(hosts: &[String], what: &str) -> String {
+    eventually(Duration::from_secs(20), what, || {
+        let hosts = hosts.to_vec();
+        async move {
+            let m = modes(&hosts).await;
+            match m.iter().position(|m| m.as_deref() == Some("leader")) {
+                Some(i) => Ok(hosts[i].clone()),
+                None => Err(m),
+            }
+        }
+    })
+    .await
+}
+
+async fn failover(url: String, fault: Fault) {
     let config = ZkConfig::from_url(&url).unwrap();
     let hosts = config.hosts.clone();
     assert!(
@@ -325,11 +395,16 @@ async fn failover(url: String) {
     };
 
     let sep = if url.contains('?') { '&' } else { '?' };
+    let session_timeout_ms = match fault {
+        Fault::KillLeader => SESSION_TIMEOUT_MS,
+        Fault::LoseQuorum => SHORT_SESSION_TIMEOUT_MS,
+    };
     let contender_url = if url.contains("session_timeout_ms") {
         url.clone()
     } else {
-        format!("{url}{sep}session_timeout_ms={SESSION_TIMEOUT_MS}")
+        format!("{url}{sep}session_timeout_ms={session_timeout_ms}")
     };
+    let session_timeout = ZkConfig::from_url(&contender_url).unwrap().session_timeout;
     let name = Names::new().name("failover");
     let shared = Arc::new(Shared::default());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -373,43 +448,63 @@ async fn failover(url: String) {
     .await;
     tokio::time::sleep(BEFORE_KILL.saturating_sub(t0.elapsed())).await;
 
-    // SIGKILL the leader; from here on, the ensemble is restored however the test ends.
-    let restore = Restore { armed: true };
-    let killed_at = Instant::now();
-    let status = Command::new("kill")
-        .args(["-KILL", &leader_pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -KILL {leader_pid} failed");
-    eventually(Duration::from_secs(5), "the killed leader is gone", || {
-        let leader = leader.clone();
-        async move {
-            match tokio::net::TcpStream::connect(&leader).await {
-                Err(_) => Ok(()),
-                Ok(_) => Err("still accepting connections"),
-            }
+    // In the quorum-loss case, a holder of a name of its own, to be told of the expiry.
+    let long = Names::new().name("expiring");
+    let long_holder = match fault {
+        Fault::KillLeader => None,
+        Fault::LoseQuorum => {
+            let p = ZkProvider::connect(&contender_url).await.unwrap();
+            let g = p
+                .lock(&long, LockOptions::default())
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            Some((p, g))
         }
-    })
-    .await;
+    };
+
+    // SIGKILL the leader (and a follower); from here on, the ensemble is restored however the
+    // test ends.
+    let mut restore = Some(Restore { armed: true });
+    let killed_at = Instant::now();
+    kill_server(&leader, leader_pid).await;
     let others: Vec<String> = hosts.iter().filter(|h| **h != leader).cloned().collect();
-    let new_leader = eventually(
-        Duration::from_secs(15),
-        "the survivors elect a new leader",
-        || {
-            let others = others.clone();
-            async move {
-                let m = modes(&others).await;
-                match m.iter().position(|m| m.as_deref() == Some("leader")) {
-                    Some(i) => Ok(others[i].clone()),
-                    None => Err(m),
-                }
-            }
-        },
-    )
-    .await;
+    let new_leader = match fault {
+        Fault::KillLeader => a_leader_among(&others, "the survivors elect a new leader").await,
+        Fault::LoseQuorum => {
+            let follower = others[0].clone();
+            let follower_pid = server_pid(port_of(&follower)).unwrap_or_else(|| {
+                panic!("the follower on {follower} was not started by scripts/services")
+            });
+            kill_server(&follower, follower_pid).await;
+            // The quorum is gone. The holder hears nothing for its session timeout, gives
+            // its session up and is told its hold is lost, while no leader is there to
+            // expire the session on the server's side.
+            let (_, g) = long_holder.as_ref().unwrap();
+            must(
+                session_timeout.saturating_mul(2),
+                "the holder is told of its expired session",
+                g.lost(),
+            )
+            .await;
+            assert_eq!(
+                g.loss_reason(),
+                Some(dlock_core::LossReason::SessionExpired),
+                "the long hold's loss"
+            );
+            let modes_now = modes(&hosts).await;
+            assert!(
+                modes_now.iter().all(|m| m.as_deref() != Some("leader")),
+                "the loss was told while the quorum was still gone: {modes_now:?}"
+            );
+            restore.take().unwrap().now();
+            a_leader_among(&hosts, "the restarted servers elect a leader").await
+        }
+    };
     let elected_at = Instant::now();
     eprintln!(
-        "killed the leader {leader} (pid {leader_pid}); {new_leader} leads after {:?}",
+        "{fault:?}: killed the leader {leader} (pid {leader_pid}); {new_leader} leads after {:?}",
         elected_at - killed_at
     );
 
@@ -444,7 +539,9 @@ async fn failover(url: String) {
     }
 
     // Bring the killed server back (and check the ensemble is whole again).
-    restore.now();
+    if let Some(restore) = restore {
+        restore.now();
+    }
     eventually(
         Duration::from_secs(10),
         "the restarted server serves",
@@ -461,6 +558,22 @@ async fn failover(url: String) {
         },
     )
     .await;
+
+    // The expired session's node is gone once the new leader expired that session (within
+    // its timeout): the name is free for a new session.
+    if let Some((p, g)) = long_holder {
+        let other = ZkProvider::connect(&contender_url).await.unwrap();
+        let taken = must(
+            session_timeout.saturating_mul(3),
+            "the expired holder's name is free again",
+            other.lock(&long, LockOptions::default()).unwrap().acquire(),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+        taken.release().await.unwrap();
+        drop(p);
+    }
 
     // ---------------------------------------------------------------- checks
     let records = lock(&shared.records).clone();
@@ -492,8 +605,9 @@ async fn failover(url: String) {
     }
     let mut in_order: Vec<&Record> = records.iter().collect();
     in_order.sort_by_key(|r| r.start);
+    // Lost holds too: a token is the grant's, however the hold ended.
     for w in in_order.windows(2) {
-        if w[1].token <= w[0].token && !w[0].lost && !w[1].lost {
+        if w[1].token <= w[0].token {
             panic!("fencing tokens went backwards: {:?} then {:?}", w[0], w[1]);
         }
     }
@@ -505,10 +619,12 @@ async fn failover(url: String) {
         "acquisitions after the failover carry tokens of the new leader's epoch"
     );
 
-    // Never two holders at once: intervals of guards never reported lost do not overlap,
-    // and (with no loss at all) the in-process counter never went above one.
+    // Never two holders at once, lost holds included: a hold's interval ends when its owner
+    // stopped using it, which for a lost hold is when it was told (contract: exclusion for
+    // as long as no holder has been told its lock is lost). The in-process counter, which
+    // counts the same intervals as they happen, never went above one.
     let mut end_so_far: Option<&Record> = None;
-    for r in in_order.iter().filter(|r| !r.lost && r.used) {
+    for r in in_order.iter().filter(|r| r.used) {
         if let Some(prev) = end_so_far {
             assert!(
                 r.start >= prev.end,
@@ -519,13 +635,11 @@ async fn failover(url: String) {
             end_so_far = Some(r);
         }
     }
-    if lost == 0 {
-        assert_eq!(
-            shared.max_inside.load(Ordering::SeqCst),
-            1,
-            "two contenders were inside at once"
-        );
-    }
+    assert_eq!(
+        shared.max_inside.load(Ordering::SeqCst),
+        1,
+        "two contenders were inside at once"
+    );
     assert!(
         after >= CONTENDERS * PROGRESS_AFTER,
         "progress after the failover"
