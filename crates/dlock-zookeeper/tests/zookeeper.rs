@@ -283,6 +283,47 @@ impl Drop for Proxy {
     }
 }
 
+/// Review L2: a release whose delete the server applied but whose answer was lost still
+/// succeeds. The reply is held back by a proxy until the node is gone on the server, then the
+/// connection is cut; the client reconnects within its session and tries the delete again,
+/// and that NoNode is the first delete's own. (The old code answered `LockLost`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_whose_answer_was_lost_succeeds() {
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let proxy = dlock_proxy::Proxy::start(config.hosts[0].clone())
+        .await
+        .unwrap();
+    let proxied = format!("zk://{}{}", proxy.addr(), config.chroot);
+    let (p, admin) = (provider(&proxied).await, admin(&url).await);
+    let name = Names::new().name("lost-answer");
+    let path = p.lock_path(&name).unwrap();
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(recipe_children(&admin, &path).await.len(), 1);
+
+    proxy.set_fault(dlock_proxy::Fault::Downstream);
+    let release = tokio::spawn(g.release());
+    eventually(LIMIT, "the server deleted the node", || async {
+        let n = recipe_children(&admin, &path).await.len();
+        if n == 0 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    let session = p.session_id();
+    proxy.reset();
+    proxy.set_fault(dlock_proxy::Fault::None);
+    let released = must(LIMIT, "the release", release).await.unwrap();
+    assert!(
+        released.is_ok(),
+        "the release whose answer was lost: {released:?}"
+    );
+    assert_eq!(p.session_id(), session, "the same session throughout");
+}
+
 /// The session expires under a hold: while the holder is cut off (through a proxy), another
 /// connection takes its session over and closes it. `lost()` fires once the holder learns of
 /// it, another client acquires, and the provider goes on with a new session.
