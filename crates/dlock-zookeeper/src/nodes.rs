@@ -316,6 +316,38 @@ mod tests {
         }
     }
 
+    /// Review T8: every name over an alphabet of the characters the mapping treats specially
+    /// (separators, escapes, dots, recipe words), up to five characters: no two share a path,
+    /// and every path is one ZooKeeper accepts.
+    #[test]
+    fn mapping_is_injective_exhaustively() {
+        let alphabet = ['a', '/', '%', '.', '2', 'E', 'l', '-', '0'];
+        let mut names = vec![String::new()];
+        let mut seen = std::collections::HashMap::new();
+        for _ in 0..5 {
+            let mut longer = Vec::new();
+            for n in &names {
+                for c in alphabet {
+                    let name = format!("{n}{c}");
+                    let p = path(&name);
+                    if let Some(prev) = seen.insert(p.clone(), name.clone()) {
+                        panic!("{prev:?} and {name:?} both map to {p:?}");
+                    }
+                    for seg in p[1..].split('/') {
+                        assert!(
+                            !seg.is_empty() && seg != "." && seg != "..",
+                            "{name:?} -> {p:?}"
+                        );
+                        assert!(!seg.chars().any(forbidden_char), "{name:?} -> {p:?}");
+                    }
+                    longer.push(name);
+                }
+            }
+            names = longer;
+        }
+        assert_eq!(seen.len(), (1..=5).map(|k| 9usize.pow(k)).sum::<usize>());
+    }
+
     #[test]
     fn protected_prefix_is_curators() {
         let p = protected_prefix();
