@@ -78,13 +78,11 @@ impl RedactedUrl {
 
 impl fmt::Display for RedactedUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.password().is_some() {
-            let mut shown = self.0.clone();
+        let mut shown = self.0.clone();
+        if shown.password().is_some() {
             let _ = shown.set_password(Some("***"));
-            fmt::Display::fmt(&shown, f)
-        } else {
-            fmt::Display::fmt(&self.0, f)
         }
+        f.write_str(&redact_query(shown.as_str()))
     }
 }
 
@@ -175,8 +173,14 @@ fn parse_host(host: &str, default_port: u16) -> std::result::Result<String, Stri
 }
 
 /// Redacts the password of anything that looks like `scheme://user:password@host`, even text
-/// that does not parse as a URL, for error messages about malformed input.
+/// that does not parse as a URL, for error messages about malformed input; and the value of
+/// every query parameter whose name contains `password`.
 pub fn redact(text: &str) -> String {
+    redact_query(&redact_userinfo(text))
+}
+
+/// The password of `scheme://user:password@host`, redacted.
+fn redact_userinfo(text: &str) -> String {
     let Some(scheme_end) = text.find("://") else {
         return text.to_owned();
     };
@@ -198,9 +202,39 @@ pub fn redact(text: &str) -> String {
     }
 }
 
+/// The values of query parameters whose name says password (`sentinel_password=...`),
+/// redacted.
+fn redact_query(text: &str) -> String {
+    let Some(q) = text.find('?') else {
+        return text.to_owned();
+    };
+    let (head, query) = text.split_at(q + 1);
+    let (query, fragment) = query.split_at(query.find('#').unwrap_or(query.len()));
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
+                format!("{key}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{head}{}{fragment}", pairs.join("&"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redacts_password_parameters() {
+        assert_eq!(
+            redact("redis+sentinel://:p@h/m?sentinel_password=s3&timeout_ms=5#f"),
+            "redis+sentinel://:***@h/m?sentinel_password=***&timeout_ms=5#f"
+        );
+        assert_eq!(redact("x://h/?Password=a&b=c"), "x://h/?Password=***&b=c");
+        assert_eq!(redact("x://h/?flag&b=c"), "x://h/?flag&b=c");
+    }
 
     #[test]
     fn redacts_passwords_in_text() {

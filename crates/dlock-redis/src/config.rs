@@ -11,8 +11,9 @@ use dlock_core::{Error, RedactedUrl, Result};
 /// URL: `redis[s]://[[user]:password@]host[:port][/db][?cluster=true&timeout_ms=N]`, or for a
 /// master watched by Redis Sentinel,
 /// `redis+sentinel://[[user]:password@]sentinel[:port][,sentinel[:port]...]/master-name[/db][?...]`
-/// (Sentinels default to port 26379; the credentials and the database are the master's; the
-/// Sentinels themselves are asked without a password).
+/// (Sentinels default to port 26379; the credentials and the database are the master's;
+/// Sentinels that require a password of their own get it from `sentinel_password` and, for an
+/// ACL user, `sentinel_username`).
 ///
 /// | query parameter | meaning | default |
 /// | --- | --- | --- |
@@ -20,6 +21,7 @@ use dlock_core::{Error, RedactedUrl, Result};
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
 /// | `fair_wait_ms` | how long a queued fair waiter has to take its turn before others skip it (Redisson's `fairLockWaitTimeout`) | `300000` |
 /// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
+/// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `pubsub` | a cluster's wake-up messages: `sharded` (SPUBLISH/SSUBSCRIBE, Redis 7+), `classic` (PUBLISH/SUBSCRIBE) or `auto` (sharded where the cluster has it); see [`PubSubMode`] | `auto` |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -113,6 +115,25 @@ pub struct SentinelConfig {
     pub sentinels: Vec<String>,
     /// The master's name (`sentinel monitor <name> ...` in the Sentinels' configuration).
     pub master: String,
+    /// The Sentinels' own credentials (`sentinel_username`, `sentinel_password`), if they
+    /// require any.
+    pub(crate) auth: Option<SentinelAuth>,
+}
+
+/// Credentials for the Sentinels; `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SentinelAuth {
+    pub(crate) username: Option<String>,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelAuth")
+            .field("username", &self.username)
+            .field("password", &"***")
+            .finish()
+    }
 }
 
 /// The port Sentinels listen on unless the URL says otherwise.
@@ -126,7 +147,7 @@ impl RedisConfig {
     /// [`Error::Config`] for another scheme, a missing host, or a bad or unknown query
     /// parameter. The message never contains the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (url, sentinel) = split_sentinel(url)?;
+        let (url, mut sentinel) = split_sentinel(url)?;
         let parsed = RedactedUrl::parse(&url)?;
         if !crate::SCHEMES.contains(&parsed.scheme()) {
             return Err(Error::config(format!(
@@ -142,6 +163,8 @@ impl RedisConfig {
         let mut fair_wait = crate::DEFAULT_FAIR_WAIT;
         let mut wait_replicas = 0;
         let mut pubsub = PubSubMode::Auto;
+        let mut sentinel_username = None;
+        let mut sentinel_password = None;
         for (key, value) in parsed.query_pairs() {
             match key.as_str() {
                 "cluster" => {
@@ -165,6 +188,8 @@ impl RedisConfig {
                     })?;
                 }
                 "pubsub" => pubsub = value.parse()?,
+                "sentinel_username" => sentinel_username = Some(value),
+                "sentinel_password" => sentinel_password = Some(value),
                 "protocol" => {
                     return Err(Error::config(
                         "protocol= is chosen by dlock (RESP3 for its subscriptions); remove it",
@@ -174,9 +199,26 @@ impl RedisConfig {
                     // A typo (`clustr=true`) must not silently mean something else.
                     return Err(Error::config(format!(
                         "unknown query parameter {other:?} (known: cluster, timeout_ms, \
-                         fair_wait_ms, wait_replicas, pubsub)"
+                         fair_wait_ms, wait_replicas, pubsub, sentinel_username, \
+                         sentinel_password)"
                     )));
                 }
+            }
+        }
+        match (&mut sentinel, sentinel_username, sentinel_password) {
+            (_, None, None) => {}
+            (Some(s), username, Some(password)) => {
+                s.auth = Some(SentinelAuth { username, password });
+            }
+            (Some(_), Some(_), None) => {
+                return Err(Error::config(
+                    "sentinel_username without sentinel_password: give both, or neither",
+                ));
+            }
+            (None, ..) => {
+                return Err(Error::config(
+                    "sentinel_username and sentinel_password are for redis+sentinel:// URLs",
+                ));
             }
         }
         let mut stripped = parsed.expose().clone();
@@ -332,7 +374,8 @@ fn split_sentinel(url: &str) -> Result<(String, Option<SentinelConfig>)> {
         "redis+sentinel" => {}
         "rediss+sentinel" => {
             return Err(Error::config(
-                "rediss+sentinel://: TLS with Sentinel is not supported yet; use                  redis+sentinel:// on a trusted network, or rediss:// to one server",
+                "rediss+sentinel://: TLS with Sentinel is not supported yet; use \
+                 redis+sentinel:// on a trusted network, or rediss:// to one server",
             ));
         }
         _ => return Ok((url.to_owned(), None)),
@@ -379,6 +422,7 @@ fn split_sentinel(url: &str) -> Result<(String, Option<SentinelConfig>)> {
         Some(SentinelConfig {
             sentinels,
             master: master.to_owned(),
+            auth: None,
         }),
     ))
 }
@@ -504,5 +548,29 @@ mod tests {
         }
         // Classic on a single server is what it uses anyway.
         assert!(RedisConfig::from_url("redis://h?pubsub=classic").is_ok());
+    }
+
+    #[test]
+    fn sentinel_credentials() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://:master-pw@h1,h2/m?sentinel_username=sen&sentinel_password=s%26cret",
+        )
+        .unwrap();
+        let auth = c.sentinel.as_ref().unwrap().auth.as_ref().unwrap();
+        assert_eq!(auth.username.as_deref(), Some("sen"));
+        assert_eq!(auth.password, "s&cret");
+        let shown = format!("{c:?} {}", c.store_id());
+        assert!(
+            !shown.contains("cret") && !shown.contains("master-pw"),
+            "{shown}"
+        );
+        for bad in [
+            "redis://h?sentinel_password=secret",
+            "redis+sentinel://h/m?sentinel_username=sen",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
+            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+        }
     }
 }

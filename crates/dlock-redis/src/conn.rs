@@ -127,6 +127,12 @@ impl Sentinelled {
         if push.is_some() {
             builder = builder.set_client_to_redis_protocol(ProtocolVersion::RESP3);
         }
+        if let Some(auth) = &sentinel.auth {
+            if let Some(user) = &auth.username {
+                builder = builder.set_client_to_sentinel_username(user);
+            }
+            builder = builder.set_client_to_sentinel_password(&auth.password);
+        }
         let mut client = builder.build().map_err(err)?;
         let timeout = config.response_timeout;
         let found = tokio::time::timeout(timeout.saturating_mul(2), client.async_get_client())

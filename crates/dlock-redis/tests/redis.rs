@@ -1120,10 +1120,16 @@ struct PrivateSentinel {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// The Sentinel's own password (`requirepass`), if it has one.
+    password: Option<String>,
 }
 
 impl PrivateSentinel {
     async fn start(master: &PrivateRedis, name: &str) -> Self {
+        Self::start_with(master, name, None).await
+    }
+
+    async fn start_with(master: &PrivateRedis, name: &str, password: Option<&str>) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -1140,9 +1146,10 @@ impl PrivateSentinel {
                 "port {port}\nbind 127.0.0.1\ndir {}\n\
                  sentinel monitor {name} 127.0.0.1 {} 2\n\
                  sentinel down-after-milliseconds {name} 1000\n\
-                 sentinel failover-timeout {name} 3000\n",
+                 sentinel failover-timeout {name} 3000\n{}",
                 dir.display(),
-                master.port
+                master.port,
+                password.map_or(String::new(), |p| format!("requirepass {p}\n"))
             ),
         )
         .unwrap();
@@ -1157,6 +1164,7 @@ impl PrivateSentinel {
             port,
             dir,
             child: Some(child),
+            password: password.map(str::to_owned),
         };
         let url = sentinel.url();
         eventually(Duration::from_secs(10), "private sentinel answers", || {
@@ -1167,7 +1175,10 @@ impl PrivateSentinel {
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// The master's port as this Sentinel knows it.
@@ -1204,6 +1215,50 @@ impl Drop for PrivateSentinel {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sentinels that require a password of their own: `sentinel_password` reaches them (the
+/// URL's credentials are the master's), and without it the connect fails with an error that
+/// does not show the password. Before, dlock could not talk to such Sentinels at all.
+#[tokio::test]
+async fn sentinels_with_a_password_of_their_own() {
+    const NAME: &str = "dlock-auth";
+    let Some(master) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let sentinel = PrivateSentinel::start_with(&master, NAME, Some("s3cret-sentinel")).await;
+    eventually(
+        Duration::from_secs(10),
+        "the sentinel knows the master",
+        || sentinel.master_port(NAME),
+    )
+    .await;
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{}/{NAME}?sentinel_password=s3cret-sentinel",
+        sentinel.port
+    );
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("sentinel-auth");
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    assert!(!format!("{p:?}").contains("s3cret"), "{p:?}");
+
+    let without = format!("redis+sentinel://127.0.0.1:{}/{NAME}", sentinel.port);
+    let e = RedisProvider::connect(&without).await.unwrap_err();
+    let wrong = format!("{without}?sentinel_password=wrong-one");
+    let e2 = RedisProvider::connect(&wrong).await.unwrap_err();
+    for e in [e, e2] {
+        let shown = format!("{e} {e:?}");
+        assert!(
+            !shown.contains("wrong-one") && !shown.contains("s3cret"),
+            "{shown}"
+        );
     }
 }
 
