@@ -457,9 +457,9 @@ impl Acquisition {
     }
 
     /// [`attempt`](Self::attempt), retried after a connection error a reconnect may cure (a
-    /// killed connection fails the first call on it). What the failed call may have done is
-    /// undone first, so a retry can never hold twice. Also returns when the answered call was
-    /// sent: a granted lease runs from there.
+    /// killed connection fails the first call on it). A retry can never hold twice: the
+    /// scripts are idempotent, and a grant found again is given back and tried anew. Also
+    /// returns when the answered call was sent: a granted lease runs from there.
     async fn attempt_retrying(&self, queue: bool) -> Result<(Attempt, Instant)> {
         let mut pause = Backoff::new(Duration::from_millis(20), Duration::from_millis(320));
         for _ in 0..RETRIES {
@@ -469,12 +469,14 @@ impl Acquisition {
                     tracing::debug!(lock = %self.name, "acquire script ran twice; giving the hold back");
                     self.undo().await?;
                 }
+                // Nothing is undone before the retry: the scripts are idempotent, so a retry
+                // finds what the failed call did (a grant is answered `Repeated` and given
+                // back above), and a fair waiter keeps its place in the queue (review L6).
+                // What a call may have taken when the retries run out stays with the armed
+                // undo of `run_until`.
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(lock = %self.name, error = %e, "acquire attempt failed; retrying");
                     pause.wait().await;
-                    if self.undo().await.is_err() {
-                        return Err(e);
-                    }
                 }
                 other => return other.map(|a| (a, sent)),
             }

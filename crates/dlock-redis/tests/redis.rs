@@ -1533,6 +1533,129 @@ async fn fair_waiter_behind_a_dead_head_does_not_spin() {
     assert!(calls <= 6, "{calls} script calls in a 1 s wait");
 }
 
+/// Review L6: a fair waiter keeps its place in the queue across transient errors. The first
+/// waiter's connections go through a proxy that is cut (so it tries again at once) and then
+/// delays every reply past its 300 ms response timeout, so its tries fail; the second waiter
+/// queued behind it is untouched. Once the replies flow again and the holder lets go, the
+/// first waiter gets the lock first. (It used to leave the queue after each failed try and
+/// queue again at the back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_keeps_its_place_across_transient_errors() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let direct = RedisProvider::connect(&server.url()).await.unwrap();
+    let flaky = RedisProvider::connect(&format!("redis://{}?timeout_ms=300", proxy.addr()))
+        .await
+        .unwrap();
+    let mut admin = admin(&server.url()).await;
+    let monitor = Monitor::start(&server.url()).await;
+    let name = Names::new().name("fair-place");
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let fair = LockOptions::default().with_fair(true);
+    // Warm up both providers: the scripts are loaded, the leave of a queue included (a
+    // waiter that gives up), so a leave would run at once.
+    let warm = Names::new().name("warm");
+    for p in [&direct, &flaky] {
+        let g = p.lock(&warm, fair).unwrap().acquire().await.unwrap();
+        let other = if std::ptr::eq(p, &direct) {
+            &flaky
+        } else {
+            &direct
+        };
+        let gave_up = other
+            .lock(&warm, fair)
+            .unwrap()
+            .try_acquire(Duration::from_millis(1200))
+            .await
+            .unwrap();
+        assert!(gave_up.is_none());
+        g.release().await.unwrap();
+    }
+    let held = direct.lock(&name, fair).unwrap().acquire().await.unwrap();
+    let queued = |n: usize| {
+        let mut admin = admin.clone();
+        let queue = queue.clone();
+        async move {
+            let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
+            if len == n {
+                Ok(())
+            } else {
+                Err(format!("{len} queued"))
+            }
+        }
+    };
+    let first_lock = flaky.lock(&name, fair).unwrap();
+    let first = tokio::spawn(async move { first_lock.acquire().await });
+    eventually(Duration::from_secs(10), "the first waiter queued", || {
+        queued(1)
+    })
+    .await;
+    let second_lock = direct.lock(&name, fair).unwrap();
+    let second = tokio::spawn(async move { second_lock.acquire().await });
+    eventually(Duration::from_secs(10), "the second waiter queued", || {
+        queued(2)
+    })
+    .await;
+    let head: Vec<String> = admin.lrange(&queue, 0, -1).await.unwrap();
+
+    // Hold every reply to the first waiter back past its timeout, and wake it (a message on
+    // its own channel): its tries run on the server and fail on the client.
+    let field = head[0].clone();
+    monitor.clear();
+    proxy.set_fault(dlock_proxy::Fault::DelayReplies(Duration::from_millis(600)));
+    eventually(
+        Duration::from_secs(15),
+        "the first waiter's tries fail",
+        || {
+            let (mut admin, field, name) = (admin.clone(), field.clone(), name.clone());
+            let monitor = &monitor;
+            async move {
+                let tries = monitor
+                    .calls
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|c| c.contains(&field))
+                    .count();
+                if tries >= 3 {
+                    return Ok(());
+                }
+                let _: i64 = admin
+                    .publish(format!("redisson_lock__channel:{{{name}}}:{field}"), "0")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Err(format!("{tries} tries"))
+            }
+        },
+    )
+    .await;
+    proxy.set_fault(dlock_proxy::Fault::None);
+    let now: Vec<String> = admin.lrange(&queue, 0, -1).await.unwrap();
+    assert_eq!(now, head, "the queue kept its order");
+
+    held.release().await.unwrap();
+    let g = must(Duration::from_secs(10), "the first waiter's grant", first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !second.is_finished(),
+        "the second waiter got in before the first"
+    );
+    g.release().await.unwrap();
+    must(Duration::from_secs(10), "the second waiter's grant", second)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
 /// Review M2: a holder key without a TTL (Java `clearExpire()`, a PERSIST) makes a waiter
 /// wait; it used to fail the acquire ("granted with token -1").
 #[tokio::test]
