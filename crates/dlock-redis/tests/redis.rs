@@ -1467,6 +1467,99 @@ async fn script_calls<F: std::future::Future>(server: &PrivateRedis, run: F) -> 
     (out, count(server.stats().await) - before)
 }
 
+/// Issue 12's semaphore acceptance: every permit is held by a Java `RSemaphore` (Redisson's
+/// layout: the counter at the name, no dlock permit in the timeouts set). A dlock waiter
+/// sleeps (a few script calls, however long the wait) and takes the permit when the Java
+/// holder returns it the way Redisson does (`INCRBY` and a message on `redisson_sc:{name}`):
+/// woken by that message, not by a timer or a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_returned_by_a_java_holder_wakes_the_waiter() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let mut java = admin(&server.url()).await;
+    let name = Names::new().name("java-held");
+    // Java took the only permit: the counter is 0.
+    let _: () = java.set(&name, 0).await.unwrap();
+    let warm = p.semaphore(&Names::new().name("warm"), 1, LockOptions::default());
+    warm.unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let sem = p.semaphore(&name, 1, LockOptions::default()).unwrap();
+    let before = server.calls("evalsha").await;
+    let waiter = tokio::spawn(async move { sem.acquire().await });
+    let channel = format!("redisson_sc:{{{name}}}");
+    eventually(Duration::from_secs(10), "the waiter subscribed", || {
+        let (mut c, channel) = (java.clone(), channel.clone());
+        async move {
+            let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n.first().is_some_and(|(_, n)| *n == 1) {
+                Ok(())
+            } else {
+                Err(format!("{n:?}"))
+            }
+        }
+    })
+    .await;
+    // A second of sleep: no polling meanwhile.
+    let mut sleep = Box::pin(tokio::time::sleep(Duration::from_secs(1)));
+    let mut waiter = waiter;
+    tokio::select! {
+        _ = &mut sleep => {}
+        r = &mut waiter => panic!("granted a permit Java holds: {r:?}"),
+    }
+    let asleep = server.calls("evalsha").await - before;
+    assert!(
+        asleep <= 4,
+        "{asleep} script calls while the permit was away"
+    );
+    let delivered = p.messages_delivered();
+
+    // Java's release (RedissonSemaphore.releaseAsync): add the permit, announce the count.
+    let returned = Instant::now();
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "local value = redis.call('incrby', KEYS[1], ARGV[1]); \
+             redis.call('publish', KEYS[2], value);",
+        )
+        .arg(2)
+        .arg(&name)
+        .arg(&channel)
+        .arg(1)
+        .query_async(&mut java)
+        .await
+        .unwrap();
+    let permit = must(
+        Duration::from_secs(10),
+        "the permit after Java returned it",
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    eprintln!("granted {:?} after the Java release", returned.elapsed());
+    assert!(
+        p.messages_delivered() > delivered,
+        "the waiter was not woken by the release's message"
+    );
+    let woken = server.calls("evalsha").await - before - asleep;
+    assert!(
+        woken <= 2,
+        "{woken} script calls to take the returned permit"
+    );
+    permit.release().await.unwrap();
+}
+
 /// Review H2: a semaphore whose counter is 0 with no permit in the timeouts set (a Java
 /// `RSemaphore` holds them all) has nothing to expire: its waiter waits for a message, it does
 /// not call the script in a loop (it used to, hundreds of times a second).
