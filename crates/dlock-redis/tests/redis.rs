@@ -49,6 +49,25 @@ async fn pong(url: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Whether the text a server answers to `command` (`INFO replication`, `CLUSTER INFO`)
+/// contains `wanted`; else the text.
+async fn answers(
+    c: &redis::aio::MultiplexedConnection,
+    command: &[&str],
+    wanted: &str,
+) -> Result<(), String> {
+    let text: String = redis::cmd(command[0])
+        .arg(&command[1..])
+        .query_async(&mut c.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    if text.contains(wanted) {
+        Ok(())
+    } else {
+        Err(text)
+    }
+}
+
 /// Whether exactly `count` connections subscribe to the lock channel of `name` (Redisson's
 /// `redisson_lock__channel:{name}`).
 async fn subscribed(url: &str, name: &str, count: i64) -> Result<(), String> {
@@ -230,19 +249,7 @@ impl PrivateRedis {
             .await
             .unwrap();
         eventually(Duration::from_secs(10), "the cluster is ok", || {
-            let mut c = c.clone();
-            async move {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if info.contains("cluster_state:ok") {
-                    Ok(())
-                } else {
-                    Err(info)
-                }
-            }
+            answers(&c, &["CLUSTER", "INFO"], "cluster_state:ok")
         })
         .await;
     }
@@ -934,17 +941,12 @@ async fn wait_replicas_returns_only_replicated_grants() {
         return;
     };
     let mut on_replica = admin(&replica.url()).await;
-    eventually(LIMIT, "the replica is in sync", || async {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut on_replica.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        if info.contains("master_link_status:up") {
-            Ok(())
-        } else {
-            Err(info)
-        }
+    eventually(LIMIT, "the replica is in sync", || {
+        answers(
+            &on_replica,
+            &["INFO", "replication"],
+            "master_link_status:up",
+        )
     })
     .await;
     // WAIT gets half the response timeout: 1.5 s, enough for a replica on a loaded machine,
@@ -1305,19 +1307,7 @@ async fn a_sentinel_failover_during_contention_keeps_exclusion_and_token_order()
     }
     let mut on_master = admin(&master.url()).await;
     eventually(LIMIT, "both replicas are online", || {
-        let mut c = on_master.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| e.to_string())?;
-            if info.contains("connected_slaves:2") {
-                Ok(())
-            } else {
-                Err(info)
-            }
-        }
+        answers(&on_master, &["INFO", "replication"], "connected_slaves:2")
     })
     .await;
     let _: () = redis::cmd("PING")
