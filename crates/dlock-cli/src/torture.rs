@@ -79,6 +79,12 @@ pub struct TortureOpts {
     #[arg(long, value_delimiter = ',', default_values_t = FaultKind::ALL)]
     pub faults: Vec<FaultKind>,
 
+    /// The command that restarts the store, for `--faults ...,restart`: run with `sh -c`, it
+    /// must return once the server answers again (or fail, which ends the run). Only a server
+    /// the caller may restart: dlock never stops a server on its own.
+    #[arg(long, value_name = "COMMAND")]
+    pub restart_cmd: Option<String>,
+
     /// The seed of the fault schedule and of the workers' choices: a run with the same seed
     /// replays the same schedule. Default: drawn from the clock, and printed.
     #[arg(long)]
@@ -180,7 +186,7 @@ fn schedule(seed: u64, opts: &TortureOpts, kinds: &[FaultKind], slots: usize) ->
                 rng.between(lease * 3 / 2, lease * 3)
             }
             FaultKind::Latency => rng.between(lease / 2, lease * 2),
-            FaultKind::Reset | FaultKind::Kill => Duration::ZERO,
+            FaultKind::Reset | FaultKind::Kill | FaultKind::Restart => Duration::ZERO,
         };
         plan.push(Planned {
             at,
@@ -222,6 +228,14 @@ pub(crate) async fn torture(opts: TortureOpts) -> u8 {
             return exit::SOFTWARE;
         }
     };
+    let restarts = opts.faults.contains(&FaultKind::Restart);
+    if restarts != opts.restart_cmd.is_some() {
+        eprintln!(
+            "dlock: --faults restart and --restart-cmd go together (the command restarts the \
+             store; dlock never stops a server on its own)"
+        );
+        return exit::CONFIG;
+    }
     let mut reports = Vec::new();
     let mut status = 0;
     let mut history_out = match &opts.history {
@@ -460,8 +474,17 @@ async fn attack(
     let start = now_ns();
     let started = tokio::time::Instant::now();
     let mut faults: Vec<FaultRecord> = Vec::new();
+    // The store gets at least a lease of calm after each fault has healed, also when the
+    // fault took longer than planned (a restart command): the liveness check measures
+    // recovery after each fault, which a fault that follows at once would hide.
+    let last_calm = later(started, opts.duration.saturating_sub(opts.lease * 2));
+    let mut calm_until = started;
     for planned in &plan {
-        tokio::time::sleep_until(later(started, planned.at)).await;
+        let at = later(started, planned.at).max(calm_until);
+        if at > last_calm {
+            break;
+        }
+        tokio::time::sleep_until(at).await;
         let record = inject(
             planned,
             &mut slots,
@@ -475,8 +498,17 @@ async fn attack(
             &history,
             &holding,
         )
-        .await?;
-        faults.push(record);
+        .await;
+        match record {
+            Ok(record) => {
+                faults.push(record);
+                calm_until = from_now(opts.lease);
+            }
+            Err(code) => {
+                stop(&mut slots, opts.lease).await;
+                return Err(code);
+            }
+        }
     }
     tokio::time::sleep_until(later(started, opts.duration)).await;
     let end = now_ns();
@@ -747,6 +779,15 @@ async fn inject(
                 p.reset();
             }
         }
+        FaultKind::Restart => {
+            restart(opts).await?;
+            return Ok(FaultRecord {
+                kind: planned.kind,
+                worker: history::EVERY_WORKER,
+                start,
+                end: now_ns(),
+            });
+        }
     }
     Ok(FaultRecord {
         kind: planned.kind,
@@ -754,6 +795,51 @@ async fn inject(
         start,
         end: now_ns(),
     })
+}
+
+/// How long a `--restart-cmd` may take.
+const RESTART_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `--restart-cmd` and waits for it (in its own process group, killed with it if it
+/// overruns [`RESTART_PATIENCE`]).
+async fn restart(opts: &TortureOpts) -> Result<(), u8> {
+    let Some(cmd) = &opts.restart_cmd else {
+        eprintln!("dlock: --faults restart needs --restart-cmd");
+        return Err(exit::CONFIG);
+    };
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            eprintln!("dlock: cannot run the restart command: {e}");
+            exit::SOFTWARE
+        })?;
+    match tokio::time::timeout(RESTART_PATIENCE, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => {
+            eprintln!("dlock: the restart command failed ({status}): {cmd}");
+            Err(exit::SOFTWARE)
+        }
+        Ok(Err(e)) => {
+            eprintln!("dlock: the restart command: {e}");
+            Err(exit::SOFTWARE)
+        }
+        Err(_) => {
+            if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = child.wait().await;
+            eprintln!(
+                "dlock: the restart command did not end within {}s: {cmd}",
+                RESTART_PATIENCE.as_secs()
+            );
+            Err(exit::SOFTWARE)
+        }
+    }
 }
 
 /// Heals everything, asks every worker to stop (closing its stdin), waits for them, and kills
@@ -805,6 +891,7 @@ mod tests {
             processes: 4,
             duration: Duration::from_secs(60),
             faults: FaultKind::ALL.to_vec(),
+            restart_cmd: None,
             seed: Some(7),
             primitives: vec![Primitive::Mutex],
             names: 3,

@@ -143,8 +143,14 @@ fn a_lock_that_never_reports_loss_is_caught() {
 fn bad_input_gets_a_clear_error_and_exit_code() {
     let scratch = Scratch::new();
     let url = scratch.url();
-    let cases: [(&[&str], i32, &str); 6] = [
+    let cases: [(&[&str], i32, &str); 8] = [
         (&["--url", &url, "--faults", "meteor"], 2, "meteor"),
+        (&["--url", &url, "--faults", "restart"], 78, "--restart-cmd"),
+        (
+            &["--url", &url, "--restart-cmd", "true"],
+            78,
+            "--faults restart",
+        ),
         (&["--url", &url, "--seed", "soon"], 2, "soon"),
         (&["--url", &url, "--processes", "1"], 2, "processes"),
         (
@@ -167,6 +173,129 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
         assert!(
             !all.contains("panicked") && !all.contains("hunter2"),
             "{all}"
+        );
+    }
+}
+
+/// A `redis-server` of the test's own (AOF on or off), daemonized with a pid file, and the
+/// shell command that restarts it (SIGKILL by its pid, start again, wait until it answers).
+/// Stopped by its pid on drop.
+struct PrivateRedis {
+    dir: std::path::PathBuf,
+    port: u16,
+    restart: String,
+}
+
+impl PrivateRedis {
+    /// `None` (skipped, unless `DLOCK_TEST_REQUIRE=all`) without redis-server and redis-cli.
+    fn start(appendonly: bool) -> Option<Self> {
+        let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok();
+        if !have("redis-server") || !have("redis-cli") {
+            assert!(
+                std::env::var("DLOCK_TEST_REQUIRE").as_deref() != Ok("all"),
+                "redis-server or redis-cli is missing but DLOCK_TEST_REQUIRE=all"
+            );
+            eprintln!("skipped: redis-server or redis-cli is missing");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("dlock-torture-redis-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        let aof = if appendonly { "yes" } else { "no" };
+        let start = format!(
+            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly {aof} \
+             --appendfsync always --dir {d} --daemonize yes --pidfile {d}/redis.pid \
+             --logfile {d}/redis.log && \
+             for i in $(seq 100); do redis-cli -p {port} ping >/dev/null 2>&1 && exit 0; \
+             sleep 0.1; done; exit 1"
+        );
+        let restart = format!(
+            "pid=$(cat {d}/redis.pid) && kill -KILL $pid && \
+             while kill -0 $pid 2>/dev/null; do sleep 0.01; done; {start}"
+        );
+        let ok = Command::new("sh").arg("-c").arg(&start).status().unwrap();
+        assert!(ok.success(), "private redis-server did not start");
+        Some(Self { dir, port, restart })
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("redis.pid")) {
+            let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue 14's server faults: the store is restarted (SIGKILL, start again) under contention,
+/// by the command given to `--restart-cmd`. With AOF (fsync always) the holds and the token
+/// counters survive: no violation, and every restart is followed by a grant within the
+/// lease and a slack. Without persistence the counters start again from zero, and the checker
+/// says so: tokens repeat or go backwards (the documented limit of Redis without AOF). Nothing
+/// is left running either way.
+#[test]
+fn a_restarted_redis_keeps_its_tokens_only_with_aof() {
+    for appendonly in [true, false] {
+        let Some(server) = PrivateRedis::start(appendonly) else {
+            return;
+        };
+        let url = server.url();
+        let json = server.dir.join("report.json");
+        let json_arg = json.display().to_string();
+        let seed = if appendonly { "515151" } else { "525252" };
+        let out = torture(&[
+            "--url",
+            &url,
+            "--processes",
+            "3",
+            "--duration",
+            "12s",
+            "--lease",
+            "1s",
+            "--names",
+            "2",
+            "--primitives",
+            "mutex,semaphore",
+            "--faults",
+            "restart",
+            "--restart-cmd",
+            &server.restart,
+            "--seed",
+            seed,
+            "--json",
+            &json_arg,
+        ]);
+        let all = text(&out);
+        if appendonly {
+            assert_eq!(out.status.code(), Some(0), "with AOF: {all}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "without AOF: {all}");
+            assert!(
+                all.contains("went backwards") || all.contains("issued twice"),
+                "without AOF: {all}"
+            );
+        }
+        let reports: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let restarts = reports[0]["faults"]["restart"].as_u64().unwrap_or(0);
+        assert!(
+            restarts >= 2,
+            "aof {appendonly}: {restarts} restarts: {all}"
+        );
+        assert!(
+            processes_with(&format!("--seed {seed}")).is_empty(),
+            "workers left running"
         );
     }
 }

@@ -252,7 +252,7 @@ fn stamped_late(
 ) -> bool {
     late.lost.is_some()
         && faults.iter().any(|f| {
-            f.worker == late.worker
+            f.hits(late.worker)
                 && f.kind.can_cost_a_hold(connection_bound)
                 && f.start >= late.since
                 && f.start < higher.grant
@@ -278,7 +278,7 @@ fn explaining_fault<'a>(
     connection_bound: bool,
 ) -> Option<&'a FaultRecord> {
     faults.iter().find(|f| {
-        f.worker == hold.worker
+        f.hits(hold.worker)
             && f.kind.can_cost_a_hold(connection_bound)
             && f.start < before
             && f.end >= hold.grant
@@ -450,17 +450,17 @@ fn check_liveness(
                     Some(report.worst_recovery_ms.map_or(took, |w| w.max(took)));
                 if g - healed > bound_ns {
                     report.violations.push(format!(
-                        "stuck: no grant for {took} ms after the {} of worker {} healed (bound {} ms)",
+                        "stuck: no grant for {took} ms after the {} of {} healed (bound {} ms)",
                         f.kind,
-                        f.worker,
+                        f.whom(),
                         bound.as_millis()
                     ));
                 }
             }
             None => report.violations.push(format!(
-                "stuck: no grant after the {} of worker {} healed at {:.1} ms",
+                "stuck: no grant after the {} of {} healed at {:.1} ms",
                 f.kind,
-                f.worker,
+                f.whom(),
                 ms(healed)
             )),
         }
@@ -590,6 +590,31 @@ mod tests {
         let r = run_on(&history(false), &[pause], false);
         assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
         assert!(r.violations[0].contains("never told"), "{:?}", r.violations);
+    }
+
+    /// A restart of the store hits every worker: it explains an overlap of any holder that
+    /// was told, and its liveness message names every worker, not a number.
+    #[test]
+    fn a_restart_explains_an_overlap_of_any_holder() {
+        let restart = FaultRecord {
+            kind: FaultKind::Restart,
+            worker: super::super::history::EVERY_WORKER,
+            start: S + S / 2,
+            end: S + S / 2,
+        };
+        let h = [
+            grant(1, 1, S, 1),
+            grant(2, 1, 2 * S, 2),
+            lost(1, 1, 2 * S + S / 10),
+            exit(1, 1, 3 * S),
+            exit(2, 1, 4 * S),
+        ];
+        let r = run(&h, std::slice::from_ref(&restart));
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.overlaps_explained, 1);
+        assert_eq!(restart.whom(), "every worker");
+        let r = run(&h, &[]);
+        assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
     }
 
     #[test]

@@ -105,7 +105,13 @@ pub enum FaultKind {
     Reset,
     /// Delay one worker's replies past its lease for a while.
     Delay,
+    /// Restart the store with the command of `--restart-cmd` (it hits every worker at once).
+    /// Not in the default set: dlock cannot restart a server it did not start.
+    Restart,
 }
+
+/// The worker of a fault that hits every worker (a restart of the store).
+pub(crate) const EVERY_WORKER: u32 = u32::MAX;
 
 impl FaultKind {
     /// Every kind, the default of `--faults`.
@@ -121,7 +127,7 @@ impl FaultKind {
 
     /// The kinds that need a proxy in front of the store (not possible for SQLite).
     pub(crate) fn needs_proxy(self) -> bool {
-        !matches!(self, Self::Pause | Self::Kill)
+        !matches!(self, Self::Pause | Self::Kill | Self::Restart)
     }
 
     /// Whether a holder hit by it may legitimately be overlapped (its hold may end without it
@@ -146,7 +152,24 @@ impl std::fmt::Display for FaultKind {
             Self::Latency => "latency",
             Self::Reset => "reset",
             Self::Delay => "delay",
+            Self::Restart => "restart",
         })
+    }
+}
+
+impl FaultRecord {
+    /// Whether it hit `worker`.
+    pub(crate) fn hits(&self, worker: u32) -> bool {
+        self.worker == worker || self.worker == EVERY_WORKER
+    }
+
+    /// Whom it hit, for messages: `worker 3`, or `every worker`.
+    pub(crate) fn whom(&self) -> String {
+        if self.worker == EVERY_WORKER {
+            "every worker".to_owned()
+        } else {
+            format!("worker {}", self.worker)
+        }
     }
 }
 
@@ -155,7 +178,7 @@ impl std::fmt::Display for FaultKind {
 pub(crate) struct FaultRecord {
     /// What.
     pub(crate) kind: FaultKind,
-    /// The worker hit.
+    /// The worker hit ([`EVERY_WORKER`] for a restart of the store).
     pub(crate) worker: u32,
     /// When it began.
     pub(crate) start: u64,
