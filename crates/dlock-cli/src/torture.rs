@@ -565,7 +565,7 @@ async fn attack(
         faults_planned: plan.len(),
         command: format!(
             "dlock torture --url '{shown}' --processes {} --duration {} --faults {} \
-             --primitives {} --names {} --lease {} --hold {} --seed {seed}",
+             --primitives {} --names {} --lease {} --hold {} --seed {seed}{}",
             opts.processes,
             humantime::format_duration(opts.duration),
             faults_arg.join(","),
@@ -573,6 +573,12 @@ async fn attack(
             opts.names,
             humantime::format_duration(opts.lease),
             humantime::format_duration(opts.hold),
+            opts.restart_cmd
+                .as_ref()
+                .map_or_else(String::new, |cmd| format!(
+                    " --restart-cmd '{}'",
+                    cmd.replace('\'', r"'\''")
+                )),
         ),
         report,
     })
