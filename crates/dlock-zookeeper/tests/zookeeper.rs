@@ -649,6 +649,19 @@ async fn one_release_wakes_one_waiter() {
         before.wakeups,
         "nobody woke while the holder held"
     );
+    // The server's own view (review T7: the counts above are the library's): its watches by
+    // path (`wchp`) show one watched node per waiter, each a contender node, and no watch on
+    // the lock's node itself (a children watch there would wake every waiter at each change).
+    let wchp = four_letter(&url, "wchp").await;
+    let watched: Vec<&str> = wchp
+        .lines()
+        .filter(|l| l.starts_with('/') && l.contains(path.as_str()))
+        .collect();
+    assert!(
+        !watched.iter().any(|l| l.ends_with(path.as_str())),
+        "a watch on the lock's node: {watched:?}"
+    );
+    assert_eq!(watched.len(), WAITERS, "watched nodes: {watched:?}");
     holder.release().await.unwrap();
     for t in must(LIMIT, "8 handoffs", futures::future::join_all(tasks)).await {
         t.unwrap();
