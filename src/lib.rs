@@ -236,6 +236,178 @@ pub fn default_url() -> String {
     format!("sqlite://{}", dir.join("locks.db").display())
 }
 
+/// Settings beside the URL, for [`connect_with`]: credentials that should not live in a URL
+/// (a URL ends up in configuration files, process lists and logs), and query parameters set in
+/// code. `Debug` never shows the password. With the `serde` feature it can be read from an
+/// application's configuration (`username`, `password`, and a `params` table).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// let options = dlock::ConnectOptions::new().param("strategy", "optimistic");
+/// # let dir = std::env::temp_dir().join(format!("dlock-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).ok();
+/// # let url = format!("sqlite://{}", dir.join("locks.db").display());
+/// let locks = dlock::connect_with(&url, &options).await?;
+/// // On a server: dlock::connect_with("mysql://app@db:3306/locks",
+/// //     &dlock::ConnectOptions::new().password(std::env::var("DB_PASSWORD")?)).await?;
+/// # drop(locks);
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// The user, if not in the URL.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub username: Option<String>,
+    /// The password, if not in the URL.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub password: Option<String>,
+    /// Query parameters added to the URL's (each at most once in the two together).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub params: std::collections::BTreeMap<String, String>,
+}
+
+impl fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+impl ConnectOptions {
+    /// No settings beyond the URL.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the user.
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// Sets the password.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Sets a query parameter of the backend (`strategy`, `timeout_ms`, ...).
+    pub fn param(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.params.insert(key.into(), value.into());
+        self
+    }
+
+    /// `url` with these settings written into it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] if `url` has no `scheme://`, or already sets the user, the password
+    /// or one of the parameters these set.
+    pub fn apply(&self, url: &str) -> Result<String> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(Error::config(format!(
+                "{:?} is not a URL: expected scheme://...",
+                dlock_core::redact(url)
+            )));
+        };
+        let (before_query, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let authority_end = before_query.find('/').unwrap_or(before_query.len());
+        let (userinfo, after) = match before_query[..authority_end].rfind('@') {
+            Some(at) => (Some(&before_query[..at]), &before_query[at + 1..]),
+            None => (None, before_query),
+        };
+        let (url_user, url_password) = match userinfo {
+            Some(info) => match info.split_once(':') {
+                Some((user, password)) => (Some(user.to_owned()), Some(password.to_owned())),
+                None => (Some(info.to_owned()), None),
+            },
+            None => (None, None),
+        };
+        let twice = |what: &str| {
+            Error::config(format!(
+                "{}: the {what} is in both the URL and the options; give it once",
+                dlock_core::redact(url)
+            ))
+        };
+        let user = match (url_user.filter(|u| !u.is_empty()), &self.username) {
+            (Some(_), Some(_)) => return Err(twice("user")),
+            (Some(u), None) => Some(u),
+            (None, o) => o.as_deref().map(encode),
+        };
+        let password = match (url_password, &self.password) {
+            (Some(_), Some(_)) => return Err(twice("password")),
+            (Some(p), None) => Some(p),
+            (None, o) => o.as_deref().map(encode),
+        };
+        let mut out = format!("{scheme}://");
+        if user.is_some() || password.is_some() {
+            out.push_str(user.as_deref().unwrap_or(""));
+            if let Some(password) = password {
+                out.push(':');
+                out.push_str(&password);
+            }
+            out.push('@');
+        }
+        out.push_str(after);
+        let mut pairs: Vec<String> = query
+            .filter(|q| !q.is_empty())
+            .map(|q| q.split('&').map(str::to_owned).collect())
+            .unwrap_or_default();
+        for (key, value) in &self.params {
+            let taken = pairs
+                .iter()
+                .any(|p| p.split('=').next() == Some(key.as_str()));
+            if taken {
+                return Err(Error::config(format!(
+                    "{}: the parameter {key:?} is set in both the URL and the options",
+                    dlock_core::redact(url)
+                )));
+            }
+            pairs.push(format!("{}={}", encode(key), encode(value)));
+        }
+        if !pairs.is_empty() {
+            out.push('?');
+            out.push_str(&pairs.join("&"));
+        }
+        Ok(out)
+    }
+}
+
+/// Percent-encodes all but RFC 3986's unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// [`connect`] with settings beside the URL: credentials kept out of it, and query parameters
+/// set in code (see [`ConnectOptions`]).
+///
+/// # Errors
+///
+/// As [`connect`]; and [`Error::Config`] when the URL and the options both set the
+/// credentials or one parameter. No message shows the password.
+pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Locks> {
+    connect(&options.apply(url)?).await
+}
+
 fn schemes_list() -> String {
     if SCHEMES.is_empty() {
         return "none (enable a backend feature)".into();

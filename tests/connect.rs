@@ -218,3 +218,94 @@ async fn run_drops_the_work_when_the_lock_is_lost() {
         "the work was dropped at the loss"
     );
 }
+
+/// `ConnectOptions` writes credentials and parameters into the URL, percent-encoded; it
+/// refuses to set what the URL already sets, and never shows the password.
+#[test]
+fn connect_options_write_into_the_url() {
+    let o = dlock::ConnectOptions::new()
+        .username("app")
+        .password("p@ss:w/rd?&")
+        .param("timeout_ms", "100");
+    assert_eq!(
+        o.apply("redis://h:1/0").unwrap(),
+        "redis://app:p%40ss%3Aw%2Frd%3F%26@h:1/0?timeout_ms=100"
+    );
+    assert_eq!(
+        o.apply("redis+sentinel://s1,s2/m?wait_replicas=1").unwrap(),
+        "redis+sentinel://app:p%40ss%3Aw%2Frd%3F%26@s1,s2/m?wait_replicas=1&timeout_ms=100"
+    );
+    assert!(!format!("{o:?}").contains("p@ss"), "{o:?}");
+    // A user in the URL and the password beside it.
+    let password = dlock::ConnectOptions::new().password("pw");
+    assert_eq!(
+        password.apply("mysql://app@db:3306/x").unwrap(),
+        "mysql://app:pw@db:3306/x"
+    );
+    for (url, says) in [
+        ("redis://u:hunter2@h", "the user is in both"),
+        ("redis://:hunter2@h", "the password is in both"),
+        ("redis://h?timeout_ms=5", "\"timeout_ms\""),
+        ("h:1", "not a URL"),
+    ] {
+        let e = o.apply(url).unwrap_err();
+        assert!(matches!(e, Error::Config { .. }), "{url}: {e:?}");
+        let shown = format!("{e} {e:?}");
+        assert!(shown.contains(says), "{url}: {shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("p@ss"),
+            "{shown}"
+        );
+    }
+}
+
+/// A password given beside the URL reaches the server (MariaDB's `dlock` user), and a wrong
+/// one is refused without showing it.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn connect_with_a_password_beside_the_url() {
+    let Ok(env) = std::env::var("DLOCK_MYSQL_URL") else {
+        assert!(
+            std::env::var("DLOCK_TEST_REQUIRE").as_deref() != Ok("all"),
+            "DLOCK_MYSQL_URL is not set but DLOCK_TEST_REQUIRE=all"
+        );
+        eprintln!("skipped: DLOCK_MYSQL_URL is not set");
+        return;
+    };
+    let mut parsed = url::Url::parse(&env).unwrap();
+    let password = parsed.password().unwrap_or("").to_owned();
+    parsed.set_password(None).unwrap();
+    let bare = parsed.to_string();
+    let locks = dlock::connect_with(&bare, &dlock::ConnectOptions::new().password(&password))
+        .await
+        .unwrap();
+    let g = locks
+        .lock("connect-with/beside")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let wrong = dlock::ConnectOptions::new().password("not-the-Pa55word");
+    let e = dlock::connect_with(&bare, &wrong).await.unwrap_err();
+    let shown = format!("{e} {e:?}");
+    assert!(!shown.contains("not-the-Pa55word"), "{shown}");
+}
+
+/// With the `serde` feature, options come from an application's configuration.
+#[cfg(feature = "serde")]
+#[test]
+fn connect_options_deserialize() {
+    let o: dlock::ConnectOptions = serde_json::from_str(
+        r#"{"username": "app", "password": "s3cret", "params": {"strategy": "optimistic"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        o,
+        dlock::ConnectOptions::new()
+            .username("app")
+            .password("s3cret")
+            .param("strategy", "optimistic")
+    );
+    assert!(serde_json::from_str::<dlock::ConnectOptions>(r#"{"passwd": "x"}"#).is_err());
+}
