@@ -40,7 +40,22 @@ pub struct ZkConfig {
     pub connection_timeout: Option<Duration>,
     /// `digest` credentials `user:password`, never shown.
     digest: Option<String>,
+    /// The application's own connector ([`ZkConfig::with_connector`]).
+    connector: Option<OwnConnector>,
 }
+
+/// An application's connector, shared by the clones of a config (two configs are equal only
+/// when they share it).
+#[derive(Clone)]
+struct OwnConnector(std::sync::Arc<zookeeper_client::Connector>);
+
+impl PartialEq for OwnConnector {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for OwnConnector {}
 
 impl ZkConfig {
     /// Parses a `zk://` URL.
@@ -126,6 +141,7 @@ impl ZkConfig {
             session_timeout,
             connection_timeout,
             digest,
+            connector: None,
         })
     }
 
@@ -145,6 +161,34 @@ impl ZkConfig {
     pub fn with_digest(mut self, credentials: Option<String>) -> Self {
         self.digest = credentials;
         self
+    }
+
+    /// Opens every session (the first, and each after an expiry) with the application's own
+    /// connector: its TLS, SASL, authentication and read-only settings. dlock sets on a copy
+    /// what the lock recipes need: this config's session timeout (and connection timeout and
+    /// digest, when set) and failing eagerly instead of retrying inside the client.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> dlock_core::Result<()> {
+    /// use dlock_zookeeper::{ZkConfig, ZkProvider};
+    ///
+    /// let connector = dlock_zookeeper::zookeeper_client::Client::connector()
+    ///     .with_auth("digest", b"app:secret");
+    /// let config = ZkConfig::from_url("zk://10.0.0.1:2181,10.0.0.2:2181/locks")?
+    ///     .with_connector(connector);
+    /// let zk = ZkProvider::connect_with(config).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_connector(mut self, connector: zookeeper_client::Connector) -> Self {
+        self.connector = Some(OwnConnector(std::sync::Arc::new(connector)));
+        self
+    }
+
+    /// A connector for a new session: the application's, or the client's default.
+    pub(crate) fn connector(&self) -> zookeeper_client::Connector {
+        self.connector
+            .as_ref()
+            .map_or_else(zookeeper_client::Client::connector, |c| (*c.0).clone())
     }
 
     /// The connect string for the client: `host:port,host:port` (no chroot: dlock prefixes

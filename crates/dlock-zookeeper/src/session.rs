@@ -103,7 +103,8 @@ impl std::fmt::Debug for Session {
 }
 
 async fn open(config: &ZkConfig) -> Result<zk::Client> {
-    let mut connector = zk::Client::connector()
+    let mut connector = config
+        .connector()
         .with_session_timeout(config.session_timeout)
         .with_fail_eagerly();
     if let Some(t) = config.connection_timeout {

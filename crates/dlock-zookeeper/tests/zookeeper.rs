@@ -399,6 +399,84 @@ async fn session_expiry_reports_loss() {
     g2.release().await.unwrap();
 }
 
+/// Issue 16 item 3: a provider on the application's own connector. Its `digest` credentials
+/// open a chroot only they may write, for the first session and for the one dlock opens after
+/// the first expired; without them the same chroot is refused (`NoAuth`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_on_the_applications_connector() {
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let secret: &[u8] = b"alice:s3cret";
+    let alice = zk::Client::connector()
+        .with_auth("digest", secret)
+        .connect(&config.connect_string())
+        .await
+        .unwrap();
+    let root = format!(
+        "/dlock-acl-{}",
+        Names::new().prefix().trim_matches('/').replace('/', "-")
+    );
+    alice
+        .create(
+            &root,
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+    let chrooted = ZkConfig::from_url(&format!("zk://{}{root}", config.connect_string())).unwrap();
+    let own = ZkProvider::connect_with(
+        chrooted
+            .clone()
+            .with_connector(zk::Client::connector().with_auth("digest", secret)),
+    )
+    .await
+    .unwrap();
+    let take = |p: &ZkProvider, name: &str| {
+        let lock = p.lock(name, LockOptions::default()).unwrap();
+        async move { must(LIMIT, "acquire", lock.acquire()).await }
+    };
+    take(&own, "x").await.unwrap().release().await.unwrap();
+    let plain = ZkProvider::connect_with(chrooted).await.unwrap();
+    let refused = take(&plain, "y").await.unwrap_err();
+    assert!(
+        format!("{refused}").contains("NoAuth") || format!("{refused:?}").contains("NoAuth"),
+        "{refused:?}"
+    );
+
+    // The session expires (taken over and closed): the next one is opened with the
+    // application's connector too.
+    let old = own.session_id();
+    let thief = zk::Client::connector()
+        .with_session(own.client().session().clone())
+        .connect(&config.connect_string())
+        .await
+        .unwrap();
+    drop(thief);
+    eventually(LIMIT, "a new session", || async {
+        if own.session_id() != old {
+            Ok(())
+        } else {
+            Err("old session")
+        }
+    })
+    .await;
+    take(&own, "z").await.unwrap().release().await.unwrap();
+
+    // Clean up what only alice may delete.
+    let mut stack = vec![root.clone()];
+    let mut all = Vec::new();
+    while let Some(path) = stack.pop() {
+        for child in alice.list_children(&path).await.unwrap_or_default() {
+            stack.push(format!("{path}/{child}"));
+        }
+        all.push(path);
+    }
+    for path in all.iter().rev() {
+        let _ = alice.delete(path, None).await;
+    }
+}
+
 /// Issue 13 item 4 (review L3): 1000 holds on one provider and a forced session expiry. Every
 /// guard reports `SessionExpired` within the session timeout, the provider opens exactly one
 /// new session, and neither the keepers' clean-up nor dropping the guards sends a single
