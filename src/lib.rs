@@ -276,7 +276,21 @@ impl fmt::Debug for ConnectOptions {
         f.debug_struct("ConnectOptions")
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("params", &self.params)
+            .field(
+                "params",
+                &self
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        let shown = if k.to_ascii_lowercase().contains("password") {
+                            "***"
+                        } else {
+                            v.as_str()
+                        };
+                        (k.as_str(), shown)
+                    })
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            )
             .finish()
     }
 }
@@ -318,6 +332,10 @@ impl ConnectOptions {
                 dlock_core::redact(url)
             )));
         };
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((r, f)) => (r, Some(f)),
+            None => (rest, None),
+        };
         let (before_query, query) = match rest.split_once('?') {
             Some((b, q)) => (b, Some(q)),
             None => (rest, None),
@@ -351,15 +369,18 @@ impl ConnectOptions {
             (None, o) => o.as_deref().map(encode),
         };
         let mut out = format!("{scheme}://");
-        if user.is_some() || password.is_some() {
+        if self.username.is_none() && self.password.is_none() {
+            // Nothing to add: the authority stays exactly as written.
+            out.push_str(before_query);
+        } else {
             out.push_str(user.as_deref().unwrap_or(""));
             if let Some(password) = password {
                 out.push(':');
                 out.push_str(&password);
             }
             out.push('@');
+            out.push_str(after);
         }
-        out.push_str(after);
         let mut pairs: Vec<String> = query
             .filter(|q| !q.is_empty())
             .map(|q| q.split('&').map(str::to_owned).collect())
@@ -367,7 +388,7 @@ impl ConnectOptions {
         for (key, value) in &self.params {
             let taken = pairs
                 .iter()
-                .any(|p| p.split('=').next() == Some(key.as_str()));
+                .any(|p| decode(p.split('=').next().unwrap_or("")) == *key);
             if taken {
                 return Err(Error::config(format!(
                     "{}: the parameter {key:?} is set in both the URL and the options",
@@ -380,8 +401,37 @@ impl ConnectOptions {
             out.push('?');
             out.push_str(&pairs.join("&"));
         }
+        if let Some(fragment) = fragment {
+            out.push('#');
+            out.push_str(fragment);
+        }
         Ok(out)
     }
+}
+
+/// Percent-decodes `text` (bytes that do not form a valid escape stay as they are).
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Percent-encodes all but RFC 3986's unreserved characters.

@@ -236,6 +236,19 @@ fn connect_options_write_into_the_url() {
         "redis+sentinel://app:p%40ss%3Aw%2Frd%3F%26@s1,s2/m?wait_replicas=1&timeout_ms=100"
     );
     assert!(!format!("{o:?}").contains("p@ss"), "{o:?}");
+    // The fragment stays last, an empty userinfo stays, and an escaped key is the same key.
+    let p = dlock::ConnectOptions::new().param("timeout_ms", "5");
+    assert_eq!(
+        p.apply("redis://h/0#x").unwrap(),
+        "redis://h/0?timeout_ms=5#x"
+    );
+    assert_eq!(
+        p.apply("sqlite://@dir/locks.db").unwrap(),
+        "sqlite://@dir/locks.db?timeout_ms=5"
+    );
+    assert!(p.apply("redis://h?timeout%5Fms=1").is_err());
+    let secret = dlock::ConnectOptions::new().param("sentinel_password", "hunter2");
+    assert!(!format!("{secret:?}").contains("hunter2"), "{secret:?}");
     // A user in the URL and the password beside it.
     let password = dlock::ConnectOptions::new().password("pw");
     assert_eq!(

@@ -803,6 +803,23 @@ async fn inject(
     })
 }
 
+/// A restart command as messages and reports show it: the passwords of URLs in it, and the
+/// word after `-a` or `--pass` (redis-cli's password options), masked.
+fn shown(cmd: &str) -> String {
+    let mut out = Vec::new();
+    let mut mask_next = false;
+    for word in cmd.split(' ') {
+        if mask_next && !word.is_empty() {
+            out.push("***".to_owned());
+            mask_next = false;
+            continue;
+        }
+        mask_next = matches!(word, "-a" | "--pass" | "--password");
+        out.push(dlock::redact(word));
+    }
+    out.join(" ")
+}
+
 /// How long a `--restart-cmd` may take.
 const RESTART_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -827,7 +844,10 @@ async fn restart(opts: &TortureOpts) -> Result<(), u8> {
     match tokio::time::timeout(RESTART_PATIENCE, child.wait()).await {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => {
-            eprintln!("dlock: the restart command failed ({status}): {cmd}");
+            eprintln!(
+                "dlock: the restart command failed ({status}): {}",
+                shown(cmd)
+            );
             Err(exit::SOFTWARE)
         }
         Ok(Err(e)) => {
@@ -840,8 +860,9 @@ async fn restart(opts: &TortureOpts) -> Result<(), u8> {
             }
             let _ = child.wait().await;
             eprintln!(
-                "dlock: the restart command did not end within {}s: {cmd}",
-                RESTART_PATIENCE.as_secs()
+                "dlock: the restart command did not end within {}s: {}",
+                RESTART_PATIENCE.as_secs(),
+                shown(cmd)
             );
             Err(exit::SOFTWARE)
         }
@@ -888,6 +909,14 @@ mod tests {
         assert_eq!(tail, "/chroot");
         assert!(hosts("sqlite:///tmp/x.db").is_none());
         assert!(hosts("redis://h").is_some_and(|(_, l, _)| l == ["h:6379"]));
+    }
+
+    #[test]
+    fn restart_commands_are_shown_without_passwords() {
+        assert_eq!(
+            shown("redis-cli -a hunter2 -u redis://:pw@h:1 shutdown && start"),
+            "redis-cli -a *** -u redis://:***@h:1 shutdown && start"
+        );
     }
 
     #[test]

@@ -220,8 +220,10 @@ impl PrivateRedis {
              while kill -0 $pid 2>/dev/null; do sleep 0.01; done; {start}"
         );
         let ok = Command::new("sh").arg("-c").arg(&start).status().unwrap();
+        // Built before the check: a server that started but did not answer is killed too.
+        let server = Self { dir, port, restart };
         assert!(ok.success(), "private redis-server did not start");
-        Some(Self { dir, port, restart })
+        Some(server)
     }
 
     fn url(&self) -> String {
@@ -260,9 +262,9 @@ fn a_restarted_redis_keeps_its_tokens_only_with_aof() {
             "--processes",
             "3",
             "--duration",
-            "12s",
+            "16s",
             "--lease",
-            "1s",
+            "2s",
             "--names",
             "2",
             "--primitives",

@@ -213,7 +213,12 @@ fn redact_query(text: &str) -> String {
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
+            Some((key, _))
+                if key
+                    .to_ascii_lowercase()
+                    .replace("%5f", "_")
+                    .contains("password") =>
+            {
                 format!("{key}=***")
             }
             _ => pair.to_owned(),
@@ -234,6 +239,10 @@ mod tests {
         );
         assert_eq!(redact("x://h/?Password=a&b=c"), "x://h/?Password=***&b=c");
         assert_eq!(redact("x://h/?flag&b=c"), "x://h/?flag&b=c");
+        assert_eq!(
+            redact("x://h/?sentinel%5Fpassword=a"),
+            "x://h/?sentinel%5Fpassword=***"
+        );
     }
 
     #[test]

@@ -308,15 +308,22 @@ impl Conn {
                 PubSubMode::Classic => false,
                 // Redisson's probe: a cluster that knows `PUBSUB SHARDNUMSUB` (Redis 7+) has
                 // sharded pub/sub. Any error (an unknown subcommand) means it has not.
+                // Only a server that does not know the subcommand means classic; any other
+                // error (a node away, a timeout) fails the connect, to be tried again, rather
+                // than fix the provider on classic for good.
                 _ => {
                     let probe: redis::RedisResult<Value> = redis::cmd("PUBSUB")
                         .arg("SHARDNUMSUB")
                         .query_async(&mut conn)
                         .await;
-                    if let Err(e) = &probe {
-                        tracing::debug!(error = %e, "no sharded pub/sub: using PUBLISH/SUBSCRIBE");
+                    match probe {
+                        Ok(_) => true,
+                        Err(e) if e.to_string().to_ascii_lowercase().contains("unknown") => {
+                            tracing::debug!(error = %e, "no sharded pub/sub: using PUBLISH/SUBSCRIBE");
+                            false
+                        }
+                        Err(e) => return Err(from_redis(&what, e)),
                     }
-                    probe.is_ok()
                 }
             };
             Ok(Self::Cluster(conn, sharded))

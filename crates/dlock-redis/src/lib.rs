@@ -233,7 +233,17 @@ impl RedisProvider {
         let config = config.checked()?;
         let conn =
             Conn::connect(&config, None::<Arc<fn(redis::PushInfo) -> Result<(), ()>>>).await?;
-        let subs = Subscriptions::connect(&config).await?;
+        // The command connection decided sharded or classic (probing the cluster once); the
+        // subscription connection follows it, so releases and waiters never disagree.
+        let mut sub_config = config.clone();
+        if config.cluster {
+            sub_config.pubsub = if conn.sharded() {
+                PubSubMode::Sharded
+            } else {
+                PubSubMode::Classic
+            };
+        }
+        let subs = Subscriptions::connect(&sub_config).await?;
         let disconnects = subs.disconnects();
         let inner = Arc::new(Inner {
             conn,

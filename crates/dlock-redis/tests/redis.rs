@@ -2038,12 +2038,13 @@ async fn replies_lost_to_a_paused_server_leave_one_hold_and_no_leaked_permit() {
 
 /// Issue 12's lost-reply acceptance on a cluster: the connection of an acquisition is cut
 /// after the node ran its script and before the reply reached the client (the reply is held
-/// back by a proxy, then the proxy closes the connection). The cluster client reconnects and
-/// may send the very same script again on its own (a dropped connection is retried; when its
-/// retries run out first, dlock undoes the attempt and tries anew): the node's MONITOR shows
-/// which happened. The cut is driven until the client has re-sent an acquisition of the lock
-/// and of the semaphore, and after every cut the lock has one hold count and the semaphore
-/// one permit taken: the re-sent script found its own field or permit and changed nothing.
+/// back by a proxy, then the proxy closes the connection). The very same script is then sent
+/// again, by the cluster client (a dropped connection is retried) or by dlock's own retry
+/// after the error (same acquisition, same field); the node's MONITOR shows the repeat. The
+/// cut is driven until an acquisition of the lock and of the semaphore has been re-sent, and
+/// after every cut the lock has one hold count and the semaphore one permit taken: the
+/// re-sent script found its own field or permit and changed nothing (with that check removed
+/// from the scripts, the acquire does not finish).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit() {
     let Some((server, proxy)) = PrivateRedis::start_cluster_behind_proxy().await else {
@@ -2118,7 +2119,7 @@ async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit
     }
     assert!(
         lock_resent > 0,
-        "the cluster client never re-sent the lock's script in 20 cuts"
+        "the lock's script was never re-sent in 20 cuts"
     );
 
     let mut sem_resent = 0;
@@ -2153,7 +2154,7 @@ async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit
     }
     assert!(
         sem_resent > 0,
-        "the cluster client never re-sent the semaphore's script in 20 cuts"
+        "the semaphore's script was never re-sent in 20 cuts"
     );
     let again = RedisProvider::connect(&url)
         .await

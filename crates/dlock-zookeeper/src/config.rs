@@ -166,7 +166,9 @@ impl ZkConfig {
     /// Opens every session (the first, and each after an expiry) with the application's own
     /// connector: its TLS, SASL, authentication and read-only settings. dlock sets on a copy
     /// what the lock recipes need: this config's session timeout (and connection timeout and
-    /// digest, when set) and failing eagerly instead of retrying inside the client.
+    /// digest, when set) and failing eagerly instead of retrying inside the client. Leave
+    /// `with_session` unset (dlock opens a new session after an expiry) and `with_readonly`
+    /// off (a read-only server refuses the nodes a lock creates).
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> dlock_core::Result<()> {

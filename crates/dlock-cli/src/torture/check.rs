@@ -314,17 +314,22 @@ fn check_overlaps(
                     .filter(|o| o.kind == HoldKind::Permit)
                     .map(|h| **h)
                     .collect();
-                // One more permit than there are: the over-grant is one of the holders' (a
-                // stale one, whose permit a fault let expire), not all of theirs. It is judged
-                // on a holder that a fault can explain, if there is one; else on the oldest.
+                // More permits than there are: the excess is stale holders' (whose permits a
+                // fault let expire), not everyone's. As many holders as the excess must be
+                // explained by a fault (and told); a holder no fault explains is judged
+                // (a violation) when the explained ones are too few, on this very grant.
                 if permits.len() >= PERMITS as usize {
-                    let stale = permits
-                        .iter()
-                        .find(|o| {
+                    let excess = permits.len() + 1 - PERMITS as usize;
+                    let (explained, innocent): (Vec<&Hold>, Vec<&Hold>) =
+                        permits.iter().partition(|o| {
                             explaining_fault(faults, o, newer.grant, connection_bound).is_some()
-                        })
-                        .or_else(|| permits.first());
-                    over.extend(stale.copied());
+                        });
+                    over.extend(explained.iter().take(excess));
+                    if explained.len() < excess
+                        && let Some(blamed) = innocent.first()
+                    {
+                        judge(name, blamed, newer, faults, connection_bound, report);
+                    }
                 }
             }
             for older in over {
@@ -660,6 +665,45 @@ mod tests {
         assert_eq!(r.overlaps_explained, 1);
         let r = run(&h, &[]);
         assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
+    }
+
+    /// Two permits over two while only one holder is stale: the second over-grant is a
+    /// violation, even though the stale holder explains the first.
+    #[test]
+    fn a_second_over_granted_permit_needs_a_second_stale_holder() {
+        let permit = |worker, hold, t, token| {
+            let mut g = grant(worker, hold, t, token);
+            if let WorkerEvent::Grant { kind, .. } = &mut g.event {
+                *kind = HoldKind::Permit;
+            }
+            g
+        };
+        let pause = FaultRecord {
+            kind: FaultKind::Pause,
+            worker: 1,
+            start: S + S / 2,
+            end: 6 * S,
+        };
+        let h = [
+            permit(1, 1, S, 1),
+            permit(2, 1, 2 * S, 2),
+            permit(3, 1, 3 * S, 3),
+            permit(4, 1, 4 * S, 4),
+            lost(1, 1, 6 * S + S / 10),
+            exit(1, 1, 6 * S + S / 5),
+            exit(2, 1, 7 * S),
+            exit(3, 1, 7 * S),
+            exit(4, 1, 7 * S),
+            permit(2, 2, 7 * S + S / 2, 5),
+            exit(2, 2, 7 * S + S / 2 + 1),
+        ];
+        let r = run(&h, std::slice::from_ref(&pause));
+        assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
+        assert!(
+            r.violations.iter().any(|v| v.contains("token 4")),
+            "{:?}",
+            r.violations
+        );
     }
 
     #[test]
