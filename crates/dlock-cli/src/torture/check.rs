@@ -498,6 +498,14 @@ mod tests {
         }
     }
 
+    fn permit(worker: u32, hold: u64, t: u64, token: u64) -> Stamped {
+        let mut g = grant(worker, hold, t, token);
+        if let WorkerEvent::Grant { kind, .. } = &mut g.event {
+            *kind = HoldKind::Permit;
+        }
+        g
+    }
+
     fn exit(worker: u32, hold: u64, t: u64) -> Stamped {
         Stamped {
             worker,
@@ -636,13 +644,6 @@ mod tests {
     /// restarts: the checker judged the oldest permit holder, which no fault had touched.)
     #[test]
     fn an_over_granted_permit_is_judged_on_the_stale_holder() {
-        let permit = |worker, hold, t, token| {
-            let mut g = grant(worker, hold, t, token);
-            if let WorkerEvent::Grant { kind, .. } = &mut g.event {
-                *kind = HoldKind::Permit;
-            }
-            g
-        };
         let pause = FaultRecord {
             kind: FaultKind::Pause,
             worker: 2,
@@ -671,13 +672,6 @@ mod tests {
     /// violation, even though the stale holder explains the first.
     #[test]
     fn a_second_over_granted_permit_needs_a_second_stale_holder() {
-        let permit = |worker, hold, t, token| {
-            let mut g = grant(worker, hold, t, token);
-            if let WorkerEvent::Grant { kind, .. } = &mut g.event {
-                *kind = HoldKind::Permit;
-            }
-            g
-        };
         let pause = FaultRecord {
             kind: FaultKind::Pause,
             worker: 1,
