@@ -1132,11 +1132,7 @@ impl PrivateSentinel {
     }
 
     async fn start_with(master: &PrivateRedis, name: &str, password: Option<&str>) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("dlock-sentinel-test-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -2098,21 +2094,8 @@ async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit
             ),
             cut_after("the node ran the acquisition", hlen),
         );
-        let g = g.unwrap();
-        let counts: Vec<String> = redis::cmd("HVALS")
-            .arg(&name)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(counts, ["1"], "one hold, counted once");
         lock_resent += monitor.resent_scripts();
-        g.release().await.unwrap();
-        let left: bool = redis::cmd("EXISTS")
-            .arg(&name)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert!(!left, "one release frees the lock");
+        one_hold_then_free(&mut admin, &name, g.unwrap()).await;
         if lock_resent > 0 {
             break;
         }
@@ -2137,17 +2120,8 @@ async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit
             ),
             cut_after("the node ran the permit's acquisition", taken),
         );
-        let permit = permit.unwrap();
-        assert_eq!(sem.available().await.unwrap(), 0, "one permit taken, once");
         sem_resent += monitor.resent_scripts();
-        permit.release().await.unwrap();
-        eventually(Duration::from_secs(5), "the permit is back", || async {
-            match sem.available().await {
-                Ok(1) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await;
+        one_permit_then_back(&sem, permit.unwrap()).await;
         if sem_resent > 0 {
             break;
         }
@@ -2165,6 +2139,42 @@ async fn cluster_acquire_resent_after_a_cut_reply_leaves_one_hold_and_one_permit
         .await
         .unwrap();
     assert!(again.is_some(), "the permit is free for anyone");
+}
+
+/// After a fault during its acquisition: the lock `name` has one hold, counted once, and one
+/// release of `g` frees it.
+async fn one_hold_then_free(
+    admin: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    g: dlock_core::LockGuard,
+) {
+    let counts: Vec<String> = redis::cmd("HVALS")
+        .arg(name)
+        .query_async(admin)
+        .await
+        .unwrap();
+    assert_eq!(counts, ["1"], "one hold, counted once");
+    g.release().await.unwrap();
+    let left: bool = redis::cmd("EXISTS")
+        .arg(name)
+        .query_async(admin)
+        .await
+        .unwrap();
+    assert!(!left, "one release frees the lock");
+}
+
+/// After a fault during its acquisition: the one-permit semaphore `sem` has its permit taken
+/// once, and it is back after one release of `permit`.
+async fn one_permit_then_back(sem: &dlock_core::DynSemaphore, permit: dlock_core::LockGuard) {
+    assert_eq!(sem.available().await.unwrap(), 0, "one permit taken, once");
+    permit.release().await.unwrap();
+    eventually(Duration::from_secs(5), "the permit is back", || async {
+        match sem.available().await {
+            Ok(1) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 /// The `EVALSHA` calls a server ran, seen through `MONITOR`.
@@ -2249,19 +2259,7 @@ async fn replies_lost_leave_one_hold_and_no_leaked_permit(server: &PrivateRedis,
     )
     .await
     .unwrap();
-    let counts: Vec<String> = redis::cmd("HVALS")
-        .arg(&name)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert_eq!(counts, ["1"], "one hold, counted once");
-    g.release().await.unwrap();
-    let left: bool = redis::cmd("EXISTS")
-        .arg(&name)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    assert!(!left, "one release frees the lock");
+    one_hold_then_free(&mut admin, &name, g).await;
 
     pause(1000).await;
     let permit = must(
@@ -2271,15 +2269,7 @@ async fn replies_lost_leave_one_hold_and_no_leaked_permit(server: &PrivateRedis,
     )
     .await
     .unwrap();
-    assert_eq!(sem.available().await.unwrap(), 0, "one permit taken, once");
-    permit.release().await.unwrap();
-    eventually(Duration::from_secs(5), "the permit is back", || async {
-        match sem.available().await {
-            Ok(1) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    one_permit_then_back(&sem, permit).await;
     let other = RedisProvider::connect(url).await.unwrap();
     let again = other
         .semaphore(&sem_name, 1, LockOptions::default())

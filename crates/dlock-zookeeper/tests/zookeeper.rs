@@ -32,6 +32,29 @@ async fn admin(url: &str) -> zk::Client {
     zk::Client::connect(&config.connect_string()).await.unwrap()
 }
 
+/// Ends `p`'s session on the server, as an expiry does: another client takes the session
+/// over and closes it.
+async fn close_session(p: &ZkProvider, config: &ZkConfig) {
+    let thief = zk::Client::connector()
+        .with_session(p.client().session().clone())
+        .connect(&config.connect_string())
+        .await
+        .unwrap();
+    drop(thief);
+}
+
+/// Waits until `p` runs on a session other than `old` (it reopened after an expiry).
+async fn a_new_session(p: &ZkProvider, old: i64) {
+    eventually(LIMIT, "a new session", || async {
+        if p.session_id() != old {
+            Ok(())
+        } else {
+            Err("old session")
+        }
+    })
+    .await;
+}
+
 /// The contender nodes under `path` (names only).
 async fn recipe_children(admin: &zk::Client, path: &str) -> Vec<String> {
     match admin.list_children(path).await {
@@ -357,12 +380,7 @@ async fn session_expiry_reports_loss() {
         }
     })
     .await;
-    let thief = zk::Client::connector()
-        .with_session(a.client().session().clone())
-        .connect(&config.connect_string())
-        .await
-        .unwrap();
-    drop(thief); // closes the session on the server
+    close_session(&a, &config).await;
     eventually(LIMIT, "the session's node is gone", || async {
         let n = recipe_children(&admin, &path).await.len();
         if n == 0 { Ok(()) } else { Err(n) }
@@ -379,14 +397,7 @@ async fn session_expiry_reports_loss() {
     let err = g.release().await.unwrap_err();
     assert!(matches!(err, dlock_core::Error::LockLost { .. }), "{err:?}");
     // The provider recovers with a new session.
-    eventually(LIMIT, "a new session", || async {
-        if a.session_id() != old_session {
-            Ok(())
-        } else {
-            Err("old session")
-        }
-    })
-    .await;
+    a_new_session(&a, old_session).await;
     let other = Names::new().name("after-expiry");
     let g3 = must(
         LIMIT,
@@ -447,20 +458,8 @@ async fn a_provider_on_the_applications_connector() {
     // The session expires (taken over and closed): the next one is opened with the
     // application's connector too.
     let old = own.session_id();
-    let thief = zk::Client::connector()
-        .with_session(own.client().session().clone())
-        .connect(&config.connect_string())
-        .await
-        .unwrap();
-    drop(thief);
-    eventually(LIMIT, "a new session", || async {
-        if own.session_id() != old {
-            Ok(())
-        } else {
-            Err("old session")
-        }
-    })
-    .await;
+    close_session(&own, &config).await;
+    a_new_session(&own, old).await;
     take(&own, "z").await.unwrap().release().await.unwrap();
 
     // Clean up what only alice may delete.
@@ -509,12 +508,7 @@ async fn a_thousand_holds_lost_with_their_session_cost_no_deletes() {
     assert_eq!(a.stats().sessions, 1);
     let old_session = a.session_id();
     proxy.block();
-    let thief = zk::Client::connector()
-        .with_session(a.client().session().clone())
-        .connect(&config.connect_string())
-        .await
-        .unwrap();
-    drop(thief); // closes the session on the server
+    close_session(&a, &config).await;
     let deletes_before = a.stats().deletes;
     proxy.unblock();
     let all_lost = futures::future::join_all(guards.iter().map(|g| g.lost()));
