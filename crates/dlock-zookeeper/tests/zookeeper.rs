@@ -436,10 +436,12 @@ async fn a_provider_on_the_applications_connector() {
         .await
         .unwrap();
     let chrooted = ZkConfig::from_url(&format!("zk://{}{root}", config.connect_string())).unwrap();
+    // The provider behind a proxy, so that it cannot take its session back while the test
+    // closes it.
+    let proxy = Proxy::start(config.hosts[0].clone()).await;
+    let proxied = ZkConfig::from_url(&format!("zk://127.0.0.1:{}{root}", proxy.port)).unwrap();
     let own = ZkProvider::connect_with(
-        chrooted
-            .clone()
-            .with_connector(zk::Client::connector().with_auth("digest", secret)),
+        proxied.with_connector(zk::Client::connector().with_auth("digest", secret)),
     )
     .await
     .unwrap();
@@ -458,7 +460,9 @@ async fn a_provider_on_the_applications_connector() {
     // The session expires (taken over and closed): the next one is opened with the
     // application's connector too.
     let old = own.session_id();
+    proxy.block();
     close_session(&own, &config).await;
+    proxy.unblock();
     a_new_session(&own, old).await;
     take(&own, "z").await.unwrap().release().await.unwrap();
 
