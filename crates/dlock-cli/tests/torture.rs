@@ -109,6 +109,94 @@ fn an_honest_store_passes_and_nothing_is_left_running() {
     );
 }
 
+/// State (`R`, `S`, `T`, `Z`, ...) and parent of a process, from `/proc/PID/stat`; `None` once
+/// it is gone.
+fn state_and_parent(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": the command may hold spaces and parentheses.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let parent = rest.next()?.parse().ok()?;
+    Some((state, parent))
+}
+
+/// Issue 14: "a torture run never leaves processes behind", even when the coordinator itself
+/// is SIGKILLed while it has a worker SIGSTOPped (as a stopped stress run did). A running
+/// worker stops when its stdin closes; the stopped one cannot read, so before the fix it stayed
+/// stopped forever. Workers now ask the kernel for SIGKILL when the coordinator dies.
+#[test]
+fn a_killed_coordinator_leaves_no_worker_behind() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let mut coordinator = Command::new(DLOCK)
+        .args([
+            "torture",
+            "--url",
+            &url,
+            "--processes",
+            "3",
+            "--duration",
+            "120s",
+        ])
+        .args([
+            "--lease", "2s", "--names", "2", "--faults", "pause", "--seed", "5150",
+        ])
+        .env_remove("DLOCK_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let me = coordinator.id();
+    let children = || -> Vec<(u32, char)> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| match state_and_parent(pid) {
+                Some((state, parent)) if parent == me => Some((pid, state)),
+                _ => None,
+            })
+            .collect()
+    };
+    // Wait for the first pause: a worker stopped by the coordinator.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let workers = loop {
+        let now = children();
+        if now.iter().any(|&(_, state)| state == 'T') {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker was paused within 60 s: {now:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    coordinator.kill().unwrap();
+    coordinator.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // Gone, or a zombie waiting for its new parent to reap it: dead either way.
+        let alive: Vec<(u32, char)> = workers
+            .iter()
+            .filter_map(|&(pid, _)| state_and_parent(pid).map(|(state, _)| (pid, state)))
+            .filter(|&(_, state)| state != 'Z')
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            for &(pid, _) in &alive {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+            panic!("workers outlived their killed coordinator: {alive:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_lock_without_exclusion_is_caught() {
     let scratch = Scratch::new();

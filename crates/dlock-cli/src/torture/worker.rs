@@ -63,12 +63,30 @@ fn emit(event: &WorkerEvent) {
     }
 }
 
+/// Asks the kernel to SIGKILL this worker when the coordinator dies, so that a coordinator
+/// killed outright (SIGKILL, a stopped stress run) leaves no worker behind. A running worker
+/// would stop anyway when its stdin closes; this is for the one the coordinator had SIGSTOPped,
+/// which reads nothing until it is continued (SIGKILL ends a stopped process too). Had the
+/// coordinator died before this call, the worker's stdin is already closed and it stops at its
+/// first read. The coordinator spawns workers from its runtime's threads, which live as long as
+/// it does (the signal follows the thread that spawned the worker).
+fn die_with_the_coordinator() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
+        emit(&WorkerEvent::Error {
+            t: now_ns(),
+            what: format!("PR_SET_PDEATHSIG: {e}"),
+        });
+    }
+}
+
 /// What one acquisition got.
 struct Held {
     guards: Vec<(u64, String, HoldKind, LockGuard)>,
 }
 
 pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
+    die_with_the_coordinator();
     emit(&WorkerEvent::Start {
         t: now_ns(),
         pid: std::process::id(),
