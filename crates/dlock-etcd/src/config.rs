@@ -1,0 +1,335 @@
+//! `etcd://` URLs and the configuration they parse into.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_core::backend::parse_host_list;
+use dlock_core::{Error, LockName, Result, redact};
+
+/// The port an `etcd://` host without one is reached on (etcd's client port).
+pub const DEFAULT_PORT: u16 = 2379;
+
+/// The time-to-live of the provider's lease when the URL does not set `ttl_s`: a client that
+/// stops talking to etcd (dead, paused, cut off) loses its holds this long after its last
+/// keep-alive, and the next waiter gets the lock.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// The shortest lease time-to-live: etcd rounds shorter ones up to about one and a half
+/// election timeouts (1.5 s with its defaults), and counts in whole seconds.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// The key prefix when the URL has no path.
+pub const DEFAULT_PREFIX: &str = "dlock/";
+
+/// How an etcd provider connects and where its keys live.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_etcd::EtcdConfig;
+///
+/// let c = EtcdConfig::from_url("etcd://10.0.0.1,10.0.0.2:2479/locks?ttl_s=5").unwrap();
+/// assert_eq!(c.endpoints, ["10.0.0.1:2379", "10.0.0.2:2479"]);
+/// assert_eq!(c.prefix, "locks/");
+/// assert_eq!(c.lease_ttl, Duration::from_secs(5));
+/// // Lock "jobs/nightly" is etcd's lock name "locks/jobs%2Fnightly": `etcdctl lock` on that
+/// // name and dlock exclude each other.
+/// assert_eq!(c.etcd_lock_name("jobs/nightly").unwrap(), "locks/jobs%2Fnightly");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdConfig {
+    /// `host:port` of each member the client may talk to.
+    pub endpoints: Vec<String>,
+    /// Prepended to every lock's etcd name: the URL's path with a `/` at its end,
+    /// [`DEFAULT_PREFIX`] without a path, nothing for a path of `/`.
+    pub prefix: String,
+    /// The time-to-live of the provider's lease (whole seconds, at least [`MIN_LEASE_TTL`]).
+    pub lease_ttl: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Option<Duration>,
+    user: Option<(String, String)>,
+}
+
+impl EtcdConfig {
+    /// Parses `etcd://[user:password@]host[:port][,host[:port]...][/prefix][?ttl_s=N&connect_timeout_ms=N]`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming what is wrong (never the password): another scheme, no host,
+    /// a bad port, an unknown query parameter, a lease time-to-live under two seconds;
+    /// [`Error::Unsupported`] for `etcds://` (TLS is not built yet).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let shown = redact(url);
+        let bad = |why: &str| Error::config(format!("{shown:?}: {why}"));
+        if url.starts_with("etcds://") {
+            return Err(Error::unsupported(
+                crate::BACKEND,
+                "etcds:// (TLS to etcd) is not built yet; reach etcd over a TLS tunnel or a \
+                 local member",
+            ));
+        }
+        let Some(rest) = url.strip_prefix("etcd://") else {
+            let scheme = url.split("://").next().unwrap_or("");
+            return Err(if url.contains("://") {
+                Error::config(format!(
+                    "the etcd backend takes etcd:// URLs, not {scheme}://"
+                ))
+            } else {
+                bad("not a URL; expected etcd://host:port[,host:port...][/prefix]")
+            });
+        };
+        if rest.contains('#') {
+            return Err(bad("an etcd URL has no #fragment"));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+            None => (rest, None),
+        };
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let user = match userinfo {
+            None => None,
+            Some(info) => {
+                let Some((user, password)) = info.split_once(':') else {
+                    return Err(bad("credentials must be user:password"));
+                };
+                let user =
+                    percent_decode(user).ok_or_else(|| bad("malformed %-escape in the user"))?;
+                let password = percent_decode(password)
+                    .ok_or_else(|| bad("malformed %-escape in the password"))?;
+                if user.is_empty() {
+                    return Err(bad("etcd authentication needs a user name"));
+                }
+                Some((user, password))
+            }
+        };
+        if hostlist.is_empty() {
+            return Err(bad("an etcd URL needs at least one host"));
+        }
+        let endpoints = parse_host_list(hostlist, DEFAULT_PORT).map_err(|why| bad(&why))?;
+        let prefix = match path {
+            None => DEFAULT_PREFIX.to_owned(),
+            Some(p) => {
+                let p = percent_decode(p).ok_or_else(|| bad("malformed %-escape in the path"))?;
+                let trimmed = p.trim_end_matches('/');
+                if trimmed.is_empty() {
+                    String::new()
+                } else {
+                    format!("{trimmed}/")
+                }
+            }
+        };
+        let mut lease_ttl = DEFAULT_LEASE_TTL;
+        let mut connect_timeout = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "ttl_s" => {
+                    lease_ttl = value
+                        .parse::<u32>()
+                        .ok()
+                        .map(|s| Duration::from_secs(u64::from(s)))
+                        .filter(|ttl| *ttl >= MIN_LEASE_TTL)
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "ttl_s={value:?}: expected whole seconds from {} up to {}",
+                                MIN_LEASE_TTL.as_secs(),
+                                u32::MAX
+                            ))
+                        })?;
+                }
+                "connect_timeout_ms" => {
+                    connect_timeout = Some(
+                        value
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|ms| *ms > 0)
+                            .map(|ms| Duration::from_millis(u64::from(ms)))
+                            .ok_or_else(|| {
+                                bad(&format!(
+                                    "connect_timeout_ms={value:?}: expected a positive number \
+                                     of milliseconds"
+                                ))
+                            })?,
+                    );
+                }
+                other => {
+                    return Err(bad(&format!(
+                        "unknown query parameter {other:?} (known: ttl_s, connect_timeout_ms)"
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            endpoints,
+            prefix,
+            lease_ttl,
+            connect_timeout,
+            user,
+        })
+    }
+
+    /// The same configuration with another lease time-to-live (rounded up to whole seconds,
+    /// and to [`MIN_LEASE_TTL`]).
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        self.lease_ttl = Duration::from_secs(secs).max(MIN_LEASE_TTL);
+        self
+    }
+
+    /// The same configuration with credentials (`None`: none), beside the URL.
+    pub fn with_user(mut self, user: Option<(String, String)>) -> Self {
+        self.user = user;
+        self
+    }
+
+    pub(crate) fn user(&self) -> Option<&(String, String)> {
+        self.user.as_ref()
+    }
+
+    /// The lease time-to-live in etcd's unit (seconds).
+    pub(crate) fn ttl_secs(&self) -> i64 {
+        i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    /// Identifies the cluster and prefix, without credentials; the same for every spelling of
+    /// one member list.
+    pub fn store_id(&self) -> String {
+        let mut hosts = self.endpoints.clone();
+        hosts.sort();
+        format!("etcd://{}/{}", hosts.join(","), self.prefix)
+    }
+
+    /// The etcd lock name of dlock lock `name`: the prefix, then the name with `%` and `/`
+    /// escaped (`%25`, `%2F`), so that no lock's keys lie under another's (`a` and `a/b` are
+    /// `a/` and `a%2Fb/`). `etcdctl lock` on this name and dlock exclude each other.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a name that is not a valid [`LockName`].
+    pub fn etcd_lock_name(&self, name: &str) -> Result<String> {
+        let name = LockName::new(name)?;
+        Ok(self.lock_name(&name))
+    }
+
+    pub(crate) fn lock_name(&self, name: &LockName) -> String {
+        let mut out = self.prefix.clone();
+        for c in name.as_str().chars() {
+            match c {
+                '%' => out.push_str("%25"),
+                '/' => out.push_str("%2F"),
+                c => out.push(c),
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.user {
+            Some((user, _)) => write!(
+                f,
+                "etcd://{user}:***@{}/{}",
+                self.endpoints.join(","),
+                self.prefix
+            ),
+            None => f.write_str(&self.store_id()),
+        }
+    }
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("url", &self.to_string())
+            .field("lease_ttl", &self.lease_ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_prefix_and_parameters() {
+        let c = EtcdConfig::from_url(
+            "etcd://u:p%40ss@a:1,b,[::1]:2381/base/x/?ttl_s=4&connect_timeout_ms=900",
+        )
+        .unwrap();
+        assert_eq!(c.endpoints, ["a:1", "b:2379", "[::1]:2381"]);
+        assert_eq!(c.prefix, "base/x/");
+        assert_eq!(c.lease_ttl, Duration::from_secs(4));
+        assert_eq!(c.connect_timeout, Some(Duration::from_millis(900)));
+        assert_eq!(c.user(), Some(&("u".to_owned(), "p@ss".to_owned())));
+        assert!(!format!("{c} {c:?}").contains("p@ss"));
+        let same = EtcdConfig::from_url("etcd://[::1]:2381,b:2379,a:1/base/x").unwrap();
+        assert_eq!(same.store_id(), c.store_id(), "one cluster, two spellings");
+        assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().prefix, "dlock/");
+        assert_eq!(EtcdConfig::from_url("etcd://h/").unwrap().prefix, "");
+    }
+
+    #[test]
+    fn bad_urls_are_refused_with_the_reason() {
+        for (url, says) in [
+            ("redis://h", "not redis://"),
+            ("etcd://", "at least one host"),
+            ("etcd://h:0", "h:0"),
+            ("etcd://h?ttl_s=1", "ttl_s"),
+            ("etcd://h?ttl_s=-3", "ttl_s"),
+            ("etcd://h?ttl=5", "unknown query parameter \"ttl\""),
+            ("etcd://h?connect_timeout_ms=0", "connect_timeout_ms"),
+            ("etcd://:secret@h", "user name"),
+            ("etcd://h#x", "fragment"),
+            ("etcd://h/%zz", "%-escape"),
+        ] {
+            let e = EtcdConfig::from_url(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(!e.contains("secret"), "{url}: {e}");
+        }
+        assert!(matches!(
+            EtcdConfig::from_url("etcds://h"),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    /// Escaping only `%` and `/` is injective and leaves no `/` in a name: no lock's key
+    /// range holds another's keys.
+    #[test]
+    fn lock_names_never_nest() {
+        let c = EtcdConfig::from_url("etcd://h").unwrap();
+        let names = ["a", "a/b", "a%2Fb", "a%b", "%", "/", "%2F", "a/", "a//"];
+        let mut seen = std::collections::HashSet::new();
+        for n in names {
+            let mapped = c.etcd_lock_name(n).unwrap();
+            assert!(!mapped["dlock/".len()..].contains('/'), "{n} -> {mapped}");
+            assert!(seen.insert(mapped.clone()), "{n} collides as {mapped}");
+        }
+        assert_eq!(c.etcd_lock_name("jobs").unwrap(), "dlock/jobs");
+    }
+}

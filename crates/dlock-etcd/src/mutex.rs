@@ -1,0 +1,494 @@
+//! The mutex: etcd's own lock (the recipe behind `etcdctl lock` and the v3 Lock RPC). A
+//! contender puts `{lock name}/{lease id in hex}` with the provider's lease; the key with the
+//! lowest create revision holds the lock; every other waits for the delete of the key just
+//! before its own (no herd), then looks again. The holder's create revision is its fencing
+//! token: etcd's revisions only grow, across releases, expiries, restarts and elections.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_core::backend::{Backoff, Deadline, Hold, HoldSignal, NewHold, RawLock, Request, later};
+use dlock_core::{
+    Error, FencingToken, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
+};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::BACKEND;
+use crate::error::{from_etcd, is_transient};
+use crate::session::{Claim, RETRY_MAX, RETRY_MIN, Session};
+
+/// A mutex handle: the etcd lock name (`{prefix}{escaped name}`) it contends for.
+#[derive(Debug)]
+pub(crate) struct EtcdMutex {
+    pub(crate) session: Arc<Session>,
+    pub(crate) lock_name: String,
+}
+
+#[async_trait]
+impl RawLock for EtcdMutex {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        acquire(
+            &self.session,
+            req.name,
+            &self.lock_name,
+            req.options,
+            req.deadline,
+        )
+        .await
+    }
+}
+
+/// The key range of lock name `lock_name`: `{lock_name}/`, as etcd's lock has it.
+fn range(lock_name: &str) -> String {
+    format!("{lock_name}/")
+}
+
+/// The first key of a range by create revision: the holder.
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// A contender's key while it is not a hold yet: deleted if the acquire ends without the
+/// lock (a deadline, an error, a dropped future), and only then given back to the provider.
+struct Undo {
+    session: Arc<Session>,
+    claim: Option<Claim>,
+    /// The put in flight, if any. It runs in a task of its own and is never cut off midway:
+    /// a put cancelled on the wire could still reach the cluster after the undo's delete
+    /// (another member, another connection) and leave a key nobody deletes. The undo waits
+    /// for it to finish, then deletes.
+    put: Option<JoinHandle<Entered>>,
+}
+
+/// What the put transaction of [`enter`] answered.
+type Entered = Result<(bool, Look), etcd_client::Error>;
+
+impl Undo {
+    /// Hands the key to the hold.
+    fn disarm(&mut self) -> Option<Claim> {
+        self.claim.take()
+    }
+
+    /// The wait ended without the lock: deletes the key before returning, so a caller that
+    /// tries again at once (or another handle of this provider) does not find it queued. Cut
+    /// off (the core's grace after the deadline), the drop deletes it in the background.
+    async fn give_up(mut self) -> Result<Option<LockGuard>> {
+        if let Some(put) = self.put.take() {
+            let _ = put.await;
+        }
+        if let Some(claim) = &self.claim {
+            delete_key(&self.session, &claim.key, None).await?;
+        }
+        self.claim = None;
+        Ok(None)
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let Some(claim) = self.disarm() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let session = Arc::clone(&self.session);
+        let put = self.put.take();
+        runtime.spawn(async move {
+            if let Some(put) = put {
+                let _ = put.await;
+            }
+            let _ = delete_key(&session, &claim.key, None).await;
+            drop(claim);
+        });
+    }
+}
+
+/// Deletes `key` (only if it still has create revision `rev`, when given), retrying transient
+/// errors for at most the lease's time-to-live: after that the lease ends the key anyway.
+/// Returns whether the key was ours and is gone now.
+async fn delete_key(session: &Session, key: &str, rev: Option<i64>) -> Result<bool> {
+    let give_up = later(Instant::now(), session.config.lease_ttl);
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        let mut txn = Txn::new();
+        if let Some(rev) = rev {
+            txn = txn.when([Compare::create_revision(key, CompareOp::Equal, rev)]);
+        }
+        txn = txn.and_then([TxnOp::delete(key, None)]);
+        match session.txn(None, txn).await {
+            Ok(resp) => return Ok(resp.succeeded()),
+            Err(e) if is_transient(&e) && Instant::now() < give_up => backoff.wait().await,
+            Err(e) => return Err(from_etcd(&format!("delete {key}"), e)),
+        }
+    }
+}
+
+/// What a look at the lock found: this contender's key's create revision (0: it has none),
+/// and the holder's (0: nobody holds it).
+#[derive(Debug, Clone, Copy)]
+struct Look {
+    mine: i64,
+    holder: i64,
+}
+
+fn create_revision(resp: &TxnOpResponse) -> i64 {
+    match resp {
+        TxnOpResponse::Get(g) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
+        TxnOpResponse::Put(_) | TxnOpResponse::Delete(_) | TxnOpResponse::Txn(_) => 0,
+    }
+}
+
+/// Puts this contender's key if it has none, and reads its create revision and the holder's,
+/// in one transaction.
+async fn enter(
+    session: &Session,
+    lease: i64,
+    key: &str,
+    range: &str,
+) -> Result<(bool, Look), etcd_client::Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+            TxnOp::get(key, None),
+            TxnOp::get(range, Some(first_created())),
+        ])
+        .or_else([
+            TxnOp::get(key, None),
+            TxnOp::get(range, Some(first_created())),
+        ]);
+    let resp = session.txn(Some(lease), txn).await?;
+    let created = resp.succeeded();
+    let ops = resp.op_responses();
+    let skip = usize::from(created);
+    let mine = ops.get(skip).map_or(0, create_revision);
+    let holder = ops.get(skip + 1).map_or(0, create_revision);
+    Ok((created, Look { mine, holder }))
+}
+
+/// Reads this contender's create revision and the holder's.
+async fn look(session: &Session, key: &str, range: &str) -> Result<Look, etcd_client::Error> {
+    let txn = Txn::new().and_then([
+        TxnOp::get(key, None),
+        TxnOp::get(range, Some(first_created())),
+    ]);
+    let resp = session.txn(None, txn).await?;
+    let ops = resp.op_responses();
+    Ok(Look {
+        mine: ops.first().map_or(0, create_revision),
+        holder: ops.get(1).map_or(0, create_revision),
+    })
+}
+
+/// Waits until the key created just before `mine` in `range` is deleted (at once if there is
+/// none). Only that one key is watched: a release wakes one waiter.
+async fn wait_for_predecessor(
+    session: &Session,
+    range: &str,
+    mine: i64,
+) -> Result<(), etcd_client::Error> {
+    session.count_get();
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_max_create_revision(mine - 1)
+        .with_limit(1);
+    let mut client = session.client();
+    let resp = client.get(range, Some(options)).await?;
+    let Some(before) = resp.kvs().first() else {
+        return Ok(());
+    };
+    let key = before.key().to_vec();
+    let from = resp.header().map_or(0, |h| h.revision()) + 1;
+    session.count_watch();
+    let mut stream = client
+        .watch(
+            key,
+            Some(
+                WatchOptions::new()
+                    .with_start_revision(from)
+                    .with_filters([WatchFilterType::NoPut]),
+            ),
+        )
+        .await?;
+    while let Some(resp) = stream.message().await? {
+        if resp.canceled() {
+            // Compacted past `from`, or the watch was refused: look again.
+            return Ok(());
+        }
+        if resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete)
+        {
+            session.count_wakeup();
+            return Ok(());
+        }
+    }
+    Err(etcd_client::Error::WatchError(
+        "the watch stream ended".into(),
+    ))
+}
+
+/// One acquisition: wait for this provider's turn on the name, then contend on etcd.
+pub(crate) async fn acquire(
+    session: &Arc<Session>,
+    name: &LockName,
+    lock_name: &str,
+    options: &LockOptions,
+    deadline: Deadline,
+) -> Result<Option<LockGuard>> {
+    let range = range(lock_name);
+    let mut undo = Undo {
+        session: Arc::clone(session),
+        claim: None,
+        put: None,
+    };
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    'lease: loop {
+        let Some(lease) = deadline.run(session.lease()).await else {
+            return undo.give_up().await;
+        };
+        // Claimed (and so undone) before the put: a put whose answer is lost is still undone.
+        // A retry under the same lease keeps its key (a put that went through is found as
+        // stale and deleted); a key of an ended lease ends with it.
+        let claim = match undo.claim.take() {
+            Some(c) if c.lease == lease => c,
+            _ => session.claim(&range, lease),
+        };
+        let key = claim.key.clone();
+        undo.claim = Some(claim);
+        let mut sent = Instant::now();
+        // Server calls are not cut at the deadline (a zero wait still tries once): the core
+        // cuts a timed acquisition off a grace after it, and the undo gives back the key.
+        let put = {
+            let (session, key, range) = (Arc::clone(session), key.clone(), range.clone());
+            tokio::spawn(async move { enter(&session, lease, &key, &range).await })
+        };
+        let entered = match undo.put.insert(put).await {
+            Ok(r) => r,
+            Err(e) => Err(etcd_client::Error::IoError(std::io::Error::other(e))),
+        };
+        undo.put = None;
+        let (created, mut seen) = match entered {
+            Ok(r) => r,
+            Err(e)
+                if (is_transient(&e) || crate::error::is_lease_gone(&e))
+                    && !deadline.has_passed() =>
+            {
+                backoff.wait().await;
+                continue 'lease;
+            }
+            Err(e) => return Err(from_etcd(&format!("put {key}"), e)),
+        };
+        if !created {
+            // A key of this lease that an earlier contender of this provider failed to delete
+            // (its release's answer never came): stale, since a key is claimed by one
+            // contender at a time. Delete it and start over, so no token is handed out twice.
+            delete_key(session, &key, Some(seen.mine)).await?;
+            continue 'lease;
+        }
+        loop {
+            if seen.mine == 0 {
+                // The key is gone: the lease ended while waiting. Start over with the next.
+                continue 'lease;
+            }
+            if seen.holder == seen.mine {
+                return Ok(Some(grant(
+                    session, name, options, lease, key, seen.mine, sent, &mut undo,
+                )));
+            }
+            if deadline.has_passed() {
+                return undo.give_up().await;
+            }
+            match deadline
+                .run(wait_for_predecessor(session, &range, seen.mine))
+                .await
+            {
+                None => return undo.give_up().await,
+                Some(Ok(())) => {}
+                Some(Err(e)) if is_transient(&e) => backoff.wait().await,
+                Some(Err(e)) => {
+                    return Err(from_etcd(&format!("wait for the lock {lock_name}"), e));
+                }
+            }
+            sent = Instant::now();
+            seen = match look(session, &key, &range).await {
+                Ok(l) => {
+                    backoff.reset();
+                    l
+                }
+                Err(e) if is_transient(&e) && !deadline.has_passed() => {
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(e) => return Err(from_etcd(&format!("look at the lock {lock_name}"), e)),
+            };
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn grant(
+    session: &Arc<Session>,
+    name: &LockName,
+    options: &LockOptions,
+    lease: i64,
+    key: String,
+    rev: i64,
+    sent: Instant,
+    undo: &mut Undo,
+) -> LockGuard {
+    let claim = undo.disarm();
+    let signal = HoldSignal::new();
+    let registration = session.register(lease, &signal);
+    let hold = EtcdHold {
+        session: Arc::clone(session),
+        name: name.clone(),
+        key,
+        rev,
+        lease,
+        registration,
+        end: Mutex::new(later(sent, options.lease.ttl())),
+        claim: Mutex::new(claim),
+        released: std::sync::atomic::AtomicBool::new(false),
+    };
+    let token = FencingToken::new(u64::try_from(rev).unwrap_or(0));
+    LockGuard::new(
+        NewHold::new(
+            BACKEND,
+            LockKind::Mutex,
+            name.clone(),
+            token,
+            options.lease,
+            sent,
+            Arc::new(hold),
+        )
+        .with_signal(signal),
+    )
+}
+
+/// One hold: the key, its create revision (the token) and the lease it lives in.
+#[derive(Debug)]
+pub(crate) struct EtcdHold {
+    session: Arc<Session>,
+    name: LockName,
+    key: String,
+    rev: i64,
+    lease: i64,
+    registration: u64,
+    /// When the client-side lease ends, as far as the last renewal moved it: a leaked hold
+    /// is deleted then.
+    end: Mutex<Instant>,
+    /// The key's reservation in this provider, given back once the key is deleted.
+    claim: Mutex<Option<Claim>>,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl EtcdHold {
+    fn let_go(&self) {
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.session.unregister(self.registration);
+        self.claim
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+    }
+}
+
+#[async_trait]
+impl Hold for EtcdHold {
+    async fn release(&self) -> Result<()> {
+        let result = delete_key(&self.session, &self.key, Some(self.rev)).await;
+        match result {
+            Ok(true) => {
+                self.let_go();
+                Ok(())
+            }
+            Ok(false) => {
+                self.let_go();
+                Err(Error::lock_lost(&self.name))
+            }
+            // The key may still be there (the delete's answer never came): the next owner of
+            // this provider finds it stale and deletes it first, or the lease ends it.
+            Err(e) => {
+                self.let_go();
+                Err(e)
+            }
+        }
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<()> {
+        if self.session.lease_now() != Some(self.lease) {
+            return Err(Error::lock_lost(&self.name));
+        }
+        let sent = Instant::now();
+        let txn = Txn::new().when([Compare::create_revision(
+            self.key.as_str(),
+            CompareOp::Equal,
+            self.rev,
+        )]);
+        match self.session.txn(Some(self.lease), txn).await {
+            Ok(resp) if resp.succeeded() => {
+                *self
+                    .end
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = later(sent, ttl);
+                Ok(())
+            }
+            Ok(_) => Err(Error::lock_lost(&self.name)),
+            Err(e) => Err(from_etcd(&format!("check {}", self.key), e)),
+        }
+    }
+
+    async fn verify(&self) -> Result<bool> {
+        let txn = Txn::new().when([Compare::create_revision(
+            self.key.as_str(),
+            CompareOp::Equal,
+            self.rev,
+        )]);
+        match self.session.txn(Some(self.lease), txn).await {
+            Ok(resp) => Ok(resp.succeeded()),
+            Err(e) => Err(from_etcd(&format!("check {}", self.key), e)),
+        }
+    }
+}
+
+impl Drop for EtcdHold {
+    fn drop(&mut self) {
+        if self.released.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        self.session.unregister(self.registration);
+        // Leaked (the guard's `leak`): nobody renews it any more. Delete it when its
+        // client-side lease would have run out, and only then give the key back.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let session = Arc::clone(&self.session);
+        let key = std::mem::take(&mut self.key);
+        let rev = self.rev;
+        let end = *self
+            .end
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let claim = self
+            .claim
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        runtime.spawn(async move {
+            tokio::time::sleep_until(end).await;
+            let _ = delete_key(&session, &key, Some(rev)).await;
+            drop(claim);
+        });
+    }
+}

@@ -1,0 +1,427 @@
+//! The provider's client and its one lease: every lock key of the provider is attached to it,
+//! a background task keeps it alive, and its end reports every hold taken under it lost.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use dlock_core::backend::{Backoff, HoldSignal, later};
+use dlock_core::{LossReason, Result};
+use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::config::EtcdConfig;
+use crate::error::{from_etcd, is_lease_gone};
+
+/// First pause before a retry of a failed call; doubles up to [`RETRY_MAX`].
+pub(crate) const RETRY_MIN: Duration = Duration::from_millis(20);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Server calls made by one provider, by kind; see
+/// [`EtcdProvider::stats`](crate::EtcdProvider::stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdStats {
+    /// Transactions (acquire, check, release, renewal).
+    pub txns: u64,
+    /// Range reads (a waiter's look for its predecessor, `describe`).
+    pub gets: u64,
+    /// Watches opened (one per wait for a predecessor's delete).
+    pub watches: u64,
+    /// Waiters woken by their predecessor's delete: with no herd, one per handoff.
+    pub wakeups: u64,
+    /// Leases granted: one at connect, and one after each loss of the lease.
+    pub leases: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    txns: AtomicU64,
+    gets: AtomicU64,
+    watches: AtomicU64,
+    wakeups: AtomicU64,
+    leases: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The live holds and the lease they are registered under, behind one lock, so a hold
+/// registered while the lease ends is lost on arrival.
+#[derive(Default)]
+struct Holds {
+    map: HashMap<u64, (i64, HoldSignal)>,
+    /// Keep-alives are failing but the lease may still live: new holds start suspended.
+    suspended: bool,
+}
+
+/// The client and lease shared by every handle of a provider.
+pub(crate) struct Session {
+    pub(crate) config: EtcdConfig,
+    pub(crate) store_id: String,
+    client: Client,
+    /// The live lease; `None` from its end until a new one is granted.
+    lease: watch::Sender<Option<i64>>,
+    holds: Mutex<Holds>,
+    next_hold: AtomicU64,
+    /// The lock keys `{name}/{lease}` in use by this provider's contenders. Two owners of one
+    /// provider share the lease, so a second contender for a name takes a key of its own,
+    /// `{name}/{lease}-{n}`; etcd orders them all by create revision alike.
+    claimed: Mutex<std::collections::HashSet<String>>,
+    next_key: AtomicU64,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdProvider")
+            .field("store", &self.store_id)
+            .field("lease", &*self.lease.borrow())
+            .finish()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Nothing uses the lease any more: revoke it, so a clean shutdown frees its keys at
+        // once instead of at the end of the time-to-live.
+        let Some(lease) = *self.lease.borrow() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let mut client = self.client.clone();
+            runtime.spawn(async move {
+                let _ = client.lease_revoke(lease).await;
+            });
+        }
+    }
+}
+
+impl Session {
+    /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
+    /// session is dropped).
+    pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Self>> {
+        let mut options = ConnectOptions::new();
+        if let Some(t) = config.connect_timeout {
+            options = options.with_connect_timeout(t);
+        }
+        if let Some((user, password)) = config.user() {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        let store = config.store_id();
+        let client = Client::connect(&config.endpoints, Some(options))
+            .await
+            .map_err(|e| from_etcd(&format!("connect to {store}"), e))?;
+        Self::start(config, client).await
+    }
+
+    /// Uses a client the application already has.
+    pub(crate) async fn start(config: EtcdConfig, client: Client) -> Result<Arc<Self>> {
+        let store_id = config.store_id();
+        let session = Arc::new(Self {
+            store_id,
+            client,
+            lease: watch::channel(None).0,
+            holds: Mutex::new(Holds::default()),
+            next_hold: AtomicU64::new(0),
+            claimed: Mutex::new(std::collections::HashSet::new()),
+            next_key: AtomicU64::new(1),
+            counters: Counters::default(),
+            config,
+        });
+        let lease = session.grant().await?;
+        session.lease.send_replace(Some(lease));
+        tokio::spawn(keep_alive(Arc::downgrade(&session), lease));
+        Ok(session)
+    }
+
+    async fn grant(&self) -> Result<i64> {
+        bump(&self.counters.leases);
+        let mut client = self.client.clone();
+        client
+            .lease_grant(self.config.ttl_secs(), None)
+            .await
+            .map(|r| r.id())
+            .map_err(|e| from_etcd(&format!("grant a lease on {}", self.store_id), e))
+    }
+
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The live lease, waiting for a new one while it is being replaced.
+    pub(crate) async fn lease(&self) -> i64 {
+        let mut rx = self.lease.subscribe();
+        loop {
+            if let Some(l) = *rx.borrow_and_update() {
+                return l;
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives in `self`: unreachable while `self` is borrowed.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The lease's id right now, if one is live.
+    pub(crate) fn lease_now(&self) -> Option<i64> {
+        *self.lease.borrow()
+    }
+
+    /// Ends lease `lease` for this client: every hold under it is lost; acquires wait for the
+    /// next lease.
+    pub(crate) fn lease_ended(&self, lease: i64, reason: LossReason) {
+        let ended = self.lease.send_if_modified(|l| {
+            if *l == Some(lease) {
+                *l = None;
+                true
+            } else {
+                false
+            }
+        });
+        if !ended {
+            return;
+        }
+        tracing::warn!(store = %self.store_id, lease, "etcd lease ended: its holds are lost");
+        let lost: Vec<HoldSignal> = {
+            let mut holds = lock(&self.holds);
+            let ids: Vec<u64> = holds
+                .map
+                .iter()
+                .filter(|(_, (l, _))| *l == lease)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| holds.map.remove(&id).map(|(_, s)| s))
+                .collect()
+        };
+        for signal in lost {
+            signal.mark_lost(reason);
+        }
+    }
+
+    /// Registers a live hold's signal under `lease`; a hold of a lease that already ended is
+    /// lost at once.
+    pub(crate) fn register(&self, lease: i64, signal: &HoldSignal) -> u64 {
+        let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
+        let mut holds = lock(&self.holds);
+        if self.lease_now() != Some(lease) {
+            drop(holds);
+            signal.mark_lost(LossReason::SessionExpired);
+            return id;
+        }
+        if holds.suspended {
+            signal.set_suspended(true);
+        }
+        holds.map.insert(id, (lease, signal.clone()));
+        id
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        lock(&self.holds).map.remove(&id);
+    }
+
+    /// Live holds of this provider (for tests).
+    pub(crate) fn live_holds(&self) -> usize {
+        lock(&self.holds).map.len()
+    }
+
+    fn set_suspended(&self, suspended: bool) {
+        let mut holds = lock(&self.holds);
+        if holds.suspended == suspended {
+            return;
+        }
+        holds.suspended = suspended;
+        for (_, signal) in holds.map.values() {
+            signal.set_suspended(suspended);
+        }
+    }
+
+    /// A key for one contender under `range` with `lease`: `{range}{lease:x}` (the key etcd's
+    /// own lock uses) unless another contender of this provider has it, else one of its own.
+    pub(crate) fn claim(self: &Arc<Self>, range: &str, lease: i64) -> Claim {
+        let canonical = format!("{range}{lease:x}");
+        if lock(&self.claimed).insert(canonical.clone()) {
+            return Claim {
+                session: Arc::clone(self),
+                key: canonical,
+                lease,
+                canonical: true,
+            };
+        }
+        let n = self.next_key.fetch_add(1, Ordering::Relaxed);
+        Claim {
+            session: Arc::clone(self),
+            key: format!("{canonical}-{n:x}"),
+            lease,
+            canonical: false,
+        }
+    }
+
+    /// A transaction, counted. A lease that is gone is noted (its holds are lost).
+    pub(crate) async fn txn(
+        &self,
+        lease: Option<i64>,
+        txn: Txn,
+    ) -> Result<TxnResponse, etcd_client::Error> {
+        bump(&self.counters.txns);
+        let result = self.client.clone().txn(txn).await;
+        if let (Err(e), Some(lease)) = (&result, lease)
+            && is_lease_gone(e)
+        {
+            self.lease_ended(lease, LossReason::SessionExpired);
+        }
+        result
+    }
+
+    pub(crate) fn count_get(&self) {
+        bump(&self.counters.gets);
+    }
+
+    pub(crate) fn count_watch(&self) {
+        bump(&self.counters.watches);
+    }
+
+    pub(crate) fn count_wakeup(&self) {
+        bump(&self.counters.wakeups);
+    }
+
+    pub(crate) fn stats(&self) -> EtcdStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EtcdStats {
+            txns: get(&c.txns),
+            gets: get(&c.gets),
+            watches: get(&c.watches),
+            wakeups: get(&c.wakeups),
+            leases: get(&c.leases),
+        }
+    }
+}
+
+/// A contender's key, reserved in its provider until dropped (after the key was deleted).
+#[derive(Debug)]
+pub(crate) struct Claim {
+    session: Arc<Session>,
+    pub(crate) key: String,
+    /// The lease the key is put with.
+    pub(crate) lease: i64,
+    canonical: bool,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.canonical {
+            lock(&self.session.claimed).remove(&self.key);
+        }
+    }
+}
+
+/// What one keep-alive round found.
+enum Round {
+    /// The server extended the lease.
+    Kept,
+    /// The server says the lease is gone (expired or revoked).
+    Gone,
+    /// No answer: the call failed or timed out.
+    Failed,
+}
+
+async fn keep_once(
+    keeper: &mut Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
+    client: &mut Client,
+    lease: i64,
+    until: Instant,
+) -> Round {
+    let round = async {
+        if keeper.is_none() {
+            *keeper = Some(client.lease_keep_alive(lease).await?);
+        }
+        let Some((k, stream)) = keeper.as_mut() else {
+            return Ok(None);
+        };
+        k.keep_alive().await?;
+        stream.message().await
+    };
+    match timeout_at(until, round).await {
+        Ok(Ok(Some(resp))) if resp.ttl() > 0 => Round::Kept,
+        Ok(Ok(Some(_))) => Round::Gone,
+        Ok(Err(e)) if is_lease_gone(&e) => Round::Gone,
+        _ => {
+            // A stream that failed once is not trusted again.
+            *keeper = None;
+            Round::Failed
+        }
+    }
+}
+
+/// Keeps the session's lease alive every third of its time-to-live. While keep-alives fail
+/// the holds are suspended; once the lease's time-to-live has passed since the last
+/// keep-alive the server answered (counted from when it was sent), or the server says the
+/// lease is gone, every hold is lost and a new lease is granted for later acquires.
+async fn keep_alive(session: Weak<Session>, mut lease: i64) {
+    let (ttl, mut client) = match session.upgrade() {
+        Some(s) => (s.config.lease_ttl, s.client()),
+        None => return,
+    };
+    let period = ttl / 3;
+    let mut keeper = None;
+    let mut last_ok = Instant::now();
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        let sent = Instant::now();
+        // A round never outlasts the lease: the loss is reported when the lease ends.
+        let until = later(sent, period).min(later(last_ok, ttl));
+        let round = keep_once(&mut keeper, &mut client, lease, until).await;
+        let Some(s) = session.upgrade() else { return };
+        let expired = match round {
+            Round::Kept => {
+                last_ok = sent;
+                s.set_suspended(false);
+                backoff.reset();
+                false
+            }
+            Round::Gone => true,
+            Round::Failed => {
+                s.set_suspended(true);
+                Instant::now() >= later(last_ok, ttl)
+            }
+        };
+        if expired {
+            s.lease_ended(lease, LossReason::SessionExpired);
+            keeper = None;
+            // A new lease for the acquires to come, as soon as the server grants one.
+            loop {
+                match s.grant().await {
+                    Ok(l) => {
+                        lease = l;
+                        last_ok = Instant::now();
+                        s.set_suspended(false);
+                        s.lease.send_replace(Some(l));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "etcd: granting a new lease failed; retrying");
+                        backoff.wait().await;
+                    }
+                }
+            }
+            continue;
+        }
+        drop(s);
+        match round {
+            Round::Kept => sleep_until(later(sent, period)).await,
+            _ => {
+                let pause = backoff.next_pause();
+                sleep_until(later(Instant::now(), pause).min(later(last_ok, ttl))).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The conformance suite against a real etcd: one member (`DLOCK_ETCD_URL`) and a 3-member
+//! cluster (`DLOCK_ETCD_CLUSTER_URL`), both from `scripts/services up etcd etcd-cluster`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service_url};
+use dlock_core::{DynLockProvider, Result};
+use dlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
+use dlock_etcd::{DEFAULT_PORT, EtcdConfig, EtcdProvider};
+
+/// The lease time-to-live of the clients a case cuts off: the server lets their keys go
+/// this long after their last keep-alive.
+const CUT_TTL: Duration = Duration::from_secs(2);
+
+/// Clients of one etcd store (a member or a cluster) for the suite.
+struct EtcdFactory {
+    label: &'static str,
+    url: String,
+    config: EtcdConfig,
+}
+
+impl EtcdFactory {
+    fn from_env(var: &str, label: &'static str) -> Option<Self> {
+        service_url(var).map(|url| Self {
+            label,
+            config: EtcdConfig::from_url(&url).unwrap(),
+            url,
+        })
+    }
+
+    /// A separate client for the test's own calls.
+    async fn admin(&self) -> Client {
+        Client::connect(&self.config.endpoints, None).await.unwrap()
+    }
+
+    /// The key range of lock `name`.
+    fn range(&self, name: &str) -> String {
+        format!("{}/", self.config.etcd_lock_name(name).unwrap())
+    }
+}
+
+#[async_trait]
+impl Factory for EtcdFactory {
+    fn label(&self) -> String {
+        self.label.into()
+    }
+
+    async fn connect(&self) -> Result<DynLockProvider> {
+        Ok(Arc::new(EtcdProvider::connect(&self.url).await?))
+    }
+
+    /// Through a proxy in front of the first member, with a 2 s lease, so the server lets
+    /// the cut-off holder's keys go well within the case's wait.
+    async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        Some(
+            async {
+                let first = format!("etcd://{}", self.config.endpoints[0]);
+                let (cut, proxied) = ProxyPartition::start(&first, DEFAULT_PORT).await?;
+                let cfg = EtcdConfig::from_url(proxied.trim_end_matches('/'))?;
+                let url = format!(
+                    "etcd://{}/{}?ttl_s={}",
+                    cfg.endpoints[0],
+                    self.config.prefix.trim_end_matches('/'),
+                    CUT_TTL.as_secs()
+                );
+                let p: DynLockProvider = Arc::new(EtcdProvider::connect(&url).await?);
+                Ok((p, Box::new(cut) as Box<dyn Partition>))
+            }
+            .await,
+        )
+    }
+
+    fn holder_timeout(&self) -> Duration {
+        CUT_TTL
+    }
+
+    async fn force_expire(&self, name: &str) -> Option<Result<()>> {
+        let mut admin = self.admin().await;
+        admin
+            .delete(self.range(name), Some(DeleteOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        Some(Ok(()))
+    }
+
+    async fn residue(&self, name: &str) -> Option<Result<usize>> {
+        let mut admin = self.admin().await;
+        let resp = admin
+            .get(
+                self.range(name),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .unwrap();
+        Some(Ok(usize::try_from(resp.count()).unwrap()))
+    }
+}
+
+mod member {
+    use super::EtcdFactory;
+    dlock_conformance::conformance_tests!(EtcdFactory::from_env("DLOCK_ETCD_URL", "etcd"));
+}
+
+mod cluster {
+    use super::EtcdFactory;
+    dlock_conformance::conformance_tests!(EtcdFactory::from_env(
+        "DLOCK_ETCD_CLUSTER_URL",
+        "etcd-cluster"
+    ));
+}
