@@ -15,6 +15,7 @@
 //! | `mysql` | [`sql`]: MySQL / MariaDB (unique-insert, optimistic, for-update) | `mysql://`, `mariadb://` |
 //! | `sqlite` (default) | [`sql`]: embedded SQLite, the default store | `sqlite://` |
 //! | `postgres` | [`sql`]: PostgreSQL (unique-insert, optimistic, for-update) | `postgres://`, `postgresql://` |
+//! | `etcd` | [`etcd`]: locks on etcd, compatible with `etcdctl lock` (needs `protoc` to build) | `etcd://` |
 //! | `all-backends` | every backend below, for CI and docs | |
 //!
 //! # Guards and release
@@ -30,7 +31,8 @@ use std::fmt;
     feature = "zookeeper",
     feature = "mysql",
     feature = "sqlite",
-    feature = "postgres"
+    feature = "postgres",
+    feature = "etcd"
 ))]
 use std::sync::Arc;
 
@@ -50,6 +52,13 @@ pub use dlock_core::backend;
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub mod memory {
     pub use dlock_memory::*;
+}
+
+/// Locks on etcd (`etcd://`), compatible with etcd's own lock (`etcdctl lock`).
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub mod etcd {
+    pub use dlock_etcd::*;
 }
 
 /// Redisson-compatible locks on Redis (`redis://`, `rediss://`).
@@ -116,6 +125,8 @@ pub const SCHEMES: &[&str] = &[
     "postgres",
     #[cfg(feature = "postgres")]
     "postgresql",
+    #[cfg(feature = "etcd")]
+    "etcd",
 ];
 
 /// Every scheme dlock knows, with the feature that enables it.
@@ -130,6 +141,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("sqlite", "sqlite"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
+    ("etcd", "etcd"),
+    ("etcds", "etcd"),
 ];
 
 /// Connects to the store a URL names and returns a client for it.
@@ -142,6 +155,7 @@ const KNOWN: &[(&str, &str)] = &[
 /// | `mysql://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | MySQL / MariaDB | `mysql` |
 /// | `sqlite://path/to/locks.db[?strategy=unique-insert\|optimistic]` | embedded SQLite (file created if missing) | `sqlite` |
 /// | `postgres://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | PostgreSQL | `postgres` |
+/// | `etcd://host:port[,host:port…][/prefix][?ttl_s=N]` | etcd, compatible with `etcdctl lock` | `etcd` |
 ///
 /// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
 /// within the [`Capabilities`] each backend declares.
@@ -170,7 +184,8 @@ const KNOWN: &[(&str, &str)] = &[
         feature = "zookeeper",
         feature = "mysql",
         feature = "sqlite",
-        feature = "postgres"
+        feature = "postgres",
+        feature = "etcd"
     )),
     allow(unreachable_code, unused_variables)
 )]
@@ -200,6 +215,8 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "sqlite" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Arc::new(dlock_etcd::EtcdProvider::connect(url).await?),
         other => {
             return Err(match KNOWN.iter().find(|(s, _)| *s == other) {
                 Some((_, feature)) => Error::config(format!(
