@@ -49,6 +49,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cases;
+pub mod contention;
 mod proxy;
 mod record;
 mod support;

@@ -1,0 +1,513 @@
+//! etcd beyond the conformance suite, against real servers from
+//! `scripts/services up etcd etcd-cluster`:
+//! - interop with etcd's own lock: `etcdctl lock` (Debian's etcd-client) and dlock exclude
+//!   each other both ways, and a dlock waiter wakes when the `etcdctl` holder exits;
+//! - a holder process frozen with SIGSTOP past its lease's time-to-live loses the lock, another
+//!   process acquires within the time-to-live + 2 s, and the holder is told once it runs again;
+//! - the leader of the 3-member cluster killed (SIGKILL) under contention: never two unlost
+//!   holders at once, tokens strictly growing, every contender goes on after the election.
+//!
+//! The frozen holder is this test binary run again (`worker_process`, which does nothing
+//! unless `DLOCK_WORKER` is set), so it is a real process with its own client and lease.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use dlock_conformance::contention::Contention;
+use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::{DynLock, LockOptions, LockProvider, LossReason};
+use dlock_etcd::etcd_client::{Client, GetOptions};
+use dlock_etcd::{EtcdConfig, EtcdProvider};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::Instant;
+
+/// The tests here that kill or stop processes run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The lease time-to-live of the frozen holder.
+const FROZEN_TTL: Duration = Duration::from_secs(2);
+
+/// The first endpoint of an `etcd://` URL, for `etcdctl --endpoints`.
+fn endpoints(url: &str) -> String {
+    EtcdConfig::from_url(url).unwrap().endpoints.join(",")
+}
+
+/// A child process killed (and reaped) when the test ends, however it ends.
+struct Proc {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, lines }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().expect("the process runs").to_string()
+    }
+
+    /// The next line the process prints that `keep` accepts, within `limit`.
+    async fn line(&mut self, limit: Duration, what: &str, keep: impl Fn(&str) -> bool) -> String {
+        must(limit, what, async {
+            loop {
+                match self.lines.next_line().await.unwrap() {
+                    Some(l) if keep(&l) => return l,
+                    Some(_) => {}
+                    None => panic!("{what}: the process ended first"),
+                }
+            }
+        })
+        .await
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} {}", self.pid());
+    }
+}
+
+/// `etcdctl lock NAME` on the member of `url`: prints the key once it holds the lock and
+/// keeps it until interrupted (its own session lease, 10 s by default).
+fn etcdctl_lock(url: &str, lock_name: &str) -> Proc {
+    Proc::spawn(
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", endpoints(url)))
+            .args(["lock", lock_name]),
+    )
+}
+
+/// The keys queued under lock name `lock_name`.
+async fn queued(url: &str, lock_name: &str) -> i64 {
+    let mut c = Client::connect(EtcdConfig::from_url(url).unwrap().endpoints, None)
+        .await
+        .unwrap();
+    c.get(
+        format!("{lock_name}/"),
+        Some(GetOptions::new().with_prefix().with_count_only()),
+    )
+    .await
+    .unwrap()
+    .count()
+}
+
+/// etcd's own lock and dlock on one name: each excludes the other, and a dlock waiter is
+/// woken by the `etcdctl` holder's exit (its key's delete), not by its lease running out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_and_dlock_exclude_each_other() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let p = EtcdProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("etcdctl");
+    let lock_name = p.config().etcd_lock_name(&name).unwrap();
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+
+    // etcdctl first: dlock waits, and gets the lock when etcdctl lets go.
+    let mut ctl = etcdctl_lock(&url, &lock_name);
+    let key = ctl
+        .line(
+            Duration::from_secs(10),
+            "etcdctl takes the free lock",
+            |_| true,
+        )
+        .await;
+    assert!(
+        key.starts_with(&format!("{lock_name}/")),
+        "etcdctl's key {key} is under the lock name {lock_name}"
+    );
+    assert!(
+        lock.try_acquire(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none(),
+        "dlock got the lock etcdctl holds"
+    );
+    let waiter = tokio::spawn({
+        let lock = std::sync::Arc::clone(&lock);
+        async move {
+            let g = lock.acquire().await.unwrap();
+            (Instant::now(), g)
+        }
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the dlock waiter queues",
+        || async {
+            match queued(&url, &lock_name).await {
+                2 => Ok(()),
+                n => Err(n),
+            }
+        },
+    )
+    .await;
+    let exit = Instant::now();
+    ctl.signal("INT");
+    // etcdctl revokes its session's lease on SIGINT: far sooner than that lease's 10 s.
+    let (got, g) = must(
+        Duration::from_secs(5),
+        "the dlock waiter gets the lock etcdctl let go",
+        waiter,
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "dlock waiter granted {:?} after etcdctl's SIGINT",
+        got - exit
+    );
+    let status = must(Duration::from_secs(5), "etcdctl exits", ctl.child.wait())
+        .await
+        .unwrap();
+    assert!(
+        status.success() || status.code().is_none() || status.code() == Some(130),
+        "etcdctl: {status}"
+    );
+
+    // dlock first: etcdctl waits, and gets the lock when dlock releases.
+    let mut ctl = etcdctl_lock(&url, &lock_name);
+    eventually(Duration::from_secs(5), "etcdctl queues", || async {
+        match queued(&url, &lock_name).await {
+            2 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    let early = tokio::time::timeout(Duration::from_millis(500), ctl.lines.next_line()).await;
+    assert!(
+        early.is_err(),
+        "etcdctl said it holds the lock dlock holds: {early:?}"
+    );
+    let token = g.fencing_token().get();
+    g.release().await.unwrap();
+    let key = ctl
+        .line(
+            Duration::from_secs(5),
+            "etcdctl gets the lock dlock released",
+            |_| true,
+        )
+        .await;
+    assert!(key.starts_with(&format!("{lock_name}/")), "{key}");
+    assert!(
+        lock.try_acquire(Duration::ZERO).await.unwrap().is_none(),
+        "dlock got the lock etcdctl holds"
+    );
+    ctl.signal("INT");
+    must(Duration::from_secs(5), "etcdctl exits", ctl.child.wait())
+        .await
+        .unwrap();
+    let g = must(
+        Duration::from_secs(5),
+        "dlock takes the lock again",
+        lock.acquire(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        g.fencing_token().get() > token,
+        "tokens grow across etcdctl's hold"
+    );
+    g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ the frozen holder
+
+/// The worker side, run in a child process: takes the lock, says HELD, then says LOST (with
+/// the reason) when its hold is reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_process() {
+    let Ok(mode) = std::env::var("DLOCK_WORKER") else {
+        return;
+    };
+    assert_eq!(mode, "hold", "unknown worker mode");
+    let url = std::env::var("DLOCK_WORKER_URL").unwrap();
+    let name = std::env::var("DLOCK_WORKER_NAME").unwrap();
+    let p = EtcdProvider::connect(&url).await.unwrap();
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    println!("HELD {}", g.fencing_token());
+    g.lost().await;
+    println!("LOST {:?}", g.loss_reason());
+    // Wait for the test to end this process.
+    std::future::pending::<()>().await;
+}
+
+/// A holder process frozen (SIGSTOP: a GC pause, a VM migration) past its lease's 2 s
+/// time-to-live: the server ends its lease, another process acquires within the
+/// time-to-live + 2 s, and the holder, resumed, is told its hold is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_holder_process_loses_the_lock_within_its_ttl() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let name = Names::new().name("sigstop");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let worker_url = format!("{url}{sep}ttl_s={}", FROZEN_TTL.as_secs());
+    let mut worker = Proc::spawn(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "worker_process",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("DLOCK_WORKER", "hold")
+            .env("DLOCK_WORKER_URL", &worker_url)
+            .env("DLOCK_WORKER_NAME", &name),
+    );
+    let held = worker
+        .line(Duration::from_secs(20), "the worker holds the lock", |l| {
+            l.contains("HELD ")
+        })
+        .await;
+    // The test harness prints its own text before the worker's on the same line.
+    let worker_token: u64 = held.rsplit("HELD ").next().unwrap().trim().parse().unwrap();
+
+    let p = EtcdProvider::connect(&url).await.unwrap();
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    assert!(
+        lock.try_acquire(Duration::ZERO).await.unwrap().is_none(),
+        "held by the worker"
+    );
+    worker.signal("STOP");
+    let frozen = Instant::now();
+    let bound = FROZEN_TTL + Duration::from_secs(2);
+    let g = must(
+        bound + Duration::from_secs(1),
+        "the try after the freeze",
+        lock.try_acquire(bound),
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|| panic!("still held {bound:?} after its holder froze"));
+    eprintln!("free {:?} after SIGSTOP", frozen.elapsed());
+    assert!(g.fencing_token().get() > worker_token);
+
+    // Resumed, the holder learns its lease is gone.
+    worker.signal("CONT");
+    let lost = worker
+        .line(
+            Duration::from_secs(10),
+            "the resumed holder is told of its loss",
+            |l| l.contains("LOST "),
+        )
+        .await;
+    assert!(
+        lost.contains(&format!("{:?}", Some(LossReason::SessionExpired))),
+        "{lost}"
+    );
+    g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ the leader killed
+
+/// The pid `scripts/services` recorded for the cluster member with client port `port`, if
+/// that process still runs that member (its command line names the member's data dir).
+fn member_pid(port: &str) -> Option<u32> {
+    let state_dir = std::env::var_os("DLOCK_SERVICES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("dlock-services"));
+    let pid: u32 = std::fs::read_to_string(state_dir.join(format!("etcd/{port}/etcd.pid")))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    String::from_utf8_lossy(&cmdline)
+        .contains(&format!("etcd/{port}/data"))
+        .then_some(pid)
+}
+
+/// Which of `endpoints` leads, asking each member itself.
+async fn leader_among(endpoints: &[String]) -> Result<String, String> {
+    let mut seen = Vec::new();
+    for e in endpoints {
+        let status = async {
+            let mut c = Client::connect([e.as_str()], None).await.ok()?;
+            tokio::time::timeout(Duration::from_secs(2), c.status())
+                .await
+                .ok()?
+                .ok()
+        }
+        .await;
+        match status {
+            Some(s) if s.header().map(|h| h.member_id()) == Some(s.leader()) => {
+                return Ok(e.clone());
+            }
+            Some(_) => seen.push(format!("{e}: follower")),
+            None => seen.push(format!("{e}: no answer")),
+        }
+    }
+    Err(seen.join(", "))
+}
+
+/// Brings the cluster back whole (`scripts/services up etcd-cluster` restarts a member that
+/// is down) when dropped, so a failing test leaves it whole too.
+struct Restore;
+
+impl Restore {
+    fn run() -> Result<(), String> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = std::process::Command::new(root.join("scripts/services"))
+            .args(["up", "etcd-cluster"])
+            .current_dir(&root)
+            .env("DLOCK_SERVICES_TIMEOUT", "30")
+            .output()
+            .map_err(|e| format!("cannot run scripts/services: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "scripts/services up etcd-cluster failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if let Err(e) = Self::run() {
+            eprintln!("{e}");
+        }
+    }
+}
+
+const CONTENDERS: usize = 4;
+/// Acquisitions every contender must make before the kill, and after the election.
+const PROGRESS: usize = 3;
+
+/// The leader of the 3-member cluster killed while 4 contenders fight over one name: no two
+/// unlost holders at once, tokens strictly increasing, every contender gets in again after
+/// the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_killed_during_contention() {
+    let Some(url) = service_url("DLOCK_ETCD_CLUSTER_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    must(
+        Duration::from_secs(120),
+        "the failover scenario",
+        failover(url),
+    )
+    .await;
+}
+
+async fn failover(url: String) {
+    let endpoints = EtcdConfig::from_url(&url).unwrap().endpoints;
+    assert!(endpoints.len() >= 3, "{url} names fewer than 3 members");
+    let leader = eventually(Duration::from_secs(10), "the cluster has a leader", || {
+        leader_among(&endpoints)
+    })
+    .await;
+    let leader_port = leader.rsplit(':').next().unwrap().to_owned();
+    let Some(pid) = member_pid(&leader_port) else {
+        let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+        let why = format!(
+            "the leader {leader} was not started by scripts/services (no etcd/{leader_port}/etcd.pid), \
+             so it cannot be killed"
+        );
+        assert!(
+            require.is_empty(),
+            "{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    };
+
+    let name = Names::new().name("failover");
+    let mut providers = Vec::new();
+    let mut locks: Vec<DynLock> = Vec::new();
+    for _ in 0..CONTENDERS {
+        let p = must(
+            Duration::from_secs(10),
+            "connect",
+            EtcdProvider::connect(&url),
+        )
+        .await
+        .unwrap();
+        locks.push(p.lock(&name, LockOptions::default()).unwrap());
+        providers.push(p);
+    }
+    let diagnose = || {
+        providers
+            .iter()
+            .map(|p| format!("{:?} lease {:?}", p.stats(), p.lease_id()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let run = Contention::start(locks);
+    let t0 = Instant::now();
+    run.await_progress(
+        t0,
+        PROGRESS,
+        Duration::from_secs(10),
+        "every contender gets in",
+        diagnose,
+    )
+    .await;
+
+    let restore = Restore;
+    let killed_at = Instant::now();
+    let ok = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -KILL {pid}");
+    let others: Vec<String> = endpoints
+        .iter()
+        .filter(|e| **e != leader)
+        .cloned()
+        .collect();
+    let new_leader = eventually(
+        Duration::from_secs(20),
+        "the survivors elect a leader",
+        || leader_among(&others),
+    )
+    .await;
+    let elected_at = Instant::now();
+    eprintln!(
+        "killed the leader {leader} (pid {pid}); {new_leader} leads after {:?}",
+        elected_at - killed_at
+    );
+    run.await_progress(
+        elected_at,
+        PROGRESS,
+        Duration::from_secs(30),
+        "every contender acquires after the election",
+        diagnose,
+    )
+    .await;
+    let report = run.stop(Duration::from_secs(20)).await;
+    drop(restore);
+    report.print("etcd leader killed");
+    report.check();
+    assert!(
+        report.records.iter().any(|r| r.start < killed_at),
+        "acquisitions before the kill"
+    );
+    assert!(report.after(elected_at) >= CONTENDERS * PROGRESS);
+}
