@@ -10,7 +10,8 @@
 //!
 //! let run = Contention::start(locks);
 //! let t0 = tokio::time::Instant::now();
-//! run.await_progress(t0, 3, Duration::from_secs(5), "every contender gets in", || String::new())
+//! let no_details = || async { String::new() };
+//! run.await_progress(t0, 3, Duration::from_secs(5), "every contender gets in", no_details)
 //!     .await;
 //! // ... attack the store here ...
 //! let report = run.stop(Duration::from_secs(10)).await;
@@ -19,6 +20,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -118,14 +120,17 @@ impl Contention {
 
     /// Waits until every contender acquired at least `each` times after `since`; fails the
     /// test after `limit` with the counts, the errors and what `diagnose` says.
-    pub async fn await_progress(
+    pub async fn await_progress<F, Fut>(
         &self,
         since: Instant,
         each: usize,
         limit: Duration,
         what: &str,
-        diagnose: impl Fn() -> String,
-    ) {
+        diagnose: F,
+    ) where
+        F: Fn() -> Fut,
+        Fut: Future<Output = String>,
+    {
         eventually(limit, what, || async {
             let per = self.per_contender_since(since);
             if per.iter().all(|n| *n >= each) {
@@ -133,7 +138,7 @@ impl Contention {
             } else {
                 Err(format!(
                     "{per:?}; {}; errors: {:?}",
-                    diagnose(),
+                    diagnose().await,
                     self.errors()
                 ))
             }

@@ -451,7 +451,7 @@ async fn failover(url: String) {
         locks.push(p.lock(&name, LockOptions::default()).unwrap());
         providers.push(p);
     }
-    let diagnose = || {
+    let diagnose = || async {
         providers
             .iter()
             .map(|p| format!("{:?} lease {:?}", p.stats(), p.lease_id()))

@@ -9,18 +9,15 @@
 //! contenders go on after the election. The killed servers are restarted with
 //! `scripts/services up zk-ensemble` (also when the test fails). The two cases take turns.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_conformance::contention::Contention;
 use dlock_conformance::{Names, eventually, must, service_url};
-use dlock_core::{Error, HoldState, LockOptions, LockProvider};
+use dlock_core::{DynLock, Error, LockOptions, LockProvider};
 use dlock_zookeeper::{ZkConfig, ZkProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 const CONTENDERS: usize = 4;
@@ -46,93 +43,6 @@ const BEFORE_KILL: Duration = Duration::from_secs(2);
 const AFTER_FAILOVER: Duration = Duration::from_secs(3);
 /// Acquisitions every contender must make once the new leader serves.
 const PROGRESS_AFTER: usize = 3;
-
-/// One acquisition, as its contender saw it.
-#[derive(Debug, Clone)]
-struct Record {
-    who: usize,
-    token: u64,
-    /// When `acquire` returned, and when the contender stopped using the lock (before release).
-    start: Instant,
-    end: Instant,
-    /// The guard was reported lost (`lost()` fired or the state was `Lost`).
-    lost: bool,
-    /// The guard was vouched for (`is_held()`) when the contender began to use it.
-    used: bool,
-}
-
-#[derive(Default)]
-struct Shared {
-    /// Contenders using the lock right now (between a held acquisition and loss or release).
-    inside: AtomicUsize,
-    max_inside: AtomicUsize,
-    records: Mutex<Vec<Record>>,
-    /// Failed acquire/release calls (expected while the ensemble elects a leader).
-    errors: Mutex<Vec<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Loops acquire / hold a few ms / release until `stop` turns true.
-async fn contend(
-    who: usize,
-    provider: ZkProvider,
-    name: String,
-    shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let l = provider.lock(&name, LockOptions::default()).unwrap();
-    let mut round = 0u64;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
-        let acquired = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            r = l.acquire() => r,
-        };
-        let g = match acquired {
-            Ok(g) => g,
-            Err(e) => {
-                lock(&shared.errors).push(format!("contender {who}: acquire: {e}"));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        round += 1;
-        let start = Instant::now();
-        let used = g.is_held();
-        let mut lost = false;
-        if used {
-            let before = shared.inside.fetch_add(1, Ordering::SeqCst);
-            shared.max_inside.fetch_max(before + 1, Ordering::SeqCst);
-            // Use the resource for 1-4 ms, stopping at once if the hold is lost.
-            let hold = Duration::from_millis(1 + (round + who as u64) % 4);
-            lost = tokio::select! {
-                _ = g.lost() => true,
-                _ = tokio::time::sleep(hold) => false,
-            };
-            shared.inside.fetch_sub(1, Ordering::SeqCst);
-        }
-        let end = Instant::now();
-        lost |= g.state() == HoldState::Lost;
-        lock(&shared.records).push(Record {
-            who,
-            token: g.fencing_token().get(),
-            start,
-            end,
-            lost,
-            used,
-        });
-        match must(Duration::from_secs(10), "release", g.release()).await {
-            Ok(()) => {}
-            Err(Error::LockLost { .. }) => {}
-            Err(e) => lock(&shared.errors).push(format!("contender {who}: release: {e}")),
-        }
-    }
-}
 
 // ------------------------------------------------------------------ the ensemble
 
@@ -408,11 +318,9 @@ async fn failover(url: String, fault: Fault) {
     };
     let session_timeout = ZkConfig::from_url(&contender_url).unwrap().session_timeout;
     let name = Names::new().name("failover");
-    let shared = Arc::new(Shared::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
     let mut providers = Vec::new();
-    for who in 0..CONTENDERS {
+    let mut locks: Vec<DynLock> = Vec::new();
+    for _ in 0..CONTENDERS {
         let p = must(
             Duration::from_secs(10),
             "connect",
@@ -420,33 +328,21 @@ async fn failover(url: String, fault: Fault) {
         )
         .await
         .unwrap();
-        providers.push(p.clone());
-        tasks.push(tokio::spawn(contend(
-            who,
-            p,
-            name.clone(),
-            Arc::clone(&shared),
-            stop_rx.clone(),
-        )));
+        locks.push(p.lock(&name, LockOptions::default()).unwrap());
+        providers.push(p);
     }
-    let count = |since: Instant| {
-        let mut per = [0usize; CONTENDERS];
-        for r in lock(&shared.records).iter().filter(|r| r.start > since) {
-            per[r.who] += 1;
-        }
-        per
-    };
+    let diagnose = || diagnose(&providers, &name);
 
     // Contention runs: every contender gets in a few times.
+    let run = Contention::start(locks);
     let t0 = Instant::now();
-    eventually(Duration::from_secs(5), "all contenders get in", || async {
-        let per = count(t0);
-        if per.iter().all(|n| *n >= PROGRESS_AFTER) {
-            Ok(())
-        } else {
-            Err(per)
-        }
-    })
+    run.await_progress(
+        t0,
+        PROGRESS_AFTER,
+        Duration::from_secs(5),
+        "all contenders get in",
+        diagnose,
+    )
     .await;
     tokio::time::sleep(BEFORE_KILL.saturating_sub(t0.elapsed())).await;
 
@@ -506,34 +402,16 @@ async fn failover(url: String, fault: Fault) {
     );
 
     // Contention goes on under the new leader: every contender gets in again.
-    eventually(
+    run.await_progress(
+        elected_at,
+        PROGRESS_AFTER,
         Duration::from_secs(15),
         "every contender acquires after the failover",
-        || async {
-            let per = count(elected_at);
-            if per.iter().all(|n| *n >= PROGRESS_AFTER) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{per:?}; {}; errors: {:?}",
-                    diagnose(&providers, &name).await,
-                    lock(&shared.errors)
-                ))
-            }
-        },
+        diagnose,
     )
     .await;
     tokio::time::sleep(AFTER_FAILOVER.saturating_sub(elected_at.elapsed())).await;
-    stop_tx.send(true).unwrap();
-    for t in must(
-        Duration::from_secs(12),
-        "contenders stop",
-        futures::future::join_all(tasks),
-    )
-    .await
-    {
-        t.unwrap();
-    }
+    let report = run.stop(Duration::from_secs(12)).await;
 
     // Bring the killed server back (and check the ensemble is whole again).
     if let Some(restore) = restore {
@@ -573,72 +451,29 @@ async fn failover(url: String, fault: Fault) {
     }
 
     // ---------------------------------------------------------------- checks
-    let records = lock(&shared.records).clone();
-    let errors = lock(&shared.errors).clone();
-    let lost = records.iter().filter(|r| r.lost).count();
-    let after = records.iter().filter(|r| r.start > elected_at).count();
+    let records = &report.records;
     let during = records
         .iter()
         .filter(|r| r.start > killed_at && r.start <= elected_at)
         .count();
-    eprintln!(
-        "{} acquisitions ({during} during the election, {after} after it), {lost} lost, {} \
-         failed calls, {} used while not vouched for",
-        records.len(),
-        errors.len(),
-        records.iter().filter(|r| !r.used).count()
-    );
-    for e in errors.iter().take(10) {
-        eprintln!("  {e}");
-    }
-
-    // Every acquisition made a new node: unique tokens, and they grow in the order the
-    // contenders got in (the new leader's zxids are from a later epoch).
-    let mut by_token: BTreeMap<u64, &Record> = BTreeMap::new();
-    for r in &records {
-        if let Some(other) = by_token.insert(r.token, r) {
-            panic!("token {} handed out twice: {other:?} and {r:?}", r.token);
-        }
-    }
-    let mut in_order: Vec<&Record> = records.iter().collect();
-    in_order.sort_by_key(|r| r.start);
-    // Lost holds too: a token is the grant's, however the hold ended.
-    for w in in_order.windows(2) {
-        if w[1].token <= w[0].token {
-            panic!("fencing tokens went backwards: {:?} then {:?}", w[0], w[1]);
-        }
-    }
+    report.print(&format!(
+        "{fault:?}: {during} acquisitions during the election, {} after it",
+        report.after(elected_at)
+    ));
+    // Unique tokens growing in the order the contenders got in, and never two holders at
+    // once (lost holds included, up to when their owner was told).
+    report.check();
+    // Every acquisition made a new node; the new leader's zxids are from a later epoch.
+    let first = report.in_order()[0].token;
     assert!(
         records.iter().any(|r| r.start < killed_at)
             && records
                 .iter()
-                .any(|r| r.start > elected_at && r.token >> 32 > in_order[0].token >> 32),
+                .any(|r| r.start > elected_at && r.token >> 32 > first >> 32),
         "acquisitions after the failover carry tokens of the new leader's epoch"
     );
-
-    // Never two holders at once, lost holds included: a hold's interval ends when its owner
-    // stopped using it, which for a lost hold is when it was told (contract: exclusion for
-    // as long as no holder has been told its lock is lost). The in-process counter, which
-    // counts the same intervals as they happen, never went above one.
-    let mut end_so_far: Option<&Record> = None;
-    for r in in_order.iter().filter(|r| r.used) {
-        if let Some(prev) = end_so_far {
-            assert!(
-                r.start >= prev.end,
-                "two holders at once: {prev:?} still used the lock when {r:?} got it"
-            );
-        }
-        if end_so_far.is_none_or(|p| r.end > p.end) {
-            end_so_far = Some(r);
-        }
-    }
-    assert_eq!(
-        shared.max_inside.load(Ordering::SeqCst),
-        1,
-        "two contenders were inside at once"
-    );
     assert!(
-        after >= CONTENDERS * PROGRESS_AFTER,
+        report.after(elected_at) >= CONTENDERS * PROGRESS_AFTER,
         "progress after the failover"
     );
 }
