@@ -178,7 +178,11 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
         scratch = Some(file);
         // A named store: every client of the benchmark must share it.
         urls.push("memory://dlock-bench".into());
-        for var in ["DLOCK_REDIS_URL", "DLOCK_ZK_URL"] {
+        for var in ["DLOCK_REDIS_URL", "DLOCK_ZK_URL", "DLOCK_ETCD_URL"] {
+            if var == "DLOCK_ETCD_URL" && !cfg!(feature = "etcd") {
+                // Not compiled in (it needs protoc to build): `--features etcd` adds it.
+                continue;
+            }
             if let Ok(url) = std::env::var(var) {
                 urls.push(url);
             } else if var == "DLOCK_ZK_URL" {

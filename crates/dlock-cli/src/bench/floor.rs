@@ -7,6 +7,7 @@
 //! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
 //! | MySQL, PostgreSQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row |
 //! | MySQL, PostgreSQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
+//! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
 //! | memory | none (no server) |
 
 #[cfg(any(
@@ -14,7 +15,8 @@
     feature = "zookeeper",
     feature = "mysql",
     feature = "sqlite",
-    feature = "postgres"
+    feature = "postgres",
+    feature = "etcd"
 ))]
 use std::time::Instant;
 
@@ -23,7 +25,8 @@ use std::time::Instant;
     feature = "zookeeper",
     feature = "mysql",
     feature = "sqlite",
-    feature = "postgres"
+    feature = "postgres",
+    feature = "etcd"
 ))]
 fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::Error {
     dlock::Error::Backend {
@@ -98,6 +101,8 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
             }
             Ok(rate(started, cycles))
         }
+        #[cfg(feature = "etcd")]
+        "etcd" => etcd_floor(url, cycles, ns).await,
         #[cfg(feature = "zookeeper")]
         "zk" => {
             use zookeeper_client as zk;
@@ -359,12 +364,86 @@ async fn postgres_floor(
 }
 
 /// Cycles per second since `started`.
+/// etcd's floor: the two transactions of an uncontended dlock cycle, on one client with one
+/// lease granted up front (as a provider's): put the key if absent, with the lease, reading
+/// it and the range's first key by create revision; then delete it if it is still that key.
+#[cfg(feature = "etcd")]
+async fn etcd_floor(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
+    use dlock_etcd::etcd_client::{
+        Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse,
+    };
+    let config = dlock_etcd::EtcdConfig::from_url(url)?;
+    let mut client = Client::connect(&config.endpoints, None)
+        .await
+        .map_err(|e| err("etcd", "connect", e))?;
+    let ttl = i64::try_from(config.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+    let lease = client
+        .lease_grant(ttl, None)
+        .await
+        .map_err(|e| err("etcd", "grant a lease", e))?
+        .id();
+    let range = format!("{}{ns}%2Ffloor/", config.prefix);
+    let key = format!("{range}{lease:x}");
+    let first = || {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+    };
+    let started = Instant::now();
+    let mut measured = Ok(());
+    for _ in 0..cycles {
+        let put = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(range.as_str(), Some(first())),
+            ])
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(range.as_str(), Some(first())),
+            ]);
+        let created = match client.txn(put).await {
+            Ok(r) => r,
+            Err(e) => {
+                measured = Err(err("etcd", "put", e));
+                break;
+            }
+        };
+        let revision = created
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.create_revision()),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let delete = Txn::new()
+            .when([Compare::create_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        if let Err(e) = client.txn(delete).await {
+            measured = Err(err("etcd", "delete", e));
+            break;
+        }
+    }
+    let rate = rate(started, cycles);
+    let _ = client.lease_revoke(lease).await;
+    measured.map(|()| rate)
+}
+
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
     feature = "mysql",
     feature = "sqlite",
-    feature = "postgres"
+    feature = "postgres",
+    feature = "etcd"
 ))]
 fn rate(started: Instant, cycles: u64) -> Option<f64> {
     let secs = started.elapsed().as_secs_f64();
