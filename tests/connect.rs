@@ -14,8 +14,8 @@ fn config_error(r: dlock::Result<dlock::Locks>) -> String {
 
 #[tokio::test]
 async fn unknown_scheme_names_the_compiled_in_schemes() {
-    let msg = config_error(dlock::connect("etcd://127.0.0.1:2379").await);
-    assert!(msg.contains("unknown scheme etcd://"), "{msg}");
+    let msg = config_error(dlock::connect("consul://127.0.0.1:8500").await);
+    assert!(msg.contains("unknown scheme consul://"), "{msg}");
     assert!(msg.contains("memory://"), "{msg}");
 }
 
@@ -36,6 +36,7 @@ async fn schemes_of_disabled_backends_name_their_feature() {
         ("zk://127.0.0.1:2181", "zookeeper"),
         ("mysql://u:hunter2@127.0.0.1/db", "mysql"),
         ("sqlite:///tmp/x.db", "sqlite"),
+        ("etcd://u:hunter2@127.0.0.1:2379", "etcd"),
     ] {
         let scheme = url.split("://").next().unwrap();
         if dlock::SCHEMES.contains(&scheme) {

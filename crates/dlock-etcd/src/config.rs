@@ -18,6 +18,9 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// election timeouts (1.5 s with its defaults), and counts in whole seconds.
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 
+/// The longest lease time-to-live etcd grants (its `MaxLeaseTTL`, 9e9 seconds).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
+
 /// The key prefix when the URL has no path.
 pub const DEFAULT_PREFIX: &str = "dlock/";
 
@@ -178,9 +181,29 @@ impl EtcdConfig {
     /// The same configuration with another lease time-to-live (rounded up to whole seconds,
     /// and to [`MIN_LEASE_TTL`]).
     pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
-        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let secs = ttl
+            .as_secs()
+            .saturating_add(u64::from(ttl.subsec_nanos() > 0))
+            .min(MAX_LEASE_TTL.as_secs());
         self.lease_ttl = Duration::from_secs(secs).max(MIN_LEASE_TTL);
         self
+    }
+
+    /// Checks what a caller may have set in the public fields: the time-to-live within
+    /// [`MIN_LEASE_TTL`] and [`MAX_LEASE_TTL`], in whole seconds, and at least one endpoint.
+    pub(crate) fn check(&self) -> Result<()> {
+        let ttl = self.lease_ttl;
+        if ttl < MIN_LEASE_TTL || ttl > MAX_LEASE_TTL || ttl.subsec_nanos() != 0 {
+            return Err(Error::config(format!(
+                "etcd: a lease time-to-live of {ttl:?}; it must be whole seconds from {} to {}",
+                MIN_LEASE_TTL.as_secs(),
+                MAX_LEASE_TTL.as_secs()
+            )));
+        }
+        if self.endpoints.is_empty() {
+            return Err(Error::config("etcd: no endpoint to connect to"));
+        }
+        Ok(())
     }
 
     /// The same configuration with credentials (`None`: none), beside the URL.
@@ -275,6 +298,40 @@ fn percent_decode(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review: `with_lease_ttl(Duration::MAX)` overflowed (a panic in debug builds, the 2 s
+    /// minimum in release builds); a time-to-live set in the public field was never checked.
+    #[test]
+    fn lease_ttls_out_of_range_are_clamped_or_refused() {
+        let c = EtcdConfig::from_url("etcd://h").unwrap();
+        assert_eq!(
+            c.clone().with_lease_ttl(Duration::MAX).lease_ttl,
+            MAX_LEASE_TTL
+        );
+        assert_eq!(
+            c.clone()
+                .with_lease_ttl(Duration::from_millis(2500))
+                .lease_ttl,
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            c.clone().with_lease_ttl(Duration::ZERO).lease_ttl,
+            MIN_LEASE_TTL
+        );
+        assert!(c.check().is_ok());
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(2500),
+            MAX_LEASE_TTL + Duration::from_secs(1),
+        ] {
+            let mut c = c.clone();
+            c.lease_ttl = bad;
+            assert!(matches!(c.check(), Err(Error::Config { .. })), "{bad:?}");
+        }
+        let mut c = c;
+        c.endpoints.clear();
+        assert!(matches!(c.check(), Err(Error::Config { .. })));
+    }
 
     #[test]
     fn parses_hosts_prefix_and_parameters() {

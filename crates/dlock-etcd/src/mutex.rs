@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dlock_core::backend::{Backoff, Deadline, Hold, HoldSignal, NewHold, RawLock, Request, later};
 use dlock_core::{
-    Error, FencingToken, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
+    Error, FencingToken, Lease, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
 };
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -349,6 +349,13 @@ fn grant(
     let claim = undo.disarm();
     let signal = HoldSignal::new();
     let registration = session.register(lease, &signal);
+    // The key lives as long as the provider's lease: the client vouches for it no longer
+    // than that lease's time-to-live from when it was last kept alive, even if the lock's
+    // own lease is longer (a process paused past the time-to-live must not find its guard
+    // held on waking). A watchdog lease is cut to the time-to-live, so it is renewed (each
+    // renewal keeps the etcd lease alive, see `extend`) well within it.
+    let lease_opt = vouched_lease(session, options.lease);
+    let sent = vouched_from(session, lease, lease_opt, sent);
     let hold = EtcdHold {
         session: Arc::clone(session),
         name: name.clone(),
@@ -356,7 +363,7 @@ fn grant(
         rev,
         lease,
         registration,
-        end: Mutex::new(later(sent, options.lease.ttl())),
+        end: Mutex::new(later(sent, lease_opt.ttl())),
         claim: Mutex::new(claim),
         released: std::sync::atomic::AtomicBool::new(false),
     };
@@ -367,12 +374,39 @@ fn grant(
             LockKind::Mutex,
             name.clone(),
             token,
-            options.lease,
+            lease_opt,
             sent,
             Arc::new(hold),
         )
         .with_signal(signal),
     )
+}
+
+/// The lease a hold is vouched for with: a watchdog lease no longer than the provider's
+/// etcd lease's time-to-live; a fixed lease as asked (its end is the caller's; a process
+/// paused past the etcd time-to-live may still find it unexpired on waking: see the crate
+/// docs).
+fn vouched_lease(session: &Session, lease: Lease) -> Lease {
+    if lease.is_watchdog() {
+        Lease::watchdog(lease.ttl().min(session.config.lease_ttl))
+    } else {
+        lease
+    }
+}
+
+/// Where a fresh hold's lease counts from, so that it ends no later than the server can end
+/// the provider's lease: `sent`, or earlier if the last keep-alive of that lease (at `kept`)
+/// was so long ago that `kept + time-to-live` comes before `sent + lease`. A fixed lease
+/// longer than the time-to-live counts from `sent` (its end is the caller's).
+fn vouched_from(session: &Session, lease: i64, hold_lease: Lease, sent: Instant) -> Instant {
+    let etcd_ttl = session.config.lease_ttl;
+    let Some(spare) = etcd_ttl.checked_sub(hold_lease.ttl()) else {
+        return sent;
+    };
+    match session.kept_at(lease) {
+        Some(kept) => later(kept, spare).min(sent),
+        None => sent,
+    }
 }
 
 /// One hold: the key, its create revision (the token) and the lease it lives in.
@@ -431,6 +465,21 @@ impl Hold for EtcdHold {
             return Err(Error::lock_lost(&self.name));
         }
         let sent = Instant::now();
+        // The key is only as alive as the provider's lease: keep that alive first, so the
+        // server holds it at least its time-to-live from `sent`, which the new end does not
+        // pass for a watchdog lease (cut to the time-to-live at the grant).
+        if !self
+            .session
+            .keep_now(
+                self.lease,
+                later(sent, ttl.min(self.session.config.lease_ttl)),
+            )
+            .await?
+        {
+            // The lease is gone; the keep-alive task reports it for every hold and grants
+            // the next one.
+            return Err(Error::lock_lost(&self.name));
+        }
         let txn = Txn::new().when([Compare::create_revision(
             self.key.as_str(),
             CompareOp::Equal,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{Backoff, HoldSignal, later};
-use dlock_core::{LossReason, Result};
+use dlock_core::{Error, LossReason, Result};
 use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -76,6 +76,10 @@ pub(crate) struct Session {
     /// `{name}/{lease}-{n}`; etcd orders them all by create revision alike.
     claimed: Mutex<std::collections::HashSet<String>>,
     next_key: AtomicU64,
+    /// The live lease and when the last request that kept it alive (its grant, or a
+    /// keep-alive the server answered) was sent: the server keeps it at least its
+    /// time-to-live from then, and no longer than that can the client vouch for its keys.
+    kept: Mutex<Option<(i64, Instant)>>,
     counters: Counters,
 }
 
@@ -133,10 +137,14 @@ impl Session {
             next_hold: AtomicU64::new(0),
             claimed: Mutex::new(std::collections::HashSet::new()),
             next_key: AtomicU64::new(1),
+            kept: Mutex::new(None),
             counters: Counters::default(),
             config,
         });
+        session.config.check()?;
+        let sent = Instant::now();
         let lease = session.grant().await?;
+        session.record_kept(lease, sent);
         session.lease.send_replace(Some(lease));
         tokio::spawn(keep_alive(Arc::downgrade(&session), lease));
         Ok(session)
@@ -154,6 +162,46 @@ impl Session {
 
     pub(crate) fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// Lease `lease` was kept alive by a request sent at `sent`.
+    fn record_kept(&self, lease: i64, sent: Instant) {
+        let mut kept = lock(&self.kept);
+        match *kept {
+            Some((l, at)) if l == lease && at >= sent => {}
+            _ => *kept = Some((lease, sent)),
+        }
+    }
+
+    /// When the last request that kept lease `lease` alive was sent (`None` once another
+    /// lease replaced it): the server keeps the lease at least its time-to-live from then.
+    pub(crate) fn kept_at(&self, lease: i64) -> Option<Instant> {
+        match *lock(&self.kept) {
+            Some((l, at)) if l == lease => Some(at),
+            _ => None,
+        }
+    }
+
+    /// One keep-alive of lease `lease` now, on a stream of its own, answered by `until`:
+    /// `Ok(true)` if the server kept it (from this call's send time on), `Ok(false)` if the
+    /// server says it is gone.
+    pub(crate) async fn keep_now(&self, lease: i64, until: Instant) -> Result<bool> {
+        let sent = Instant::now();
+        let mut keeper = None;
+        let mut client = self.client.clone();
+        match keep_once(&mut keeper, &mut client, lease, until).await {
+            Round::Kept => {
+                self.record_kept(lease, sent);
+                Ok(true)
+            }
+            Round::Gone => Ok(false),
+            Round::Failed => Err(Error::Backend {
+                backend: crate::BACKEND,
+                message: format!("keeping lease {lease:x} alive on {} failed", self.store_id),
+                retryable: true,
+                source: None,
+            }),
+        }
     }
 
     /// The live lease, waiting for a new one while it is being replaced.
@@ -362,6 +410,26 @@ async fn keep_once(
     }
 }
 
+/// A new lease for the acquires to come, as soon as the server grants one; returns it and
+/// when its grant was sent (its time-to-live counts from there, not from the answer).
+async fn regrant(s: &Session, backoff: &mut Backoff) -> (i64, Instant) {
+    loop {
+        let granting = Instant::now();
+        match s.grant().await {
+            Ok(l) => {
+                s.record_kept(l, granting);
+                s.set_suspended(false);
+                s.lease.send_replace(Some(l));
+                return (l, granting);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "etcd: granting a new lease failed; retrying");
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
 /// Keeps the session's lease alive every third of its time-to-live. While keep-alives fail
 /// the holds are suspended; once the lease's time-to-live has passed since the last
 /// keep-alive the server answered (counted from when it was sent), or the server says the
@@ -373,8 +441,12 @@ async fn keep_alive(session: Weak<Session>, mut lease: i64) {
     };
     let period = ttl / 3;
     let mut keeper = None;
-    let mut last_ok = Instant::now();
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    // The lease's time-to-live counts from its grant's send.
+    let mut last_ok = match session.upgrade().and_then(|s| s.kept_at(lease)) {
+        Some(at) => at,
+        None => Instant::now(),
+    };
     loop {
         let sent = Instant::now();
         // A round never outlasts the lease: the loss is reported when the lease ends.
@@ -384,6 +456,7 @@ async fn keep_alive(session: Weak<Session>, mut lease: i64) {
         let expired = match round {
             Round::Kept => {
                 last_ok = sent;
+                s.record_kept(lease, sent);
                 s.set_suspended(false);
                 backoff.reset();
                 false
@@ -397,22 +470,7 @@ async fn keep_alive(session: Weak<Session>, mut lease: i64) {
         if expired {
             s.lease_ended(lease, LossReason::SessionExpired);
             keeper = None;
-            // A new lease for the acquires to come, as soon as the server grants one.
-            loop {
-                match s.grant().await {
-                    Ok(l) => {
-                        lease = l;
-                        last_ok = Instant::now();
-                        s.set_suspended(false);
-                        s.lease.send_replace(Some(l));
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "etcd: granting a new lease failed; retrying");
-                        backoff.wait().await;
-                    }
-                }
-            }
+            (lease, last_ok) = regrant(&s, &mut backoff).await;
             continue;
         }
         drop(s);

@@ -19,7 +19,7 @@ use dlock_conformance::{Names, eventually, must, service_url};
 use dlock_core::{DynLock, LockOptions, LockProvider, LossReason};
 use dlock_etcd::etcd_client::{Client, GetOptions};
 use dlock_etcd::{EtcdConfig, EtcdProvider};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::Instant;
 
@@ -45,7 +45,7 @@ impl Proc {
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
@@ -227,8 +227,11 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
 
 // ------------------------------------------------------------------ the frozen holder
 
-/// The worker side, run in a child process: takes the lock, says HELD, then says LOST (with
-/// the reason) when its hold is reported lost.
+/// The worker side, run in a child process: takes the lock (with the default 30 s watchdog
+/// lease), says HELD, then says LOST (with the reason) when its hold is reported lost. A line
+/// on its stdin makes a plain thread answer `VOUCHED true|false` (`is_held()`) at once: the
+/// first thing the process does when it runs again after a freeze, before its runtime has
+/// heard from the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_process() {
     let Ok(mode) = std::env::var("DLOCK_WORKER") else {
@@ -245,6 +248,15 @@ async fn worker_process() {
         .await
         .unwrap();
     println!("HELD {}", g.fencing_token());
+    let g = std::sync::Arc::new(g);
+    let probe = std::sync::Arc::clone(&g);
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while std::io::stdin().read_line(&mut line).unwrap_or(0) > 0 {
+            println!("VOUCHED {}", probe.is_held());
+            line.clear();
+        }
+    });
     g.lost().await;
     println!("LOST {:?}", g.loss_reason());
     // Wait for the test to end this process.
@@ -303,17 +315,39 @@ async fn frozen_holder_process_loses_the_lock_within_its_ttl() {
     eprintln!("free {:?} after SIGSTOP", frozen.elapsed());
     assert!(g.fencing_token().get() > worker_token);
 
-    // Resumed, the holder learns its lease is gone.
+    // Resumed, the holder does not vouch for its hold, even before it hears from the server
+    // (its lock's 30 s lease is longer than the etcd lease that kept its key), ...
+    let stdin = worker.child.stdin.as_mut().unwrap();
+    stdin.write_all(b"check\n").await.unwrap();
+    stdin.flush().await.unwrap();
     worker.signal("CONT");
-    let lost = worker
-        .line(
-            Duration::from_secs(10),
-            "the resumed holder is told of its loss",
-            |l| l.contains("LOST "),
-        )
-        .await;
+    // ... and learns its lease is gone (the two lines come in either order).
+    let (mut vouched, mut lost) = (None, None);
+    while vouched.is_none() || lost.is_none() {
+        let l = worker
+            .line(
+                Duration::from_secs(10),
+                "the resumed holder answers and is told of its loss",
+                |l| l.contains("VOUCHED ") || l.contains("LOST "),
+            )
+            .await;
+        if l.contains("VOUCHED ") {
+            vouched = Some(l);
+        } else {
+            lost = Some(l);
+        }
+    }
+    let (vouched, lost) = (vouched.unwrap(), lost.unwrap());
     assert!(
-        lost.contains(&format!("{:?}", Some(LossReason::SessionExpired))),
+        vouched.ends_with("VOUCHED false"),
+        "the frozen holder vouched for a lock another process holds: {vouched}"
+    );
+    // Whichever notices first: its client-side lease ran out while it was stopped
+    // (`LeaseEnded`), or the server says the etcd lease is gone (`SessionExpired`).
+    assert!(
+        [LossReason::LeaseEnded, LossReason::SessionExpired]
+            .iter()
+            .any(|r| lost.contains(&format!("{:?}", Some(r)))),
         "{lost}"
     );
     g.release().await.unwrap();
