@@ -112,10 +112,14 @@ impl Drop for Undo {
 
 /// Deletes `key` (only if it still has create revision `rev`, when given), retrying transient
 /// errors for at most the lease's time-to-live: after that the lease ends the key anyway.
-/// Returns whether the key was ours and is gone now.
+/// Returns whether the key was ours and is gone now. A retry that finds the key gone after
+/// an attempt whose answer was lost counts as deleted: that attempt may well have been
+/// applied (the key is this contender's alone; only the lease's end deletes it otherwise,
+/// and then it is gone either way).
 async fn delete_key(session: &Session, key: &str, rev: Option<i64>) -> Result<bool> {
     let give_up = later(Instant::now(), session.config.lease_ttl);
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    let mut answer_lost = false;
     loop {
         let mut txn = Txn::new();
         if let Some(rev) = rev {
@@ -123,8 +127,11 @@ async fn delete_key(session: &Session, key: &str, rev: Option<i64>) -> Result<bo
         }
         txn = txn.and_then([TxnOp::delete(key, None)]);
         match session.txn(None, txn).await {
-            Ok(resp) => return Ok(resp.succeeded()),
-            Err(e) if is_transient(&e) && Instant::now() < give_up => backoff.wait().await,
+            Ok(resp) => return Ok(resp.succeeded() || answer_lost),
+            Err(e) if is_transient(&e) && Instant::now() < give_up => {
+                answer_lost = true;
+                backoff.wait().await;
+            }
             Err(e) => return Err(from_etcd(&format!("delete {key}"), e)),
         }
     }

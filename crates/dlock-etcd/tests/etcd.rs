@@ -225,6 +225,55 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
     g.release().await.unwrap();
 }
 
+/// Review #8: a release whose delete was applied but whose answer was lost (the connection
+/// cut while the server's replies were held back) succeeds. Before, the retry's compare
+/// found the key gone and the release said `LockLost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_was_lost_succeeds() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let config = EtcdConfig::from_url(&url).unwrap();
+    let proxy = dlock_proxy::Proxy::start(config.endpoints[0].clone())
+        .await
+        .unwrap();
+    let p = EtcdProvider::connect(&format!("etcd://{}", proxy.addr()))
+        .await
+        .unwrap();
+    let name = Names::new().name("lost-answer");
+    let lock_name = p.config().etcd_lock_name(&name).unwrap();
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(queued(&url, &lock_name).await, 1);
+
+    proxy.set_fault(dlock_proxy::Fault::Downstream);
+    let release = tokio::spawn(g.release());
+    eventually(
+        Duration::from_secs(5),
+        "the server deleted the key",
+        || async {
+            match queued(&url, &lock_name).await {
+                0 => Ok(()),
+                n => Err(n),
+            }
+        },
+    )
+    .await;
+    proxy.reset();
+    proxy.set_fault(dlock_proxy::Fault::None);
+    let released = must(Duration::from_secs(10), "the release", release)
+        .await
+        .unwrap();
+    assert!(
+        released.is_ok(),
+        "the release whose answer was lost: {released:?}"
+    );
+}
+
 // ------------------------------------------------------------------ the frozen holder
 
 /// The worker side, run in a child process: takes the lock (with the default 30 s watchdog
