@@ -46,7 +46,8 @@ pub enum Workload {
 pub struct BenchOpts {
     /// A store to measure (repeat for several). Default: the embedded SQLite (both
     /// strategies, in a temporary file), memory://, and every DLOCK_REDIS_URL, DLOCK_ZK_URL,
-    /// DLOCK_MYSQL_URL and DLOCK_POSTGRES_URL set (MySQL and PostgreSQL with each strategy).
+    /// DLOCK_ETCD_URL (when built with the `etcd` feature), DLOCK_MYSQL_URL and
+    /// DLOCK_POSTGRES_URL set (MySQL and PostgreSQL with each strategy).
     ///
     /// Every zk:// store (and, by default, the place of DLOCK_ZK_URL even when it is unset) is
     /// followed by a `curator (java)` target: W1-W4 run through Apache Curator's
