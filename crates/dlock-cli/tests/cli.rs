@@ -189,7 +189,7 @@ fn exit_statuses() {
         Some(78)
     );
     assert_eq!(
-        output(dlock("etcd://x", &["run", "n", "--", "true"]))
+        output(dlock("consul://x", &["run", "n", "--", "true"]))
             .status
             .code(),
         Some(78)
