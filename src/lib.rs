@@ -155,7 +155,7 @@ const KNOWN: &[(&str, &str)] = &[
 /// | `mysql://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | MySQL / MariaDB | `mysql` |
 /// | `sqlite://path/to/locks.db[?strategy=unique-insert\|optimistic]` | embedded SQLite (file created if missing) | `sqlite` |
 /// | `postgres://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | PostgreSQL | `postgres` |
-/// | `etcd://host:port[,host:port…][/prefix][?ttl_s=N]` | etcd, compatible with `etcdctl lock` | `etcd` |
+/// | `etcd://host:port[,host:port…][/prefix][?ttl_s=N]`, `etcds://…?ca_file=…` (TLS) | etcd, compatible with `etcdctl lock` | `etcd` |
 ///
 /// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
 /// within the [`Capabilities`] each backend declares.

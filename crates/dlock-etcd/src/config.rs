@@ -1,6 +1,7 @@
 //! `etcd://` URLs and the configuration they parse into.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_core::backend::parse_host_list;
@@ -50,35 +51,53 @@ pub struct EtcdConfig {
     pub lease_ttl: Duration,
     /// How long connecting may take.
     pub connect_timeout: Option<Duration>,
+    /// TLS (`etcds://`): `None` for plain `etcd://`.
+    pub tls: Option<EtcdTls>,
     user: Option<(String, String)>,
 }
 
+/// TLS to etcd (`etcds://`): whom to trust, and the client's own certificate if the members
+/// ask for one (`--client-cert-auth`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdTls {
+    /// PEM file of the certificate authority that signed the members' certificates
+    /// (`ca_file=`); without it, the Mozilla roots that webpki-roots ships.
+    pub ca_file: Option<PathBuf>,
+    /// PEM files of the client's certificate and key (`cert_file=`, `key_file=`: both or
+    /// neither).
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
 impl EtcdConfig {
-    /// Parses `etcd://[user:password@]host[:port][,host[:port]...][/prefix][?ttl_s=N&connect_timeout_ms=N]`.
+    /// Parses `etcd://[user:password@]host[:port][,host[:port]...][/prefix][?ttl_s=N&connect_timeout_ms=N]`,
+    /// and `etcds://` for TLS, which also takes `ca_file=PATH`, `cert_file=PATH` and
+    /// `key_file=PATH` (see [`EtcdTls`]).
     ///
     /// # Errors
     ///
     /// [`Error::Config`] naming what is wrong (never the password): another scheme, no host,
-    /// a bad port, an unknown query parameter, a lease time-to-live under two seconds;
-    /// [`Error::Unsupported`] for `etcds://` (TLS is not built yet).
+    /// a bad port, an unknown query parameter, a lease time-to-live under two seconds, TLS
+    /// parameters on `etcd://`, a certificate without its key.
     pub fn from_url(url: &str) -> Result<Self> {
         let shown = redact(url);
         let bad = |why: &str| Error::config(format!("{shown:?}: {why}"));
-        if url.starts_with("etcds://") {
-            return Err(Error::unsupported(
-                crate::BACKEND,
-                "etcds:// (TLS to etcd) is not built yet; reach etcd over a TLS tunnel or a \
-                 local member",
-            ));
-        }
-        let Some(rest) = url.strip_prefix("etcd://") else {
+        let (rest, tls) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+            (Some(rest), _) => (Some(rest), None),
+            (None, Some(rest)) => (Some(rest), Some(EtcdTls::default())),
+            (None, None) => (None, None),
+        };
+        let mut tls = tls;
+        let mut cert_file = None;
+        let mut key_file = None;
+        let Some(rest) = rest else {
             let scheme = url.split("://").next().unwrap_or("");
             return Err(if url.contains("://") {
                 Error::config(format!(
-                    "the etcd backend takes etcd:// URLs, not {scheme}://"
+                    "the etcd backend takes etcd:// and etcds:// URLs, not {scheme}://"
                 ))
             } else {
-                bad("not a URL; expected etcd://host:port[,host:port...][/prefix]")
+                bad("not a URL; expected etcd[s]://host:port[,host:port...][/prefix]")
             });
         };
         if rest.contains('#') {
@@ -162,18 +181,41 @@ impl EtcdConfig {
                             })?,
                     );
                 }
+                "ca_file" | "cert_file" | "key_file" => {
+                    let Some(tls) = tls.as_mut() else {
+                        return Err(bad(&format!("{key}= is for TLS: use etcds://")));
+                    };
+                    let path = percent_decode(value)
+                        .filter(|p| !p.is_empty())
+                        .map(PathBuf::from)
+                        .ok_or_else(|| bad(&format!("{key}= needs a file path")))?;
+                    match key {
+                        "ca_file" => tls.ca_file = Some(path),
+                        "cert_file" => cert_file = Some(path),
+                        _ => key_file = Some(path),
+                    }
+                }
                 other => {
                     return Err(bad(&format!(
-                        "unknown query parameter {other:?} (known: ttl_s, connect_timeout_ms)"
+                        "unknown query parameter {other:?} (known: ttl_s, connect_timeout_ms; \
+                         with etcds:// also ca_file, cert_file, key_file)"
                     )));
                 }
             }
+        }
+        if let Some(tls) = tls.as_mut() {
+            tls.identity = match (cert_file, key_file) {
+                (Some(cert), Some(key)) => Some((cert, key)),
+                (None, None) => None,
+                _ => return Err(bad("cert_file= and key_file= go together")),
+            };
         }
         Ok(Self {
             endpoints,
             prefix,
             lease_ttl,
             connect_timeout,
+            tls,
             user,
         })
     }
@@ -226,7 +268,11 @@ impl EtcdConfig {
     pub fn store_id(&self) -> String {
         let mut hosts = self.endpoints.clone();
         hosts.sort();
-        format!("etcd://{}/{}", hosts.join(","), self.prefix)
+        format!("{}://{}/{}", self.scheme(), hosts.join(","), self.prefix)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "etcds" } else { "etcd" }
     }
 
     /// The etcd lock name of dlock lock `name`: the prefix, then the name with `%` and `/`
@@ -259,7 +305,8 @@ impl fmt::Display for EtcdConfig {
         match &self.user {
             Some((user, _)) => write!(
                 f,
-                "etcd://{user}:***@{}/{}",
+                "{}://{user}:***@{}/{}",
+                self.scheme(),
                 self.endpoints.join(","),
                 self.prefix
             ),
@@ -369,10 +416,33 @@ mod tests {
             assert!(e.contains(says), "{url}: {e}");
             assert!(!e.contains("secret"), "{url}: {e}");
         }
-        assert!(matches!(
-            EtcdConfig::from_url("etcds://h"),
-            Err(Error::Unsupported { .. })
-        ));
+        for (url, says) in [
+            ("etcd://h?ca_file=/x.pem", "use etcds://"),
+            ("etcds://h?cert_file=/c.pem", "go together"),
+            ("etcds://h?ca_file=", "file path"),
+        ] {
+            let e = EtcdConfig::from_url(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn etcds_takes_its_files() {
+        let c = EtcdConfig::from_url("etcds://h").unwrap();
+        assert_eq!(c.tls, Some(EtcdTls::default()));
+        assert_eq!(c.store_id(), "etcds://h:2379/dlock/");
+        let c = EtcdConfig::from_url(
+            "etcds://u:p@h:1?ca_file=/etc/ca.pem&cert_file=/c%20d.pem&key_file=/k.pem",
+        )
+        .unwrap();
+        let tls = c.tls.clone().unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(
+            tls.identity,
+            Some((PathBuf::from("/c d.pem"), PathBuf::from("/k.pem")))
+        );
+        assert_eq!(c.to_string(), "etcds://u:***@h:1/dlock/");
+        assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().tls, None);
     }
 
     /// Escaping only `%` and `/` is injective and leaves no `/` in a name: no lock's key

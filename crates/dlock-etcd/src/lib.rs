@@ -14,7 +14,8 @@ mod session;
 use std::time::Duration;
 
 pub use crate::config::{
-    DEFAULT_LEASE_TTL, DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig, MAX_LEASE_TTL, MIN_LEASE_TTL,
+    DEFAULT_LEASE_TTL, DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig, EtcdTls, MAX_LEASE_TTL,
+    MIN_LEASE_TTL,
 };
 pub use crate::provider::EtcdProvider;
 pub use crate::session::EtcdStats;

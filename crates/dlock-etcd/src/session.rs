@@ -12,7 +12,7 @@ use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::config::EtcdConfig;
+use crate::config::{EtcdConfig, EtcdTls};
 use crate::error::{from_etcd, is_lease_gone};
 
 /// First pause before a retry of a failed call; doubles up to [`RETRY_MAX`].
@@ -108,6 +108,24 @@ impl Drop for Session {
     }
 }
 
+/// The client's TLS settings from `tls`: the files read now, so a missing or unreadable one
+/// is a [`Error::Config`] naming it.
+fn tls_options(tls: &EtcdTls) -> Result<etcd_client::TlsOptions> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| Error::config(format!("etcd TLS: cannot read {}: {e}", path.display())))
+    };
+    let mut options = etcd_client::TlsOptions::new();
+    options = match &tls.ca_file {
+        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?)),
+        None => options.with_webpki_roots(),
+    };
+    if let Some((cert, key)) = &tls.identity {
+        options = options.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(options)
+}
+
 impl Session {
     /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
     /// session is dropped).
@@ -118,6 +136,9 @@ impl Session {
         }
         if let Some((user, password)) = config.user() {
             options = options.with_user(user.clone(), password.clone());
+        }
+        if let Some(tls) = &config.tls {
+            options = options.with_tls(tls_options(tls)?);
         }
         let store = config.store_id();
         let client = Client::connect(&config.endpoints, Some(options))

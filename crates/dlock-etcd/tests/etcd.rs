@@ -594,3 +594,192 @@ async fn failover(url: String) {
     );
     assert!(report.after(elected_at) >= CONTENDERS * PROGRESS);
 }
+
+// ------------------------------------------------------------------ TLS
+
+/// Runs `openssl` with `args` in `dir`, failing the test with its output if it fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs (Debian: openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A certificate authority, a certificate for 127.0.0.1 and a client certificate, made here.
+fn make_certificates(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=dlock test CA",
+    ]);
+    openssl(dir, &ca);
+    for (who, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{who}.ext")), ext).unwrap();
+        let (key, csr, pem, ext) = (
+            format!("{who}.key"),
+            format!("{who}.csr"),
+            format!("{who}.pem"),
+            format!("{who}.ext"),
+        );
+        let subject = format!("/CN=dlock test {who}");
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `etcds://`: a private etcd member of this test's own that serves TLS only and asks every
+/// client for a certificate its CA signed. With the CA and the client certificate, locks
+/// work; without the client certificate, without the CA (the public roots do not know it),
+/// or over plain `etcd://`, connecting fails with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcds_with_a_private_ca_and_a_client_certificate() {
+    // The member is this test's own, but it runs Debian's etcd like the shared ones.
+    if service_url("DLOCK_ETCD_URL").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dlock-etcd-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certificates(&dir);
+    let (port, peer) = (free_port(), free_port());
+    let file = |f: &str| dir.join(f).display().to_string();
+    let mut member = Command::new("etcd");
+    member
+        .args(["--name", "tls", "--data-dir", &file("data")])
+        .arg(format!("--listen-client-urls=https://127.0.0.1:{port}"))
+        .arg(format!("--advertise-client-urls=https://127.0.0.1:{port}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=tls=http://127.0.0.1:{peer}"))
+        .args([
+            "--cert-file",
+            &file("server.pem"),
+            "--key-file",
+            &file("server.key"),
+        ])
+        .args(["--client-cert-auth", "--trusted-ca-file", &file("ca.pem")])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+        .kill_on_drop(true);
+    let _member = member.spawn().expect("etcd runs");
+
+    let url = format!(
+        "etcds://127.0.0.1:{port}?ca_file={}&cert_file={}&key_file={}&connect_timeout_ms=2000",
+        file("ca.pem"),
+        file("client.pem"),
+        file("client.key")
+    );
+    let p = eventually(
+        Duration::from_secs(30),
+        "a TLS connection to the member",
+        || {
+            let url = url.clone();
+            async move { EtcdProvider::connect(&url).await.map_err(|e| e.to_string()) }
+        },
+    )
+    .await;
+    assert!(p.config().tls.is_some());
+    let lock = p
+        .lock(&Names::new().name("tls"), LockOptions::default())
+        .unwrap();
+    let g = lock.acquire().await.unwrap();
+    assert!(g.fencing_token().get() > 0);
+    assert!(
+        lock.try_acquire(Duration::ZERO).await.unwrap().is_none() || g.is_held(),
+        "held"
+    );
+    g.release().await.unwrap();
+
+    for (what, bad) in [
+        (
+            "without the client certificate",
+            format!(
+                "etcds://127.0.0.1:{port}?ca_file={}&connect_timeout_ms=2000",
+                file("ca.pem")
+            ),
+        ),
+        (
+            "without the CA",
+            format!(
+                "etcds://127.0.0.1:{port}?cert_file={}&key_file={}&connect_timeout_ms=2000",
+                file("client.pem"),
+                file("client.key")
+            ),
+        ),
+        (
+            "over plain etcd://",
+            format!("etcd://127.0.0.1:{port}?connect_timeout_ms=2000"),
+        ),
+    ] {
+        let r = must(Duration::from_secs(20), what, EtcdProvider::connect(&bad)).await;
+        match r {
+            Ok(_) => panic!("{what}: connected"),
+            Err(e) => eprintln!("{what}: {e}"),
+        }
+    }
+    let missing = format!("etcds://127.0.0.1:{port}?ca_file={}", file("nope.pem"));
+    let e = EtcdProvider::connect(&missing).await.unwrap_err();
+    assert!(matches!(e, dlock_core::Error::Config { .. }), "{e}");
+    assert!(e.to_string().contains("nope.pem"), "{e}");
+    drop(_member);
+    let _ = std::fs::remove_dir_all(&dir);
+}
