@@ -135,7 +135,11 @@ impl Session {
             options = options.with_connect_timeout(t);
         }
         if let Some((user, password)) = config.user() {
-            options = options.with_user(user.clone(), password.clone());
+            // A token ends (a JWT's time-to-live, a simple token when its member restarts):
+            // the client logs in again instead of failing every call from then on.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         if let Some(tls) = &config.tls {
             options = options.with_tls(tls_options(tls)?);

@@ -783,3 +783,171 @@ async fn etcds_with_a_private_ca_and_a_client_certificate() {
     drop(_member);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ------------------------------------------------------------------ authentication
+
+/// A private etcd member of a test's own on loopback ports nobody uses, killed when dropped.
+struct PrivateMember {
+    dir: PathBuf,
+    port: u16,
+    peer: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl PrivateMember {
+    /// A fresh data directory under the temporary directory; `args` may name files in it
+    /// as `{dir}`, and `prepare` writes them before the member starts.
+    fn start(tag: &str, args: &[&str], prepare: impl FnOnce(&std::path::Path)) -> Self {
+        let dir = std::env::temp_dir().join(format!("dlock-etcd-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        prepare(&dir);
+        let args = args
+            .iter()
+            .map(|a| a.replace("{dir}", &dir.display().to_string()))
+            .collect();
+        let mut m = Self {
+            dir,
+            port: free_port(),
+            peer: free_port(),
+            args,
+            child: None,
+        };
+        m.run();
+        m
+    }
+
+    /// Starts the member on its data.
+    fn run(&mut self) {
+        let (port, peer) = (self.port, self.peer);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", "private"])
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{port}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{port}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=private=http://127.0.0.1:{peer}"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcd runs");
+        self.child = Some(child);
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn etcdctl(&self, args: &[&str]) {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoint()))
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateMember {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Review #3: with authentication on, a client's token ends (a JWT after its time-to-live,
+/// here 2 s; a simple token when its member restarts), and every call failed from then on as
+/// `Unauthenticated`, not retryable: the provider was dead for good. Now it logs in again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_logs_in_again_when_its_token_ends() {
+    if service_url("DLOCK_ETCD_URL").is_none() {
+        return;
+    }
+    let member = PrivateMember::start(
+        "auth",
+        &["--auth-token=jwt,pub-key={dir}/jwt.pub,priv-key={dir}/jwt.key,sign-method=ES256,ttl=2s"],
+        |dir| {
+            openssl(
+                dir,
+                &[
+                    "ecparam",
+                    "-name",
+                    "prime256v1",
+                    "-genkey",
+                    "-noout",
+                    "-out",
+                    "jwt.key",
+                ],
+            );
+            openssl(dir, &["ec", "-in", "jwt.key", "-pubout", "-out", "jwt.pub"]);
+        },
+    );
+    eventually(Duration::from_secs(30), "the private member serves", || {
+        let e = member.endpoint();
+        async move {
+            Client::connect([e], None)
+                .await
+                .map_err(|e| e.to_string())?
+                .status()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+    member.etcdctl(&["user", "add", "root:dlock-root-pw"]).await;
+    member.etcdctl(&["auth", "enable"]).await;
+
+    let url = format!("etcd://root:dlock-root-pw@{}", member.endpoint());
+    let p = EtcdProvider::connect(&url).await.unwrap();
+    let lock = p
+        .lock(&Names::new().name("auth"), LockOptions::default())
+        .unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+
+    // A client that logged in with the provider, and never again: once its calls are
+    // refused, the token the provider got at the same time has ended too.
+    let options = dlock_etcd::etcd_client::ConnectOptions::new().with_user("root", "dlock-root-pw");
+    let mut witness = Client::connect([member.endpoint()], Some(options))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the tokens end", || {
+        let mut w = witness.clone();
+        async move {
+            match w.get("x", None).await {
+                Err(e) => Ok(e.to_string()),
+                Ok(_) => Err("still accepted"),
+            }
+        }
+    })
+    .await;
+    let _ = witness.get("x", None).await;
+    let g = must(
+        Duration::from_secs(10),
+        "an acquire after the token ended",
+        lock.try_acquire(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("after the token ended: {e}"))
+    .expect("the lock is free");
+    g.release().await.unwrap();
+}
