@@ -7,7 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, Deadline, Hold, HoldSignal, NewHold, RawLock, Request, later};
+use dlock_core::backend::{
+    Backoff, Deadline, Hold, HoldSignal, NewHold, RawLock, Request, from_now, later,
+};
 use dlock_core::{
     Error, FencingToken, Lease, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
 };
@@ -474,34 +476,42 @@ impl Hold for EtcdHold {
         let sent = Instant::now();
         // The key is only as alive as the provider's lease: keep that alive first, so the
         // server holds it at least its time-to-live from `sent`, which the new end does not
-        // pass for a watchdog lease (cut to the time-to-live at the grant).
-        if !self
-            .session
-            .keep_now(
-                self.lease,
-                later(sent, ttl.min(self.session.config.lease_ttl)),
-            )
-            .await?
-        {
-            // The lease is gone; the keep-alive task reports it for every hold and grants
-            // the next one.
-            return Err(Error::lock_lost(&self.name));
-        }
-        let txn = Txn::new().when([Compare::create_revision(
-            self.key.as_str(),
-            CompareOp::Equal,
-            self.rev,
-        )]);
-        match self.session.txn(Some(self.lease), txn).await {
-            Ok(resp) if resp.succeeded() => {
-                *self
-                    .end
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = later(sent, ttl);
-                Ok(())
+        // pass for a watchdog lease (cut to the time-to-live at the grant). Then the key's
+        // compare says whether the hold lives: it is the authority, not the keep-alive's
+        // answer (a keep-alive may fail, or come back empty, while the lease lives).
+        let until = later(sent, ttl.min(self.session.config.lease_ttl));
+        let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+        loop {
+            let kept = self.session.keep_now(self.lease, until).await;
+            if !self.verify().await? {
+                return Err(Error::lock_lost(&self.name));
             }
-            Ok(_) => Err(Error::lock_lost(&self.name)),
-            Err(e) => Err(from_etcd(&format!("check {}", self.key), e)),
+            match kept {
+                Ok(true) => {
+                    *self
+                        .end
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = later(sent, ttl);
+                    return Ok(());
+                }
+                Ok(false) | Err(_) if Instant::now() < until => {
+                    tracing::debug!(key = %self.key, ?kept, "etcd: keep-alive not confirmed while the key lives; again");
+                    let pause = backoff.next_pause();
+                    tokio::time::sleep_until(from_now(pause).min(until)).await;
+                }
+                Ok(false) => {
+                    return Err(Error::Backend {
+                        backend: BACKEND,
+                        message: format!(
+                            "the lease of {} was not kept alive in time, though the key lives",
+                            self.key
+                        ),
+                        retryable: true,
+                        source: None,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 

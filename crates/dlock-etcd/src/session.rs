@@ -130,7 +130,10 @@ impl Session {
     /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
     /// session is dropped).
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Self>> {
-        let mut options = ConnectOptions::new();
+        // A call unanswered for the lease's time-to-live is of no use any more (a partition,
+        // a frozen member whose connection stays open): it ends with an error, retried where
+        // that is safe, instead of waiting for the kernel to give the connection up.
+        let mut options = ConnectOptions::new().with_timeout(config.lease_ttl);
         if let Some(t) = config.connect_timeout {
             options = options.with_connect_timeout(t);
         }

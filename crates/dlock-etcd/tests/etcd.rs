@@ -274,6 +274,103 @@ async fn a_release_whose_answer_was_lost_succeeds() {
     );
 }
 
+/// Review #5: calls had no time limit, so a member that stops answering while its TCP
+/// connection stays open (a partition, a frozen member) held a `release` (and every other
+/// call) until the kernel gave up, minutes later. Now each call ends within the lease's
+/// time-to-live: the release returns an error in time, and the lock is free once the
+/// partition heals (or the lease runs out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_through_a_partition_end_within_the_lease() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let config = EtcdConfig::from_url(&url).unwrap();
+    let proxy = dlock_proxy::Proxy::start(config.endpoints[0].clone())
+        .await
+        .unwrap();
+    let ttl = FROZEN_TTL;
+    let p = EtcdProvider::connect(&format!("etcd://{}?ttl_s={}", proxy.addr(), ttl.as_secs()))
+        .await
+        .unwrap();
+    let name = Names::new().name("partitioned");
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_fault(dlock_proxy::Fault::Partition);
+    let started = Instant::now();
+    let released = must(
+        ttl * 3 + Duration::from_secs(2),
+        "a release through the partition",
+        g.release(),
+    )
+    .await;
+    eprintln!(
+        "release through the partition: {released:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(released.is_err(), "released through a partition");
+    proxy.set_fault(dlock_proxy::Fault::None);
+    let other = EtcdProvider::connect(&url).await.unwrap();
+    let g = must(
+        ttl * 3,
+        "the lock after the partition",
+        other.lock(&name, LockOptions::default()).unwrap().acquire(),
+    )
+    .await
+    .unwrap();
+    g.release().await.unwrap();
+}
+
+/// The time limit on calls (the lease's time-to-live, see above) is not a limit on the
+/// streams: a hold kept for three times the time-to-live stays held throughout (its
+/// keep-alive stream is not cut), and a waiter watching its predecessor that long gets the
+/// lock when it is released (its watch is not cut either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_outlive_the_call_time_limit() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}ttl_s={}", FROZEN_TTL.as_secs());
+    let (a, b) = (
+        EtcdProvider::connect(&url).await.unwrap(),
+        EtcdProvider::connect(&url).await.unwrap(),
+    );
+    let name = Names::new().name("long-streams");
+    let g = a
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let lb = b.lock(&name, LockOptions::default()).unwrap();
+    let waiter = tokio::spawn(async move { lb.acquire().await });
+    let until = dlock_core::backend::later(Instant::now(), FROZEN_TTL * 3);
+    while Instant::now() < until {
+        assert!(g.is_held(), "the hold was not vouched for: {:?}", g.state());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!waiter.is_finished(), "the waiter got the held lock");
+    g.release().await.unwrap();
+    let got = must(
+        Duration::from_secs(5),
+        "the waiter after the release",
+        waiter,
+    )
+    .await
+    .unwrap();
+    got.unwrap().release().await.unwrap();
+    assert_eq!(
+        b.stats().watches,
+        1,
+        "one watch, never cut: {:?}",
+        b.stats()
+    );
+}
+
 // ------------------------------------------------------------------ the frozen holder
 
 /// The worker side, run in a child process: takes the lock (with the default 30 s watchdog
