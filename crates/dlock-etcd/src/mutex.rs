@@ -4,7 +4,7 @@
 //! before its own (no herd), then looks again. The holder's create revision is its fencing
 //! token: etcd's revisions only grow, across releases, expiries, restarts and elections.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{
@@ -86,8 +86,11 @@ impl Undo {
         if let Some(put) = self.put.take() {
             let _ = put.await;
         }
-        if let Some(claim) = &self.claim {
-            delete_key(&self.session, &claim.key, None).await?;
+        if let Some(claim) = &self.claim
+            && let Err(e) = delete_key(&self.session, &claim.key, None).await
+        {
+            // The drop goes on deleting it in the background.
+            return Err(e);
         }
         self.claim = None;
         Ok(None)
@@ -100,14 +103,13 @@ impl Drop for Undo {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let session = Arc::clone(&self.session);
+        let session = Arc::downgrade(&self.session);
         let put = self.put.take();
         runtime.spawn(async move {
             if let Some(put) = put {
                 let _ = put.await;
             }
-            let _ = delete_key(&session, &claim.key, None).await;
-            drop(claim);
+            delete_until_gone(session, None, claim).await;
         });
     }
 }
@@ -136,6 +138,29 @@ async fn delete_key(session: &Session, key: &str, rev: Option<i64>) -> Result<bo
             }
             Err(e) => return Err(from_etcd(&format!("delete {key}"), e)),
         }
+    }
+}
+
+/// Deletes the claimed key (if it still has create revision `rev`, when given) in the
+/// background until it is gone, the lease it was put with has ended (the server deletes it
+/// with the lease), or the provider is dropped (which revokes the lease); then gives the
+/// claim back. A key whose delete failed is never left behind while its lease lives: it
+/// would keep the lock from everyone else for the provider's whole life.
+async fn delete_until_gone(session: Weak<Session>, rev: Option<i64>, claim: Claim) {
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.lease_now() != Some(claim.lease) {
+            return;
+        }
+        match delete_key(&s, &claim.key, rev).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(key = %claim.key, error = %e, "etcd: deleting a key failed; again");
+            }
+        }
+        drop(s);
+        backoff.wait().await;
     }
 }
 
@@ -460,10 +485,19 @@ impl Hold for EtcdHold {
                 self.let_go();
                 Err(Error::lock_lost(&self.name))
             }
-            // The key may still be there (the delete's answer never came): the next owner of
-            // this provider finds it stale and deletes it first, or the lease ends it.
+            // The key may still be there: it is deleted in the background (until its lease
+            // ends), and only then given back.
             Err(e) => {
+                let claim = self
+                    .claim
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
                 self.let_go();
+                if let (Some(claim), Ok(runtime)) = (claim, tokio::runtime::Handle::try_current()) {
+                    let session = Arc::downgrade(&self.session);
+                    runtime.spawn(delete_until_gone(session, Some(self.rev), claim));
+                }
                 Err(e)
             }
         }
@@ -539,8 +573,7 @@ impl Drop for EtcdHold {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let session = Arc::clone(&self.session);
-        let key = std::mem::take(&mut self.key);
+        let session = Arc::downgrade(&self.session);
         let rev = self.rev;
         let end = *self
             .end
@@ -551,10 +584,10 @@ impl Drop for EtcdHold {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
+        let Some(claim) = claim else { return };
         runtime.spawn(async move {
             tokio::time::sleep_until(end).await;
-            let _ = delete_key(&session, &key, Some(rev)).await;
-            drop(claim);
+            delete_until_gone(session, Some(rev), claim).await;
         });
     }
 }

@@ -326,7 +326,7 @@ impl Session {
         let canonical = format!("{range}{lease:x}");
         if lock(&self.claimed).insert(canonical.clone()) {
             return Claim {
-                session: Arc::clone(self),
+                session: Arc::downgrade(self),
                 key: canonical,
                 lease,
                 canonical: true,
@@ -334,7 +334,7 @@ impl Session {
         }
         let n = self.next_key.fetch_add(1, Ordering::Relaxed);
         Claim {
-            session: Arc::clone(self),
+            session: Arc::downgrade(self),
             key: format!("{canonical}-{n:x}"),
             lease,
             canonical: false,
@@ -383,9 +383,11 @@ impl Session {
 }
 
 /// A contender's key, reserved in its provider until dropped (after the key was deleted).
+/// It does not keep the provider alive: a provider dropped meanwhile revokes its lease, and
+/// the key goes with it.
 #[derive(Debug)]
 pub(crate) struct Claim {
-    session: Arc<Session>,
+    session: Weak<Session>,
     pub(crate) key: String,
     /// The lease the key is put with.
     pub(crate) lease: i64,
@@ -394,8 +396,10 @@ pub(crate) struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if self.canonical {
-            lock(&self.session.claimed).remove(&self.key);
+        if self.canonical
+            && let Some(session) = self.session.upgrade()
+        {
+            lock(&session.claimed).remove(&self.key);
         }
     }
 }

@@ -1048,3 +1048,108 @@ async fn a_provider_logs_in_again_when_its_token_ends() {
     .expect("the lock is free");
     g.release().await.unwrap();
 }
+
+/// Review #4: a release whose delete failed for good (here: the user's write permission
+/// revoked under its hold) dropped the key's reservation, and the key stayed on the server
+/// under the provider's lease, kept alive for the provider's whole life: the lock was
+/// blocked for everyone else. Now the provider goes on deleting it in the background, and
+/// once the permission is back the lock is free without the provider being dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_delete_failed_is_deleted_later() {
+    if service_url("DLOCK_ETCD_URL").is_none() {
+        return;
+    }
+    let member = PrivateMember::start("perm", &[], |_| {});
+    eventually(Duration::from_secs(30), "the private member serves", || {
+        let e = member.endpoint();
+        async move {
+            Client::connect([e], None)
+                .await
+                .map_err(|e| e.to_string())?
+                .status()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+    for args in [
+        &["user", "add", "root:dlock-root-pw"][..],
+        &["role", "add", "locker"],
+        &[
+            "role",
+            "grant-permission",
+            "locker",
+            "--prefix=true",
+            "readwrite",
+            "dlock/",
+        ],
+        &["user", "add", "alice:dlock-alice-pw"],
+        &["user", "grant-role", "alice", "locker"],
+        &["auth", "enable"],
+    ] {
+        member.etcdctl(args).await;
+    }
+    let root = |args: &[&str]| {
+        let mut v = vec!["--user", "root:dlock-root-pw"];
+        v.extend_from_slice(args);
+        v.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let alice = EtcdProvider::connect(&format!(
+        "etcd://alice:dlock-alice-pw@{}",
+        member.endpoint()
+    ))
+    .await
+    .unwrap();
+    let other = EtcdProvider::connect(&format!("etcd://root:dlock-root-pw@{}", member.endpoint()))
+        .await
+        .unwrap();
+    let name = Names::new().name("perm");
+    let g = alice
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let revoke = root(&[
+        "role",
+        "revoke-permission",
+        "locker",
+        "--prefix=true",
+        "dlock/",
+    ]);
+    member
+        .etcdctl(&revoke.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let released = g.release().await;
+    assert!(released.is_err(), "released without the permission");
+    let lock = other.lock(&name, LockOptions::default()).unwrap();
+    assert!(
+        lock.try_acquire(Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_none(),
+        "the key is still there while it cannot be deleted"
+    );
+    let grant = root(&[
+        "role",
+        "grant-permission",
+        "locker",
+        "--prefix=true",
+        "readwrite",
+        "dlock/",
+    ]);
+    member
+        .etcdctl(&grant.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    // Well within the provider's life and lease (10 s, kept alive all along).
+    let g = must(
+        Duration::from_secs(8),
+        "the lock once the key could be deleted",
+        lock.acquire(),
+    )
+    .await
+    .unwrap();
+    g.release().await.unwrap();
+    drop(alice);
+}
