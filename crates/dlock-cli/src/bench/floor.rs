@@ -377,7 +377,11 @@ async fn etcd_floor(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f6
     let mut client = Client::connect(&config.endpoints, None)
         .await
         .map_err(|e| err("etcd", "connect", e))?;
-    let ttl = i64::try_from(config.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+    // Long enough for the whole run without keep-alives (which dlock sends from a task of
+    // its own, off the cycle's path); revoked at the end.
+    let ttl = i64::try_from(config.lease_ttl.as_secs())
+        .unwrap_or(i64::MAX)
+        .max(3600);
     let lease = client
         .lease_grant(ttl, None)
         .await
