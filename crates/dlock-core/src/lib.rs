@@ -78,5 +78,5 @@ pub mod backend {
         Request, Semaphore,
     };
     pub use crate::time::{Backoff, Deadline, from_now, later};
-    pub use crate::url::parse_host_list;
+    pub use crate::url::{parse_host_list, percent_decode};
 }

@@ -104,6 +104,34 @@ fn default_port(scheme: &str) -> Option<u16> {
     }
 }
 
+/// Decodes the `%XX` escapes of a URL part (a user, a password, a path); `None` if an escape
+/// is malformed or the result is not UTF-8, so a backend refuses such a URL instead of
+/// guessing.
+///
+/// ```
+/// use dlock_core::backend::percent_decode;
+///
+/// assert_eq!(percent_decode("a%2Fb%25").as_deref(), Some("a/b%"));
+/// assert_eq!(percent_decode("%zz"), None);
+/// assert_eq!(percent_decode("%C3"), None);
+/// ```
+pub fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Parses a comma-separated list of `host[:port]` (a `[v6]` host in brackets), as in
 /// `zk://a:2181,b:2181` or the Sentinels of a `redis+sentinel://` URL: each entry becomes
 /// `host:port`, with `default_port` where none is given. Shared by the backends whose URLs

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_core::backend::parse_host_list;
+use dlock_core::backend::{parse_host_list, percent_decode};
 use dlock_core::{Error, LockName, Result, redact};
 
 /// The port an `etcd://` host without one is reached on (etcd's client port).
@@ -323,23 +323,6 @@ impl fmt::Debug for EtcdConfig {
             .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

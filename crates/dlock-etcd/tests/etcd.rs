@@ -106,6 +106,17 @@ async fn queued(url: &str, lock_name: &str) -> i64 {
     .count()
 }
 
+/// Waits (5 s at most) until `n` keys are queued under lock name `lock_name`.
+async fn await_queued(url: &str, lock_name: &str, n: i64, what: &str) {
+    eventually(Duration::from_secs(5), what, || async {
+        match queued(url, lock_name).await {
+            k if k == n => Ok(()),
+            k => Err(k),
+        }
+    })
+    .await;
+}
+
 /// etcd's own lock and dlock on one name: each excludes the other, and a dlock waiter is
 /// woken by the `etcdctl` holder's exit (its key's delete), not by its lease running out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,17 +157,7 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
             (Instant::now(), g)
         }
     });
-    eventually(
-        Duration::from_secs(5),
-        "the dlock waiter queues",
-        || async {
-            match queued(&url, &lock_name).await {
-                2 => Ok(()),
-                n => Err(n),
-            }
-        },
-    )
-    .await;
+    await_queued(&url, &lock_name, 2, "the dlock waiter queues").await;
     let exit = Instant::now();
     ctl.signal("INT");
     // etcdctl revokes its session's lease on SIGINT: far sooner than that lease's 10 s.
@@ -181,13 +182,7 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
 
     // dlock first: etcdctl waits, and gets the lock when dlock releases.
     let mut ctl = etcdctl_lock(&url, &lock_name);
-    eventually(Duration::from_secs(5), "etcdctl queues", || async {
-        match queued(&url, &lock_name).await {
-            2 => Ok(()),
-            n => Err(n),
-        }
-    })
-    .await;
+    await_queued(&url, &lock_name, 2, "etcdctl queues").await;
     let early = tokio::time::timeout(Duration::from_millis(500), ctl.lines.next_line()).await;
     assert!(
         early.is_err(),
@@ -252,17 +247,7 @@ async fn a_release_whose_answer_was_lost_succeeds() {
 
     proxy.set_fault(dlock_proxy::Fault::Downstream);
     let release = tokio::spawn(g.release());
-    eventually(
-        Duration::from_secs(5),
-        "the server deleted the key",
-        || async {
-            match queued(&url, &lock_name).await {
-                0 => Ok(()),
-                n => Err(n),
-            }
-        },
-    )
-    .await;
+    await_queued(&url, &lock_name, 0, "the server deleted the key").await;
     proxy.reset();
     proxy.set_fault(dlock_proxy::Fault::None);
     let released = must(Duration::from_secs(10), "the release", release)
@@ -946,6 +931,23 @@ impl PrivateMember {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Waits until the member answers a status call.
+    async fn await_serving(&self) {
+        eventually(Duration::from_secs(30), "the private member serves", || {
+            let e = self.endpoint();
+            async move {
+                Client::connect([e], None)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .await;
+    }
+
     async fn etcdctl(&self, args: &[&str]) {
         let out = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
@@ -998,19 +1000,7 @@ async fn a_provider_logs_in_again_when_its_token_ends() {
             openssl(dir, &["ec", "-in", "jwt.key", "-pubout", "-out", "jwt.pub"]);
         },
     );
-    eventually(Duration::from_secs(30), "the private member serves", || {
-        let e = member.endpoint();
-        async move {
-            Client::connect([e], None)
-                .await
-                .map_err(|e| e.to_string())?
-                .status()
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        }
-    })
-    .await;
+    member.await_serving().await;
     member.etcdctl(&["user", "add", "root:dlock-root-pw"]).await;
     member.etcdctl(&["auth", "enable"]).await;
 
@@ -1060,19 +1050,7 @@ async fn a_key_whose_delete_failed_is_deleted_later() {
         return;
     }
     let member = PrivateMember::start("perm", &[], |_| {});
-    eventually(Duration::from_secs(30), "the private member serves", || {
-        let e = member.endpoint();
-        async move {
-            Client::connect([e], None)
-                .await
-                .map_err(|e| e.to_string())?
-                .status()
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        }
-    })
-    .await;
+    member.await_serving().await;
     for args in [
         &["user", "add", "root:dlock-root-pw"][..],
         &["role", "add", "locker"],

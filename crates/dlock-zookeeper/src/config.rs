@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::backend::parse_host_list;
+use dlock_core::backend::{parse_host_list, percent_decode};
 use dlock_core::{Error, Result, redact};
 
 use crate::nodes;
@@ -285,24 +285,6 @@ fn positive_ms(key: &str, value: &str) -> Result<Duration> {
                 i32::MAX
             ))
         })
-}
-
-/// Decodes `%XX` escapes; `None` if an escape is malformed or the result is not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
