@@ -172,7 +172,7 @@ impl Session {
         session.config.check()?;
         let sent = Instant::now();
         let lease = session.grant().await?;
-        session.record_kept(lease, sent);
+        session.record_granted(lease, sent);
         session.lease.send_replace(Some(lease));
         tokio::spawn(keep_alive(Arc::downgrade(&session), lease));
         Ok(session)
@@ -192,12 +192,19 @@ impl Session {
         self.client.clone()
     }
 
-    /// Lease `lease` was kept alive by a request sent at `sent`.
+    /// Lease `lease` was granted by a request sent at `sent`: it is the live lease now.
+    fn record_granted(&self, lease: i64, sent: Instant) {
+        *lock(&self.kept) = Some((lease, sent));
+    }
+
+    /// Lease `lease` was kept alive by a request sent at `sent`. Ignored for a lease that is
+    /// not the one recorded (an older lease's late answer must not replace the live one's).
     fn record_kept(&self, lease: i64, sent: Instant) {
-        let mut kept = lock(&self.kept);
-        match *kept {
-            Some((l, at)) if l == lease && at >= sent => {}
-            _ => *kept = Some((lease, sent)),
+        if let Some((l, at)) = lock(&self.kept).as_mut()
+            && *l == lease
+            && *at < sent
+        {
+            *at = sent;
         }
     }
 
@@ -442,17 +449,17 @@ async fn keep_once(
     }
 }
 
-/// A new lease for the acquires to come, as soon as the server grants one; returns it and
-/// when its grant was sent (its time-to-live counts from there, not from the answer).
-async fn regrant(s: &Session, backoff: &mut Backoff) -> (i64, Instant) {
+/// A new lease for the acquires to come, as soon as the server grants one; its time-to-live
+/// counts from when its grant was sent, not from the answer.
+async fn regrant(s: &Session, backoff: &mut Backoff) -> i64 {
     loop {
         let granting = Instant::now();
         match s.grant().await {
             Ok(l) => {
-                s.record_kept(l, granting);
+                s.record_granted(l, granting);
                 s.set_suspended(false);
                 s.lease.send_replace(Some(l));
-                return (l, granting);
+                return l;
             }
             Err(e) => {
                 tracing::debug!(error = %e, "etcd: granting a new lease failed; retrying");
@@ -475,11 +482,14 @@ async fn keep_alive(session: Weak<Session>, mut lease: i64) {
     let mut keeper = None;
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
     // The lease's time-to-live counts from its grant's send.
-    let mut last_ok = match session.upgrade().and_then(|s| s.kept_at(lease)) {
-        Some(at) => at,
-        None => Instant::now(),
-    };
+    let mut last_ok = Instant::now();
     loop {
+        // The session's record is the one truth of when the lease was last kept alive: the
+        // holds' renewals keep it alive too (`keep_now`), not only this task.
+        match session.upgrade() {
+            Some(s) => last_ok = s.kept_at(lease).unwrap_or(last_ok),
+            None => return,
+        }
         let sent = Instant::now();
         // A round never outlasts the lease: the loss is reported when the lease ends.
         let until = later(sent, period).min(later(last_ok, ttl));
@@ -487,7 +497,6 @@ async fn keep_alive(session: Weak<Session>, mut lease: i64) {
         let Some(s) = session.upgrade() else { return };
         let expired = match round {
             Round::Kept => {
-                last_ok = sent;
                 s.record_kept(lease, sent);
                 s.set_suspended(false);
                 backoff.reset();
@@ -496,13 +505,14 @@ async fn keep_alive(session: Weak<Session>, mut lease: i64) {
             Round::Gone => true,
             Round::Failed => {
                 s.set_suspended(true);
+                let last_ok = s.kept_at(lease).unwrap_or(last_ok);
                 Instant::now() >= later(last_ok, ttl)
             }
         };
         if expired {
             s.lease_ended(lease, LossReason::SessionExpired);
             keeper = None;
-            (lease, last_ok) = regrant(&s, &mut backoff).await;
+            lease = regrant(&s, &mut backoff).await;
             continue;
         }
         drop(s);

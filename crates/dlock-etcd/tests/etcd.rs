@@ -106,6 +106,28 @@ async fn queued(url: &str, lock_name: &str) -> i64 {
     .count()
 }
 
+/// Takes lock `name` of `p` with the default options.
+async fn hold(p: &EtcdProvider, name: &str) -> dlock_core::LockGuard {
+    p.lock(name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+}
+
+/// A provider whose connection to the first member of `url` goes through a proxy of its
+/// own; `query` (`""` or `?…`) is added to its URL.
+async fn proxied(url: &str, query: &str) -> (dlock_proxy::Proxy, EtcdProvider) {
+    let config = EtcdConfig::from_url(url).unwrap();
+    let proxy = dlock_proxy::Proxy::start(config.endpoints[0].clone())
+        .await
+        .unwrap();
+    let p = EtcdProvider::connect(&format!("etcd://{}{query}", proxy.addr()))
+        .await
+        .unwrap();
+    (proxy, p)
+}
+
 /// Waits (5 s at most) until `n` keys are queued under lock name `lock_name`.
 async fn await_queued(url: &str, lock_name: &str, n: i64, what: &str) {
     eventually(Duration::from_secs(5), what, || async {
@@ -228,21 +250,10 @@ async fn a_release_whose_answer_was_lost_succeeds() {
     let Some(url) = service_url("DLOCK_ETCD_URL") else {
         return;
     };
-    let config = EtcdConfig::from_url(&url).unwrap();
-    let proxy = dlock_proxy::Proxy::start(config.endpoints[0].clone())
-        .await
-        .unwrap();
-    let p = EtcdProvider::connect(&format!("etcd://{}", proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, p) = proxied(&url, "").await;
     let name = Names::new().name("lost-answer");
     let lock_name = p.config().etcd_lock_name(&name).unwrap();
-    let g = p
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&p, &name).await;
     assert_eq!(queued(&url, &lock_name).await, 1);
 
     proxy.set_fault(dlock_proxy::Fault::Downstream);
@@ -269,21 +280,10 @@ async fn calls_through_a_partition_end_within_the_lease() {
     let Some(url) = service_url("DLOCK_ETCD_URL") else {
         return;
     };
-    let config = EtcdConfig::from_url(&url).unwrap();
-    let proxy = dlock_proxy::Proxy::start(config.endpoints[0].clone())
-        .await
-        .unwrap();
     let ttl = FROZEN_TTL;
-    let p = EtcdProvider::connect(&format!("etcd://{}?ttl_s={}", proxy.addr(), ttl.as_secs()))
-        .await
-        .unwrap();
+    let (proxy, p) = proxied(&url, &format!("?ttl_s={}", ttl.as_secs())).await;
     let name = Names::new().name("partitioned");
-    let g = p
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&p, &name).await;
     proxy.set_fault(dlock_proxy::Fault::Partition);
     let started = Instant::now();
     let released = must(
@@ -325,12 +325,7 @@ async fn streams_outlive_the_call_time_limit() {
         EtcdProvider::connect(&url).await.unwrap(),
     );
     let name = Names::new().name("long-streams");
-    let g = a
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&a, &name).await;
     let lb = b.lock(&name, LockOptions::default()).unwrap();
     let waiter = tokio::spawn(async move { lb.acquire().await });
     let until = dlock_core::backend::later(Instant::now(), FROZEN_TTL * 3);
@@ -372,12 +367,7 @@ async fn worker_process() {
     let url = std::env::var("DLOCK_WORKER_URL").unwrap();
     let name = std::env::var("DLOCK_WORKER_NAME").unwrap();
     let p = EtcdProvider::connect(&url).await.unwrap();
-    let g = p
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&p, &name).await;
     println!("HELD {}", g.fencing_token());
     let g = std::sync::Arc::new(g);
     let probe = std::sync::Arc::clone(&g);
@@ -1083,12 +1073,7 @@ async fn a_key_whose_delete_failed_is_deleted_later() {
         .await
         .unwrap();
     let name = Names::new().name("perm");
-    let g = alice
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&alice, &name).await;
     let revoke = root(&[
         "role",
         "revoke-permission",
