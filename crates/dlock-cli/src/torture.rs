@@ -62,8 +62,9 @@ pub enum Sabotage {
 pub struct TortureOpts {
     /// A store to attack (repeat for several: each is attacked in turn, with the same seed).
     /// Network stores get a fault-injecting proxy in front of them for every worker; an
-    /// embedded SQLite store gets the process faults only. A Redis Cluster or Sentinel cannot
-    /// be proxied (clients learn node addresses from the servers).
+    /// embedded SQLite store gets the process faults only, and so do a Redis Cluster and a
+    /// Sentinel group (their clients learn node addresses from the servers, past any proxy),
+    /// which `restart` can still fail over.
     #[arg(long = "url", value_name = "URL", required = true)]
     pub urls: Vec<String>,
 
@@ -292,10 +293,20 @@ fn print_report(r: &StoreReport) {
         "  overlaps: {} explained by a fault, {} unexplained; {} unfenced updates lost",
         rep.overlaps_explained, rep.overlaps_unexplained, rep.unfenced_lost_updates
     );
+    let reasons: Vec<String> = rep
+        .losses_by_reason
+        .iter()
+        .map(|(reason, n)| format!("{reason}: {n}"))
+        .collect();
     println!(
-        "  losses reported: {}; worst report delay after an overlap began: {}; worst \
+        "  losses reported: {}{}; worst report delay after an overlap began: {}; worst \
          recovery after a fault: {}",
         rep.losses_reported,
+        if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", reasons.join(", "))
+        },
         rep.worst_report_delay_ms
             .map_or("-".to_string(), |d| format!("{d} ms")),
         rep.worst_recovery_ms
@@ -378,13 +389,6 @@ async fn attack(
         );
         return Err(exit::CONFIG);
     }
-    if url.contains("cluster=true") || url.contains("sentinel") {
-        eprintln!(
-            "dlock: {shown}: a Redis Cluster or Sentinel cannot be proxied (clients learn node \
-             addresses from the servers); attack a single server"
-        );
-        return Err(exit::CONFIG);
-    }
     let locks = dlock::connect(url)
         .await
         .map_err(|e| crate::fail(&format!("cannot use {shown}"), &e))?;
@@ -409,7 +413,10 @@ async fn attack(
         eprintln!("dlock: {shown}: none of the requested primitives is supported");
         return Err(exit::CONFIG);
     }
-    let split = hosts(url);
+    // A Redis Cluster's or Sentinel's clients learn the data servers' addresses from the
+    // servers, past any proxy: such a store gets the process faults and restarts only.
+    let learns_addresses = url.contains("cluster=true") || url.contains("sentinel");
+    let split = hosts(url).filter(|_| !learns_addresses);
     let kinds: Vec<FaultKind> = opts
         .faults
         .iter()
@@ -417,7 +424,16 @@ async fn attack(
         .filter(|k| split.is_some() || !k.needs_proxy())
         .collect();
     if split.is_none() && kinds.len() < opts.faults.len() {
-        eprintln!("dlock: {shown} has no network to attack: only process faults (pause, kill)");
+        let why = if learns_addresses {
+            "its clients learn the servers' addresses from the servers, past any proxy"
+        } else {
+            "it has no network to attack"
+        };
+        eprintln!("dlock: {shown}: {why}: only process faults (pause, kill) and restarts");
+    }
+    if kinds.is_empty() {
+        eprintln!("dlock: {shown}: none of the requested faults can hit it");
+        return Err(exit::CONFIG);
     }
     let resource = resource::Resource::start().await.map_err(|e| {
         eprintln!("dlock: cannot start the shared resource: {e}");

@@ -61,6 +61,9 @@ pub(crate) struct Report {
     pub(crate) unfenced_lost_updates: u64,
     /// Holds whose guard reported a loss.
     pub(crate) losses_reported: u64,
+    /// The reported losses by the reason their guards gave (`suspended`: the guard said the
+    /// hold was no longer vouched for, without a final reason yet).
+    pub(crate) losses_by_reason: BTreeMap<String, u64>,
     /// The longest time, after an overlap began, until the older holder was told (ms;
     /// negative: told before).
     pub(crate) worst_report_delay_ms: Option<i64>,
@@ -90,7 +93,10 @@ pub(crate) fn check(
     }
     let holds = rebuild(history, faults, end, connection_bound);
     report.holds = holds.len() as u64;
-    report.losses_reported = holds.iter().filter(|h| h.lost.is_some()).count() as u64;
+    for (_, reason) in holds.iter().filter_map(|h| h.lost.as_ref()) {
+        report.losses_reported += 1;
+        *report.losses_by_reason.entry(reason.clone()).or_default() += 1;
+    }
     check_tokens(&holds, faults, connection_bound, &mut report);
     check_overlaps(&holds, faults, connection_bound, &mut report);
     check_fencing(ledger, &mut report);
@@ -548,6 +554,34 @@ mod tests {
             Duration::from_secs(2),
             connection_bound,
         )
+    }
+
+    /// Losses are counted once per hold, by the first reason its guard gave.
+    #[test]
+    fn losses_are_counted_by_reason() {
+        let mut h = vec![
+            grant(1, 1, S, 1),
+            lost(1, 1, 2 * S),
+            exit(1, 1, 3 * S),
+            grant(2, 1, 4 * S, 2),
+            lost(2, 1, 5 * S),
+            exit(2, 1, 6 * S),
+            grant(3, 1, 7 * S, 3),
+            exit(3, 1, 8 * S),
+        ];
+        if let WorkerEvent::Lost { reason, .. } = &mut h[4].event {
+            *reason = "the session expired".into();
+        }
+        h.insert(2, lost(1, 1, 2 * S + 1));
+        let r = run(&h, &[]);
+        assert_eq!(r.losses_reported, 2);
+        assert_eq!(
+            r.losses_by_reason.into_iter().collect::<Vec<_>>(),
+            [
+                ("test".to_string(), 1),
+                ("the session expired".to_string(), 1)
+            ]
+        );
     }
 
     /// A connection reset explains an overlap (of a holder that was told) only where a hold
