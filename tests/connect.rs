@@ -323,3 +323,57 @@ fn connect_options_deserialize() {
     );
     assert!(serde_json::from_str::<dlock::ConnectOptions>(r#"{"passwd": "x"}"#).is_err());
 }
+
+/// With the `serde` feature, each backend's configuration comes from an application's
+/// configuration as its URL, checked as `connect` checks it: a typo in a parameter fails the
+/// load, and the error does not show the password.
+#[cfg(all(
+    feature = "serde",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "mysql",
+    feature = "etcd"
+))]
+#[test]
+fn backend_configs_deserialize_from_their_urls() {
+    #[derive(serde::Deserialize)]
+    struct App {
+        redis: dlock::redis::RedisConfig,
+        zk: dlock::zookeeper::ZkConfig,
+        sql: dlock::sql::SqlConfig,
+        etcd: dlock::etcd::EtcdConfig,
+    }
+    let app: App = serde_json::from_str(
+        r#"{"redis": "redis://127.0.0.1:6390/?fair_wait_ms=7000",
+            "zk": "zk://127.0.0.1:2181/app?session_timeout_ms=4000",
+            "sql": "mysql://u:p@127.0.0.1/db?strategy=optimistic",
+            "etcd": "etcd://127.0.0.1:2379/app/?ttl_s=30"}"#,
+    )
+    .unwrap();
+    assert_eq!(app.redis.fair_wait, Duration::from_secs(7));
+    assert_eq!(app.zk.session_timeout, Duration::from_secs(4));
+    assert_eq!(app.zk.chroot, "/app");
+    assert_eq!(app.sql.strategy, dlock::sql::Strategy::Optimistic);
+    assert_eq!(app.etcd.lease_ttl, Duration::from_secs(30));
+
+    for (bad, what) in [
+        (r#""redis://:Pa55@127.0.0.1/?clustr=true""#, "clustr"),
+        (r#""zk://127.0.0.1?session_timeout=4""#, "session_timeout"),
+        (
+            r#""mysql://u:Pa55@127.0.0.1/db?strategy=optimstic""#,
+            "optimstic",
+        ),
+        (r#""etcd://u:Pa55@127.0.0.1?ttl=30""#, "ttl"),
+    ] {
+        let e = match what {
+            "clustr" => serde_json::from_str::<dlock::redis::RedisConfig>(bad).err(),
+            "session_timeout" => serde_json::from_str::<dlock::zookeeper::ZkConfig>(bad).err(),
+            "optimstic" => serde_json::from_str::<dlock::sql::SqlConfig>(bad).err(),
+            _ => serde_json::from_str::<dlock::etcd::EtcdConfig>(bad).err(),
+        };
+        let shown = e.map(|e| e.to_string()).unwrap_or_default();
+        assert!(shown.contains(what), "{bad}: {shown}");
+        assert!(!shown.contains("Pa55"), "{bad}: {shown}");
+    }
+    assert!(serde_json::from_str::<dlock::redis::RedisConfig>("42").is_err());
+}

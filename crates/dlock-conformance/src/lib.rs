@@ -53,6 +53,7 @@ pub mod contention;
 mod proxy;
 mod record;
 mod support;
+pub mod tls;
 
 use std::time::Duration;
 

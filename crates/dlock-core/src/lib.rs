@@ -18,6 +18,7 @@ mod name;
 mod options;
 mod reentrancy;
 mod time;
+mod tls;
 mod traits;
 mod url;
 
@@ -28,6 +29,7 @@ pub use crate::loss::{LockKind, LossReason};
 pub use crate::multi::{Member, MultiGuard, MultiLock};
 pub use crate::name::{FencingToken, LockName};
 pub use crate::options::{Capabilities, Lease, LockOptions, LockStatus};
+pub use crate::tls::TlsFiles;
 pub use crate::traits::{
     DistributedLock, DistributedReadWriteLock, DistributedSemaphore, DynLock, DynLockProvider,
     DynReadWriteLock, DynSemaphore, LockProvider,
@@ -78,5 +80,7 @@ pub mod backend {
         Request, Semaphore,
     };
     pub use crate::time::{Backoff, Deadline, from_now, later};
+    #[cfg(feature = "serde")]
+    pub use crate::url::deserialize_url;
     pub use crate::url::{parse_host_list, percent_decode};
 }

@@ -104,6 +104,45 @@ fn default_port(scheme: &str) -> Option<u16> {
     }
 }
 
+/// Reads a backend's configuration from its URL in an application's configuration file: the
+/// value is the URL as a string, and `parse` (the backend's `from_url`) checks it exactly as
+/// [`connect`](https://docs.rs/dlock/latest/dlock/fn.connect.html) would, so a typo in a
+/// parameter fails the load instead of running with a default. The error never shows the
+/// URL's password. Each backend's `serde` feature implements `Deserialize` with it.
+///
+/// ```
+/// # use dlock_core::{Error, Result};
+/// struct Config(String);
+///
+/// impl<'de> serde::Deserialize<'de> for Config {
+///     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+///         dlock_core::backend::deserialize_url(d, |url: &str| -> Result<Config> {
+///             match url.strip_prefix("my://") {
+///                 Some(host) => Ok(Config(host.to_owned())),
+///                 None => Err(Error::config(format!("not a my:// URL: {}", dlock_core::redact(url)))),
+///             }
+///         })
+///     }
+/// }
+///
+/// use serde::de::{Deserialize, value::{Error as DeError, StrDeserializer}};
+/// let read = |text| Config::deserialize(StrDeserializer::<DeError>::new(text));
+/// assert_eq!(read("my://host").unwrap().0, "host");
+/// let refused = read("other://u:secret@host").err().unwrap().to_string();
+/// assert!(refused.contains("not a my:// URL") && !refused.contains("secret"), "{refused}");
+/// ```
+#[cfg(feature = "serde")]
+pub fn deserialize_url<'de, D, T>(
+    deserializer: D,
+    parse: impl FnOnce(&str) -> crate::Result<T>,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let url = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(deserializer)?;
+    parse(&url).map_err(serde::de::Error::custom)
+}
+
 /// Decodes the `%XX` escapes of a URL part (a user, a password, a path); `None` if an escape
 /// is malformed or the result is not UTF-8, so a backend refuses such a URL instead of
 /// guessing.

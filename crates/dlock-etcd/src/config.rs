@@ -1,11 +1,10 @@
 //! `etcd://` URLs and the configuration they parse into.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_core::backend::{parse_host_list, percent_decode};
-use dlock_core::{Error, LockName, Result, redact};
+use dlock_core::{Error, LockName, Result, TlsFiles, redact};
 
 /// The port an `etcd://` host without one is reached on (etcd's client port).
 pub const DEFAULT_PORT: u16 = 2379;
@@ -57,16 +56,24 @@ pub struct EtcdConfig {
 }
 
 /// TLS to etcd (`etcds://`): whom to trust, and the client's own certificate if the members
-/// ask for one (`--client-cert-auth`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EtcdTls {
-    /// PEM file of the certificate authority that signed the members' certificates
-    /// (`ca_file=`); without it, the Mozilla roots that webpki-roots ships.
-    pub ca_file: Option<PathBuf>,
-    /// PEM files of the client's certificate and key (`cert_file=`, `key_file=`: both or
-    /// neither).
-    pub identity: Option<(PathBuf, PathBuf)>,
+/// ask for one (`--client-cert-auth`); the policy of every backend ([`TlsFiles`]).
+pub type EtcdTls = TlsFiles;
+
+/// With the `serde` feature: read from the URL (a string), checked exactly as
+/// [`EtcdConfig::from_url`] checks it, so an unknown parameter fails the load.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for EtcdConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        dlock_core::backend::deserialize_url(d, Self::from_url)
+    }
+}
+
+/// A configuration error of a part, said of the whole URL.
+fn rephrase(e: Error, bad: &impl Fn(&str) -> Error) -> Error {
+    match e {
+        Error::Config { message, .. } => bad(&message),
+        other => other,
+    }
 }
 
 impl EtcdConfig {
@@ -88,8 +95,6 @@ impl EtcdConfig {
             (None, None) => (None, None),
         };
         let mut tls = tls;
-        let mut cert_file = None;
-        let mut key_file = None;
         let Some(rest) = rest else {
             let scheme = url.split("://").next().unwrap_or("");
             return Err(if url.contains("://") {
@@ -181,19 +186,12 @@ impl EtcdConfig {
                             })?,
                     );
                 }
-                "ca_file" | "cert_file" | "key_file" => {
+                key if TlsFiles::PARAMS.contains(&key) => {
                     let Some(tls) = tls.as_mut() else {
                         return Err(bad(&format!("{key}= is for TLS: use etcds://")));
                     };
-                    let path = percent_decode(value)
-                        .filter(|p| !p.is_empty())
-                        .map(PathBuf::from)
-                        .ok_or_else(|| bad(&format!("{key}= needs a file path")))?;
-                    match key {
-                        "ca_file" => tls.ca_file = Some(path),
-                        "cert_file" => cert_file = Some(path),
-                        _ => key_file = Some(path),
-                    }
+                    let value = percent_decode(value).ok_or_else(|| bad("malformed %-escape"))?;
+                    tls.take_param(key, &value).map_err(|e| rephrase(e, &bad))?;
                 }
                 other => {
                     return Err(bad(&format!(
@@ -203,13 +201,10 @@ impl EtcdConfig {
                 }
             }
         }
-        if let Some(tls) = tls.as_mut() {
-            tls.identity = match (cert_file, key_file) {
-                (Some(cert), Some(key)) => Some((cert, key)),
-                (None, None) => None,
-                _ => return Err(bad("cert_file= and key_file= go together")),
-            };
-        }
+        let tls = tls
+            .map(TlsFiles::checked)
+            .transpose()
+            .map_err(|e| rephrase(e, &bad))?;
         Ok(Self {
             endpoints,
             prefix,
@@ -327,6 +322,8 @@ impl fmt::Debug for EtcdConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     /// Review: `with_lease_ttl(Duration::MAX)` overflowed (a panic in debug builds, the 2 s

@@ -111,17 +111,13 @@ impl Drop for Session {
 /// The client's TLS settings from `tls`: the files read now, so a missing or unreadable one
 /// is a [`Error::Config`] naming it.
 fn tls_options(tls: &EtcdTls) -> Result<etcd_client::TlsOptions> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| Error::config(format!("etcd TLS: cannot read {}: {e}", path.display())))
-    };
     let mut options = etcd_client::TlsOptions::new();
-    options = match &tls.ca_file {
-        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?)),
+    options = match tls.read_ca()? {
+        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(ca)),
         None => options.with_webpki_roots(),
     };
-    if let Some((cert, key)) = &tls.identity {
-        options = options.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    if let Some((cert, key)) = tls.read_identity()? {
+        options = options.identity(etcd_client::Identity::from_pem(cert, key));
     }
     Ok(options)
 }

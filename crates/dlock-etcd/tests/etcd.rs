@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use dlock_conformance::contention::Contention;
+use dlock_conformance::tls::{free_port, make_certificates, openssl};
 use dlock_conformance::{Names, eventually, must, service_url};
 use dlock_core::{DynLock, LockOptions, LockProvider, LossReason};
 use dlock_etcd::etcd_client::{Client, GetOptions};
@@ -668,93 +669,6 @@ async fn failover(url: String) {
 }
 
 // ------------------------------------------------------------------ TLS
-
-/// Runs `openssl` with `args` in `dir`, failing the test with its output if it fails.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl runs (Debian: openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A certificate authority, a certificate for 127.0.0.1 and a client certificate, made here.
-fn make_certificates(dir: &std::path::Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=dlock test CA",
-    ]);
-    openssl(dir, &ca);
-    for (who, ext) in [
-        (
-            "server",
-            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-        ),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        std::fs::write(dir.join(format!("{who}.ext")), ext).unwrap();
-        let (key, csr, pem, ext) = (
-            format!("{who}.key"),
-            format!("{who}.csr"),
-            format!("{who}.pem"),
-            format!("{who}.ext"),
-        );
-        let subject = format!("/CN=dlock test {who}");
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
-        openssl(dir, &req);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &pem,
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-            ],
-        );
-    }
-}
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `etcds://`: a private etcd member of this test's own that serves TLS only and asks every
 /// client for a certificate its CA signed. With the CA and the client certificate, locks

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use dlock_core::backend::parse_host_list;
-use dlock_core::{Error, RedactedUrl, Result};
+use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 
 /// How to reach Redis. Build it from a URL with [`RedisConfig::from_url`] or field by field;
 /// `Debug` and `Display` never show the password.
@@ -22,6 +22,7 @@ use dlock_core::{Error, RedactedUrl, Result};
 /// | `fair_wait_ms` | how long a queued fair waiter has to take its turn before others skip it (Redisson's `fairLockWaitTimeout`) | `300000` |
 /// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
+/// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
 /// | `pubsub` | a cluster's wake-up messages: `sharded` (SPUBLISH/SSUBSCRIBE, Redis 7+), `classic` (PUBLISH/SUBSCRIBE) or `auto` (sharded where the cluster has it); see [`PubSubMode`] | `auto` |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -47,6 +48,10 @@ pub struct RedisConfig {
     /// The Sentinels to ask for the master, from a `redis+sentinel://` URL; `None` for a
     /// plain server or a cluster.
     pub sentinel: Option<SentinelConfig>,
+    /// For `rediss://`: the authority to trust instead of the operating system's roots, and
+    /// the client's certificate (`ca_file`, `cert_file`, `key_file`); empty: the system's
+    /// roots, no client certificate.
+    pub tls: TlsFiles,
     /// The application's own client, from [`RedisConfig::from_client`]: its address,
     /// credentials and TLS settings are used instead of the URL's.
     pub(crate) client: Option<ClientInfo>,
@@ -139,6 +144,15 @@ impl std::fmt::Debug for SentinelAuth {
 /// The port Sentinels listen on unless the URL says otherwise.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
+/// With the `serde` feature: read from the URL (a string), checked exactly as
+/// [`RedisConfig::from_url`] checks it, so an unknown parameter fails the load.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for RedisConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        dlock_core::backend::deserialize_url(d, Self::from_url)
+    }
+}
+
 impl RedisConfig {
     /// Parses a `redis://` or `rediss://` URL.
     ///
@@ -165,7 +179,14 @@ impl RedisConfig {
         let mut pubsub = PubSubMode::Auto;
         let mut sentinel_username = None;
         let mut sentinel_password = None;
+        let mut tls = TlsFiles::default();
         for (key, value) in parsed.query_pairs() {
+            if tls.take_param(&key, &value)? {
+                if parsed.scheme() != "rediss" {
+                    return Err(Error::config(format!("{key}= is for TLS: use rediss://")));
+                }
+                continue;
+            }
             match key.as_str() {
                 "cluster" => {
                     cluster = match value.as_str() {
@@ -200,7 +221,7 @@ impl RedisConfig {
                     return Err(Error::config(format!(
                         "unknown query parameter {other:?} (known: cluster, timeout_ms, \
                          fair_wait_ms, wait_replicas, pubsub, sentinel_username, \
-                         sentinel_password)"
+                         sentinel_password; with rediss:// also ca_file, cert_file, key_file)"
                     )));
                 }
             }
@@ -232,6 +253,7 @@ impl RedisConfig {
             wait_replicas,
             pubsub,
             sentinel,
+            tls: tls.checked()?,
             client: None,
         }
         .checked()
@@ -278,6 +300,7 @@ impl RedisConfig {
             wait_replicas: 0,
             pubsub: PubSubMode::Auto,
             sentinel: None,
+            tls: TlsFiles::default(),
             client: Some(ClientInfo(info)),
         })
     }
@@ -530,6 +553,31 @@ mod tests {
             let e = RedisConfig::from_url(bad).unwrap_err();
             assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
             assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+        }
+    }
+
+    /// `ca_file`, `cert_file` and `key_file` belong to `rediss://`, the last two together;
+    /// the paths are decoded once.
+    #[test]
+    fn rediss_takes_its_files() {
+        let c = RedisConfig::from_url(
+            "rediss://:secret@h:1/0?ca_file=/etc/c%20a.pem&cert_file=/c.pem&key_file=/k.pem",
+        )
+        .unwrap();
+        assert_eq!(
+            c.tls.ca_file,
+            Some(std::path::PathBuf::from("/etc/c a.pem"))
+        );
+        assert_eq!(c.tls.identity, Some(("/c.pem".into(), "/k.pem".into())));
+        assert!(!c.url.expose().as_str().contains("ca_file"));
+        assert!(RedisConfig::from_url("rediss://h").unwrap().tls.is_empty());
+        for (bad, says) in [
+            ("redis://:secret@h?ca_file=/x.pem", "use rediss://"),
+            ("rediss://:secret@h?cert_file=/c.pem", "go together"),
+            ("rediss://:secret@h?key_file=", "file path"),
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err().to_string();
+            assert!(e.contains(says) && !e.contains("secret"), "{bad}: {e}");
         }
     }
 

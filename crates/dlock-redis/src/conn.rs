@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use dlock_core::Result;
+use dlock_core::{Result, TlsFiles};
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -15,6 +15,7 @@ use redis::{
     Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
     PushInfo, PushKind, RedisError, Script, ScriptInvocation, ServerErrorKind, ToRedisArgs, Value,
 };
+use redis::{ClientTlsConfig, TlsCertificates};
 use tokio::time::Instant;
 
 use crate::config::{PubSubMode, RedisConfig, SentinelConfig};
@@ -287,12 +288,16 @@ impl Conn {
             let conn = Sentinelled::connect(config, sentinel, tcp, manager, push).await?;
             return Ok(Self::Sentinel(Arc::new(conn)));
         }
+        let certs = tls_certificates(&config.tls)?;
         if config.cluster {
             let mut builder = ClusterClientBuilder::new(vec![info])
                 .tcp_settings(tcp)
                 .response_timeout(config.response_timeout)
                 .connection_timeout(config.response_timeout)
                 .retries(3);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
             if let Some(push) = push {
                 builder = builder
                     .use_protocol(ProtocolVersion::RESP3)
@@ -328,7 +333,11 @@ impl Conn {
             };
             Ok(Self::Cluster(conn, sharded))
         } else {
-            let client = Client::open(info).map_err(|e| from_redis(&what, e))?;
+            let client = match certs {
+                Some(certs) => Client::build_with_tls(info, certs),
+                None => Client::open(info),
+            }
+            .map_err(|e| from_redis(&what, e))?;
             let mut manager = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(config.response_timeout))
                 .set_connection_timeout(Some(config.response_timeout))
@@ -450,4 +459,22 @@ impl Conn {
         });
         result.map_err(|e| from_redis("unsubscribe", e))
     }
+}
+
+/// The certificates of a `rediss://` URL's `ca_file`, `cert_file` and `key_file`, read now so a
+/// missing file is an [`Error::Config`] naming it; `None` when it names none (the system's
+/// roots, no client certificate).
+fn tls_certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>> {
+    if tls.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(TlsCertificates {
+        client_tls: tls
+            .read_identity()?
+            .map(|(client_cert, client_key)| ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: tls.read_ca()?,
+    }))
 }

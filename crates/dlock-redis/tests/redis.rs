@@ -5,12 +5,12 @@
 //! restart the server or count commands each start a private `redis-server` on a free loopback
 //! port, so they cannot disturb (or be disturbed by) anything else.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_conformance::tls::{free_port, make_certificates};
 use dlock_conformance::{Names, eventually, must, service_url};
 use dlock_core::{Lease, LockOptions, LockProvider};
 use dlock_redis::RedisProvider;
@@ -82,15 +82,6 @@ async fn subscribed(url: &str, name: &str, count: i64) -> Result<(), String> {
         Some((_, n)) if *n == count => Ok(()),
         other => Err(format!("{other:?}")),
     }
-}
-
-/// A loopback port nobody listens on (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A `redis-server` of our own on a free loopback port; killed on drop.
@@ -1377,7 +1368,7 @@ async fn a_sentinel_failover_during_contention_keeps_exclusion_and_token_order()
     master.kill();
     // The Sentinels keep calling the old master's port; hold it, so no other test's server
     // that happens to get it is taken for the old master and turned into a replica.
-    let _old_port = TcpListener::bind(("127.0.0.1", old)).ok();
+    let _old_port = std::net::TcpListener::bind(("127.0.0.1", old)).ok();
     let killed = Instant::now();
     eventually(LIMIT, "a sentinel promotes a replica", || async {
         match sentinels[0].master_port(NAME).await {
@@ -2278,4 +2269,108 @@ async fn replies_lost_leave_one_hold_and_no_leaked_permit(server: &PrivateRedis,
         .await
         .unwrap();
     assert!(again.is_some(), "the permit is free for anyone");
+}
+
+// ------------------------------------------------------------------ TLS
+
+/// `rediss://` with the URL's `ca_file`, `cert_file` and `key_file` (issue 16): a private
+/// `redis-server` of this test's own serves TLS only and asks every client for a certificate
+/// its authority signed. With the authority and the client certificate, locks work; without
+/// the client certificate, or without the authority (the system's roots do not know it), the
+/// connect fails; a missing file is a configuration error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_private_ca_and_a_client_certificate() {
+    // The server is the test's own, but it runs the redis-server the shared one runs.
+    if service_url("DLOCK_REDIS_URL").is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dlock-redis-tls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let certs = make_certificates(&dir);
+    let port = free_port();
+    let server = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--dir"])
+        .arg(&dir)
+        .arg("--tls-cert-file")
+        .arg(&certs.server.0)
+        .arg("--tls-key-file")
+        .arg(&certs.server.1)
+        .arg("--tls-ca-cert-file")
+        .arg(&certs.ca)
+        .args(["--tls-auth-clients", "yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server runs");
+    struct Stop(Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Stop(server);
+
+    let with = |params: &str| format!("rediss://127.0.0.1:{port}/?timeout_ms=2000{params}");
+    let files = format!(
+        "&ca_file={}&cert_file={}&key_file={}",
+        certs.ca.display(),
+        certs.client.0.display(),
+        certs.client.1.display()
+    );
+    let url = with(&files);
+    let p = eventually(Duration::from_secs(20), "a TLS connection", || {
+        let url = url.clone();
+        async move {
+            RedisProvider::connect(&url)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+    let parsed = dlock_redis::RedisConfig::from_url(&url).unwrap();
+    assert_eq!(parsed.tls.ca_file.as_ref(), Some(&certs.ca));
+    let lock = p
+        .lock(&Names::new().name("tls"), LockOptions::default())
+        .unwrap();
+    let g = lock.acquire().await.unwrap();
+    assert!(g.fencing_token().get() > 0);
+    g.release().await.unwrap();
+
+    for (what, params) in [
+        (
+            "without the client certificate",
+            format!("&ca_file={}", certs.ca.display()),
+        ),
+        (
+            "without the authority",
+            format!(
+                "&cert_file={}&key_file={}",
+                certs.client.0.display(),
+                certs.client.1.display()
+            ),
+        ),
+    ] {
+        let refused = match RedisProvider::connect(&with(&params)).await {
+            Ok(p) => {
+                let lock = p
+                    .lock(&Names::new().name("tls"), LockOptions::default())
+                    .unwrap();
+                lock.try_acquire(Duration::from_secs(2)).await.err()
+            }
+            Err(e) => Some(e),
+        };
+        assert!(refused.is_some(), "{what}: connected");
+    }
+    let missing = dir.join("nowhere.pem");
+    let e = RedisProvider::connect(&with(&format!("&ca_file={}", missing.display())))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, dlock_core::Error::Config { .. }) && e.to_string().contains("nowhere.pem"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

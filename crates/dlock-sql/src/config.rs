@@ -151,6 +151,15 @@ fn driver_parameter(dialect: Dialect, key: &str) -> bool {
     driver_parameters(dialect).contains(&key)
 }
 
+/// With the `serde` feature: read from the URL (a string), checked exactly as
+/// [`SqlConfig::from_url`] checks it, so an unknown parameter fails the load.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for SqlConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        dlock_core::backend::deserialize_url(d, Self::from_url)
+    }
+}
+
 impl SqlConfig {
     /// Parses a `mysql://`, `mariadb://`, `postgres://` (`postgresql://`) or `sqlite://` URL.
     ///

@@ -57,6 +57,15 @@ impl PartialEq for OwnConnector {
 
 impl Eq for OwnConnector {}
 
+/// With the `serde` feature: read from the URL (a string), checked exactly as
+/// [`ZkConfig::from_url`] checks it, so an unknown parameter fails the load.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for ZkConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        dlock_core::backend::deserialize_url(d, Self::from_url)
+    }
+}
+
 impl ZkConfig {
     /// Parses a `zk://` URL.
     ///

@@ -1,0 +1,120 @@
+//! Certificates for the TLS tests of the backends: a private authority, a server certificate
+//! for 127.0.0.1 and a client certificate, made with the `openssl` command (Debian: openssl,
+//! installed by `scripts/services up tools`).
+
+use std::path::{Path, PathBuf};
+
+/// The files [`make_certificates`] writes: PEM certificates and keys.
+#[derive(Debug, Clone)]
+pub struct TestCertificates {
+    /// The authority's certificate (`ca.pem`).
+    pub ca: PathBuf,
+    /// The server's certificate (`server.pem`, for IP 127.0.0.1) and key (`server.key`).
+    pub server: (PathBuf, PathBuf),
+    /// The client's certificate (`client.pem`) and key (`client.key`).
+    pub client: (PathBuf, PathBuf),
+}
+
+/// Runs `openssl` with `args` in `dir`, failing the test with its output if it fails.
+///
+/// # Panics
+///
+/// If `openssl` cannot run or fails (it is for tests).
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs (Debian: openssl; scripts/services up tools installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Makes, in `dir`, a certificate authority of the test's own, a certificate it signed for a
+/// server on 127.0.0.1, and one for a client. Valid for two days.
+///
+/// # Panics
+///
+/// If `openssl` fails or a file cannot be written (it is for tests).
+pub fn make_certificates(dir: &Path) -> TestCertificates {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=dlock test CA",
+    ]);
+    openssl(dir, &ca);
+    for (who, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{who}.ext")), ext).expect("write the extensions");
+        let (key, csr, pem, ext) = (
+            format!("{who}.key"),
+            format!("{who}.csr"),
+            format!("{who}.pem"),
+            format!("{who}.ext"),
+        );
+        let subject = format!("/CN=dlock test {who}");
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+    TestCertificates {
+        ca: dir.join("ca.pem"),
+        server: (dir.join("server.pem"), dir.join("server.key")),
+        client: (dir.join("client.pem"), dir.join("client.key")),
+    }
+}
+
+/// A loopback port nobody listens on right now.
+///
+/// # Panics
+///
+/// If no port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
