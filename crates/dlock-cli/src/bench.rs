@@ -31,6 +31,9 @@ pub enum Workload {
     W1,
     /// 8 clients on one name; the critical section reads, yields and writes a counter.
     W2,
+    /// W2 with the fair lock (backends that have one): how often the holder changes, and the
+    /// longest wait, against W2's unfair lock.
+    W2F,
     /// 2 clients ping-pong on one name: release-to-acquire handoff latency.
     W3,
     /// 8 clients, each on its own name.
@@ -58,7 +61,7 @@ pub struct BenchOpts {
     pub urls: Vec<String>,
 
     /// The workloads to run.
-    #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4,W5,W6")]
+    #[arg(long, value_delimiter = ',', default_value = "W1,W2,W2F,W3,W4,W5,W6")]
     pub workload: Vec<Workload>,
 
     /// Cycles of W1 (W2 and W4 run twice as many in all, W3 a quarter as many handoffs).
@@ -107,10 +110,22 @@ pub struct Row {
     pub handoff_p99_us: Option<u64>,
     /// W2: overlaps seen plus lost counter updates (must be 0).
     pub violations: u64,
-    /// W1: the floor's cycles per second (same server calls, client library only).
+    /// W1 and W4: the floor's cycles per second (the same server calls made with the client
+    /// library only, from 1 and 8 clients).
     pub floor_cycles_per_sec: Option<f64>,
-    /// W1: `cycles_per_sec / floor_cycles_per_sec`.
+    /// W1 and W4: `cycles_per_sec / floor_cycles_per_sec`.
     pub ratio_to_floor: Option<f64>,
+    /// W2, W2F: the share of cycles (percent) whose holder was not the previous cycle's
+    /// holder (8 clients taking turns fairly: about 100; a lock that starves: near 0).
+    #[serde(default)]
+    pub owner_switch_pct: Option<f64>,
+    /// W2, W2F, W4: the longest acquire, milliseconds.
+    #[serde(default)]
+    pub max_wait_ms: Option<f64>,
+    /// W1-W4: the process's CPU time (user + system, `getrusage`) over the workload divided by
+    /// its cycles, microseconds: what one cycle costs the client.
+    #[serde(default)]
+    pub cpu_us_per_cycle: Option<f64>,
     /// W5: waiters served out of the order they queued in.
     pub out_of_order: Option<u64>,
     /// W5: longest minus shortest wait, milliseconds.
@@ -175,7 +190,11 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
     if urls.is_empty() {
         let file = std::env::temp_dir().join(format!("dlock-bench-{}.db", std::process::id()));
         urls.push(format!("sqlite://{}", file.display()));
-        urls.push(format!("sqlite://{}?strategy=optimistic", file.display()));
+        // One set of tables serves one strategy: optimistic gets its own prefix.
+        urls.push(format!(
+            "sqlite://{}?strategy=optimistic&table=dlock_optimistic",
+            file.display()
+        ));
         scratch = Some(file);
         // A named store: every client of the benchmark must share it.
         urls.push("memory://dlock-bench".into());
@@ -419,6 +438,7 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 lock.acquire().await?.release().await?;
             }
             let mut h = histogram()?;
+            let cpu = cpu_time();
             let started = Instant::now();
             let mut n = 0;
             while n < opts.cycles && !out_of_time(started, limit) {
@@ -428,6 +448,7 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 n += 1;
             }
             finish(&mut row, n, started.elapsed());
+            row.cpu_us_per_cycle = cpu_per_cycle(cpu, n);
             fill_latency(&mut row, &h);
             if !target.broken
                 && let Some(floor) = floor::cycles_per_sec(&target.url, n.max(1), &ns).await?
@@ -436,27 +457,43 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 row.ratio_to_floor = Some(row.cycles_per_sec / floor);
             }
         }
-        Workload::W2 | Workload::W4 => {
+        Workload::W2 | Workload::W2F | Workload::W4 => {
+            let one_name = workload != Workload::W4;
+            let fair = workload == Workload::W2F;
+            if fair && !target.client().await?.capabilities().fair {
+                row.skipped = Some("no fair locks".into());
+                return Ok(row);
+            }
             let total = opts.cycles * 2;
             let per = total / 8;
             let counter = Arc::new(AtomicU64::new(0));
             let inside = Arc::new(AtomicU64::new(0));
             let overlaps = Arc::new(AtomicU64::new(0));
+            // The worker that held last (8: nobody yet), and how often the holder changed.
+            let last = Arc::new(AtomicU64::new(8));
+            let switches = Arc::new(AtomicU64::new(0));
             let mut tasks = Vec::new();
+            let mut clients = Vec::new();
+            for _ in 0..8 {
+                clients.push(target.client().await?);
+            }
+            let cpu = cpu_time();
             let started = Instant::now();
-            for i in 0..8 {
-                let p = target.client().await?;
-                let name = if workload == Workload::W2 {
+            for (i, p) in clients.into_iter().enumerate() {
+                let name = if one_name {
                     format!("{ns}/w2")
                 } else {
                     format!("{ns}/w4/{i}")
                 };
-                let lock = p.lock(&name, LockOptions::default())?;
-                let (counter, inside, overlaps) = (
+                let lock = p.lock(&name, LockOptions::default().with_fair(fair))?;
+                let (counter, inside, overlaps, last, switches) = (
                     Arc::clone(&counter),
                     Arc::clone(&inside),
                     Arc::clone(&overlaps),
+                    Arc::clone(&last),
+                    Arc::clone(&switches),
                 );
+                let me = i as u64;
                 tasks.push(tokio::spawn(async move {
                     let _client = p; // its connections live as long as the worker
                     let mut h = histogram()?;
@@ -467,6 +504,9 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                         let _ = h.record(us(t.elapsed()));
                         if inside.fetch_add(1, Ordering::SeqCst) > 0 {
                             overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if last.swap(me, Ordering::SeqCst) != me {
+                            switches.fetch_add(1, Ordering::SeqCst);
                         }
                         let seen = counter.load(Ordering::SeqCst);
                         tokio::task::yield_now().await;
@@ -488,10 +528,21 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 done += n;
             }
             finish(&mut row, done, started.elapsed());
+            row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
             fill_latency(&mut row, &h);
-            if workload == Workload::W2 {
+            row.max_wait_ms = Some(h.max() as f64 / 1000.0);
+            if one_name {
                 let lost = done.saturating_sub(counter.load(Ordering::SeqCst));
                 row.violations = overlaps.load(Ordering::SeqCst) + lost;
+                // The first grant is no switch (nobody held before it).
+                let switched = switches.load(Ordering::SeqCst).saturating_sub(1);
+                row.owner_switch_pct =
+                    Some(100.0 * switched as f64 / done.saturating_sub(1).max(1) as f64);
+            } else if !target.broken
+                && let Some(floor) = floor::concurrent_cycles_per_sec(&target.url, per, &ns).await?
+            {
+                row.floor_cycles_per_sec = Some(floor);
+                row.ratio_to_floor = Some(row.cycles_per_sec / floor);
             }
         }
         Workload::W3 => handoff(target, &ns, opts, &mut row).await?,
@@ -499,6 +550,22 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
         Workload::W6 => scale(target, &ns, opts, &mut row).await?,
     }
     Ok(row)
+}
+
+/// The process's CPU time so far (user + system), where `getrusage` answers.
+fn cpu_time() -> Option<Duration> {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).ok()?;
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(t.tv_sec()).ok()?)
+            .checked_add(Duration::from_micros(u64::try_from(t.tv_usec()).ok()?))
+    };
+    tv(usage.user_time())?.checked_add(tv(usage.system_time())?)
+}
+
+/// CPU microseconds per cycle since `before` (from [`cpu_time`]).
+fn cpu_per_cycle(before: Option<Duration>, cycles: u64) -> Option<f64> {
+    let spent = cpu_time()?.checked_sub(before?)?;
+    (cycles > 0).then(|| spent.as_secs_f64() * 1e6 / cycles as f64)
 }
 
 fn finish(row: &mut Row, cycles: u64, elapsed: Duration) {
@@ -739,6 +806,15 @@ fn print_table(rows: &[Row]) {
         }
         if let Some(f) = r.floor_cycles_per_sec {
             notes.push(format!("floor {f:.0}/s"));
+        }
+        if let Some(s) = r.owner_switch_pct {
+            notes.push(format!("owner switches {s:.0}%"));
+        }
+        if let Some(m) = r.max_wait_ms {
+            notes.push(format!("max wait {m:.1} ms"));
+        }
+        if let Some(c) = r.cpu_us_per_cycle {
+            notes.push(format!("cpu {c:.0} us/cycle"));
         }
         println!(
             "{:<24} {:<3} {:>7} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  {}",

@@ -449,7 +449,7 @@ fn bench_smoke_writes_json_and_chart() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 12, "2 stores × 6 workloads");
+    assert_eq!(rows.len(), 14, "2 stores × 7 workloads");
     for row in rows {
         for key in [
             "backend",
@@ -474,6 +474,36 @@ fn bench_smoke_writes_json_and_chart() {
     );
     let w3 = rows.iter().find(|r| r["workload"] == "W3").unwrap();
     assert!(w3["handoff_p50_us"].as_u64().unwrap() > 0);
+    // Starvation and cost are measured: owner switches and the longest wait on one name
+    // (the memory store's fair lock hands over on nearly every cycle), CPU per cycle, and the
+    // W4 floor of 8 raw clients.
+    let of = |backend: &str, workload: &str| {
+        rows.iter()
+            .find(|r| r["workload"] == workload && r["backend"] == backend)
+            .unwrap()
+    };
+    for wl in ["W2", "W2F"] {
+        let r = of("memory", wl);
+        let switches = r["owner_switch_pct"].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&switches), "{r}");
+        assert!(r["max_wait_ms"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    assert_eq!(
+        of("sqlite/unique-insert", "W2F")["skipped"],
+        "no fair locks",
+        "SQLite has no fair lock"
+    );
+    for wl in ["W1", "W2", "W4"] {
+        let r = of("sqlite/unique-insert", wl);
+        assert!(r["cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(
+        of("sqlite/unique-insert", "W4")["ratio_to_floor"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "the W4 floor was measured"
+    );
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(
         chart.starts_with("<svg")

@@ -1,5 +1,6 @@
-//! The SVG chart: throughput (W1, W2, W4) and p99 acquire latency (W1) per backend, side by
-//! side, so the backends compare at a glance.
+//! The SVG chart: throughput (W1, W2, W4), W1 latency (p50, p99), client CPU per cycle (W1,
+//! W4) and W2's owner switches (unfair and fair) per backend, side by side, so the backends
+//! compare at a glance.
 
 use std::path::Path;
 
@@ -40,7 +41,7 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
             .map_or(0.0, f)
     };
     let height = 120 + 60 * backends.len() as u32;
-    let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
+    let root = SVGBackend::new(path, (2000, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(650);
     let workloads = ["W1", "W2", "W4"];
@@ -104,53 +105,95 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
         .background_style(WHITE)
         .draw()?;
 
-    let max_p99 = backends
+    let (middle, rest) = right.split_horizontally(450);
+    let (cpu_area, switch_area) = rest.split_horizontally(450);
+    let series = |w: &'static str, f: fn(&Row) -> f64| -> Vec<f64> {
+        backends.iter().map(|b| value(b, w, f)).collect()
+    };
+    bars(
+        &middle,
+        "W1 cycle latency p50 / p99 (ms)",
+        &backends,
+        &[
+            ("p50", series("W1", |r| r.acquire_p50_us as f64 / 1000.0)),
+            ("p99", series("W1", |r| r.acquire_p99_us as f64 / 1000.0)),
+        ],
+    )?;
+    bars(
+        &cpu_area,
+        "client CPU per cycle (µs): W1, W4",
+        &backends,
+        &[
+            ("W1", series("W1", |r| r.cpu_us_per_cycle.unwrap_or(0.0))),
+            ("W4", series("W4", |r| r.cpu_us_per_cycle.unwrap_or(0.0))),
+        ],
+    )?;
+    bars(
+        &switch_area,
+        "W2 owner switches (%): unfair, fair",
+        &backends,
+        &[
+            ("W2", series("W2", |r| r.owner_switch_pct.unwrap_or(0.0))),
+            ("W2F", series("W2F", |r| r.owner_switch_pct.unwrap_or(0.0))),
+        ],
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+/// A panel of horizontal bars: for each backend, one bar per series (at most 3), linear scale.
+fn bars(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    backends: &[&str],
+    series: &[(&str, Vec<f64>)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let n = backends.len() as i32;
+    let per = series.len() as i32 + 1;
+    let max = series
         .iter()
-        .map(|b| value(b, "W1", |r| r.acquire_p99_us as f64) / 1000.0)
+        .flat_map(|(_, v)| v.iter().copied())
         .fold(0.1_f64, f64::max);
-    let mut lat = ChartBuilder::on(&right)
-        .caption("W1 cycle latency p50 / p99 (ms)", ("sans-serif", 15))
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 15))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(150)
-        .build_cartesian_2d(0.0..max_p99 * 1.1, 0..n * 3)?;
-    lat.configure_mesh()
+        .build_cartesian_2d(0.0..max * 1.1, 0..n * per)?;
+    chart
+        .configure_mesh()
         .disable_y_mesh()
-        .y_labels((n * 3) as usize)
+        .y_labels((n * per) as usize)
         .y_label_formatter(&|y| {
-            let i = (*y / 3) as usize;
-            if *y % 3 == 1 {
+            let i = (*y / per) as usize;
+            if *y % per == 1 {
                 backends.get(i).map_or(String::new(), |b| (*b).to_owned())
             } else {
                 String::new()
             }
         })
         .draw()?;
-    for (i, b) in backends.iter().enumerate() {
-        let p50 = value(b, "W1", |r| r.acquire_p50_us as f64) / 1000.0;
-        let p99 = value(b, "W1", |r| r.acquire_p99_us as f64) / 1000.0;
-        let y = i as i32 * 3;
-        lat.draw_series(std::iter::once(Rectangle::new(
-            [(0.0, y), (p50, y + 1)],
-            COLORS[0].filled(),
-        )))?;
-        lat.draw_series(std::iter::once(Rectangle::new(
-            [(0.0, y + 1), (p99, y + 2)],
-            COLORS[1].filled(),
-        )))?;
+    for (j, (label, values)) in series.iter().enumerate() {
+        let color = COLORS[j % COLORS.len()];
+        for (i, v) in values.iter().enumerate() {
+            let y = i as i32 * per + j as i32;
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(0.0, y), (*v, y + 1)],
+                color.filled(),
+            )))?;
+        }
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, 0), (0.0, 0)],
+                color.filled(),
+            )))?
+            .label(*label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
-    for (j, label) in ["p50", "p99"].iter().enumerate() {
-        lat.draw_series(std::iter::once(Rectangle::new(
-            [(0.0, 0), (0.0, 0)],
-            COLORS[j].filled(),
-        )))?
-        .label(*label)
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], COLORS[j].filled()));
-    }
-    lat.configure_series_labels()
+    chart
+        .configure_series_labels()
         .border_style(BLACK)
         .background_style(WHITE)
         .draw()?;
-    root.present()?;
     Ok(())
 }

@@ -441,6 +441,31 @@ async fn etcd_floor(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f6
     measured.map(|()| rate)
 }
 
+/// The W4 floor: 8 clients of the client library at once, each with its own connection and
+/// name, each making `cycles` floor cycles; the sum of their rates (each measured over its own
+/// cycles, after its connect), or `None` if the store has no floor.
+pub(super) async fn concurrent_cycles_per_sec(
+    url: &str,
+    cycles: u64,
+    ns: &str,
+) -> dlock::Result<Option<f64>> {
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let (url, ns) = (url.to_owned(), format!("{ns}/floor{i}"));
+        clients.push(tokio::spawn(async move {
+            cycles_per_sec(&url, cycles, &ns).await
+        }));
+    }
+    let mut sum = Some(0.0);
+    for c in clients {
+        let rate = c
+            .await
+            .map_err(|e| dlock::Error::config(format!("a floor client panicked: {e}")))??;
+        sum = sum.zip(rate).map(|(a, b)| a + b);
+    }
+    Ok(sum)
+}
+
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
