@@ -83,6 +83,13 @@ pub struct BenchOpts {
     /// Measure nothing: print (and chart) the results of an earlier `--json` file.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["urls", "json"])]
     pub from_json: Option<PathBuf>,
+
+    /// Compare the ratios to the floor (W1, W4) with those of an earlier `--json` file (e.g.
+    /// the committed docs/benchmarks.json): a ratio more than 20 % below the file's is
+    /// printed as a regression, and the run exits 1. Ratios, not absolute times: they carry
+    /// from machine to machine.
+    #[arg(long, value_name = "FILE")]
+    pub baseline: Option<PathBuf>,
 }
 
 /// One measurement.
@@ -283,6 +290,62 @@ fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
 const CURATOR_WITHOUT_ZK: &str = "curator-without-zk";
 
 /// Reads the rows of an earlier `--json` run.
+/// A ratio to the floor that fell more than this fraction below the baseline's.
+const REGRESSION: f64 = 0.20;
+
+/// The ratios of `rows` that fell more than [`REGRESSION`] below those of the same backend
+/// and workload in `baseline`, as lines to print.
+fn regressions(baseline: &[Row], rows: &[Row]) -> Vec<String> {
+    let mut found = Vec::new();
+    for r in rows {
+        let Some(now) = r.ratio_to_floor else {
+            continue;
+        };
+        let before = baseline
+            .iter()
+            .find(|b| b.backend == r.backend && b.workload == r.workload)
+            .and_then(|b| b.ratio_to_floor);
+        if let Some(before) = before
+            && now < before * (1.0 - REGRESSION)
+        {
+            found.push(format!(
+                "{} {}: {:.0}% of its floor, was {:.0}%",
+                r.backend,
+                r.workload,
+                now * 100.0,
+                before * 100.0
+            ));
+        }
+    }
+    found
+}
+
+/// With `--baseline`: prints the regressions against it; the exit code if the run must fail
+/// (a regression: 1, an unreadable file: CONFIG).
+fn compare_with_baseline(baseline: Option<&std::path::Path>, rows: &[Row]) -> Option<u8> {
+    let path = baseline?;
+    let before = match load(path) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("dlock bench: {e}");
+            return Some(exit::CONFIG);
+        }
+    };
+    let found = regressions(&before, rows);
+    if found.is_empty() {
+        println!(
+            "no ratio to the floor fell more than 20% below {}",
+            path.display()
+        );
+        return None;
+    }
+    eprintln!("dlock bench: REGRESSIONS against {}:", path.display());
+    for line in &found {
+        eprintln!("  {line}");
+    }
+    Some(1)
+}
+
 fn load(path: &std::path::Path) -> Result<Vec<Row>, String> {
     #[derive(Deserialize)]
     struct Doc {
@@ -305,6 +368,9 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
             }
         };
         print_table(&rows);
+        if let Some(code) = compare_with_baseline(opts.baseline.as_deref(), &rows) {
+            return code;
+        }
         if let Some(chart_path) = &opts.chart
             && let Err(e) = chart::draw(chart_path, &rows)
         {
@@ -395,6 +461,9 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
     if rows.iter().any(|r| r.violations > 0) {
         eprintln!("dlock bench: EXCLUSION VIOLATIONS were seen (column `viol`)");
         return exit::SOFTWARE;
+    }
+    if let Some(code) = compare_with_baseline(opts.baseline.as_deref(), &rows) {
+        return code;
     }
     if failed { exit::SOFTWARE } else { 0 }
 }
@@ -837,7 +906,35 @@ fn print_table(rows: &[Row]) {
 
 #[cfg(test)]
 mod tests {
-    use super::label_of;
+    use super::{Row, label_of, regressions};
+
+    /// A ratio that fell more than 20 % is a regression; one that fell less, rose, or has
+    /// nothing to compare with is not.
+    #[test]
+    fn regressions_are_ratios_that_fell_more_than_a_fifth() {
+        let row = |backend: &str, workload: &str, ratio: Option<f64>| Row {
+            backend: backend.into(),
+            workload: workload.into(),
+            ratio_to_floor: ratio,
+            ..Row::default()
+        };
+        let before = [
+            row("redis", "W1", Some(0.90)),
+            row("redis", "W4", Some(0.90)),
+            row("zk", "W1", Some(0.90)),
+        ];
+        let now = [
+            row("redis", "W1", Some(0.70)),
+            row("redis", "W4", Some(0.75)),
+            row("zk", "W1", Some(1.20)),
+            row("etcd", "W1", Some(0.10)),
+            row("zk", "W4", None),
+        ];
+        assert_eq!(
+            regressions(&before, &now),
+            ["redis W1: 70% of its floor, was 90%"]
+        );
+    }
 
     #[test]
     fn labels_name_the_backend_and_strategy() {

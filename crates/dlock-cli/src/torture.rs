@@ -237,6 +237,19 @@ pub(crate) async fn torture(opts: TortureOpts) -> u8 {
         );
         return exit::CONFIG;
     }
+    // Every store is checked before the first is attacked: a run does not end half-way,
+    // its earlier reports lost, on a store no requested fault can hit.
+    for url in &opts.urls {
+        if applicable(&opts, url).1.is_empty() {
+            eprintln!(
+                "dlock: {}: none of the requested faults can hit it (a store without a \
+                 network to attack, a Redis Cluster or a Sentinel group takes pause, kill and \
+                 restart)",
+                dlock::redact(url)
+            );
+            return exit::CONFIG;
+        }
+    }
     let mut reports = Vec::new();
     let mut status = 0;
     let mut history_out = match &opts.history {
@@ -323,9 +336,40 @@ fn print_report(r: &StoreReport) {
     }
 }
 
+/// Whether a store's clients learn the data servers' addresses from the servers (a Redis
+/// Cluster, a Sentinel group), past any proxy: such a store gets the process faults and
+/// restarts only. Read from the parsed URL, as the Redis backend reads it.
+fn learns_addresses(url: &str) -> bool {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return false;
+    };
+    match parsed.scheme() {
+        "redis+sentinel" | "rediss+sentinel" => true,
+        "redis" | "rediss" => parsed
+            .query_pairs()
+            .any(|(k, v)| k == "cluster" && matches!(&*v, "true" | "1" | "yes")),
+        _ => false,
+    }
+}
+
+/// A URL split around its host list: the head, the `host:port`s, the rest ([`hosts`]).
+type Split = (String, Vec<String>, String);
+
+/// The proxy split of `url` (`None`: no proxies) and the requested faults that can hit it.
+fn applicable(opts: &TortureOpts, url: &str) -> (Option<Split>, Vec<FaultKind>) {
+    let split = hosts(url).filter(|_| !learns_addresses(url));
+    let kinds = opts
+        .faults
+        .iter()
+        .copied()
+        .filter(|k| split.is_some() || !k.needs_proxy())
+        .collect();
+    (split, kinds)
+}
+
 /// Splits `scheme://[userinfo@]host:port[,host:port...][/rest]` into the head before the
 /// hosts, the host:port list (with the scheme's default port filled in) and the rest.
-fn hosts(url: &str) -> Option<(String, Vec<String>, String)> {
+fn hosts(url: &str) -> Option<Split> {
     let (scheme, rest) = url.split_once("://")?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
@@ -413,27 +457,14 @@ async fn attack(
         eprintln!("dlock: {shown}: none of the requested primitives is supported");
         return Err(exit::CONFIG);
     }
-    // A Redis Cluster's or Sentinel's clients learn the data servers' addresses from the
-    // servers, past any proxy: such a store gets the process faults and restarts only.
-    let learns_addresses = url.contains("cluster=true") || url.contains("sentinel");
-    let split = hosts(url).filter(|_| !learns_addresses);
-    let kinds: Vec<FaultKind> = opts
-        .faults
-        .iter()
-        .copied()
-        .filter(|k| split.is_some() || !k.needs_proxy())
-        .collect();
+    let (split, kinds) = applicable(opts, url);
     if split.is_none() && kinds.len() < opts.faults.len() {
-        let why = if learns_addresses {
+        let why = if learns_addresses(url) {
             "its clients learn the servers' addresses from the servers, past any proxy"
         } else {
             "it has no network to attack"
         };
         eprintln!("dlock: {shown}: {why}: only process faults (pause, kill) and restarts");
-    }
-    if kinds.is_empty() {
-        eprintln!("dlock: {shown}: none of the requested faults can hit it");
-        return Err(exit::CONFIG);
     }
     let resource = resource::Resource::start().await.map_err(|e| {
         eprintln!("dlock: cannot start the shared resource: {e}");
@@ -925,6 +956,26 @@ mod tests {
         assert_eq!(tail, "/chroot");
         assert!(hosts("sqlite:///tmp/x.db").is_none());
         assert!(hosts("redis://h").is_some_and(|(_, l, _)| l == ["h:6379"]));
+    }
+
+    #[test]
+    fn clusters_and_sentinel_groups_are_read_from_the_url() {
+        for url in [
+            "redis://h:7000?cluster=true",
+            "redis://h:7000/?cluster=1",
+            "rediss://h:7000?timeout_ms=5&cluster=yes",
+            "redis+sentinel://s1,s2/master",
+        ] {
+            assert!(learns_addresses(url), "{url}");
+        }
+        for url in [
+            "redis://h:7000?cluster=false",
+            "mysql://u:p@sentinel-db/app",
+            "redis://u:cluster=true@h",
+            "zk://sentinel:2181",
+        ] {
+            assert!(!learns_addresses(url), "{url}");
+        }
     }
 
     #[test]

@@ -231,7 +231,7 @@ fn a_lock_that_never_reports_loss_is_caught() {
 fn bad_input_gets_a_clear_error_and_exit_code() {
     let scratch = Scratch::new();
     let url = scratch.url();
-    let cases: [(&[&str], i32, &str); 8] = [
+    let cases: [(&[&str], i32, &str); 9] = [
         (&["--url", &url, "--faults", "meteor"], 2, "meteor"),
         (&["--url", &url, "--faults", "restart"], 78, "--restart-cmd"),
         (
@@ -252,6 +252,13 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
             "one process",
         ),
         (&["--url", "nonsense"], 78, "nonsense"),
+        // No fault of the list can hit the second store: refused before the first is
+        // attacked (it would otherwise run 30 s, then end without its report).
+        (
+            &["--url", &url, "--url", &url, "--faults", "partition"],
+            78,
+            "none of the requested faults",
+        ),
     ];
     for (args, code, says) in cases {
         let out = torture(args);

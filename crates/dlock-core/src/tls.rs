@@ -96,7 +96,10 @@ impl TlsFiles {
     ///
     /// [`Error::Config`] naming the file if it cannot be read.
     pub fn read_ca(&self) -> Result<Option<Vec<u8>>> {
-        self.ca_file.as_deref().map(read).transpose()
+        self.ca_file
+            .as_deref()
+            .map(|path| read(path, "-----BEGIN CERTIFICATE-----", "a PEM certificate"))
+            .transpose()
     }
 
     /// Reads the client's certificate and key (PEM), if they were given.
@@ -107,14 +110,66 @@ impl TlsFiles {
     pub fn read_identity(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         self.identity
             .as_ref()
-            .map(|(cert, key)| Ok((read(cert)?, read(key)?)))
+            .map(|(cert, key)| {
+                Ok((
+                    read(cert, "-----BEGIN CERTIFICATE-----", "a PEM certificate")?,
+                    read(key, "PRIVATE KEY-----", "a PEM private key")?,
+                ))
+            })
             .transpose()
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| Error::Config {
+/// Reads `path`, which must hold `marker` (a PEM header): a file of something else is a
+/// configuration error naming it, never a connection error a caller would retry.
+fn read(path: &Path, marker: &str, what: &str) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Config {
         message: format!("TLS: cannot read {}: {e}", path.display()),
         source: Some(Box::new(e)),
-    })
+    })?;
+    if !bytes.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+        return Err(Error::config(format!(
+            "TLS: {} holds no {what} (no {marker:?} line)",
+            path.display()
+        )));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that is not the PEM it should be is a configuration error naming it.
+    #[test]
+    fn files_of_something_else_are_configuration_errors() {
+        let dir = std::env::temp_dir().join(format!("dlock-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = dir.join("notes.txt");
+        std::fs::write(&text, "not a certificate").unwrap();
+        let mut tls = TlsFiles::default();
+        tls.take_param("ca_file", text.to_str().unwrap()).unwrap();
+        tls.take_param("cert_file", text.to_str().unwrap()).unwrap();
+        tls.take_param("key_file", text.to_str().unwrap()).unwrap();
+        let tls = tls.checked().unwrap();
+        for e in [tls.read_ca().unwrap_err(), tls.read_identity().unwrap_err()] {
+            assert!(matches!(e, Error::Config { .. }), "{e}");
+            assert!(
+                !e.is_retryable() && e.to_string().contains("notes.txt"),
+                "{e}"
+            );
+        }
+        let missing = TlsFiles {
+            ca_file: Some(dir.join("nowhere.pem")),
+            ..TlsFiles::default()
+        };
+        assert!(
+            missing
+                .read_ca()
+                .unwrap_err()
+                .to_string()
+                .contains("nowhere.pem")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

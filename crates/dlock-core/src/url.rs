@@ -107,8 +107,12 @@ fn default_port(scheme: &str) -> Option<u16> {
 /// Reads a backend's configuration from its URL in an application's configuration file: the
 /// value is the URL as a string, and `parse` (the backend's `from_url`) checks it exactly as
 /// [`connect`](https://docs.rs/dlock/latest/dlock/fn.connect.html) would, so a typo in a
-/// parameter fails the load instead of running with a default. The error never shows the
-/// URL's password. Each backend's `serde` feature implements `Deserialize` with it.
+/// parameter fails the load instead of running with a default. dlock's message never shows
+/// the URL's password, but a format may quote the input beside it (toml prints the line):
+/// keep the password out of the file's URL ([`ConnectOptions`] of the `dlock` crate, or an
+/// environment variable). Each backend's `serde` feature implements `Deserialize` with it.
+///
+/// [`ConnectOptions`]: https://docs.rs/dlock/latest/dlock/struct.ConnectOptions.html
 ///
 /// ```
 /// # use dlock_core::{Error, Result};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::backend::parse_host_list;
+use dlock_core::backend::{parse_host_list, percent_decode};
 use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 
 /// How to reach Redis. Build it from a URL with [`RedisConfig::from_url`] or field by field;
@@ -180,11 +180,27 @@ impl RedisConfig {
         let mut sentinel_username = None;
         let mut sentinel_password = None;
         let mut tls = TlsFiles::default();
+        // File paths are read from the raw query with core's strict %-decoding (as etcds://
+        // reads them): a `+` stays a `+`, and a malformed escape is refused.
+        for part in parsed.expose().query().unwrap_or("").split('&') {
+            let (key, value) = part.split_once('=').unwrap_or((part, ""));
+            if !TlsFiles::PARAMS.contains(&key) {
+                continue;
+            }
+            if sentinel.is_some() {
+                return Err(Error::config(format!(
+                    "{key}=: TLS with Sentinel is not supported yet"
+                )));
+            }
+            if parsed.scheme() != "rediss" {
+                return Err(Error::config(format!("{key}= is for TLS: use rediss://")));
+            }
+            let value = percent_decode(value)
+                .ok_or_else(|| Error::config(format!("{key}=: malformed %-escape")))?;
+            tls.take_param(key, &value)?;
+        }
         for (key, value) in parsed.query_pairs() {
-            if tls.take_param(&key, &value)? {
-                if parsed.scheme() != "rediss" {
-                    return Err(Error::config(format!("{key}= is for TLS: use rediss://")));
-                }
+            if TlsFiles::PARAMS.contains(&key.as_str()) {
                 continue;
             }
             match key.as_str() {
@@ -307,6 +323,24 @@ impl RedisConfig {
 
     /// Refuses combinations dlock cannot keep.
     pub(crate) fn checked(self) -> Result<Self> {
+        if !self.tls.is_empty() {
+            if self.sentinel.is_some() {
+                return Err(Error::config(
+                    "ca_file, cert_file and key_file: TLS with Sentinel is not supported yet",
+                ));
+            }
+            if self.client.is_some() {
+                return Err(Error::config(
+                    "ca_file, cert_file and key_file are for a URL; a client from \
+                     RedisConfig::from_client brings its own TLS settings",
+                ));
+            }
+            if self.url.scheme() != "rediss" {
+                return Err(Error::config(
+                    "ca_file, cert_file and key_file are for TLS: use rediss://",
+                ));
+            }
+        }
         if self.cluster && self.sentinel.is_some() {
             return Err(Error::config(
                 "cluster=true and a redis+sentinel:// URL: a Redis Cluster has no Sentinels",
@@ -571,10 +605,25 @@ mod tests {
         assert_eq!(c.tls.identity, Some(("/c.pem".into(), "/k.pem".into())));
         assert!(!c.url.expose().as_str().contains("ca_file"));
         assert!(RedisConfig::from_url("rediss://h").unwrap().tls.is_empty());
+        // `+` is a `+` in a path, as etcds:// reads it.
+        let c = RedisConfig::from_url("rediss://h?ca_file=/a+b.pem").unwrap();
+        assert_eq!(c.tls.ca_file, Some(std::path::PathBuf::from("/a+b.pem")));
+        // Files set by hand where they cannot apply are refused on connect's check.
+        let mut plain = RedisConfig::from_url("redis://h").unwrap();
+        plain.tls.ca_file = Some("/ca.pem".into());
+        assert!(
+            plain
+                .checked()
+                .unwrap_err()
+                .to_string()
+                .contains("rediss://")
+        );
         for (bad, says) in [
             ("redis://:secret@h?ca_file=/x.pem", "use rediss://"),
             ("rediss://:secret@h?cert_file=/c.pem", "go together"),
             ("rediss://:secret@h?key_file=", "file path"),
+            ("rediss://:secret@h?ca_file=/a%zz", "malformed"),
+            ("redis+sentinel://:secret@s1/m?ca_file=/a.pem", "Sentinel"),
         ] {
             let e = RedisConfig::from_url(bad).unwrap_err().to_string();
             assert!(e.contains(says) && !e.contains("secret"), "{bad}: {e}");

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use dlock_core::{Result, TlsFiles};
+use dlock_core::{Error, Result, TlsFiles};
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -334,10 +334,14 @@ impl Conn {
             Ok(Self::Cluster(conn, sharded))
         } else {
             let client = match certs {
-                Some(certs) => Client::build_with_tls(info, certs),
-                None => Client::open(info),
-            }
-            .map_err(|e| from_redis(&what, e))?;
+                // The files were read; what the client library refuses in them (a PEM it
+                // cannot decode) is the configuration's fault, not the network's.
+                Some(certs) => Client::build_with_tls(info, certs).map_err(|e| Error::Config {
+                    message: format!("{what}: the TLS files of the URL: {e}"),
+                    source: Some(Box::new(e)),
+                })?,
+                None => Client::open(info).map_err(|e| from_redis(&what, e))?,
+            };
             let mut manager = ConnectionManagerConfig::new()
                 .set_response_timeout(Some(config.response_timeout))
                 .set_connection_timeout(Some(config.response_timeout))

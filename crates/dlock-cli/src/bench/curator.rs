@@ -316,6 +316,7 @@ mod tests {
             json: None,
             chart: None,
             from_json: None,
+            baseline: None,
         };
         let (targets, _) = super::super::targets(&opts);
         let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
