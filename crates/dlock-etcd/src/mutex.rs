@@ -223,6 +223,12 @@ async fn look(session: &Session, key: &str, range: &str) -> Result<Look, etcd_cl
 
 /// Waits until the key created just before `mine` in `range` is deleted (at once if there is
 /// none). Only that one key is watched: a release wakes one waiter.
+///
+/// The watch starts at the store's current revision, not at the revision of the read: etcd
+/// serves a watch that starts in the past from its "unsynced" group, which it catches up
+/// only every 100 ms, so under contention (other contenders' writes moving the revision on)
+/// each handoff waited up to 100 ms. A delete between the read and the watch is caught by
+/// looking at the key again once the watch exists, whenever the store moved on meanwhile.
 async fn wait_for_predecessor(
     session: &Session,
     range: &str,
@@ -240,21 +246,19 @@ async fn wait_for_predecessor(
         return Ok(());
     };
     let key = before.key().to_vec();
-    let from = resp.header().map_or(0, |h| h.revision()) + 1;
+    let created = before.create_revision();
+    let read_at = resp.header().map_or(0, |h| h.revision());
     session.count_watch();
     let mut stream = client
         .watch(
-            key,
-            Some(
-                WatchOptions::new()
-                    .with_start_revision(from)
-                    .with_filters([WatchFilterType::NoPut]),
-            ),
+            key.clone(),
+            Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
         )
         .await?;
+    let mut synced = false;
     while let Some(resp) = stream.message().await? {
         if resp.canceled() {
-            // Compacted past `from`, or the watch was refused: look again.
+            // The watch was refused: look again.
             return Ok(());
         }
         if resp
@@ -264,6 +268,19 @@ async fn wait_for_predecessor(
         {
             session.count_wakeup();
             return Ok(());
+        }
+        if resp.created() && !synced {
+            synced = true;
+            let watched_from = resp.header().map_or(i64::MAX, |h| h.revision());
+            if watched_from > read_at {
+                // The store moved on between the read and the watch: the predecessor may
+                // have gone (or left and come back behind us) in between.
+                session.count_get();
+                let now = client.get(key.clone(), None).await?;
+                if now.kvs().first().map(|kv| kv.create_revision()) != Some(created) {
+                    return Ok(());
+                }
+            }
         }
     }
     Err(etcd_client::Error::WatchError(
