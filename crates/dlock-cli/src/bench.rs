@@ -529,10 +529,6 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
         Workload::W2 | Workload::W2F | Workload::W4 => {
             let one_name = workload != Workload::W4;
             let fair = workload == Workload::W2F;
-            if fair && !target.client().await?.capabilities().fair {
-                row.skipped = Some("no fair locks".into());
-                return Ok(row);
-            }
             let total = opts.cycles * 2;
             let per = total / 8;
             let counter = Arc::new(AtomicU64::new(0));
@@ -545,6 +541,10 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
             let mut clients = Vec::new();
             for _ in 0..8 {
                 clients.push(target.client().await?);
+            }
+            if fair && !clients.iter().all(|c| c.capabilities().fair) {
+                row.skipped = Some("no fair locks".into());
+                return Ok(row);
             }
             let cpu = cpu_time();
             let started = Instant::now();

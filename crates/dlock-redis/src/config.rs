@@ -184,6 +184,12 @@ impl RedisConfig {
         // reads them): a `+` stays a `+`, and a malformed escape is refused.
         for part in parsed.expose().query().unwrap_or("").split('&') {
             let (key, value) = part.split_once('=').unwrap_or((part, ""));
+            // The key decoded as the second loop decodes it, so that loop's skip of these
+            // keys never drops one this loop did not take (`ca%5Ffile=`).
+            let Some(key) = percent_decode(key) else {
+                continue;
+            };
+            let key = key.as_str();
             if !TlsFiles::PARAMS.contains(&key) {
                 continue;
             }
@@ -608,6 +614,8 @@ mod tests {
         // `+` is a `+` in a path, as etcds:// reads it.
         let c = RedisConfig::from_url("rediss://h?ca_file=/a+b.pem").unwrap();
         assert_eq!(c.tls.ca_file, Some(std::path::PathBuf::from("/a+b.pem")));
+        let c = RedisConfig::from_url("rediss://h?ca%5Ffile=/c.pem").unwrap();
+        assert_eq!(c.tls.ca_file, Some(std::path::PathBuf::from("/c.pem")));
         // Files set by hand where they cannot apply are refused on connect's check.
         let mut plain = RedisConfig::from_url("redis://h").unwrap();
         plain.tls.ca_file = Some("/ca.pem".into());
