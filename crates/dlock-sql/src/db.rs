@@ -537,8 +537,14 @@ const MYSQL_STATEMENTS: &[&str] = &["SET SESSION innodb_lock_wait_timeout = 2"];
 /// The for-update pool: connections with autocommit off, one per held or waiting lock. Every
 /// `SELECT … FOR UPDATE` opens a transaction that COMMIT ends; a blocked one gives up after
 /// 5 s and is tried again.
+///
+/// READ COMMITTED, so that a transaction locks its row and nothing else: under the default
+/// REPEATABLE READ, a try on a name without a row yet locked the gap where the row goes, and
+/// an acquirer that stopped right after that try (paused, cut off) kept every new name
+/// sorting next to it from being created until the server dropped it (hours).
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_LOCKS: &[&str] = &[
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     "SET autocommit = 0",
     "SET SESSION innodb_lock_wait_timeout = 5",
 ];

@@ -1292,4 +1292,53 @@ mod tests {
         assert_eq!(server_seconds(Duration::from_secs(30)), 30);
         assert_eq!(server_seconds(Duration::MAX), 31_536_000);
     }
+
+    /// An acquirer that stops between its first try on a new name and the rollback after it
+    /// (a process paused there, or cut off) must not keep other new names from being
+    /// created. Under MySQL's default REPEATABLE READ, that try left a gap lock which
+    /// blocked the first insert of every name sorting next to it, until the server dropped
+    /// the connection (its default `wait_timeout` is 8 hours): this case's acquire of another
+    /// new name then timed out.
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn a_stalled_first_try_blocks_no_other_new_name() {
+        use dlock_core::{LockOptions, LockProvider};
+
+        let Some(url) = dlock_conformance::service_url("DLOCK_MYSQL_URL") else {
+            return;
+        };
+        let provider =
+            crate::SqlProvider::connect(&format!("{url}?strategy=for-update&table=dlock_stalled"))
+                .await
+                .expect("provider");
+        let inner = &provider.inner;
+        let prefix = format!("stalled/{}", uuid::Uuid::new_v4());
+        // The stalled acquirer: its first try on a name without a row, on a connection of the
+        // provider's own lock pool, and nothing after it.
+        let lock_pool = inner.lock_pool.as_ref().expect("a for-update lock pool");
+        let mut stalled = lock_pool.acquire().await.expect("connection");
+        let stalled_name = format!("{prefix}/a");
+        let found = query(&inner.sql.lock_row_nowait)
+            .bind(stalled_name.as_bytes())
+            .fetch_optional(&mut stalled)
+            .await
+            .expect("first try");
+        assert!(found.is_none(), "the name has no row yet");
+        // Another new name, sorting right after it.
+        let other = provider
+            .lock(&format!("{prefix}/b"), LockOptions::default())
+            .expect("lock");
+        let guard = other
+            .try_acquire(Duration::from_secs(5))
+            .await
+            .expect("acquire");
+        assert!(
+            guard.is_some(),
+            "a free new name was not acquired while another acquirer stalled next to it"
+        );
+        query("ROLLBACK")
+            .execute(&mut stalled)
+            .await
+            .expect("rollback");
+    }
 }
