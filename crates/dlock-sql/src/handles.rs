@@ -19,6 +19,9 @@ use crate::strategies::{Attempt, FixedEnd, SqlHold, watch};
 const BACKOFF_MIN: Duration = Duration::from_millis(4);
 /// Longest pause between two attempts.
 const BACKOFF_MAX: Duration = Duration::from_millis(200);
+/// Shortest pause of a waiter queued behind others of its process: a release in the process
+/// wakes them in turn, and polling sooner would only contend with the holder.
+const QUEUED_PAUSE: Duration = Duration::from_millis(50);
 
 /// A mutex on one SQL provider: every attempt is an owner of its own.
 #[derive(Debug)]
@@ -45,6 +48,19 @@ impl SqlMutex {
         // Where releases are announced, a waiter sleeps until one (or its pause) ends. A
         // notification that comes while it tries is kept for its next wait.
         let wakeup = self.inner.wakeup(name);
+        // A newcomer queues behind the waiters of this process: with others already waiting
+        // for this name, it waits for a release here (or its queued pause, or its deadline)
+        // before its first try. A task that releases and at once acquires again thus does
+        // not take the lock back before the waiter its release woke, and does not contend
+        // with it (a failed try on SQLite takes the write lock the holder needs to release).
+        if let Some(released) = &wakeup
+            && Arc::strong_count(released) > 1
+        {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline.wake_after(QUEUED_PAUSE)) => {}
+                () = released.notified() => {}
+            }
+        }
         loop {
             let started = Instant::now();
             let attempt = Attempt {
@@ -71,7 +87,10 @@ impl SqlMutex {
             if deadline.has_passed() {
                 return Ok(None);
             }
-            let pause = pause.next_pause();
+            let mut pause = pause.next_pause();
+            if wakeup.as_ref().is_some_and(|w| Arc::strong_count(w) > 1) {
+                pause = pause.max(QUEUED_PAUSE);
+            }
             let jittered = rand::rng().random_range(pause / 2..=pause);
             let sleep = tokio::time::sleep_until(deadline.wake_after(jittered));
             match &wakeup {

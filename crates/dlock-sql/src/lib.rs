@@ -18,6 +18,7 @@ mod sql;
 mod strategies;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod transaction;
+mod wake;
 
 pub use crate::config::{Dialect, SqlConfig, Strategy};
 pub(crate) use crate::provider::Inner;

@@ -5,27 +5,31 @@
 //! Waiters still poll with their capped backoff: a notification lost with the listening
 //! connection, or a holder that died (its row expires, nobody notifies), costs at most one
 //! pause. A notification wakes one waiter of the name (a mutex has one winner); the others
-//! keep their places until the next one.
+//! keep their places until the next one. Releases made in this process wake their waiters
+//! directly too ([`crate::wake`]), without the round trip through the server.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::LockName;
 use dlock_core::backend::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
+
+use crate::wake;
 
 /// The channel a provider's releases are announced on: one per set of tables.
 pub(crate) fn channel(table: &str) -> String {
     format!("{table}_release")
 }
 
-/// The waiters of one provider, by lock name, and the task that listens for releases.
+/// The listening task of one provider, and what it received; the waiters it wakes are in
+/// [`crate::wake`], under the provider's store id.
 #[derive(Debug)]
 pub(crate) struct Wakeups {
-    names: Mutex<HashMap<String, Weak<Notify>>>,
+    store: String,
+    /// Where this process's releases on the store come from ([`wake::origin`]).
+    origin: String,
     /// Notifications received (for tests and diagnostics).
     received: AtomicU64,
     /// Dropped with the provider: ends the listening task.
@@ -34,11 +38,13 @@ pub(crate) struct Wakeups {
 
 impl Wakeups {
     /// Starts listening on `channel` on a connection of its own (opened with `options`, and
-    /// again after it breaks), for as long as the returned value lives.
-    pub(crate) fn start(options: PgConnectOptions, channel: String) -> Arc<Self> {
+    /// again after it breaks), for as long as the returned value lives; a notification wakes
+    /// a waiter of `store`.
+    pub(crate) fn start(options: PgConnectOptions, channel: String, store: String) -> Arc<Self> {
         let (stop, stopped) = oneshot::channel();
         let this = Arc::new(Self {
-            names: Mutex::new(HashMap::new()),
+            origin: wake::origin(&store),
+            store,
             received: AtomicU64::new(0),
             _stop: stop,
         });
@@ -46,47 +52,35 @@ impl Wakeups {
         this
     }
 
-    fn names(&self) -> MutexGuard<'_, HashMap<String, Weak<Notify>>> {
-        self.names.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The wake-up of `name`'s waiters in this process; keep it while waiting.
-    pub(crate) fn register(&self, name: &LockName) -> Arc<Notify> {
-        let mut names = self.names();
-        if let Some(live) = names.get(name.as_str()).and_then(Weak::upgrade) {
-            return live;
-        }
-        if names.len() >= 1024 {
-            names.retain(|_, w| w.strong_count() > 0);
-        }
-        let notify = Arc::new(Notify::new());
-        names.insert(name.as_str().to_owned(), Arc::downgrade(&notify));
-        notify
-    }
-
     /// Notifications received so far.
     pub(crate) fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }
 
-    /// Wakes a waiter of the name a release announced (in hex).
+    /// Wakes a waiter of the name a release announced (in hex, then `/` and its origin),
+    /// unless the release was made in this process on this store (it woke a waiter already).
     fn wake(&self, payload: &str) {
         self.received.fetch_add(1, Ordering::Relaxed);
-        let Some(name) = from_hex(payload) else {
-            return;
-        };
-        if let Some(notify) = self.names().get(&name).and_then(Weak::upgrade) {
-            notify.notify_one();
+        if let Some(name) = released_elsewhere(payload, &self.origin) {
+            wake::wake(&self.store, &name);
         }
     }
 
     /// After the listening connection broke: notifications may have been missed, so every
     /// waiter looks again.
     fn wake_all(&self) {
-        for notify in self.names().values().filter_map(Weak::upgrade) {
-            notify.notify_one();
-        }
+        wake::wake_all(&self.store);
     }
+}
+
+/// The name a release announced in `payload`, unless it comes from `origin`. An older dlock
+/// announced the name alone.
+fn released_elsewhere(payload: &str, origin: &str) -> Option<String> {
+    let (hex, from) = payload.split_once('/').unwrap_or((payload, ""));
+    if from == origin {
+        return None;
+    }
+    from_hex(hex)
 }
 
 /// The name a release announced: UTF-8 in hex (`encode(name, 'hex')`); `None` if it is not.
@@ -172,7 +166,15 @@ async fn listen(
 
 #[cfg(test)]
 mod tests {
-    use super::from_hex;
+    use super::{from_hex, released_elsewhere};
+
+    #[test]
+    fn a_release_of_this_process_is_not_announced_twice() {
+        assert_eq!(released_elsewhere("6e/abc", "abc"), None);
+        assert_eq!(released_elsewhere("6e/abd", "abc").as_deref(), Some("n"));
+        assert_eq!(released_elsewhere("6e", "abc").as_deref(), Some("n"));
+        assert_eq!(released_elsewhere("zz/abd", "abc"), None);
+    }
 
     #[test]
     fn announced_names_are_read_from_hex() {

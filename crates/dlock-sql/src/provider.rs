@@ -22,7 +22,7 @@ use crate::mounts;
 #[cfg(feature = "postgres")]
 use crate::notify;
 use crate::sql::Statements;
-use crate::{db, error, strategies};
+use crate::{db, error, strategies, wake};
 
 /// The URL schemes this backend serves (with the features that enable them).
 pub const SCHEMES: &[&str] = &[
@@ -152,15 +152,16 @@ impl Inner {
         Ok(())
     }
 
-    /// The wake-up of `name`'s waiters in this process, where releases are announced
-    /// (PostgreSQL `NOTIFY`); `None` where waiters only poll.
+    /// The wake-up of `name`'s waiters in this process, for the strategies whose waiters
+    /// poll: a release in this process (or, on PostgreSQL, one announced by `NOTIFY`) wakes
+    /// one at once. `None` where the server queues the waiters (`for-update`, `advisory`).
     pub(crate) fn wakeup(&self, name: &LockName) -> Option<Arc<tokio::sync::Notify>> {
-        #[cfg(feature = "postgres")]
-        if let Some(w) = &self.wakeups {
-            return Some(w.register(name));
-        }
-        let _ = name;
-        None
+        (!self.strategy.pins_connections()).then(|| wake::register(&self.store_id, name.as_str()))
+    }
+
+    /// Wakes a waiter of `name` in this process after a release.
+    pub(crate) fn released(&self, name: &LockName) {
+        wake::wake(&self.store_id, name.as_str());
     }
 
     pub(crate) fn remember_holder(&self, owner: &str, name: &LockName, connection: u64) {
@@ -410,7 +411,7 @@ impl SqlProvider {
             }
             Dialect::Sqlite | Dialect::Postgres => false,
         };
-        let sql = Statements::new(dialect, table, mariadb);
+        let sql = Statements::new(dialect, table, mariadb, &wake::origin(&store_id));
         for ddl in &sql.ddl {
             setup(&pool, backend, "create dlock's tables", ddl).await?;
         }
@@ -419,9 +420,13 @@ impl SqlProvider {
         // wait on the row lock itself).
         #[cfg(feature = "postgres")]
         let wakeups = match (&pool, strategy) {
-            (Pool::Postgres(p), Strategy::UniqueInsert | Strategy::Optimistic) => Some(
-                notify::Wakeups::start((*p.connect_options()).clone(), notify::channel(table)),
-            ),
+            (Pool::Postgres(p), Strategy::UniqueInsert | Strategy::Optimistic) => {
+                Some(notify::Wakeups::start(
+                    (*p.connect_options()).clone(),
+                    notify::channel(table),
+                    store_id.clone(),
+                ))
+            }
             _ => None,
         };
         let provider = Self {

@@ -98,15 +98,16 @@ fn now(dialect: Dialect) -> &'static str {
 
 /// A release statement that also announces the release on PostgreSQL: the rows it changed
 /// `NOTIFY` the provider's channel with their names in hex (any name, in any database
-/// encoding; sent when the statement commits), and its
-/// row count is still the number of rows released. Elsewhere the statement as it is.
-fn notifying(dialect: Dialect, t: &str, release: String) -> String {
+/// encoding; sent when the statement commits), then `/` and the release's `origin` (hex
+/// digits, [`crate::wake::origin`]); its row count is still the number of rows released.
+/// Elsewhere the statement as it is.
+fn notifying(dialect: Dialect, t: &str, origin: &str, release: String) -> String {
     if dialect != Dialect::Postgres {
         return release;
     }
     format!(
         "WITH released AS ({release} RETURNING name) \
-         SELECT pg_notify('{t}_release', encode(name, 'hex')) FROM released"
+         SELECT pg_notify('{t}_release', encode(name, 'hex') || '/{origin}') FROM released"
     )
 }
 
@@ -129,7 +130,7 @@ fn numbered(sql: &str) -> String {
 
 impl Statements {
     /// `mariadb` picks MariaDB's spelling where MySQL's differs.
-    pub(crate) fn new(dialect: Dialect, t: &str, mariadb: bool) -> Self {
+    pub(crate) fn new(dialect: Dialect, t: &str, mariadb: bool, origin: &str) -> Self {
         let now = now(dialect);
         let ddl = match dialect {
             Dialect::MySql => vec![
@@ -331,6 +332,7 @@ impl Statements {
             delete_hold: notifying(
                 dialect,
                 t,
+                origin,
                 format!("DELETE FROM {t}_holds WHERE name = ? AND owner = ?"),
             ),
             renew_hold: format!(
@@ -344,6 +346,7 @@ impl Statements {
             release_version: notifying(
                 dialect,
                 t,
+                origin,
                 format!(
                     "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
                      WHERE name = ? AND owner = ? AND version = ?"
@@ -352,6 +355,7 @@ impl Statements {
             release_version_by_owner: notifying(
                 dialect,
                 t,
+                origin,
                 format!(
                     "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
                      WHERE name = ? AND owner = ?"

@@ -1177,6 +1177,9 @@ impl Hold for SqlHold {
             }
         };
         if released {
+            if matches!(self, Self::UniqueInsert(_) | Self::Optimistic(..)) {
+                a.inner.released(&a.name);
+            }
             Ok(())
         } else {
             Err(Error::lock_lost(&a.name))

@@ -1,0 +1,151 @@
+//! Waiters in this process, by store and lock name.
+//!
+//! `unique-insert` and `optimistic` waiters poll the table with a capped backoff. A release
+//! made in this process wakes one waiter of the same store and name at once (through this
+//! registry), so a lock passes between tasks of one process without waiting for the next
+//! poll. Releases in other processes are found by polling, or announced by PostgreSQL's
+//! `NOTIFY`, whose listener wakes waiters through this registry too.
+//!
+//! A store is named by its provider's store id (database, table prefix and strategy): every
+//! provider of the process on the same tables shares its waiters here, however it was made.
+//! A store named two ways (say `localhost` and `127.0.0.1`) only loses the early wake-up;
+//! its waiters still poll.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+
+use tokio::sync::Notify;
+
+/// A store's waiters: one [`Notify`] per name, kept alive by the waiters that hold it.
+type Names = HashMap<String, Weak<Notify>>;
+
+static WAITERS: LazyLock<Mutex<HashMap<String, Names>>> = LazyLock::new(Mutex::default);
+
+fn waiters() -> MutexGuard<'static, HashMap<String, Names>> {
+    WAITERS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The wake-up of `name`'s waiters in `store`; a waiter keeps it while it waits.
+pub(crate) fn register(store: &str, name: &str) -> Arc<Notify> {
+    let mut stores = waiters();
+    let names = match stores.get_mut(store) {
+        Some(names) => names,
+        None => stores.entry(store.to_owned()).or_default(),
+    };
+    if let Some(live) = names.get(name).and_then(Weak::upgrade) {
+        return live;
+    }
+    // Names nobody waits for any more are dropped now and then (amortized: at each power of
+    // two past 1024 entries).
+    if names.len() >= 1024 && names.len().is_power_of_two() {
+        names.retain(|_, w| w.strong_count() > 0);
+    }
+    let notify = Arc::new(Notify::new());
+    names.insert(name.to_owned(), Arc::downgrade(&notify));
+    notify
+}
+
+/// Wakes one waiter of `name` in `store` (a mutex has one winner; the others keep waiting).
+/// With none waiting at this moment, the next one to wait wakes at once.
+pub(crate) fn wake(store: &str, name: &str) {
+    let notify = waiters()
+        .get(store)
+        .and_then(|names| names.get(name))
+        .and_then(Weak::upgrade);
+    if let Some(notify) = notify {
+        notify.notify_one();
+    }
+}
+
+/// Wakes one waiter of every name in `store` (after releases may have been missed).
+#[cfg(feature = "postgres")]
+pub(crate) fn wake_all(store: &str) {
+    let live: Vec<Arc<Notify>> = waiters()
+        .get(store)
+        .map(|names| names.values().filter_map(Weak::upgrade).collect())
+        .unwrap_or_default();
+    for notify in live {
+        notify.notify_one();
+    }
+}
+
+/// Where a release announced by PostgreSQL's `NOTIFY` comes from: this process and `store`,
+/// in hex digits. A listener of this process on the same store skips such an announcement:
+/// the release already woke a waiter here, and a second wake-up would only send another
+/// waiter to try (and fail) while the first one holds the lock.
+pub(crate) fn origin(store: &str) -> String {
+    static PROCESS: LazyLock<String> = LazyLock::new(|| uuid::Uuid::new_v4().simple().to_string());
+    let mut hasher = DefaultHasher::new();
+    store.hash(&mut hasher);
+    format!("{}{:016x}", *PROCESS, hasher.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{register, wake};
+
+    #[tokio::test]
+    async fn a_release_wakes_a_waiter_of_the_same_store_and_name_only() {
+        let waiter = register("store-a", "n");
+        let same = register("store-a", "n");
+        assert!(std::sync::Arc::ptr_eq(&waiter, &same));
+        let other_store = register("store-b", "n");
+        let other_name = register("store-a", "m");
+        wake("store-a", "n");
+        tokio::time::timeout(Duration::from_secs(5), waiter.notified())
+            .await
+            .expect("the waiter of the released name wakes");
+        let quiet = |n: std::sync::Arc<tokio::sync::Notify>| async move {
+            tokio::time::timeout(Duration::from_millis(20), n.notified())
+                .await
+                .is_err()
+        };
+        assert!(
+            quiet(other_store).await,
+            "another store's waiter stays asleep"
+        );
+        assert!(
+            quiet(other_name).await,
+            "another name's waiter stays asleep"
+        );
+    }
+
+    #[test]
+    fn a_name_nobody_waits_for_is_forgotten() {
+        drop(register("store-c", "gone"));
+        // Nobody to wake: nothing is kept for a later waiter either.
+        wake("store-c", "gone");
+        let later = register("store-c", "gone");
+        assert_eq!(std::sync::Arc::strong_count(&later), 1);
+    }
+
+    /// A release wakes the waiters of its name in this process (the old code left them to
+    /// their next poll, and this case waited in vain).
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_release_wakes_the_waiters_of_its_name() {
+        use dlock_core::{LockOptions, LockProvider};
+
+        let dir = std::env::temp_dir().join(format!("dlock-wake-{}", std::process::id()));
+        for strategy in ["unique-insert", "optimistic"] {
+            let url = format!(
+                "sqlite://{}/{strategy}.db?strategy={strategy}",
+                dir.display()
+            );
+            let provider = crate::SqlProvider::connect(&url).await.expect("provider");
+            let lock = provider
+                .lock("wake/me", LockOptions::default())
+                .expect("lock");
+            let guard = lock.acquire().await.expect("acquire");
+            let waiter = register(provider.store_id(), "wake/me");
+            guard.release().await.expect("release");
+            tokio::time::timeout(Duration::from_secs(5), waiter.notified())
+                .await
+                .unwrap_or_else(|_| panic!("{strategy}: the release woke nobody"));
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
