@@ -14,6 +14,7 @@ use crate::Inner;
 use crate::config::Strategy;
 use crate::db::Conn;
 use crate::strategies::{Attempt, FixedEnd, SqlHold, watch};
+use crate::wake;
 
 /// First pause between two attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(4);
@@ -53,12 +54,12 @@ impl SqlMutex {
         // before its first try. A task that releases and at once acquires again thus does
         // not take the lock back before the waiter its release woke, and does not contend
         // with it (a failed try on SQLite takes the write lock the holder needs to release).
-        if let Some(released) = &wakeup
-            && Arc::strong_count(released) > 1
+        if let Some(waiting) = &wakeup
+            && waiting.has_company()
         {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline.wake_after(QUEUED_PAUSE)) => {}
-                () = released.notified() => {}
+                () = waiting.released() => {}
             }
         }
         loop {
@@ -88,16 +89,16 @@ impl SqlMutex {
                 return Ok(None);
             }
             let mut pause = pause.next_pause();
-            if wakeup.as_ref().is_some_and(|w| Arc::strong_count(w) > 1) {
+            if wakeup.as_ref().is_some_and(wake::Waiting::has_company) {
                 pause = pause.max(QUEUED_PAUSE);
             }
             let jittered = rand::rng().random_range(pause / 2..=pause);
             let sleep = tokio::time::sleep_until(deadline.wake_after(jittered));
             match &wakeup {
-                Some(released) => {
+                Some(waiting) => {
                     tokio::select! {
                         () = sleep => {}
-                        () = released.notified() => {}
+                        () = waiting.released() => {}
                     }
                 }
                 None => sleep.await,

@@ -155,7 +155,7 @@ impl Inner {
     /// The wake-up of `name`'s waiters in this process, for the strategies whose waiters
     /// poll: a release in this process (or, on PostgreSQL, one announced by `NOTIFY`) wakes
     /// one at once. `None` where the server queues the waiters (`for-update`, `advisory`).
-    pub(crate) fn wakeup(&self, name: &LockName) -> Option<Arc<tokio::sync::Notify>> {
+    pub(crate) fn wakeup(&self, name: &LockName) -> Option<wake::Waiting> {
         (!self.strategy.pins_connections()).then(|| wake::register(&self.store_id, name.as_str()))
     }
 

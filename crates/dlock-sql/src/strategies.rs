@@ -137,7 +137,16 @@ impl Attempt {
             .execute(&mut *conn)
             .await
             .map_err(self.err("release"))?;
-        Ok(done.rows_affected == 1)
+        Ok(self.freed(done.rows_affected == 1))
+    }
+
+    /// After a release statement (of a hold, or of an acquisition undone): if it freed the
+    /// lock, wakes a waiter of this process; passes `freed` on.
+    fn freed(&self, freed: bool) -> bool {
+        if freed {
+            self.inner.released(&self.name);
+        }
+        freed
     }
 
     pub(crate) async fn unique_renew(&self, ttl: Duration) -> Result<bool> {
@@ -286,7 +295,7 @@ impl Attempt {
             }
         }
         .map_err(self.err("release"))?;
-        Ok(done.rows_affected == 1)
+        Ok(self.freed(done.rows_affected == 1))
     }
 
     pub(crate) async fn optimistic_renew(&self, version: u64, ttl: Duration) -> Result<bool> {
@@ -457,7 +466,8 @@ impl Attempt {
                 }
                 Ok(None) => {
                     // First use of the name (or its row was deleted by hand): end the
-                    // transaction (its gap lock would block the insert), create the row, retry.
+                    // transaction (it locks nothing, but none is left open), create the row,
+                    // retry.
                     // The row is only inserted when missing: INSERT IGNORE on an existing row
                     // waits for the holder's row lock.
                     conn.rollback().await;
@@ -1177,9 +1187,6 @@ impl Hold for SqlHold {
             }
         };
         if released {
-            if matches!(self, Self::UniqueInsert(_) | Self::Optimistic(..)) {
-                a.inner.released(&a.name);
-            }
             Ok(())
         } else {
             Err(Error::lock_lost(&a.name))

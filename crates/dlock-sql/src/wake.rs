@@ -26,24 +26,70 @@ fn waiters() -> MutexGuard<'static, HashMap<String, Names>> {
     WAITERS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The wake-up of `name`'s waiters in `store`; a waiter keeps it while it waits.
-pub(crate) fn register(store: &str, name: &str) -> Arc<Notify> {
+/// A waiter's place in the registry, held while it waits: the wake-up of its name, shared
+/// with the other waiters of the name in this process. The last one to leave removes the
+/// name (and an empty store), so the registry holds only names somebody waits for.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    notify: Arc<Notify>,
+    store: String,
+    name: String,
+}
+
+impl Waiting {
+    /// Completes at a release of the name (in this process, or announced to it).
+    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Whether other waiters of this process wait for the name too.
+    pub(crate) fn has_company(&self) -> bool {
+        Arc::strong_count(&self.notify) > 1
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut stores = waiters();
+        // Counted under the registry's lock, which `register` also takes to share it: no
+        // waiter can join between the count and the removal.
+        if Arc::strong_count(&self.notify) > 1 {
+            return;
+        }
+        if let Some(names) = stores.get_mut(&self.store) {
+            names.remove(&self.name);
+            if names.is_empty() {
+                stores.remove(&self.store);
+            }
+        }
+    }
+}
+
+/// Registers a waiter of `name` in `store`; it keeps the returned place while it waits.
+pub(crate) fn register(store: &str, name: &str) -> Waiting {
     let mut stores = waiters();
     let names = match stores.get_mut(store) {
         Some(names) => names,
         None => stores.entry(store.to_owned()).or_default(),
     };
-    if let Some(live) = names.get(name).and_then(Weak::upgrade) {
-        return live;
+    let notify = match names.get(name).and_then(Weak::upgrade) {
+        Some(live) => live,
+        None => {
+            // Two waiters leaving at once may both see the other and leave the name behind:
+            // such names are dropped now and then (at each power of two past 1024).
+            if names.len() >= 1024 && names.len().is_power_of_two() {
+                names.retain(|_, w| w.strong_count() > 0);
+            }
+            let notify = Arc::new(Notify::new());
+            names.insert(name.to_owned(), Arc::downgrade(&notify));
+            notify
+        }
+    };
+    Waiting {
+        notify,
+        store: store.to_owned(),
+        name: name.to_owned(),
     }
-    // Names nobody waits for any more are dropped now and then (amortized: at each power of
-    // two past 1024 entries).
-    if names.len() >= 1024 && names.len().is_power_of_two() {
-        names.retain(|_, w| w.strong_count() > 0);
-    }
-    let notify = Arc::new(Notify::new());
-    names.insert(name.to_owned(), Arc::downgrade(&notify));
-    notify
 }
 
 /// Wakes one waiter of `name` in `store` (a mutex has one winner; the others keep waiting).
@@ -85,21 +131,22 @@ pub(crate) fn origin(store: &str) -> String {
 mod tests {
     use std::time::Duration;
 
-    use super::{register, wake};
+    use super::{Waiting, register, wake};
 
     #[tokio::test]
     async fn a_release_wakes_a_waiter_of_the_same_store_and_name_only() {
         let waiter = register("store-a", "n");
         let same = register("store-a", "n");
-        assert!(std::sync::Arc::ptr_eq(&waiter, &same));
+        assert!(waiter.has_company() && same.has_company());
         let other_store = register("store-b", "n");
         let other_name = register("store-a", "m");
+        assert!(!other_store.has_company() && !other_name.has_company());
         wake("store-a", "n");
-        tokio::time::timeout(Duration::from_secs(5), waiter.notified())
+        tokio::time::timeout(Duration::from_secs(5), waiter.released())
             .await
             .expect("the waiter of the released name wakes");
-        let quiet = |n: std::sync::Arc<tokio::sync::Notify>| async move {
-            tokio::time::timeout(Duration::from_millis(20), n.notified())
+        let quiet = |w: Waiting| async move {
+            tokio::time::timeout(Duration::from_millis(20), w.released())
                 .await
                 .is_err()
         };
@@ -114,12 +161,18 @@ mod tests {
     }
 
     #[test]
-    fn a_name_nobody_waits_for_is_forgotten() {
-        drop(register("store-c", "gone"));
+    fn the_last_waiter_to_leave_removes_its_name_and_store() {
+        let (a, b) = (register("store-c", "gone"), register("store-c", "gone"));
+        drop(a);
+        assert!(
+            super::waiters().contains_key("store-c"),
+            "one waiter is left"
+        );
+        drop(b);
+        assert!(!super::waiters().contains_key("store-c"));
         // Nobody to wake: nothing is kept for a later waiter either.
         wake("store-c", "gone");
-        let later = register("store-c", "gone");
-        assert_eq!(std::sync::Arc::strong_count(&later), 1);
+        assert!(!register("store-c", "gone").has_company());
     }
 
     /// A release wakes the waiters of its name in this process (the old code left them to
@@ -142,7 +195,7 @@ mod tests {
             let guard = lock.acquire().await.expect("acquire");
             let waiter = register(provider.store_id(), "wake/me");
             guard.release().await.expect("release");
-            tokio::time::timeout(Duration::from_secs(5), waiter.notified())
+            tokio::time::timeout(Duration::from_secs(5), waiter.released())
                 .await
                 .unwrap_or_else(|_| panic!("{strategy}: the release woke nobody"));
         }
