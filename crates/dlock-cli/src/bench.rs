@@ -333,7 +333,7 @@ fn compare_with_baseline(baseline: Option<&std::path::Path>, rows: &[Row]) -> Op
     };
     let found = regressions(&before, rows);
     if found.is_empty() {
-        println!(
+        say!(
             "no ratio to the floor fell more than 20% below {}",
             path.display()
         );
@@ -841,7 +841,7 @@ fn rss_kib() -> Option<i64> {
 }
 
 fn print_table(rows: &[Row]) {
-    println!(
+    say!(
         "{:<24} {:<3} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  notes",
         "backend",
         "wl",
@@ -885,7 +885,7 @@ fn print_table(rows: &[Row]) {
         if let Some(c) = r.cpu_us_per_cycle {
             notes.push(format!("cpu {c:.0} us/cycle"));
         }
-        println!(
+        say!(
             "{:<24} {:<3} {:>7} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  {}",
             r.backend,
             r.workload,

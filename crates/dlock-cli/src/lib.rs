@@ -4,6 +4,15 @@
     deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
 )]
 
+/// Prints a line to standard output like `println!`, except that a reader that went away
+/// (`dlock bench | head -1`) ends the program quietly with [`exit::BROKEN_PIPE`], as a Unix
+/// tool killed by `SIGPIPE` would, instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say_line(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod run;
 mod status;
@@ -35,6 +44,29 @@ pub mod exit {
     pub const CANNOT_EXECUTE: u8 = 126;
     /// The command was not found.
     pub const NOT_FOUND: u8 = 127;
+    /// Standard output was closed by its reader (`dlock bench | head -1`): the status a Unix
+    /// tool killed by `SIGPIPE` gives (128 + 13).
+    pub const BROKEN_PIPE: u8 = 141;
+}
+
+/// Writes one line to standard output; see `say!`.
+fn say_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::exit(i32::from(exit::BROKEN_PIPE))
+        }
+        Err(e) => {
+            eprintln!("dlock: cannot write to standard output: {e}");
+            std::process::exit(i32::from(exit::SOFTWARE))
+        }
+    }
 }
 
 /// dlock: distributed locks from the shell.

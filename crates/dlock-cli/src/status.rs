@@ -49,7 +49,7 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
     };
     if opts.json {
         match serde_json::to_string(&report) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => say!("{text}"),
             Err(e) => {
                 eprintln!("dlock: {e}");
                 return exit::SOFTWARE;
@@ -73,7 +73,7 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
         Some(t) => line.push_str(&format!(", last fencing token {t}")),
         None => line.push_str(", no fencing token recorded"),
     }
-    println!("{line}");
+    say!("{line}");
     0
 }
 

@@ -288,7 +288,7 @@ pub(crate) async fn torture(opts: TortureOpts) -> u8 {
 
 fn print_report(r: &StoreReport) {
     let rep = &r.report;
-    println!(
+    say!(
         "{}: {} processes, {:.0} s, seed {}: {} holds; faults {:?}",
         dlock::redact(&r.url),
         r.processes,
@@ -297,21 +297,26 @@ fn print_report(r: &StoreReport) {
         rep.holds,
         rep.faults
     );
-    println!(
+    say!(
         "  fenced writes: {} accepted, {} refused as stale, {} fencing violations; {} grants \
          stamped late after a pause",
-        rep.fenced_accepted, rep.fenced_refused, rep.fenced_violations, rep.late_grants_explained
+        rep.fenced_accepted,
+        rep.fenced_refused,
+        rep.fenced_violations,
+        rep.late_grants_explained
     );
-    println!(
+    say!(
         "  overlaps: {} explained by a fault, {} unexplained; {} unfenced updates lost",
-        rep.overlaps_explained, rep.overlaps_unexplained, rep.unfenced_lost_updates
+        rep.overlaps_explained,
+        rep.overlaps_unexplained,
+        rep.unfenced_lost_updates
     );
     let reasons: Vec<String> = rep
         .losses_by_reason
         .iter()
         .map(|(reason, n)| format!("{reason}: {n}"))
         .collect();
-    println!(
+    say!(
         "  losses reported: {}{}; worst report delay after an overlap began: {}; worst \
          recovery after a fault: {}",
         rep.losses_reported,
@@ -325,13 +330,13 @@ fn print_report(r: &StoreReport) {
         rep.worst_recovery_ms
             .map_or("-".to_string(), |d| format!("{d} ms"))
     );
-    println!("  replay: {}", r.command);
+    say!("  replay: {}", r.command);
     if rep.violations.is_empty() {
-        println!("  no violation");
+        say!("  no violation");
     } else {
-        println!("  {} VIOLATIONS:", rep.violations.len());
+        say!("  {} VIOLATIONS:", rep.violations.len());
         for v in &rep.violations {
-            println!("  - {v}");
+            say!("  - {v}");
         }
     }
 }

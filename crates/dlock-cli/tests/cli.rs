@@ -711,3 +711,34 @@ fn killed_dlock_takes_its_command_along() {
     );
     let _ = std::fs::remove_file(&pidfile);
 }
+
+/// A reader that went away (`dlock bench | head -1`) ends dlock quietly with 141, the status
+/// `SIGPIPE` gives a Unix tool, instead of a panic (the old code panicked in `println!`). The
+/// pipe's reading end is closed before dlock starts, so every write meets it closed.
+#[test]
+fn a_closed_standard_output_ends_dlock_without_a_panic() {
+    for args in [
+        &[
+            "bench",
+            "--url",
+            "memory://",
+            "--workload",
+            "W1",
+            "--cycles",
+            "20",
+        ][..],
+        &["status", "--url", "memory://", "a-name"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(DLOCK)
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+    }
+}
