@@ -47,16 +47,16 @@ impl SqlMutex {
         let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         let mut failures = 0u32;
         // Where releases are announced, a waiter sleeps until one (or its pause) ends. A
-        // notification that comes while it tries is kept for its next wait.
-        let wakeup = self.inner.wakeup(name);
+        // notification that comes while it tries is kept for its next wait. A waiter
+        // registers after its first try fails: an uncontended acquire registers nothing.
+        //
         // A newcomer queues behind the waiters of this process: with others already waiting
         // for this name, it waits for a release here (or its queued pause, or its deadline)
         // before its first try. A task that releases and at once acquires again thus does
         // not take the lock back before the waiter its release woke, and does not contend
         // with it (a failed try on SQLite takes the write lock the holder needs to release).
-        if let Some(waiting) = &wakeup
-            && waiting.has_company()
-        {
+        let mut wakeup = self.inner.queue_behind(name);
+        if let Some(waiting) = &wakeup {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline.wake_after(QUEUED_PAUSE)) => {}
                 () = waiting.released() => {}
@@ -87,6 +87,9 @@ impl SqlMutex {
             }
             if deadline.has_passed() {
                 return Ok(None);
+            }
+            if wakeup.is_none() {
+                wakeup = self.inner.wakeup(name);
             }
             let mut pause = pause.next_pause();
             if wakeup.as_ref().is_some_and(wake::Waiting::has_company) {

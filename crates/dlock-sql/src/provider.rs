@@ -159,6 +159,14 @@ impl Inner {
         (!self.strategy.pins_connections()).then(|| wake::register(&self.store_id, name.as_str()))
     }
 
+    /// A place behind `name`'s waiters in this process, if it has any (see [`Self::wakeup`]).
+    pub(crate) fn queue_behind(&self, name: &LockName) -> Option<wake::Waiting> {
+        if self.strategy.pins_connections() {
+            return None;
+        }
+        wake::join(&self.store_id, name.as_str())
+    }
+
     /// Wakes a waiter of `name` in this process after a release.
     pub(crate) fn released(&self, name: &LockName) {
         wake::wake(&self.store_id, name.as_str());

@@ -92,6 +92,21 @@ pub(crate) fn register(store: &str, name: &str) -> Waiting {
     }
 }
 
+/// Joins the waiters of `name` in `store` if this process has any (a newcomer that must
+/// queue behind them); `None` if it has none, without registering anything: an uncontended
+/// acquire costs one lookup.
+pub(crate) fn join(store: &str, name: &str) -> Option<Waiting> {
+    let notify = waiters()
+        .get(store)
+        .and_then(|names| names.get(name))
+        .and_then(Weak::upgrade)?;
+    Some(Waiting {
+        notify,
+        store: store.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
 /// Wakes one waiter of `name` in `store` (a mutex has one winner; the others keep waiting).
 /// With none waiting at this moment, the next one to wait wakes at once.
 pub(crate) fn wake(store: &str, name: &str) {
@@ -158,6 +173,21 @@ mod tests {
             quiet(other_name).await,
             "another name's waiter stays asleep"
         );
+    }
+
+    #[test]
+    fn a_newcomer_joins_only_where_others_wait() {
+        assert!(
+            super::join("store-d", "n").is_none(),
+            "nobody waits: nothing to join"
+        );
+        assert!(
+            !super::waiters().contains_key("store-d"),
+            "and nothing registered"
+        );
+        let first = register("store-d", "n");
+        let newcomer = super::join("store-d", "n").expect("a waiter to queue behind");
+        assert!(first.has_company() && newcomer.has_company());
     }
 
     #[test]
