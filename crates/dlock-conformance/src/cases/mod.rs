@@ -103,8 +103,17 @@ async fn take(f: &impl Factory, l: &DynLock) -> LockGuard {
     }
 }
 
-async fn is_free(l: &DynLock) -> bool {
-    match l.try_acquire(ZERO).await {
+/// Whether the lock is free for this handle: a try that may take the factory's slack. A free
+/// lock is had at once; the slack is for the store, not for a holder: a zero-wait try gives up
+/// when opening a connection takes longer than a moment (a loaded machine, a store that
+/// authenticates slowly), which is `Ok(None)` by the contract ("not had by then"), not a lock
+/// that is held.
+async fn is_free(f: &impl Factory, l: &DynLock) -> bool {
+    free_within(l, f.slack()).await
+}
+
+async fn free_within(l: &DynLock, wait: Duration) -> bool {
+    match l.try_acquire(wait).await {
         Ok(Some(g)) => {
             g.release()
                 .await
@@ -134,7 +143,7 @@ async fn release(g: LockGuard) {
 /// Waits until the lock is free for another handle (background releases, expiry).
 async fn until_free(f: &impl Factory, l: &DynLock, limit: Duration, what: &str) {
     eventually(limit + f.slack(), what, || async {
-        if is_free(l).await {
+        if free_within(l, ZERO).await {
             Ok(())
         } else {
             Err("still held")
