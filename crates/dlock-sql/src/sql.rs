@@ -515,11 +515,16 @@ impl Statements {
         }
     }
 
-    /// Stops the statement running on server connection `id` (a cancelled lock wait).
-    pub(crate) fn kill_query(&self, id: u64) -> String {
+    /// Ends server connection `id`, whatever it is doing (a cancelled lock wait's session,
+    /// which its client closes anyway). Not only its statement: a statement's cancel that
+    /// reaches the server before the statement itself (the client sent it, then dropped the
+    /// wait) finds the session idle and is lost, and the statement then waits its whole lock
+    /// timeout on a session nobody reads. Connection ids are not reused that soon (MySQL
+    /// counts up; a PostgreSQL pid comes back only after the kernel's pid range wraps).
+    pub(crate) fn kill_connection(&self, id: u64) -> String {
         match self.dialect {
-            Dialect::Postgres => format!("SELECT pg_cancel_backend({id})"),
-            _ => format!("KILL QUERY {id}"),
+            Dialect::Postgres => format!("SELECT pg_terminate_backend({id})"),
+            _ => format!("KILL CONNECTION {id}"),
         }
     }
 }

@@ -389,9 +389,9 @@ impl Attempt {
     ///
     /// The hold's lease is the server's: [`start_lease`](Self::start_lease) sets the
     /// connection's `wait_timeout` to it, so a holder that stops talking (paused, cut off) is
-    /// disconnected by the server and its row freed. A statement that waits for the row is
-    /// killed (`KILL QUERY` from another connection) if the acquisition is dropped, so a
-    /// cancelled waiter leaves no waiting statement on the server.
+    /// disconnected by the server and its row freed. The connection of a statement that waits
+    /// for the row is killed (`KILL CONNECTION` from another connection) if the acquisition is
+    /// dropped, so a cancelled waiter leaves no waiting statement on the server.
     pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<(Pinned, u64)>> {
         let s = &self.inner.sql;
         let mut conn = self.pin(deadline).await?;
@@ -528,9 +528,9 @@ impl Attempt {
     ///
     /// The hold's lease is the server's: the session's `idle_session_timeout` is set with the
     /// grant (in the statement that takes the lock, or before a waiting one), so a holder
-    /// that stops talking (paused, cut off) is disconnected and its lock freed. A waiting
-    /// statement is cancelled (`pg_cancel_backend`) if the acquisition is dropped, and the
-    /// session closed: nothing it might have been granted outlives it.
+    /// that stops talking (paused, cut off) is disconnected and its lock freed. The session of
+    /// a waiting statement is ended (`pg_terminate_backend` from another connection) if the
+    /// acquisition is dropped: nothing it might have been granted outlives it.
     pub(crate) async fn advisory(&self, deadline: Deadline) -> Result<Option<AdvisoryGrant>> {
         let key = self.advisory_key().await?;
         let s = &self.inner.sql;
@@ -830,10 +830,11 @@ pub(crate) fn server_seconds(lease: Duration) -> i64 {
     i64::try_from(secs.clamp(1, 31_536_000)).unwrap_or(31_536_000)
 }
 
-/// Kills the statement of connection `id` (from another connection, in the background) if
-/// dropped while armed: a waiting `SELECT … FOR UPDATE` whose future was dropped would
-/// otherwise stay queued on the server until its lock wait timeout, and could even be granted
-/// the row after its client left.
+/// Kills connection `id` (from another connection, in the background) if dropped while armed:
+/// a waiting `SELECT … FOR UPDATE` whose future was dropped would otherwise stay queued on the
+/// server until its lock wait timeout, and could even be granted the row after its client
+/// left. The whole connection, not its statement: see [`Statements::kill_connection`](crate::sql::Statements::kill_connection). The dropped
+/// acquisition closes that connection anyway.
 struct KillOnDrop(Option<(Arc<Inner>, u64)>);
 
 impl Drop for KillOnDrop {
@@ -845,7 +846,7 @@ impl Drop for KillOnDrop {
             return;
         };
         rt.spawn(async move {
-            if let Err(e) = query(&inner.sql.kill_query(id))
+            if let Err(e) = query(&inner.sql.kill_connection(id))
                 .execute(&inner.pool)
                 .await
             {
@@ -1301,6 +1302,83 @@ mod tests {
         assert_eq!(server_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(server_seconds(Duration::from_secs(30)), 30);
         assert_eq!(server_seconds(Duration::MAX), 31_536_000);
+    }
+
+    /// The kill of a dropped waiter may reach the server before the waiting statement does
+    /// (the client wrote the statement, then its future was dropped): it then finds the
+    /// session idle. A cancel of the statement (`KILL QUERY`, `pg_cancel_backend`) was lost
+    /// there, and the statement that came next waited for the row its whole lock timeout, on
+    /// a session nobody reads. Killing the connection leaves nothing to run it.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    async fn a_kill_before_its_statement_still_stops_it(url: &str, set_lock_wait: &str) {
+        use dlock_core::{LockOptions, LockProvider};
+
+        let provider = crate::SqlProvider::connect(&format!(
+            "{url}?strategy=for-update&table=dlock_kill_first"
+        ))
+        .await
+        .expect("provider");
+        let inner = &provider.inner;
+        let name = format!("kill-first/{}", uuid::Uuid::new_v4());
+        let holder = provider
+            .lock(&name, LockOptions::default())
+            .expect("lock")
+            .try_acquire(Duration::from_secs(5))
+            .await
+            .expect("acquire")
+            .expect("a new name is free");
+        let lock_pool = inner.lock_pool.as_ref().unwrap_or(&inner.pool);
+        let mut waiter = lock_pool.acquire().await.expect("connection");
+        query(set_lock_wait)
+            .execute(&mut waiter)
+            .await
+            .expect("lock wait");
+        let id = query(&inner.sql.connection_id)
+            .fetch_one(&mut waiter)
+            .await
+            .expect("connection id")
+            .int(0)
+            .expect("id");
+        let id = u64::try_from(id).expect("id");
+        query(&inner.sql.kill_connection(id))
+            .execute(&inner.pool)
+            .await
+            .expect("kill");
+        let waited = query(&inner.sql.lock_row)
+            .bind(name.as_bytes())
+            .fetch_optional(&mut waiter)
+            .await;
+        waiter.close_on_drop();
+        match waited {
+            Err(e) => assert!(
+                meaning(&e) != Meaning::Busy,
+                "the statement after the kill waited for the held row: {e}"
+            ),
+            Ok(_) => panic!("the statement after the kill was granted a held row"),
+        }
+        holder.release().await.expect("release");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_kill_before_its_statement_still_stops_it_on_postgres() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+            return;
+        };
+        a_kill_before_its_statement_still_stops_it(&url, "SET lock_timeout = '3s'").await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn a_kill_before_its_statement_still_stops_it_on_mysql() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_MYSQL_URL") else {
+            return;
+        };
+        a_kill_before_its_statement_still_stops_it(
+            &url,
+            "SET SESSION innodb_lock_wait_timeout = 3",
+        )
+        .await;
     }
 
     /// An acquirer that stops between its first try on a new name and the rollback after it
