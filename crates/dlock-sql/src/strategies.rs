@@ -857,7 +857,9 @@ impl Drop for KillOnDrop {
 }
 
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
-/// without [`Pinned::into_pool`], it is closed (the server then rolls back and releases).
+/// while it still holds its connection, it closes it (the server then rolls back and
+/// releases). The calls that leave the session clean ([`commit`](Self::commit),
+/// [`unlock`](Self::unlock), [`busy`](Self::busy)) return it to the pool.
 #[derive(Debug)]
 pub(crate) struct Pinned(Option<Conn>);
 
