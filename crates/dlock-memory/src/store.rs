@@ -84,6 +84,8 @@ pub enum Sabotage {
     PermitCountIgnored,
     /// Grant every request: no exclusion at all.
     NoExclusion,
+    /// Free a released hold a second after `release()` returned, in the background.
+    LateRelease,
 }
 
 #[derive(Debug)]
@@ -640,6 +642,14 @@ struct MemoryHold {
 impl Hold for MemoryHold {
     async fn release(&self) -> Result<()> {
         self.store.round_trip(&self.link).await?;
+        if lock(&self.store.state).faults.broken(Sabotage::LateRelease) {
+            let (store, key, id) = (Arc::clone(&self.store), self.key.clone(), self.id);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _late = store.release(&key, id);
+            });
+            return Ok(());
+        }
         self.store.release(&self.key, self.id)
     }
 

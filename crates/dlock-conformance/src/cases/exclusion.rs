@@ -24,7 +24,7 @@ pub async fn try_acquire_excludes_other_handles(f: &impl Factory) {
     )
     .await;
     release(g).await;
-    assert!(is_free(f, &lock(&b, &name)).await, "free after release");
+    assert!(is_free(f, &b, &name).await, "free after release");
 }
 
 /// Exclusion under contention: 16 tasks × 200 cycles on one name (over two clients), each

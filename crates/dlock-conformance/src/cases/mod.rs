@@ -33,8 +33,8 @@ pub use self::waiting::*;
 use std::time::Duration;
 
 use dlock_core::{
-    Capabilities, DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Lease, LockGuard,
-    LockOptions,
+    Capabilities, DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error, Lease,
+    LockGuard, LockOptions,
 };
 
 use crate::Factory;
@@ -103,13 +103,21 @@ async fn take(f: &impl Factory, l: &DynLock) -> LockGuard {
     }
 }
 
-/// Whether the lock is free for this handle: a try that may take the factory's slack. A free
-/// lock is had at once; the slack is for the store, not for a holder: a zero-wait try gives up
-/// when opening a connection takes longer than a moment (a loaded machine, a store that
-/// authenticates slowly), which is `Ok(None)` by the contract ("not had by then"), not a lock
-/// that is held.
-async fn is_free(f: &impl Factory, l: &DynLock) -> bool {
-    free_within(l, f.slack()).await
+/// Whether `name` is free for a new handle of `p`. A zero-wait try that gets nothing is checked
+/// with the store: such a try also gives up on a slow store (a connection that takes long to
+/// open on a loaded machine), which is `Ok(None)` by the contract ("not had by then"), not a
+/// held lock. If the store says the lock is held, it is not free (a release that frees late
+/// fails here); if it says free, the try is made again with the factory's slack.
+async fn is_free(f: &impl Factory, p: &DynLockProvider, name: &str) -> bool {
+    let l = lock(p, name);
+    if free_within(&l, ZERO).await {
+        return true;
+    }
+    match p.describe(name).await {
+        Ok(status) if status.is_held() => false,
+        Ok(_) | Err(Error::Unsupported { .. }) => free_within(&l, f.slack()).await,
+        Err(e) => panic!("describe {name:?} failed: {e}"),
+    }
 }
 
 async fn free_within(l: &DynLock, wait: Duration) -> bool {

@@ -23,8 +23,8 @@ pub async fn multilock_is_all_or_nothing(f: &impl Factory) {
         .await
         .unwrap();
     assert!(r.is_none(), "a MultiLock with a busy member must fail");
-    assert!(is_free(f, &lock(&b, &n1)).await, "m1 must be rolled back");
-    assert!(is_free(f, &lock(&b, &n2)).await, "m2 must be rolled back");
+    assert!(is_free(f, &b, &n1).await, "m1 must be rolled back");
+    assert!(is_free(f, &b, &n2).await, "m2 must be rolled back");
     release(blocker).await;
     let all = multi
         .try_acquire(f.slack())
@@ -76,10 +76,7 @@ pub async fn multilock_releases_everything(f: &impl Factory) {
     }
     g.release().await.unwrap();
     for n in &ns {
-        assert!(
-            is_free(f, &lock(&b, n)).await,
-            "{n} must be free after release"
-        );
+        assert!(is_free(f, &b, n).await, "{n} must be free after release");
     }
 }
 
@@ -139,7 +136,7 @@ pub async fn multilock_mixes_reads_and_permits(f: &impl Factory) {
         "the MultiLock holds the only permit"
     );
     g.release().await.unwrap();
-    assert!(is_free(f, &lock(&b, &nl)).await, "the mutex after release");
+    assert!(is_free(f, &b, &nl).await, "the mutex after release");
     let w = other
         .try_write(f.slack())
         .await
@@ -186,11 +183,11 @@ pub async fn multilock_rechecks_members_before_returning(f: &impl Factory) {
         Err(e) => panic!("expected LockLost, got {e:?}"),
     }
     assert!(
-        is_free(f, &lock(&b, &n1)).await,
+        is_free(f, &b, &n1).await,
         "the first member after the rollback"
     );
     assert!(
-        is_free(f, &lock(&b, &n2)).await,
+        is_free(f, &b, &n2).await,
         "the second member after the rollback"
     );
 }
@@ -239,7 +236,7 @@ pub async fn multilock_rolls_back_after_an_error(f: &impl Factory) {
         "got {e:?}"
     );
     assert!(
-        is_free(f, &lock(&b, &n1)).await,
+        is_free(f, &b, &n1).await,
         "the member taken before the error is rolled back"
     );
     if let Some(g) = keep {

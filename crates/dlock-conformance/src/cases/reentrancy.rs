@@ -47,7 +47,7 @@ pub async fn reentrant_lock_freed_by_last_guard(f: &impl Factory) {
     assert_busy(&other, "the owner still has one guard").await;
     assert!(g2.is_held());
     release(g2).await;
-    assert!(is_free(f, &other).await, "free after the last guard");
+    assert!(is_free(f, &b, &name).await, "free after the last guard");
 }
 
 /// Clones of a handle are one owner: a clone in another task re-enters.
@@ -118,7 +118,7 @@ pub async fn concurrent_first_acquires_of_one_handle_share_the_hold(f: &impl Fac
     release(first).await;
     assert_busy(&other, "the handle's second guard still holds it").await;
     release(second).await;
-    assert!(is_free(f, &other).await, "free after both guards");
+    assert!(is_free(f, &b, &name).await, "free after both guards");
 }
 
 /// `reentrant(false)`: the same handle waits for itself.
