@@ -390,8 +390,8 @@ impl Attempt {
     /// The hold's lease is the server's: [`start_lease`](Self::start_lease) sets the
     /// connection's `wait_timeout` to it, so a holder that stops talking (paused, cut off) is
     /// disconnected by the server and its row freed. The connection of a statement that waits
-    /// for the row is killed (`KILL CONNECTION` from another connection) if the acquisition is
-    /// dropped, so a cancelled waiter leaves no waiting statement on the server.
+    /// for the row is killed (`KILL CONNECTION`, on PostgreSQL `pg_terminate_backend`, from
+    /// another connection) if the acquisition is dropped, so a cancelled waiter leaves no waiting statement on the server.
     pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<(Pinned, u64)>> {
         let s = &self.inner.sql;
         let mut conn = self.pin(deadline).await?;
@@ -833,8 +833,11 @@ pub(crate) fn server_seconds(lease: Duration) -> i64 {
 /// Kills connection `id` (from another connection, in the background) if dropped while armed:
 /// a waiting `SELECT … FOR UPDATE` whose future was dropped would otherwise stay queued on the
 /// server until its lock wait timeout, and could even be granted the row after its client
-/// left. The whole connection, not its statement: see [`Statements::kill_connection`](crate::sql::Statements::kill_connection). The dropped
-/// acquisition closes that connection anyway.
+/// left. The whole connection, not its statement (see
+/// [`Statements::kill_connection`](crate::sql::Statements::kill_connection)); the dropped
+/// acquisition closes that connection anyway. Best effort: without a tokio runtime nothing is
+/// sent, and a kill that fails is logged at debug level (the lock wait timeout then ends the
+/// statement).
 struct KillOnDrop(Option<(Arc<Inner>, u64)>);
 
 impl Drop for KillOnDrop {
@@ -858,8 +861,9 @@ impl Drop for KillOnDrop {
 
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
 /// while it still holds its connection, it closes it (the server then rolls back and
-/// releases). The calls that leave the session clean ([`commit`](Self::commit),
-/// [`unlock`](Self::unlock), [`busy`](Self::busy)) return it to the pool.
+/// releases). It goes back to the pool only when the session is clean: after a
+/// [`commit`](Self::commit), an [`unlock`](Self::unlock) that released, or
+/// [`busy`](Self::busy) at the deadline.
 #[derive(Debug)]
 pub(crate) struct Pinned(Option<Conn>);
 
