@@ -644,6 +644,8 @@ impl Hold for MemoryHold {
         self.store.round_trip(&self.link).await?;
         if lock(&self.store.state).faults.broken(Sabotage::LateRelease) {
             let (store, key, id) = (Arc::clone(&self.store), self.key.clone(), self.id);
+            // The delay is the fault itself (a store that frees a released lock a second
+            // late), not a wait for an event: nothing is awaited on it.
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let _late = store.release(&key, id);
