@@ -1907,6 +1907,11 @@ async fn restart_reports_loss_as_soon_as_the_server_is_back() {
 /// Review M4: the fair queue's head is cancelled while the lock is free (here the holder's key
 /// vanished without an unlock message); the waiter behind it must be woken at once, not sleep
 /// until the timer it was given (the old holder's PTTL, capped at 5 s).
+///
+/// The head has a timer of its own (the same PTTL, capped at 5 s). On a slow machine it can
+/// fire between the deletion and the abort, and the head then takes the free lock: the case it
+/// sets up did not happen, so it is set up again on a fresh name (that is not a retry of a
+/// failure: every attempt that gets as far as the abort is judged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_fair_head_wakes_the_next_waiter() {
     let Some(server) = PrivateRedis::start(false).await else {
@@ -1918,48 +1923,69 @@ async fn a_cancelled_fair_head_wakes_the_next_waiter() {
         RedisProvider::connect(&url).await.unwrap(),
         RedisProvider::connect(&url).await.unwrap(),
     );
-    let name = Names::new().name("fair-head-leaves");
+    let names = Names::new();
     let fair = LockOptions::default().with_fair(true);
-    let held = x.lock(&name, fair).unwrap().acquire().await.unwrap();
-    let head = w1.lock(&name, fair).unwrap();
-    let first = tokio::spawn(async move { head.acquire().await });
-    let queue = format!("redisson_lock_queue:{{{name}}}");
     let mut c = admin(&url).await;
-    eventually(Duration::from_secs(5), "the head queued", || {
-        let mut c = c.clone();
-        let queue = queue.clone();
-        async move {
-            let n: usize = c.llen(&queue).await.map_err(|e| e.to_string())?;
-            if n == 1 { Ok(()) } else { Err(n.to_string()) }
+    for attempt in 1..=5 {
+        let name = names.name(&format!("fair-head-leaves-{attempt}"));
+        let held = x.lock(&name, fair).unwrap().acquire().await.unwrap();
+        let head = w1.lock(&name, fair).unwrap();
+        let first = tokio::spawn(async move { head.acquire().await });
+        let queue = format!("redisson_lock_queue:{{{name}}}");
+        let queued = |want: usize| {
+            let c = c.clone();
+            let queue = queue.clone();
+            move || {
+                let mut c = c.clone();
+                let queue = queue.clone();
+                async move {
+                    let n: usize = c.llen(&queue).await.map_err(|e| e.to_string())?;
+                    if n == want {
+                        Ok(())
+                    } else {
+                        Err(n.to_string())
+                    }
+                }
+            }
+        };
+        eventually(Duration::from_secs(5), "the head queued", queued(1)).await;
+        let next = w2.lock(&name, fair).unwrap();
+        let second = tokio::spawn(async move { next.acquire().await });
+        eventually(
+            Duration::from_secs(5),
+            "the second waiter queued",
+            queued(2),
+        )
+        .await;
+        // The hold vanishes without a message, and the head is cancelled (its undo leaves the
+        // queue in the background).
+        let _: () = c.del(&name).await.unwrap();
+        first.abort();
+        match first.await {
+            Err(e) => assert!(e.is_cancelled(), "the head's task: {e}"),
+            Ok(won) => {
+                // The head's own timer fired first and it took the lock: not the case under
+                // test. Let the second waiter through and set it up again.
+                won.unwrap().release().await.unwrap();
+                let g = must(Duration::from_secs(5), "the second waiter", second).await;
+                g.unwrap().unwrap().release().await.unwrap();
+                drop(held);
+                continue;
+            }
         }
-    })
-    .await;
-    let next = w2.lock(&name, fair).unwrap();
-    let second = tokio::spawn(async move { next.acquire().await });
-    eventually(Duration::from_secs(5), "the second waiter queued", || {
-        let mut c = c.clone();
-        let queue = queue.clone();
-        async move {
-            let n: usize = c.llen(&queue).await.map_err(|e| e.to_string())?;
-            if n == 2 { Ok(()) } else { Err(n.to_string()) }
-        }
-    })
-    .await;
-    // The hold vanishes without a message, and the head is cancelled (its undo leaves the
-    // queue in the background).
-    let _: () = c.del(&name).await.unwrap();
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
-    let g = must(
-        Duration::from_millis(1500),
-        "the next waiter, woken when the head left",
-        second,
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    g.release().await.unwrap();
-    drop(held);
+        let g = must(
+            Duration::from_millis(1500),
+            "the next waiter, woken when the head left",
+            second,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        g.release().await.unwrap();
+        drop(held);
+        return;
+    }
+    panic!("in 5 attempts the head's own timer took the lock before it could be cancelled");
 }
 
 /// Review H4: the provider's connections carry TCP keepalive, so a peer that vanished without
