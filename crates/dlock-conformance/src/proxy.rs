@@ -1,6 +1,8 @@
 //! A [`Partition`] for any TCP store: a [`dlock_proxy::Proxy`] between one client and the
 //! server.
 
+use std::time::Duration;
+
 use dlock_core::{Error, Result};
 use dlock_proxy::{Fault, Proxy};
 
@@ -38,6 +40,18 @@ impl ProxyPartition {
             .and_then(|()| parsed.set_port(Some(addr.port())))
             .map_err(|()| Error::config(format!("{url}: cannot point it at the proxy")))?;
         Ok((Self { proxy }, parsed.to_string()))
+    }
+}
+
+impl ProxyPartition {
+    /// Delays every reply of the server by `delay` (a slow network or a loaded server), or
+    /// forwards them as they come again (`Duration::ZERO`).
+    pub fn delay_replies(&self, delay: Duration) {
+        self.proxy.set_fault(if delay.is_zero() {
+            Fault::None
+        } else {
+            Fault::DelayReplies(delay)
+        });
     }
 }
 

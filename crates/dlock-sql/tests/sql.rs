@@ -1773,3 +1773,40 @@ async fn optimistic_rows_of_an_older_dlock_keep_their_tokens_rising() {
         }
     }
 }
+
+/// Issue 19 (a stress run: `waiter_longer_than_its_lease_keeps_it` lost its for-update hold to
+/// `ConnectionLost` on a loaded machine): a holding connection that answers slowly is not taken
+/// for a dead one. The watcher's check used to be cut off after a third of the lease, which
+/// closed the connection, and so ended a live hold on the server. Here every reply comes 2.5 s
+/// late on a 6 s lease (the old cut-off: 2 s). The lease is fixed, so the watcher's checks
+/// (which set the server-side lease to what is left) are the only statements: a watchdog's
+/// renewals would queue behind them, and no check limit keeps a watchdog lease on a link
+/// that slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_holding_connection_keeps_its_hold() {
+    use dlock_conformance::ProxyPartition;
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let url = for_update(&mysql);
+    let (proxy, proxied) = ProxyPartition::start(&url, 3306).await.unwrap();
+    let p = SqlProvider::connect(&proxied).await.unwrap();
+    let name = Names::new().name("slow-holder");
+    let lease = Duration::from_secs(6);
+    let g = p
+        .lock(&name, LockOptions::new().with_lease(Lease::Fixed(lease)))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    proxy.delay_replies(Duration::from_millis(2500));
+    let lost = tokio::time::timeout(Duration::from_secs(4), g.lost()).await;
+    assert!(
+        lost.is_err(),
+        "a slow connection was taken for a dead one: {:?}",
+        g.loss_reason()
+    );
+    assert!(g.is_held());
+    proxy.delay_replies(Duration::ZERO);
+    g.release().await.unwrap();
+}
