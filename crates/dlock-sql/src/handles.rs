@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, Deadline, HoldSignal, NewHold, RawLock, Request, later};
+use dlock_core::backend::{
+    Backoff, Deadline, HoldSignal, NewHold, RawLock, RawReadWriteLock, Request, later,
+};
 use dlock_core::{Error, FencingToken, Lease, LockGuard, LockKind, LockName, Result, async_trait};
 use rand::Rng;
 use tokio::time::Instant;
@@ -13,7 +15,8 @@ use tokio::time::Instant;
 use crate::Inner;
 use crate::config::Strategy;
 use crate::db::Conn;
-use crate::strategies::{Attempt, FixedEnd, SqlHold, watch};
+use crate::sql::AdvisoryMode;
+use crate::strategies::{AdvisoryLock, Attempt, FixedEnd, Pinned, SessionHolds, SqlHold, watch};
 use crate::wake;
 
 /// First pause between two attempts.
@@ -28,21 +31,152 @@ const QUEUED_PAUSE: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 pub(crate) struct SqlMutex {
     pub(crate) inner: Arc<Inner>,
+    /// The session of the latest write hold taken through this handle (read-write locks
+    /// only), for a downgrade.
+    write: std::sync::Mutex<Option<WriteSession>>,
 }
 
 #[async_trait]
 impl RawLock for SqlMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        self.remote(req.name, req.options.lease, req.deadline).await
+        self.remote(req.name, req.options.lease, req.deadline, Kind::Mutex)
+            .await
+    }
+}
+
+/// What an acquisition takes: a mutex, or one side of a read-write lock (PostgreSQL
+/// advisory only: the write side is the mutex's exclusive lock, the read side its shared
+/// lock on the same key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Mutex,
+    Read,
+    Write,
+}
+
+impl Kind {
+    fn lock_kind(self) -> LockKind {
+        match self {
+            Self::Mutex => LockKind::Mutex,
+            Self::Read => LockKind::Read,
+            Self::Write => LockKind::Write,
+        }
+    }
+
+    fn mode(self) -> AdvisoryMode {
+        match self {
+            Self::Read => AdvisoryMode::Shared,
+            Self::Mutex | Self::Write => AdvisoryMode::Exclusive,
+        }
+    }
+}
+
+/// A read-write lock on one SQL provider (PostgreSQL advisory only): readers share the
+/// name's advisory lock, a writer takes it alone. Its write holds are remembered, so that a
+/// read asked while one is held (a downgrade) is taken on the write's own session, the only
+/// one the server lets in beside it.
+#[derive(Debug)]
+pub(crate) struct SqlReadWrite {
+    mutex: SqlMutex,
+}
+
+/// Where a write hold lives, for a downgrade.
+#[derive(Debug, Clone)]
+pub(crate) struct WriteSession {
+    conn: std::sync::Weak<tokio::sync::Mutex<Pinned>>,
+    holds: std::sync::Weak<SessionHolds>,
+    key: i32,
+}
+
+impl SqlReadWrite {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self {
+            mutex: SqlMutex::new(inner),
+        }
+    }
+
+    fn write_session(&self) -> Option<WriteSession> {
+        self.mutex
+            .write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A downgrade: the read on the write hold's session. `Ok(None)` if that session is
+    /// gone or no longer holds the write (the read is then taken like any other).
+    async fn beside(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        let Some(w) = self.write_session() else {
+            return Ok(None);
+        };
+        let (Some(conn), Some(holds)) = (w.conn.upgrade(), w.holds.upgrade()) else {
+            return Ok(None);
+        };
+        let inner = &self.mutex.inner;
+        let attempt = Attempt {
+            inner: Arc::clone(inner),
+            name: req.name.clone(),
+            owner: inner.next_owner(),
+            lease: req.options.lease.ttl(),
+        };
+        let Some((token, sent)) = attempt.advisory_beside(&conn, w.key).await? else {
+            return Ok(None);
+        };
+        let lease = req.options.lease;
+        let fixed_at = (!lease.is_watchdog()).then(|| later(sent, lease.ttl()));
+        let signal = HoldSignal::new();
+        let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(fixed_at));
+        let id = holds.join(signal.clone(), Arc::clone(&fixed), attempt.lease);
+        let lock = AdvisoryLock {
+            key: w.key,
+            mode: AdvisoryMode::Shared,
+            session: holds,
+            id,
+        };
+        let hold = SqlHold::Advisory(attempt, conn, signal.clone(), fixed, lock);
+        Ok(Some(self.mutex.guard(
+            hold,
+            Kind::Read,
+            lease,
+            token,
+            sent,
+            Some(signal),
+        )))
+    }
+}
+
+#[async_trait]
+impl RawReadWriteLock for SqlReadWrite {
+    async fn read(&self, req: &Request<'_>, downgrade: bool) -> Result<Option<LockGuard>> {
+        if downgrade && let Some(guard) = self.beside(req).await? {
+            return Ok(Some(guard));
+        }
+        self.mutex
+            .remote(req.name, req.options.lease, req.deadline, Kind::Read)
+            .await
+    }
+
+    async fn write(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        self.mutex
+            .remote(req.name, req.options.lease, req.deadline, Kind::Write)
+            .await
     }
 }
 
 impl SqlMutex {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self {
+            inner,
+            write: std::sync::Mutex::new(None),
+        }
+    }
+
     async fn remote(
         &self,
         name: &LockName,
         lease: Lease,
         deadline: Deadline,
+        kind: Kind,
     ) -> Result<Option<LockGuard>> {
         let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         let mut failures = 0u32;
@@ -70,7 +204,7 @@ impl SqlMutex {
                 owner: self.inner.next_owner(),
                 lease: lease.ttl(),
             };
-            match self.try_once(attempt, lease, started, deadline).await {
+            match self.try_once(attempt, lease, started, deadline, kind).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
                 Ok(None) => failures = 0,
                 Err(e) if e.is_retryable() => {
@@ -119,13 +253,14 @@ impl SqlMutex {
         lease: Lease,
         started: Instant,
         deadline: Deadline,
+        kind: Kind,
     ) -> Result<Option<LockGuard>> {
         let strategy = self.inner.strategy;
         if strategy.pins_connections() {
             let (conn, connection_id, key, token, sent, fixed_at);
             if strategy == Strategy::Advisory {
                 // One statement took the lock, the token and the server-side lease.
-                let Some(g) = attempt.advisory(deadline).await? else {
+                let Some(g) = attempt.advisory(deadline, kind.mode()).await? else {
                     return Ok(None);
                 };
                 fixed_at = (!lease.is_watchdog()).then(|| later(g.sent, lease.ttl()));
@@ -158,18 +293,45 @@ impl SqlMutex {
             // A fixed lease is enforced by the server too (the watcher keeps the server-side
             // lease at what is left of it), not only by the client.
             let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(fixed_at));
+            let holds = Arc::new(SessionHolds::default());
+            let id = holds.join(signal.clone(), Arc::clone(&fixed), lease_for_watch);
             tokio::spawn(watch(
                 Arc::downgrade(&conn),
-                signal.clone(),
+                Arc::clone(&holds),
                 lease_for_watch,
-                Arc::clone(&fixed),
                 attempt.inner.hold_timeout().to_owned(),
             ));
             let hold = match key {
-                Some(key) => SqlHold::Advisory(attempt, conn, signal.clone(), fixed, key),
+                Some(key) => {
+                    if kind == Kind::Write {
+                        *self
+                            .write
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            Some(WriteSession {
+                                conn: Arc::downgrade(&conn),
+                                holds: Arc::downgrade(&holds),
+                                key,
+                            });
+                    }
+                    let lock = AdvisoryLock {
+                        key,
+                        mode: kind.mode(),
+                        session: holds,
+                        id,
+                    };
+                    SqlHold::Advisory(attempt, conn, signal.clone(), fixed, lock)
+                }
                 None => SqlHold::ForUpdate(attempt, conn, signal.clone(), fixed),
             };
-            return Ok(Some(self.guard(hold, lease, token, sent, Some(signal))));
+            return Ok(Some(self.guard(
+                hold,
+                kind,
+                lease,
+                token,
+                sent,
+                Some(signal),
+            )));
         }
         // The statements that may take the lock, and the undo that frees it if this future
         // is dropped, run on one connection: a dropped statement still runs to its end on the
@@ -206,12 +368,13 @@ impl SqlMutex {
             Strategy::UniqueInsert => SqlHold::UniqueInsert(attempt),
             _ => SqlHold::Optimistic(attempt, token),
         };
-        Ok(Some(self.guard(hold, lease, token, started, None)))
+        Ok(Some(self.guard(hold, kind, lease, token, started, None)))
     }
 
     fn guard(
         &self,
         hold: SqlHold,
+        kind: Kind,
         lease: Lease,
         token: u64,
         sent: Instant,
@@ -219,7 +382,7 @@ impl SqlMutex {
     ) -> LockGuard {
         let new = NewHold::new(
             self.inner.backend,
-            LockKind::Mutex,
+            kind.lock_kind(),
             hold.name().clone(),
             FencingToken::new(token),
             lease,

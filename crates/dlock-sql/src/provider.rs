@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use dlock_core::backend::{HandleInfo, Lock};
+use dlock_core::backend::{HandleInfo, Lock, ReadWriteLock};
 use dlock_core::{
     Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockKind, LockName, LockOptions,
     LockProvider, LockStatus, Result,
@@ -16,7 +16,7 @@ use dlock_core::{
 use crate::config::{self, Dialect, SqlConfig, Strategy};
 use crate::db::{Pool, query};
 use crate::error::from_sqlx;
-use crate::handles::SqlMutex;
+use crate::handles::{SqlMutex, SqlReadWrite};
 #[cfg(feature = "sqlite")]
 use crate::mounts;
 #[cfg(feature = "postgres")]
@@ -584,17 +584,26 @@ impl SqlProvider {
                     },
                 };
                 // Who holds it is the lock manager's to say (pg_locks), without taking it.
-                let holders = match held {
-                    Some(k) => query(&s.advisory_holders)
-                        .bind(i64::from(k))
-                        .fetch_one(&self.inner.pool)
-                        .await
-                        .and_then(|row| row.int(0))
-                        .map_err(err)?,
-                    None => 0,
+                let (holds, shared) = match held {
+                    Some(k) => {
+                        let row = query(&s.advisory_holders)
+                            .bind(i64::from(k))
+                            .fetch_one(&self.inner.pool)
+                            .await
+                            .map_err(err)?;
+                        (row.int(0).map_err(err)?, row.int(1).map_err(err)?)
+                    }
+                    None => (0, 0),
                 };
-                if holders > 0 {
-                    LockStatus::held_by(LockKind::Mutex, Vec::new()).with_last_token(token)
+                // Only shared locks: readers. An exclusive one is a mutex's or a writer's
+                // (the server cannot tell them apart), said the mutex's way.
+                let kind = if holds > 0 && shared == holds {
+                    LockKind::Read
+                } else {
+                    LockKind::Mutex
+                };
+                if holds > 0 {
+                    LockStatus::held_by(kind, Vec::new()).with_last_token(token)
                 } else {
                     LockStatus::free(token)
                 }
@@ -753,7 +762,9 @@ impl LockProvider for SqlProvider {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::all(self.inner.backend);
         caps.fair = false;
-        caps.read_write = false;
+        // Readers share an advisory lock on PostgreSQL; the row strategies have one holder per
+        // row.
+        caps.read_write = self.inner.strategy == Strategy::Advisory;
         caps.semaphore = false;
         caps.connection_bound = self.inner.strategy.pins_connections();
         caps.min_lease = MIN_LEASE;
@@ -773,19 +784,30 @@ impl LockProvider for SqlProvider {
             name,
             options,
         );
-        let raw = SqlMutex {
-            inner: Arc::clone(&self.inner),
-        };
+        let raw = SqlMutex::new(Arc::clone(&self.inner));
         Ok(Arc::new(Lock::new(info, raw)))
     }
 
-    fn read_write_lock(&self, name: &str, _options: LockOptions) -> Result<DynReadWriteLock> {
-        LockName::new(name)?;
-        Err(Error::unsupported(
+    fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock> {
+        let name = LockName::new(name)?;
+        if self.inner.strategy != Strategy::Advisory {
+            return Err(Error::unsupported(
+                self.inner.backend,
+                "read-write locks on the row strategies (a reader count with writer exclusion \
+                 needs more than one row per name; PostgreSQL's `advisory` strategy has them)",
+            ));
+        }
+        self.capabilities().check(&options)?;
+        let info = HandleInfo::new(
             self.inner.backend,
-            "read-write locks (a reader count with writer exclusion needs more than one row per \
-             name; not offered by the SQL strategies yet)",
-        ))
+            self.inner.store_id.as_str(),
+            name,
+            options,
+        );
+        Ok(Arc::new(ReadWriteLock::new(
+            info,
+            SqlReadWrite::new(Arc::clone(&self.inner)),
+        )))
     }
 
     fn semaphore(&self, name: &str, permits: u32, _options: LockOptions) -> Result<DynSemaphore> {

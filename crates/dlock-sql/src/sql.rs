@@ -40,21 +40,28 @@ pub(crate) struct Statements {
     pub(crate) advisory_new_key: String,
     /// Tries the lock without waiting (`$1`: key, `$2`: lease in seconds); if granted, in
     /// the same statement, takes the next fencing token and sets the server-side lease:
-    /// (token or NULL, lease set or NULL, the backend's pid).
-    pub(crate) advisory_try: String,
+    /// (token or NULL, lease set or NULL, the backend's pid). Per [`AdvisoryMode`].
+    pub(crate) advisory_try: [String; 2],
     /// Sets the wait and the server-side lease before a waiting try (`?`: wait, lease).
     pub(crate) advisory_wait: String,
     /// Waits for the lock (`$1`: key) and takes the next fencing token in the same
-    /// statement: (token or NULL, the backend's pid).
-    pub(crate) advisory_lock: String,
+    /// statement: (token or NULL, the backend's pid). Per [`AdvisoryMode`].
+    pub(crate) advisory_lock: [String; 2],
     /// Releases the lock (`?`: key) and puts the session back as the pool gave it: whether
-    /// this session held the lock.
-    pub(crate) advisory_unlock: String,
+    /// this session held the lock. Per [`AdvisoryMode`].
+    pub(crate) advisory_unlock: [String; 2],
+    /// Releases the lock (`?`: key) and leaves the session as it is, for a session that
+    /// still holds another lock of the same name (a downgraded read beside its write):
+    /// whether this session held the lock. Per [`AdvisoryMode`].
+    pub(crate) advisory_unlock_one: [String; 2],
+    /// Sets how long a statement of a session may wait for a lock (`?`: milliseconds).
+    pub(crate) advisory_lock_timeout: String,
     /// The server-side lease of a held advisory lock (`?`: seconds).
     pub(crate) advisory_hold_timeout: String,
     /// The session back to what the pool gave (no server-side lease, the pool's lock wait).
     pub(crate) advisory_reset: String,
-    /// How many sessions hold the key's lock (`?`: key), and its last token (`?`: name).
+    /// How many locks are held on the key (`?`: key), and how many of them are shared; and
+    /// the key's last token (`?`: name).
     pub(crate) advisory_holders: String,
     pub(crate) advisory_token: String,
     // for-update
@@ -85,6 +92,40 @@ pub(crate) struct Statements {
 /// two-integer form, in a space of its own ("dloc"), apart from the single-bigint keys that
 /// applications and tools (sqlx's migrations, for one) use.
 pub(crate) const ADVISORY_SPACE: i32 = 0x646c_6f63;
+
+/// The two modes of a PostgreSQL advisory lock: a mutex and a read-write lock's write side
+/// take it exclusive, a read side shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AdvisoryMode {
+    Exclusive,
+    Shared,
+}
+
+impl AdvisoryMode {
+    /// The index of the mode's statement in the `advisory_*` arrays of [`Statements`].
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Self::Exclusive => 0,
+            Self::Shared => 1,
+        }
+    }
+
+    /// The suffix of the mode's advisory lock functions (`pg_advisory_lock_shared`).
+    const fn suffix(self) -> &'static str {
+        match self {
+            Self::Exclusive => "",
+            Self::Shared => "_shared",
+        }
+    }
+
+    /// A statement for each mode, in [`index`](Self::index) order.
+    fn both(statement: impl Fn(&str) -> String) -> [String; 2] {
+        [
+            statement(Self::Exclusive.suffix()),
+            statement(Self::Shared.suffix()),
+        ]
+    }
+}
 
 /// The database clock, in milliseconds since the epoch.
 fn now(dialect: Dialect) -> &'static str {
@@ -390,34 +431,46 @@ impl Statements {
             // lock: a token is never issued to a session that does not hold it (for-update
             // needs a confirmation after its fence for that), and an uncontended acquire is
             // one round trip.
-            advisory_try: format!(
-                "WITH g AS MATERIALIZED \
-                 (SELECT pg_try_advisory_lock({ADVISORY_SPACE}, $1::INTEGER) AS got), \
+            advisory_try: AdvisoryMode::both(|m| {
+                format!(
+                    "WITH g AS MATERIALIZED \
+                 (SELECT pg_try_advisory_lock{m}({ADVISORY_SPACE}, $1::INTEGER) AS got), \
                  f AS (UPDATE {t}_names SET token = token + 1 \
                  WHERE id = $1::INTEGER AND (SELECT got FROM g) RETURNING token) \
                  SELECT (SELECT token FROM f), \
                  CASE WHEN (SELECT got FROM g) THEN set_config('idle_session_timeout', \
                  LEAST($2::BIGINT * 1000, 2147483647)::TEXT, false) END, \
                  pg_backend_pid()::BIGINT"
-            ),
+                )
+            }),
             advisory_wait: "SELECT set_config('lock_timeout', \
                  LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false), \
                  set_config('idle_session_timeout', \
                  LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
                 .to_owned(),
-            advisory_lock: format!(
-                "WITH g AS MATERIALIZED \
-                 (SELECT pg_advisory_lock({ADVISORY_SPACE}, $1::INTEGER)::TEXT AS got), \
+            advisory_lock: AdvisoryMode::both(|m| {
+                format!(
+                    "WITH g AS MATERIALIZED \
+                 (SELECT pg_advisory_lock{m}({ADVISORY_SPACE}, $1::INTEGER)::TEXT AS got), \
                  f AS (UPDATE {t}_names SET token = token + 1 \
                  WHERE id = $1::INTEGER AND EXISTS (SELECT 1 FROM g) RETURNING token) \
                  SELECT (SELECT token FROM f), pg_backend_pid()::BIGINT"
-            ),
-            advisory_unlock: format!(
-                "SELECT pg_advisory_unlock({ADVISORY_SPACE}, ?::INTEGER)::INTEGER, \
+                )
+            }),
+            advisory_unlock: AdvisoryMode::both(|m| {
+                format!(
+                    "SELECT pg_advisory_unlock{m}({ADVISORY_SPACE}, ?::INTEGER)::INTEGER, \
                  pg_advisory_unlock_all()::TEXT, \
                  set_config('idle_session_timeout', '0', false), \
                  set_config('lock_timeout', '5s', false)"
-            ),
+                )
+            }),
+            advisory_unlock_one: AdvisoryMode::both(|m| {
+                format!("SELECT pg_advisory_unlock{m}({ADVISORY_SPACE}, ?::INTEGER)::INTEGER")
+            }),
+            advisory_lock_timeout: "SELECT set_config('lock_timeout', \
+                 LEAST(?::BIGINT, 2147483647)::TEXT, false)"
+                .to_owned(),
             advisory_hold_timeout: "SELECT set_config('idle_session_timeout', \
                  LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
                 .to_owned(),
@@ -428,7 +481,8 @@ impl Statements {
                  set_config('lock_timeout', '5s', false)"
                 .to_owned(),
             advisory_holders: format!(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE mode = 'ShareLock') \
+                 FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND classid = {ADVISORY_SPACE} AND objid = (?::INTEGER)::OID AND objsubid = 2 \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             ),
@@ -489,10 +543,12 @@ impl Statements {
             mariadb: self.mariadb,
             advisory_key: n(self.advisory_key),
             advisory_new_key: n(self.advisory_new_key),
-            advisory_try: n(self.advisory_try),
+            advisory_try: self.advisory_try.map(n),
             advisory_wait: n(self.advisory_wait),
-            advisory_lock: n(self.advisory_lock),
-            advisory_unlock: n(self.advisory_unlock),
+            advisory_lock: self.advisory_lock.map(n),
+            advisory_unlock: self.advisory_unlock.map(n),
+            advisory_unlock_one: self.advisory_unlock_one.map(n),
+            advisory_lock_timeout: n(self.advisory_lock_timeout),
             advisory_hold_timeout: n(self.advisory_hold_timeout),
             advisory_reset: self.advisory_reset,
             advisory_holders: n(self.advisory_holders),

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::Inner;
 use crate::db::{Conn, query};
 use crate::error::{Meaning, from_sqlx, meaning};
+use crate::sql::AdvisoryMode;
 
 /// Tokens of the unique-insert strategy: the row's AUTO_INCREMENT id in the high bits (it only
 /// grows, across deletes and restarts), the number of takeovers of that row in the low bits.
@@ -531,7 +532,11 @@ impl Attempt {
     /// that stops talking (paused, cut off) is disconnected and its lock freed. The session of
     /// a waiting statement is ended (`pg_terminate_backend` from another connection) if the
     /// acquisition is dropped: nothing it might have been granted outlives it.
-    pub(crate) async fn advisory(&self, deadline: Deadline) -> Result<Option<AdvisoryGrant>> {
+    pub(crate) async fn advisory(
+        &self,
+        deadline: Deadline,
+        mode: AdvisoryMode,
+    ) -> Result<Option<AdvisoryGrant>> {
         let key = self.advisory_key().await?;
         let s = &self.inner.sql;
         let mut conn = self.pin(deadline).await?;
@@ -563,7 +568,7 @@ impl Attempt {
                     None => *session_pid.insert(self.backend_pid(&mut conn).await?),
                 };
                 let mut killer = KillOnDrop(Some((Arc::clone(&self.inner), pid)));
-                let locked = query(&s.advisory_lock)
+                let locked = query(&s.advisory_lock[mode.index()])
                     .bind(i64::from(key))
                     .fetch_one(conn.get()?)
                     .await;
@@ -594,7 +599,7 @@ impl Attempt {
                 }
             } else {
                 sent = Instant::now();
-                let row = query(&s.advisory_try)
+                let row = query(&s.advisory_try[mode.index()])
                     .bind(i64::from(key))
                     .bind(lease)
                     .fetch_one(conn.get()?)
@@ -641,6 +646,50 @@ impl Attempt {
                 return Ok(None);
             }
         }
+    }
+
+    /// Takes the shared advisory lock of this name on `session`, the session of this
+    /// handle's write hold (a downgrade): the server grants a session a lock that only its
+    /// own locks stand in the way of, even with writers queued (where a try would fail), so
+    /// the read is granted at once beside the write. With its fencing token, and when the
+    /// statement was sent. `Ok(None)` if that session is gone or does not hold the write any
+    /// more (released or lost meanwhile, so the lock stays busy past a short lock wait): the
+    /// read must then be taken like any other.
+    ///
+    /// Cancel safe: the statements run in a task of their own, under the session's lock,
+    /// and a read granted after the acquisition was dropped is released there.
+    pub(crate) async fn advisory_beside(
+        &self,
+        session: &HoldingConnection,
+        key: i32,
+    ) -> Result<Option<(u64, Instant)>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let session = Arc::clone(session);
+        let inner = Arc::clone(&self.inner);
+        let name = self.name.clone();
+        tokio::spawn(async move {
+            let mut c = session.lock_owned().await;
+            let granted = beside(&inner, &mut c, key).await;
+            if let Err(Ok(Some(_))) = tx.send(granted) {
+                // Nobody took the read: give it back, keeping the write.
+                let unlock = &inner.sql.advisory_unlock_one[AdvisoryMode::Shared.index()];
+                if !c.unlock_one(unlock, key).await {
+                    tracing::debug!(lock = %name, "could not give back a read taken for a dropped downgrade; it ends with the session");
+                }
+            }
+        });
+        let granted = rx.await.map_err(|_| Error::Backend {
+            backend: self.inner.backend,
+            message: "the downgrade's task ended without an answer".into(),
+            retryable: true,
+            source: None,
+        })?;
+        granted.map_err(|e| Error::Backend {
+            backend: self.inner.backend,
+            message: format!("downgrade {:?}: {e}", self.name),
+            retryable: true,
+            source: Some(Box::new(e)),
+        })
     }
 
     /// The backend pid of a pinned session.
@@ -785,6 +834,47 @@ pub(crate) async fn seed_above(inner: &Inner, conn: &mut Conn, floor: i64) -> Re
         source: None,
     })
 }
+
+/// The statements of [`Attempt::advisory_beside`], on the write hold's session.
+async fn beside(
+    inner: &Inner,
+    c: &mut Pinned,
+    key: i32,
+) -> std::result::Result<Option<(u64, Instant)>, sqlx::Error> {
+    let s = &inner.sql;
+    let Some(conn) = c.0.as_mut() else {
+        return Ok(None);
+    };
+    // A session that holds the write gets the read at once; one that does not must not
+    // wait here (it would hold up the write hold's renewals).
+    query(&s.advisory_lock_timeout)
+        .bind(BESIDE_WAIT_MS)
+        .execute(&mut *conn)
+        .await?;
+    let sent = Instant::now();
+    match query(&s.advisory_lock[AdvisoryMode::Shared.index()])
+        .bind(i64::from(key))
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(row) => {
+            let token = optional_int(&row, 0)?.and_then(|t| u64::try_from(t).ok());
+            if token.is_none() {
+                // The name's row is gone: no token to give. The read is given back, and
+                // taken like any other (which gives the name a key again).
+                let unlock = &s.advisory_unlock_one[AdvisoryMode::Shared.index()];
+                c.unlock_one(unlock, key).await;
+            }
+            Ok(token.map(|t| (t, sent)))
+        }
+        Err(e) if meaning(&e) == Meaning::Busy => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How long a downgrade may wait on the write hold's session, in milliseconds: a session
+/// that holds the write is granted the read at once.
+const BESIDE_WAIT_MS: i64 = 1000;
 
 /// A granted advisory lock: the session that holds it, its backend pid, the key, the token
 /// taken with the grant, and when the granting statement was sent (the lease runs from there).
@@ -962,6 +1052,22 @@ impl Pinned {
         released
     }
 
+    /// Releases one advisory lock of a session that keeps others (a write whose downgraded
+    /// read lives on), and keeps the session: whether this session held the lock. A session
+    /// that fails is closed (which frees whatever it holds).
+    pub(crate) async fn unlock_one(&mut self, unlock: &str, key: i32) -> bool {
+        let Some(c) = self.0.as_mut() else {
+            return false;
+        };
+        match query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await {
+            Ok(row) => row.int(0).is_ok_and(|held| held == 1),
+            Err(_) => {
+                self.close();
+                false
+            }
+        }
+    }
+
     /// Renews the hold: sets the server-side lease again (which also proves the connection,
     /// and so the row lock, is alive).
     pub(crate) async fn renew(
@@ -1088,8 +1194,14 @@ pub(crate) enum SqlHold {
     /// lease's end.
     ForUpdate(Attempt, HoldingConnection, HoldSignal, FixedEnd),
     /// A PostgreSQL advisory lock of one session, the hold's loss signal, its fixed lease's
-    /// end, and the key.
-    Advisory(Attempt, HoldingConnection, HoldSignal, FixedEnd, i32),
+    /// end, and which lock of the session it is.
+    Advisory(
+        Attempt,
+        HoldingConnection,
+        HoldSignal,
+        FixedEnd,
+        AdvisoryLock,
+    ),
 }
 
 /// How often a for-update hold's connection is checked between renewals: a tenth of the
@@ -1111,59 +1223,167 @@ fn ping_limit(lease: Duration) -> Duration {
     lease.max(Duration::from_millis(100))
 }
 
-/// Watches a for-update hold's connection between renewals. The hold is that connection's
-/// row lock: a reset or a network fault ends it on the server at once, and the server grants
-/// the row to the next waiter, so the holder must not wait for its next renewal (a third of
-/// its lease) to learn of it. Pings every `period`; a connection that does not answer is
-/// closed and the hold marked lost ([`LossReason::ConnectionLost`]). Ends when the hold is
-/// released, lost or dropped. A ping resets the server's idle count like a renewal does, and
-/// stops with the process like one, so a paused or cut-off holder still runs out of its
-/// server-side lease.
+/// The holds that live in one pinned connection, for its [`watch`]er: one, or (PostgreSQL
+/// advisory) a write hold and the reads downgraded beside it on the same session. Their
+/// loss signals, so that a session found dead marks every hold in it lost, and their
+/// fixed leases' ends, so that the server-side lease covers the one that ends last.
+#[derive(Debug, Default)]
+pub(crate) struct SessionHolds(std::sync::Mutex<Members>);
+
+#[derive(Debug, Default)]
+struct Members {
+    next_id: u64,
+    holds: Vec<Member>,
+}
+
+#[derive(Debug)]
+struct Member {
+    id: u64,
+    signal: HoldSignal,
+    fixed: FixedEnd,
+    lease: Duration,
+}
+
+/// What the server-side lease of a pinned connection must cover right now.
+enum Need {
+    /// A watchdog lease: the keeper renews it; the watcher only checks the connection.
+    Ping,
+    /// Fixed leases, the last of which ends in this long.
+    Until(Duration),
+    /// Nothing: every hold ended or was lost.
+    Nothing,
+}
+
+impl SessionHolds {
+    fn members(&self) -> std::sync::MutexGuard<'_, Members> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a hold; returns its id in this session.
+    pub(crate) fn join(&self, signal: HoldSignal, fixed: FixedEnd, lease: Duration) -> u64 {
+        let mut m = self.members();
+        let id = m.next_id;
+        m.next_id += 1;
+        m.holds.push(Member {
+            id,
+            signal,
+            fixed,
+            lease,
+        });
+        id
+    }
+
+    /// Removes hold `id` (released or dropped); idempotent.
+    pub(crate) fn leave(&self, id: u64) {
+        self.members().holds.retain(|h| h.id != id);
+    }
+
+    /// How many holds other than `id` live in the session.
+    pub(crate) fn others(&self, id: u64) -> usize {
+        self.members().holds.iter().filter(|h| h.id != id).count()
+    }
+
+    /// Marks every hold of the session lost (its connection is gone, and with it every lock
+    /// its session held).
+    pub(crate) fn lose(&self, reason: LossReason) {
+        for h in &self.members().holds {
+            h.signal.mark_lost(reason);
+        }
+    }
+
+    fn need(&self) -> Need {
+        let m = self.members();
+        let live = m.holds.iter().filter(|h| !h.signal.is_lost());
+        let mut last: Option<Instant> = None;
+        let mut any = false;
+        for h in live {
+            any = true;
+            match fixed_end(&h.fixed) {
+                None => return Need::Ping,
+                Some(end) => last = Some(last.map_or(end, |l| l.max(end))),
+            }
+        }
+        match last {
+            Some(end) => Need::Until(end.saturating_duration_since(Instant::now())),
+            None if any => Need::Ping,
+            None => Need::Nothing,
+        }
+    }
+
+    /// The server-side lease to set when hold `id` extends its own to `ttl`: at least what
+    /// the other holds of the session still need (their fixed lease's rest, or their whole
+    /// lease if a watchdog renews it).
+    pub(crate) fn server_lease(&self, id: u64, ttl: Duration) -> Duration {
+        let now = Instant::now();
+        self.members()
+            .holds
+            .iter()
+            .filter(|h| h.id != id && !h.signal.is_lost())
+            .map(|h| fixed_end(&h.fixed).map_or(h.lease, |end| end.saturating_duration_since(now)))
+            .fold(ttl, Duration::max)
+    }
+}
+
+/// Watches a pinned connection (a for-update hold's, an advisory session's) between
+/// renewals. The holds are that connection's locks: a reset or a network fault ends them on
+/// the server at once, and the server grants them to the next waiter, so the holders must
+/// not wait for their next renewal (a third of their lease) to learn of it. Pings every
+/// `period`; a connection that does not answer is closed and every hold in it marked lost
+/// ([`LossReason::ConnectionLost`]). Ends when the holds are released, lost or dropped. A
+/// ping resets the server's idle count like a renewal does, and stops with the process like
+/// one, so a paused or cut-off holder still runs out of its server-side lease.
 ///
-/// Under a fixed lease the check sets the server-side lease to what is left of the fixed
-/// one instead of pinging, so a holder paused just before its end loses the row at that end
-/// (rounded up to the server's whole seconds), not a whole lease after its last ping.
+/// Under fixed leases the check sets the server-side lease to what is left of the one that
+/// ends last instead of pinging, so a holder paused just before its end loses the lock at
+/// that end (rounded up to the server's whole seconds), not a whole lease after its last
+/// ping.
 pub(crate) async fn watch(
     conn: Weak<tokio::sync::Mutex<Pinned>>,
-    signal: HoldSignal,
+    holds: Arc<SessionHolds>,
     lease: Duration,
-    fixed: FixedEnd,
     hold_timeout: String,
 ) {
     let period = watch_period(lease);
     loop {
         tokio::time::sleep(period).await;
-        if signal.is_lost() {
-            return;
-        }
         let Some(conn) = conn.upgrade() else {
             return;
         };
-        // The end is read under the connection's lock, which `extend` holds until it has
-        // moved the end: an end read before an extension must not be sent after it.
+        // The ends are read under the connection's lock, which `extend` holds until it has
+        // moved its end: an end read before an extension must not be sent after it.
         let mut c = conn.lock().await;
-        let alive = match fixed_end(&fixed) {
-            None => c.ping(ping_limit(lease)).await,
-            Some(end) => {
-                let left = end.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    // Over: the guard reports it and the keeper releases; the server-side
-                    // lease set last ends it at most a second later if nobody can.
-                    return;
-                }
-                c.renew_within(&hold_timeout, left, ping_limit(lease)).await
+        let alive = match holds.need() {
+            Need::Nothing => return,
+            Need::Ping => c.ping(ping_limit(lease)).await,
+            Need::Until(left) if left.is_zero() => {
+                // Over: the guards report it and the keepers release; the server-side lease
+                // set last ends it at most a second later if nobody can.
+                return;
             }
+            Need::Until(left) => c.renew_within(&hold_timeout, left, ping_limit(lease)).await,
         };
         drop(c);
         match alive {
             Some(true) => {}
             Some(false) => {
-                signal.mark_lost(LossReason::ConnectionLost);
+                holds.lose(LossReason::ConnectionLost);
                 return;
             }
             None => return,
         }
     }
+}
+
+/// A PostgreSQL advisory hold's lock: its key, its mode, and the session's holds it is one
+/// of (with its id there).
+#[derive(Debug)]
+pub(crate) struct AdvisoryLock {
+    pub(crate) key: i32,
+    pub(crate) mode: AdvisoryMode,
+    pub(crate) session: Arc<SessionHolds>,
+    pub(crate) id: u64,
 }
 
 impl SqlHold {
@@ -1193,10 +1413,25 @@ impl Hold for SqlHold {
                 let reset = &a.inner.sql.reset_hold_timeout;
                 conn.lock().await.commit(reset).await.is_ok()
             }
-            Self::Advisory(a, conn, _, _, key) => {
+            Self::Advisory(a, conn, _, _, lock) => {
                 a.inner.forget_holder(&a.name, &a.owner);
                 let s = &a.inner.sql;
-                conn.lock().await.unlock(&s.advisory_unlock, *key).await
+                let m = lock.mode.index();
+                // Under the connection's lock: of two holds of one session released at once,
+                // one sees the other and the last one puts the session back.
+                let mut c = conn.lock().await;
+                if lock.session.others(lock.id) == 0 {
+                    lock.session.leave(lock.id);
+                    c.unlock(&s.advisory_unlock[m], lock.key).await
+                } else {
+                    lock.session.leave(lock.id);
+                    let released = c.unlock_one(&s.advisory_unlock_one[m], lock.key).await;
+                    if c.0.is_none() {
+                        // The session broke: the other holds in it are gone too.
+                        lock.session.lose(LossReason::ConnectionLost);
+                    }
+                    released
+                }
             }
         };
         if released {
@@ -1216,6 +1451,9 @@ impl Hold for SqlHold {
         let alive = conn.lock().await.ping(limit).await == Some(true);
         if !alive {
             signal.mark_lost(LossReason::ConnectionLost);
+            if let Self::Advisory(_, _, _, _, lock) = self {
+                lock.session.lose(LossReason::ConnectionLost);
+            }
         }
         Ok(alive)
     }
@@ -1231,9 +1469,17 @@ impl Hold for SqlHold {
                 // One lock of the connection across the renewal and the new end (see `watch`).
                 let mut c = conn.lock().await;
                 let sent = Instant::now();
-                let alive = c.renew(a.inner.hold_timeout(), ttl).await.is_ok();
+                // A session shared with other holds keeps what they need too.
+                let server = match self {
+                    Self::Advisory(_, _, _, _, lock) => lock.session.server_lease(lock.id, ttl),
+                    _ => ttl,
+                };
+                let alive = c.renew(a.inner.hold_timeout(), server).await.is_ok();
                 if !alive {
                     signal.mark_lost(LossReason::ConnectionLost);
+                    if let Self::Advisory(_, _, _, _, lock) = self {
+                        lock.session.lose(LossReason::ConnectionLost);
+                    }
                 } else if let Some(end) = fixed
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1258,6 +1504,9 @@ impl Drop for SqlHold {
     fn drop(&mut self) {
         if let Self::ForUpdate(a, _, _, _) | Self::Advisory(a, _, _, _, _) = self {
             a.inner.forget_holder(&a.name, &a.owner);
+        }
+        if let Self::Advisory(_, _, _, _, lock) = self {
+            lock.session.leave(lock.id);
         }
     }
 }

@@ -1774,6 +1774,175 @@ async fn optimistic_rows_of_an_older_dlock_keep_their_tokens_rising() {
     }
 }
 
+/// A PostgreSQL advisory read-write lock on its own tables.
+async fn advisory_rw(base: &str) -> (SqlProvider, String) {
+    let url = with_query(
+        base,
+        &format!("strategy=advisory&table={}", prefix("advisory")),
+    );
+    (SqlProvider::connect(&url).await.unwrap(), url)
+}
+
+/// How many advisory locks on `name`'s key the server has granted, and how many it has not
+/// (waiting statements).
+async fn advisory_locks(db: &AnyPool, name: &str) -> (i64, i64) {
+    let t = prefix("advisory");
+    let key: i32 = sqlx::query(&format!("SELECT id FROM {t}_names WHERE name = $1"))
+        .bind(name.as_bytes().to_vec())
+        .fetch_one(db)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    let row = sqlx::query(
+        "SELECT COUNT(*) FILTER (WHERE granted), COUNT(*) FILTER (WHERE NOT granted) \
+         FROM pg_locks WHERE locktype = 'advisory' AND classid = 1684828003 \
+         AND objid = $1::INTEGER::OID AND objsubid = 2",
+    )
+    .bind(key)
+    .fetch_one(db)
+    .await
+    .unwrap();
+    (row.try_get(0).unwrap(), row.try_get(1).unwrap())
+}
+
+/// Issue 17: a downgrade on a PostgreSQL advisory read-write lock is granted on the write
+/// hold's own session, even with another writer queued behind the write. A try
+/// (`pg_try_advisory_lock_shared`) would be refused there (the server lets no new request
+/// past a queued one it conflicts with), and a read on another session would wait for the
+/// write: either way the writer could not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_downgrade_goes_ahead_of_a_queued_writer() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let (a, url) = advisory_rw(&pg).await;
+    let b = SqlProvider::connect(&url).await.unwrap();
+    let db = admin(&pg).await;
+    let name = Names::new().name("downgrade-queued");
+    let l = a.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w = l.write().await.unwrap();
+    let other = b.read_write_lock(&name, LockOptions::default()).unwrap();
+    let queued = tokio::spawn(async move { other.write().await });
+    eventually(Duration::from_secs(10), "the second writer waits", || {
+        let db = db.clone();
+        let name = name.clone();
+        async move {
+            match advisory_locks(&db, &name).await {
+                (1, 1) => Ok(()),
+                other => Err(other),
+            }
+        }
+    })
+    .await;
+    let r = must(
+        Duration::from_secs(5),
+        "the downgrade",
+        l.try_read(Duration::ZERO),
+    )
+    .await
+    .unwrap()
+    .expect("the writer may read, writers queued or not");
+    w.release().await.unwrap();
+    let status = a.describe(&name).await.unwrap();
+    assert_eq!(
+        status.kind,
+        Some(dlock_core::LockKind::Read),
+        "the read holds after the write's release: {status:?}"
+    );
+    assert!(
+        !queued.is_finished(),
+        "the queued writer got in beside a read"
+    );
+    r.release().await.unwrap();
+    let g = must(Duration::from_secs(5), "the queued writer", queued)
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// Issue 17: a downgraded read lives on its write's session, so the end of that session
+/// ends both holds, and both guards say so at once (not the read at its next renewal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_downgraded_read_is_lost_with_its_session() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let (a, url) = advisory_rw(&pg).await;
+    let name = Names::new().name("downgrade-killed");
+    let opts = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
+    let l = a.read_write_lock(&name, opts).unwrap();
+    let w = l.write().await.unwrap();
+    let r = l
+        .try_read(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the downgrade");
+    let id = a.holder_connection_id(&name).expect("the write's session");
+    let db = admin(&pg).await;
+    sqlx::query(&format!("SELECT pg_terminate_backend({id})"))
+        .execute(&db)
+        .await
+        .unwrap();
+    for (g, what) in [(&w, "the write"), (&r, "the downgraded read")] {
+        must(
+            Duration::from_secs(5),
+            &format!("{what} reported lost, long before its first renewal (10 s)"),
+            g.lost(),
+        )
+        .await;
+        assert_eq!(
+            g.loss_reason(),
+            Some(dlock_core::LossReason::ConnectionLost),
+            "{what}"
+        );
+    }
+    let other = SqlProvider::connect(&url).await.unwrap();
+    let g = other
+        .read_write_lock(&name, LockOptions::default())
+        .unwrap()
+        .try_write(Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(g.is_some(), "free once the session is gone");
+}
+
+/// Issue 17: a downgrade dropped while its statement runs gives back the read it may have
+/// been granted, and the write's session keeps only what its guards hold. The next
+/// downgrade on that session runs after the dropped one's statements (they hold the
+/// session), so once it is released the server shows the write's lock alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_dropped_downgrade_leaves_no_read() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let (a, _) = advisory_rw(&pg).await;
+    let db = admin(&pg).await;
+    let name = Names::new().name("downgrade-dropped");
+    let l = a.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w = l.write().await.unwrap();
+    let cut = tokio::time::timeout(Duration::ZERO, l.try_read(Duration::ZERO)).await;
+    assert!(
+        cut.is_err(),
+        "the downgrade finished before its cut: {cut:?}"
+    );
+    let r = l
+        .try_read(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the downgrade");
+    r.release().await.unwrap();
+    assert_eq!(
+        advisory_locks(&db, &name).await,
+        (1, 0),
+        "only the write's lock is left"
+    );
+    w.release().await.unwrap();
+    assert_eq!(advisory_locks(&db, &name).await, (0, 0), "nothing is left");
+}
+
 /// Issue 19 (a stress run: `waiter_longer_than_its_lease_keeps_it` lost its for-update hold to
 /// `ConnectionLost` on a loaded machine): a holding connection that answers slowly is not taken
 /// for a dead one. The watcher's check used to be cut off after a third of the lease, which
