@@ -16,7 +16,9 @@ use crate::Inner;
 use crate::config::Strategy;
 use crate::db::Conn;
 use crate::sql::AdvisoryMode;
-use crate::strategies::{AdvisoryLock, Attempt, FixedEnd, Pinned, SessionHolds, SqlHold, watch};
+use crate::strategies::{
+    AdvisoryLock, Attempt, Beside, FixedEnd, Pinned, SessionHolds, SqlHold, watch,
+};
 use crate::wake;
 
 /// First pause between two attempts.
@@ -104,7 +106,7 @@ impl SqlReadWrite {
     }
 
     /// A downgrade: the read on the write hold's session. `Ok(None)` if that session is
-    /// gone or no longer holds the write (the read is then taken like any other).
+    /// gone (the read is then taken like any other).
     async fn beside(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
         let Some(w) = self.write_session() else {
             return Ok(None);
@@ -119,14 +121,28 @@ impl SqlReadWrite {
             owner: inner.next_owner(),
             lease: req.options.lease.ttl(),
         };
-        let Some((token, sent)) = attempt.advisory_beside(&conn, w.key).await? else {
-            return Ok(None);
-        };
         let lease = req.options.lease;
-        let fixed_at = (!lease.is_watchdog()).then(|| later(sent, lease.ttl()));
         let signal = HoldSignal::new();
-        let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(fixed_at));
-        let id = holds.join(signal.clone(), Arc::clone(&fixed), attempt.lease);
+        let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(None));
+        let outcome = attempt
+            .advisory_beside(
+                &conn,
+                &holds,
+                w.key,
+                lease,
+                signal.clone(),
+                Arc::clone(&fixed),
+            )
+            .await;
+        let (token, sent, id) = match outcome {
+            Ok(Beside::Granted { token, sent, id }) => (token, sent, id),
+            Ok(Beside::SessionGone) => return Ok(None),
+            Err(e) => {
+                // A name whose row vanished gets a key again on its next grant.
+                inner.forget_key(req.name);
+                return Err(e);
+            }
+        };
         let lock = AdvisoryLock {
             key: w.key,
             mode: AdvisoryMode::Shared,
@@ -294,7 +310,14 @@ impl SqlMutex {
             // lease at what is left of it), not only by the client.
             let fixed: FixedEnd = Arc::new(std::sync::Mutex::new(fixed_at));
             let holds = Arc::new(SessionHolds::default());
-            let id = holds.join(signal.clone(), Arc::clone(&fixed), lease_for_watch);
+            let id = holds
+                .join(signal.clone(), Arc::clone(&fixed), lease_for_watch)
+                .ok_or_else(|| Error::Backend {
+                    backend: "sql",
+                    message: "a new session took no hold".into(),
+                    retryable: true,
+                    source: None,
+                })?;
             tokio::spawn(watch(
                 Arc::downgrade(&conn),
                 Arc::clone(&holds),

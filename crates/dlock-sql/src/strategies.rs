@@ -648,48 +648,53 @@ impl Attempt {
         }
     }
 
-    /// Takes the shared advisory lock of this name on `session`, the session of this
-    /// handle's write hold (a downgrade): the server grants a session a lock that only its
-    /// own locks stand in the way of, even with writers queued (where a try would fail), so
-    /// the read is granted at once beside the write. With its fencing token, and when the
-    /// statement was sent. `Ok(None)` if that session is gone or does not hold the write any
-    /// more (released or lost meanwhile, so the lock stays busy past a short lock wait): the
-    /// read must then be taken like any other.
+    /// Takes the shared advisory lock of this name on `conn`, the session of this handle's
+    /// write hold (a downgrade): the server grants a session a lock that only its own locks
+    /// stand in the way of, even with writers queued (where a try would be refused), so the
+    /// read is granted at once beside the write. The new hold joins the session's `holds`
+    /// under the session's lock, before anything can release the write (whose release would
+    /// otherwise free the read with the session), with `signal` and `fixed` (its fixed
+    /// lease's end, set here from when the statement was sent).
     ///
     /// Cancel safe: the statements run in a task of their own, under the session's lock,
-    /// and a read granted after the acquisition was dropped is released there.
+    /// and a read granted after the acquisition was dropped is given back there.
     pub(crate) async fn advisory_beside(
         &self,
-        session: &HoldingConnection,
+        conn: &HoldingConnection,
+        holds: &Arc<SessionHolds>,
         key: i32,
-    ) -> Result<Option<(u64, Instant)>> {
+        lease: dlock_core::Lease,
+        signal: HoldSignal,
+        fixed: FixedEnd,
+    ) -> Result<Beside> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let session = Arc::clone(session);
+        let conn = Arc::clone(conn);
+        let holds = Arc::clone(holds);
         let inner = Arc::clone(&self.inner);
         let name = self.name.clone();
         tokio::spawn(async move {
-            let mut c = session.lock_owned().await;
-            let granted = beside(&inner, &mut c, key).await;
-            if let Err(Ok(Some(_))) = tx.send(granted) {
+            let mut c = conn.lock_owned().await;
+            let outcome = beside(&inner, &mut c, &holds, key, lease, signal, fixed).await;
+            if let Err(Ok(Beside::Granted { id, .. })) = tx.send(outcome) {
                 // Nobody took the read: give it back, keeping the write.
+                holds.leave(id);
                 let unlock = &inner.sql.advisory_unlock_one[AdvisoryMode::Shared.index()];
                 if !c.unlock_one(unlock, key).await {
-                    tracing::debug!(lock = %name, "could not give back a read taken for a dropped downgrade; it ends with the session");
+                    tracing::debug!(lock = %name, "could not give back the read of a dropped downgrade; its session is closed");
+                    close_and_lose(&mut c, &holds);
                 }
             }
         });
-        let granted = rx.await.map_err(|_| Error::Backend {
-            backend: self.inner.backend,
-            message: "the downgrade's task ended without an answer".into(),
-            retryable: true,
-            source: None,
-        })?;
-        granted.map_err(|e| Error::Backend {
-            backend: self.inner.backend,
-            message: format!("downgrade {:?}: {e}", self.name),
-            retryable: true,
-            source: Some(Box::new(e)),
-        })
+        match rx.await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(e)) => Err(self.err("downgrade")(e)),
+            Err(_) => Err(Error::Backend {
+                backend: self.inner.backend,
+                message: "the downgrade's task ended without an answer".into(),
+                retryable: true,
+                source: None,
+            }),
+        }
     }
 
     /// The backend pid of a pinned session.
@@ -835,41 +840,110 @@ pub(crate) async fn seed_above(inner: &Inner, conn: &mut Conn, floor: i64) -> Re
     })
 }
 
-/// The statements of [`Attempt::advisory_beside`], on the write hold's session.
+/// What a downgrade came to.
+#[derive(Debug)]
+pub(crate) enum Beside {
+    /// The read, with its token, when its statement was sent, and its id in the session.
+    Granted { token: u64, sent: Instant, id: u64 },
+    /// The write's session is gone (released, lost or closed): the read is to be taken like
+    /// any other.
+    SessionGone,
+}
+
+/// The statements of [`Attempt::advisory_beside`], on the write hold's session (locked).
 async fn beside(
     inner: &Inner,
     c: &mut Pinned,
+    holds: &SessionHolds,
     key: i32,
-) -> std::result::Result<Option<(u64, Instant)>, sqlx::Error> {
+    lease: dlock_core::Lease,
+    signal: HoldSignal,
+    fixed: FixedEnd,
+) -> std::result::Result<Beside, sqlx::Error> {
     let s = &inner.sql;
+    if holds.is_closed() {
+        return Ok(Beside::SessionGone);
+    }
     let Some(conn) = c.0.as_mut() else {
-        return Ok(None);
+        return Ok(Beside::SessionGone);
     };
     // A session that holds the write gets the read at once; one that does not must not
     // wait here (it would hold up the write hold's renewals).
-    query(&s.advisory_lock_timeout)
+    let setup = query(&s.advisory_lock_timeout)
         .bind(BESIDE_WAIT_MS)
         .execute(&mut *conn)
-        .await?;
+        .await;
     let sent = Instant::now();
-    match query(&s.advisory_lock[AdvisoryMode::Shared.index()])
-        .bind(i64::from(key))
-        .fetch_one(&mut *conn)
-        .await
-    {
-        Ok(row) => {
-            let token = optional_int(&row, 0)?.and_then(|t| u64::try_from(t).ok());
-            if token.is_none() {
-                // The name's row is gone: no token to give. The read is given back, and
-                // taken like any other (which gives the name a key again).
-                let unlock = &s.advisory_unlock_one[AdvisoryMode::Shared.index()];
-                c.unlock_one(unlock, key).await;
-            }
-            Ok(token.map(|t| (t, sent)))
+    let granted = match setup {
+        Ok(_) => {
+            query(&s.advisory_lock[AdvisoryMode::Shared.index()])
+                .bind(i64::from(key))
+                .fetch_one(&mut *conn)
+                .await
         }
-        Err(e) if meaning(&e) == Meaning::Busy => Ok(None),
         Err(e) => Err(e),
+    };
+    let row = match granted {
+        Ok(row) => row,
+        // Still busy after a short wait on its own session: the write is not there after
+        // all (which the session's holds would have said). Not taken like any other read,
+        // which would wait behind this handle's write if it were.
+        Err(e) if meaning(&e) == Meaning::Busy => return Err(e),
+        Err(e) => {
+            // The session broke: so did every hold in it, the write included. The read is
+            // taken like any other.
+            close_and_lose(c, holds);
+            tracing::debug!(error = %e, "the write's session broke during a downgrade");
+            return Ok(Beside::SessionGone);
+        }
+    };
+    let token = match optional_int(&row, 0) {
+        Ok(token) => token.and_then(|t| u64::try_from(t).ok()),
+        Err(e) => {
+            close_and_lose(c, holds);
+            return Err(e);
+        }
+    };
+    let unlock = &s.advisory_unlock_one[AdvisoryMode::Shared.index()];
+    let Some(token) = token else {
+        // The name's row is gone: no token to give. The read is given back; the caller
+        // forgets the key and fails retryably, as a first grant does.
+        if !c.unlock_one(unlock, key).await {
+            close_and_lose(c, holds);
+        }
+        return Err(sqlx::Error::RowNotFound);
+    };
+    if !lease.is_watchdog() {
+        *fixed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(dlock_core::backend::later(sent, lease.ttl()));
     }
+    let Some(id) = holds.join(signal, fixed, lease.ttl()) else {
+        // Closed meanwhile (cannot happen under the session's lock, but a read must never
+        // be handed out on a session nobody watches).
+        if !c.unlock_one(unlock, key).await {
+            close_and_lose(c, holds);
+        }
+        return Ok(Beside::SessionGone);
+    };
+    // The server-side lease covers the new read too (the session's was set for the write).
+    let server = holds.server_lease(id, lease.ttl());
+    if let Err(e) = c.renew(&s.advisory_hold_timeout, server).await {
+        // `renew` closed the session.
+        holds.lose(LossReason::ConnectionLost);
+        holds.close();
+        return Err(e);
+    }
+    Ok(Beside::Granted { token, sent, id })
+}
+
+/// Closes a pinned session that broke or could not be put right, and marks every hold in it
+/// lost: closing the connection ends every lock its session held.
+fn close_and_lose(c: &mut Pinned, holds: &SessionHolds) {
+    c.close();
+    holds.lose(LossReason::ConnectionLost);
+    holds.close();
 }
 
 /// How long a downgrade may wait on the write hold's session, in milliseconds: a session
@@ -1215,12 +1289,18 @@ pub(crate) fn watch_period(lease: Duration) -> Duration {
 ///
 /// Not shorter: closing the connection ends the hold on the server, so a ping cut off early
 /// turns a slow but live connection (a loaded machine, a slow network) into a lost lock, as
-/// stress runs showed with a third of the lease. Nothing is vouched for longer meanwhile: the
-/// client counts its lease from its last renewal, and a renewal waits for the ping (they share
-/// the connection), so a connection that stops answering loses the hold at the lease end at
-/// the latest, as it would have by the server's idle timeout.
+/// stress runs showed with a third of the lease. A check slower than
+/// [`suspend_after`] suspends the holds meanwhile (`is_held()` is false), so nothing is vouched
+/// for by a connection that does not answer (the server may have ended the session behind a
+/// network that no longer carries the reset).
 fn ping_limit(lease: Duration) -> Duration {
     lease.max(Duration::from_millis(100))
+}
+
+/// After how long an unanswered check suspends the holds of its connection: a third of the
+/// lease (a renewal period), at least 100 ms.
+fn suspend_after(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(100))
 }
 
 /// The holds that live in one pinned connection, for its [`watch`]er: one, or (PostgreSQL
@@ -1234,6 +1314,8 @@ pub(crate) struct SessionHolds(std::sync::Mutex<Members>);
 struct Members {
     next_id: u64,
     holds: Vec<Member>,
+    /// The session was put back or closed: no hold may join it any more.
+    closed: bool,
 }
 
 #[derive(Debug)]
@@ -1245,6 +1327,7 @@ struct Member {
 }
 
 /// What the server-side lease of a pinned connection must cover right now.
+#[derive(Clone, Copy)]
 enum Need {
     /// A watchdog lease: the keeper renews it; the watcher only checks the connection.
     Ping,
@@ -1261,9 +1344,12 @@ impl SessionHolds {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Adds a hold; returns its id in this session.
-    pub(crate) fn join(&self, signal: HoldSignal, fixed: FixedEnd, lease: Duration) -> u64 {
+    /// Adds a hold; returns its id in this session, `None` once the session is closed.
+    pub(crate) fn join(&self, signal: HoldSignal, fixed: FixedEnd, lease: Duration) -> Option<u64> {
         let mut m = self.members();
+        if m.closed {
+            return None;
+        }
         let id = m.next_id;
         m.next_id += 1;
         m.holds.push(Member {
@@ -1272,17 +1358,33 @@ impl SessionHolds {
             fixed,
             lease,
         });
-        id
+        Some(id)
     }
 
-    /// Removes hold `id` (released or dropped); idempotent.
-    pub(crate) fn leave(&self, id: u64) {
-        self.members().holds.retain(|h| h.id != id);
+    /// Removes hold `id` (released or dropped): how many holds are left, `None` if `id` was
+    /// not (or no longer) one of them.
+    pub(crate) fn leave(&self, id: u64) -> Option<usize> {
+        let mut m = self.members();
+        let before = m.holds.len();
+        m.holds.retain(|h| h.id != id);
+        (m.holds.len() < before).then_some(m.holds.len())
     }
 
-    /// How many holds other than `id` live in the session.
-    pub(crate) fn others(&self, id: u64) -> usize {
-        self.members().holds.iter().filter(|h| h.id != id).count()
+    /// No hold may join any more (the session was put back, closed or is not watched).
+    pub(crate) fn close(&self) {
+        self.members().closed = true;
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.members().closed
+    }
+
+    /// Marks every hold of the session suspended (its connection is slow to answer: the
+    /// holds cannot be vouched for until it does) or vouched for again.
+    fn suspend(&self, suspended: bool) {
+        for h in &self.members().holds {
+            h.signal.set_suspended(suspended);
+        }
     }
 
     /// Marks every hold of the session lost (its connection is gone, and with it every lock
@@ -1345,6 +1447,17 @@ pub(crate) async fn watch(
     lease: Duration,
     hold_timeout: String,
 ) {
+    watch_until_over(conn, &holds, lease, hold_timeout).await;
+    // An unwatched session takes no new hold (a downgrade then takes its read elsewhere).
+    holds.close();
+}
+
+async fn watch_until_over(
+    conn: Weak<tokio::sync::Mutex<Pinned>>,
+    holds: &SessionHolds,
+    lease: Duration,
+    hold_timeout: String,
+) {
     let period = watch_period(lease);
     loop {
         tokio::time::sleep(period).await;
@@ -1354,24 +1467,46 @@ pub(crate) async fn watch(
         // The ends are read under the connection's lock, which `extend` holds until it has
         // moved its end: an end read before an extension must not be sent after it.
         let mut c = conn.lock().await;
-        let alive = match holds.need() {
-            Need::Nothing => return,
-            Need::Ping => c.ping(ping_limit(lease)).await,
-            Need::Until(left) if left.is_zero() => {
-                // Over: the guards report it and the keepers release; the server-side lease
-                // set last ends it at most a second later if nobody can.
-                return;
+        let need = holds.need();
+        let alive = {
+            let check = async {
+                match need {
+                    Need::Nothing => None,
+                    Need::Ping => c.ping(ping_limit(lease)).await,
+                    // Over: the guards report it and the keepers release; the server-side lease
+                    // set last ends it at most a second later if nobody can.
+                    Need::Until(left) if left.is_zero() => None,
+                    Need::Until(left) => {
+                        c.renew_within(&hold_timeout, left, ping_limit(lease)).await
+                    }
+                }
+            };
+            tokio::pin!(check);
+            // A check slower than a renewal period suspends the holds (they cannot be vouched for
+            // meanwhile) until it answers; one that does not answer within the lease ends them.
+            tokio::select! {
+                alive = &mut check => alive,
+                () = tokio::time::sleep(suspend_after(lease)) => {
+                    holds.suspend(true);
+                    let alive = check.await;
+                    if alive == Some(true) {
+                        holds.suspend(false);
+                    }
+                    alive
+                }
             }
-            Need::Until(left) => c.renew_within(&hold_timeout, left, ping_limit(lease)).await,
         };
         drop(c);
-        match alive {
-            Some(true) => {}
-            Some(false) => {
+        match (alive, need) {
+            (Some(true), _) => {}
+            (_, Need::Nothing) => return,
+            (_, Need::Until(left)) if left.is_zero() => return,
+            // The connection failed its check, or is gone while holds live in it (a give-back
+            // or a release that failed closed it): every hold in it is lost.
+            (Some(false) | None, _) => {
                 holds.lose(LossReason::ConnectionLost);
                 return;
             }
-            None => return,
         }
     }
 }
@@ -1415,23 +1550,19 @@ impl Hold for SqlHold {
             }
             Self::Advisory(a, conn, _, _, lock) => {
                 a.inner.forget_holder(&a.name, &a.owner);
-                let s = &a.inner.sql;
-                let m = lock.mode.index();
-                // Under the connection's lock: of two holds of one session released at once,
-                // one sees the other and the last one puts the session back.
-                let mut c = conn.lock().await;
-                if lock.session.others(lock.id) == 0 {
-                    lock.session.leave(lock.id);
-                    c.unlock(&s.advisory_unlock[m], lock.key).await
-                } else {
-                    lock.session.leave(lock.id);
-                    let released = c.unlock_one(&s.advisory_unlock_one[m], lock.key).await;
-                    if c.0.is_none() {
-                        // The session broke: the other holds in it are gone too.
-                        lock.session.lose(LossReason::ConnectionLost);
-                    }
-                    released
-                }
+                // In a task of its own, under the session's lock: a release dropped half-way
+                // (and run again in the background) must not unlock twice, since advisory
+                // locks are counted per session, and a second unlock would take another
+                // hold's lock.
+                let task = tokio::spawn(release_advisory(
+                    Arc::clone(&a.inner),
+                    Arc::clone(conn),
+                    Arc::clone(&lock.session),
+                    lock.id,
+                    lock.key,
+                    lock.mode,
+                ));
+                task.await.unwrap_or(false)
             }
         };
         if released {
@@ -1453,6 +1584,7 @@ impl Hold for SqlHold {
             signal.mark_lost(LossReason::ConnectionLost);
             if let Self::Advisory(_, _, _, _, lock) = self {
                 lock.session.lose(LossReason::ConnectionLost);
+                lock.session.close();
             }
         }
         Ok(alive)
@@ -1479,6 +1611,7 @@ impl Hold for SqlHold {
                     signal.mark_lost(LossReason::ConnectionLost);
                     if let Self::Advisory(_, _, _, _, lock) = self {
                         lock.session.lose(LossReason::ConnectionLost);
+                        lock.session.close();
                     }
                 } else if let Some(end) = fixed
                     .lock()
@@ -1506,7 +1639,42 @@ impl Drop for SqlHold {
             a.inner.forget_holder(&a.name, &a.owner);
         }
         if let Self::Advisory(_, _, _, _, lock) = self {
-            lock.session.leave(lock.id);
+            // Dropped unreleased (the core releases a dropped guard first, so only without
+            // a runtime): the session ends when its last hold is dropped.
+            let _ = lock.session.leave(lock.id);
+        }
+    }
+}
+
+/// Releases advisory hold `id` of a session: unlocks only its lock while other holds live in
+/// the session; the last one puts the session back. Whether the hold was there to release (a
+/// hold released already, or whose session broke, is not, and nothing is unlocked for it).
+async fn release_advisory(
+    inner: Arc<Inner>,
+    conn: HoldingConnection,
+    holds: Arc<SessionHolds>,
+    id: u64,
+    key: i32,
+    mode: AdvisoryMode,
+) -> bool {
+    let s = &inner.sql;
+    let mut c = conn.lock_owned().await;
+    match holds.leave(id) {
+        None => false,
+        Some(0) => {
+            holds.close();
+            c.unlock(&s.advisory_unlock[mode.index()], key).await
+        }
+        Some(_) => {
+            let released = c
+                .unlock_one(&s.advisory_unlock_one[mode.index()], key)
+                .await;
+            if c.0.is_none() {
+                // The session broke: the other holds in it are gone too.
+                holds.lose(LossReason::ConnectionLost);
+                holds.close();
+            }
+            released
         }
     }
 }
