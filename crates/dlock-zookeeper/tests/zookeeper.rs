@@ -710,13 +710,27 @@ async fn one_release_wakes_one_waiter() {
             g.release().await.unwrap();
         }));
     }
-    eventually(LIMIT, "every waiter watches its predecessor", || async {
+    // The server's own view too (review T7: the counts are the library's): its watches by
+    // path (`wchp`) show one watched node per waiter, each a contender node. Waited for with
+    // the library's count, which goes up when a getData is sent, before the server has
+    // registered its watch (a stress run read `wchp` in between).
+    let watched = |wchp: &str| -> Vec<String> {
+        wchp.lines()
+            .filter(|l| l.starts_with('/') && l.contains(path.as_str()))
+            .map(str::to_owned)
+            .collect()
+    };
+    let wchp = eventually(LIMIT, "every waiter watches its predecessor", || async {
         let queued = recipe_children(&admin, &path).await.len();
         let watching = w.stats().get_data - before.get_data;
-        if queued == WAITERS + 1 && watching == WAITERS as u64 {
-            Ok(())
+        let wchp = four_letter(&url, "wchp").await;
+        let on_server = watched(&wchp).len();
+        if queued == WAITERS + 1 && watching == WAITERS as u64 && on_server >= WAITERS {
+            Ok(wchp)
         } else {
-            Err(format!("{queued} nodes, {watching} watches"))
+            Err(format!(
+                "{queued} nodes, {watching} watches sent, {on_server} on the server"
+            ))
         }
     })
     .await;
@@ -725,14 +739,9 @@ async fn one_release_wakes_one_waiter() {
         before.wakeups,
         "nobody woke while the holder held"
     );
-    // The server's own view (review T7: the counts above are the library's): its watches by
-    // path (`wchp`) show one watched node per waiter, each a contender node, and no watch on
-    // the lock's node itself (a children watch there would wake every waiter at each change).
-    let wchp = four_letter(&url, "wchp").await;
-    let watched: Vec<&str> = wchp
-        .lines()
-        .filter(|l| l.starts_with('/') && l.contains(path.as_str()))
-        .collect();
+    // No watch on the lock's node itself (a children watch there would wake every waiter at
+    // each change), and no more than one per waiter.
+    let watched = watched(&wchp);
     assert!(
         !watched.iter().any(|l| l.ends_with(path.as_str())),
         "a watch on the lock's node: {watched:?}"

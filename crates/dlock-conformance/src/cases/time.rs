@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use dlock_core::backend::later;
 use dlock_core::{Error, Lease, LockOptions, LossReason, MultiLock};
+use tokio::time::Instant;
 
 use super::{
     ZERO, assert_busy, caps, client, fixed, lock, lock_with, release, residue_is, rw, sem,
@@ -47,7 +49,9 @@ pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
 }
 
 /// A waiter that waited twice its own fixed lease holds the lock for a whole lease from the
-/// grant: not lost in the first half, exclusive, and lost when that lease ends.
+/// grant: exclusive, and lost when that lease ends, not before. Judged by when the loss is
+/// seen, which a slow machine only makes later (a stress run saw the guard half a lease
+/// after the grant, and "not lost within half a lease of seeing it" ran past its end).
 pub async fn waiter_longer_than_its_fixed_lease_keeps_it(f: &impl Factory) {
     let (a, b, c) = (client(f).await, client(f).await, client(f).await);
     if !caps(&a).fixed_lease {
@@ -60,24 +64,25 @@ pub async fn waiter_longer_than_its_fixed_lease_keeps_it(f: &impl Factory) {
     let mut waiter = tokio::spawn(async move { lb.acquire().await });
     let early = tokio::time::timeout(lease * 2, &mut waiter).await;
     assert!(early.is_err(), "the waiter did not wait: {early:?}");
+    let releasing = Instant::now();
     release(holder).await;
     let g = must(f.slack(), "the waiter after the release", waiter)
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
         .unwrap_or_else(|e| panic!("acquire: {e}"));
-    assert!(
-        g.is_held(),
-        "lost on arrival ({:?}): the lease was counted from the start of the wait",
-        g.loss_reason()
-    );
-    let lost = tokio::time::timeout(lease / 2, g.lost()).await;
-    assert!(
-        lost.is_err(),
-        "lost within half a lease of the grant: {:?}",
-        g.loss_reason()
-    );
-    assert_busy(&lock(&c, &name), "the fixed lease runs").await;
+    if g.remaining() > lease / 2 {
+        assert_busy(&lock(&c, &name), "the fixed lease runs").await;
+    }
     must(lease + f.slack(), "the fixed lease ends", g.lost()).await;
+    // A lease counted from the start of the wait would have ended two leases before the
+    // release; one counted from the grant ends a lease after it. Half a lease of margin: the
+    // request the store granted may have been sent just before the release began.
+    let lost_at = Instant::now();
+    assert!(
+        lost_at >= later(releasing, lease / 2),
+        "lost {:?} after the release began: the lease was not counted from the grant",
+        lost_at - releasing
+    );
     assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
 }
 
