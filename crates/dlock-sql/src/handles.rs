@@ -137,11 +137,17 @@ impl SqlReadWrite {
         let (token, sent, id) = match outcome {
             Ok(Beside::Granted { token, sent, id }) => (token, sent, id),
             Ok(Beside::SessionGone) => return Ok(None),
-            Err(e) => {
-                // A name whose row vanished gets a key again on its next grant.
+            Ok(Beside::KeyGone) => {
+                // The name gets a key again on its next grant, as in a first acquire.
                 inner.forget_key(req.name);
-                return Err(e);
+                return Err(Error::Backend {
+                    backend: inner.backend,
+                    message: format!("the advisory key of {:?} vanished", req.name.as_str()),
+                    retryable: true,
+                    source: None,
+                });
             }
+            Err(e) => return Err(e),
         };
         let lock = AdvisoryLock {
             key: w.key,

@@ -382,7 +382,7 @@ impl Attempt {
             Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
             other => other.map_err(self.err("connect"))?,
         };
-        Ok(Pinned(Some(pooled)))
+        Ok(Pinned(Some(pooled), false))
     }
 
     /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
@@ -672,6 +672,17 @@ impl Attempt {
         let holds = Arc::clone(holds);
         let inner = Arc::clone(&self.inner);
         let name = self.name.clone();
+        // If this future is dropped after the task answered but before the answer was read,
+        // the read is given back here.
+        let mut answer = Unclaimed {
+            rx: Some(rx),
+            give_back: (
+                Arc::clone(&self.inner),
+                Arc::clone(&conn),
+                Arc::clone(&holds),
+                key,
+            ),
+        };
         tokio::spawn(async move {
             let mut c = conn.lock_owned().await;
             let outcome = beside(&inner, &mut c, &holds, key, lease, signal, fixed).await;
@@ -685,7 +696,12 @@ impl Attempt {
                 }
             }
         });
-        match rx.await {
+        let answered = match answer.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => return Err(self.err("downgrade")(sqlx::Error::PoolClosed)),
+        };
+        answer.rx = None;
+        match answered {
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(e)) => Err(self.err("downgrade")(e)),
             Err(_) => Err(Error::Backend {
@@ -840,6 +856,34 @@ pub(crate) async fn seed_above(inner: &Inner, conn: &mut Conn, floor: i64) -> Re
     })
 }
 
+/// The answer of a downgrade's task, until it is read: dropped unread, a read granted is
+/// given back (in the background).
+struct Unclaimed {
+    rx: Option<tokio::sync::oneshot::Receiver<std::result::Result<Beside, sqlx::Error>>>,
+    give_back: (Arc<Inner>, HoldingConnection, Arc<SessionHolds>, i32),
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        if let Ok(Ok(Beside::Granted { id, .. })) = rx.try_recv()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (inner, conn, holds, key) = self.give_back.clone();
+            rt.spawn(release_advisory(
+                inner,
+                conn,
+                holds,
+                id,
+                key,
+                AdvisoryMode::Shared,
+            ));
+        }
+    }
+}
+
 /// What a downgrade came to.
 #[derive(Debug)]
 pub(crate) enum Beside {
@@ -848,6 +892,9 @@ pub(crate) enum Beside {
     /// The write's session is gone (released, lost or closed): the read is to be taken like
     /// any other.
     SessionGone,
+    /// The name's key row is gone (deleted by hand): no token to give; the read was given
+    /// back.
+    KeyGone,
 }
 
 /// The statements of [`Attempt::advisory_beside`], on the write hold's session (locked).
@@ -883,12 +930,23 @@ async fn beside(
         }
         Err(e) => Err(e),
     };
+    let unlock = &s.advisory_unlock_one[AdvisoryMode::Shared.index()];
     let row = match granted {
         Ok(row) => row,
-        // Still busy after a short wait on its own session: the write is not there after
-        // all (which the session's holds would have said). Not taken like any other read,
-        // which would wait behind this handle's write if it were.
-        Err(e) if meaning(&e) == Meaning::Busy => return Err(e),
+        // Busy after a short wait on the write's own session: most likely the token's UPDATE
+        // waited on the name's row (another session taking a token), after the read was
+        // granted in the same statement (a session's advisory lock outlives a failed
+        // statement): it is given back. An error, not a read taken like any other, which
+        // would wait behind this handle's own write.
+        Err(e) if meaning(&e) == Meaning::Busy => {
+            if !c.unlock_one(unlock, key).await {
+                // Not granted (nothing to give back), or the session broke.
+                if c.0.is_none() {
+                    close_and_lose(c, holds);
+                }
+            }
+            return Err(e);
+        }
         Err(e) => {
             // The session broke: so did every hold in it, the write included. The read is
             // taken like any other.
@@ -904,14 +962,13 @@ async fn beside(
             return Err(e);
         }
     };
-    let unlock = &s.advisory_unlock_one[AdvisoryMode::Shared.index()];
     let Some(token) = token else {
         // The name's row is gone: no token to give. The read is given back; the caller
         // forgets the key and fails retryably, as a first grant does.
         if !c.unlock_one(unlock, key).await {
             close_and_lose(c, holds);
         }
-        return Err(sqlx::Error::RowNotFound);
+        return Ok(Beside::KeyGone);
     };
     if !lease.is_watchdog() {
         *fixed
@@ -929,11 +986,13 @@ async fn beside(
     };
     // The server-side lease covers the new read too (the session's was set for the write).
     let server = holds.server_lease(id, lease.ttl());
-    if let Err(e) = c.renew(&s.advisory_hold_timeout, server).await {
-        // `renew` closed the session.
+    if c.renew(&s.advisory_hold_timeout, server).await.is_err() {
+        // `renew` closed the session, and with it every hold in it: the read was never handed
+        // out, and is taken like any other.
+        let _ = holds.leave(id);
         holds.lose(LossReason::ConnectionLost);
         holds.close();
-        return Err(e);
+        return Ok(Beside::SessionGone);
     }
     Ok(Beside::Granted { token, sent, id })
 }
@@ -1029,7 +1088,7 @@ impl Drop for KillOnDrop {
 /// [`commit`](Self::commit), an [`unlock`](Self::unlock) that released, or
 /// [`busy`](Self::busy) at the deadline.
 #[derive(Debug)]
-pub(crate) struct Pinned(Option<Conn>);
+pub(crate) struct Pinned(Option<Conn>, bool);
 
 impl Pinned {
     fn get(&mut self) -> Result<&mut Conn> {
@@ -1212,9 +1271,16 @@ impl Pinned {
 
     fn close(&mut self) {
         if let Some(mut c) = self.0.take() {
+            self.1 = true;
             c.close_on_drop();
             drop_connection(c);
         }
+    }
+
+    /// Whether the connection was closed (broken, or not to be trusted), rather than given
+    /// back clean (released) or not taken yet.
+    fn was_closed(&self) -> bool {
+        self.1
     }
 }
 
@@ -1379,6 +1445,11 @@ impl SessionHolds {
         self.members().closed
     }
 
+    /// Whether hold `id` is still in the session (not released, not dropped).
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        self.members().holds.iter().any(|h| h.id == id)
+    }
+
     /// Marks every hold of the session suspended (its connection is slow to answer: the
     /// holds cannot be vouched for until it does) or vouched for again.
     fn suspend(&self, suspended: bool) {
@@ -1396,7 +1467,7 @@ impl SessionHolds {
     }
 
     fn need(&self) -> Need {
-        let m = self.members();
+        let mut m = self.members();
         let live = m.holds.iter().filter(|h| !h.signal.is_lost());
         let mut last: Option<Instant> = None;
         let mut any = false;
@@ -1407,11 +1478,17 @@ impl SessionHolds {
                 Some(end) => last = Some(last.map_or(end, |l| l.max(end))),
             }
         }
-        match last {
+        let need = match last {
             Some(end) => Need::Until(end.saturating_duration_since(Instant::now())),
             None if any => Need::Ping,
             None => Need::Nothing,
+        };
+        if matches!(need, Need::Nothing) || matches!(need, Need::Until(left) if left.is_zero()) {
+            // The watcher ends: no hold may join a session nobody watches (closed under the
+            // same lock a joining hold takes).
+            m.closed = true;
         }
+        need
     }
 
     /// The server-side lease to set when hold `id` extends its own to `ttl`: at least what
@@ -1464,47 +1541,54 @@ async fn watch_until_over(
         let Some(conn) = conn.upgrade() else {
             return;
         };
-        // The ends are read under the connection's lock, which `extend` holds until it has
-        // moved its end: an end read before an extension must not be sent after it.
-        let mut c = conn.lock().await;
-        let need = holds.need();
-        let alive = {
-            let check = async {
-                match need {
-                    Need::Nothing => None,
-                    Need::Ping => c.ping(ping_limit(lease)).await,
-                    // Over: the guards report it and the keepers release; the server-side lease
-                    // set last ends it at most a second later if nobody can.
-                    Need::Until(left) if left.is_zero() => None,
-                    Need::Until(left) => {
-                        c.renew_within(&hold_timeout, left, ping_limit(lease)).await
-                    }
-                }
+        let check = async {
+            // The ends are read under the connection's lock, which `extend` holds until it
+            // has moved its end: an end read before an extension must not be sent after it.
+            let mut c = conn.lock().await;
+            let need = holds.need();
+            let alive = match need {
+                Need::Nothing => None,
+                Need::Ping => c.ping(ping_limit(lease)).await,
+                // Over: the guards report it and the keepers release; the server-side lease
+                // set last ends it at most a second later if nobody can.
+                Need::Until(left) if left.is_zero() => None,
+                Need::Until(left) => c.renew_within(&hold_timeout, left, ping_limit(lease)).await,
             };
-            tokio::pin!(check);
-            // A check slower than a renewal period suspends the holds (they cannot be vouched for
-            // meanwhile) until it answers; one that does not answer within the lease ends them.
-            tokio::select! {
-                alive = &mut check => alive,
-                () = tokio::time::sleep(suspend_after(lease)) => {
-                    holds.suspend(true);
-                    let alive = check.await;
-                    if alive == Some(true) {
-                        holds.suspend(false);
-                    }
-                    alive
+            (alive, need, c.was_closed())
+        };
+        tokio::pin!(check);
+        // A check not answered within a renewal period, counting the wait for the connection
+        // (a renewal or a release on a dead network holds it), suspends the holds (they
+        // cannot be vouched for meanwhile) until it answers; one not answered within the
+        // lease ends them.
+        let suspend = tokio::time::sleep(suspend_after(lease));
+        let (alive, need, closed) = tokio::select! {
+            biased;
+            done = &mut check => done,
+            () = suspend => {
+                holds.suspend(true);
+                let done = check.await;
+                if done.0 == Some(true) {
+                    holds.suspend(false);
                 }
+                done
             }
         };
-        drop(c);
         match (alive, need) {
             (Some(true), _) => {}
             (_, Need::Nothing) => return,
             (_, Need::Until(left)) if left.is_zero() => return,
-            // The connection failed its check, or is gone while holds live in it (a give-back
-            // or a release that failed closed it): every hold in it is lost.
-            (Some(false) | None, _) => {
+            // The check failed: every hold in the connection is lost.
+            (Some(false), _) => {
                 holds.lose(LossReason::ConnectionLost);
+                return;
+            }
+            // The connection is gone: given back clean (the holds were released), or closed
+            // (a give-back or a release that failed), which ends every hold still in it.
+            (None, _) => {
+                if closed {
+                    holds.lose(LossReason::ConnectionLost);
+                }
                 return;
             }
         }
@@ -1562,7 +1646,12 @@ impl Hold for SqlHold {
                     lock.key,
                     lock.mode,
                 ));
-                task.await.unwrap_or(false)
+                task.await.map_err(|e| Error::Backend {
+                    backend: a.inner.backend,
+                    message: format!("the release of {:?} did not finish: {e}", a.name),
+                    retryable: true,
+                    source: None,
+                })?
             }
         };
         if released {
@@ -1638,17 +1727,35 @@ impl Drop for SqlHold {
         if let Self::ForUpdate(a, _, _, _) | Self::Advisory(a, _, _, _, _) = self {
             a.inner.forget_holder(&a.name, &a.owner);
         }
-        if let Self::Advisory(_, _, _, _, lock) = self {
-            // Dropped unreleased (the core releases a dropped guard first, so only without
-            // a runtime): the session ends when its last hold is dropped.
-            let _ = lock.session.leave(lock.id);
+        if let Self::Advisory(a, conn, _, _, lock) = self
+            && lock.session.contains(lock.id)
+        {
+            // Dropped unreleased: a lost guard (the core releases only live ones when they are
+            // dropped), or no runtime. Another hold may keep the session alive, so the lock is
+            // given back now (once: a release that ran meanwhile finds the hold gone). Without
+            // a runtime the session ends when its last hold is dropped.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(release_advisory(
+                        Arc::clone(&a.inner),
+                        Arc::clone(conn),
+                        Arc::clone(&lock.session),
+                        lock.id,
+                        lock.key,
+                        lock.mode,
+                    ));
+                }
+                Err(_) => {
+                    let _ = lock.session.leave(lock.id);
+                }
+            }
         }
     }
 }
 
 /// Releases advisory hold `id` of a session: unlocks only its lock while other holds live in
-/// the session; the last one puts the session back. Whether the hold was there to release (a
-/// hold released already, or whose session broke, is not, and nothing is unlocked for it).
+/// the session; the last one puts the session back. Whether the session held the lock; a hold
+/// released already (a release dropped half-way and run again) unlocks nothing and is `true`.
 async fn release_advisory(
     inner: Arc<Inner>,
     conn: HoldingConnection,
@@ -1660,7 +1767,7 @@ async fn release_advisory(
     let s = &inner.sql;
     let mut c = conn.lock_owned().await;
     match holds.leave(id) {
-        None => false,
+        None => true,
         Some(0) => {
             holds.close();
             c.unlock(&s.advisory_unlock[mode.index()], key).await

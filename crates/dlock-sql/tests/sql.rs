@@ -2065,3 +2065,45 @@ async fn postgres_holder_behind_a_dead_network_stops_vouching() {
     .await;
     cut.set_partitioned(false);
 }
+
+/// Review of issue 17's fixes: a for-update hold released cleanly was reported lost when its
+/// watcher, mid-check, found the connection given back (a `dlock.lost` warning and a
+/// resolved `lost()` for a released hold). The watcher now tells a connection given back clean
+/// from one closed. A race: many short holds, each watched (every 100 ms) while released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_for_update_hold_is_not_reported_lost() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let p = SqlProvider::connect(&for_update(&pg)).await.unwrap();
+    let name = Names::new().name("released-clean");
+    let l = p
+        .lock(
+            &name,
+            LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(1))),
+        )
+        .unwrap();
+    // lost() also resolves at the lease end of a released hold, so each hold is judged within
+    // its lease: batches of holds, then two watcher periods, then every hold of the batch
+    // whose lease has not ended must not be reported lost.
+    let lease = Duration::from_secs(1);
+    let mut judged = 0;
+    for _ in 0..8 {
+        let mut watched = Vec::new();
+        for _ in 0..40 {
+            let g = l.acquire().await.unwrap();
+            watched.push((Instant::now(), Box::pin(g.lost())));
+            g.release().await.unwrap();
+        }
+        // A window for something that must not happen, not a wait for an event.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for (acquired, lost) in watched {
+            let reported = tokio::time::timeout(Duration::ZERO, lost).await;
+            if acquired.elapsed() < lease - Duration::from_millis(100) {
+                judged += 1;
+                assert!(reported.is_err(), "a released hold was reported lost");
+            }
+        }
+    }
+    assert!(judged > 0, "no hold could be judged within its lease");
+}
