@@ -1638,14 +1638,7 @@ impl Hold for SqlHold {
                 // (and run again in the background) must not unlock twice, since advisory
                 // locks are counted per session, and a second unlock would take another
                 // hold's lock.
-                let task = tokio::spawn(release_advisory(
-                    Arc::clone(&a.inner),
-                    Arc::clone(conn),
-                    Arc::clone(&lock.session),
-                    lock.id,
-                    lock.key,
-                    lock.mode,
-                ));
+                let task = tokio::spawn(lock.release(a, conn));
                 task.await.map_err(|e| Error::Backend {
                     backend: a.inner.backend,
                     message: format!("the release of {:?} did not finish: {e}", a.name),
@@ -1736,20 +1729,31 @@ impl Drop for SqlHold {
             // a runtime the session ends when its last hold is dropped.
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(release_advisory(
-                        Arc::clone(&a.inner),
-                        Arc::clone(conn),
-                        Arc::clone(&lock.session),
-                        lock.id,
-                        lock.key,
-                        lock.mode,
-                    ));
+                    rt.spawn(lock.release(a, conn));
                 }
                 Err(_) => {
                     let _ = lock.session.leave(lock.id);
                 }
             }
         }
+    }
+}
+
+impl AdvisoryLock {
+    /// The release of this hold, to run in a task of its own (see [`release_advisory`]).
+    fn release(
+        &self,
+        a: &Attempt,
+        conn: &HoldingConnection,
+    ) -> impl std::future::Future<Output = bool> + Send + 'static {
+        release_advisory(
+            Arc::clone(&a.inner),
+            Arc::clone(conn),
+            Arc::clone(&self.session),
+            self.id,
+            self.key,
+            self.mode,
+        )
     }
 }
 
