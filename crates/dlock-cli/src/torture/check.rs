@@ -100,7 +100,14 @@ pub(crate) fn check(
     check_tokens(&holds, faults, connection_bound, &mut report);
     check_overlaps(&holds, faults, connection_bound, &mut report);
     check_fencing(ledger, &mut report);
-    check_liveness(&holds, faults, (start, end), lease + slack, &mut report);
+    check_liveness(
+        &holds,
+        history,
+        faults,
+        (start, end),
+        lease + slack,
+        &mut report,
+    );
     report
 }
 
@@ -443,6 +450,7 @@ fn check_fencing(ledger: &Ledger, report: &mut Report) {
 
 fn check_liveness(
     holds: &[Hold],
+    history: &[Stamped],
     faults: &[FaultRecord],
     (start, end): (u64, u64),
     bound: Duration,
@@ -470,20 +478,85 @@ fn check_liveness(
                     Some(report.worst_recovery_ms.map_or(took, |w| w.max(took)));
                 if g - healed > bound_ns {
                     report.violations.push(format!(
-                        "stuck: no grant for {took} ms after the {} of {} healed (bound {} ms)",
+                        "stuck: no grant for {took} ms after the {} of {} healed (bound {} ms); {}",
                         f.kind,
                         f.whom(),
-                        bound.as_millis()
+                        bound.as_millis(),
+                        stall(holds, history, f, g)
                     ));
                 }
             }
             None => report.violations.push(format!(
-                "stuck: no grant after the {} of {} healed at {:.1} ms",
+                "stuck: no grant after the {} of {} healed at {:.1} ms; {}",
                 f.kind,
                 f.whom(),
-                ms(healed)
+                ms(healed),
+                stall(holds, history, f, end)
             )),
         }
+    }
+}
+
+/// Where the time of a stall went, for its violation: the holds open while the fault lasted
+/// (times from its heal: when they were granted, when their critical section ended, which for
+/// a killed worker is its death) and what each
+/// worker said between the heal and the next grant. A run in CI leaves nothing but its
+/// output behind, so the message carries what a reader needs to tell a slow store from a
+/// stuck one.
+fn stall(holds: &[Hold], history: &[Stamped], fault: &FaultRecord, until: u64) -> String {
+    let healed = fault.end;
+    let rel = |t: u64| {
+        let signed = i128::from(t) - i128::from(healed);
+        format!("{:+.0} ms", signed as f64 / 1e6)
+    };
+    let open: Vec<String> = holds
+        .iter()
+        .filter(|h| h.grant <= healed && h.end >= fault.start)
+        .map(|h| {
+            format!(
+                "worker {} held {} (granted {}, section ended {})",
+                h.worker,
+                h.name,
+                rel(h.grant),
+                rel(h.end)
+            )
+        })
+        .collect();
+    let mut said: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for s in history {
+        let t = event_time(&s.event);
+        if t <= healed || t > until {
+            continue;
+        }
+        let what = match &s.event {
+            WorkerEvent::Start { .. } => "started".to_owned(),
+            WorkerEvent::Lost { name, reason, .. } => format!("lost {name} ({reason})"),
+            WorkerEvent::Release { ok, .. } => format!("released (ok: {ok})"),
+            WorkerEvent::Error { what, .. } => format!("error: {what}"),
+            WorkerEvent::Stop { .. } => "stopped".to_owned(),
+            WorkerEvent::Grant { .. } | WorkerEvent::Fenced { .. } | WorkerEvent::Exit { .. } => {
+                continue;
+            }
+        };
+        let list = said.entry(s.worker).or_default();
+        // A worker that keeps failing says so once per kind of message, with its first time.
+        if list.len() < 4 && !list.iter().any(|l| l.ends_with(&what)) {
+            list.push(format!("{} {what}", rel(t)));
+        }
+    }
+    let open = if open.is_empty() {
+        "no hold was open during the fault".to_owned()
+    } else {
+        format!("open during the fault: {}", open.join(", "))
+    };
+    let said: Vec<String> = said
+        .into_iter()
+        .map(|(w, l)| format!("worker {w}: {}", l.join(", ")))
+        .collect();
+    if said.is_empty() {
+        format!("{open}; no worker said anything until the next grant")
+    } else {
+        format!("{open}; until the next grant, {}", said.join("; "))
     }
 }
 
@@ -889,6 +962,45 @@ mod tests {
             "{:?}",
             r.violations
         );
+    }
+
+    #[test]
+    fn a_stall_says_what_was_held_and_what_the_workers_said() {
+        // Worker 1 holds n from S and is killed at 2S (its hold lasts till its death); worker
+        // 2 keeps failing; the next grant comes at 7S, past the bound (4 s).
+        let h = [
+            grant(1, 1, S, 1),
+            Stamped {
+                worker: 2,
+                event: WorkerEvent::Error {
+                    t: 3 * S,
+                    what: "pool timed out".into(),
+                },
+            },
+            Stamped {
+                worker: 2,
+                event: WorkerEvent::Error {
+                    t: 4 * S,
+                    what: "pool timed out".into(),
+                },
+            },
+            grant(2, 1, 7 * S, 2),
+        ];
+        let f = FaultRecord {
+            kind: FaultKind::Kill,
+            worker: 1,
+            start: 2 * S,
+            end: 2 * S + S / 100,
+        };
+        let r = run(&h, &[f]);
+        let stuck = r
+            .violations
+            .iter()
+            .find(|v| v.contains("stuck"))
+            .unwrap_or_else(|| panic!("{:?}", r.violations));
+        assert!(stuck.contains("worker 1 held n"), "{stuck}");
+        assert!(stuck.contains("worker 2: +"), "{stuck}");
+        assert_eq!(stuck.matches("pool timed out").count(), 1, "{stuck}");
     }
 
     #[test]
