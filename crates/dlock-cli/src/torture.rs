@@ -317,13 +317,21 @@ fn print_report(r: &StoreReport) {
         .map(|(reason, n)| format!("{reason}: {n}"))
         .collect();
     say!(
-        "  losses reported: {}{}; worst report delay after an overlap began: {}; worst \
+        "  losses reported: {}{}{}; worst report delay after an overlap began: {}; worst \
          recovery after a fault: {}",
         rep.losses_reported,
         if reasons.is_empty() {
             String::new()
         } else {
             format!(" ({})", reasons.join(", "))
+        },
+        if rep.lost_before_use == 0 {
+            String::new()
+        } else {
+            format!(
+                ", and {} holds lost before their critical section began (not used)",
+                rep.lost_before_use
+            )
         },
         rep.worst_report_delay_ms
             .map_or("-".to_string(), |d| format!("{d} ms")),

@@ -61,6 +61,9 @@ pub(crate) struct Report {
     pub(crate) unfenced_lost_updates: u64,
     /// Holds whose guard reported a loss.
     pub(crate) losses_reported: u64,
+    /// Holds an acquisition returned that were no longer held when their critical section
+    /// was to begin: not used, given back (with the rest of their set).
+    pub(crate) lost_before_use: u64,
     /// The reported losses by the reason their guards gave (`suspended`: the guard said the
     /// hold was no longer vouched for, without a final reason yet).
     pub(crate) losses_by_reason: BTreeMap<String, u64>,
@@ -92,6 +95,10 @@ pub(crate) fn check(
         *report.faults.entry(f.kind.to_string()).or_default() += 1;
     }
     let holds = rebuild(history, faults, end, connection_bound);
+    report.lost_before_use = history
+        .iter()
+        .filter(|s| matches!(s.event, WorkerEvent::LostBeforeUse { .. }))
+        .count() as u64;
     report.holds = holds.len() as u64;
     for (_, reason) in holds.iter().filter_map(|h| h.lost.as_ref()) {
         report.losses_reported += 1;
@@ -200,6 +207,7 @@ fn event_time(e: &WorkerEvent) -> u64 {
         | WorkerEvent::Lost { t, .. }
         | WorkerEvent::Exit { t, .. }
         | WorkerEvent::Release { t, .. }
+        | WorkerEvent::LostBeforeUse { t, .. }
         | WorkerEvent::Error { t, .. }
         | WorkerEvent::Stop { t } => *t,
     }
@@ -533,6 +541,9 @@ fn stall(holds: &[Hold], history: &[Stamped], fault: &FaultRecord, until: u64) -
             WorkerEvent::Lost { name, reason, .. } => format!("lost {name} ({reason})"),
             WorkerEvent::Release { ok, .. } => format!("released (ok: {ok})"),
             WorkerEvent::Error { what, .. } => format!("error: {what}"),
+            WorkerEvent::LostBeforeUse { name, reason, .. } => {
+                format!("got {name} too late to use ({reason})")
+            }
             WorkerEvent::Stop { .. } => "stopped".to_owned(),
             WorkerEvent::Grant { .. } | WorkerEvent::Fenced { .. } | WorkerEvent::Exit { .. } => {
                 continue;
@@ -962,6 +973,38 @@ mod tests {
             "{:?}",
             r.violations
         );
+    }
+
+    #[test]
+    fn holds_lost_before_use_are_counted_and_are_no_critical_section() {
+        // Worker 2's acquisition returned a hold of n whose lease had ended (a lower token,
+        // inside worker 1's section): it did not use it, so nothing overlaps.
+        let h = [
+            grant(1, 1, S, 2),
+            Stamped {
+                worker: 2,
+                event: WorkerEvent::LostBeforeUse {
+                    t: S + S / 2,
+                    name: "n".into(),
+                    token: 1,
+                    reason: "the lease ran out before it could be renewed".into(),
+                },
+            },
+            exit(1, 1, 2 * S),
+        ];
+        let r = run(&h, &[]);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.lost_before_use, 1);
+        assert_eq!(r.holds, 1);
+        // Stamped as a grant (the old worker), the same hold is an overlap no fault explains.
+        let h = [
+            grant(1, 1, S, 2),
+            grant(2, 1, S + S / 2, 1),
+            exit(1, 1, 2 * S),
+            exit(2, 1, 2 * S),
+        ];
+        let r = run(&h, &[]);
+        assert!(!r.violations.is_empty());
     }
 
     #[test]

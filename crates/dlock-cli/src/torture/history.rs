@@ -72,6 +72,17 @@ pub(crate) enum WorkerEvent {
     Exit { t: u64, hold: u64 },
     /// The release answered.
     Release { t: u64, hold: u64, ok: bool },
+    /// An acquisition returned a hold that was no longer held when its critical section was
+    /// to begin (its lease ended on the way: a starved process, renewals that waited too
+    /// long). The worker did not use it and gave it back; the reason is its guard's. A
+    /// hold of a set (a `MultiLock`) that is still held is reported too: the set is given
+    /// back whole.
+    LostBeforeUse {
+        t: u64,
+        name: String,
+        token: u64,
+        reason: String,
+    },
     /// An acquisition failed with an error (not a timeout).
     Error { t: u64, what: String },
     /// The worker stopped on request.

@@ -135,6 +135,32 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
                 continue;
             }
         };
+        // The critical section begins at `t` only if every hold is still held after it was
+        // taken (as its end is the last check that found them held): a hold can end between
+        // the grant and here (the process starved past its lease while its renewals waited).
+        // A careful holder does not use such a hold, and the checker must not count it as a
+        // critical section, so it is reported apart and given back.
+        let t = now_ns();
+        if opts.sabotage != Some(Sabotage::NoLoss)
+            && held.guards.iter().any(|(_, _, _, g)| !g.is_held())
+        {
+            for (_, name, _, guard) in held.guards.into_iter().rev() {
+                emit(&WorkerEvent::LostBeforeUse {
+                    t,
+                    name,
+                    token: guard.fencing_token().get(),
+                    reason: if guard.is_held() {
+                        "given back with its set".to_string()
+                    } else {
+                        guard
+                            .loss_reason()
+                            .map_or_else(|| "suspended".to_string(), |r| r.to_string())
+                    },
+                });
+                let _ = guard.release().await;
+            }
+            continue;
+        }
         let mut guards = Vec::new();
         for (name, kind, guard) in held.guards.into_iter().map(|(_, n, k, g)| (n, k, g)) {
             holds += 1;
@@ -143,7 +169,7 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
                 token = 1 + token % 2;
             }
             emit(&WorkerEvent::Grant {
-                t: now_ns(),
+                t,
                 hold: holds,
                 name: name.clone(),
                 kind,
