@@ -80,3 +80,86 @@ where
         pause = (pause * 2).min(Duration::from_millis(200));
     }
 }
+
+/// How long the runtime kept a task from running, watched while a case waits: a task that
+/// wakes every [`StallProbe::TICK`] and keeps the longest it overslept.
+///
+/// A watchdog renews a lease every third of it, so a process kept off the CPU (or a runtime
+/// kept from polling) for a third of the lease can lose a hold however correct the backend.
+/// That is the lease doing its job, not a failure: a case that asserts a live holder keeps
+/// its hold first asks the probe whether the holder was live.
+pub(crate) struct StallProbe {
+    worst_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StallProbe {
+    /// How often the probe wakes.
+    pub(crate) const TICK: Duration = Duration::from_millis(5);
+
+    /// Starts watching the current runtime.
+    pub(crate) fn start() -> Self {
+        let worst_ns = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen = std::sync::Arc::clone(&worst_ns);
+        let task = tokio::spawn(async move {
+            loop {
+                let before = Instant::now();
+                tokio::time::sleep(Self::TICK).await;
+                let over = before.elapsed().saturating_sub(Self::TICK);
+                let over = u64::try_from(over.as_nanos()).unwrap_or(u64::MAX);
+                seen.fetch_max(over, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        Self { worst_ns, task }
+    }
+
+    /// The longest the probe was kept waiting past its tick so far.
+    pub(crate) fn worst(&self) -> Duration {
+        Duration::from_nanos(self.worst_ns.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether the runtime stalled long enough (a third of `lease`) that a watchdog on it may
+    /// have missed its renewal: then a lost hold proves nothing, and the case says so.
+    pub(crate) fn explains_a_loss(&self, what: &str, lease: Duration) -> bool {
+        let worst = self.worst();
+        let stalled = worst >= lease / 3;
+        if stalled {
+            eprintln!(
+                "{what}: the runtime stalled {worst:?}, a third of the {lease:?} lease or more: \
+                 its watchdog could not renew in time, so the loss is the lease doing its job \
+                 and this run proves nothing about keeping a live hold"
+            );
+        }
+        stalled
+    }
+}
+
+impl Drop for StallProbe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_probe_sees_a_blocked_runtime() {
+        let probe = StallProbe::start();
+        // The probe's first sleep has begun.
+        tokio::task::yield_now().await;
+        let lease = Duration::from_millis(300);
+        // The only thread of the runtime is kept busy: the probe cannot run. (Whether a quiet
+        // runtime looks quiet depends on the machine's load; the sabotage cases in
+        // tests/cases_can_fail.rs show that a loss without a stall still fails a case.)
+        std::thread::sleep(Duration::from_millis(150));
+        tokio::time::sleep(StallProbe::TICK * 2).await;
+        assert!(
+            probe.worst() >= Duration::from_millis(100),
+            "{:?}",
+            probe.worst()
+        );
+        assert!(probe.explains_a_loss("blocked", lease));
+    }
+}

@@ -146,6 +146,14 @@ caught!(
     stale_extend_reaches_the_store,
 );
 
+// The stall probe of these cases excuses a loss only when the runtime really stalled.
+caught!(
+    renewals_that_fail_are_caught,
+    Sabotage::NoRenewal,
+    watchdog_keeps_hold_past_three_ttls,
+    waiter_longer_than_its_lease_keeps_it,
+);
+
 caught!(
     tokens_that_restart_are_caught,
     Sabotage::TokensRestart,

@@ -86,6 +86,8 @@ pub enum Sabotage {
     NoExclusion,
     /// Free a released hold a second after `release()` returned, in the background.
     LateRelease,
+    /// Refuse every renewal: a watchdog cannot keep any hold past its first lease.
+    NoRenewal,
 }
 
 #[derive(Debug)]
@@ -425,7 +427,7 @@ impl Store {
 
     fn extend(&self, key: &(Kind, LockName), id: u64, ttl: Duration) -> Result<()> {
         let mut state = lock(&self.state);
-        if state.faults.fail_renewals {
+        if state.faults.fail_renewals || state.faults.broken(Sabotage::NoRenewal) {
             return Err(Error::Connection {
                 backend: BACKEND,
                 message: "renewal refused (simulated fault)".into(),
