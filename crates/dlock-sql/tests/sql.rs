@@ -1914,8 +1914,11 @@ async fn postgres_downgraded_read_is_lost_with_its_session() {
 /// downgrade on that session runs after the dropped one's statements (they hold the
 /// session), so once it is released the server shows the write's lock alone.
 ///
-/// On one thread, so that the downgrade's task cannot run before the cut (on two, a stress
-/// run saw it finish within the first poll).
+/// The downgrade is polled once and dropped, on one thread, so that its task cannot have
+/// run before the cut. (A stress run saw `timeout(ZERO, ..)` let it finish: tokio fires even
+/// a zero timeout on the timer's next turn, and polls the future again first, so on a stalled
+/// machine the task had run and answered by then; on two threads it had run within the first
+/// poll.)
 #[tokio::test]
 async fn postgres_dropped_downgrade_leaves_no_read() {
     let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
@@ -1926,11 +1929,14 @@ async fn postgres_dropped_downgrade_leaves_no_read() {
     let name = Names::new().name("downgrade-dropped");
     let l = a.read_write_lock(&name, LockOptions::default()).unwrap();
     let w = l.write().await.unwrap();
-    let cut = tokio::time::timeout(Duration::ZERO, l.try_read(Duration::ZERO)).await;
+    let mut downgrade = Box::pin(l.try_read(Duration::ZERO));
+    let first =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(downgrade.as_mut().poll(cx))).await;
     assert!(
-        cut.is_err(),
-        "the downgrade finished before its cut: {cut:?}"
+        first.is_pending(),
+        "the downgrade finished in its first poll: {first:?}"
     );
+    drop(downgrade);
     let r = l
         .try_read(Duration::ZERO)
         .await
