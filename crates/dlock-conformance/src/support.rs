@@ -82,52 +82,100 @@ where
 }
 
 /// How long the runtime kept a task from running, watched while a case waits: a task that
-/// wakes every [`StallProbe::TICK`] and keeps the longest it overslept.
+/// wakes every [`StallProbe::TICK`] and keeps each time it overslept by more than
+/// [`StallProbe::NOTED`], with when that ended.
 ///
-/// A watchdog renews a lease every third of it, so a process kept off the CPU (or a runtime
-/// kept from polling) for a third of the lease can lose a hold however correct the backend.
-/// That is the lease doing its job, not a failure: a case that asserts a live holder keeps
-/// its hold first asks the probe whether the holder was live.
+/// A watchdog renews a lease every third of it and counts each renewal's lease from when it
+/// was sent (`dlock_core`'s keeper), so a runtime kept from polling it for about two thirds of
+/// the lease, less a renewal's round trip, loses the hold however correct the backend: the
+/// lease doing its job, not a failure. A case that asserts a live holder keeps its hold asks
+/// the probe whether the holder was live before it fails.
 pub(crate) struct StallProbe {
-    worst_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+struct Seen {
+    /// When the probe last woke.
+    last_wake: Instant,
+    /// The oversleeps above [`StallProbe::NOTED`]: when each ended, and how long it was.
+    stalls: Vec<(Instant, Duration)>,
 }
 
 impl StallProbe {
     /// How often the probe wakes.
     pub(crate) const TICK: Duration = Duration::from_millis(5);
 
+    /// The shortest oversleep kept.
+    pub(crate) const NOTED: Duration = Duration::from_millis(10);
+
     /// Starts watching the current runtime.
     pub(crate) fn start() -> Self {
-        let worst_ns = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let seen = std::sync::Arc::clone(&worst_ns);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen {
+            last_wake: Instant::now(),
+            stalls: Vec::new(),
+        }));
+        let mine = std::sync::Arc::clone(&seen);
         let task = tokio::spawn(async move {
             loop {
                 let before = Instant::now();
                 tokio::time::sleep(Self::TICK).await;
-                let over = before.elapsed().saturating_sub(Self::TICK);
-                let over = u64::try_from(over.as_nanos()).unwrap_or(u64::MAX);
-                seen.fetch_max(over, std::sync::atomic::Ordering::Relaxed);
+                let now = Instant::now();
+                let over = now
+                    .saturating_duration_since(before)
+                    .saturating_sub(Self::TICK);
+                let mut seen = mine
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                seen.last_wake = now;
+                if over >= Self::NOTED {
+                    seen.stalls.push((now, over));
+                }
             }
         });
-        Self { worst_ns, task }
+        Self { seen, task }
     }
 
-    /// The longest the probe was kept waiting past its tick so far.
-    pub(crate) fn worst(&self) -> Duration {
-        Duration::from_nanos(self.worst_ns.load(std::sync::atomic::Ordering::Relaxed))
+    /// The longest stall that ended within `window` before now, or is still going on (the
+    /// time since the probe last woke, less its tick).
+    pub(crate) fn worst_within(&self, window: Duration) -> Duration {
+        let now = Instant::now();
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ongoing = now
+            .saturating_duration_since(seen.last_wake)
+            .saturating_sub(Self::TICK);
+        seen.stalls
+            .iter()
+            .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
+            .map(|(_, d)| *d)
+            .fold(ongoing, Duration::max)
     }
 
-    /// Whether the runtime stalled long enough (a third of `lease`) that a watchdog on it may
-    /// have missed its renewal: then a lost hold proves nothing, and the case says so.
-    pub(crate) fn explains_a_loss(&self, what: &str, lease: Duration) -> bool {
-        let worst = self.worst();
-        let stalled = worst >= lease / 3;
+    /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
+    /// the lease ended without a renewal (`LeaseEnded`: no renewal had failed, the keeper
+    /// did not get one through in time) and the runtime stalled for half the lease or more
+    /// within the last two leases. Says so when it is: the run then proves nothing about
+    /// keeping a live hold. A renewal the store refused (`RenewalFailed`) or a hold it took
+    /// away (`Gone`) is never excused.
+    pub(crate) fn explains_a_loss(
+        &self,
+        what: &str,
+        lease: Duration,
+        reason: Option<dlock_core::LossReason>,
+    ) -> bool {
+        if reason != Some(dlock_core::LossReason::LeaseEnded) {
+            return false;
+        }
+        let worst = self.worst_within(lease * 2);
+        let stalled = worst >= lease / 2;
         if stalled {
             eprintln!(
-                "{what}: the runtime stalled {worst:?}, a third of the {lease:?} lease or more: \
-                 its watchdog could not renew in time, so the loss is the lease doing its job \
-                 and this run proves nothing about keeping a live hold"
+                "{what}: the runtime stalled {worst:?}, half the {lease:?} lease or more: its \
+                 watchdog could not renew in time, so the loss is the lease doing its job and \
+                 this run proves nothing about keeping a live hold"
             );
         }
         stalled
@@ -145,7 +193,7 @@ mod tests {
     use super::*;
 
     #[tokio::test(flavor = "current_thread")]
-    async fn the_probe_sees_a_blocked_runtime() {
+    async fn the_probe_sees_a_blocked_runtime_and_excuses_only_a_lease_that_ended() {
         let probe = StallProbe::start();
         // The probe's first sleep has begun.
         tokio::task::yield_now().await;
@@ -153,13 +201,23 @@ mod tests {
         // The only thread of the runtime is kept busy: the probe cannot run. (Whether a quiet
         // runtime looks quiet depends on the machine's load; the sabotage cases in
         // tests/cases_can_fail.rs show that a loss without a stall still fails a case.)
-        std::thread::sleep(Duration::from_millis(150));
+        std::thread::sleep(Duration::from_millis(200));
+        // Seen while it goes on, and once the probe has woken.
+        assert!(probe.worst_within(lease) >= Duration::from_millis(150));
         tokio::time::sleep(StallProbe::TICK * 2).await;
         assert!(
-            probe.worst() >= Duration::from_millis(100),
+            probe.worst_within(lease) >= Duration::from_millis(150),
             "{:?}",
-            probe.worst()
+            probe.worst_within(lease)
         );
-        assert!(probe.explains_a_loss("blocked", lease));
+        let ended = Some(dlock_core::LossReason::LeaseEnded);
+        assert!(probe.explains_a_loss("blocked", lease, ended));
+        for other in [
+            None,
+            Some(dlock_core::LossReason::RenewalFailed),
+            Some(dlock_core::LossReason::Gone),
+        ] {
+            assert!(!probe.explains_a_loss("blocked", lease, other));
+        }
     }
 }

@@ -1909,8 +1909,9 @@ async fn postgres_downgraded_read_is_lost_with_its_session() {
     assert!(g.is_some(), "free once the session is gone");
 }
 
-/// Issue 17: a downgrade dropped while its statement runs gives back the read it may have
-/// been granted, and the write's session keeps only what its guards hold. The next
+/// Issue 17: a downgrade dropped before its answer came (its statement runs on, in the task
+/// that holds the session) gives back the read it is granted, and the write's session keeps
+/// only what its guards hold. The next
 /// downgrade on that session runs after the dropped one's statements (they hold the
 /// session), so once it is released the server shows the write's lock alone.
 ///

@@ -215,11 +215,14 @@ fn event_time(e: &WorkerEvent) -> u64 {
 
 /// Tokens of exclusive holds: never issued twice for a name, rising in grant order.
 ///
-/// A grant is stamped when `acquire` has returned, so a worker paused between the store's
-/// grant and its stamp is stamped late: by then its lease may have ended and a later holder
-/// (with a higher token) been stamped first. Such a pair is no violation when a fault that can
-/// cost a hold hit the late worker inside that window (after its previous event, before the
-/// higher token's stamp) and its guard reported the hold lost; anything else is.
+/// A grant is stamped when `acquire` has returned and the worker found the hold still held,
+/// so a hold whose lease ended on the way is not stamped at all (`LostBeforeUse`). A worker
+/// can still be stamped late with a hold its guard calls held: a connection-bound hold
+/// whose connection a fault reset while the worker was stopped is only found gone by its
+/// next check, and a later holder (with a higher token) may have been stamped first. Such a
+/// pair is no violation when a fault that can cost a hold hit the late worker inside that
+/// window (after its previous event, before the higher token's stamp) and its guard reported
+/// the hold lost; anything else is.
 fn check_tokens(
     holds: &[Hold],
     faults: &[FaultRecord],

@@ -74,9 +74,8 @@ pub(crate) enum WorkerEvent {
     Release { t: u64, hold: u64, ok: bool },
     /// An acquisition returned a hold that was no longer held when its critical section was
     /// to begin (its lease ended on the way: a starved process, renewals that waited too
-    /// long). The worker did not use it and gave it back; the reason is its guard's. A
-    /// hold of a set (a `MultiLock`) that is still held is reported too: the set is given
-    /// back whole.
+    /// long). The worker did not use it and gave it back (with the rest of its set, a
+    /// `MultiLock`'s, whose members still held are not reported); the reason is its guard's.
     LostBeforeUse {
         t: u64,
         name: String,

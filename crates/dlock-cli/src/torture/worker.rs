@@ -145,18 +145,15 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
             && held.guards.iter().any(|(_, _, _, g)| !g.is_held())
         {
             for (_, name, _, guard) in held.guards.into_iter().rev() {
-                emit(&WorkerEvent::LostBeforeUse {
-                    t,
-                    name,
-                    token: guard.fencing_token().get(),
-                    reason: if guard.is_held() {
-                        "given back with its set".to_string()
-                    } else {
-                        guard
-                            .loss_reason()
-                            .map_or_else(|| "suspended".to_string(), |r| r.to_string())
-                    },
-                });
+                // Members of a set still held are given back with it, unreported.
+                if !guard.is_held() {
+                    emit(&WorkerEvent::LostBeforeUse {
+                        t,
+                        name,
+                        token: guard.fencing_token().get(),
+                        reason: loss_reason(&guard),
+                    });
+                }
                 let _ = guard.release().await;
             }
             continue;
@@ -353,10 +350,15 @@ fn report_losses(guards: &[(u64, String, HoldKind, LockGuard, u64)]) {
                 t,
                 hold: *hold,
                 name: name.clone(),
-                reason: guard
-                    .loss_reason()
-                    .map_or_else(|| "suspended".to_string(), |r| r.to_string()),
+                reason: loss_reason(guard),
             });
         }
     }
+}
+
+/// Why a guard says its hold is lost, in words (`suspended`: no final reason yet).
+fn loss_reason(guard: &LockGuard) -> String {
+    guard
+        .loss_reason()
+        .map_or_else(|| "suspended".to_string(), |r| r.to_string())
 }
