@@ -202,9 +202,24 @@ mod tests {
         // runtime looks quiet depends on the machine's load; the sabotage cases in
         // tests/cases_can_fail.rs show that a loss without a stall still fails a case.)
         std::thread::sleep(Duration::from_millis(200));
-        // Seen while it goes on, and once the probe has woken.
+        // Seen while it goes on, and once the probe has woken and kept it.
         assert!(probe.worst_within(lease) >= Duration::from_millis(150));
-        tokio::time::sleep(StallProbe::TICK * 2).await;
+        eventually(
+            Duration::from_secs(5),
+            "the probe keeps the stall",
+            || async {
+                let seen = probe
+                    .seen
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if seen.stalls.is_empty() {
+                    Err(())
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
         assert!(
             probe.worst_within(lease) >= Duration::from_millis(150),
             "{:?}",
