@@ -154,6 +154,11 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
 /// A fixed lease is exclusive exactly until its end and no longer: others are refused while
 /// it runs, `lost()` resolves no earlier than a lease after the acquire started (and says
 /// why), `is_held()` turns false, and others get in.
+///
+/// The first probe goes as soon as the acquire returns. A machine so slow that even it is
+/// answered only after the lease could end leaves nothing to probe: the case says so
+/// instead of failing, and checks the rest (a store that ignores the hold is still caught,
+/// by the first probe it grants early).
 pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     let (a, b) = (client(f).await, client(f).await);
     if !caps(&a).fixed_lease {
@@ -170,20 +175,11 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     let mut probes = 0;
     let mut resolved = false;
     let deadline = from_now(lease + f.slack());
+    let mut first_answer = None;
     loop {
-        tokio::select! {
-            () = &mut lost => {
-                resolved = true;
-                break;
-            }
-            () = tokio::time::sleep(lease / 8) => {}
-        }
-        assert!(
-            Instant::now() < deadline,
-            "lost() did not resolve by the end of the lease"
-        );
         let r = other.try_acquire(ZERO).await;
         let answered = Instant::now();
+        first_answer.get_or_insert(answered - started);
         match r {
             Ok(None) => probes += 1,
             // The store granted it before the lease could have ended there: no exclusion.
@@ -199,6 +195,17 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
             }
             Err(e) => panic!("try_acquire: {e}"),
         }
+        tokio::select! {
+            () = &mut lost => {
+                resolved = true;
+                break;
+            }
+            () = tokio::time::sleep(lease / 8) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lost() did not resolve by the end of the lease"
+        );
     }
     if !resolved {
         must(f.slack(), "lost() at the end of the fixed lease", &mut lost).await;
@@ -209,7 +216,15 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
         "lost {:?} after the acquire started, before the {lease:?} lease could end",
         lost_at - started
     );
-    assert!(probes > 0, "the lease was never probed while it ran");
+    if probes == 0 {
+        // Only a first probe answered after the lease could end grants without a panic above.
+        eprintln!(
+            "fixed_lease_is_exclusive_until_its_end: the acquire and the first probe took {:?}, \
+             the whole {lease:?} lease: no probe could be answered while it ran, so this run \
+             proves nothing about exclusion (a slow or stalled machine)",
+            first_answer.unwrap_or_default()
+        );
+    }
     assert!(!g.is_held());
     assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
     until_free(f, &other, f.holder_timeout(), "free after the fixed lease").await;
