@@ -33,6 +33,19 @@ pub(crate) fn meaning(e: &sqlx::Error) -> Meaning {
     }
 }
 
+/// Whether a `CREATE ... IF NOT EXISTS` failed because another session created the same
+/// object at the same moment: PostgreSQL checks for the table before it creates it, without a
+/// lock, so of two sessions that both find it missing the later one fails with
+/// `duplicate_table` (42P07), `duplicate_object` (42710) or a unique violation in the catalog.
+/// Run again, the statement finds the object and does nothing.
+pub(crate) fn created_meanwhile(e: &sqlx::Error) -> bool {
+    let Some(db) = e.as_database_error() else {
+        return false;
+    };
+    db.kind() == ErrorKind::UniqueViolation
+        || matches!(pg_code(db).as_deref(), Some("42P07" | "42710"))
+}
+
 /// The PostgreSQL SQLSTATE, if it is a PostgreSQL error.
 fn pg_code(db: &dyn sqlx::error::DatabaseError) -> Option<String> {
     #[cfg(feature = "postgres")]

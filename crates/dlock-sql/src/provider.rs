@@ -895,7 +895,8 @@ async fn setup(pool: &Pool, backend: &'static str, what: &str, sql: &str) -> Res
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        let duplicate = error::meaning(&e) == error::Meaning::Duplicate;
+        // Another application creating the same tables at this moment: the next try finds them.
+        let duplicate = error::created_meanwhile(&e);
         let e = from_sqlx(backend, what, e);
         let again = if duplicate {
             duplicates += 1;

@@ -950,6 +950,64 @@ async fn applications_opening_one_new_sqlite_file_at_once_all_connect() {
     }
 }
 
+/// Several applications starting at once on a server where dlock's tables do not exist yet
+/// all get a provider. PostgreSQL's `CREATE TABLE IF NOT EXISTS` is not safe against itself:
+/// two sessions that both find the table missing both create it, and the later one fails with
+/// "relation ... already exists" or a unique violation in the catalog (found by CI, two test
+/// shards creating the for-update tables at once). MySQL's is, and is checked the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_creating_one_new_set_of_tables_at_once_all_connect() {
+    let mut servers = Vec::new();
+    servers.extend(
+        service_url("DLOCK_MYSQL_URL")
+            .map(|u| (u, &["unique-insert", "optimistic", "for-update"][..])),
+    );
+    servers.extend(service_url("DLOCK_POSTGRES_URL").map(|u| {
+        (
+            u,
+            &["unique-insert", "optimistic", "for-update", "advisory"][..],
+        )
+    }));
+    for (base, strategies) in servers {
+        let db = admin(&base).await;
+        for strategy in strategies {
+            for round in 0..10 {
+                let table = format!(
+                    "dlock_race_{}",
+                    &uuid::Uuid::new_v4().simple().to_string()[..12]
+                );
+                let url = with_query(&base, &format!("strategy={strategy}&table={table}"));
+                let opens: Vec<_> = (0..8)
+                    .map(|_| {
+                        let url = url.clone();
+                        tokio::spawn(async move { SqlProvider::connect(&url).await })
+                    })
+                    .collect();
+                let mut failed = None;
+                for open in opens {
+                    if let Err(e) = open.await.unwrap() {
+                        failed.get_or_insert(e);
+                    }
+                }
+                for suffix in [
+                    "meta", "holds", "versions", "seeds", "rows", "names", "fence",
+                ] {
+                    sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{suffix}"))
+                        .execute(&db)
+                        .await
+                        .unwrap();
+                }
+                if let Some(e) = failed {
+                    panic!(
+                        "{strategy} on {}, round {round}: an application could not create or open the new tables: {e}",
+                        base.split('@').next_back().unwrap_or("")
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Review M7 (issue 11 item 7): two strategies on one set of tables keep their holds in
 /// different tables and would not exclude each other; the tables record the strategy that
 /// first used them, and a provider asking for another is refused with a Config error that
