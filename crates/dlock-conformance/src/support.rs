@@ -154,6 +154,24 @@ impl StallProbe {
             .fold(ongoing, Duration::max)
     }
 
+    /// All the time the runtime was kept from running the probe within `window` before now:
+    /// the stalls that ended in it, and the one still going on (each counted whole).
+    pub(crate) fn stalled_within(&self, window: Duration) -> Duration {
+        let now = Instant::now();
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ongoing = now
+            .saturating_duration_since(seen.last_wake)
+            .saturating_sub(Self::TICK);
+        seen.stalls
+            .iter()
+            .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
+            .map(|(_, d)| *d)
+            .fold(ongoing, Duration::saturating_add)
+    }
+
     /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
     /// the lease ended without a renewal (`LeaseEnded`: no renewal had failed, the keeper
     /// did not get one through in time) and the runtime stalled for half the lease or more
@@ -204,6 +222,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         // Seen while it goes on, and once the probe has woken and kept it.
         assert!(probe.worst_within(lease) >= Duration::from_millis(150));
+        assert!(probe.stalled_within(lease) >= Duration::from_millis(150));
         eventually(
             Duration::from_secs(5),
             "the probe keeps the stall",

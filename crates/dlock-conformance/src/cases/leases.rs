@@ -155,10 +155,10 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
 /// it runs, `lost()` resolves no earlier than a lease after the acquire started (and says
 /// why), `is_held()` turns false, and others get in.
 ///
-/// The first probe goes as soon as the acquire returns. A machine so slow that even it is
-/// answered only after the lease could end leaves nothing to probe: the case says so
-/// instead of failing, and checks the rest (a store that ignores the hold is still caught,
-/// by the first probe it grants early).
+/// The first probe goes as soon as the acquire returns. If even it is answered only after the
+/// lease could end, nothing was probed: that fails the case (a `try_acquire(ZERO)` that
+/// waits for the lock looks like this), unless the runtime was kept from running for half
+/// the lease or more meanwhile ([`StallProbe`]); then the case says so and checks the rest.
 pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     let (a, b) = (client(f).await, client(f).await);
     if !caps(&a).fixed_lease {
@@ -166,6 +166,7 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     }
     let name = Names::new().name("fixed");
     let lease = f.short_lease();
+    let stalls = StallProbe::start();
     let started = Instant::now();
     let g = take(f, &lock_with(&a, &name, fixed(f))).await;
     assert!(g.is_held());
@@ -176,10 +177,14 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     let mut resolved = false;
     let deadline = from_now(lease + f.slack());
     let mut first_answer = None;
+    let mut stalled = Duration::ZERO;
     loop {
         let r = other.try_acquire(ZERO).await;
         let answered = Instant::now();
-        first_answer.get_or_insert(answered - started);
+        if first_answer.is_none() {
+            first_answer = Some(answered - started);
+            stalled = stalls.stalled_within(answered - started);
+        }
         match r {
             Ok(None) => probes += 1,
             // The store granted it before the lease could have ended there: no exclusion.
@@ -218,11 +223,17 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     );
     if probes == 0 {
         // Only a first probe answered after the lease could end grants without a panic above.
+        let took = first_answer.unwrap_or_default();
+        assert!(
+            stalled >= lease / 2,
+            "the lease was never probed while it ran: the acquire and the first probe took \
+             {took:?} of a {lease:?} lease, and the runtime stalled only {stalled:?} meanwhile \
+             (does try_acquire(ZERO) wait?)"
+        );
         eprintln!(
-            "fixed_lease_is_exclusive_until_its_end: the acquire and the first probe took {:?}, \
-             the whole {lease:?} lease: no probe could be answered while it ran, so this run \
-             proves nothing about exclusion (a slow or stalled machine)",
-            first_answer.unwrap_or_default()
+            "fixed_lease_is_exclusive_until_its_end: the acquire and the first probe took \
+             {took:?} of the {lease:?} lease, {stalled:?} of it with the runtime stalled: no \
+             probe could be answered while it ran, so this run proves nothing about exclusion"
         );
     }
     assert!(!g.is_held());
