@@ -158,7 +158,7 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
 /// The first probe goes as soon as the acquire returns. If even it is answered only after the
 /// lease could end, nothing was probed: that fails the case (a `try_acquire(ZERO)` that
 /// waits for the lock looks like this), unless the runtime was kept from running for half
-/// the lease or more meanwhile ([`StallProbe`]); then the case says so and checks the rest.
+/// the lease or more meanwhile (a stall probe); then the case says so and checks the rest.
 pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
     let (a, b) = (client(f).await, client(f).await);
     if !caps(&a).fixed_lease {
