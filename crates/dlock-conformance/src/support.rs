@@ -139,24 +139,22 @@ impl StallProbe {
     /// The longest stall that ended within `window` before now, or is still going on (the
     /// time since the probe last woke, less its tick).
     pub(crate) fn worst_within(&self, window: Duration) -> Duration {
-        let now = Instant::now();
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let ongoing = now
-            .saturating_duration_since(seen.last_wake)
-            .saturating_sub(Self::TICK);
-        seen.stalls
-            .iter()
-            .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
-            .map(|(_, d)| *d)
-            .fold(ongoing, Duration::max)
+        self.stalls_within(window, Duration::max)
     }
 
     /// All the time the runtime was kept from running the probe within `window` before now:
     /// the stalls that ended in it, and the one still going on (each counted whole).
     pub(crate) fn stalled_within(&self, window: Duration) -> Duration {
+        self.stalls_within(window, Duration::saturating_add)
+    }
+
+    /// The stalls that ended within `window` before now and the one still going on, combined
+    /// with `combine`.
+    fn stalls_within(
+        &self,
+        window: Duration,
+        combine: fn(Duration, Duration) -> Duration,
+    ) -> Duration {
         let now = Instant::now();
         let seen = self
             .seen
@@ -169,7 +167,7 @@ impl StallProbe {
             .iter()
             .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
             .map(|(_, d)| *d)
-            .fold(ongoing, Duration::saturating_add)
+            .fold(ongoing, combine)
     }
 
     /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:

@@ -205,6 +205,8 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
                 resolved = true;
                 break;
             }
+            // The pause between probes of this poll: `lost()` ends it, and the deadline
+            // below bounds the poll.
             () = tokio::time::sleep(lease / 8) => {}
         }
         assert!(
