@@ -204,6 +204,122 @@ impl Drop for StallProbe {
     }
 }
 
+/// How long the store took to answer, watched while a case waits: another client tries the
+/// case's lock again and again (`try_acquire(ZERO)`, giving back what it gets) and keeps each
+/// try slower than [`StoreProbe::NOTED`], with when it ended.
+///
+/// A watchdog can keep a hold only while the store answers its renewals within what is left
+/// of the lease: a store slow to answer for half the lease or more (a loaded machine starving
+/// its process) loses the hold however correct the client, as a stalled runtime does (see
+/// [`StallProbe`]). The tries go through another client's own connection, so a client that
+/// fails to renew while the store answers others in time is still caught.
+pub(crate) struct StoreProbe {
+    seen: std::sync::Arc<std::sync::Mutex<Answers>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Answers {
+    /// When the try in flight began, if one is.
+    asked: Option<Instant>,
+    /// The slow tries: when each ended, and how long it took.
+    slow: Vec<(Instant, Duration)>,
+    /// How many tries were answered.
+    answered: u64,
+}
+
+impl StoreProbe {
+    /// The shortest answer time kept.
+    pub(crate) const NOTED: Duration = Duration::from_millis(10);
+
+    /// The pause between two tries.
+    const PAUSE: Duration = Duration::from_millis(20);
+
+    /// Starts trying `lock` (a handle of another client than the holder's).
+    pub(crate) fn start(lock: dlock_core::DynLock) -> Self {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Answers {
+            asked: None,
+            slow: Vec::new(),
+            answered: 0,
+        }));
+        let mine = std::sync::Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            let answers = || {
+                mine.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            };
+            loop {
+                let asked = Instant::now();
+                answers().asked = Some(asked);
+                let got = lock.try_acquire(Duration::ZERO).await;
+                let now = Instant::now();
+                {
+                    let mut seen = answers();
+                    seen.asked = None;
+                    seen.answered += 1;
+                    let took = now.saturating_duration_since(asked);
+                    if took >= Self::NOTED {
+                        seen.slow.push((now, took));
+                    }
+                }
+                if let Ok(Some(g)) = got {
+                    let _ = g.release().await;
+                }
+                // The pace of the tries (the probe's own rhythm, not a wait for an event).
+                tokio::time::sleep(Self::PAUSE).await;
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// The slowest answer that came within `window` before now, or is still awaited.
+    pub(crate) fn slowest_within(&self, window: Duration) -> Duration {
+        let now = Instant::now();
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ongoing = seen
+            .asked
+            .map_or(Duration::ZERO, |asked| now.saturating_duration_since(asked));
+        seen.slow
+            .iter()
+            .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
+            .map(|(_, d)| *d)
+            .fold(ongoing, Duration::max)
+    }
+
+    /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
+    /// the lease ended without a renewal (`LeaseEnded`) or with renewals that did not get
+    /// through in time (`RenewalFailed`), while the store took half the lease or more to
+    /// answer another client within the last two leases. Says so when it is. A hold the store
+    /// took away (`Gone`) is never excused, nor a loss while the store answered in time.
+    pub(crate) fn explains_a_loss(
+        &self,
+        what: &str,
+        lease: Duration,
+        reason: Option<dlock_core::LossReason>,
+    ) -> bool {
+        use dlock_core::LossReason::{LeaseEnded, RenewalFailed};
+        if !matches!(reason, Some(LeaseEnded | RenewalFailed)) {
+            return false;
+        }
+        let slowest = self.slowest_within(lease * 2);
+        let slow = slowest >= lease / 2;
+        if slow {
+            eprintln!(
+                "{what}: the store took {slowest:?} to answer another client, half the                  {lease:?} lease or more: the watchdog could not renew in time, so the loss                  ({reason:?}) is the lease doing its job and this run proves nothing about                  keeping a live hold"
+            );
+        }
+        slow
+    }
+}
+
+impl Drop for StoreProbe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +367,89 @@ mod tests {
         ] {
             assert!(!probe.explains_a_loss("blocked", lease, other));
         }
+    }
+
+    /// A lock whose store answers every try after `delay`: nobody ever gets it.
+    #[derive(Debug)]
+    struct SlowStore {
+        name: dlock_core::LockName,
+        options: dlock_core::LockOptions,
+        delay: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl dlock_core::DistributedLock for SlowStore {
+        fn name(&self) -> &dlock_core::LockName {
+            &self.name
+        }
+
+        fn options(&self) -> &dlock_core::LockOptions {
+            &self.options
+        }
+
+        fn store_id(&self) -> &str {
+            "slow"
+        }
+
+        async fn acquire(&self) -> dlock_core::Result<dlock_core::LockGuard> {
+            std::future::pending().await
+        }
+
+        async fn try_acquire(
+            &self,
+            _wait: Duration,
+        ) -> dlock_core::Result<Option<dlock_core::LockGuard>> {
+            tokio::time::sleep(self.delay).await;
+            Ok(None)
+        }
+    }
+
+    fn slow_store(delay: Duration) -> dlock_core::DynLock {
+        std::sync::Arc::new(SlowStore {
+            name: dlock_core::LockName::new("slow").unwrap(),
+            options: dlock_core::LockOptions::default(),
+            delay,
+        })
+    }
+
+    #[tokio::test]
+    async fn the_store_probe_excuses_only_a_renewal_loss_while_the_store_was_slow() {
+        use dlock_core::LossReason::{Gone, LeaseEnded, RenewalFailed};
+        let lease = Duration::from_millis(300);
+        let slow = StoreProbe::start(slow_store(Duration::from_millis(200)));
+        eventually(
+            Duration::from_secs(5),
+            "the probe sees a slow answer",
+            || async {
+                if slow.slowest_within(lease) >= Duration::from_millis(150) {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            },
+        )
+        .await;
+        for excused in [LeaseEnded, RenewalFailed] {
+            assert!(slow.explains_a_loss("slow", lease, Some(excused)));
+        }
+        for other in [None, Some(Gone)] {
+            assert!(!slow.explains_a_loss("slow", lease, other));
+        }
+        // A store that answers at once excuses nothing.
+        let quick = StoreProbe::start(slow_store(Duration::ZERO));
+        eventually(
+            Duration::from_secs(5),
+            "the probe has asked a few times",
+            || async {
+                let answered = quick
+                    .seen
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .answered;
+                if answered >= 3 { Ok(()) } else { Err(()) }
+            },
+        )
+        .await;
+        assert!(!quick.explains_a_loss("quick", lease, Some(RenewalFailed)));
     }
 }
