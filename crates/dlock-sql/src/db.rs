@@ -145,6 +145,19 @@ impl Pool {
         size >= self.max_connections() && idle == 0
     }
 
+    /// Whether the pool could open another connection now (fewer are open than its most).
+    fn has_room(&self) -> bool {
+        let size = match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.size(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.size(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.size(),
+        };
+        size < self.max_connections()
+    }
+
     /// Runs statements without arguments or preparation (DDL).
     pub(crate) async fn raw(&self, sql: &str) -> Result<(), sqlx::Error> {
         match *self {
@@ -155,6 +168,125 @@ impl Pool {
             #[cfg(feature = "postgres")]
             Self::Postgres(ref p) => p.execute(sql).await.map(drop),
         }
+    }
+}
+
+/// The most connections a [`Warm`] keeps.
+const WARM_MAX: usize = 2;
+
+/// How long a [`Warm`] keeps a connection before it goes back to its pool (a kept connection
+/// is one the pool counts as in use: `Pool::close` waits for it).
+const WARM_FOR: Duration = Duration::from_secs(1);
+
+/// A few connections that ran every statement they were given to its end, kept for the
+/// provider's next statements instead of going back to their pool at once.
+///
+/// sqlx's pool pings each connection it takes back, in a task of its own: a round trip and a
+/// task per return, and a lock cycle returns one or two. A warm connection is reused without
+/// either. Only clean connections are kept (a statement dropped half-way may leave its
+/// answer unread: such a connection goes back through the pool, whose ping sorts it out),
+/// for about [`WARM_FOR`] (a task gives back the ones left longer), and only while the pool
+/// could still open another connection, so nobody waiting on a full pool waits for a
+/// connection kept here.
+#[derive(Debug, Default)]
+pub(crate) struct Warm(std::sync::Arc<std::sync::Mutex<Kept>>);
+
+#[derive(Debug, Default)]
+struct Kept {
+    conns: Vec<(Conn, std::time::Instant)>,
+    /// Whether a task gives back the connections kept too long.
+    reaping: bool,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        for (conn, _) in self.conns.drain(..) {
+            to_pool(conn);
+        }
+    }
+}
+
+fn kept(kept: &std::sync::Mutex<Kept>) -> std::sync::MutexGuard<'_, Kept> {
+    kept.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Warm {
+    /// The warm connection kept last, if one is fresh; stale ones go back to the pool.
+    pub(crate) fn take(&self) -> Option<Conn> {
+        loop {
+            let (conn, kept_at) = kept(&self.0).conns.pop()?;
+            if kept_at.elapsed() < WARM_FOR {
+                return Some(conn);
+            }
+            to_pool(conn);
+        }
+    }
+
+    /// A warm connection, or else one of `pool`.
+    pub(crate) async fn take_or_acquire(&self, pool: &Pool) -> Result<Conn, sqlx::Error> {
+        match self.take() {
+            Some(conn) => Ok(conn),
+            None => pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn`, a connection of `pool` whose statements all ran to their end, or gives
+    /// it back to the pool (when enough are kept, the pool is full, or there is no runtime
+    /// to give it back later).
+    pub(crate) fn keep(&self, pool: &Pool, conn: Conn) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return to_pool(conn);
+        };
+        let mut k = kept(&self.0);
+        if k.conns.len() >= WARM_MAX || !pool.has_room() {
+            drop(k);
+            return to_pool(conn);
+        }
+        k.conns.push((conn, std::time::Instant::now()));
+        if !k.reaping {
+            k.reaping = true;
+            runtime.spawn(reap(std::sync::Arc::downgrade(&self.0)));
+        }
+    }
+}
+
+/// Gives back the connections of a [`Warm`] kept longer than [`WARM_FOR`]; ends when none
+/// is left (or the provider is gone).
+async fn reap(warm: std::sync::Weak<std::sync::Mutex<Kept>>) {
+    loop {
+        tokio::time::sleep(WARM_FOR).await;
+        let Some(warm) = warm.upgrade() else {
+            return;
+        };
+        let mut k = kept(&warm);
+        let (stale, fresh) = k
+            .conns
+            .drain(..)
+            .partition::<Vec<_>, _>(|(_, kept_at)| kept_at.elapsed() >= WARM_FOR);
+        k.conns = fresh;
+        let done = k.conns.is_empty();
+        if done {
+            // Under the lock a keeper takes: the next kept connection starts a new task.
+            k.reaping = false;
+        }
+        drop(k);
+        for (conn, _) in stale {
+            to_pool(conn);
+        }
+        if done {
+            return;
+        }
+    }
+}
+
+/// Gives a connection back to its pool; without a tokio runtime (which the pool needs to take
+/// it back) it is leaked instead, and the server frees what it held when the process exits.
+pub(crate) fn to_pool(conn: Conn) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        drop(conn);
+    } else {
+        std::mem::forget(conn);
     }
 }
 
