@@ -47,7 +47,7 @@ enum Attempt {
 pub(crate) struct Acquisition {
     pub(crate) inner: Arc<Inner>,
     pub(crate) name: LockName,
-    pub(crate) keys: Keys,
+    pub(crate) keys: Arc<Keys>,
     pub(crate) field: String,
     pub(crate) kind: Kind,
     pub(crate) lease: Lease,

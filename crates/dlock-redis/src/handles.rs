@@ -10,11 +10,16 @@ use crate::Inner;
 use crate::acquire::{Acquisition, Kind};
 use crate::scripts::Keys;
 
-fn acquisition(inner: &Arc<Inner>, keys: &Keys, kind: Kind, req: &Request<'_>) -> Arc<Acquisition> {
+fn acquisition(
+    inner: &Arc<Inner>,
+    keys: &Arc<Keys>,
+    kind: Kind,
+    req: &Request<'_>,
+) -> Arc<Acquisition> {
     Arc::new(Acquisition {
         inner: Arc::clone(inner),
         name: req.name.clone(),
-        keys: keys.clone(),
+        keys: Arc::clone(keys),
         field: inner.next_field(),
         kind,
         lease: req.options.lease,
@@ -27,7 +32,7 @@ fn acquisition(inner: &Arc<Inner>, keys: &Keys, kind: Kind, req: &Request<'_>) -
 #[derive(Debug)]
 pub(crate) struct RedisMutex {
     pub(crate) inner: Arc<Inner>,
-    pub(crate) keys: Keys,
+    pub(crate) keys: Arc<Keys>,
 }
 
 #[async_trait]
@@ -48,7 +53,7 @@ impl RawLock for RedisMutex {
 #[derive(Debug)]
 pub(crate) struct RedisReadWrite {
     pub(crate) inner: Arc<Inner>,
-    pub(crate) keys: Keys,
+    pub(crate) keys: Arc<Keys>,
     /// The field of this handle's latest write hold, for downgrades.
     pub(crate) write_field: Mutex<Option<String>>,
 }
@@ -87,7 +92,7 @@ impl RawReadWriteLock for RedisReadWrite {
 #[derive(Debug)]
 pub(crate) struct RedisSemaphore {
     pub(crate) inner: Arc<Inner>,
-    pub(crate) keys: Keys,
+    pub(crate) keys: Arc<Keys>,
 }
 
 #[async_trait]

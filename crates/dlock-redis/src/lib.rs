@@ -324,7 +324,7 @@ impl RedisProvider {
         HandleInfo::new(BACKEND, self.inner.store_id.as_str(), name, options)
     }
 
-    fn name(&self, name: &str) -> Result<(LockName, Keys)> {
+    fn name(&self, name: &str) -> Result<(LockName, Arc<Keys>)> {
         let name = LockName::new(name)?;
         if let Some(whose) = scripts::bookkeeping_key(name.as_str()) {
             return Err(Error::InvalidName {
@@ -346,7 +346,8 @@ impl RedisProvider {
                     .into(),
             });
         }
-        let keys = Keys::new(name.as_str());
+        // Shared by every acquisition of the handle (cloning ten keys per acquisition showed).
+        let keys = Arc::new(Keys::new(name.as_str()));
         Ok((name, keys))
     }
 }
