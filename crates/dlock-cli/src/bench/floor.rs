@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
 //! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
-//! | MySQL, PostgreSQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row |
+//! | MySQL, PostgreSQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row, on one connection |
 //! | MySQL, PostgreSQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
 //! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
 //! | memory | none (no server) |
@@ -52,8 +52,15 @@ fn table_of(url: &str) -> String {
 
 /// Cycles per second of the floor for the store `url` names, or `None` if it has none.
 pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
+    let timed = timed(url, cycles, ns, &Start(None)).await?;
+    Ok(timed.and_then(|t| t.rate(cycles)))
+}
+
+/// When a floor's timed cycles began and ended, or `None` if the store has no floor. The
+/// cycles begin once `start` says so.
+async fn timed(url: &str, cycles: u64, ns: &str, start: &Start) -> dlock::Result<Option<Timed>> {
     let scheme = url.split("://").next().unwrap_or_default();
-    let _ = (cycles, ns); // unused when no server backend is compiled in
+    let _ = (cycles, ns, start); // unused when no server backend is compiled in
     match scheme {
         #[cfg(feature = "redis")]
         "redis" | "rediss" if !url.contains("cluster=true") => {
@@ -95,14 +102,14 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
             cycle(&mut c)
                 .await
                 .map_err(|e| err("redis", "warm-up", e))?;
-            let started = Instant::now();
+            let started = start.go().await;
             for _ in 0..cycles {
                 cycle(&mut c).await.map_err(|e| err("redis", "cycle", e))?;
             }
-            Ok(rate(started, cycles))
+            Ok(timed_since(started))
         }
         #[cfg(feature = "etcd")]
-        "etcd" => etcd_floor(url, cycles, ns).await,
+        "etcd" => etcd_floor(url, cycles, ns, start).await,
         #[cfg(feature = "zookeeper")]
         "zk" => {
             use zookeeper_client as zk;
@@ -122,7 +129,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                 Err(e) => return Err(err("zookeeper", "create the directory", e)),
             }
             let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-            let started = Instant::now();
+            let started = start.go().await;
             for _ in 0..cycles {
                 let (_, seq) = client
                     .create(&format!("{dir}/lock-"), b"", &ephemeral)
@@ -137,7 +144,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                     .await
                     .map_err(|e| err("zookeeper", "delete", e))?;
             }
-            Ok(rate(started, cycles))
+            Ok(timed_since(started))
         }
         #[cfg(any(feature = "mysql", feature = "sqlite"))]
         "mysql" | "mariadb" | "sqlite" => {
@@ -192,7 +199,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                     .acquire()
                     .await
                     .map_err(|e| err(backend, "connect", e))?;
-                let started = Instant::now();
+                let started = start.go().await;
                 for _ in 0..cycles {
                     sqlx::query("BEGIN")
                         .execute(&mut *c)
@@ -211,7 +218,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                         .await
                         .map_err(|e| err(backend, "COMMIT", e))?;
                 }
-                rate(started, cycles)
+                timed_since(started)
             } else {
                 let ddl = if backend == "sqlite" {
                     "CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BLOB NOT NULL PRIMARY KEY)"
@@ -222,20 +229,26 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                     .execute(&pool)
                     .await
                     .map_err(|e| err(backend, "create the table", e))?;
-                let started = Instant::now();
+                // One connection for every cycle, as on PostgreSQL: a statement on the pool
+                // would also pay for the pool's ping of each connection it takes back.
+                let mut c = pool
+                    .acquire()
+                    .await
+                    .map_err(|e| err(backend, "connect", e))?;
+                let started = start.go().await;
                 for _ in 0..cycles {
                     sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES (?)")
                         .bind(&name)
-                        .execute(&pool)
+                        .execute(&mut *c)
                         .await
                         .map_err(|e| err(backend, "INSERT", e))?;
                     sqlx::query("DELETE FROM dlock_bench_floor WHERE name = ?")
                         .bind(&name)
-                        .execute(&pool)
+                        .execute(&mut *c)
                         .await
                         .map_err(|e| err(backend, "DELETE", e))?;
                 }
-                rate(started, cycles)
+                timed_since(started)
             };
             pool.close().await;
             Ok(measured)
@@ -249,7 +262,7 @@ pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::R
                 .connect(base)
                 .await
                 .map_err(|e| err("postgres", "connect", e))?;
-            let measured = postgres_floor(&pool, url, cycles, ns).await;
+            let measured = postgres_floor(&pool, url, cycles, ns, start).await;
             pool.close().await;
             measured
         }
@@ -265,7 +278,8 @@ async fn postgres_floor(
     url: &str,
     cycles: u64,
     ns: &str,
-) -> dlock::Result<Option<f64>> {
+    start: &Start,
+) -> dlock::Result<Option<Timed>> {
     let e = |what: &'static str| move |e| err("postgres", what, e);
     let name = format!("{ns}/floor").into_bytes();
     let mut c = pool.acquire().await.map_err(e("connect"))?;
@@ -294,7 +308,7 @@ async fn postgres_floor(
         );
         let unlock = "SELECT pg_advisory_unlock(1684828003, $1)::INTEGER, \
              set_config('idle_session_timeout', '0', false), set_config('lock_timeout', '5s', false)";
-        let started = Instant::now();
+        let started = start.go().await;
         for _ in 0..cycles {
             sqlx::query(&lock)
                 .bind(key)
@@ -307,7 +321,7 @@ async fn postgres_floor(
                 .await
                 .map_err(e("unlock"))?;
         }
-        return Ok(rate(started, cycles));
+        return Ok(timed_since(started));
     }
     if url.contains("strategy=for-update") {
         sqlx::query(&format!(
@@ -318,7 +332,7 @@ async fn postgres_floor(
         .execute(&mut *c)
         .await
         .map_err(e("create the row"))?;
-        let started = Instant::now();
+        let started = start.go().await;
         for _ in 0..cycles {
             sqlx::query("BEGIN")
                 .execute(&mut *c)
@@ -337,13 +351,13 @@ async fn postgres_floor(
                 .await
                 .map_err(e("COMMIT"))?;
         }
-        return Ok(rate(started, cycles));
+        return Ok(timed_since(started));
     }
     sqlx::query("CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BYTEA NOT NULL PRIMARY KEY)")
         .execute(&mut *c)
         .await
         .map_err(e("create the table"))?;
-    let started = Instant::now();
+    let started = start.go().await;
     for _ in 0..cycles {
         sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES ($1)")
             .bind(&name)
@@ -360,15 +374,19 @@ async fn postgres_floor(
         .await
         .map_err(e("DELETE"))?;
     }
-    Ok(rate(started, cycles))
+    Ok(timed_since(started))
 }
 
-/// Cycles per second since `started`.
 /// etcd's floor: the two transactions of an uncontended dlock cycle, on one client with one
 /// lease granted up front (as a provider's): put the key if absent, with the lease, reading
 /// it and the range's first key by create revision; then delete it if it is still that key.
 #[cfg(feature = "etcd")]
-async fn etcd_floor(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
+async fn etcd_floor(
+    url: &str,
+    cycles: u64,
+    ns: &str,
+    start: &Start,
+) -> dlock::Result<Option<Timed>> {
     use dlock_etcd::etcd_client::{
         Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
         TxnOpResponse,
@@ -395,7 +413,7 @@ async fn etcd_floor(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f6
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1)
     };
-    let started = Instant::now();
+    let started = start.go().await;
     let mut measured = Ok(());
     for _ in 0..cycles {
         let put = Txn::new()
@@ -436,36 +454,97 @@ async fn etcd_floor(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f6
             break;
         }
     }
-    let rate = rate(started, cycles);
+    let timed = timed_since(started);
     let _ = client.lease_revoke(lease).await;
-    measured.map(|()| rate)
+    measured.map(|()| timed)
 }
 
 /// The W4 floor: 8 clients of the client library at once, each with its own connection and
-/// name, each making `cycles` floor cycles; the sum of their rates (each measured over its own
-/// cycles, after its connect), or `None` if the store has no floor.
+/// name, each making `cycles` floor cycles; all the cycles over the time from the first
+/// client's start to the last one's end, or `None` if the store has no floor.
+///
+/// The clients connect first and start their cycles together, so none runs alone for a
+/// while (a sum of per-client rates would count such a stretch at its solo speed), and the
+/// rate is measured as dlock's W4 is: total cycles over wall-clock time.
 pub(super) async fn concurrent_cycles_per_sec(
     url: &str,
     cycles: u64,
     ns: &str,
 ) -> dlock::Result<Option<f64>> {
-    let mut clients = Vec::new();
-    for i in 0..8 {
+    const CLIENTS: usize = 8;
+    let together = std::sync::Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..CLIENTS {
         let (url, ns) = (url.to_owned(), format!("{ns}/floor{i}"));
-        clients.push(tokio::spawn(async move {
-            cycles_per_sec(&url, cycles, &ns).await
-        }));
+        let start = Start(Some(std::sync::Arc::clone(&together)));
+        clients.spawn(async move { timed(&url, cycles, &ns, &start).await });
     }
-    let mut sum = Some(0.0);
-    for c in clients {
-        let rate = c
-            .await
-            .map_err(|e| dlock::Error::config(format!("a floor client panicked: {e}")))??;
-        sum = sum.zip(rate).map(|(a, b)| a + b);
+    let mut span: Option<Timed> = None;
+    // The first error ends the floor at once: a client that failed before the start would
+    // otherwise keep the others waiting for it (dropping the set stops them).
+    while let Some(done) = clients.join_next().await {
+        let done =
+            done.map_err(|e| dlock::Error::config(format!("a floor client panicked: {e}")))??;
+        let Some(t) = done else {
+            return Ok(None);
+        };
+        span = Some(match span {
+            None => t,
+            Some(s) => Timed {
+                started: s.started.min(t.started),
+                ended: s.ended.max(t.ended),
+            },
+        });
     }
-    Ok(sum)
+    let all = cycles.saturating_mul(CLIENTS as u64);
+    Ok(span.and_then(|s| s.rate(all)))
 }
 
+/// When a floor's timed cycles begin: at once, or once every client of a W4 floor is
+/// connected and ready (the barrier they share).
+struct Start(Option<std::sync::Arc<tokio::sync::Barrier>>);
+
+// Without a server backend no floor starts.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "etcd"
+    )),
+    allow(dead_code)
+)]
+impl Start {
+    /// Waits for the start; the time the cycles begin.
+    async fn go(&self) -> std::time::Instant {
+        if let Some(together) = &self.0 {
+            together.wait().await;
+        }
+        std::time::Instant::now()
+    }
+}
+
+/// When a floor's timed cycles began and ended.
+#[derive(Clone, Copy)]
+struct Timed {
+    started: std::time::Instant,
+    ended: std::time::Instant,
+}
+
+impl Timed {
+    /// `cycles` over the time from start to end; `None` if no time passed.
+    fn rate(self, cycles: u64) -> Option<f64> {
+        let secs = self
+            .ended
+            .saturating_duration_since(self.started)
+            .as_secs_f64();
+        (secs > 0.0).then(|| cycles as f64 / secs)
+    }
+}
+
+/// The cycles that began at `started` ended now.
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
@@ -474,9 +553,11 @@ pub(super) async fn concurrent_cycles_per_sec(
     feature = "postgres",
     feature = "etcd"
 ))]
-fn rate(started: Instant, cycles: u64) -> Option<f64> {
-    let secs = started.elapsed().as_secs_f64();
-    (secs > 0.0).then(|| cycles as f64 / secs)
+fn timed_since(started: Instant) -> Option<Timed> {
+    Some(Timed {
+        started,
+        ended: Instant::now(),
+    })
 }
 
 /// Connections the server counts right now (Redis clients, MySQL threads), for W6; `None`
