@@ -378,18 +378,10 @@ impl SqlMutex {
                 _ => attempt.optimistic(&mut c).await,
             }
         };
-        // A connection whose statements all ran to their end stays warm for the next ones.
-        let keep_warm = |attempt: &Attempt, conn: Shared| {
-            if let Ok(conn) = Arc::try_unwrap(conn) {
-                attempt.done_with(conn.into_inner());
-            }
-        };
         let token = match got {
             Ok(Some(token)) => token,
             Ok(None) => {
                 undo.0 = None;
-                drop(undo);
-                keep_warm(&attempt, conn);
                 return Ok(None);
             }
             Err(e) => {
@@ -400,7 +392,6 @@ impl SqlMutex {
         };
         undo.0 = None;
         drop(undo);
-        keep_warm(&attempt, conn);
         let attempt = Arc::try_unwrap(attempt).map_err(|_| shared_attempt())?;
         let hold = match strategy {
             Strategy::UniqueInsert => SqlHold::UniqueInsert(attempt),

@@ -14,7 +14,7 @@ use dlock_core::{
 };
 
 use crate::config::{self, Dialect, SqlConfig, Strategy};
-use crate::db::{Conn, Pool, Warm, query};
+use crate::db::{Pool, query};
 use crate::error::from_sqlx;
 use crate::handles::{SqlMutex, SqlReadWrite};
 #[cfg(feature = "sqlite")]
@@ -68,10 +68,6 @@ pub(crate) struct Inner {
     /// PostgreSQL unique-insert and optimistic: the waiters woken by release notifications.
     #[cfg(feature = "postgres")]
     wakeups: Option<Arc<notify::Wakeups>>,
-    /// Clean connections of `pool`, kept for the next statements.
-    pub(crate) warm: Warm,
-    /// Clean connections of `lock_pool`, kept for the next pinned lock.
-    pub(crate) lock_warm: Warm,
 }
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -126,14 +122,6 @@ impl Inner {
 
     pub(crate) fn forget_key(&self, name: &LockName) {
         guard(&self.keys).remove(name);
-    }
-
-    /// Keeps a clean connection of the lock pool warm for the next pinned lock.
-    pub(crate) fn keep_pinned(&self, conn: Conn) {
-        match &self.lock_pool {
-            Some(pool) => self.lock_warm.keep(pool, conn),
-            None => db::to_pool(conn),
-        }
     }
 
     /// The statement that sets a held lock's server-side lease (`?`: seconds): the session's
@@ -465,8 +453,6 @@ impl SqlProvider {
                 keys: Mutex::new(HashMap::new()),
                 #[cfg(feature = "postgres")]
                 wakeups,
-                warm: Warm::default(),
-                lock_warm: Warm::default(),
             }),
         };
         if strategy == Strategy::Optimistic {

@@ -8,7 +8,7 @@ use dlock_core::{Error, LockName, LossReason, Result, async_trait};
 use tokio::time::Instant;
 
 use crate::Inner;
-use crate::db::{Conn, query, to_pool};
+use crate::db::{Conn, query};
 use crate::error::{Meaning, from_sqlx, meaning};
 use crate::sql::AdvisoryMode;
 
@@ -57,17 +57,7 @@ impl Attempt {
 
     /// A connection of the provider's pool for a few statements in a row.
     pub(crate) async fn connection(&self) -> Result<Conn> {
-        self.inner
-            .warm
-            .take_or_acquire(&self.inner.pool)
-            .await
-            .map_err(self.err("connect"))
-    }
-
-    /// Keeps a connection of [`connection`](Self::connection) warm for the next statements;
-    /// only for one whose statements all ran to their end.
-    pub(crate) fn done_with(&self, conn: Conn) {
-        self.inner.warm.keep(&self.inner.pool, conn);
+        self.inner.pool.acquire().await.map_err(self.err("connect"))
     }
 
     // ------------------------------------------------------------ unique-insert
@@ -138,9 +128,7 @@ impl Attempt {
 
     pub(crate) async fn unique_release(&self) -> Result<bool> {
         let mut conn = self.connection().await?;
-        let released = self.unique_release_on(&mut conn).await?;
-        self.done_with(conn);
-        Ok(released)
+        self.unique_release_on(&mut conn).await
     }
 
     pub(crate) async fn unique_release_on(&self, conn: &mut Conn) -> Result<bool> {
@@ -281,9 +269,7 @@ impl Attempt {
 
     pub(crate) async fn optimistic_release(&self, version: Option<u64>) -> Result<bool> {
         let mut conn = self.connection().await?;
-        let released = self.optimistic_release_on(&mut conn, version).await?;
-        self.done_with(conn);
-        Ok(released)
+        self.optimistic_release_on(&mut conn, version).await
     }
 
     pub(crate) async fn optimistic_release_on(
@@ -365,9 +351,6 @@ impl Attempt {
                 }
             }
         };
-        if let Some(warm) = self.inner.lock_warm.take() {
-            return Ok(Pinned(Some(warm), false));
-        }
         let pooled = match deadline.instant() {
             // No deadline: wait as long as it takes, also for a connection (review: an
             // unbounded acquire must not fail because the pool is busy), and say so: a
@@ -1158,28 +1141,16 @@ impl Pinned {
         }
     }
 
-    /// Keeps a clean connection (no transaction open, nothing held, the session put back)
-    /// warm for the next pinned lock of the provider.
-    fn keep_warm(&mut self, inner: &Inner) {
-        if let Some(c) = self.0.take() {
-            inner.keep_pinned(c);
-        }
-    }
-
     /// Returns a clean connection (no transaction open) to the pool.
     fn return_to_pool(&mut self) {
         if let Some(c) = self.0.take() {
-            to_pool(c);
+            drop_connection(c);
         }
     }
 
     /// Commits (releasing the row lock) and returns the connection to the pool with the
     /// server's default idle timeout.
-    pub(crate) async fn commit(
-        &mut self,
-        reset: &str,
-        inner: &Inner,
-    ) -> std::result::Result<(), sqlx::Error> {
+    pub(crate) async fn commit(&mut self, reset: &str) -> std::result::Result<(), sqlx::Error> {
         let Some(c) = self.0.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
@@ -1188,7 +1159,7 @@ impl Pinned {
             return Err(e);
         }
         match query(reset).execute(&mut *c).await {
-            Ok(_) => self.keep_warm(inner),
+            Ok(_) => drop(self.0.take()),
             // Committed (the row is free); only the connection is not reusable.
             Err(_) => self.close(),
         }
@@ -1198,7 +1169,7 @@ impl Pinned {
     /// Releases an advisory lock (the statement also resets the session) and returns the
     /// connection to the pool; whether this session held the lock. A session that did not,
     /// or that fails, is closed (which frees whatever it holds).
-    pub(crate) async fn unlock(&mut self, unlock: &str, key: i32, inner: &Inner) -> bool {
+    pub(crate) async fn unlock(&mut self, unlock: &str, key: i32) -> bool {
         let Some(c) = self.0.as_mut() else {
             return false;
         };
@@ -1207,7 +1178,7 @@ impl Pinned {
             Err(_) => false,
         };
         if released {
-            self.keep_warm(inner);
+            drop(self.0.take());
         } else {
             self.close();
         }
@@ -1302,7 +1273,7 @@ impl Pinned {
         if let Some(mut c) = self.0.take() {
             self.1 = true;
             c.close_on_drop();
-            to_pool(c);
+            drop_connection(c);
         }
     }
 
@@ -1321,8 +1292,18 @@ impl Drop for ClosedUnlessReturned {
     fn drop(&mut self) {
         if let Some(mut c) = self.0.take() {
             c.close_on_drop();
-            to_pool(c);
+            drop_connection(c);
         }
+    }
+}
+
+/// Drops a pool connection; without a tokio runtime (which the pool needs to take it back) it
+/// is leaked instead, and the server frees what it held when the process exits.
+fn drop_connection(c: Conn) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        drop(c);
+    } else {
+        std::mem::forget(c);
     }
 }
 
@@ -1649,7 +1630,7 @@ impl Hold for SqlHold {
             Self::ForUpdate(a, conn, _, _) => {
                 a.inner.forget_holder(&a.name, &a.owner);
                 let reset = &a.inner.sql.reset_hold_timeout;
-                conn.lock().await.commit(reset, &a.inner).await.is_ok()
+                conn.lock().await.commit(reset).await.is_ok()
             }
             Self::Advisory(a, conn, _, _, lock) => {
                 a.inner.forget_holder(&a.name, &a.owner);
@@ -1793,8 +1774,7 @@ async fn release_advisory(
         None => true,
         Some(0) => {
             holds.close();
-            c.unlock(&s.advisory_unlock[mode.index()], key, &inner)
-                .await
+            c.unlock(&s.advisory_unlock[mode.index()], key).await
         }
         Some(_) => {
             let released = c
