@@ -534,13 +534,14 @@ struct Timed {
 }
 
 impl Timed {
-    /// `cycles` over the time from start to end; `None` if no time passed.
+    /// `cycles` over the time from start to end; `None` if no cycle ran or no time passed
+    /// (a floor of 0 would make the ratio to it infinite).
     fn rate(self, cycles: u64) -> Option<f64> {
         let secs = self
             .ended
             .saturating_duration_since(self.started)
             .as_secs_f64();
-        (secs > 0.0).then(|| cycles as f64 / secs)
+        (cycles > 0 && secs > 0.0).then(|| cycles as f64 / secs)
     }
 }
 
