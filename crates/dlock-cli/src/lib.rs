@@ -142,13 +142,10 @@ pub enum Command {
     /// One worker process of `dlock torture` (started by it).
     #[command(hide = true)]
     TortureWorker(TortureWorkerOpts),
-    /// The reaper of `dlock run` (started by it): kills the command's process group if that
-    /// dlock dies without saying it is done.
+    /// The reaper of `dlock run` (started by it): leads the process group the command joins,
+    /// and kills it if that dlock dies without saying it is done.
     #[command(hide = true)]
-    Reap {
-        /// The command's process group.
-        group: i32,
-    },
+    Reap,
 }
 
 /// The store to use.
@@ -192,7 +189,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Bench(opts) => bench::bench(opts).await,
         Command::Torture(opts) => torture::torture(opts).await,
         Command::TortureWorker(opts) => torture::worker(opts).await,
-        Command::Reap { group } => run::reap(group).await,
+        Command::Reap => run::reap().await,
     }
 }
 

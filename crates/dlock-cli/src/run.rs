@@ -110,20 +110,23 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     let Some((program, args)) = opts.command.split_first() else {
         return exit::CONFIG;
     };
-    // The command leads a process group of its own: signals and the loss reach everything it
-    // starts, and a Ctrl-C meant for it is not delivered twice (once by the terminal, once by
-    // dlock).
-    let mut child = match tokio::process::Command::new(program)
+    // The command runs in a process group of its own: signals and the loss reach everything
+    // it starts, and a Ctrl-C meant for it is not delivered twice (once by the terminal, once
+    // by dlock). The group is the reaper's, started first, so the reaper knows it before the
+    // command runs: a dlock killed at any moment after that takes the command along.
+    let reaper = Reaper::start().await;
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .env("DLOCK_FENCING_TOKEN", token.to_string())
         .env("DLOCK_NAME", &opts.name)
         .stdin(Stdio::inherit())
-        .process_group(0)
-        .spawn()
-    {
+        .process_group(reaper.as_ref().map_or(0, Reaper::group));
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("dlock: cannot run {}: {e}", program.to_string_lossy());
+            Reaper::done(reaper).await;
             let _ = guard.release().await;
             return if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
@@ -132,18 +135,17 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
             };
         }
     };
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw);
+    let group = match &reaper {
+        Some(r) => Some(Pid::from_raw(r.group())),
+        None => child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw),
+    };
     let send = |sig: Signal| {
         if let Some(group) = group {
             let _ = killpg(group, sig);
         }
-    };
-    let reaper = match group {
-        Some(g) => Reaper::start(g),
-        None => None,
     };
     let terminal = group.and_then(Foreground::hand_to);
     let lost = guard.lost();
@@ -196,27 +198,60 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
 
 /// A process of dlock's own (`dlock reap`) that kills the command's process group if this
 /// dlock dies before saying it is done, even by SIGKILL: nothing keeps running unlocked. It
+/// leads that group (the command joins it), so it knows the group before the command runs. It
 /// reads its stdin (a pipe from this process) until EOF; "done" before EOF means leave the
-/// group alone.
+/// group alone. Signals sent to the group (a Ctrl-C, dlock's own) do not end it.
 struct Reaper {
     child: tokio::process::Child,
+    group: i32,
 }
 
+/// How long `dlock run` waits for its reaper to be ready before it runs the command without.
+const REAPER_READY_WITHIN: Duration = Duration::from_secs(5);
+
 impl Reaper {
-    fn start(group: Pid) -> Option<Self> {
+    /// Starts the reaper and waits until it is ready (its signal handlers are in place), at
+    /// most [`REAPER_READY_WITHIN`]; `None` (the command then leads a group of its own) if it
+    /// cannot start or is not ready in time.
+    async fn start() -> Option<Self> {
+        use tokio::io::AsyncReadExt;
+        let cannot = |why: &dyn std::fmt::Display| {
+            eprintln!(
+                "dlock: cannot start the reaper ({why}); if dlock is killed, the command may \
+                 outlive it"
+            );
+        };
         let exe = std::env::current_exe().ok()?;
-        let child = tokio::process::Command::new(exe)
+        let mut child = tokio::process::Command::new(exe)
             .arg("reap")
-            .arg(group.as_raw().to_string())
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            // Out of the terminal's reach: a Ctrl-C must not take the reaper down.
             .process_group(0)
+            .kill_on_drop(true)
             .spawn()
-            .map_err(|e| eprintln!("dlock: cannot start the reaper ({e}); if dlock is killed, the command may outlive it"))
+            .map_err(|e| cannot(&e))
             .ok()?;
-        Some(Self { child })
+        let group = child.id().and_then(|id| i32::try_from(id).ok())?;
+        let mut ready = [0u8; 6];
+        let said = match child.stdout.take() {
+            Some(mut out) => {
+                Deadline::after(REAPER_READY_WITHIN)
+                    .run(out.read_exact(&mut ready))
+                    .await
+            }
+            None => None,
+        };
+        if !matches!(said, Some(Ok(_))) || &ready != b"ready\n" {
+            cannot(&"it did not say it was ready");
+            return None;
+        }
+        Some(Self { child, group })
+    }
+
+    /// The process group the command joins: the reaper's own.
+    fn group(&self) -> i32 {
+        self.group
     }
 
     /// The command's group is gone or being handled: the reaper leaves it alone and exits.
@@ -230,14 +265,36 @@ impl Reaper {
     }
 }
 
-/// `dlock reap GROUP`: waits for its stdin to close; kills process group GROUP unless "done"
-/// came first.
-pub(crate) async fn reap(group: i32) -> u8 {
+/// `dlock reap`: leads a process group of its own, which the command of the `dlock run` that
+/// started it joins; waits for its stdin to close, and kills the group (itself last) unless
+/// "done" came first.
+pub(crate) async fn reap() -> u8 {
     use tokio::io::AsyncReadExt;
+    // The signals the group gets (a Ctrl-C at the terminal, those dlock passes on to the
+    // command) are caught and dropped: the reaper must outlive the command's interruption.
+    let _caught: Vec<_> = [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::quit(),
+        SignalKind::from_raw(nix::libc::SIGTSTP),
+    ]
+    .into_iter()
+    .filter_map(|kind| signal(kind).ok())
+    .collect();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut out = tokio::io::stdout();
+        if out.write_all(b"ready\n").await.is_err() || out.flush().await.is_err() {
+            return 0;
+        }
+    }
     let mut said = Vec::new();
     let _ = tokio::io::stdin().read_to_end(&mut said).await;
-    if !said.starts_with(b"done") && group > 1 {
-        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+    let me = nix::unistd::getpid();
+    // Only a group this process leads (never dlock's own, if it was started otherwise).
+    if !said.starts_with(b"done") && getpgrp() == me && me.as_raw() > 1 {
+        let _ = killpg(me, Signal::SIGKILL);
     }
     0
 }

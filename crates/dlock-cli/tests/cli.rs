@@ -712,6 +712,37 @@ fn killed_dlock_takes_its_command_along() {
     let _ = std::fs::remove_file(&pidfile);
 }
 
+/// A dlock killed the moment its command starts still takes the command along. The command
+/// kills its dlock as its first act, after starting a grandchild. dlock used to start its
+/// reaper only after the command, so a dlock killed in between left the command running
+/// without the lock (a stress run saw `killed_dlock_takes_its_command_along` fail so; this
+/// case left a grandchild alive in 2 of 40 tries on an idle machine). The reaper now starts
+/// first, and the command joins its process group.
+#[test]
+fn a_dlock_killed_as_its_command_starts_takes_the_command_along() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    for i in 0..20 {
+        let name = Names::new().name(&format!("at-once-{i}"));
+        let pidfile = std::env::temp_dir().join(format!("dlock-at-once-{}", rand_suffix()));
+        let script = format!(
+            "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {}; kill -9 $PPID; wait",
+            pidfile.display()
+        );
+        let mut child = dlock(&url, &["run", &name, "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let grandchild = pid_in(&pidfile);
+        child.wait().unwrap();
+        within(
+            Duration::from_secs(5),
+            "the command dies with the dlock it killed",
+            || !alive(grandchild),
+        );
+        let _ = std::fs::remove_file(&pidfile);
+    }
+}
+
 /// A reader that went away (`dlock bench | head -1`) ends dlock quietly with 141, the status
 /// `SIGPIPE` gives a Unix tool, instead of a panic (the old code panicked in `println!`). The
 /// pipe's reading end is closed before dlock starts, so every write meets it closed.
