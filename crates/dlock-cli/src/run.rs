@@ -142,11 +142,31 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw),
     };
-    let send = |sig: Signal| {
-        if let Some(group) = group {
-            let _ = killpg(group, sig);
+    let command = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    // To the group, and to the command's own group if it left the reaper's (a shell with job
+    // control does: it leads a group of its own), so that signals and the loss still reach
+    // it. (A dlock killed with SIGKILL then leaves such a command running: its reaper only
+    // knows its own group.)
+    // Read while the command is not yet waited for (its pid cannot be another's then).
+    let targets = || {
+        let mut groups: Vec<Pid> = group.into_iter().collect();
+        if let Some(own) = command.and_then(|c| nix::unistd::getpgid(Some(c)).ok())
+            && !groups.contains(&own)
+            && own != getpgrp()
+        {
+            groups.push(own);
+        }
+        groups
+    };
+    let send_to = |groups: &[Pid], sig: Signal| {
+        for g in groups {
+            let _ = killpg(*g, sig);
         }
     };
+    let send = |sig: Signal| send_to(&targets(), sig);
     let terminal = group.and_then(Foreground::hand_to);
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -176,15 +196,16 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                      terminating it",
                     opts.name
                 );
-                send(Signal::SIGTERM);
-                send(Signal::SIGCONT);
+                let groups = targets();
+                send_to(&groups, Signal::SIGTERM);
+                send_to(&groups, Signal::SIGCONT);
                 if Deadline::after(opts.kill_after).run(child.wait()).await.is_none() {
                     eprintln!("dlock: the command outlived --kill-after; killing it");
-                    send(Signal::SIGKILL);
+                    send_to(&groups, Signal::SIGKILL);
                     let _ = child.wait().await;
                 }
                 // What the command started in its group goes too.
-                send(Signal::SIGKILL);
+                send_to(&groups, Signal::SIGKILL);
                 drop(terminal);
                 Reaper::done(reaper).await;
                 return exit::LOST;
@@ -255,13 +276,22 @@ impl Reaper {
     }
 
     /// The command's group is gone or being handled: the reaper leaves it alone and exits.
+    /// It may have been stopped with the group (SIGSTOP cannot be caught): it is continued,
+    /// and waited for at most [`REAPER_READY_WITHIN`], then killed.
     async fn done(reaper: Option<Self>) {
         let Some(mut reaper) = reaper else { return };
         if let Some(mut stdin) = reaper.child.stdin.take() {
             let _ = stdin.write_all(b"done\n").await;
             drop(stdin);
         }
-        let _ = reaper.child.wait().await;
+        let _ = nix::sys::signal::kill(Pid::from_raw(reaper.group), Signal::SIGCONT);
+        if Deadline::after(REAPER_READY_WITHIN)
+            .run(reaper.child.wait())
+            .await
+            .is_none()
+        {
+            let _ = reaper.child.kill().await;
+        }
     }
 }
 
@@ -272,12 +302,25 @@ pub(crate) async fn reap() -> u8 {
     use tokio::io::AsyncReadExt;
     // The signals the group gets (a Ctrl-C at the terminal, those dlock passes on to the
     // command) are caught and dropped: the reaper must outlive the command's interruption.
+    // So are the others whose default would end or stop it (an operator's `kill -USR1` to
+    // the group, job control); SIGKILL and SIGSTOP cannot be caught.
     let _caught: Vec<_> = [
         SignalKind::interrupt(),
         SignalKind::terminate(),
         SignalKind::hangup(),
         SignalKind::quit(),
+        SignalKind::user_defined1(),
+        SignalKind::user_defined2(),
+        SignalKind::alarm(),
+        SignalKind::io(),
         SignalKind::from_raw(nix::libc::SIGTSTP),
+        SignalKind::from_raw(nix::libc::SIGTTIN),
+        SignalKind::from_raw(nix::libc::SIGTTOU),
+        SignalKind::from_raw(nix::libc::SIGVTALRM),
+        SignalKind::from_raw(nix::libc::SIGPROF),
+        SignalKind::from_raw(nix::libc::SIGXCPU),
+        SignalKind::from_raw(nix::libc::SIGXFSZ),
+        SignalKind::from_raw(nix::libc::SIGPWR),
     ]
     .into_iter()
     .filter_map(|kind| signal(kind).ok())
