@@ -649,8 +649,8 @@ fn ctrl_c_reaches_the_command_once() {
         .unwrap();
     let command = pid_in(&ready);
     let group = i32::try_from(child.id()).unwrap();
-    // The command leads a process group of its own, out of the terminal's reach: a Ctrl-C
-    // cannot reach it twice (directly, and forwarded by dlock).
+    // The command runs in a process group of its own (its reaper's), out of the terminal's
+    // reach: a Ctrl-C cannot reach it twice (directly, and forwarded by dlock).
     let stat = std::fs::read_to_string(format!("/proc/{command}/stat")).unwrap();
     let pgrp: i32 = stat
         .rsplit(')')
