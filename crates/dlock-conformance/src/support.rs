@@ -163,11 +163,7 @@ impl StallProbe {
         let ongoing = now
             .saturating_duration_since(seen.last_wake)
             .saturating_sub(Self::TICK);
-        seen.stalls
-            .iter()
-            .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
-            .map(|(_, d)| *d)
-            .fold(ongoing, combine)
+        within(&seen.stalls, now, window, ongoing, combine)
     }
 
     /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
@@ -196,6 +192,22 @@ impl StallProbe {
         }
         stalled
     }
+}
+
+/// The lengths of the `events` (when each ended, how long it was) that ended within `window`
+/// before `now`, and `ongoing` (one still going on), combined with `combine`.
+fn within(
+    events: &[(Instant, Duration)],
+    now: Instant,
+    window: Duration,
+    ongoing: Duration,
+    combine: fn(Duration, Duration) -> Duration,
+) -> Duration {
+    events
+        .iter()
+        .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
+        .map(|(_, d)| *d)
+        .fold(ongoing, combine)
 }
 
 impl Drop for StallProbe {
@@ -286,11 +298,7 @@ impl StoreProbe {
         let ongoing = seen
             .asked
             .map_or(Duration::ZERO, |asked| now.saturating_duration_since(asked));
-        seen.slow
-            .iter()
-            .filter(|(end, _)| now.saturating_duration_since(*end) <= window)
-            .map(|(_, d)| *d)
-            .fold(ongoing, Duration::max)
+        within(&seen.slow, now, window, ongoing, Duration::max)
     }
 
     /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
@@ -407,6 +415,7 @@ mod tests {
             &self,
             _wait: Duration,
         ) -> dlock_core::Result<Option<dlock_core::LockGuard>> {
+            // The fault this fake store injects: a slow answer.
             tokio::time::sleep(self.delay).await;
             Ok(None)
         }
