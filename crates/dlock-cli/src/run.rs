@@ -115,6 +115,11 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     // by dlock). The group is the reaper's, started first, so the reaper knows it before the
     // command runs: a dlock killed at any moment after that takes the command along.
     let reaper = Reaper::start().await;
+    // The terminal goes to that group before the command runs: a command that reads from it
+    // at once must not be stopped as a background job (SIGTTIN) before it is handed over.
+    let mut terminal = reaper
+        .as_ref()
+        .and_then(|r| Foreground::hand_to(Pid::from_raw(r.group())));
     let mut command = tokio::process::Command::new(program);
     command
         .args(args)
@@ -125,6 +130,7 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
+            drop(terminal);
             eprintln!("dlock: cannot run {}: {e}", program.to_string_lossy());
             Reaper::done(reaper).await;
             let _ = guard.release().await;
@@ -167,7 +173,10 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         }
     };
     let send = |sig: Signal| send_to(&targets(), sig);
-    let terminal = group.and_then(Foreground::hand_to);
+    // Without a reaper the group is the command's own, known only now.
+    if terminal.is_none() {
+        terminal = group.and_then(Foreground::hand_to);
+    }
     let lost = guard.lost();
     tokio::pin!(lost);
     loop {
