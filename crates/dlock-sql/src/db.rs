@@ -172,6 +172,34 @@ impl Conn {
         }
     }
 
+    /// Runs statements without arguments or preparation, several in one round trip, and
+    /// returns the rows of all of them (the server stops at the first that fails).
+    pub(crate) async fn batch(&mut self, sql: &str) -> Result<Vec<Row>, sqlx::Error> {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref mut c) => Ok((&mut **c)
+                .fetch_all(sql)
+                .await?
+                .into_iter()
+                .map(Row::MySql)
+                .collect()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref mut c) => Ok((&mut **c)
+                .fetch_all(sql)
+                .await?
+                .into_iter()
+                .map(Row::Sqlite)
+                .collect()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref mut c) => Ok((&mut **c)
+                .fetch_all(sql)
+                .await?
+                .into_iter()
+                .map(Row::Postgres)
+                .collect()),
+        }
+    }
+
     /// Closes the connection when it is dropped, instead of returning it to the pool.
     pub(crate) fn close_on_drop(&mut self) {
         match *self {

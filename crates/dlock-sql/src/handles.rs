@@ -202,6 +202,7 @@ impl SqlMutex {
     ) -> Result<Option<LockGuard>> {
         let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         let mut failures = 0u32;
+        let mut reconnected = false;
         // Where releases are announced, a waiter sleeps until one (or its pause) ends. A
         // notification that comes while it tries is kept for its next wait. A waiter
         // registers after its first try fails: an uncontended acquire registers nothing.
@@ -229,6 +230,18 @@ impl SqlMutex {
             match self.try_once(attempt, lease, started, deadline, kind).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
                 Ok(None) => failures = 0,
+                // At the deadline, a database that could not be reached is the answer, not
+                // a lock held by someone else (contention, a deadlock victim, a busy SQLite
+                // file, still means "held"). After one more try at once: the connection
+                // that broke was closed, and a pooled one that died while idle (closed by
+                // the server or a proxy) must not make the answer.
+                Err(e @ Error::Connection { .. }) if deadline.has_passed() => {
+                    if reconnected {
+                        return Err(e);
+                    }
+                    reconnected = true;
+                    continue;
+                }
                 Err(e) if e.is_retryable() => {
                     failures = failures.saturating_add(1);
                     if worth_a_warning(failures) {
@@ -289,22 +302,29 @@ impl SqlMutex {
                 (conn, connection_id, key, token, sent) =
                     (g.conn, g.pid, Some(g.key), g.token, g.sent);
             } else {
-                let Some((mut pinned, id)) = attempt.for_update(deadline).await? else {
+                let Some(mut granted) = attempt.for_update(deadline).await? else {
                     return Ok(None);
                 };
-                let granted = attempt.start_lease(&mut pinned).await?;
-                let fence = attempt.next_fence().await?;
+                // The lease runs from the statement that set it with the grant, or after a
+                // wait, from now.
+                let leased = match granted.lease_sent {
+                    Some(sent) => sent,
+                    None => attempt.start_lease(&mut granted.conn).await?,
+                };
                 // A fixed lease ends at its time on the server too, however long the fence
                 // took.
-                fixed_at = (!lease.is_watchdog()).then(|| later(granted, lease.ttl()));
-                let left = fixed_at.map_or(attempt.lease, |end| {
-                    end.saturating_duration_since(Instant::now())
-                });
+                fixed_at = (!lease.is_watchdog()).then(|| later(leased, lease.ttl()));
+                let left = || {
+                    fixed_at.map_or(attempt.lease, |end| {
+                        end.saturating_duration_since(Instant::now())
+                    })
+                };
                 // If the connection died after the grant (and another holder got the row and
                 // a token meanwhile), this fails: no guard carries a token above the real
                 // holder's (review M5).
-                attempt.confirm_lease(&mut pinned, left).await?;
-                (conn, connection_id, key, token, sent) = (pinned, id, None, fence, granted);
+                let fence = attempt.fence_held(&mut granted, left).await?;
+                (conn, connection_id, key, token, sent) =
+                    (granted.conn, granted.connection_id, None, fence, leased);
             }
             attempt
                 .inner

@@ -1,5 +1,8 @@
-//! Every statement dlock runs, per dialect. Lock names and owners are always bound parameters;
-//! only the validated table prefix is formatted in.
+//! Every statement dlock runs, per dialect. Lock names and owners are bound parameters; only
+//! the validated table prefix is formatted in, with one exception: the for-update first try
+//! ([`Statements::lock_row_first_try`]) sends several statements in one round trip, which
+//! cannot take parameters, so the name goes in as hexadecimal digits (and the lease as a
+//! number), which no name can break out of.
 
 use crate::config::Dialect;
 
@@ -71,9 +74,18 @@ pub(crate) struct Statements {
     pub(crate) lock_row_nowait: String,
     pub(crate) lock_wait_timeout: String,
     pub(crate) connection_id: String,
+    /// The server-side lease of a held for-update row (`?`: seconds). On PostgreSQL it is
+    /// local to the hold's transaction, so COMMIT or ROLLBACK takes it back.
     pub(crate) hold_timeout: String,
-    pub(crate) reset_hold_timeout: String,
+    /// What gives a for-update connection the server's default idle timeout back before it
+    /// returns to the pool; `None` where the lease is local to the transaction (PostgreSQL).
+    pub(crate) reset_hold_timeout: Option<String>,
     pub(crate) next_fence: String,
+    /// PostgreSQL: the next fencing token of a name (`$1`: name), taken only while the
+    /// transaction that holds its row (`$2`: its id, `txid_current()`) is still in progress
+    /// on the session that took it (`$3`: `pg_backend_pid()`); no row otherwise. Empty
+    /// elsewhere: MySQL confirms the hold on its own connection after `next_fence`.
+    pub(crate) next_fence_held: String,
     // inspection
     pub(crate) describe_hold: String,
     pub(crate) describe_version: String,
@@ -151,6 +163,9 @@ fn notifying(dialect: Dialect, t: &str, origin: &str, release: String) -> String
          SELECT pg_notify('{t}_release', encode(name, 'hex') || '/{origin}') FROM released"
     )
 }
+
+/// The digits of a name in [`Statements::lock_row_first_try`].
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// PostgreSQL numbers its placeholders: `?` becomes `$1`, `$2`, … (no statement here has a
 /// `?` inside a string literal).
@@ -294,6 +309,31 @@ impl Statements {
             Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
             Dialect::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
         };
+        let (transaction_id, next_fence_held) = match dialect {
+            // The proof that the holder held the row when its token was taken (review M5),
+            // in the statement that takes the token, without another round trip on the
+            // holder's connection:
+            // - txid_status says whether the transaction that holds the row lock still runs:
+            //   "in progress" until its end is recorded, which comes before its row lock is
+            //   given to anyone else. It is asked again in DO UPDATE, after the wait for the
+            //   fence row (another fence being taken), when the holder may have ended.
+            // - The holder's session still has that transaction: a transaction id can be
+            //   handed out again after a crash of the server (one whose first use was never
+            //   written to disk), and then names another transaction. (A crash during this
+            //   statement ends it too, so the check at its start is enough for that.)
+            Dialect::Postgres => (
+                "txid_current()",
+                format!(
+                    "INSERT INTO {t}_fence (name, token) SELECT $1, 1 \
+                     WHERE txid_status($2::BIGINT) = 'in progress' \
+                     AND EXISTS (SELECT 1 FROM pg_stat_get_activity($3::INTEGER) a \
+                     WHERE a.backend_xid::TEXT = ($2::BIGINT % 4294967296)::TEXT) \
+                     ON CONFLICT(name) DO UPDATE SET token = {t}_fence.token + 1 \
+                     WHERE txid_status($2::BIGINT) = 'in progress' RETURNING token"
+                ),
+            ),
+            _ => ("0", String::new()),
+        };
         let (claim_version, next_fence) = match dialect {
             Dialect::MySql => (
                 // LAST_INSERT_ID(expr) hands the new version back with the UPDATE's answer.
@@ -326,15 +366,19 @@ impl Statements {
                     "pg_backend_pid()::BIGINT",
                     // lock_timeout bounds the wait; idle_in_transaction_session_timeout is
                     // the server-side lease (a session idle in its transaction that long is
-                    // ended, which frees the row).
-                    // Both take milliseconds up to 2^31 - 1 (24.8 days).
+                    // ended, which frees the row). Both are local to the row lock's
+                    // transaction (run after its BEGIN), so its end takes them back, and the
+                    // session returns to the pool as it came.
+                    // Both take milliseconds up to 2^31 - 1 (24.8 days). The session's id
+                    // comes with them, for the killer of the wait that follows.
                     "SELECT set_config('lock_timeout', \
-                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false), \
+                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true), \
                      set_config('idle_in_transaction_session_timeout', \
-                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)",
+                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true), \
+                     pg_backend_pid()::BIGINT",
                     "SELECT set_config('idle_in_transaction_session_timeout', \
-                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)",
-                    "SELECT set_config('idle_in_transaction_session_timeout', '0', false)",
+                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true)",
+                    None,
                     "FOR SHARE NOWAIT",
                 ),
                 _ => (
@@ -344,7 +388,7 @@ impl Statements {
                     // connection idle this long, which rolls back and frees the row (a paused
                     // or cut-off holder).
                     "SET SESSION wait_timeout = ?",
-                    "SET SESSION wait_timeout = DEFAULT",
+                    Some("SET SESSION wait_timeout = DEFAULT"),
                     if mariadb {
                         "LOCK IN SHARE MODE NOWAIT"
                     } else {
@@ -489,15 +533,22 @@ impl Statements {
             advisory_token: format!("SELECT token FROM {t}_names WHERE name = ?"),
             insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
             row_exists: format!("SELECT 1 FROM {t}_rows WHERE name = ?"),
-            lock_row: format!("SELECT {connection_id} FROM {t}_rows WHERE name = ? FOR UPDATE"),
+            // The session's id, and on PostgreSQL the id of the transaction that holds the
+            // row (for `next_fence_held`).
+            lock_row: format!(
+                "SELECT {connection_id}, {transaction_id} FROM {t}_rows WHERE name = ? FOR UPDATE"
+            ),
             lock_row_nowait: format!(
-                "SELECT {connection_id} FROM {t}_rows WHERE name = ? FOR UPDATE NOWAIT"
+                "SELECT {connection_id}, {transaction_id} FROM {t}_rows \
+                 WHERE name = ? FOR UPDATE NOWAIT"
             ),
             lock_wait_timeout: lock_wait_timeout.to_owned(),
             connection_id: format!("SELECT {connection_id}"),
             hold_timeout: hold_timeout.to_owned(),
-            reset_hold_timeout: reset_hold_timeout.to_owned(),
+            reset_hold_timeout: reset_hold_timeout.map(str::to_owned),
+            next_fence_held,
             next_fence,
+
             describe_hold: format!(
                 "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"
             ),
@@ -562,12 +613,41 @@ impl Statements {
             hold_timeout: n(self.hold_timeout),
             reset_hold_timeout: self.reset_hold_timeout,
             next_fence: n(self.next_fence),
+            next_fence_held: n(self.next_fence_held),
+
             describe_hold: n(self.describe_hold),
             describe_version: n(self.describe_version),
             describe_fence: n(self.describe_fence),
             row_locked: n(self.row_locked),
             claim_strategy: n(self.claim_strategy),
             read_strategy: self.read_strategy,
+        }
+    }
+
+    /// The for-update first try in one round trip: the hold's server-side lease of
+    /// `lease_secs`, then `lock_row_nowait` (the same answer). On PostgreSQL it opens the
+    /// row lock's transaction too, and the lease is local to it; MySQL's lock connections
+    /// open a transaction with every statement, and the lease stays on the session until
+    /// `reset_hold_timeout`. The statements cannot be prepared together, so the name goes in
+    /// as hexadecimal digits.
+    pub(crate) fn lock_row_first_try(&self, name: &[u8], lease_secs: i64) -> String {
+        let mut hex = String::with_capacity(2 * name.len());
+        for b in name {
+            hex.push(char::from(HEX[usize::from(b >> 4)]));
+            hex.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        match self.dialect {
+            Dialect::Postgres => {
+                let ms = lease_secs.saturating_mul(1000).clamp(1, 2_147_483_647);
+                let lock =
+                    self.lock_row_nowait
+                        .replacen("$1", &format!("decode('{hex}', 'hex')"), 1);
+                format!("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}; {lock}")
+            }
+            _ => {
+                let lock = self.lock_row_nowait.replacen('?', &format!("X'{hex}'"), 1);
+                format!("SET SESSION wait_timeout = {lease_secs}; {lock}")
+            }
         }
     }
 

@@ -343,10 +343,9 @@ impl Attempt {
             if lock_pool.all_in_use() {
                 exhausted()
             } else {
-                Error::Backend {
+                Error::Connection {
                     backend: self.inner.backend,
                     message: "opening a connection for a for-update lock timed out".into(),
-                    retryable: true,
                     source: None,
                 }
             }
@@ -386,29 +385,36 @@ impl Attempt {
     }
 
     /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
-    /// until `deadline`; returns the connection holding it and the server's id for it.
+    /// until `deadline`.
     ///
-    /// The hold's lease is the server's: [`start_lease`](Self::start_lease) sets the
-    /// connection's `wait_timeout` to it, so a holder that stops talking (paused, cut off) is
-    /// disconnected by the server and its row freed. The connection of a statement that waits
-    /// for the row is killed (`KILL CONNECTION`, on PostgreSQL `pg_terminate_backend`, from
-    /// another connection) if the acquisition is dropped, so a cancelled waiter leaves no waiting statement on the server.
-    pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<(Pinned, u64)>> {
+    /// The hold's lease is the server's: the connection's idle timeout (MySQL's `wait_timeout`,
+    /// PostgreSQL's `idle_in_transaction_session_timeout`), so a holder that stops talking
+    /// (paused, cut off) is disconnected by the server and its row freed. The first try sets
+    /// it and takes the row without waiting in one round trip; a try that waits sets it
+    /// before it waits, and [`start_lease`](Self::start_lease) again at the grant. The
+    /// connection of a statement that waits for the row is killed (`KILL CONNECTION`, on
+    /// PostgreSQL `pg_terminate_backend`, from another connection) if the acquisition is
+    /// dropped, so a cancelled waiter leaves no waiting statement on the server.
+    pub(crate) async fn for_update(&self, deadline: Deadline) -> Result<Option<Granted>> {
         let s = &self.inner.sql;
+        let postgres = self.inner.dialect == crate::Dialect::Postgres;
         let mut conn = self.pin(deadline).await?;
         let mut connection_id = None;
         // The first try never waits (NOWAIT): an uncontended lock costs one round trip, with
         // no lock-wait setting and no connection id for the killer of a waiting statement.
         let mut first = true;
-        // Whether a blocking try set the connection's server-side lease (to be put back before
-        // the connection returns to the pool, where the server would otherwise close it).
+        // Whether a try set the session's server-side lease, to be put back before the
+        // connection returns to the pool, where the server would otherwise close it (MySQL;
+        // PostgreSQL's is local to the transaction, which a busy try rolls back).
         let mut lease_set = false;
         loop {
             let left = deadline.remaining();
             let blocking = !first && left.is_none_or(|left| left >= Duration::from_secs(1));
             first = false;
-            if blocking {
-                lease_set = true;
+            let mut lease_sent = None;
+            // A statement that may wait gets a killer, armed while it is in flight.
+            let mut killer = None;
+            let locked = if blocking {
                 // The server-side lease starts at the grant, not after it: a waiter frozen or
                 // cut off while it waits, and granted the row then, is disconnected after its
                 // lease of idleness instead of the server's default (8 h). The client's lease
@@ -416,29 +422,30 @@ impl Attempt {
                 let lock_wait = left.map_or(50, |left| {
                     i64::try_from(left.as_secs()).unwrap_or(50).min(50)
                 });
-                query(&s.lock_wait_timeout)
+                let set_wait = query(&s.lock_wait_timeout)
                     .bind(lock_wait)
-                    .bind(server_seconds(self.lease))
-                    .execute(conn.get()?)
-                    .await
-                    .map_err(self.err("set the lock wait"))?;
-            }
-            let statement = if blocking {
-                &s.lock_row
-            } else {
-                &s.lock_row_nowait
-            };
-            if self.inner.dialect == crate::Dialect::Postgres {
-                // PostgreSQL has no autocommit switch: the row lock's transaction is opened by
-                // hand (MySQL's lock pool opens one with every statement).
-                query("BEGIN")
-                    .execute(conn.get()?)
-                    .await
-                    .map_err(self.err("begin"))?;
-            }
-            // A statement that may wait gets a killer, armed while it is in flight.
-            let mut killer = None;
-            if blocking {
+                    .bind(server_seconds(self.lease));
+                if postgres {
+                    // PostgreSQL has no autocommit switch: the row lock's transaction is
+                    // opened by hand (MySQL's lock pool opens one with every statement), and
+                    // the settings, local to it, come with the session's id.
+                    query("BEGIN")
+                        .execute(conn.get()?)
+                        .await
+                        .map_err(self.err("begin"))?;
+                    let row = set_wait
+                        .fetch_one(conn.get()?)
+                        .await
+                        .map_err(self.err("set the lock wait"))?;
+                    let id = row.int(2).map_err(self.err("connection id"))?;
+                    connection_id = Some(u64::try_from(id).unwrap_or(0));
+                } else {
+                    lease_set = true;
+                    set_wait
+                        .execute(conn.get()?)
+                        .await
+                        .map_err(self.err("set the lock wait"))?;
+                }
                 let id = match connection_id {
                     Some(id) => id,
                     None => {
@@ -452,18 +459,34 @@ impl Attempt {
                     }
                 };
                 killer = Some(KillOnDrop(Some((Arc::clone(&self.inner), id))));
-            }
-            let locked = query(statement)
-                .bind(self.key())
-                .fetch_optional(conn.get()?)
-                .await;
+                query(&s.lock_row)
+                    .bind(self.key())
+                    .fetch_optional(conn.get()?)
+                    .await
+            } else {
+                // One round trip: the lease (and on PostgreSQL the transaction), then the
+                // row without waiting.
+                lease_set |= !postgres;
+                let batch = s.lock_row_first_try(self.key(), server_seconds(self.lease));
+                lease_sent = Some(Instant::now());
+                conn.get()?
+                    .batch(&batch)
+                    .await
+                    .map(|rows| rows.into_iter().next())
+            };
             if let Some(mut k) = killer {
                 k.0 = None;
             }
             match locked {
                 Ok(Some(row)) => {
                     let id = row.int(0).map_err(self.err("lock"))?;
-                    return Ok(Some((conn, u64::try_from(id).unwrap_or(0))));
+                    let transaction = row.int(1).map_err(self.err("lock"))?;
+                    return Ok(Some(Granted {
+                        conn,
+                        connection_id: u64::try_from(id).unwrap_or(0),
+                        transaction,
+                        lease_sent,
+                    }));
                 }
                 Ok(None) => {
                     // First use of the name (or its row was deleted by hand): end the
@@ -475,13 +498,65 @@ impl Attempt {
                     self.inner.create_row(&self.name).await?;
                 }
                 Err(e) if meaning(&e) == Meaning::Busy => {
+                    let reset = if lease_set {
+                        s.reset_hold_timeout.as_deref()
+                    } else {
+                        None
+                    };
+                    if deadline.has_passed() {
+                        // The last try: the rollback and the reset in one round trip.
+                        conn.end(reset).await;
+                        return Ok(None);
+                    }
                     conn.rollback().await;
-                    let reset = lease_set.then_some(s.reset_hold_timeout.as_str());
                     if conn.busy(deadline, reset).await {
                         return Ok(None);
                     }
                 }
                 Err(e) => return Err(self.err("lock")(e)),
+            }
+        }
+    }
+
+    /// The fencing token of a for-update hold just granted, taken while the hold is proven
+    /// alive, so that no guard carries a token above the real holder's (review M5: a
+    /// connection that died after its grant, while another holder took the row and a token).
+    ///
+    /// PostgreSQL proves it in the statement that takes the token (the holder's transaction
+    /// is still in progress); MySQL sets the hold's server-side lease again on the holding
+    /// connection after the token, to `left()`, what is left of the hold's lease.
+    pub(crate) async fn fence_held(
+        &self,
+        granted: &mut Granted,
+        left: impl FnOnce() -> Duration,
+    ) -> Result<u64> {
+        if self.inner.dialect != crate::Dialect::Postgres {
+            let fence = self.next_fence().await?;
+            self.confirm_lease(&mut granted.conn, left()).await?;
+            return Ok(fence);
+        }
+        let session = i64::try_from(granted.connection_id).unwrap_or(0);
+        let row = query(&self.inner.sql.next_fence_held)
+            .bind(self.key())
+            .bind(granted.transaction)
+            .bind(session)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(self.err("fence"))?;
+        match row {
+            Some(row) => Ok(u64::try_from(row.int(0).map_err(self.err("fence"))?).unwrap_or(0)),
+            None => {
+                granted.conn.close();
+                Err(Error::Backend {
+                    backend: self.inner.backend,
+                    message: format!(
+                        "the connection that was granted lock {:?} ended before its fencing \
+                         token was taken",
+                        self.name
+                    ),
+                    retryable: true,
+                    source: None,
+                })
             }
         }
     }
@@ -722,10 +797,11 @@ impl Attempt {
         Ok(u64::try_from(row.int(0).map_err(self.err("connection id"))?).unwrap_or(0))
     }
 
-    /// Starts a for-update hold's server-side lease on its connection (`wait_timeout`), and
+    /// Starts a for-update hold's server-side lease on its connection after a wait, and
     /// returns when the statement was sent: the client's lease runs from there, before the
-    /// server starts counting idle time. Called right after the grant, so the row is never
-    /// without a server-side lease; [`confirm_lease`](Self::confirm_lease) follows the fence.
+    /// server starts counting idle time. Called right after the grant (the wait had set a
+    /// lease too, so the row is never without one); [`fence_held`](Self::fence_held)
+    /// follows.
     pub(crate) async fn start_lease(&self, conn: &mut Pinned) -> Result<Instant> {
         let sent = Instant::now();
         conn.renew(self.inner.hold_timeout(), self.lease)
@@ -1082,6 +1158,20 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A for-update row lock just granted, on its connection.
+pub(crate) struct Granted {
+    /// The connection whose transaction holds the row.
+    pub(crate) conn: Pinned,
+    /// The server's id of that connection.
+    pub(crate) connection_id: u64,
+    /// PostgreSQL: the id of the transaction that holds the row (0 elsewhere).
+    pub(crate) transaction: i64,
+    /// When the statement that set the hold's server-side lease and took the row without
+    /// waiting was sent; `None` after a wait (the lease then starts with
+    /// [`Attempt::start_lease`]).
+    pub(crate) lease_sent: Option<Instant>,
+}
+
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
 /// while it still holds its connection, it closes it (the server then rolls back and
 /// releases). It goes back to the pool only when the session is clean: after a
@@ -1106,6 +1196,22 @@ impl Pinned {
             && query("ROLLBACK").execute(c).await.is_err()
         {
             self.close();
+        }
+    }
+
+    /// Rolls back, puts the server's default idle timeout back (`reset`, in the same round
+    /// trip) and returns the connection to the pool; closes it if that fails.
+    async fn end(&mut self, reset: Option<&str>) {
+        let Some(c) = self.0.as_mut() else {
+            return;
+        };
+        let ended = match reset {
+            Some(reset) => c.batch(&format!("ROLLBACK; {reset}")).await.map(drop),
+            None => query("ROLLBACK").execute(&mut *c).await.map(drop),
+        };
+        match ended {
+            Ok(()) => self.return_to_pool(),
+            Err(_) => self.close(),
         }
     }
 
@@ -1149,21 +1255,32 @@ impl Pinned {
     }
 
     /// Commits (releasing the row lock) and returns the connection to the pool with the
-    /// server's default idle timeout.
-    pub(crate) async fn commit(&mut self, reset: &str) -> std::result::Result<(), sqlx::Error> {
+    /// server's default idle timeout: `reset` puts it back just before the COMMIT, in the
+    /// same round trip (MySQL), or the commit does (PostgreSQL, whose lease is local to the
+    /// transaction). An error means the COMMIT did not run (the server stops a request at
+    /// its first failed statement) or its answer was lost; the connection is closed, and
+    /// the server rolls back.
+    pub(crate) async fn commit(
+        &mut self,
+        reset: Option<&str>,
+    ) -> std::result::Result<(), sqlx::Error> {
         let Some(c) = self.0.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
-        if let Err(e) = query("COMMIT").execute(&mut *c).await {
-            self.close();
-            return Err(e);
+        let ended = match reset {
+            Some(reset) => c.batch(&format!("{reset}; COMMIT")).await.map(drop),
+            None => query("COMMIT").execute(&mut *c).await.map(drop),
+        };
+        match ended {
+            Ok(()) => {
+                drop(self.0.take());
+                Ok(())
+            }
+            Err(e) => {
+                self.close();
+                Err(e)
+            }
         }
-        match query(reset).execute(&mut *c).await {
-            Ok(_) => drop(self.0.take()),
-            // Committed (the row is free); only the connection is not reusable.
-            Err(_) => self.close(),
-        }
-        Ok(())
     }
 
     /// Releases an advisory lock (the statement also resets the session) and returns the
@@ -1629,7 +1746,7 @@ impl Hold for SqlHold {
             Self::Optimistic(a, v) => retry_once(|| a.optimistic_release(Some(*v))).await?,
             Self::ForUpdate(a, conn, _, _) => {
                 a.inner.forget_holder(&a.name, &a.owner);
-                let reset = &a.inner.sql.reset_hold_timeout;
+                let reset = a.inner.sql.reset_hold_timeout.as_deref();
                 conn.lock().await.commit(reset).await.is_ok()
             }
             Self::Advisory(a, conn, _, _, lock) => {
@@ -1842,6 +1959,216 @@ mod tests {
         assert_eq!(server_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(server_seconds(Duration::from_secs(30)), 30);
         assert_eq!(server_seconds(Duration::MAX), 31_536_000);
+    }
+
+    /// The for-update first try is not prepared: the name goes in as hexadecimal digits, so
+    /// no name (quotes, backslashes, comment marks, any byte) can end its literal.
+    #[test]
+    fn a_first_try_spells_the_name_in_hex_digits() {
+        use crate::config::Dialect;
+        use crate::sql::Statements;
+
+        let name = "a'; DROP TABLE t; -- \\ \" é";
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        let pg = Statements::new(Dialect::Postgres, "dlock_t", false, "o");
+        let batch = pg.lock_row_first_try(name.as_bytes(), 30);
+        assert_eq!(
+            batch,
+            format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 30000; \
+                 SELECT pg_backend_pid()::BIGINT, txid_current() FROM dlock_t_rows \
+                 WHERE name = decode('{hex}', 'hex') FOR UPDATE NOWAIT"
+            )
+        );
+        let my = Statements::new(Dialect::MySql, "dlock_t", true, "o");
+        assert_eq!(
+            my.lock_row_first_try(name.as_bytes(), 31_536_000),
+            format!(
+                "SET SESSION wait_timeout = 31536000; SELECT CONNECTION_ID(), 0 \
+                 FROM dlock_t_rows WHERE name = X'{hex}' FOR UPDATE NOWAIT"
+            )
+        );
+        // The longest lease still fits PostgreSQL's milliseconds.
+        assert!(
+            pg.lock_row_first_try(b"n", 31_536_000)
+                .contains("idle_in_transaction_session_timeout = 2147483647;")
+        );
+    }
+
+    /// A for-update grant whose connection ends before its fencing token is taken gets no
+    /// token (review M5: another holder may have taken the row and a token meanwhile, and a
+    /// token above the real holder's must never be handed out). On PostgreSQL the statement
+    /// that takes the token checks that the holder's transaction still runs; without that
+    /// check this case gets a token for a grant that is gone. (PostgreSQL 14+: the wait for
+    /// the end of the terminated session.)
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_grant_whose_connection_ended_gets_no_fencing_token() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+            return;
+        };
+        let provider = crate::SqlProvider::connect(&format!(
+            "{url}?strategy=for-update&table=dlock_fence_held"
+        ))
+        .await
+        .expect("provider");
+        let inner = &provider.inner;
+        let name = LockName::new(format!("fence-held/{}", uuid::Uuid::new_v4())).expect("name");
+        let lease = Duration::from_secs(30);
+        let attempt = || Attempt {
+            inner: Arc::clone(inner),
+            name: name.clone(),
+            owner: inner.next_owner(),
+            lease,
+        };
+        let grant = |a: Attempt| async move {
+            let granted = a
+                .for_update(Deadline::after(Duration::from_secs(10)))
+                .await
+                .expect("try")
+                .expect("the lock is free");
+            (a, granted)
+        };
+
+        // A live grant gets its token.
+        let (a, mut granted) = grant(attempt()).await;
+        let first = a.fence_held(&mut granted, || lease).await.expect("fence");
+        granted.conn.commit(None).await.expect("commit");
+
+        // The fault: the granted connection is ended (the server waits up to 10 s for the
+        // session to be gone, so its transaction is over) before the token is taken.
+        let (b, mut granted) = grant(attempt()).await;
+        let pid = i64::try_from(granted.connection_id).expect("pid");
+        let ended = query("SELECT pg_terminate_backend($1::INTEGER, 10000)::INTEGER")
+            .bind(pid)
+            .fetch_one(&inner.pool)
+            .await
+            .expect("terminate")
+            .int(0)
+            .expect("answer");
+        assert_eq!(ended, 1, "the holder's session did not end");
+        let refused = b.fence_held(&mut granted, || lease).await;
+        assert!(
+            refused.is_err(),
+            "a grant whose connection ended got the token {refused:?}"
+        );
+
+        // The next holder gets the next token: the refused grant took none.
+        let (c, mut granted) = grant(attempt()).await;
+        let next = c.fence_held(&mut granted, || lease).await.expect("fence");
+        assert_eq!(next, first + 1);
+        granted.conn.commit(None).await.expect("commit");
+    }
+
+    /// Review of the above (F1): the check of the holder at the start of the token's
+    /// statement can go stale while that statement waits for the fence row (another
+    /// token being taken): the holder may end meanwhile, and another holder take the row and
+    /// its own token first. The statement asks again once it has the fence row. The fault:
+    /// the fence row is held by an open transaction while the token is asked for, and the
+    /// holder's session is ended during that wait. Without the second check the statement
+    /// hands out a token above the real holder's.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn a_holder_that_ends_while_its_token_waits_gets_none() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+            return;
+        };
+        let provider = crate::SqlProvider::connect(&format!(
+            "{url}?strategy=for-update&table=dlock_fence_wait"
+        ))
+        .await
+        .expect("provider");
+        let inner = &provider.inner;
+        let name = LockName::new(format!("fence-wait/{}", uuid::Uuid::new_v4())).expect("name");
+        let lease = Duration::from_secs(30);
+        let attempt = || Attempt {
+            inner: Arc::clone(inner),
+            name: name.clone(),
+            owner: inner.next_owner(),
+            lease,
+        };
+        let deadline = || Deadline::after(Duration::from_secs(10));
+        // The name's fence row exists.
+        let a = attempt();
+        let mut granted = a.for_update(deadline()).await.expect("try").expect("free");
+        a.fence_held(&mut granted, || lease).await.expect("fence");
+        granted.conn.commit(None).await.expect("commit");
+
+        // Another token being taken holds the fence row.
+        let mut blocker = inner.pool.acquire().await.expect("connection");
+        query("BEGIN").execute(&mut blocker).await.expect("begin");
+        query("UPDATE dlock_fence_wait_fence SET token = token WHERE name = $1")
+            .bind(name.as_str().as_bytes())
+            .execute(&mut blocker)
+            .await
+            .expect("lock the fence row");
+
+        // The holder asks for its token; the statement waits for the fence row.
+        let b = attempt();
+        let granted = b.for_update(deadline()).await.expect("try").expect("free");
+        let mut fencer = inner.pool.acquire().await.expect("connection");
+        query("SET lock_timeout = '60s'")
+            .execute(&mut fencer)
+            .await
+            .expect("lock wait");
+        let fencer_pid = query("SELECT pg_backend_pid()::BIGINT")
+            .fetch_one(&mut fencer)
+            .await
+            .expect("pid")
+            .int(0)
+            .expect("pid");
+        let statement = inner.sql.next_fence_held.clone();
+        let key = name.as_str().as_bytes().to_vec();
+        let (transaction, pid) = (
+            granted.transaction,
+            i64::try_from(granted.connection_id).expect("pid"),
+        );
+        let token = tokio::spawn(async move {
+            let row = query(&statement)
+                .bind(key.as_slice())
+                .bind(transaction)
+                .bind(pid)
+                .fetch_optional(&mut fencer)
+                .await;
+            row.map(|r| r.map(|r| r.int(0)))
+        });
+        let waiting = Deadline::after(Duration::from_secs(10));
+        loop {
+            let waits =
+                query("SELECT COUNT(*) FROM pg_locks WHERE pid = $1::INTEGER AND NOT granted")
+                    .bind(fencer_pid)
+                    .fetch_one(&inner.pool)
+                    .await
+                    .expect("pg_locks")
+                    .int(0)
+                    .expect("count");
+            if waits > 0 {
+                break;
+            }
+            assert!(
+                !waiting.has_passed(),
+                "the token's statement never waited for the fence row"
+            );
+            // The pace of the poll.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // The fault: the holder's session ends while its token waits.
+        let ended = query("SELECT pg_terminate_backend($1::INTEGER, 10000)::INTEGER")
+            .bind(pid)
+            .fetch_one(&inner.pool)
+            .await
+            .expect("terminate")
+            .int(0)
+            .expect("answer");
+        assert_eq!(ended, 1, "the holder's session did not end");
+        query("COMMIT").execute(&mut blocker).await.expect("commit");
+        let got = token.await.expect("task").expect("statement");
+        assert!(
+            got.is_none(),
+            "a holder that ended while its token waited got the token {got:?}"
+        );
+        drop(granted);
     }
 
     /// The kill of a dropped waiter may reach the server before the waiting statement does

@@ -2175,3 +2175,41 @@ async fn a_released_for_update_hold_is_not_reported_lost() {
     }
     assert!(judged > 0, "no hold could be judged within its lease");
 }
+
+/// A database that cannot be reached is an error, not a lock held by someone else: a
+/// `try_acquire` whose attempts all failed to reach the database returns the last
+/// `Error::Connection` (retryable) at its deadline, as the Redis backend does. It returned `Ok(None)`, "held",
+/// so a caller that treats a held lock as "someone else does the job" skipped the job while
+/// the database was down. The fault: the proxy the provider reaches the server through is
+/// stopped (its connections closed, new ones refused).
+#[tokio::test]
+async fn a_try_of_an_unreachable_database_is_an_error_not_a_held_lock() {
+    use dlock_conformance::ProxyPartition;
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let (proxy, proxied) = ProxyPartition::start(&for_update(&pg), 5432).await.unwrap();
+    let p = SqlProvider::connect(&proxied).await.unwrap();
+    let lock = p
+        .lock(&Names::new().name("unreachable"), LockOptions::default())
+        .unwrap();
+    let g = lock
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+    g.release().await.unwrap();
+    drop(proxy);
+    for wait in [Duration::ZERO, Duration::from_millis(1500)] {
+        match lock.try_acquire(wait).await {
+            Err(e) => assert!(
+                matches!(e, dlock_core::Error::Connection { .. }) && e.is_retryable(),
+                "try_acquire({wait:?}): {e}"
+            ),
+            Ok(held) => panic!(
+                "try_acquire({wait:?}) of an unreachable database answered Ok (acquired: {})",
+                held.is_some()
+            ),
+        }
+    }
+}
