@@ -68,8 +68,9 @@ fn mysql_code(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
 
 /// Converts a sqlx error at the crate boundary. `backend` is `"mysql"` or `"sqlite"`.
 ///
-/// I/O errors, pool timeouts, deadlocks (`ER_LOCK_DEADLOCK`), lock wait timeouts, lost
-/// connections and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable.
+/// I/O errors, pool timeouts, lost connections and a server going away or refusing
+/// connections are [`Error::Connection`]; deadlocks (`ER_LOCK_DEADLOCK`), lock wait timeouts
+/// and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable [`Error::Backend`]s.
 pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Error {
     match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
@@ -84,17 +85,24 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             let code = pg_code(db.as_ref()).unwrap_or_default();
             // serialization failure, deadlock, lock not available, the server shutting down
             // or refusing connections for now, and every connection exception (class 08).
-            let retryable = matches!(
-                code.as_str(),
-                "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "53300"
-            ) || code.starts_with("08");
+            // The server going away or refusing connections is a connection error: the
+            // database could not be reached, which no caller may read as "held".
+            if matches!(code.as_str(), "57P01" | "57P02" | "57P03" | "53300")
+                || code.starts_with("08")
+            {
+                return Error::connection(backend, format!("{what}: {e}"), e);
+            }
+            let retryable = matches!(code.as_str(), "40001" | "40P01" | "55P03");
             Error::backend(backend, format!("{what}: {e}"), retryable, e)
         }
         sqlx::Error::Database(db) => {
             let retryable = match mysql_code(db.as_ref()) {
-                // deadlock, lock wait timeout, NOWAIT, server gone, lost connection, too many
-                // connections, read-only during failover
-                Some(1213 | 1205 | 3572 | 2006 | 2013 | 1040 | 1053 | 1290 | 1836) => true,
+                // server gone, lost connection, too many connections, server shutting down
+                Some(2006 | 2013 | 1040 | 1053) => {
+                    return Error::connection(backend, format!("{what}: {e}"), e);
+                }
+                // deadlock, lock wait timeout, NOWAIT, read-only during failover
+                Some(1213 | 1205 | 3572 | 1290 | 1836) => true,
                 Some(_) => false,
                 None => sqlite_busy(db.as_ref()),
             };

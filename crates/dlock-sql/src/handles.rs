@@ -38,6 +38,11 @@ pub(crate) struct SqlMutex {
     write: std::sync::Mutex<Option<WriteSession>>,
 }
 
+/// An attempt that failed on its connection faster than this is made once more at the
+/// deadline (a dead pooled connection fails at once; a database that refuses connections
+/// fails only after the pool's wait).
+const QUICK_FAILURE: Duration = Duration::from_millis(500);
+
 #[async_trait]
 impl RawLock for SqlMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
@@ -232,11 +237,14 @@ impl SqlMutex {
                 Ok(None) => failures = 0,
                 // At the deadline, a database that could not be reached is the answer, not
                 // a lock held by someone else (contention, a deadlock victim, a busy SQLite
-                // file, still means "held"). After one more try at once: the connection
-                // that broke was closed, and a pooled one that died while idle (closed by
-                // the server or a proxy) must not make the answer.
+                // file, still means "held"); the error says a retry can help. One more try
+                // at once if the attempt failed fast: the connection that broke was closed,
+                // and a pooled one that died while idle (closed by the server or a proxy)
+                // should not make the answer. (A pool whose idle connections all died can
+                // still answer with the error once per dead connection.) An attempt that
+                // failed slowly (the pool's wait for a connection) is not made twice.
                 Err(e @ Error::Connection { .. }) if deadline.has_passed() => {
-                    if reconnected {
+                    if reconnected || started.elapsed() >= QUICK_FAILURE {
                         return Err(e);
                     }
                     reconnected = true;
