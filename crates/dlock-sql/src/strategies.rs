@@ -1995,6 +1995,54 @@ mod tests {
         );
     }
 
+    /// A PostgreSQL for-update provider on tables of its own and a new name, or `None`
+    /// without a server; and the helpers of the fence cases below.
+    #[cfg(feature = "postgres")]
+    async fn pg_for_update(table: &str) -> Option<(crate::SqlProvider, LockName)> {
+        let url = dlock_conformance::service_url("DLOCK_POSTGRES_URL")?;
+        let provider =
+            crate::SqlProvider::connect(&format!("{url}?strategy=for-update&table={table}"))
+                .await
+                .expect("provider");
+        let name = LockName::new(format!("{table}/{}", uuid::Uuid::new_v4())).expect("name");
+        Some((provider, name))
+    }
+
+    /// A for-update grant of `name` through `provider`, with its attempt.
+    #[cfg(feature = "postgres")]
+    async fn pg_grant(
+        provider: &crate::SqlProvider,
+        name: &LockName,
+        lease: Duration,
+    ) -> (Attempt, Granted) {
+        let a = Attempt {
+            inner: Arc::clone(&provider.inner),
+            name: name.clone(),
+            owner: provider.inner.next_owner(),
+            lease,
+        };
+        let granted = a
+            .for_update(Deadline::after(Duration::from_secs(10)))
+            .await
+            .expect("try")
+            .expect("the lock is free");
+        (a, granted)
+    }
+
+    /// The fault: ends server session `pid`, and waits (up to 10 s, on the server) until it
+    /// is gone, so its transaction is over. PostgreSQL 14+.
+    #[cfg(feature = "postgres")]
+    async fn pg_terminate(provider: &crate::SqlProvider, pid: i64) {
+        let ended = query("SELECT pg_terminate_backend($1::INTEGER, 10000)::INTEGER")
+            .bind(pid)
+            .fetch_one(&provider.inner.pool)
+            .await
+            .expect("terminate")
+            .int(0)
+            .expect("answer");
+        assert_eq!(ended, 1, "the holder's session did not end");
+    }
+
     /// A for-update grant whose connection ends before its fencing token is taken gets no
     /// token (review M5: another holder may have taken the row and a token meanwhile, and a
     /// token above the real holder's must never be handed out). On PostgreSQL the statement
@@ -2004,49 +2052,23 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn a_grant_whose_connection_ended_gets_no_fencing_token() {
-        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+        let Some((provider, name)) = pg_for_update("dlock_fence_held").await else {
             return;
         };
-        let provider = crate::SqlProvider::connect(&format!(
-            "{url}?strategy=for-update&table=dlock_fence_held"
-        ))
-        .await
-        .expect("provider");
-        let inner = &provider.inner;
-        let name = LockName::new(format!("fence-held/{}", uuid::Uuid::new_v4())).expect("name");
         let lease = Duration::from_secs(30);
-        let attempt = || Attempt {
-            inner: Arc::clone(inner),
-            name: name.clone(),
-            owner: inner.next_owner(),
-            lease,
-        };
-        let grant = |a: Attempt| async move {
-            let granted = a
-                .for_update(Deadline::after(Duration::from_secs(10)))
-                .await
-                .expect("try")
-                .expect("the lock is free");
-            (a, granted)
-        };
 
         // A live grant gets its token.
-        let (a, mut granted) = grant(attempt()).await;
+        let (a, mut granted) = pg_grant(&provider, &name, lease).await;
         let first = a.fence_held(&mut granted, || lease).await.expect("fence");
         granted.conn.commit(None).await.expect("commit");
 
-        // The fault: the granted connection is ended (the server waits up to 10 s for the
-        // session to be gone, so its transaction is over) before the token is taken.
-        let (b, mut granted) = grant(attempt()).await;
-        let pid = i64::try_from(granted.connection_id).expect("pid");
-        let ended = query("SELECT pg_terminate_backend($1::INTEGER, 10000)::INTEGER")
-            .bind(pid)
-            .fetch_one(&inner.pool)
-            .await
-            .expect("terminate")
-            .int(0)
-            .expect("answer");
-        assert_eq!(ended, 1, "the holder's session did not end");
+        // The granted connection is ended before the token is taken.
+        let (b, mut granted) = pg_grant(&provider, &name, lease).await;
+        pg_terminate(
+            &provider,
+            i64::try_from(granted.connection_id).expect("pid"),
+        )
+        .await;
         let refused = b.fence_held(&mut granted, || lease).await;
         assert!(
             refused.is_err(),
@@ -2054,7 +2076,7 @@ mod tests {
         );
 
         // The next holder gets the next token: the refused grant took none.
-        let (c, mut granted) = grant(attempt()).await;
+        let (c, mut granted) = pg_grant(&provider, &name, lease).await;
         let next = c.fence_held(&mut granted, || lease).await.expect("fence");
         assert_eq!(next, first + 1);
         granted.conn.commit(None).await.expect("commit");
@@ -2070,27 +2092,13 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn a_holder_that_ends_while_its_token_waits_gets_none() {
-        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+        let Some((provider, name)) = pg_for_update("dlock_fence_wait").await else {
             return;
         };
-        let provider = crate::SqlProvider::connect(&format!(
-            "{url}?strategy=for-update&table=dlock_fence_wait"
-        ))
-        .await
-        .expect("provider");
         let inner = &provider.inner;
-        let name = LockName::new(format!("fence-wait/{}", uuid::Uuid::new_v4())).expect("name");
         let lease = Duration::from_secs(30);
-        let attempt = || Attempt {
-            inner: Arc::clone(inner),
-            name: name.clone(),
-            owner: inner.next_owner(),
-            lease,
-        };
-        let deadline = || Deadline::after(Duration::from_secs(10));
         // The name's fence row exists.
-        let a = attempt();
-        let mut granted = a.for_update(deadline()).await.expect("try").expect("free");
+        let (a, mut granted) = pg_grant(&provider, &name, lease).await;
         a.fence_held(&mut granted, || lease).await.expect("fence");
         granted.conn.commit(None).await.expect("commit");
 
@@ -2104,8 +2112,7 @@ mod tests {
             .expect("lock the fence row");
 
         // The holder asks for its token; the statement waits for the fence row.
-        let b = attempt();
-        let granted = b.for_update(deadline()).await.expect("try").expect("free");
+        let (_b, granted) = pg_grant(&provider, &name, lease).await;
         let mut fencer = inner.pool.acquire().await.expect("connection");
         query("SET lock_timeout = '60s'")
             .execute(&mut fencer)
@@ -2153,15 +2160,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
 
-        // The fault: the holder's session ends while its token waits.
-        let ended = query("SELECT pg_terminate_backend($1::INTEGER, 10000)::INTEGER")
-            .bind(pid)
-            .fetch_one(&inner.pool)
-            .await
-            .expect("terminate")
-            .int(0)
-            .expect("answer");
-        assert_eq!(ended, 1, "the holder's session did not end");
+        // The holder's session ends while its token waits.
+        pg_terminate(&provider, pid).await;
         query("COMMIT").execute(&mut blocker).await.expect("commit");
         let got = token.await.expect("task").expect("statement");
         assert!(
