@@ -83,10 +83,10 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
         },
         sqlx::Error::Database(db) if pg_code(db.as_ref()).is_some() => {
             let code = pg_code(db.as_ref()).unwrap_or_default();
-            // serialization failure, deadlock, lock not available, the server shutting down
-            // or refusing connections for now, and every connection exception (class 08).
-            // The server going away or refusing connections is a connection error: the
-            // database could not be reached, which no caller may read as "held".
+            // The server shutting down or refusing connections for now, and every
+            // connection exception (class 08), are connection errors: the database could not
+            // be reached, which no caller may read as "held". Serialization failures,
+            // deadlocks and a lock not available are retryable.
             if matches!(code.as_str(), "57P01" | "57P02" | "57P03" | "53300")
                 || code.starts_with("08")
             {

@@ -2139,26 +2139,26 @@ mod tests {
                 .await;
             row.map(|r| r.map(|r| r.int(0)))
         });
-        let waiting = Deadline::after(Duration::from_secs(10));
-        loop {
-            let waits =
-                query("SELECT COUNT(*) FROM pg_locks WHERE pid = $1::INTEGER AND NOT granted")
-                    .bind(fencer_pid)
-                    .fetch_one(&inner.pool)
-                    .await
-                    .expect("pg_locks")
-                    .int(0)
-                    .expect("count");
-            if waits > 0 {
-                break;
-            }
-            assert!(
-                !waiting.has_passed(),
-                "the token's statement never waited for the fence row"
-            );
-            // The pace of the poll.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        dlock_conformance::eventually(
+            Duration::from_secs(10),
+            "the token's statement waits for the fence row",
+            || async {
+                let waits =
+                    query("SELECT COUNT(*) FROM pg_locks WHERE pid = $1::INTEGER AND NOT granted")
+                        .bind(fencer_pid)
+                        .fetch_one(&inner.pool)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .int(0)
+                        .map_err(|e| e.to_string())?;
+                if waits > 0 {
+                    Ok(())
+                } else {
+                    Err("not waiting yet".to_owned())
+                }
+            },
+        )
+        .await;
 
         // The holder's session ends while its token waits.
         pg_terminate(&provider, pid).await;
