@@ -567,11 +567,22 @@ impl Hold for EtcdHold {
     }
 
     async fn verify(&self) -> Result<bool> {
-        let txn = Txn::new().when([Compare::create_revision(
-            self.key.as_str(),
-            CompareOp::Equal,
-            self.rev,
-        )]);
+        // The get is what makes the answer the cluster's: etcd serves a transaction without a
+        // write from the member the client talks to, and one whose every operation is a
+        // serializable get (vacuously, one with none) from that member's own state, without
+        // asking the leader. A follower a heartbeat behind, or one cut off from the others,
+        // would then vouch for a key the cluster already deleted, or deny one it just
+        // created. A linearizable get makes the member catch up with the leader first.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then([TxnOp::get(
+                self.key.as_str(),
+                Some(GetOptions::new().with_count_only()),
+            )]);
         match self.session.txn(Some(self.lease), txn).await {
             Ok(resp) => Ok(resp.succeeded()),
             Err(e) => Err(from_etcd(&format!("check {}", self.key), e)),

@@ -1,0 +1,352 @@
+//! A member of a 3-member cluster cut off from the other two goes on answering its clients,
+//! from its own state: a hold's check must not take that state for the cluster's.
+//!
+//! The cluster is this test's own (Debian's etcd, as `scripts/services` runs it), its members
+//! talking to each other through a switchboard of the test's: a relay in front of each
+//! member's peer port that can sever every connection to or from one member, and refuse new
+//! ones. A member is cut off that way while it answers its clients as before.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use dlock_conformance::tls::free_port;
+use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::{Lease, LockOptions, LockProvider, MultiLock};
+use dlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
+use dlock_etcd::{EtcdConfig, EtcdProvider};
+use dlock_memory::MemoryProvider;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The member cut off, if any: its index, and its member id as etcd's peers name it in the
+/// `X-Server-From` header of every request they make (hexadecimal).
+type Cut = Option<(usize, String)>;
+
+/// A relay in front of each member's peer port: the port each member advertises to its
+/// peers. Every peer connection passes through it, whichever member dialed.
+struct Switchboard {
+    ports: Vec<u16>,
+    cut: watch::Sender<Cut>,
+    relays: Vec<JoinHandle<()>>,
+}
+
+impl Switchboard {
+    async fn start(upstreams: &[u16]) -> Self {
+        let (cut, _) = watch::channel(None);
+        let mut ports = Vec::new();
+        let mut relays = Vec::new();
+        for (index, &up) in upstreams.iter().enumerate() {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            ports.push(listener.local_addr().unwrap().port());
+            let upstream = SocketAddr::from(([127, 0, 0, 1], up));
+            relays.push(tokio::spawn(front(
+                listener,
+                index,
+                upstream,
+                cut.subscribe(),
+            )));
+        }
+        Self { ports, cut, relays }
+    }
+
+    /// Severs every connection to or from member `index` (id `id`), and refuses new ones.
+    fn cut_off(&self, index: usize, id: String) {
+        self.cut.send_replace(Some((index, id)));
+    }
+}
+
+impl Drop for Switchboard {
+    fn drop(&mut self) {
+        for r in &self.relays {
+            r.abort();
+        }
+    }
+}
+
+async fn front(
+    listener: TcpListener,
+    index: usize,
+    upstream: SocketAddr,
+    cut: watch::Receiver<Cut>,
+) {
+    while let Ok((conn, _)) = listener.accept().await {
+        tokio::spawn(relay(conn, index, upstream, cut.clone()));
+    }
+}
+
+/// The member id in the `X-Server-From` header of an HTTP request head.
+fn dialed_by(head: &[u8]) -> Option<String> {
+    String::from_utf8_lossy(head).lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("x-server-from")
+            .then(|| value.trim().to_ascii_lowercase())
+    })
+}
+
+/// Relays one peer connection to member `index`. The head of its first request names the
+/// member that dialed: every later request on it comes from the same process.
+async fn relay(
+    mut conn: TcpStream,
+    index: usize,
+    upstream: SocketAddr,
+    mut cut: watch::Receiver<Cut>,
+) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > 64 * 1024 {
+            return;
+        }
+    }
+    let from = dialed_by(&head);
+    let severed =
+        |c: &Cut| matches!(c, Some((i, id)) if *i == index || from.as_deref() == Some(id.as_str()));
+    if severed(&cut.borrow()) {
+        return;
+    }
+    let Ok(mut up) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    if up.write_all(&head).await.is_err() {
+        return;
+    }
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => {}
+        _ = cut.wait_for(severed) => {}
+    }
+}
+
+/// A private 3-member cluster on loopback ports nobody uses, its peers talking through a
+/// [`Switchboard`]; killed and deleted when dropped.
+struct Cluster {
+    dir: PathBuf,
+    clients: Vec<u16>,
+    board: Switchboard,
+    members: Vec<Child>,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("dlock-etcd-cut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let board = Switchboard::start(&peers).await;
+        let initial = board
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for i in 0..3 {
+            let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
+            let child = Command::new("etcd")
+                .arg(format!("--name=m{i}"))
+                .arg(format!(
+                    "--data-dir={}",
+                    dir.join(format!("m{i}")).display()
+                ))
+                .arg(format!(
+                    "--listen-client-urls=http://127.0.0.1:{}",
+                    clients[i]
+                ))
+                .arg(format!(
+                    "--advertise-client-urls=http://127.0.0.1:{}",
+                    clients[i]
+                ))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{}", peers[i]))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                    board.ports[i]
+                ))
+                .arg(format!("--initial-cluster={initial}"))
+                .arg("--initial-cluster-state=new")
+                .arg(format!(
+                    "--initial-cluster-token=dlock-cut-{}",
+                    std::process::id()
+                ))
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("etcd runs");
+            members.push(child);
+        }
+        Self {
+            dir,
+            clients,
+            board,
+            members,
+        }
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.clients[i])
+    }
+
+    /// Once every member serves and they agree on a leader: a follower's index and member id.
+    async fn follower(&self) -> (usize, u64) {
+        eventually(
+            Duration::from_secs(30),
+            "the private cluster serves, with a leader",
+            || async {
+                let mut ids = Vec::new();
+                let mut leaders = Vec::new();
+                for i in 0..3 {
+                    let mut c = Client::connect([self.endpoint(i)], None)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let s = c.status().await.map_err(|e| e.to_string())?;
+                    ids.push(s.header().map_or(0, |h| h.member_id()));
+                    leaders.push(s.leader());
+                }
+                let leader = leaders[0];
+                if leader == 0 || leaders.iter().any(|l| *l != leader) {
+                    return Err(format!("leaders as seen by each member: {leaders:x?}"));
+                }
+                ids.iter()
+                    .position(|id| *id != leader)
+                    .map(|i| (i, ids[i]))
+                    .ok_or_else(|| format!("no follower among {ids:x?}"))
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The flake of stop 33's CI, made certain. A `MultiLock` takes an etcd lock through one
+/// member, then waits for its second lock. Meanwhile that member is cut off from the other
+/// two, the cluster drops the hold (as an expired lease would) and another client takes the
+/// lock. When the second lock comes, the `MultiLock` checks the first again: the member cut off
+/// still has the key, and answered a check of it from its own state, so the `MultiLock`
+/// granted a lock somebody else held. The check now asks the leader (a linearizable read),
+/// which a member without a quorum cannot reach: the `MultiLock` rolls back with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_from_its_cluster_does_not_vouch_for_a_hold() {
+    // The cluster is this test's own, but it runs Debian's etcd like the shared ones.
+    if service_url("DLOCK_ETCD_URL").is_none() {
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let (cut, cut_id) = cluster.follower().await;
+    let quorum: Vec<String> = (0..3)
+        .filter(|i| *i != cut)
+        .map(|i| cluster.endpoint(i))
+        .collect();
+    let through_cut = format!("etcd://{}?ttl_s=10", cluster.endpoint(cut));
+    let cut_off = EtcdProvider::connect(&through_cut).await.unwrap();
+    let others = EtcdProvider::connect(&format!("etcd://{}", quorum.join(",")))
+        .await
+        .unwrap();
+    let memory = MemoryProvider::new();
+
+    let names = Names::new();
+    let (name, gate_name) = (names.name("held"), names.name("gate"));
+    let gate = memory
+        .lock(&gate_name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let fixed = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
+    let both = MultiLock::new(vec![
+        cut_off.lock(&name, fixed).unwrap(),
+        memory.lock(&gate_name, LockOptions::default()).unwrap(),
+    ])
+    .unwrap();
+    assert!(
+        both.members()[0].store_id().starts_with("etcd://"),
+        "the etcd lock is taken first"
+    );
+    let multi = tokio::spawn(async move { both.acquire().await });
+
+    let range = format!(
+        "{}/",
+        EtcdConfig::from_url(&through_cut)
+            .unwrap()
+            .etcd_lock_name(&name)
+            .unwrap()
+    );
+    let admin = Client::connect(&quorum, None).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the MultiLock holds the etcd lock",
+        || {
+            let (mut admin, range) = (admin.clone(), range.clone());
+            async move {
+                let n = admin
+                    .get(
+                        range,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .count();
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} keys"))
+                }
+            }
+        },
+    )
+    .await;
+
+    cluster.board.cut_off(cut, format!("{cut_id:x}"));
+    admin
+        .clone()
+        .delete(range, Some(DeleteOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let taker = must(
+        Duration::from_secs(20),
+        "taking the lock through the quorum",
+        others
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(Duration::from_secs(15)),
+    )
+    .await
+    .unwrap()
+    .expect("the cluster dropped the MultiLock's hold");
+    gate.release().await.unwrap();
+
+    let answer = must(Duration::from_secs(60), "the MultiLock's answer", multi)
+        .await
+        .unwrap();
+    match answer {
+        Ok(_) => panic!(
+            "the MultiLock was granted {name} on the word of a member cut off from its \
+             cluster, while another client holds it (token {})",
+            taker.fencing_token()
+        ),
+        Err(e) => eprintln!("the MultiLock rolled back: {e}"),
+    }
+    assert!(
+        taker.is_held(),
+        "the holder through the quorum was disturbed"
+    );
+    taker.release().await.unwrap();
+}
