@@ -107,14 +107,22 @@ pub fn make_certificates(dir: &Path) -> TestCertificates {
     }
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, for a server a test starts, from
+/// 20000-25999.
+///
+/// Not one from `bind(0)`: that comes from the range the kernel also hands to outgoing
+/// connections (32768 and up by default), and on a loaded test run one of them may take the
+/// port between this choice and the server's bind. The range is also below the Sentinel
+/// ports `scripts/services` uses (26390 and up).
 ///
 /// # Panics
 ///
-/// If no port can be bound.
+/// If no port of the range can be bound.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
+    use std::hash::{BuildHasher, RandomState};
+    let random = RandomState::new();
+    (0u64..6_000 * 4)
+        .map(|n| 20_000 + u16::try_from(random.hash_one(n) % 6_000).unwrap_or(0))
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
         .expect("a free loopback port")
-        .port()
 }
