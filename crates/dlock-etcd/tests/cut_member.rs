@@ -3,8 +3,8 @@
 //!
 //! The cluster is this test's own (Debian's etcd, as `scripts/services` runs it), its members
 //! talking to each other through a switchboard of the test's: a relay in front of each
-//! member's peer port that can sever every connection to or from one member, and refuse new
-//! ones. A member is cut off that way while it answers its clients as before.
+//! member's peer port that can sever one member's raft traffic, both ways. A member is cut
+//! off that way while it answers its clients as before.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use dlock_conformance::tls::free_port;
 use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::backend::later;
 use dlock_core::{Lease, LockOptions, LockProvider, MultiLock};
 use dlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
 use dlock_etcd::{EtcdConfig, EtcdProvider};
@@ -22,13 +23,21 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The member cut off, if any: its index, and its member id as etcd's peers name it in the
-/// `X-Server-From` header of every request they make (hexadecimal).
+/// `X-Server-From` header of their raft requests (hexadecimal).
 type Cut = Option<(usize, String)>;
 
 /// A relay in front of each member's peer port: the port each member advertises to its
 /// peers. Every peer connection passes through it, whichever member dialed.
+///
+/// Cutting a member off severs every connection to it (so nothing reaches it: raft messages
+/// to a member travel on connections it dialed, or on ones dialed to it) and every
+/// connection whose first request names it in `X-Server-From` (its raft streams and
+/// messages), and refuses new ones. A connection it opened with a request that names
+/// nobody (a health probe, a forwarded lease renewal) is left alone: what comes back on it
+/// is no raft state.
 struct Switchboard {
     ports: Vec<u16>,
     cut: watch::Sender<Cut>,
@@ -54,7 +63,7 @@ impl Switchboard {
         Self { ports, cut, relays }
     }
 
-    /// Severs every connection to or from member `index` (id `id`), and refuses new ones.
+    /// Cuts member `index` (id `id`) off, as the type's docs say.
     fn cut_off(&self, index: usize, id: String) {
         self.cut.send_replace(Some((index, id)));
     }
@@ -120,9 +129,11 @@ async fn relay(
     if up.write_all(&head).await.is_err() {
         return;
     }
+    // The cut first: once it is made, not one more byte goes through.
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => {}
+        biased;
         _ = cut.wait_for(severed) => {}
+        _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => {}
     }
 }
 
@@ -136,8 +147,27 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Starts the members and waits until each serves. A member that exits first (a port
+    /// taken between the test's choice and the member's bind) makes it start over with other
+    /// ports, at most three times.
     async fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("dlock-etcd-cut-{}", std::process::id()));
+        let mut why = String::new();
+        for attempt in 1..=3 {
+            let mut cluster = Self::spawn(attempt).await;
+            match cluster.await_serving().await {
+                Ok(()) => return cluster,
+                Err(e) => {
+                    eprintln!("the private cluster did not start (attempt {attempt}): {e}");
+                    why = e;
+                }
+            }
+        }
+        panic!("the private cluster did not start in three attempts; the last: {why}");
+    }
+
+    async fn spawn(attempt: u32) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("dlock-etcd-cut-{}-{attempt}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -174,8 +204,11 @@ impl Cluster {
                 ))
                 .arg(format!("--initial-cluster={initial}"))
                 .arg("--initial-cluster-state=new")
+                // Slower elections than the defaults (100 ms, 1 s), so the leader stays put on
+                // a loaded machine while the case runs.
+                .args(["--heartbeat-interval=250", "--election-timeout=2500"])
                 .arg(format!(
-                    "--initial-cluster-token=dlock-cut-{}",
+                    "--initial-cluster-token=dlock-cut-{}-{attempt}",
                     std::process::id()
                 ))
                 .stdout(Stdio::null())
@@ -190,6 +223,44 @@ impl Cluster {
             clients,
             board,
             members,
+        }
+    }
+
+    /// Waits (30 s at most) until every member answers a status call; an error at once if
+    /// one exits.
+    async fn await_serving(&mut self) -> Result<(), String> {
+        let deadline = later(Instant::now(), Duration::from_secs(30));
+        loop {
+            for (i, m) in self.members.iter_mut().enumerate() {
+                if let Ok(Some(status)) = m.try_wait() {
+                    let log = std::fs::read_to_string(self.dir.join(format!("m{i}.log")))
+                        .unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                    return Err(format!("member m{i} exited ({status}): {tail:?}"));
+                }
+            }
+            let mut answered = 0;
+            let mut last = String::new();
+            for i in 0..3 {
+                let status = async {
+                    Client::connect([self.endpoint(i)], None)
+                        .await?
+                        .status()
+                        .await
+                }
+                .await;
+                match status {
+                    Ok(_) => answered += 1,
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            if answered == 3 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("not every member serves within 30 s: {last}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -232,17 +303,52 @@ impl Drop for Cluster {
         for m in &mut self.members {
             let _ = m.start_kill();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Gone before their files are: a member still writing would keep the directory.
+        let deadline = later(Instant::now(), Duration::from_secs(10));
+        for m in &mut self.members {
+            while matches!(m.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "the members' data and logs are kept in {}",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
-/// The flake of stop 33's CI, made certain. A `MultiLock` takes an etcd lock through one
-/// member, then waits for its second lock. Meanwhile that member is cut off from the other
-/// two, the cluster drops the hold (as an expired lease would) and another client takes the
-/// lock. When the second lock comes, the `MultiLock` checks the first again: the member cut off
-/// still has the key, and answered a check of it from its own state, so the `MultiLock`
-/// granted a lock somebody else held. The check now asks the leader (a linearizable read),
-/// which a member without a quorum cannot reach: the `MultiLock` rolls back with an error.
+/// How many keys `range` has as the member at `endpoint` sees them on its own (a serializable
+/// read, answered from its own state).
+async fn keys_seen_by(endpoint: &str, range: &str) -> Result<i64, String> {
+    let mut c = Client::connect([endpoint], None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let only_count = GetOptions::new()
+        .with_prefix()
+        .with_count_only()
+        .with_serializable();
+    Ok(c.get(range, Some(only_count))
+        .await
+        .map_err(|e| e.to_string())?
+        .count())
+}
+
+/// A check answered from one member's own state, made certain. (CI met it by chance, on a
+/// client of all three members of the shared cluster: a check by a member a heartbeat
+/// behind the one that took a `MultiLock`'s member denied a key just created, and one by a
+/// member behind a forced delete let an old owner's `extend` succeed.)
+///
+/// A `MultiLock` takes an etcd lock through one member, then waits for its second lock.
+/// Meanwhile that member is cut off from the other two, the cluster drops the hold (as an
+/// expired lease would) and another client takes the lock. When the second lock comes, the
+/// `MultiLock` checks the first again. The member cut off still has the key and answered the
+/// check from its own state, so the `MultiLock` was granted a lock somebody else held. The
+/// check now asks the leader (a linearizable read), which a member without a quorum cannot
+/// reach: the `MultiLock` rolls back with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_cut_off_from_its_cluster_does_not_vouch_for_a_hold() {
     // The cluster is this test's own, but it runs Debian's etcd like the shared ones.
@@ -251,6 +357,7 @@ async fn a_member_cut_off_from_its_cluster_does_not_vouch_for_a_hold() {
     }
     let cluster = Cluster::start().await;
     let (cut, cut_id) = cluster.follower().await;
+    assert_ne!(cut_id, 0, "the member's status names its id");
     let quorum: Vec<String> = (0..3)
         .filter(|i| *i != cut)
         .map(|i| cluster.endpoint(i))
@@ -289,37 +396,42 @@ async fn a_member_cut_off_from_its_cluster_does_not_vouch_for_a_hold() {
             .etcd_lock_name(&name)
             .unwrap()
     );
-    let admin = Client::connect(&quorum, None).await.unwrap();
+    // The member to be cut off has the MultiLock's key itself (the put went through it, so the
+    // cluster has it too).
+    let cut_endpoint = cluster.endpoint(cut);
     eventually(
         Duration::from_secs(20),
         "the MultiLock holds the etcd lock",
-        || {
-            let (mut admin, range) = (admin.clone(), range.clone());
-            async move {
-                let n = admin
-                    .get(
-                        range,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .count();
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err(format!("{n} keys"))
-                }
+        || async {
+            match keys_seen_by(&cut_endpoint, &range).await? {
+                1 => Ok(()),
+                n => Err(format!("{n} keys")),
             }
         },
     )
     .await;
 
     cluster.board.cut_off(cut, format!("{cut_id:x}"));
-    admin
-        .clone()
-        .delete(range, Some(DeleteOptions::new().with_prefix()))
-        .await
-        .unwrap();
+    let admin = Client::connect(&quorum, None).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the cluster drops the hold",
+        || {
+            let (mut admin, range) = (admin.clone(), range.clone());
+            async move {
+                admin
+                    .delete(range, Some(DeleteOptions::new().with_prefix()))
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        keys_seen_by(&cut_endpoint, &range).await,
+        Ok(1),
+        "the member was cut off too late: it saw the delete"
+    );
     let taker = must(
         Duration::from_secs(20),
         "taking the lock through the quorum",
