@@ -7,7 +7,7 @@ use super::{
     unsupported,
 };
 use crate::Factory;
-use crate::support::{Names, must};
+use crate::support::{Names, eventually, must};
 
 /// If one member is busy, a MultiLock takes none: the members taken before it are rolled
 /// back.
@@ -165,6 +165,25 @@ pub async fn multilock_rechecks_members_before_returning(f: &impl Factory) {
     let short = LockOptions::new().with_lease(Lease::Fixed(lease));
     let multi = MultiLock::new(vec![lock_with(&a, &n1, short), lock(&a, &n2)]).unwrap();
     let mut pending = tokio::spawn(async move { multi.acquire().await });
+    // The first member's lease runs out while the MultiLock waits: counted from when the
+    // first member is seen held, not from the spawn (a slow first acquire, on a loaded
+    // machine, would leave it unexpired when the second member comes).
+    let first = lock(&b, &n1);
+    eventually(
+        f.slack(),
+        "the MultiLock holds its first member",
+        || async {
+            match first.try_acquire(ZERO).await {
+                Ok(None) => Ok(()),
+                Ok(Some(g)) => {
+                    release(g).await;
+                    Err("free".to_owned())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
     let early = tokio::time::timeout(lease * 2, &mut pending).await;
     assert!(
         early.is_err(),
