@@ -293,11 +293,7 @@ impl PrivateRedis {
             eprintln!("skipped: redis-server or redis-cli is missing");
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = dlock_conformance::tls::free_port();
         let dir = std::env::temp_dir().join(format!("dlock-torture-redis-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

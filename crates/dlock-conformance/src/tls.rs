@@ -108,7 +108,7 @@ pub fn make_certificates(dir: &Path) -> TestCertificates {
 }
 
 /// A loopback port nobody listens on right now, for a server a test starts, from
-/// 20000-25999.
+/// 20000-25999, and not one this process was given before.
 ///
 /// Not one from `bind(0)`: that comes from the range the kernel also hands to outgoing
 /// connections (32768 and up by default), and on a loaded test run one of them may take the
@@ -120,9 +120,17 @@ pub fn make_certificates(dir: &Path) -> TestCertificates {
 /// If no port of the range can be bound.
 pub fn free_port() -> u16 {
     use std::hash::{BuildHasher, RandomState};
+    // Never the same port twice in one process: nothing listens on it between two calls
+    // (`(free_port(), free_port())`), so the bind alone would not tell.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let random = RandomState::new();
-    (0u64..6_000 * 4)
+    let port = (0u64..6_000 * 4)
         .map(|n| 20_000 + u16::try_from(random.hash_one(n) % 6_000).unwrap_or(0))
-        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .expect("a free loopback port")
+        .find(|p| !given.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free loopback port");
+    given.push(port);
+    port
 }

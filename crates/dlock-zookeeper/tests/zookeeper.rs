@@ -1312,11 +1312,7 @@ impl PrivateZk {
             eprintln!("skipped: java or zookeeper.jar is missing");
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = dlock_conformance::tls::free_port();
         let dir = std::env::temp_dir().join(format!("dlock-zk-test-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
