@@ -144,6 +144,8 @@ struct Cluster {
     clients: Vec<u16>,
     board: Switchboard,
     members: Vec<Child>,
+    /// Keep the data and logs when dropped (a start that failed).
+    keep: bool,
 }
 
 impl Cluster {
@@ -157,7 +159,12 @@ impl Cluster {
             match cluster.await_serving().await {
                 Ok(()) => return cluster,
                 Err(e) => {
-                    eprintln!("the private cluster did not start (attempt {attempt}): {e}");
+                    eprintln!(
+                        "the private cluster did not start (attempt {attempt}): {e}; its data \
+                         and logs are kept in {}",
+                        cluster.dir.display()
+                    );
+                    cluster.keep = true;
                     why = e;
                 }
             }
@@ -223,6 +230,7 @@ impl Cluster {
             clients,
             board,
             members,
+            keep: false,
         }
     }
 
@@ -242,16 +250,18 @@ impl Cluster {
             let mut answered = 0;
             let mut last = String::new();
             for i in 0..3 {
-                let status = async {
+                // A member without a quorum accepts a connection and never answers.
+                let status = tokio::time::timeout(Duration::from_secs(2), async {
                     Client::connect([self.endpoint(i)], None)
                         .await?
                         .status()
                         .await
-                }
+                })
                 .await;
                 match status {
-                    Ok(_) => answered += 1,
-                    Err(e) => last = e.to_string(),
+                    Ok(Ok(_)) => answered += 1,
+                    Ok(Err(e)) => last = e.to_string(),
+                    Err(_) => last = format!("m{i} did not answer within 2 s"),
                 }
             }
             if answered == 3 {
@@ -310,7 +320,7 @@ impl Drop for Cluster {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        if std::thread::panicking() {
+        if self.keep || std::thread::panicking() {
             eprintln!(
                 "the members' data and logs are kept in {}",
                 self.dir.display()

@@ -2164,16 +2164,21 @@ async fn a_released_for_update_hold_is_not_reported_lost() {
             // call, not after it, or a loaded machine ends some leases before they are judged.
             let before = Instant::now();
             let g = l.acquire().await.unwrap();
-            watched.push((before, Box::pin(g.lost())));
+            watched.push((before, before.elapsed(), Box::pin(g.lost())));
             g.release().await.unwrap();
         }
         // A window for something that must not happen, not a wait for an event.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        for (before, lost) in watched {
+        for (before, took, lost) in watched {
             let reported = tokio::time::timeout(Duration::ZERO, lost).await;
-            if before.elapsed() < lease - Duration::from_millis(100) {
+            let since = before.elapsed();
+            if since < lease - Duration::from_millis(100) {
                 judged += 1;
-                assert!(reported.is_err(), "a released hold was reported lost");
+                assert!(
+                    reported.is_err(),
+                    "a released hold was reported lost {since:?} after its acquire started \
+                     (the acquire took {took:?}; the lease is {lease:?})"
+                );
             }
         }
     }
