@@ -307,33 +307,30 @@ fn lost_lock_terminates_the_command() {
             "the holder never held"
         );
     }
-    // Take the lock away behind its back.
-    let status = Command::new("sqlite3")
-        .arg(&scratch.0)
-        .arg(format!(
-            "DELETE FROM dlock_holds WHERE name = CAST('{name}' AS BLOB);"
-        ))
-        .status();
-    if status.is_err() {
-        // No sqlite3 CLI: do it through the library's own describe/connection instead.
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async {
-            sqlx::any::install_default_drivers();
-            let pool = sqlx::any::AnyPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .unwrap();
-            sqlx::query("DELETE FROM dlock_holds WHERE name = ?")
-                .bind(name.as_bytes())
-                .execute(&pool)
-                .await
-                .unwrap();
-        });
-    }
+    // Take the lock away behind its back, waiting out the holder's own writes (its renewals
+    // take SQLite's write lock a few times a second: the sqlite3 shell, which has no busy
+    // timeout, failed with "database is locked" now and then, and the holder then kept the
+    // lock to the end of its command).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let deleted = rt.block_on(async {
+        use sqlx::Connection as _;
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&scratch.0)
+            .busy_timeout(Duration::from_secs(20));
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM dlock_holds WHERE name = ?")
+            .bind(name.as_bytes())
+            .execute(&mut conn)
+            .await
+            .unwrap()
+            .rows_affected()
+    });
+    assert_eq!(deleted, 1, "the holder's row was there to delete");
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(76));
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
     assert!(err.contains("lost the lock"), "{err}");
     assert!(
         err.contains("the store no longer has the hold"),
