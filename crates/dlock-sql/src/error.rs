@@ -66,10 +66,12 @@ fn mysql_code(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
     None
 }
 
-/// Converts a sqlx error at the crate boundary. `backend` is `"mysql"` or `"sqlite"`.
+/// Converts a sqlx error at the crate boundary. `backend` is `"mysql"`, `"postgres"` or
+/// `"sqlite"`.
 ///
-/// I/O errors, pool timeouts, lost connections and a server going away or refusing
-/// connections are [`Error::Connection`]; deadlocks (`ER_LOCK_DEADLOCK`), lock wait timeouts
+/// I/O errors, pool timeouts, lost connections, a server going away or refusing connections,
+/// and a session the server ended (killed, or idle past its timeout) are
+/// [`Error::Connection`]; deadlocks (`ER_LOCK_DEADLOCK`), lock wait timeouts
 /// and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable [`Error::Backend`]s.
 pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Error {
     match &e {
@@ -83,12 +85,19 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
         },
         sqlx::Error::Database(db) if pg_code(db.as_ref()).is_some() => {
             let code = pg_code(db.as_ref()).unwrap_or_default();
-            // The server shutting down or refusing connections for now, and every
-            // connection exception (class 08), are connection errors: the database could not
-            // be reached, which no caller may read as "held". Serialization failures,
-            // deadlocks and a lock not available are retryable.
-            if matches!(code.as_str(), "57P01" | "57P02" | "57P03" | "53300")
-                || code.starts_with("08")
+            // Connection errors: the server shutting down or refusing connections for now,
+            // every connection exception (class 08), and a session the server ended for
+            // sitting idle, which the client reads as the answer to its next statement (that
+            // statement never ran): 57P05 `idle_session_timeout` (which managed services set
+            // on their roles) on a connection idle in the pool, 25P03
+            // `idle_in_transaction_session_timeout` (the for-update lease) on an
+            // acquisition's connection. The database could not be reached on that
+            // connection, which no caller may read as "held", and another connection can
+            // help. Serialization failures, deadlocks and a lock not available are retryable.
+            if matches!(
+                code.as_str(),
+                "57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "53300"
+            ) || code.starts_with("08")
             {
                 return Error::connection(backend, format!("{what}: {e}"), e);
             }
@@ -97,8 +106,9 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
         }
         sqlx::Error::Database(db) => {
             let retryable = match mysql_code(db.as_ref()) {
-                // server gone, lost connection, too many connections, server shutting down
-                Some(2006 | 2013 | 1040 | 1053) => {
+                // server gone, lost connection, too many connections, server shutting down,
+                // connection killed (MariaDB's ER_CONNECTION_KILLED)
+                Some(2006 | 2013 | 1040 | 1053 | 1927) => {
                     return Error::connection(backend, format!("{what}: {e}"), e);
                 }
                 // deadlock, lock wait timeout, NOWAIT, read-only during failover

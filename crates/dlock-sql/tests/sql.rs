@@ -2222,3 +2222,135 @@ async fn a_try_of_an_unreachable_database_is_an_error_not_a_held_lock() {
         }
     }
 }
+
+/// A pooled connection that the server ended while it sat idle is a connection error, and the
+/// acquisition tries again on another connection: a healthy database never fails the caller.
+/// PostgreSQL ends a session idle past `idle_session_timeout` (which managed services set on
+/// their roles) with `FATAL 57P05`, which the client reads as the answer to its next
+/// statement; that code was a hard, non-retryable error, so `try_acquire` failed at once.
+/// MariaDB closes a connection idle past `wait_timeout` without a word (an I/O error): that
+/// case guards the answer that was already right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_server_ended_while_idle_is_tried_again() {
+    let _serial = SERIAL.lock().await;
+    if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
+        use sqlx::ConnectOptions as _;
+        let pg_admin = admin(&pg).await;
+        let version: i64 = sqlx::query("SELECT current_setting('server_version_num')::bigint")
+            .fetch_one(&pg_admin)
+            .await
+            .unwrap()
+            .get(0);
+        // `idle_session_timeout` is PostgreSQL 14's (scripts/services starts 15).
+        assert!(
+            version >= 140_000,
+            "PostgreSQL {version} has no idle_session_timeout"
+        );
+        let base = pg.split('?').next().unwrap();
+        let options = sqlx::postgres::PgConnectOptions::from_url(&base.parse().unwrap())
+            .unwrap()
+            .options([("idle_session_timeout", "300ms")]);
+        let app = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .unwrap();
+        let provider = SqlProvider::from_pg_pool(
+            app.clone(),
+            Strategy::UniqueInsert,
+            &prefix("unique-insert"),
+            1,
+        )
+        .await
+        .unwrap();
+        let (first, second) = (app.acquire().await.unwrap(), app.acquire().await.unwrap());
+        let mut ids = Vec::new();
+        for mut c in [first, second] {
+            let id: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *c)
+                .await
+                .unwrap();
+            ids.push(i64::from(id));
+        }
+        let alive = format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE pid IN ({}, {})",
+            ids[0], ids[1]
+        );
+        ends_idle_connections("postgres", &provider, &pg_admin, &alive).await;
+    }
+    if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
+        let app = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::Executor::execute(&mut *conn, "SET SESSION wait_timeout = 1").await?;
+                    Ok(())
+                })
+            })
+            .connect(mysql.split('?').next().unwrap())
+            .await
+            .unwrap();
+        let provider = SqlProvider::from_mysql_pool(
+            app.clone(),
+            Strategy::UniqueInsert,
+            &prefix("unique-insert"),
+            1,
+        )
+        .await
+        .unwrap();
+        let (first, second) = (app.acquire().await.unwrap(), app.acquire().await.unwrap());
+        let mut ids = Vec::new();
+        for mut c in [first, second] {
+            let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                .fetch_one(&mut *c)
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        let alive = format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}, {})",
+            ids[0], ids[1]
+        );
+        ends_idle_connections("mysql", &provider, &admin(&mysql).await, &alive).await;
+    }
+}
+
+/// With both connections of `provider`'s pool (those `alive` counts) ended by the server while
+/// idle, a free lock is still acquired, released and acquired again.
+async fn ends_idle_connections(label: &str, provider: &SqlProvider, admin: &AnyPool, alive: &str) {
+    let name = Names::new().name("idle-ended");
+    let lock = provider.lock(&name, LockOptions::default()).unwrap();
+    eventually(
+        Duration::from_secs(20),
+        &format!("{label}: the server ends the pool's idle connections"),
+        || async {
+            let n: i64 = sqlx::query(alive)
+                .fetch_one(admin)
+                .await
+                .map_err(|e| e.to_string())?
+                .try_get(0)
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                Ok(())
+            } else {
+                Err(format!("{n} still open"))
+            }
+        },
+    )
+    .await;
+    for round in 0..2 {
+        let g = lock
+            .try_acquire(Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{label}: round {round}: acquire of a free lock on a pool whose idle \
+                     connections the server ended: {e}"
+                )
+            })
+            .unwrap_or_else(|| panic!("{label}: round {round}: a free lock was reported held"));
+        g.release().await.unwrap();
+    }
+}
