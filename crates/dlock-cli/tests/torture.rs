@@ -293,7 +293,7 @@ impl PrivateRedis {
             eprintln!("skipped: redis-server or redis-cli is missing");
             return None;
         }
-        let port = dlock_conformance::tls::free_port();
+        let port = dlock_conformance::tls::free_port().expect("a free loopback port");
         let dir = std::env::temp_dir().join(format!("dlock-torture-redis-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

@@ -115,10 +115,10 @@ pub fn make_certificates(dir: &Path) -> TestCertificates {
 /// port between this choice and the server's bind. The range is also below the Sentinel
 /// ports `scripts/services` uses (26390 and up).
 ///
-/// # Panics
+/// # Errors
 ///
-/// If no port of the range can be bound.
-pub fn free_port() -> u16 {
+/// If no port of the range can be bound (`AddrInUse`).
+pub fn free_port() -> std::io::Result<u16> {
     use std::hash::{BuildHasher, RandomState};
     // Never the same port twice in one process: nothing listens on it between two calls
     // (`(free_port(), free_port())`), so the bind alone would not tell.
@@ -130,7 +130,12 @@ pub fn free_port() -> u16 {
     let port = (0u64..6_000 * 4)
         .map(|n| 20_000 + u16::try_from(random.hash_one(n) % 6_000).unwrap_or(0))
         .find(|p| !given.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
-        .expect("a free loopback port");
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "no loopback port of 20000-25999 could be bound",
+            )
+        })?;
     given.push(port);
-    port
+    Ok(port)
 }

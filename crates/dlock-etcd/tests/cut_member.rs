@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use dlock_conformance::tls::free_port;
 use dlock_conformance::{Names, eventually, must, service_url};
-use dlock_core::backend::later;
 use dlock_core::{Lease, LockOptions, LockProvider, MultiLock};
 use dlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
 use dlock_etcd::{EtcdConfig, EtcdProvider};
@@ -23,7 +22,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 /// The member cut off, if any: its index, and its member id as etcd's peers name it in the
 /// `X-Server-From` header of their raft requests (hexadecimal).
@@ -177,8 +175,12 @@ impl Cluster {
             std::env::temp_dir().join(format!("dlock-etcd-cut-{}-{attempt}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peers: Vec<u16> = (0..3)
+            .map(|_| free_port().expect("a free loopback port"))
+            .collect();
+        let clients: Vec<u16> = (0..3)
+            .map(|_| free_port().expect("a free loopback port"))
+            .collect();
         let board = Switchboard::start(&peers).await;
         let initial = board
             .ports
@@ -234,44 +236,45 @@ impl Cluster {
         }
     }
 
-    /// Waits (30 s at most) until every member answers a status call; an error at once if
-    /// one exits.
+    /// Waits until every member answers a status call (polled for 30 s at most, then the
+    /// case fails); an error at once if a member exits, so that `start` tries other ports.
     async fn await_serving(&mut self) -> Result<(), String> {
-        let deadline = later(Instant::now(), Duration::from_secs(30));
-        loop {
-            for (i, m) in self.members.iter_mut().enumerate() {
-                if let Ok(Some(status)) = m.try_wait() {
-                    let log = std::fs::read_to_string(self.dir.join(format!("m{i}.log")))
-                        .unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                    return Err(format!("member m{i} exited ({status}): {tail:?}"));
+        let endpoints: Vec<String> = (0..3).map(|i| self.endpoint(i)).collect();
+        let serving = eventually(
+            Duration::from_secs(30),
+            "every member of the private cluster serves",
+            || async {
+                for endpoint in &endpoints {
+                    // A member without a quorum accepts a connection and never answers.
+                    let status = tokio::time::timeout(Duration::from_secs(2), async {
+                        Client::connect([endpoint.as_str()], None)
+                            .await?
+                            .status()
+                            .await
+                    })
+                    .await;
+                    match status {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(format!("{endpoint}: {e}")),
+                        Err(_) => return Err(format!("{endpoint} did not answer within 2 s")),
+                    }
                 }
-            }
-            let mut answered = 0;
-            let mut last = String::new();
-            for i in 0..3 {
-                // A member without a quorum accepts a connection and never answers.
-                let status = tokio::time::timeout(Duration::from_secs(2), async {
-                    Client::connect([self.endpoint(i)], None)
-                        .await?
-                        .status()
-                        .await
-                })
-                .await;
-                match status {
-                    Ok(Ok(_)) => answered += 1,
-                    Ok(Err(e)) => last = e.to_string(),
-                    Err(_) => last = format!("m{i} did not answer within 2 s"),
-                }
-            }
-            if answered == 3 {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("not every member serves within 30 s: {last}"));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+                Ok(())
+            },
+        );
+        let [m0, m1, m2] = &mut self.members[..] else {
+            return Err(format!("{} members, not 3", self.members.len()));
+        };
+        let (i, status) = tokio::select! {
+            biased;
+            s = m0.wait() => (0, s),
+            s = m1.wait() => (1, s),
+            s = m2.wait() => (2, s),
+            () = serving => return Ok(()),
+        };
+        let log = std::fs::read_to_string(self.dir.join(format!("m{i}.log"))).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        Err(format!("member m{i} exited ({status:?}): {tail:?}"))
     }
 
     fn endpoint(&self, i: usize) -> String {
@@ -313,12 +316,20 @@ impl Drop for Cluster {
         for m in &mut self.members {
             let _ = m.start_kill();
         }
-        // Gone before their files are: a member still writing would keep the directory.
-        let deadline = later(Instant::now(), Duration::from_secs(10));
-        for m in &mut self.members {
-            while matches!(m.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        // Gone before their files are: a member still writing would keep the directory. The
+        // test's runtime has worker threads (a drop on it may block one for the wait).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let members = &mut self.members;
+            tokio::task::block_in_place(|| {
+                runtime.block_on(async {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                        for m in members.iter_mut() {
+                            let _ = m.wait().await;
+                        }
+                    })
+                    .await;
+                });
+            });
         }
         if self.keep || std::thread::panicking() {
             eprintln!(

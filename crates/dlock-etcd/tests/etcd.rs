@@ -684,7 +684,10 @@ async fn etcds_with_a_private_ca_and_a_client_certificate() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     make_certificates(&dir);
-    let (port, peer) = (free_port(), free_port());
+    let (port, peer) = (
+        free_port().expect("a free loopback port"),
+        free_port().expect("a free loopback port"),
+    );
     let file = |f: &str| dir.join(f).display().to_string();
     let mut member = Command::new("etcd");
     member
@@ -795,8 +798,8 @@ impl PrivateMember {
             .collect();
         let mut m = Self {
             dir,
-            port: free_port(),
-            peer: free_port(),
+            port: free_port().expect("a free loopback port"),
+            peer: free_port().expect("a free loopback port"),
             args,
             child: None,
         };

@@ -109,7 +109,7 @@ impl PrivateRedis {
     /// proxy: the node announces the proxy's port, so every connection of a cluster client
     /// (the first and those it learns from `CLUSTER SLOTS`) goes through the proxy.
     async fn start_cluster_behind_proxy() -> Option<(Self, dlock_proxy::Proxy)> {
-        let port = free_port();
+        let port = free_port().expect("a free loopback port");
         let proxy = dlock_proxy::Proxy::start(("127.0.0.1", port))
             .await
             .unwrap();
@@ -123,7 +123,14 @@ impl PrivateRedis {
     }
 
     async fn start_with(appendonly: bool, replica_of: Option<u16>, cluster: bool) -> Option<Self> {
-        Self::start_on(free_port(), appendonly, replica_of, cluster, None).await
+        Self::start_on(
+            free_port().expect("a free loopback port"),
+            appendonly,
+            replica_of,
+            cluster,
+            None,
+        )
+        .await
     }
 
     async fn start_on(
@@ -195,7 +202,7 @@ impl PrivateRedis {
                     "--cluster-config-file".to_owned(),
                     self.dir.join("nodes.conf").display().to_string(),
                     "--cluster-port".to_owned(),
-                    free_port().to_string(),
+                    free_port().expect("a free loopback port").to_string(),
                 ];
                 if let Some(port) = self.announce_port {
                     args.extend(["--cluster-announce-port".to_owned(), port.to_string()]);
@@ -1123,7 +1130,7 @@ impl PrivateSentinel {
     }
 
     async fn start_with(master: &PrivateRedis, name: &str, password: Option<&str>) -> Self {
-        let port = free_port();
+        let port = free_port().expect("a free loopback port");
         let dir = std::env::temp_dir().join(format!("dlock-sentinel-test-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -2314,7 +2321,7 @@ async fn rediss_with_a_private_ca_and_a_client_certificate() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let certs = make_certificates(&dir);
-    let port = free_port();
+    let port = free_port().expect("a free loopback port");
     let server = Command::new("redis-server")
         .args(["--port", "0", "--tls-port", &port.to_string()])
         .args(["--bind", "127.0.0.1", "--save", "", "--dir"])

@@ -1312,7 +1312,7 @@ impl PrivateZk {
             eprintln!("skipped: java or zookeeper.jar is missing");
             return None;
         }
-        let port = dlock_conformance::tls::free_port();
+        let port = dlock_conformance::tls::free_port().expect("a free loopback port");
         let dir = std::env::temp_dir().join(format!("dlock-zk-test-{port}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
