@@ -16,7 +16,8 @@
     )
 )]
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Encode, Executor, Type};
@@ -30,9 +31,28 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
 #[cfg(feature = "sqlite")]
 use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool, SqliteRow};
 
-/// A connection pool of one driver.
+/// A connection pool of one driver, with the few clean connections dlock keeps warm in
+/// front of it (on the pools dlock opened itself).
+///
+/// sqlx 0.8 pings every connection its pool takes back, a round trip in a task of its own:
+/// a lock cycle that gives back two connections costs two round trips more than its
+/// statements. A connection whose statements all succeeded is instead kept (at most
+/// [`WARM_MAX`], by [`Conn::done`]) for dlock's next statement on the pool. A kept connection
+/// is looked at before it is used again: one idle longer than [`WARM_FRESH`] must answer a
+/// ping first, and a pool that was closed serves none. Nobody waits behind a kept connection:
+/// one is kept only while no caller of [`Pool::acquire`] waits in sqlx's queue, and every
+/// statement dlock runs on the pool goes through [`Pool::acquire`]. An application's own pool
+/// (`from_*_pool`) gets no cache: its other users wait in sqlx's queue, where dlock cannot see
+/// them.
 #[derive(Clone, Debug)]
-pub(crate) enum Pool {
+pub(crate) struct Pool {
+    driver: Driver,
+    warm: Option<Arc<Warm>>,
+}
+
+/// The sqlx pool of one driver.
+#[derive(Clone, Debug)]
+pub(crate) enum Driver {
     /// MySQL or MariaDB.
     #[cfg(feature = "mysql")]
     MySql(MySqlPool),
@@ -44,9 +64,17 @@ pub(crate) enum Pool {
     Postgres(PgPool),
 }
 
-/// A connection checked out of a [`Pool`]; it goes back when dropped.
+/// A connection checked out of a [`Pool`]; it goes back to sqlx when dropped, or to the
+/// pool's warm connections through [`done`](Conn::done).
 #[derive(Debug)]
-pub(crate) enum Conn {
+pub(crate) struct Conn {
+    raw: Raw,
+    warm: Option<Arc<Warm>>,
+}
+
+/// A connection of sqlx's pool.
+#[derive(Debug)]
+enum Raw {
     #[cfg(feature = "mysql")]
     MySql(PoolConnection<MySql>),
     #[cfg(feature = "sqlite")]
@@ -55,15 +83,107 @@ pub(crate) enum Conn {
     Postgres(PoolConnection<Postgres>),
 }
 
+/// The most connections a pool keeps warm: a lock cycle uses one at a time; the second
+/// serves a renewal or a fence that comes meanwhile.
+const WARM_MAX: usize = 2;
+
+/// A warm connection idle longer than this must answer a ping before it is used again (the
+/// server or a proxy may have closed it meanwhile).
+const WARM_FRESH: Duration = Duration::from_millis(250);
+
+/// How long that ping may take before the connection is given up.
+const WARM_PING: Duration = Duration::from_secs(1);
+
+/// The connections a [`Pool`] keeps warm, and the callers waiting in sqlx's queue.
+#[derive(Debug)]
+pub(crate) struct Warm {
+    driver: Driver,
+    state: std::sync::Mutex<WarmState>,
+}
+
+#[derive(Debug, Default)]
+struct WarmState {
+    /// Clean connections and when they were kept, the newest last.
+    idle: Vec<(Raw, Instant)>,
+    /// Callers of [`Pool::acquire`] waiting in sqlx's queue.
+    waiting: usize,
+}
+
+impl Warm {
+    fn state(&self) -> std::sync::MutexGuard<'_, WarmState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps a clean connection, unless somebody waits in sqlx's queue (it goes there), the
+    /// cache is full or the pool was closed.
+    fn keep(&self, raw: Raw) {
+        let refused = {
+            let mut state = self.state();
+            if state.waiting == 0 && state.idle.len() < WARM_MAX && !self.driver.is_closed() {
+                state.idle.push((raw, Instant::now()));
+                None
+            } else {
+                Some(raw)
+            }
+        };
+        drop(refused);
+    }
+
+    /// Gives every kept connection back to sqlx (which pings it and closes a dead one): one
+    /// of them died, and the others may have died with it (a restarted server).
+    fn purge(&self) {
+        let idle = std::mem::take(&mut self.state().idle);
+        drop(idle);
+    }
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut self.state().idle);
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Outside a runtime sqlx cannot take a connection back (its drop spawns a task,
+            // and panics without a runtime): the pool is going away, so the connections are
+            // closed with it, without a goodbye.
+            for (raw, _) in idle {
+                raw.detach();
+            }
+        }
+    }
+}
+
+/// Counts a caller of [`Pool::acquire`] as waiting in sqlx's queue while it lives.
+struct Waiting<'w>(&'w Warm);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.waiting = state.waiting.saturating_sub(1);
+    }
+}
+
 /// Where a statement runs.
 pub(crate) enum On<'c> {
+    /// On a connection of the pool, for this statement only.
     Pool(&'c Pool),
+    /// On a connection checked out of a [`Pool`].
+    Conn(&'c mut Conn),
+    /// On a bare connection (the application's transaction).
+    Exec(Exec<'c>),
+}
+
+/// A bare connection of one driver.
+pub(crate) enum Exec<'c> {
     #[cfg(feature = "mysql")]
     MySql(&'c mut MySqlConnection),
     #[cfg(feature = "sqlite")]
     Sqlite(&'c mut SqliteConnection),
     #[cfg(feature = "postgres")]
     Postgres(&'c mut PgConnection),
+    /// Without a driver there is no connection.
+    #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+    Unused(std::marker::PhantomData<&'c ()>, std::convert::Infallible),
 }
 
 impl<'c> From<&'c Pool> for On<'c> {
@@ -74,93 +194,174 @@ impl<'c> From<&'c Pool> for On<'c> {
 
 impl<'c> From<&'c mut Conn> for On<'c> {
     fn from(conn: &'c mut Conn) -> Self {
-        match *conn {
-            #[cfg(feature = "mysql")]
-            Conn::MySql(ref mut c) => On::MySql(c),
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(ref mut c) => On::Sqlite(c),
-            #[cfg(feature = "postgres")]
-            Conn::Postgres(ref mut c) => On::Postgres(c),
-        }
+        On::Conn(conn)
     }
 }
 
 #[cfg(feature = "mysql")]
 impl<'c> From<&'c mut MySqlConnection> for On<'c> {
     fn from(conn: &'c mut MySqlConnection) -> Self {
-        On::MySql(conn)
+        On::Exec(Exec::MySql(conn))
     }
 }
 
 #[cfg(feature = "postgres")]
 impl<'c> From<&'c mut PgConnection> for On<'c> {
     fn from(conn: &'c mut PgConnection) -> Self {
-        On::Postgres(conn)
+        On::Exec(Exec::Postgres(conn))
     }
 }
 
 #[cfg(feature = "sqlite")]
 impl<'c> From<&'c mut SqliteConnection> for On<'c> {
     fn from(conn: &'c mut SqliteConnection) -> Self {
-        On::Sqlite(conn)
+        On::Exec(Exec::Sqlite(conn))
+    }
+}
+
+impl Driver {
+    async fn acquire(&self) -> Result<Raw, sqlx::Error> {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.acquire().await.map(Raw::MySql),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.acquire().await.map(Raw::Sqlite),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.acquire().await.map(Raw::Postgres),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.is_closed(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.is_closed(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.is_closed(),
+        }
     }
 }
 
 impl Pool {
-    /// A connection for a few statements in a row.
+    /// A pool dlock opened: it keeps its clean connections warm.
+    pub(crate) fn ours(driver: Driver) -> Self {
+        Self {
+            warm: Some(Arc::new(Warm {
+                driver: driver.clone(),
+                state: std::sync::Mutex::default(),
+            })),
+            driver,
+        }
+    }
+
+    /// The application's pool: every connection goes back to it.
+    pub(crate) fn theirs(driver: Driver) -> Self {
+        Self { driver, warm: None }
+    }
+
+    /// The sqlx pool.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// A connection for a few statements in a row: a warm one if the pool keeps one that
+    /// still answers, else one of sqlx's.
     pub(crate) async fn acquire(&self) -> Result<Conn, sqlx::Error> {
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.acquire().await.map(Conn::MySql),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref p) => p.acquire().await.map(Conn::Sqlite),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.acquire().await.map(Conn::Postgres),
+        let Some(warm) = &self.warm else {
+            return Ok(Conn {
+                raw: self.driver.acquire().await?,
+                warm: None,
+            });
+        };
+        let conn = |raw| Conn {
+            raw,
+            warm: Some(Arc::clone(warm)),
+        };
+        loop {
+            let kept = {
+                let mut state = warm.state();
+                match state.idle.pop() {
+                    Some(kept) => Some(kept),
+                    None => {
+                        // Counted as waiting under the same lock that keeps connections: a
+                        // connection done from now on goes to sqlx's queue, where this
+                        // caller waits, not to the cache.
+                        state.waiting = state.waiting.saturating_add(1);
+                        None
+                    }
+                }
+            };
+            let Some((mut raw, since)) = kept else {
+                let _waiting = Waiting(warm);
+                return self.driver.acquire().await.map(conn);
+            };
+            if self.driver.is_closed() {
+                warm.purge();
+                drop(raw);
+                return self.driver.acquire().await.map(conn);
+            }
+            if since.elapsed() < WARM_FRESH {
+                return Ok(conn(raw));
+            }
+            match tokio::time::timeout(WARM_PING, raw.ping()).await {
+                Ok(Ok(())) => return Ok(conn(raw)),
+                _ => {
+                    tracing::debug!("a warm connection did not answer; closing it");
+                    raw.close_on_drop();
+                    warm.purge();
+                }
+            }
         }
     }
 
     /// The most connections the pool opens.
     pub(crate) fn max_connections(&self) -> u32 {
-        match *self {
+        match self.driver {
             #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.options().get_max_connections(),
+            Driver::MySql(ref p) => p.options().get_max_connections(),
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref p) => p.options().get_max_connections(),
+            Driver::Sqlite(ref p) => p.options().get_max_connections(),
             #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.options().get_max_connections(),
+            Driver::Postgres(ref p) => p.options().get_max_connections(),
         }
     }
 
     /// Whether every connection the pool may open is open and checked out: the pool is
-    /// exhausted, not merely slow to open a connection.
+    /// exhausted, not merely slow to open a connection. A warm connection is not in use.
     pub(crate) fn all_in_use(&self) -> bool {
-        let (size, idle): (u32, usize) = match *self {
+        let (size, idle): (u32, usize) = match self.driver {
             #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => (p.size(), p.num_idle()),
+            Driver::MySql(ref p) => (p.size(), p.num_idle()),
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref p) => (p.size(), p.num_idle()),
+            Driver::Sqlite(ref p) => (p.size(), p.num_idle()),
             #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => (p.size(), p.num_idle()),
+            Driver::Postgres(ref p) => (p.size(), p.num_idle()),
         };
-        size >= self.max_connections() && idle == 0
+        let warm = self.warm.as_ref().map_or(0, |w| w.state().idle.len());
+        size >= self.max_connections() && idle == 0 && warm == 0
     }
 
     /// Runs statements without arguments or preparation (DDL).
     pub(crate) async fn raw(&self, sql: &str) -> Result<(), sqlx::Error> {
-        match *self {
+        let mut conn = self.acquire().await?;
+        let r = match conn.exec() {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.execute(sql).await.map(drop),
+            Exec::MySql(c) => c.execute(sql).await.map(drop),
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref p) => p.execute(sql).await.map(drop),
+            Exec::Sqlite(c) => c.execute(sql).await.map(drop),
             #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.execute(sql).await.map(drop),
-        }
+            Exec::Postgres(c) => c.execute(sql).await.map(drop),
+        };
+        conn.after(r)
     }
 }
 
-impl Conn {
-    /// Whether the connection answers.
-    pub(crate) async fn ping(&mut self) -> Result<(), sqlx::Error> {
+impl Raw {
+    async fn ping(&mut self) -> Result<(), sqlx::Error> {
         use sqlx::Connection;
         match *self {
             #[cfg(feature = "mysql")]
@@ -172,36 +373,7 @@ impl Conn {
         }
     }
 
-    /// Runs statements without arguments or preparation, several in one round trip, and
-    /// returns the rows of all of them (the server stops at the first that fails).
-    pub(crate) async fn batch(&mut self, sql: &str) -> Result<Vec<Row>, sqlx::Error> {
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref mut c) => Ok((&mut **c)
-                .fetch_all(sql)
-                .await?
-                .into_iter()
-                .map(Row::MySql)
-                .collect()),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref mut c) => Ok((&mut **c)
-                .fetch_all(sql)
-                .await?
-                .into_iter()
-                .map(Row::Sqlite)
-                .collect()),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref mut c) => Ok((&mut **c)
-                .fetch_all(sql)
-                .await?
-                .into_iter()
-                .map(Row::Postgres)
-                .collect()),
-        }
-    }
-
-    /// Closes the connection when it is dropped, instead of returning it to the pool.
-    pub(crate) fn close_on_drop(&mut self) {
+    fn close_on_drop(&mut self) {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref mut c) => c.close_on_drop(),
@@ -210,6 +382,100 @@ impl Conn {
             #[cfg(feature = "postgres")]
             Self::Postgres(ref mut c) => c.close_on_drop(),
         }
+    }
+
+    /// Takes the connection out of sqlx's pool and drops it (no runtime needed).
+    fn detach(self) {
+        match self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(c) => drop(c.detach()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(c) => drop(c.detach()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(c) => drop(c.detach()),
+        }
+    }
+}
+
+impl Conn {
+    /// Whether the connection answers.
+    pub(crate) async fn ping(&mut self) -> Result<(), sqlx::Error> {
+        self.raw.ping().await
+    }
+
+    /// Runs statements without arguments or preparation, several in one round trip, and
+    /// returns the rows of all of them (the server stops at the first that fails).
+    pub(crate) async fn batch(&mut self, sql: &str) -> Result<Vec<Row>, sqlx::Error> {
+        let rows = match self.exec() {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
+            #[cfg(feature = "mysql")]
+            Exec::MySql(c) => c
+                .fetch_all(sql)
+                .await
+                .map(|rows| rows.into_iter().map(Row::MySql).collect()),
+            #[cfg(feature = "sqlite")]
+            Exec::Sqlite(c) => c
+                .fetch_all(sql)
+                .await
+                .map(|rows| rows.into_iter().map(Row::Sqlite).collect()),
+            #[cfg(feature = "postgres")]
+            Exec::Postgres(c) => c
+                .fetch_all(sql)
+                .await
+                .map(|rows| rows.into_iter().map(Row::Postgres).collect()),
+        };
+        self.check(rows)
+    }
+
+    /// The bare connection, for a statement.
+    fn exec(&mut self) -> Exec<'_> {
+        match self.raw {
+            #[cfg(feature = "mysql")]
+            Raw::MySql(ref mut c) => Exec::MySql(c),
+            #[cfg(feature = "sqlite")]
+            Raw::Sqlite(ref mut c) => Exec::Sqlite(c),
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(ref mut c) => Exec::Postgres(c),
+        }
+    }
+
+    /// Closes the connection when it is dropped, instead of returning it to the pool.
+    pub(crate) fn close_on_drop(&mut self) {
+        self.warm = None;
+        self.raw.close_on_drop();
+    }
+
+    /// The connection is clean (its statements all succeeded, no transaction is open): it may
+    /// serve dlock's next statement on its pool without going back to sqlx. Dropping it
+    /// instead gives it back to sqlx.
+    pub(crate) fn done(mut self) {
+        if let Some(warm) = self.warm.take() {
+            warm.keep(self.raw);
+        }
+    }
+
+    /// After the one statement of this connection: kept warm if it succeeded (see
+    /// [`check`](Self::check) for a failure). Passes the result on.
+    fn after<T>(mut self, r: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let r = self.check(r);
+        if r.is_ok() {
+            self.done();
+        }
+        r
+    }
+
+    /// After a statement on this connection: if it failed because the connection is gone,
+    /// the pool's warm connections are given back to sqlx (they may have gone with it, as
+    /// when the server restarted), and this one is not kept. Passes the result on.
+    fn check<T>(&mut self, r: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if let Err(e) = &r
+            && crate::error::connection_lost(e)
+            && let Some(warm) = self.warm.take()
+        {
+            warm.purge();
+        }
+        r
     }
 }
 
@@ -358,35 +624,35 @@ impl<'a> Query<'a> {
     /// Runs a statement that returns no rows.
     pub(crate) async fn execute(self, on: impl Into<On<'_>>) -> Result<Done, sqlx::Error> {
         match on.into() {
-            On::Pool(pool) => match *pool {
-                #[cfg(feature = "mysql")]
-                Pool::MySql(ref p) => typed::<MySql>(self.sql, &self.args)
-                    .execute(p)
-                    .await
-                    .map(mysql_done),
-                #[cfg(feature = "sqlite")]
-                Pool::Sqlite(ref p) => typed::<Sqlite>(self.sql, &self.args)
-                    .execute(p)
-                    .await
-                    .map(sqlite_done),
-                #[cfg(feature = "postgres")]
-                Pool::Postgres(ref p) => typed::<Postgres>(self.sql, &self.args)
-                    .execute(p)
-                    .await
-                    .map(pg_done),
-            },
+            On::Pool(pool) => {
+                let mut conn = pool.acquire().await?;
+                let r = self.execute_on(conn.exec()).await;
+                conn.after(r)
+            }
+            On::Conn(conn) => {
+                let r = self.execute_on(conn.exec()).await;
+                conn.check(r)
+            }
+            On::Exec(exec) => self.execute_on(exec).await,
+        }
+    }
+
+    async fn execute_on(self, on: Exec<'_>) -> Result<Done, sqlx::Error> {
+        match on {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
-            On::MySql(c) => typed::<MySql>(self.sql, &self.args)
+            Exec::MySql(c) => typed::<MySql>(self.sql, &self.args)
                 .execute(c)
                 .await
                 .map(mysql_done),
             #[cfg(feature = "sqlite")]
-            On::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
+            Exec::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
                 .execute(c)
                 .await
                 .map(sqlite_done),
             #[cfg(feature = "postgres")]
-            On::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
+            Exec::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
                 .execute(c)
                 .await
                 .map(pg_done),
@@ -399,35 +665,35 @@ impl<'a> Query<'a> {
         on: impl Into<On<'_>>,
     ) -> Result<Option<Row>, sqlx::Error> {
         match on.into() {
-            On::Pool(pool) => match *pool {
-                #[cfg(feature = "mysql")]
-                Pool::MySql(ref p) => typed::<MySql>(self.sql, &self.args)
-                    .fetch_optional(p)
-                    .await
-                    .map(|r| r.map(Row::MySql)),
-                #[cfg(feature = "sqlite")]
-                Pool::Sqlite(ref p) => typed::<Sqlite>(self.sql, &self.args)
-                    .fetch_optional(p)
-                    .await
-                    .map(|r| r.map(Row::Sqlite)),
-                #[cfg(feature = "postgres")]
-                Pool::Postgres(ref p) => typed::<Postgres>(self.sql, &self.args)
-                    .fetch_optional(p)
-                    .await
-                    .map(|r| r.map(Row::Postgres)),
-            },
+            On::Pool(pool) => {
+                let mut conn = pool.acquire().await?;
+                let r = self.fetch_optional_on(conn.exec()).await;
+                conn.after(r)
+            }
+            On::Conn(conn) => {
+                let r = self.fetch_optional_on(conn.exec()).await;
+                conn.check(r)
+            }
+            On::Exec(exec) => self.fetch_optional_on(exec).await,
+        }
+    }
+
+    async fn fetch_optional_on(self, on: Exec<'_>) -> Result<Option<Row>, sqlx::Error> {
+        match on {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
-            On::MySql(c) => typed::<MySql>(self.sql, &self.args)
+            Exec::MySql(c) => typed::<MySql>(self.sql, &self.args)
                 .fetch_optional(c)
                 .await
                 .map(|r| r.map(Row::MySql)),
             #[cfg(feature = "sqlite")]
-            On::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
+            Exec::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
                 .fetch_optional(c)
                 .await
                 .map(|r| r.map(Row::Sqlite)),
             #[cfg(feature = "postgres")]
-            On::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
+            Exec::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
                 .fetch_optional(c)
                 .await
                 .map(|r| r.map(Row::Postgres)),
@@ -499,7 +765,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
                     .connect_with(options.clone())
                     .await;
                 match opened {
-                    Ok(pool) => return Ok((Pool::Sqlite(pool), None)),
+                    Ok(pool) => return Ok((Pool::ours(Driver::Sqlite(pool)), None)),
                     Err(sqlx::Error::Database(db))
                         if crate::error::sqlite_busy(db.as_ref())
                             && tokio::time::Instant::now() < give_up =>
@@ -602,7 +868,7 @@ pub(crate) async fn mysql_pool(
         })
         .connect_with(options)
         .await?;
-    Ok(Pool::MySql(pool))
+    Ok(Pool::ours(Driver::MySql(pool)))
 }
 
 /// A PostgreSQL pool whose statements give up on a row lock after `lock_timeout` (they are
@@ -632,7 +898,7 @@ pub(crate) async fn pg_pool(
         })
         .connect_with(options)
         .await?;
-    Ok(Pool::Postgres(pool))
+    Ok(Pool::ours(Driver::Postgres(pool)))
 }
 
 /// The driver's options for a `sqlite://` URL: the file by its path (never re-parsed as a

@@ -94,10 +94,8 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             // acquisition's connection. The database could not be reached on that
             // connection, which no caller may read as "held", and another connection can
             // help. Serialization failures, deadlocks and a lock not available are retryable.
-            if matches!(
-                code.as_str(),
-                "57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "53300"
-            ) || code.starts_with("08")
+            if pg_connection_code(&code) || code == "53300"
+            /* too many connections */
             {
                 return Error::connection(backend, format!("{what}: {e}"), e);
             }
@@ -106,9 +104,8 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
         }
         sqlx::Error::Database(db) => {
             let retryable = match mysql_code(db.as_ref()) {
-                // server gone, lost connection, too many connections, server shutting down,
-                // connection killed (MariaDB's ER_CONNECTION_KILLED)
-                Some(2006 | 2013 | 1040 | 1053 | 1927) => {
+                // a session that ended, or too many connections
+                Some(c) if mysql_connection_code(c) || c == 1040 => {
                     return Error::connection(backend, format!("{what}: {e}"), e);
                 }
                 // deadlock, lock wait timeout, NOWAIT, read-only during failover
@@ -120,6 +117,32 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
         }
         _ => Error::backend(backend, format!("{what}: {e}"), false, e),
     }
+}
+
+/// Whether `e` says the connection it came on is gone (an I/O error, the session ended by
+/// the server): that connection is not used again, and the others opened with it may be gone
+/// too.
+pub(crate) fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => match pg_code(db.as_ref()) {
+            Some(code) => pg_connection_code(&code),
+            None => mysql_code(db.as_ref()).is_some_and(mysql_connection_code),
+        },
+        _ => false,
+    }
+}
+
+/// PostgreSQL's codes for a session that ended: the server shutting down, a connection
+/// exception (class 08), a session ended for sitting idle.
+fn pg_connection_code(code: &str) -> bool {
+    matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "25P03") || code.starts_with("08")
+}
+
+/// MySQL's codes for a session that ended: server gone, lost connection, server shutting
+/// down, connection killed (MariaDB's `ER_CONNECTION_KILLED`).
+fn mysql_connection_code(code: u16) -> bool {
+    matches!(code, 2006 | 2013 | 1053 | 1927)
 }
 
 /// SQLite's BUSY (5) or LOCKED (6), with their extended codes: another connection has the

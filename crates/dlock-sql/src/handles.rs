@@ -410,6 +410,8 @@ impl SqlMutex {
             Ok(Some(token)) => token,
             Ok(None) => {
                 undo.0 = None;
+                drop(undo);
+                done(conn);
                 return Ok(None);
             }
             Err(e) => {
@@ -420,6 +422,7 @@ impl SqlMutex {
         };
         undo.0 = None;
         drop(undo);
+        done(conn);
         let attempt = Arc::try_unwrap(attempt).map_err(|_| shared_attempt())?;
         let hold = match strategy {
             Strategy::UniqueInsert => SqlHold::UniqueInsert(attempt),
@@ -466,6 +469,15 @@ fn shared_attempt() -> Error {
         message: "an attempt was still shared when it became a hold".into(),
         retryable: true,
         source: None,
+    }
+}
+
+/// Hands the connection of an attempt whose statements all succeeded back for the next
+/// statement (see [`Conn::done`]); still shared (it cannot be, once the undo is gone), it
+/// goes back to sqlx when the last owner drops it.
+fn done(conn: Shared) {
+    if let Ok(conn) = Arc::try_unwrap(conn) {
+        conn.into_inner().done();
     }
 }
 

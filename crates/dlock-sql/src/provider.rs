@@ -282,7 +282,7 @@ impl SqlProvider {
             None
         };
         Self::start(
-            Pool::MySql(pool),
+            Pool::theirs(db::Driver::MySql(pool)),
             lock_pool,
             Dialect::MySql,
             strategy,
@@ -330,7 +330,7 @@ impl SqlProvider {
             "sqlite://{}#{table}/{strategy}",
             pool.connect_options().get_filename().display()
         );
-        let pool = Pool::Sqlite(pool);
+        let pool = Pool::theirs(db::Driver::Sqlite(pool));
         setup(
             &pool,
             "sqlite",
@@ -382,7 +382,7 @@ impl SqlProvider {
             None
         };
         Self::start(
-            Pool::Postgres(pool),
+            Pool::theirs(db::Driver::Postgres(pool)),
             lock_pool,
             Dialect::Postgres,
             strategy,
@@ -427,8 +427,8 @@ impl SqlProvider {
         // Releases of the polling strategies are announced on PostgreSQL (for-update waiters
         // wait on the row lock itself).
         #[cfg(feature = "postgres")]
-        let wakeups = match (&pool, strategy) {
-            (Pool::Postgres(p), Strategy::UniqueInsert | Strategy::Optimistic) => {
+        let wakeups = match (pool.driver(), strategy) {
+            (db::Driver::Postgres(p), Strategy::UniqueInsert | Strategy::Optimistic) => {
                 Some(notify::Wakeups::start(
                     (*p.connect_options()).clone(),
                     notify::channel(table),
@@ -476,6 +476,7 @@ impl SqlProvider {
         if max >= 1 << 20 {
             strategies::seed_above(inner, &mut conn, max).await?;
         }
+        conn.done();
         Ok(())
     }
 

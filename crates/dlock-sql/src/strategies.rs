@@ -128,7 +128,9 @@ impl Attempt {
 
     pub(crate) async fn unique_release(&self) -> Result<bool> {
         let mut conn = self.connection().await?;
-        self.unique_release_on(&mut conn).await
+        let freed = self.unique_release_on(&mut conn).await?;
+        conn.done();
+        Ok(freed)
     }
 
     pub(crate) async fn unique_release_on(&self, conn: &mut Conn) -> Result<bool> {
@@ -269,7 +271,9 @@ impl Attempt {
 
     pub(crate) async fn optimistic_release(&self, version: Option<u64>) -> Result<bool> {
         let mut conn = self.connection().await?;
-        self.optimistic_release_on(&mut conn, version).await
+        let freed = self.optimistic_release_on(&mut conn, version).await?;
+        conn.done();
+        Ok(freed)
     }
 
     pub(crate) async fn optimistic_release_on(
@@ -1247,10 +1251,15 @@ impl Pinned {
         }
     }
 
-    /// Returns a clean connection (no transaction open) to the pool.
+    /// Returns a clean connection (no transaction open, no lock held) to the pool, where it
+    /// may stay warm for the next lock.
     fn return_to_pool(&mut self) {
         if let Some(c) = self.0.take() {
-            drop_connection(c);
+            if tokio::runtime::Handle::try_current().is_ok() {
+                c.done();
+            } else {
+                std::mem::forget(c);
+            }
         }
     }
 
@@ -1273,7 +1282,7 @@ impl Pinned {
         };
         match ended {
             Ok(()) => {
-                drop(self.0.take());
+                self.return_to_pool();
                 Ok(())
             }
             Err(e) => {
@@ -1295,7 +1304,7 @@ impl Pinned {
             Err(_) => false,
         };
         if released {
-            drop(self.0.take());
+            self.return_to_pool();
         } else {
             self.close();
         }

@@ -2354,3 +2354,194 @@ async fn ends_idle_connections(label: &str, provider: &SqlProvider, admin: &AnyP
         g.release().await.unwrap();
     }
 }
+
+/// The backends of the provider whose connections carry `app` as their application name,
+/// apart from its release listener.
+const OWN_BACKENDS: &str = "SELECT COUNT(*) FROM pg_stat_activity \
+     WHERE application_name = $1 AND query NOT LIKE 'LISTEN%'";
+
+async fn own_backends(db: &AnyPool, app: &str) -> i64 {
+    sqlx::query(OWN_BACKENDS)
+        .bind(app)
+        .fetch_one(db)
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A PostgreSQL URL for `strategy` on its shared tables, whose connections name themselves
+/// `app`, with `extra` query parameters.
+fn pg_app_url(pg: &str, strategy: &str, app: &str, extra: &str) -> String {
+    with_query(
+        pg,
+        &format!(
+            "strategy={strategy}&table={}&application_name={app}{extra}",
+            prefix(strategy)
+        ),
+    )
+}
+
+/// A lock cycle gives its connections back to the provider's warm ones, not to sqlx (whose
+/// pool pings every connection it takes back, a round trip, and opens another meanwhile): 200
+/// cycles, and renewals of a held lock, run on one connection of each pool, in a pool that may
+/// open four. Fails on a provider without warm connections (sqlx opened 2-3 per pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_cycles_and_renewals_reuse_one_warm_connection() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let db = admin(&pg).await;
+    // The statement pool serves every strategy; advisory and for-update pin a connection of
+    // a second pool for each hold.
+    for (strategy, pools) in [
+        ("unique-insert", 1),
+        ("optimistic", 1),
+        ("advisory", 2),
+        ("for-update", 2),
+    ] {
+        let app = format!("dlock_warm_{}", uuid::Uuid::new_v4().simple());
+        let url = pg_app_url(&pg, strategy, &app, "&pool=4");
+        let provider = SqlProvider::connect(&url).await.unwrap();
+        let name = Names::new().name("warm");
+        let lock = provider.lock(&name, LockOptions::default()).unwrap();
+        for _ in 0..200 {
+            lock.acquire().await.unwrap().release().await.unwrap();
+        }
+        // Renewals of a held lock (every 100 ms) while its acquisition's connection is warm.
+        let renewed = provider
+            .lock(
+                &name,
+                LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(300))),
+            )
+            .unwrap();
+        let guard = renewed.acquire().await.unwrap();
+        let (mut last, mut rises) = (guard.remaining(), 0);
+        eventually(
+            Duration::from_secs(20),
+            &format!("{strategy}: the lease is renewed three times"),
+            || {
+                let now = guard.remaining();
+                if now > last {
+                    rises += 1;
+                }
+                last = now;
+                let seen = rises;
+                async move { if seen >= 3 { Ok(()) } else { Err(seen) } }
+            },
+        )
+        .await;
+        // Counted while the hold is renewed (a release could meet a renewal in flight,
+        // which would rightly need a second connection).
+        assert_eq!(
+            own_backends(&db, &app).await,
+            pools,
+            "{strategy}: connections opened for 200 lock cycles and the renewals of a hold"
+        );
+        guard.release().await.unwrap();
+    }
+}
+
+/// Warm connections the server ended are not an answer. Ended at once (the connection is used
+/// again before it would be pinged): the statement that finds one dead gives the others back
+/// to sqlx, and the attempt is made again on a fresh one. Ended while idle by the server's
+/// `idle_session_timeout` (a managed PostgreSQL's setting): the connection is pinged before
+/// it is used and given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_connections_the_server_ended_are_not_an_answer() {
+    let _serial = SERIAL.lock().await;
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let db = admin(&pg).await;
+    for (strategy, idle_timeout) in [
+        ("unique-insert", false),
+        ("advisory", false),
+        ("unique-insert", true),
+        ("for-update", true),
+    ] {
+        let app = format!("dlock_warm_{}", uuid::Uuid::new_v4().simple());
+        let extra = if idle_timeout {
+            "&options=-c%20idle_session_timeout%3D300"
+        } else {
+            ""
+        };
+        let label = format!("{strategy}, idle_session_timeout {idle_timeout}");
+        let provider = SqlProvider::connect(&pg_app_url(&pg, strategy, &app, extra))
+            .await
+            .unwrap();
+        let names = Names::new();
+        let (a, b) = (names.name("warm-a"), names.name("warm-b"));
+        let (a, b) = (
+            provider.lock(&a, LockOptions::default()).unwrap(),
+            provider.lock(&b, LockOptions::default()).unwrap(),
+        );
+        // Two acquisitions at once and two releases at once: two connections of each pool
+        // are warm.
+        let (ga, gb) = tokio::join!(a.acquire(), b.acquire());
+        let (ra, rb) = tokio::join!(ga.unwrap().release(), gb.unwrap().release());
+        ra.unwrap();
+        rb.unwrap();
+        assert!(
+            own_backends(&db, &app).await >= 2,
+            "{label}: two connections open"
+        );
+        if !idle_timeout {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+            )
+            .bind(&app)
+            .execute(&db)
+            .await
+            .unwrap();
+        }
+        eventually(
+            Duration::from_secs(20),
+            &format!("{label}: the server ends the provider's connections"),
+            || async {
+                match own_backends(&db, &app).await {
+                    0 => Ok(()),
+                    n => Err(n),
+                }
+            },
+        )
+        .await;
+        for (round, lock) in [&a, &b, &a].into_iter().enumerate() {
+            let g = lock
+                .try_acquire(Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("{label}: round {round}: a free lock on dead warm connections: {e}")
+                })
+                .unwrap_or_else(|| panic!("{label}: round {round}: a free lock was reported held"));
+            g.release().await.unwrap();
+        }
+    }
+}
+
+/// A provider whose runtime ended while it kept connections warm is dropped outside any
+/// runtime without a panic (sqlx takes a connection back in a task, which needs one).
+#[test]
+fn a_provider_with_warm_connections_outlives_its_runtime() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let provider = runtime.block_on(async {
+        let url = with_query(
+            &pg,
+            &format!("strategy=unique-insert&table={}", prefix("unique-insert")),
+        );
+        let provider = SqlProvider::connect(&url).await.unwrap();
+        let lock = provider
+            .lock(&Names::new().name("outlives"), LockOptions::default())
+            .unwrap();
+        lock.acquire().await.unwrap().release().await.unwrap();
+        provider
+    });
+    drop(runtime);
+    drop(provider);
+}
