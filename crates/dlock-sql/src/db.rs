@@ -37,9 +37,15 @@ use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool, SqliteRow};
 /// sqlx 0.8 pings every connection its pool takes back, a round trip in a task of its own:
 /// a lock cycle that gives back two connections costs two round trips more than its
 /// statements. A connection whose statements all succeeded is instead kept (at most
-/// [`WARM_MAX`], by [`Conn::done`]) for dlock's next statement on the pool. A kept connection
-/// is looked at before it is used again: one idle longer than [`WARM_FRESH`] must answer a
-/// ping first, and a pool that was closed serves none. Nobody waits behind a kept connection:
+/// [`WARM_MAX`], by [`Conn::done`]) for dlock's next statement on the pool. One idle longer
+/// than [`WARM_IDLE`], or out of sqlx's pool longer than [`WARM_LIFETIME`], goes back to sqlx
+/// after all (which pings it in its own task and applies its idle and lifetime limits), and a
+/// pool that was closed serves none. A warm connection is never pinged on the caller's path: a
+/// ping cancelled with its caller leaves MySQL's answer unread on the connection, which the
+/// next statement would take for its own. Like sqlx's idle connections (dlock does not test
+/// them before use), a warm one may have been closed by the server: the statement that finds
+/// it dead gives the pool's other warm connections back to sqlx, and the caller retries on a
+/// fresh one (an acquisition does so once at its deadline). Nobody waits behind a kept connection:
 /// one is kept only while no caller of [`Pool::acquire`] waits in sqlx's queue, and every
 /// statement dlock runs on the pool goes through [`Pool::acquire`]. An application's own pool
 /// (`from_*_pool`) gets no cache: its other users wait in sqlx's queue, where dlock cannot see
@@ -70,6 +76,8 @@ pub(crate) enum Driver {
 pub(crate) struct Conn {
     raw: Raw,
     warm: Option<Arc<Warm>>,
+    /// When it came out of sqlx's pool.
+    out: Instant,
 }
 
 /// A connection of sqlx's pool.
@@ -87,12 +95,24 @@ enum Raw {
 /// serves a renewal or a fence that comes meanwhile.
 const WARM_MAX: usize = 2;
 
-/// A warm connection idle longer than this must answer a ping before it is used again (the
-/// server or a proxy may have closed it meanwhile).
-const WARM_FRESH: Duration = Duration::from_millis(250);
+/// A warm connection idle longer than this goes back to sqlx instead of serving a statement:
+/// a lock renewed at least every 5 s keeps its connection; a quieter application's connections
+/// are pinged by sqlx (in the background) and kept within its idle limit.
+const WARM_IDLE: Duration = Duration::from_secs(5);
 
-/// How long that ping may take before the connection is given up.
-const WARM_PING: Duration = Duration::from_secs(1);
+/// A connection out of sqlx's pool longer than this goes back to it when done, so that its
+/// `max_lifetime` still applies to a provider busy enough to keep one warm for ever.
+const WARM_LIFETIME: Duration = Duration::from_secs(60);
+
+/// A warm connection.
+#[derive(Debug)]
+struct Kept {
+    raw: Raw,
+    /// When it came out of sqlx's pool.
+    out: Instant,
+    /// When it was kept.
+    kept: Instant,
+}
 
 /// The connections a [`Pool`] keeps warm, and the callers waiting in sqlx's queue.
 #[derive(Debug)]
@@ -103,8 +123,8 @@ pub(crate) struct Warm {
 
 #[derive(Debug, Default)]
 struct WarmState {
-    /// Clean connections and when they were kept, the newest last.
-    idle: Vec<(Raw, Instant)>,
+    /// Clean connections, the newest last.
+    idle: Vec<Kept>,
     /// Callers of [`Pool::acquire`] waiting in sqlx's queue.
     waiting: usize,
 }
@@ -118,11 +138,19 @@ impl Warm {
 
     /// Keeps a clean connection, unless somebody waits in sqlx's queue (it goes there), the
     /// cache is full or the pool was closed.
-    fn keep(&self, raw: Raw) {
+    fn keep(&self, raw: Raw, out: Instant) {
         let refused = {
             let mut state = self.state();
-            if state.waiting == 0 && state.idle.len() < WARM_MAX && !self.driver.is_closed() {
-                state.idle.push((raw, Instant::now()));
+            if state.waiting == 0
+                && state.idle.len() < WARM_MAX
+                && out.elapsed() < WARM_LIFETIME
+                && !self.driver.is_closed()
+            {
+                state.idle.push(Kept {
+                    raw,
+                    out,
+                    kept: Instant::now(),
+                });
                 None
             } else {
                 Some(raw)
@@ -146,8 +174,8 @@ impl Drop for Warm {
             // Outside a runtime sqlx cannot take a connection back (its drop spawns a task,
             // and panics without a runtime): the pool is going away, so the connections are
             // closed with it, without a goodbye.
-            for (raw, _) in idle {
-                raw.detach();
+            for kept in idle {
+                kept.raw.detach();
             }
         }
     }
@@ -266,52 +294,46 @@ impl Pool {
         &self.driver
     }
 
-    /// A connection for a few statements in a row: a warm one if the pool keeps one that
-    /// still answers, else one of sqlx's.
+    /// A connection for a few statements in a row: a warm one if the pool keeps one, else
+    /// one of sqlx's.
     pub(crate) async fn acquire(&self) -> Result<Conn, sqlx::Error> {
-        let Some(warm) = &self.warm else {
-            return Ok(Conn {
-                raw: self.driver.acquire().await?,
-                warm: None,
-            });
-        };
-        let conn = |raw| Conn {
+        let from_sqlx = |raw, warm: Option<Arc<Warm>>| Conn {
             raw,
-            warm: Some(Arc::clone(warm)),
+            warm,
+            out: Instant::now(),
         };
-        loop {
-            let kept = {
-                let mut state = warm.state();
-                match state.idle.pop() {
-                    Some(kept) => Some(kept),
-                    None => {
-                        // Counted as waiting under the same lock that keeps connections: a
-                        // connection done from now on goes to sqlx's queue, where this
-                        // caller waits, not to the cache.
-                        state.waiting = state.waiting.saturating_add(1);
-                        None
-                    }
+        let Some(warm) = &self.warm else {
+            return Ok(from_sqlx(self.driver.acquire().await?, None));
+        };
+        let (kept, stale) = {
+            let mut state = warm.state();
+            match state.idle.pop() {
+                Some(kept) if kept.kept.elapsed() < WARM_IDLE && !self.driver.is_closed() => {
+                    (Some(kept), Vec::new())
                 }
-            };
-            let Some((mut raw, since)) = kept else {
+                newest => {
+                    // Nothing to serve (the newest is idle too long, so are the others, or
+                    // the pool was closed): every kept connection goes back to sqlx. Counted
+                    // as waiting under the same lock that keeps connections: a connection
+                    // done from now on goes to sqlx's queue, where this caller waits.
+                    let mut stale = std::mem::take(&mut state.idle);
+                    stale.extend(newest);
+                    state.waiting = state.waiting.saturating_add(1);
+                    (None, stale)
+                }
+            }
+        };
+        drop(stale);
+        match kept {
+            Some(kept) => Ok(Conn {
+                raw: kept.raw,
+                warm: Some(Arc::clone(warm)),
+                out: kept.out,
+            }),
+            None => {
                 let _waiting = Waiting(warm);
-                return self.driver.acquire().await.map(conn);
-            };
-            if self.driver.is_closed() {
-                warm.purge();
-                drop(raw);
-                return self.driver.acquire().await.map(conn);
-            }
-            if since.elapsed() < WARM_FRESH {
-                return Ok(conn(raw));
-            }
-            match tokio::time::timeout(WARM_PING, raw.ping()).await {
-                Ok(Ok(())) => return Ok(conn(raw)),
-                _ => {
-                    tracing::debug!("a warm connection did not answer; closing it");
-                    raw.close_on_drop();
-                    warm.purge();
-                }
+                let raw = self.driver.acquire().await?;
+                Ok(from_sqlx(raw, Some(Arc::clone(warm))))
             }
         }
     }
@@ -451,7 +473,7 @@ impl Conn {
     /// instead gives it back to sqlx.
     pub(crate) fn done(mut self) {
         if let Some(warm) = self.warm.take() {
-            warm.keep(self.raw);
+            warm.keep(self.raw, self.out);
         }
     }
 
@@ -627,7 +649,15 @@ impl<'a> Query<'a> {
             On::Pool(pool) => {
                 let mut conn = pool.acquire().await?;
                 let r = self.execute_on(conn.exec()).await;
-                conn.after(r)
+                match conn.after(r) {
+                    Err(e) if crate::error::connection_lost(&e) => {
+                        // See `fetch_optional`.
+                        let mut conn = pool.acquire().await?;
+                        let r = self.execute_on(conn.exec()).await;
+                        conn.after(r)
+                    }
+                    r => r,
+                }
             }
             On::Conn(conn) => {
                 let r = self.execute_on(conn.exec()).await;
@@ -637,7 +667,7 @@ impl<'a> Query<'a> {
         }
     }
 
-    async fn execute_on(self, on: Exec<'_>) -> Result<Done, sqlx::Error> {
+    async fn execute_on(&self, on: Exec<'_>) -> Result<Done, sqlx::Error> {
         match on {
             #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
             Exec::Unused(_, never) => match never {},
@@ -668,7 +698,18 @@ impl<'a> Query<'a> {
             On::Pool(pool) => {
                 let mut conn = pool.acquire().await?;
                 let r = self.fetch_optional_on(conn.exec()).await;
-                conn.after(r)
+                match conn.after(r) {
+                    // The connection was gone (closed by the server or a proxy while it sat
+                    // idle, say): once more, on another. The statements dlock runs on its
+                    // pool may run twice (renewals, row creation and reads are idempotent; a
+                    // fence taken twice skips a token, and tokens only rise).
+                    Err(e) if crate::error::connection_lost(&e) => {
+                        let mut conn = pool.acquire().await?;
+                        let r = self.fetch_optional_on(conn.exec()).await;
+                        conn.after(r)
+                    }
+                    r => r,
+                }
             }
             On::Conn(conn) => {
                 let r = self.fetch_optional_on(conn.exec()).await;
@@ -678,7 +719,7 @@ impl<'a> Query<'a> {
         }
     }
 
-    async fn fetch_optional_on(self, on: Exec<'_>) -> Result<Option<Row>, sqlx::Error> {
+    async fn fetch_optional_on(&self, on: Exec<'_>) -> Result<Option<Row>, sqlx::Error> {
         match on {
             #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
             Exec::Unused(_, never) => match never {},

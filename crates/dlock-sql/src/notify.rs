@@ -109,11 +109,23 @@ async fn listen(
     mut stopped: oneshot::Receiver<()>,
 ) {
     // A pool of one connection, with no idle or lifetime limit: the listener's own, never one
-    // of the application's.
+    // of the application's. A listening session sends nothing while nothing is released: a
+    // role's `idle_session_timeout` (PostgreSQL 14+, which managed services set) would end it
+    // every few minutes and lose what was announced meanwhile, so the session turns it off
+    // (older servers do not know the setting: the error is ignored).
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .max_lifetime(None)
         .idle_timeout(None)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Executor as _;
+                if let Err(e) = conn.execute("SET idle_session_timeout = 0").await {
+                    tracing::debug!(error = %e, "the listening session keeps the server's idle timeout");
+                }
+                Ok(())
+            })
+        })
         .connect_lazy_with(options);
     let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
