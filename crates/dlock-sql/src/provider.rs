@@ -640,25 +640,30 @@ impl SqlProvider {
         let Some(lock_pool) = &self.inner.lock_pool else {
             return Ok(false);
         };
-        let mut conn = lock_pool
+        let conn = lock_pool
             .acquire()
             .await
             .map_err(|e| from_sqlx(backend, "connect", e))?;
+        // Between the question (which opens a transaction) and its ROLLBACK, a dropped call
+        // closes the connection: it must not go back to the pool inside that transaction.
+        let mut flight = strategies::ClosedUnlessReturned(Some(conn));
+        let Some(conn) = flight.0.as_mut() else {
+            return Ok(false);
+        };
         let asked = query(&self.inner.sql.row_locked)
             .bind(name.as_str().as_bytes())
-            .fetch_optional(&mut conn)
+            .fetch_optional(&mut *conn)
             .await;
-        if query("ROLLBACK").execute(&mut conn).await.is_err() {
-            conn.close_on_drop();
-        }
-        match asked {
+        let rolled_back = query("ROLLBACK").execute(&mut *conn).await.is_ok();
+        let answer = match asked {
             Ok(_) => Ok(false),
             Err(e) if error::meaning(&e) == error::Meaning::Busy => Ok(true),
-            Err(e) => {
-                conn.close_on_drop();
-                Err(from_sqlx(backend, "describe", e))
-            }
+            Err(e) => return Err(from_sqlx(backend, "describe", e)),
+        };
+        if rolled_back && let Some(conn) = flight.0.take() {
+            conn.done();
         }
+        answer
     }
 }
 

@@ -1412,7 +1412,7 @@ impl Pinned {
 
 /// A connection taken out of a [`Pinned`] for one call: closed when dropped, unless the call
 /// finished and put it back.
-struct ClosedUnlessReturned(Option<Conn>);
+pub(crate) struct ClosedUnlessReturned(pub(crate) Option<Conn>);
 
 impl Drop for ClosedUnlessReturned {
     fn drop(&mut self) {
