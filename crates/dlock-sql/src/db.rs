@@ -95,9 +95,10 @@ enum Raw {
 /// serves a renewal or a fence that comes meanwhile.
 const WARM_MAX: usize = 2;
 
-/// A warm connection idle longer than this goes back to sqlx instead of serving a statement:
-/// a lock renewed at least every 5 s keeps its connection; a quieter application's connections
-/// are pinged by sqlx (in the background) and kept within its idle limit.
+/// A warm connection idle longer than this goes back to sqlx (by the next caller, or by the
+/// pool's reaper task, which looks every 5 s while it keeps any): a lock renewed at least
+/// every 5 s keeps its connection; a quieter application's connections are pinged by sqlx
+/// (in the background) and closed after its idle limit.
 const WARM_IDLE: Duration = Duration::from_secs(5);
 
 /// A connection out of sqlx's pool longer than this goes back to it when done, so that its
@@ -127,6 +128,8 @@ struct WarmState {
     idle: Vec<Kept>,
     /// Callers of [`Pool::acquire`] waiting in sqlx's queue.
     waiting: usize,
+    /// Whether a reaper task is running.
+    reaping: bool,
 }
 
 impl Warm {
@@ -138,8 +141,8 @@ impl Warm {
 
     /// Keeps a clean connection, unless somebody waits in sqlx's queue (it goes there), the
     /// cache is full or the pool was closed.
-    fn keep(&self, raw: Raw, out: Instant) {
-        let refused = {
+    fn keep(self: &Arc<Self>, raw: Raw, out: Instant) {
+        let (refused, reaper) = {
             let mut state = self.state();
             if state.waiting == 0
                 && state.idle.len() < WARM_MAX
@@ -151,12 +154,21 @@ impl Warm {
                     out,
                     kept: Instant::now(),
                 });
-                None
+                (None, !std::mem::replace(&mut state.reaping, true))
             } else {
-                Some(raw)
+                (Some(raw), false)
             }
         };
         drop(refused);
+        if reaper {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(reap(Reaping {
+                    warm: Arc::downgrade(self),
+                    ended: false,
+                }))),
+                Err(_) => self.state().reaping = false,
+            }
+        }
     }
 
     /// Gives every kept connection back to sqlx (which pings it and closes a dead one): one
@@ -164,6 +176,52 @@ impl Warm {
     fn purge(&self) {
         let idle = std::mem::take(&mut self.state().idle);
         drop(idle);
+    }
+}
+
+/// The reaper of a pool's warm connections: every [`WARM_IDLE`], gives those idle that long
+/// back to sqlx; ends when none is kept (the next one kept starts another) or the pool is
+/// gone.
+async fn reap(mut reaping: Reaping) {
+    loop {
+        tokio::time::sleep(WARM_IDLE).await;
+        let Some(warm) = reaping.warm.upgrade() else {
+            return;
+        };
+        let (stale, done) = {
+            let mut state = warm.state();
+            let (stale, fresh): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut state.idle)
+                .into_iter()
+                .partition(|kept| kept.kept.elapsed() >= WARM_IDLE);
+            state.idle = fresh;
+            if state.idle.is_empty() {
+                state.reaping = false;
+            }
+            (stale, !state.reaping)
+        };
+        drop(stale);
+        if done {
+            reaping.ended = true;
+            return;
+        }
+    }
+}
+
+/// A running reaper: dropped before it ended on its own (its runtime shut down), it lets the
+/// next connection kept start another.
+struct Reaping {
+    warm: std::sync::Weak<Warm>,
+    /// Ended on its own, having said so under the lock.
+    ended: bool,
+}
+
+impl Drop for Reaping {
+    fn drop(&mut self) {
+        if !self.ended
+            && let Some(warm) = self.warm.upgrade()
+        {
+            warm.state().reaping = false;
+        }
     }
 }
 
@@ -981,4 +1039,54 @@ fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptio
         };
     }
     Ok(options)
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    /// A pool left alone gives its warm connection back to sqlx (whose idle limit then
+    /// applies), and its reaper ends. Fails without the reaper: the connection stays out.
+    #[tokio::test]
+    async fn a_quiet_pool_gives_its_warm_connections_back() {
+        let path =
+            std::env::temp_dir().join(format!("dlock-warm-{}.db", uuid::Uuid::new_v4().simple()));
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await
+            .expect("pool");
+        let pool = Pool::ours(Driver::Sqlite(sqlite.clone()));
+        query("SELECT 1").execute(&pool).await.expect("statement");
+        assert_eq!((sqlite.size(), sqlite.num_idle()), (1, 0), "kept warm");
+        dlock_conformance::eventually(
+            Duration::from_secs(20),
+            "the reaper gives the warm connection back to sqlx",
+            || async {
+                match sqlite.num_idle() {
+                    1 => Ok(()),
+                    n => Err(n),
+                }
+            },
+        )
+        .await;
+        let warm = pool.warm.as_ref().expect("our pool keeps connections");
+        dlock_conformance::eventually(Duration::from_secs(10), "the reaper ends", || async {
+            let state = warm.state();
+            if state.reaping || !state.idle.is_empty() {
+                Err((state.reaping, state.idle.len()))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+        drop(pool);
+        sqlite.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
 }
