@@ -1048,7 +1048,8 @@ mod tests {
     /// A pool left alone gives its warm connection back to sqlx (whose idle limit then
     /// applies), and its reaper ends. Fails without the reaper: the connection stays out.
     #[tokio::test]
-    async fn a_quiet_pool_gives_its_warm_connections_back() {
+    async fn a_quiet_pool_gives_its_warm_connections_back() -> Result<(), Box<dyn std::error::Error>>
+    {
         let path =
             std::env::temp_dir().join(format!("dlock-warm-{}.db", uuid::Uuid::new_v4().simple()));
         let options = sqlx::sqlite::SqliteConnectOptions::new()
@@ -1057,10 +1058,9 @@ mod tests {
         let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(2)
             .connect_with(options)
-            .await
-            .expect("pool");
+            .await?;
         let pool = Pool::ours(Driver::Sqlite(sqlite.clone()));
-        query("SELECT 1").execute(&pool).await.expect("statement");
+        query("SELECT 1").execute(&pool).await?;
         assert_eq!((sqlite.size(), sqlite.num_idle()), (1, 0), "kept warm");
         dlock_conformance::eventually(
             Duration::from_secs(20),
@@ -1073,7 +1073,7 @@ mod tests {
             },
         )
         .await;
-        let warm = pool.warm.as_ref().expect("our pool keeps connections");
+        let warm = pool.warm.as_ref().ok_or("our pool keeps no connections")?;
         dlock_conformance::eventually(Duration::from_secs(10), "the reaper ends", || async {
             let state = warm.state();
             if state.reaping || !state.idle.is_empty() {
@@ -1088,5 +1088,6 @@ mod tests {
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
         }
+        Ok(())
     }
 }

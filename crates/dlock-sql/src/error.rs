@@ -94,9 +94,8 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             // acquisition's connection. The database could not be reached on that
             // connection, which no caller may read as "held", and another connection can
             // help. Serialization failures, deadlocks and a lock not available are retryable.
-            if pg_connection_code(&code) || code == "53300"
-            /* too many connections */
-            {
+            // 53300: too many connections.
+            if pg_connection_code(&code) || code == "53300" {
                 return Error::connection(backend, format!("{what}: {e}"), e);
             }
             let retryable = matches!(code.as_str(), "40001" | "40P01" | "55P03");

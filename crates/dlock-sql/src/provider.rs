@@ -646,10 +646,8 @@ impl SqlProvider {
             .map_err(|e| from_sqlx(backend, "connect", e))?;
         // Between the question (which opens a transaction) and its ROLLBACK, a dropped call
         // closes the connection: it must not go back to the pool inside that transaction.
-        let mut flight = strategies::ClosedUnlessReturned(Some(conn));
-        let Some(conn) = flight.0.as_mut() else {
-            return Ok(false);
-        };
+        let mut flight = strategies::ClosedUnlessReturned(None);
+        let conn = flight.0.insert(conn);
         let asked = query(&self.inner.sql.row_locked)
             .bind(name.as_str().as_bytes())
             .fetch_optional(&mut *conn)
