@@ -1179,7 +1179,7 @@ pub(crate) struct Granted {
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
 /// while it still holds its connection, it closes it (the server then rolls back and
 /// releases). It goes back to the pool only when the session is clean: after a
-/// [`commit`](Self::commit), an [`unlock`](Self::unlock) that released, or
+/// [`free`](Self::free), an [`unlock`](Self::unlock) that released, or
 /// [`busy`](Self::busy) at the deadline.
 #[derive(Debug)]
 pub(crate) struct Pinned(Option<Conn>, bool);
@@ -1263,13 +1263,16 @@ impl Pinned {
         }
     }
 
-    /// Commits (releasing the row lock) and returns the connection to the pool with the
-    /// server's default idle timeout: `reset` puts it back just before the COMMIT, in the
-    /// same round trip (MySQL), or the commit does (PostgreSQL, whose lease is local to the
-    /// transaction). An error means the COMMIT did not run (the server stops a request at
-    /// its first failed statement) or its answer was lost; the connection is closed, and
-    /// the server rolls back.
-    pub(crate) async fn commit(
+    /// Ends the hold's transaction, which frees the row, and returns the connection to the
+    /// pool with the server's default idle timeout: `reset` puts it back just before, in the
+    /// same round trip (MySQL), or the end of the transaction does (PostgreSQL, whose lease
+    /// is local to it). The transaction changed nothing, so it ends with ROLLBACK: PostgreSQL
+    /// answers a COMMIT of a transaction that locked a row only once its write-ahead log is
+    /// on disk (the row lock gave it a transaction id), a flush that keeps nothing and costs
+    /// more than the rest of the cycle. An error means the ROLLBACK did not run (the server
+    /// stops a request at its first failed statement) or its answer was lost; the
+    /// connection is closed, and the server rolls back.
+    pub(crate) async fn free(
         &mut self,
         reset: Option<&str>,
     ) -> std::result::Result<(), sqlx::Error> {
@@ -1277,8 +1280,8 @@ impl Pinned {
             return Err(sqlx::Error::PoolClosed);
         };
         let ended = match reset {
-            Some(reset) => c.batch(&format!("{reset}; COMMIT")).await.map(drop),
-            None => query("COMMIT").execute(&mut *c).await.map(drop),
+            Some(reset) => c.batch(&format!("{reset}; ROLLBACK")).await.map(drop),
+            None => query("ROLLBACK").execute(&mut *c).await.map(drop),
         };
         match ended {
             Ok(()) => {
@@ -1756,7 +1759,7 @@ impl Hold for SqlHold {
             Self::ForUpdate(a, conn, _, _) => {
                 a.inner.forget_holder(&a.name, &a.owner);
                 let reset = a.inner.sql.reset_hold_timeout.as_deref();
-                conn.lock().await.commit(reset).await.is_ok()
+                conn.lock().await.free(reset).await.is_ok()
             }
             Self::Advisory(a, conn, _, _, lock) => {
                 a.inner.forget_holder(&a.name, &a.owner);
@@ -2069,7 +2072,7 @@ mod tests {
         // A live grant gets its token.
         let (a, mut granted) = pg_grant(&provider, &name, lease).await;
         let first = a.fence_held(&mut granted, || lease).await.expect("fence");
-        granted.conn.commit(None).await.expect("commit");
+        granted.conn.free(None).await.expect("free");
 
         // The granted connection is ended before the token is taken.
         let (b, mut granted) = pg_grant(&provider, &name, lease).await;
@@ -2088,7 +2091,7 @@ mod tests {
         let (c, mut granted) = pg_grant(&provider, &name, lease).await;
         let next = c.fence_held(&mut granted, || lease).await.expect("fence");
         assert_eq!(next, first + 1);
-        granted.conn.commit(None).await.expect("commit");
+        granted.conn.free(None).await.expect("free");
     }
 
     /// Review of the above (F1): the check of the holder at the start of the token's
@@ -2109,7 +2112,7 @@ mod tests {
         // The name's fence row exists.
         let (a, mut granted) = pg_grant(&provider, &name, lease).await;
         a.fence_held(&mut granted, || lease).await.expect("fence");
-        granted.conn.commit(None).await.expect("commit");
+        granted.conn.free(None).await.expect("free");
 
         // Another token being taken holds the fence row.
         let mut blocker = inner.pool.acquire().await.expect("connection");
