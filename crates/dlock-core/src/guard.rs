@@ -11,7 +11,6 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
@@ -246,7 +245,7 @@ pub(crate) struct Shared {
     lease_end: Mutex<Instant>,
     /// Wakes the keeper when `extend` moved the end.
     pub(crate) extended: Notify,
-    keeper: Mutex<Option<AbortOnDropHandle<()>>>,
+    keeper: Mutex<Option<keeper::Keeper>>,
     /// Set before the keeper is stopped on purpose, so its drop does not report a loss.
     keeper_disarmed: AtomicBool,
     /// The runtime the hold was granted on: background releases go there even when the guard
@@ -317,6 +316,18 @@ impl Shared {
     fn stop_keeper(&self) {
         self.keeper_disarmed.store(true, Ordering::SeqCst);
         lock(&self.keeper).take();
+    }
+
+    /// Spawns the keeper that waited in its runtime's starter under `key`, unless the hold was
+    /// released meanwhile (the keeper was stopped) or the keeper already runs.
+    pub(crate) fn start_waiting_keeper(self: &Arc<Self>, key: (Instant, u64)) {
+        let mut keeper = lock(&self.keeper);
+        if let Some(runtime) = &self.runtime
+            && keeper.as_ref().is_some_and(|k| k.waits_as(key))
+            && !self.keeper_disarmed.load(Ordering::SeqCst)
+        {
+            *keeper = Some(keeper::spawn(runtime, self));
+        }
     }
 
     /// Called by the keeper's drop guard: a keeper that stops while armed reports the loss.
@@ -421,8 +432,9 @@ impl LockGuard {
             _live: metrics::Live::new(new.backend, new.kind),
         });
         if let Some(runtime) = runtime {
-            let task = runtime.spawn(keeper::keep(Arc::clone(&shared)));
-            *lock(&shared.keeper) = Some(AbortOnDropHandle::new(task));
+            // Under the keeper's lock: the starter cannot start it before it is in place.
+            let mut keeper = lock(&shared.keeper);
+            *keeper = Some(keeper::start(&runtime, &shared));
         }
         Self::from_shared(shared)
     }

@@ -2,20 +2,198 @@
 //! fixed one. It never stops silently: it ends when the guard releases (which disarms it
 //! first), after it has marked the hold lost, or, if its runtime shuts down or a backend call
 //! panics, by marking the hold lost from its drop guard.
+//!
+//! Most holds are released long before their first renewal, so a hold's keeper is not
+//! spawned with it: each runtime has one [`Starter`] task that spawns a hold's keeper a sixth
+//! of the lease after the grant (half way to the first renewal, at a third), if the hold is
+//! still there. A hold released before that costs no task, and no wake-up of another
+//! thread to start and then abort one. The starter sleeps until the earliest start it knows
+//! of; a new hold wakes it only if it must start earlier than that.
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::runtime::{Handle, Id};
+use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use crate::error::Error;
-use crate::guard::Shared;
+use crate::guard::{Shared, lock};
 use crate::loss::LossReason;
 use crate::metrics;
 use crate::options::Lease;
 use crate::time::{Backoff, from_now, later};
+
+/// Starts due within this much of each other are made together, so that a stream of holds
+/// wakes the starter once per this span at most.
+const START_TOGETHER: Duration = Duration::from_millis(50);
+
+/// The keeper of one hold: waiting for its start, or running.
+pub(crate) enum Keeper {
+    /// Not spawned yet: in its runtime's starter. Dropping it takes it out.
+    Waiting(Waiting),
+    /// Spawned; dropping the handle aborts it.
+    Running(
+        #[allow(dead_code, reason = "kept for its drop, which aborts the task")]
+        AbortOnDropHandle<()>,
+    ),
+}
+
+/// A hold's place in its runtime's starter; dropped, it leaves it.
+pub(crate) struct Waiting {
+    starter: Arc<Starter>,
+    key: Key,
+}
+
+/// When a keeper starts, and a number that tells holds starting at the same instant apart.
+type Key = (Instant, u64);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        lock(&self.starter.queue).holds.remove(&self.key);
+    }
+}
+
+/// The holds of one runtime whose keepers have not started yet, and the task that starts them.
+pub(crate) struct Starter {
+    queue: Mutex<Queue>,
+    /// Wakes the task when a hold must start before the time it sleeps until.
+    wake: Notify,
+}
+
+struct Queue {
+    holds: BTreeMap<Key, Weak<Shared>>,
+    next: u64,
+    /// When the task looks next; `None` while it sleeps until it is woken.
+    alarm: Option<Instant>,
+    /// The runtime shut down (the task was dropped): keepers can no longer start.
+    closed: bool,
+}
+
+/// The starters of the runtimes that have one.
+static STARTERS: Mutex<Vec<(Id, Weak<Starter>)>> = Mutex::new(Vec::new());
+
+impl Starter {
+    /// The starter of `runtime`, spawned on first use; `None` if the runtime is shutting down.
+    fn of(runtime: &Handle) -> Option<Arc<Self>> {
+        let id = runtime.id();
+        let mut all = lock(&STARTERS);
+        if let Some(found) = all
+            .iter()
+            .find(|(of, _)| *of == id)
+            .and_then(|(_, starter)| starter.upgrade())
+            .filter(|starter| !lock(&starter.queue).closed)
+        {
+            return Some(found);
+        }
+        all.retain(|(of, starter)| *of != id && starter.strong_count() > 0);
+        let starter = Arc::new(Self {
+            queue: Mutex::new(Queue {
+                holds: BTreeMap::new(),
+                next: 0,
+                alarm: None,
+                closed: false,
+            }),
+            wake: Notify::new(),
+        });
+        all.push((id, Arc::downgrade(&starter)));
+        drop(all);
+        // Its drop guard exists before the first poll: a runtime that refuses the task (it is
+        // shutting down) drops it at once, which closes the queue.
+        let closing = Closing(Arc::clone(&starter));
+        drop(runtime.spawn(async move { starts(&closing.0).await }));
+        let open = !lock(&starter.queue).closed;
+        open.then_some(starter)
+    }
+}
+
+/// Closes its starter's queue when the starter task ends (its runtime shut down), and
+/// reports the loss of every hold still waiting for its keeper, as a keeper dropped with its
+/// runtime does.
+struct Closing(Arc<Starter>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        let waiting = {
+            let mut q = lock(&self.0.queue);
+            q.closed = true;
+            std::mem::take(&mut q.holds)
+        };
+        for shared in waiting.into_values().filter_map(|w| w.upgrade()) {
+            shared.keeper_stopped();
+        }
+    }
+}
+
+/// The starter task: spawns the keepers that are due, then sleeps until the next one is.
+async fn starts(starter: &Starter) {
+    loop {
+        let (due, alarm) = {
+            let mut q = lock(&starter.queue);
+            let later_ones = q.holds.split_off(&(from_now(START_TOGETHER), u64::MAX));
+            let due = std::mem::replace(&mut q.holds, later_ones);
+            q.alarm = q.holds.keys().next().map(|(at, _)| *at);
+            (due, q.alarm)
+        };
+        for (key, shared) in due {
+            if let Some(shared) = shared.upgrade() {
+                shared.start_waiting_keeper(key);
+            }
+        }
+        match alarm {
+            Some(at) => {
+                tokio::select! {
+                    () = sleep_until(at) => {}
+                    () = starter.wake.notified() => {}
+                }
+            }
+            None => starter.wake.notified().await,
+        }
+    }
+}
+
+/// The keeper of a hold just granted on `runtime`: waiting in the runtime's starter until a
+/// sixth of its lease has passed, or spawned at once if the runtime is shutting down (which
+/// drops it, and it reports the loss).
+pub(crate) fn start(runtime: &Handle, shared: &Arc<Shared>) -> Keeper {
+    if let Some(starter) = Starter::of(runtime) {
+        let at = later(shared.granted, shared.lease.ttl() / 6);
+        let mut q = lock(&starter.queue);
+        if !q.closed {
+            let key = (at, q.next);
+            q.next = q.next.wrapping_add(1);
+            q.holds.insert(key, Arc::downgrade(shared));
+            let sooner = q.alarm.is_none_or(|alarm| at < alarm);
+            if sooner {
+                q.alarm = Some(at);
+            }
+            drop(q);
+            if sooner {
+                starter.wake.notify_one();
+            }
+            return Keeper::Waiting(Waiting { starter, key });
+        }
+    }
+    spawn(runtime, shared)
+}
+
+/// The keeper of `shared`, spawned on `runtime`.
+pub(crate) fn spawn(runtime: &Handle, shared: &Arc<Shared>) -> Keeper {
+    Keeper::Running(AbortOnDropHandle::new(
+        runtime.spawn(keep(Arc::clone(shared))),
+    ))
+}
+
+impl Keeper {
+    /// Whether this is the waiting keeper with `key`.
+    pub(crate) fn waits_as(&self, key: Key) -> bool {
+        matches!(self, Self::Waiting(w) if w.key == key)
+    }
+}
 
 /// Shortest pause between two failed renewal attempts.
 const RETRY_MIN: Duration = Duration::from_millis(50);

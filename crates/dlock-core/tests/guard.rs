@@ -350,3 +350,61 @@ fn a_lease_end_seen_by_the_guard_first_still_cleans_up() {
         drop(g);
     });
 }
+
+/// A hold released before its first renewal is due costs no task: its keeper waits in the
+/// runtime's starter, which spawns it only a sixth of the lease after the grant. (Each hold
+/// used to spawn a keeper at once, and abort it at the release: two wake-ups of a worker
+/// thread per lock cycle.)
+#[tokio::test]
+async fn holds_released_before_their_first_renewal_cost_no_task() -> Result<()> {
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    // The runtime's starter, spawned with its first hold.
+    guard(Arc::default(), Lease::default()).release().await?;
+    let before = tasks();
+    let guards: Vec<_> = (0..100)
+        .map(|_| guard(Arc::default(), Lease::default()))
+        .collect();
+    tokio::task::yield_now().await;
+    assert!(
+        tasks() <= before,
+        "{} tasks for 100 holds waiting for their first renewal",
+        tasks().saturating_sub(before)
+    );
+    for g in guards {
+        g.release().await?;
+    }
+    Ok(())
+}
+
+/// Each runtime's holds are kept by that runtime: a hold on one runtime keeps being renewed
+/// while another runtime, whose starter exists, is not driven.
+#[test]
+fn a_runtime_keeps_its_own_holds_while_another_one_idles() -> Result<()> {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::config)
+    };
+    let (idle, busy) = (runtime()?, runtime()?);
+    let lease = Lease::watchdog(Duration::from_millis(300));
+    let parked = idle.block_on(async { guard(Arc::default(), lease) });
+    busy.block_on(async {
+        let hold = Arc::new(Fake::default());
+        let g = guard(Arc::clone(&hold), lease);
+        tokio::time::timeout(Duration::from_secs(1), g.lost())
+            .await
+            .expect_err("the hold was kept past three leases");
+        assert!(
+            hold.extends.load(Ordering::SeqCst) >= 3,
+            "renewed every 100 ms"
+        );
+        g.release().await
+    })?;
+    drop(parked);
+    Ok(())
+}
