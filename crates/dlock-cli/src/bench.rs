@@ -20,6 +20,9 @@ mod floor;
 #[cfg(feature = "postgres")]
 mod sqlx_pg;
 
+/// W1 runs its cycles in this many blocks, each followed by as many cycles of its floor.
+const W1_BLOCKS: u64 = 8;
+
 /// The longest one workload may take on one backend before it is reported as failed.
 const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
 
@@ -507,21 +510,43 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 lock.acquire().await?.release().await?;
             }
             let mut h = histogram()?;
-            let cpu = cpu_time();
-            let started = Instant::now();
-            let mut n = 0;
-            while n < opts.cycles && !out_of_time(started, limit) {
-                let t = Instant::now();
-                lock.acquire().await?.release().await?;
-                let _ = h.record(us(t.elapsed()));
-                n += 1;
+            // dlock and its floor take turns, a block of cycles at a time, so that a slow
+            // spell of the server (a checkpoint, a disk's flushes, another process) falls on
+            // both alike instead of on whichever ran then.
+            let block = (opts.cycles / W1_BLOCKS).max(1);
+            let (mut n, mut spent, mut cpu) = (0, Duration::ZERO, Some(Duration::ZERO));
+            let mut floor = (!target.broken).then_some((0u64, 0.0f64));
+            while n < opts.cycles && limit.is_none_or(|l| spent < l) {
+                let before = cpu_time();
+                let started = Instant::now();
+                let mut done = 0;
+                while done < block && n < opts.cycles && !out_of_time(started, limit) {
+                    let t = Instant::now();
+                    lock.acquire().await?.release().await?;
+                    let _ = h.record(us(t.elapsed()));
+                    done += 1;
+                    n += 1;
+                }
+                spent = spent.saturating_add(started.elapsed());
+                cpu = cpu
+                    .zip(cpu_time().zip(before))
+                    .and_then(|(sum, (now, before))| sum.checked_add(now.checked_sub(before)?));
+                if let Some((cycles, secs)) = floor.as_mut() {
+                    match floor::cycles_per_sec(&target.url, done.max(1), &ns).await? {
+                        Some(rate) => {
+                            *cycles += done.max(1);
+                            *secs += done.max(1) as f64 / rate;
+                        }
+                        None => floor = None,
+                    }
+                }
             }
-            finish(&mut row, n, started.elapsed());
-            row.cpu_us_per_cycle = cpu_per_cycle(cpu, n);
+            finish(&mut row, n, spent);
+            row.cpu_us_per_cycle =
+                cpu.and_then(|c| (n > 0).then(|| c.as_secs_f64() * 1e6 / n as f64));
             fill_latency(&mut row, &h);
-            if !target.broken
-                && let Some(floor) = floor::cycles_per_sec(&target.url, n.max(1), &ns).await?
-            {
+            if let Some((cycles, secs)) = floor.filter(|&(_, secs)| secs > 0.0) {
+                let floor = cycles as f64 / secs;
                 row.floor_cycles_per_sec = Some(floor);
                 row.ratio_to_floor = Some(row.cycles_per_sec / floor);
             }
