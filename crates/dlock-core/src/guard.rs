@@ -313,9 +313,31 @@ impl Shared {
         *guards == 0
     }
 
-    fn stop_keeper(&self) {
+    /// Disarms and stops the keeper; whether it never ran (it was still waiting for its
+    /// start), so that nothing cleaned up after a loss yet.
+    fn stop_keeper(&self) -> bool {
         self.keeper_disarmed.store(true, Ordering::SeqCst);
-        lock(&self.keeper).take();
+        let stopped = lock(&self.keeper).take();
+        matches!(stopped, Some(keeper::Keeper::Waiting(_)))
+    }
+
+    /// Spawns the keeper now if it still waits for its start.
+    fn start_keeper_now(self: &Arc<Self>) {
+        let mut keeper = lock(&self.keeper);
+        if let Some(runtime) = &self.runtime
+            && matches!(*keeper, Some(keeper::Keeper::Waiting(_)))
+            && !self.keeper_disarmed.load(Ordering::SeqCst)
+        {
+            *keeper = Some(keeper::spawn(runtime, self));
+        }
+    }
+
+    /// After a loss that no keeper saw (it had not started): the clean-up a keeper makes,
+    /// best effort (the release is owner-checked, so it cannot touch another's hold).
+    async fn clean_up_after_loss(&self) {
+        if let Err(e) = self.hold.release().await {
+            tracing::debug!(backend = self.backend, lock = %self.name, error = %e, "clean-up after a loss found nothing to release");
+        }
     }
 
     /// Spawns the keeper that waited in its runtime's starter under `key`, unless the hold was
@@ -338,8 +360,11 @@ impl Shared {
     }
 
     async fn release_remote(&self) -> Result<()> {
-        self.stop_keeper();
+        let unseen = self.stop_keeper();
         if !self.check() {
+            if unseen {
+                self.clean_up_after_loss().await;
+            }
             return Err(Error::lock_lost(&self.name));
         }
         let result = self.hold.release().await;
@@ -400,8 +425,10 @@ pub struct LockGuard {
 impl LockGuard {
     /// Builds the guard for a fresh hold and starts its lease keeper: the watchdog that renews a
     /// [`Lease::Watchdog`] hold, or the timer that marks a [`Lease::Fixed`] hold lost when it
-    /// ends. Backends call this right after the store granted the hold, with no await in
-    /// between, so a cancelled acquire cannot leak the hold.
+    /// ends. The keeper's task is spawned a sixth of the lease after the grant, by one task per
+    /// runtime, so a hold released sooner costs none. Backends call this right after the store
+    /// granted the hold, with no await in between, so a cancelled acquire cannot leak the
+    /// hold.
     ///
     /// Outside a tokio runtime no keeper runs: the hold is neither renewed nor timed, and the
     /// guard turns lost when its lease end passes.
@@ -590,6 +617,9 @@ impl LockGuard {
             Ok(()) => {
                 shared.set_lease_end(later(sent, ttl));
                 shared.extended.notify_one();
+                // An end moved before the keeper's start (a shortened lease) must not wait
+                // for that start: the keeper ends the hold and cleans up at the new end.
+                shared.start_keeper_now();
                 Ok(())
             }
             Err(e @ Error::LockLost { .. }) => {
@@ -659,8 +689,11 @@ impl Drop for PendingRelease {
 }
 
 fn release_in_background(shared: Arc<Shared>) {
-    shared.stop_keeper();
-    if shared.signal.is_lost() {
+    let unseen = shared.stop_keeper();
+    // A loss its keeper saw was cleaned up by it; one it never saw (it had not started) is
+    // cleaned up here, as the keeper would have.
+    let lost = shared.signal.is_lost();
+    if lost && !unseen {
         return;
     }
     let Some(runtime) = Handle::try_current()
@@ -673,7 +706,9 @@ fn release_in_background(shared: Arc<Shared>) {
     // A runtime that is shutting down refuses new tasks quietly; the lease then ends the hold.
     runtime.spawn(
         async move {
-            if let Err(e) = shared.release_remote().await {
+            if lost {
+                shared.clean_up_after_loss().await;
+            } else if let Err(e) = shared.release_remote().await {
                 tracing::warn!(error = %e, "background release failed; the lease will end the hold");
             }
         }

@@ -6,9 +6,13 @@
 //! Most holds are released long before their first renewal, so a hold's keeper is not
 //! spawned with it: each runtime has one [`Starter`] task that spawns a hold's keeper a sixth
 //! of the lease after the grant (half way to the first renewal, at a third), if the hold is
-//! still there. A hold released before that costs no task, and no wake-up of another
-//! thread to start and then abort one. The starter sleeps until the earliest start it knows
-//! of; a new hold wakes it only if it must start earlier than that.
+//! still there. A hold released before that costs no task to start and then abort. The
+//! starter sleeps until the earliest start it knows of (it does not move that time when a
+//! hold leaves); a new hold wakes it only if it must start earlier, or if the starter found
+//! nobody waiting when it last looked, so a steady stream of short holds wakes it about once
+//! a sixth of a lease. An `extend` starts a waiting keeper at once (a shortened fixed lease
+//! must not wait for the start), and a loss the backend reported before the keeper started
+//! is cleaned up at the release, as the keeper would have done.
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -408,3 +408,76 @@ fn a_runtime_keeps_its_own_holds_while_another_one_idles() -> Result<()> {
     drop(parked);
     Ok(())
 }
+
+/// A fixed lease shortened by `extend` before its keeper started ends at its new end: the
+/// keeper starts with the extension, marks the hold lost then and cleans up on the store
+/// (it would otherwise wait for its start, a sixth of the original lease in).
+#[tokio::test(start_paused = true)]
+async fn a_shortened_fixed_lease_ends_and_cleans_up_at_its_new_end() -> Result<()> {
+    let hold = Arc::new(Fake::default());
+    let g = guard(Arc::clone(&hold), Lease::Fixed(Duration::from_secs(60)));
+    g.extend(Duration::from_secs(1)).await?;
+    tokio::time::timeout(Duration::from_millis(1500), g.lost())
+        .await
+        .map_err(|_| Error::config("not lost at the new end"))?;
+    let deadline = dlock_core::backend::from_now(Duration::from_millis(500));
+    while hold.releases.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the store was not cleaned up at the new end"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
+    Ok(())
+}
+
+/// A hold lost before its keeper started (the runtime stalled past the lease end), then
+/// released: the release cleans up on the store, as the keeper would have.
+#[test]
+fn a_loss_no_keeper_saw_is_cleaned_up_at_the_release() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::config)?;
+    rt.block_on(async {
+        let hold = Arc::new(Fake::default());
+        // Its keeper would start 100 ms in.
+        let g = guard(Arc::clone(&hold), Lease::Fixed(Duration::from_millis(600)));
+        tokio::task::yield_now().await;
+        // The stall under test: nothing runs while the thread sleeps past the lease end.
+        std::thread::sleep(Duration::from_millis(650));
+        assert!(!g.is_held());
+        let released = g.release().await;
+        assert!(
+            matches!(released, Err(Error::LockLost { .. })),
+            "got {released:?}"
+        );
+        assert_eq!(
+            hold.releases.load(Ordering::SeqCst),
+            1,
+            "the release cleaned up on the store"
+        );
+    });
+    Ok(())
+}
+
+/// Holds waiting in a starter that ran report `KeeperStopped` when its runtime is dropped.
+#[test]
+fn holds_waiting_for_their_keeper_report_the_loss_when_the_runtime_ends() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::config)?;
+    let g = rt.block_on(async {
+        let g = guard(Arc::default(), Lease::default());
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        g
+    });
+    assert!(g.is_held());
+    drop(rt);
+    assert_eq!(g.loss_reason(), Some(LossReason::KeeperStopped));
+    Ok(())
+}
