@@ -520,7 +520,8 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 let before = cpu_time();
                 let started = Instant::now();
                 let mut done = 0;
-                while done < block && n < opts.cycles && !out_of_time(started, limit) {
+                let left = limit.map(|l| l.saturating_sub(spent));
+                while done < block && n < opts.cycles && !out_of_time(started, left) {
                     let t = Instant::now();
                     lock.acquire().await?.release().await?;
                     let _ = h.record(us(t.elapsed()));

@@ -928,8 +928,8 @@ fn mysql_options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions,
 const MYSQL_STATEMENTS: &[&str] = &["SET SESSION innodb_lock_wait_timeout = 2"];
 
 /// The for-update pool: connections with autocommit off, one per held or waiting lock. Every
-/// `SELECT … FOR UPDATE` opens a transaction that COMMIT ends; a blocked one gives up after
-/// 5 s and is tried again.
+/// `SELECT … FOR UPDATE` opens a transaction that the release ends (ROLLBACK); a blocked one
+/// gives up after 5 s and is tried again.
 ///
 /// READ COMMITTED, so that a transaction locks its row and nothing else: under the default
 /// REPEATABLE READ, a try on a name without a row yet locked the gap where the row goes, and

@@ -6,7 +6,7 @@
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
 //! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
 //! | MySQL, PostgreSQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row, on one connection |
-//! | MySQL, PostgreSQL for-update | BEGIN + SELECT … FOR UPDATE + COMMIT |
+//! | MySQL, PostgreSQL for-update | BEGIN + SELECT … FOR UPDATE + ROLLBACK (dlock's release too: the transaction changed nothing, and PostgreSQL flushes its log before it answers a COMMIT of one that locked a row) |
 //! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
 //! | memory | none (no server) |
 
@@ -213,10 +213,10 @@ async fn timed(url: &str, cycles: u64, ns: &str, start: &Start) -> dlock::Result
                     .fetch_optional(&mut *c)
                     .await
                     .map_err(|e| err(backend, "SELECT FOR UPDATE", e))?;
-                    sqlx::query("COMMIT")
+                    sqlx::query("ROLLBACK")
                         .execute(&mut *c)
                         .await
-                        .map_err(|e| err(backend, "COMMIT", e))?;
+                        .map_err(|e| err(backend, "ROLLBACK", e))?;
                 }
                 timed_since(started)
             } else {
@@ -346,10 +346,10 @@ async fn postgres_floor(
             .fetch_optional(&mut *c)
             .await
             .map_err(e("SELECT FOR UPDATE"))?;
-            sqlx::query("COMMIT")
+            sqlx::query("ROLLBACK")
                 .execute(&mut *c)
                 .await
-                .map_err(e("COMMIT"))?;
+                .map_err(e("ROLLBACK"))?;
         }
         return Ok(timed_since(started));
     }
