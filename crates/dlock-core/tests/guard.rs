@@ -57,6 +57,14 @@ fn guard(hold: Arc<Fake>, lease: Lease) -> LockGuard {
     ))
 }
 
+/// A runtime of one thread, with time.
+fn current_thread() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::config)
+}
+
 fn check_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
 fn check_send<T: Send>(_: &T) {}
 
@@ -384,13 +392,7 @@ async fn holds_released_before_their_first_renewal_cost_no_task() -> Result<()> 
 /// while another runtime, whose starter exists, is not driven.
 #[test]
 fn a_runtime_keeps_its_own_holds_while_another_one_idles() -> Result<()> {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(Error::config)
-    };
-    let (idle, busy) = (runtime()?, runtime()?);
+    let (idle, busy) = (current_thread()?, current_thread()?);
     let lease = Lease::watchdog(Duration::from_millis(300));
     let parked = idle.block_on(async { guard(Arc::default(), lease) });
     busy.block_on(async {
@@ -436,10 +438,7 @@ async fn a_shortened_fixed_lease_ends_and_cleans_up_at_its_new_end() -> Result<(
 /// released: the release cleans up on the store, as the keeper would have.
 #[test]
 fn a_loss_no_keeper_saw_is_cleaned_up_at_the_release() -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::config)?;
+    let rt = current_thread()?;
     rt.block_on(async {
         let hold = Arc::new(Fake::default());
         // Its keeper would start 100 ms in.
@@ -465,10 +464,7 @@ fn a_loss_no_keeper_saw_is_cleaned_up_at_the_release() -> Result<()> {
 /// Holds waiting in a starter that ran report `KeeperStopped` when its runtime is dropped.
 #[test]
 fn holds_waiting_for_their_keeper_report_the_loss_when_the_runtime_ends() -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::config)?;
+    let rt = current_thread()?;
     let g = rt.block_on(async {
         let g = guard(Arc::default(), Lease::default());
         for _ in 0..3 {
