@@ -2063,16 +2063,17 @@ mod tests {
     /// the end of the terminated session.)
     #[cfg(feature = "postgres")]
     #[tokio::test]
-    async fn a_grant_whose_connection_ended_gets_no_fencing_token() {
+    async fn a_grant_whose_connection_ended_gets_no_fencing_token()
+    -> Result<(), Box<dyn std::error::Error>> {
         let Some((provider, name)) = pg_for_update("dlock_fence_held").await else {
-            return;
+            return Ok(());
         };
         let lease = Duration::from_secs(30);
 
         // A live grant gets its token.
         let (a, mut granted) = pg_grant(&provider, &name, lease).await;
         let first = a.fence_held(&mut granted, || lease).await.expect("fence");
-        granted.conn.free(None).await.expect("free");
+        granted.conn.free(None).await?;
 
         // The granted connection is ended before the token is taken.
         let (b, mut granted) = pg_grant(&provider, &name, lease).await;
@@ -2091,7 +2092,8 @@ mod tests {
         let (c, mut granted) = pg_grant(&provider, &name, lease).await;
         let next = c.fence_held(&mut granted, || lease).await.expect("fence");
         assert_eq!(next, first + 1);
-        granted.conn.free(None).await.expect("free");
+        granted.conn.free(None).await?;
+        Ok(())
     }
 
     /// Review of the above (F1): the check of the holder at the start of the token's
@@ -2103,16 +2105,17 @@ mod tests {
     /// hands out a token above the real holder's.
     #[cfg(feature = "postgres")]
     #[tokio::test]
-    async fn a_holder_that_ends_while_its_token_waits_gets_none() {
+    async fn a_holder_that_ends_while_its_token_waits_gets_none()
+    -> Result<(), Box<dyn std::error::Error>> {
         let Some((provider, name)) = pg_for_update("dlock_fence_wait").await else {
-            return;
+            return Ok(());
         };
         let inner = &provider.inner;
         let lease = Duration::from_secs(30);
         // The name's fence row exists.
         let (a, mut granted) = pg_grant(&provider, &name, lease).await;
         a.fence_held(&mut granted, || lease).await.expect("fence");
-        granted.conn.free(None).await.expect("free");
+        granted.conn.free(None).await?;
 
         // Another token being taken holds the fence row.
         let mut blocker = inner.pool.acquire().await.expect("connection");
@@ -2181,6 +2184,7 @@ mod tests {
             "a holder that ended while its token waited got the token {got:?}"
         );
         drop(granted);
+        Ok(())
     }
 
     /// The kill of a dropped waiter may reach the server before the waiting statement does
