@@ -13,9 +13,15 @@
 //! a sixth of a lease. An `extend` starts a waiting keeper at once (a shortened fixed lease
 //! must not wait for the start), and a loss the backend reported before the keeper started
 //! is cleaned up at the release, as the keeper would have done.
+//!
+//! Backends start their own per-hold tasks the same way ([`spawn_at`]): a task that a hold
+//! needs only if it lives long (a connection's watcher) waits in the starter, and a hold
+//! released before then never spawns it.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -58,7 +64,9 @@ type Key = (Instant, u64);
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        lock(&self.starter.queue).holds.remove(&self.key);
+        let job = lock(&self.starter.queue).holds.remove(&self.key);
+        // Dropped outside the queue's lock: a task's drop may run any code, even a hold's.
+        drop(job);
     }
 }
 
@@ -69,8 +77,16 @@ pub(crate) struct Starter {
     wake: Notify,
 }
 
+/// What the starter starts.
+enum Job {
+    /// A hold's keeper.
+    Keeper(Weak<Shared>),
+    /// A backend's task ([`spawn_at`]).
+    Task(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
 struct Queue {
-    holds: BTreeMap<Key, Weak<Shared>>,
+    holds: BTreeMap<Key, Job>,
     next: u64,
     /// When the task looks next; `None` while it sleeps until it is woken.
     alarm: Option<Instant>,
@@ -127,8 +143,13 @@ impl Drop for Closing {
             q.closed = true;
             std::mem::take(&mut q.holds)
         };
-        for shared in waiting.into_values().filter_map(|w| w.upgrade()) {
-            shared.keeper_stopped();
+        for job in waiting.into_values() {
+            // A backend's task is dropped with its runtime, as a spawned one would be.
+            if let Job::Keeper(shared) = job
+                && let Some(shared) = shared.upgrade()
+            {
+                shared.keeper_stopped();
+            }
         }
     }
 }
@@ -143,9 +164,14 @@ async fn starts(starter: &Starter) {
             q.alarm = q.holds.keys().next().map(|(at, _)| *at);
             (due, q.alarm)
         };
-        for (key, shared) in due {
-            if let Some(shared) = shared.upgrade() {
-                shared.start_waiting_keeper(key);
+        for (key, job) in due {
+            match job {
+                Job::Keeper(shared) => {
+                    if let Some(shared) = shared.upgrade() {
+                        shared.start_waiting_keeper(key);
+                    }
+                }
+                Job::Task(task) => drop(tokio::spawn(task)),
             }
         }
         match alarm {
@@ -164,25 +190,96 @@ async fn starts(starter: &Starter) {
 /// sixth of its lease has passed, or spawned at once if the runtime is shutting down (which
 /// drops it, and it reports the loss).
 pub(crate) fn start(runtime: &Handle, shared: &Arc<Shared>) -> Keeper {
-    if let Some(starter) = Starter::of(runtime) {
-        let at = later(shared.granted, shared.lease.ttl() / 6);
-        let mut q = lock(&starter.queue);
-        if !q.closed {
-            let key = (at, q.next);
-            q.next = q.next.wrapping_add(1);
-            q.holds.insert(key, Arc::downgrade(shared));
-            let sooner = q.alarm.is_none_or(|alarm| at < alarm);
-            if sooner {
-                q.alarm = Some(at);
+    let at = later(shared.granted, shared.lease.ttl() / 6);
+    match enqueue(runtime, at, Job::Keeper(Arc::downgrade(shared))) {
+        Ok(waiting) => Keeper::Waiting(waiting),
+        Err(_) => spawn(runtime, shared),
+    }
+}
+
+/// Puts `job` in the starter of `runtime`, to start at `at`; gives it back if the runtime
+/// is shutting down.
+fn enqueue(runtime: &Handle, at: Instant, job: Job) -> Result<Waiting, Job> {
+    let Some(starter) = Starter::of(runtime) else {
+        return Err(job);
+    };
+    let mut q = lock(&starter.queue);
+    if q.closed {
+        return Err(job);
+    }
+    let key = (at, q.next);
+    q.next = q.next.wrapping_add(1);
+    q.holds.insert(key, job);
+    let sooner = q.alarm.is_none_or(|alarm| at < alarm);
+    if sooner {
+        q.alarm = Some(at);
+    }
+    drop(q);
+    if sooner {
+        starter.wake.notify_one();
+    }
+    Ok(Waiting { starter, key })
+}
+
+/// A task that [`spawn_at`] spawns at its time. Dropped before then, the task is dropped
+/// unpolled and was never spawned; dropped after, the task runs on (it is detached).
+#[must_use = "dropping it cancels the task if it has not started yet"]
+pub struct Later(Option<Waiting>);
+
+impl fmt::Debug for Later {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Later")
+            .field("at", &self.0.as_ref().map(|w| w.key.0))
+            .finish()
+    }
+}
+
+/// Spawns `task` on the current runtime at `at` (to within 50 ms: starts that close together
+/// are made at once), unless the returned [`Later`] is dropped before.
+///
+/// For a task a hold needs only if it lives long, such as a check of its connection between
+/// renewals: most holds are released within milliseconds, and one released before `at`
+/// costs no task (a spawned task costs two wake-ups of a worker thread, and an abort one
+/// more). One task per runtime starts them all, the task that starts the holds' keepers.
+///
+/// Outside a runtime `task` is dropped (there is nothing to run it on); in a runtime that is
+/// shutting down it is spawned at once, which drops it.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::backend::{from_now, spawn_at};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, rx) = tokio::sync::oneshot::channel();
+/// let check = spawn_at(from_now(Duration::from_millis(10)), async move {
+///     let _ = tx.send("checked");
+/// });
+/// assert_eq!(rx.await, Ok("checked"));
+/// drop(check);
+///
+/// // Dropped before its time: never spawned.
+/// let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+/// drop(spawn_at(from_now(Duration::from_secs(60)), async move { drop(tx) }));
+/// assert!(rx.await.is_err());
+/// # }
+/// ```
+pub fn spawn_at<F>(at: Instant, task: F) -> Later
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let Ok(runtime) = Handle::try_current() else {
+        return Later(None);
+    };
+    match enqueue(&runtime, at, Job::Task(Box::pin(task))) {
+        Ok(waiting) => Later(Some(waiting)),
+        Err(job) => {
+            if let Job::Task(task) = job {
+                drop(runtime.spawn(task));
             }
-            drop(q);
-            if sooner {
-                starter.wake.notify_one();
-            }
-            return Keeper::Waiting(Waiting { starter, key });
+            Later(None)
         }
     }
-    spawn(runtime, shared)
 }
 
 /// The keeper of `shared`, spawned on `runtime`.

@@ -7,6 +7,7 @@
 
 mod error;
 mod ext;
+mod finish;
 mod guard;
 mod handles;
 mod keeper;
@@ -74,11 +75,13 @@ pub use async_trait::async_trait;
 /// # Ok(()) }
 /// ```
 pub mod backend {
+    pub use crate::finish::{Finish, finish_if_dropped};
     pub use crate::guard::{Hold, HoldSignal, NewHold};
     pub use crate::handles::{
         CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore, ReadWriteLock,
         Request, Semaphore,
     };
+    pub use crate::keeper::{Later, spawn_at};
     pub use crate::time::{Backoff, Deadline, from_now, later};
     #[cfg(feature = "serde")]
     pub use crate::url::deserialize_url;

@@ -17,7 +17,7 @@ use crate::config::Strategy;
 use crate::db::Conn;
 use crate::sql::AdvisoryMode;
 use crate::strategies::{
-    AdvisoryLock, Attempt, Beside, FixedEnd, Pinned, SessionHolds, SqlHold, watch,
+    AdvisoryLock, Attempt, Beside, FixedEnd, Pinned, SessionHolds, SqlHold, watch, watch_period,
 };
 use crate::wake;
 
@@ -338,7 +338,6 @@ impl SqlMutex {
                 .inner
                 .remember_holder(&attempt.owner, &attempt.name, connection_id);
             let lease_for_watch = attempt.lease;
-            let conn = Arc::new(tokio::sync::Mutex::new(conn));
             let signal = HoldSignal::new();
             // A fixed lease is enforced by the server too (the watcher keeps the server-side
             // lease at what is left of it), not only by the client.
@@ -352,12 +351,16 @@ impl SqlMutex {
                     retryable: true,
                     source: None,
                 })?;
-            tokio::spawn(watch(
-                Arc::downgrade(&conn),
-                Arc::clone(&holds),
-                lease_for_watch,
-                attempt.inner.hold_timeout().to_owned(),
-            ));
+            // Checked between renewals from a period on; a hold released before then (most
+            // are) never starts the watcher.
+            let conn = conn.watched(watch_period(lease_for_watch), |me| {
+                watch(
+                    me,
+                    Arc::clone(&holds),
+                    lease_for_watch,
+                    attempt.inner.hold_timeout().to_owned(),
+                )
+            });
             let hold = match key {
                 Some(key) => {
                     if kind == Kind::Write {

@@ -3,7 +3,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, Hold, HoldSignal, from_now};
+use dlock_core::backend::{
+    Deadline, Hold, HoldSignal, Later, finish_if_dropped, from_now, spawn_at,
+};
 use dlock_core::{Error, LockName, LossReason, Result, async_trait};
 use tokio::time::Instant;
 
@@ -385,7 +387,7 @@ impl Attempt {
             Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
             other => other.map_err(self.err("connect"))?,
         };
-        Ok(Pinned(Some(pooled), false))
+        Ok(Pinned(Some(pooled), false, None))
     }
 
     /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
@@ -1180,11 +1182,26 @@ pub(crate) struct Granted {
 /// while it still holds its connection, it closes it (the server then rolls back and
 /// releases). It goes back to the pool only when the session is clean: after a
 /// [`free`](Self::free), an [`unlock`](Self::unlock) that released, or
-/// [`busy`](Self::busy) at the deadline.
+/// [`busy`](Self::busy) at the deadline. Its second field says whether it was closed; its
+/// third is the holds' [`watch`]er, until it starts (dropped with the connection before then,
+/// it never does).
 #[derive(Debug)]
-pub(crate) struct Pinned(Option<Conn>, bool);
+pub(crate) struct Pinned(Option<Conn>, bool, Option<Later>);
 
 impl Pinned {
+    /// A holding connection, watched from `period` on by `watcher`, made with a weak
+    /// reference to the connection (it must not keep it alive).
+    pub(crate) fn watched<W, F>(mut self, period: Duration, watcher: W) -> HoldingConnection
+    where
+        W: FnOnce(Weak<tokio::sync::Mutex<Self>>) -> F,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        Arc::new_cyclic(|me| {
+            self.2 = Some(spawn_at(from_now(period), watcher(Weak::clone(me))));
+            tokio::sync::Mutex::new(self)
+        })
+    }
+
     fn get(&mut self) -> Result<&mut Conn> {
         // A connection closed after a failed ROLLBACK (a reset): a new attempt gets another.
         self.0.as_mut().ok_or_else(|| Error::Backend {
@@ -1665,8 +1682,12 @@ async fn watch_until_over(
     hold_timeout: String,
 ) {
     let period = watch_period(lease);
+    let mut first = true;
     loop {
-        tokio::time::sleep(period).await;
+        // The first check is [`Pinned::watched`]'s start, a period after the grant.
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(period).await;
+        }
         let Some(conn) = conn.upgrade() else {
             return;
         };
@@ -1763,17 +1784,11 @@ impl Hold for SqlHold {
             }
             Self::Advisory(a, conn, _, _, lock) => {
                 a.inner.forget_holder(&a.name, &a.owner);
-                // In a task of its own, under the session's lock: a release dropped half-way
-                // (and run again in the background) must not unlock twice, since advisory
-                // locks are counted per session, and a second unlock would take another
-                // hold's lock.
-                let task = tokio::spawn(lock.release(a, conn));
-                task.await.map_err(|e| Error::Backend {
-                    backend: a.inner.backend,
-                    message: format!("the release of {:?} did not finish: {e}", a.name),
-                    retryable: true,
-                    source: None,
-                })?
+                // To its end even if this future is dropped (it then finishes in a task of its
+                // own), under the session's lock: a release dropped half-way (and run again in
+                // the background) must not unlock twice, since advisory locks are counted per
+                // session, and a second unlock would take another hold's lock.
+                finish_if_dropped(lock.release(a, conn)).await
             }
         };
         if released {

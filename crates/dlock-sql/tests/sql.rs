@@ -733,6 +733,39 @@ async fn uncontended_round_trips() {
     }
 }
 
+/// Issue 17: a pinned hold (for-update, advisory) released before its connection's first check
+/// leaves no task behind. Each used to spawn its connection's watcher at the grant, a task that
+/// slept a check period (a tenth of the lease, at least 100 ms) and then found the hold gone:
+/// two wake-ups of a worker per cycle for nothing. The advisory release ran in a task of its
+/// own too. Now the watcher waits in the core's starter and is dropped with the connection.
+/// A current-thread runtime, so every task the provider spawns is counted here.
+#[tokio::test]
+async fn pinned_holds_released_before_their_first_check_leave_no_task() {
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    for (url, label, _) in targets_with_postgres(&["for-update", "advisory"]) {
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let lock = p
+            .lock(&Names::new().name("no-task"), LockOptions::default())
+            .unwrap();
+        // The first cycle creates the row, warms the pool and starts the runtime's starter.
+        lock.acquire().await.unwrap().release().await.unwrap();
+        let before = tasks();
+        for _ in 0..20 {
+            lock.acquire().await.unwrap().release().await.unwrap();
+        }
+        let after = tasks();
+        assert!(
+            after <= before + 2,
+            "{label}: {} tasks left behind by 20 released holds",
+            after.saturating_sub(before)
+        );
+    }
+}
+
 /// Names with quotes, backslashes, LIKE wildcards, emoji and 255 bytes are stored as given;
 /// 256 bytes is rejected before any SQL runs.
 #[tokio::test]

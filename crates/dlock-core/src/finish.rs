@@ -1,0 +1,99 @@
+//! A future that finishes in the background if it is dropped: for the server calls that must
+//! run to their end once begun (a release that a second one must not repeat half-way).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::runtime::Handle;
+
+/// Runs `task` in the caller's task, and only if the returned future is dropped after its
+/// first poll and before it is done, finishes it in a task of its own (its output is then
+/// dropped).
+///
+/// The same guarantee as spawning `task` and awaiting its handle, without a task per call
+/// (a spawned task costs a hop to another wake-up of a worker thread each time). Dropped
+/// before its first poll, `task` is dropped unpolled, as a spawn that never happened.
+/// Dropped outside a runtime, or in one that is shutting down, the rest of `task` is
+/// dropped, as a spawned task would be.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::time::Duration;
+/// use dlock_core::backend::finish_if_dropped;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let done = Arc::new(AtomicBool::new(false));
+/// let flag = Arc::clone(&done);
+/// let (tx, rx) = tokio::sync::oneshot::channel();
+/// let call = finish_if_dropped(async move {
+///     tokio::time::sleep(Duration::from_millis(20)).await;
+///     flag.store(true, Ordering::SeqCst);
+///     let _ = tx.send(());
+/// });
+/// // Cut off after 1 ms: the call still runs to its end.
+/// assert!(tokio::time::timeout(Duration::from_millis(1), call).await.is_err());
+/// rx.await.unwrap();
+/// assert!(done.load(Ordering::SeqCst));
+/// # }
+/// ```
+pub fn finish_if_dropped<F>(task: F) -> Finish<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    Finish {
+        task: Some(Box::pin(task)),
+        runtime: None,
+    }
+}
+
+/// The future of [`finish_if_dropped`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Finish<T: Send + 'static> {
+    /// `None` once done.
+    task: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    /// The runtime of the first poll, to finish on if dropped.
+    runtime: Option<Handle>,
+}
+
+impl<T: Send + 'static> fmt::Debug for Finish<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Finish")
+            .field("done", &self.task.is_none())
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> Future for Finish<T> {
+    type Output = T;
+
+    /// Polled again after it returned its output, it stays pending.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = &mut *self;
+        if this.runtime.is_none() {
+            this.runtime = Handle::try_current().ok();
+        }
+        let Some(task) = this.task.as_mut() else {
+            return Poll::Pending;
+        };
+        let out = task.as_mut().poll(cx);
+        if out.is_ready() {
+            this.task = None;
+        }
+        out
+    }
+}
+
+impl<T: Send + 'static> Drop for Finish<T> {
+    fn drop(&mut self) {
+        if let (Some(task), Some(runtime)) = (self.task.take(), self.runtime.take()) {
+            drop(runtime.spawn(async move {
+                drop(task.await);
+            }));
+        }
+    }
+}
