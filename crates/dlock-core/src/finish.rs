@@ -12,11 +12,15 @@ use tokio::runtime::Handle;
 /// first poll and before it is done, finishes it in a task of its own (its output is then
 /// dropped).
 ///
-/// The same guarantee as spawning `task` and awaiting its handle, without a task per call
-/// (a spawned task costs a hop to another wake-up of a worker thread each time). Dropped
-/// before its first poll, `task` is dropped unpolled, as a spawn that never happened.
-/// Dropped outside a runtime, or in one that is shutting down, the rest of `task` is
-/// dropped, as a spawned task would be.
+/// For a call that must run to its end once begun, as if it had been spawned and its handle
+/// awaited, without a task per call (a spawned task costs a hop to another wake-up of a
+/// worker thread each time). The difference: the call moves on only while the returned
+/// future is polled, so a caller that keeps it without polling it (rather than dropping it)
+/// holds the call where it is. Dropped before its first poll, `task` is dropped unpolled, as
+/// a spawn that never happened. Dropped outside a runtime, or in one that is shutting down,
+/// the rest of `task` is dropped, as a spawned task would be. A `task` that panicked is not
+/// finished (it cannot be polled again): it is dropped. Polled again after it returned its
+/// output, the future stays pending.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -48,6 +52,7 @@ where
     Finish {
         task: Some(Box::pin(task)),
         runtime: None,
+        polling: false,
     }
 }
 
@@ -58,6 +63,8 @@ pub struct Finish<T: Send + 'static> {
     task: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
     /// The runtime of the first poll, to finish on if dropped.
     runtime: Option<Handle>,
+    /// A poll of `task` is under way: if it is still set in `drop`, the poll panicked.
+    polling: bool,
 }
 
 impl<T: Send + 'static> fmt::Debug for Finish<T> {
@@ -71,7 +78,6 @@ impl<T: Send + 'static> fmt::Debug for Finish<T> {
 impl<T: Send + 'static> Future for Finish<T> {
     type Output = T;
 
-    /// Polled again after it returned its output, it stays pending.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = &mut *self;
         if this.runtime.is_none() {
@@ -80,7 +86,9 @@ impl<T: Send + 'static> Future for Finish<T> {
         let Some(task) = this.task.as_mut() else {
             return Poll::Pending;
         };
+        this.polling = true;
         let out = task.as_mut().poll(cx);
+        this.polling = false;
         if out.is_ready() {
             this.task = None;
         }
@@ -90,7 +98,9 @@ impl<T: Send + 'static> Future for Finish<T> {
 
 impl<T: Send + 'static> Drop for Finish<T> {
     fn drop(&mut self) {
-        if let (Some(task), Some(runtime)) = (self.task.take(), self.runtime.take()) {
+        // A task whose poll panicked cannot be resumed: it is dropped (by `take`) here.
+        let task = self.task.take().filter(|_| !self.polling);
+        if let (Some(task), Some(runtime)) = (task, self.runtime.take()) {
             drop(runtime.spawn(async move {
                 drop(task.await);
             }));

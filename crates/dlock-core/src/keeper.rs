@@ -221,8 +221,8 @@ fn enqueue(runtime: &Handle, at: Instant, job: Job) -> Result<Waiting, Job> {
     Ok(Waiting { starter, key })
 }
 
-/// A task that [`spawn_at`] spawns at its time. Dropped before then, the task is dropped
-/// unpolled and was never spawned; dropped after, the task runs on (it is detached).
+/// A task that [`spawn_at`] spawns at its time. Dropped before the starter took it, the task
+/// is dropped unpolled and never spawned; dropped after, the task runs on (it is detached).
 #[must_use = "dropping it cancels the task if it has not started yet"]
 pub struct Later(Option<Waiting>);
 
@@ -234,8 +234,9 @@ impl fmt::Debug for Later {
     }
 }
 
-/// Spawns `task` on the current runtime at `at` (to within 50 ms: starts that close together
-/// are made at once), unless the returned [`Later`] is dropped before.
+/// Spawns `task` on the current runtime at `at`, unless the returned [`Later`] is dropped
+/// before. Starts due within 50 ms of each other are made together, so a task may start up
+/// to 50 ms early; a task that must not run before a time checks it itself.
 ///
 /// For a task a hold needs only if it lives long, such as a check of its connection between
 /// renewals: most holds are released within milliseconds, and one released before `at`

@@ -159,3 +159,39 @@ async fn a_call_dropped_half_way_finishes_in_the_background() -> Result<()> {
     assert!(rx.await.is_err(), "a call dropped unpolled ran");
     Ok(())
 }
+
+/// A call whose poll panicked cannot be resumed: it is not handed to a task of its own (where
+/// its next poll would panic again, "resumed after panicking"), only dropped. The caller's
+/// task sees the one panic.
+#[tokio::test]
+async fn a_call_that_panicked_is_not_finished_in_the_background() -> Result<()> {
+    let panics = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&panics);
+    let before = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+    }));
+    let caller = tokio::spawn(finish_if_dropped(async {
+        tokio::task::yield_now().await;
+        std::panic::panic_any("a broken call");
+    }));
+    let joined = caller.await;
+    // Any task spawned while the caller unwound ends (it would panic at once).
+    let quiet = dlock_core::backend::Deadline::after(Duration::from_secs(5));
+    while tasks() > 0 && !quiet.has_passed() {
+        tokio::task::yield_now().await;
+    }
+    let _ = std::panic::take_hook();
+    std::panic::set_hook(before);
+    assert!(
+        joined.is_err_and(|e| e.is_panic()),
+        "the caller did not panic"
+    );
+    assert_eq!(tasks(), 0, "a task is left");
+    assert_eq!(
+        panics.load(Ordering::SeqCst),
+        1,
+        "the call was resumed after its panic"
+    );
+    Ok(())
+}
