@@ -346,7 +346,7 @@ impl SqlMutex {
             let id = holds
                 .join(signal.clone(), Arc::clone(&fixed), lease_for_watch)
                 .ok_or_else(|| Error::Backend {
-                    backend: "sql",
+                    backend: attempt.inner.backend,
                     message: "a new session took no hold".into(),
                     retryable: true,
                     source: None,

@@ -387,7 +387,12 @@ impl Attempt {
             Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
             other => other.map_err(self.err("connect"))?,
         };
-        Ok(Pinned(Some(pooled), false, None))
+        Ok(Pinned {
+            conn: Some(pooled),
+            closed: false,
+            watcher: None,
+            backend: self.inner.backend,
+        })
     }
 
     /// Takes the row lock on a dedicated connection (the row is created on first use), waiting
@@ -993,7 +998,7 @@ async fn beside(
     if holds.is_closed() {
         return Ok(Beside::SessionGone);
     }
-    let Some(conn) = c.0.as_mut() else {
+    let Some(conn) = c.conn.as_mut() else {
         return Ok(Beside::SessionGone);
     };
     // A session that holds the write gets the read at once; one that does not must not
@@ -1023,7 +1028,7 @@ async fn beside(
         Err(e) if meaning(&e) == Meaning::Busy => {
             if !c.unlock_one(unlock, key).await {
                 // Not granted (nothing to give back), or the session broke.
-                if c.0.is_none() {
+                if c.conn.is_none() {
                     close_and_lose(c, holds);
                 }
             }
@@ -1182,11 +1187,19 @@ pub(crate) struct Granted {
 /// while it still holds its connection, it closes it (the server then rolls back and
 /// releases). It goes back to the pool only when the session is clean: after a
 /// [`free`](Self::free), an [`unlock`](Self::unlock) that released, or
-/// [`busy`](Self::busy) at the deadline. Its second field says whether it was closed; its
-/// third is the holds' [`watch`]er, until it starts (dropped with the connection before then,
-/// it never does).
+/// [`busy`](Self::busy) at the deadline.
 #[derive(Debug)]
-pub(crate) struct Pinned(Option<Conn>, bool, Option<Later>);
+pub(crate) struct Pinned {
+    /// `None` once given back or closed.
+    conn: Option<Conn>,
+    /// It was closed (broken, or not to be trusted), not given back clean.
+    closed: bool,
+    /// The holds' [`watch`]er, until it starts (dropped with the connection before then, it
+    /// never does).
+    watcher: Option<Later>,
+    /// The backend, for errors.
+    backend: &'static str,
+}
 
 impl Pinned {
     /// A holding connection, watched from `period` on by `watcher`, made with a weak
@@ -1197,15 +1210,15 @@ impl Pinned {
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         Arc::new_cyclic(|me| {
-            self.2 = Some(spawn_at(from_now(period), watcher(Weak::clone(me))));
+            self.watcher = Some(spawn_at(from_now(period), watcher(Weak::clone(me))));
             tokio::sync::Mutex::new(self)
         })
     }
 
     fn get(&mut self) -> Result<&mut Conn> {
         // A connection closed after a failed ROLLBACK (a reset): a new attempt gets another.
-        self.0.as_mut().ok_or_else(|| Error::Backend {
-            backend: "mysql",
+        self.conn.as_mut().ok_or_else(|| Error::Backend {
+            backend: self.backend,
             message: "the connection of this acquisition broke".into(),
             retryable: true,
             source: None,
@@ -1213,7 +1226,7 @@ impl Pinned {
     }
 
     async fn rollback(&mut self) {
-        if let Some(c) = self.0.as_mut()
+        if let Some(c) = self.conn.as_mut()
             && query("ROLLBACK").execute(c).await.is_err()
         {
             self.close();
@@ -1223,7 +1236,7 @@ impl Pinned {
     /// Rolls back, puts the server's default idle timeout back (`reset`, in the same round
     /// trip) and returns the connection to the pool; closes it if that fails.
     async fn end(&mut self, reset: Option<&str>) {
-        let Some(c) = self.0.as_mut() else {
+        let Some(c) = self.conn.as_mut() else {
             return;
         };
         let ended = match reset {
@@ -1239,7 +1252,7 @@ impl Pinned {
     /// Puts the server's default idle timeout back on a connection going back to the pool
     /// (closes it if that fails).
     async fn reset_lease(&mut self, reset: &str) {
-        if let Some(c) = self.0.as_mut()
+        if let Some(c) = self.conn.as_mut()
             && query(reset).execute(c).await.is_err()
         {
             self.close();
@@ -1271,7 +1284,7 @@ impl Pinned {
     /// Returns a clean connection (no transaction open, no lock held) to the pool, where it
     /// may stay warm for the next lock.
     fn return_to_pool(&mut self) {
-        if let Some(c) = self.0.take() {
+        if let Some(c) = self.conn.take() {
             if tokio::runtime::Handle::try_current().is_ok() {
                 c.done();
             } else {
@@ -1293,7 +1306,7 @@ impl Pinned {
         &mut self,
         reset: Option<&str>,
     ) -> std::result::Result<(), sqlx::Error> {
-        let Some(c) = self.0.as_mut() else {
+        let Some(c) = self.conn.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
         let ended = match reset {
@@ -1316,7 +1329,7 @@ impl Pinned {
     /// connection to the pool; whether this session held the lock. A session that did not,
     /// or that fails, is closed (which frees whatever it holds).
     pub(crate) async fn unlock(&mut self, unlock: &str, key: i32) -> bool {
-        let Some(c) = self.0.as_mut() else {
+        let Some(c) = self.conn.as_mut() else {
             return false;
         };
         let released = match query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await {
@@ -1335,7 +1348,7 @@ impl Pinned {
     /// read lives on), and keeps the session: whether this session held the lock. A session
     /// that fails is closed (which frees whatever it holds).
     pub(crate) async fn unlock_one(&mut self, unlock: &str, key: i32) -> bool {
-        let Some(c) = self.0.as_mut() else {
+        let Some(c) = self.conn.as_mut() else {
             return false;
         };
         match query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await {
@@ -1354,7 +1367,7 @@ impl Pinned {
         statement: &str,
         ttl: Duration,
     ) -> std::result::Result<(), sqlx::Error> {
-        let Some(c) = self.0.as_mut() else {
+        let Some(c) = self.conn.as_mut() else {
             return Err(sqlx::Error::PoolClosed);
         };
         match query(statement).bind(server_seconds(ttl)).execute(c).await {
@@ -1375,7 +1388,7 @@ impl Pinned {
         ttl: Duration,
         limit: Duration,
     ) -> Option<bool> {
-        let mut flight = ClosedUnlessReturned(Some(self.0.take()?));
+        let mut flight = ClosedUnlessReturned(Some(self.conn.take()?));
         let answered = match flight.0.as_mut() {
             Some(c) => {
                 let q = query(statement).bind(server_seconds(ttl));
@@ -1385,7 +1398,7 @@ impl Pinned {
         };
         match answered {
             Ok(Ok(_)) => {
-                self.0 = flight.0.take();
+                self.conn = flight.0.take();
                 Some(true)
             }
             Ok(Err(_)) | Err(_) => Some(false),
@@ -1400,14 +1413,14 @@ impl Pinned {
     /// out of `self` while the ping is in flight and is closed, not reused, if the ping is
     /// dropped (a ping's unread answer would otherwise be read by the next statement).
     async fn ping(&mut self, limit: Duration) -> Option<bool> {
-        let mut flight = ClosedUnlessReturned(Some(self.0.take()?));
+        let mut flight = ClosedUnlessReturned(Some(self.conn.take()?));
         let answered = match flight.0.as_mut() {
             Some(c) => tokio::time::timeout(limit, c.ping()).await,
             None => return None,
         };
         match answered {
             Ok(Ok(())) => {
-                self.0 = flight.0.take();
+                self.conn = flight.0.take();
                 Some(true)
             }
             // Dropping `flight` closes the connection.
@@ -1416,8 +1429,8 @@ impl Pinned {
     }
 
     fn close(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            self.1 = true;
+        if let Some(mut c) = self.conn.take() {
+            self.closed = true;
             c.close_on_drop();
             drop_connection(c);
         }
@@ -1426,7 +1439,7 @@ impl Pinned {
     /// Whether the connection was closed (broken, or not to be trusted), rather than given
     /// back clean (released) or not taken yet.
     fn was_closed(&self) -> bool {
-        self.1
+        self.closed
     }
 }
 
@@ -1924,7 +1937,7 @@ async fn release_advisory(
             let released = c
                 .unlock_one(&s.advisory_unlock_one[mode.index()], key)
                 .await;
-            if c.0.is_none() {
+            if c.conn.is_none() {
                 // The session broke: the other holds in it are gone too.
                 holds.lose(LossReason::ConnectionLost);
                 holds.close();
