@@ -139,9 +139,12 @@ fn pg_connection_code(code: &str) -> bool {
 }
 
 /// MySQL's codes for a session that ended: server gone, lost connection, server shutting
-/// down, connection killed (MariaDB's `ER_CONNECTION_KILLED`).
+/// down, connection killed (MariaDB's `ER_CONNECTION_KILLED`), and MySQL 8.0.24+'s
+/// `ER_CLIENT_INTERACTION_TIMEOUT` (4031), which the server sends before it closes a
+/// connection idle past its `wait_timeout` (a for-update hold's server-side lease; older
+/// servers just close it, which reads as 2013).
 fn mysql_connection_code(code: u16) -> bool {
-    matches!(code, 2006 | 2013 | 1053 | 1927)
+    matches!(code, 2006 | 2013 | 1053 | 1927 | 4031)
 }
 
 /// SQLite's BUSY (5) or LOCKED (6), with their extended codes: another connection has the
@@ -150,4 +153,21 @@ pub(crate) fn sqlite_busy(db: &dyn sqlx::error::DatabaseError) -> bool {
     db.code()
         .and_then(|c| c.parse::<u32>().ok())
         .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection MySQL 8 closed for idling past its `wait_timeout` (the for-update
+    /// lease) says so with 4031: the session, and every lock in it, is gone.
+    #[test]
+    fn mysql_8s_idle_disconnect_is_a_lost_connection() {
+        for code in [2006, 2013, 1053, 1927, 4031] {
+            assert!(mysql_connection_code(code), "{code}");
+        }
+        for code in [1205, 1213, 1062] {
+            assert!(!mysql_connection_code(code), "{code}");
+        }
+    }
 }
