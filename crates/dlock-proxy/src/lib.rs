@@ -254,15 +254,15 @@ async fn pump(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// An echo server on an ephemeral port.
-    async fn echo() -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+    async fn echo() -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
+            while let Ok((mut s, _)) = listener.accept().await {
                 tokio::spawn(async move {
                     let mut buf = [0u8; 1024];
                     loop {
@@ -278,63 +278,66 @@ mod tests {
                 });
             }
         });
-        addr
+        Ok(addr)
     }
 
-    async fn round_trip(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-        s.write_all(b"ping").await.unwrap();
+    /// Sends a ping and reads its echo: `None` if none came within `limit`.
+    async fn round_trip(s: &mut TcpStream, limit: Duration) -> io::Result<Option<Vec<u8>>> {
+        s.write_all(b"ping").await?;
         let mut buf = [0u8; 4];
-        tokio::time::timeout(limit, s.read_exact(&mut buf))
+        match tokio::time::timeout(limit, s.read_exact(&mut buf)).await {
+            Ok(read) => read.map(|_| Some(buf.to_vec())),
+            Err(_elapsed) => Ok(None),
+        }
+    }
+
+    /// Reads exactly `buf.len()` bytes within `limit`.
+    async fn read_within(s: &mut TcpStream, buf: &mut [u8], limit: Duration) -> io::Result<()> {
+        tokio::time::timeout(limit, s.read_exact(buf))
             .await
-            .ok()
-            .map(|r| {
-                r.unwrap();
-                buf.to_vec()
-            })
+            .map_err(io::Error::other)?
+            .map(drop)
     }
 
     #[tokio::test]
-    async fn forwards_stalls_heals_and_resets() {
-        let proxy = Proxy::start(echo().await).await.unwrap();
-        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    async fn forwards_stalls_heals_and_resets() -> io::Result<()> {
+        let proxy = Proxy::start(echo().await?).await?;
+        let mut s = TcpStream::connect(proxy.addr()).await?;
         let long = Duration::from_secs(5);
         assert_eq!(
-            round_trip(&mut s, long).await.as_deref(),
+            round_trip(&mut s, long).await?.as_deref(),
             Some(&b"ping"[..])
         );
 
         proxy.set_fault(Fault::Partition);
-        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await, None);
+        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await?, None);
         proxy.set_fault(Fault::None);
         // The stalled ping arrives once healed, as TCP would retransmit it.
         let mut buf = [0u8; 4];
-        tokio::time::timeout(long, s.read_exact(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
+        read_within(&mut s, &mut buf, long).await?;
         assert_eq!(&buf, b"ping");
 
         proxy.set_fault(Fault::Downstream);
-        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await, None);
+        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await?, None);
         proxy.set_fault(Fault::None);
-        tokio::time::timeout(long, s.read_exact(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
+        read_within(&mut s, &mut buf, long).await?;
 
         proxy.set_fault(Fault::DelayReplies(Duration::from_millis(300)));
         let started = tokio::time::Instant::now();
-        assert!(round_trip(&mut s, long).await.is_some());
+        assert!(round_trip(&mut s, long).await?.is_some());
         assert!(started.elapsed() >= Duration::from_millis(300));
         proxy.set_fault(Fault::None);
 
         assert_eq!(proxy.open_connections(), 1);
         proxy.reset();
         let mut buf = [0u8; 1];
-        let n = tokio::time::timeout(long, s.read(&mut buf)).await.unwrap();
+        let n = tokio::time::timeout(long, s.read(&mut buf))
+            .await
+            .map_err(io::Error::other)?;
         assert!(matches!(n, Ok(0) | Err(_)), "a reset connection ends");
-        let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert!(round_trip(&mut again, long).await.is_some());
+        let mut again = TcpStream::connect(proxy.addr()).await?;
+        assert!(round_trip(&mut again, long).await?.is_some());
         assert_eq!(proxy.accepted_connections(), 2);
+        Ok(())
     }
 }
