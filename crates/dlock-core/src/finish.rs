@@ -23,26 +23,24 @@ use tokio::runtime::Handle;
 /// output, the future stays pending.
 ///
 /// ```
-/// use std::sync::Arc;
-/// use std::sync::atomic::{AtomicBool, Ordering};
 /// use std::time::Duration;
 /// use dlock_core::backend::finish_if_dropped;
+/// use tokio::sync::oneshot;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let done = Arc::new(AtomicBool::new(false));
-/// let flag = Arc::clone(&done);
-/// let (tx, rx) = tokio::sync::oneshot::channel();
+/// # async fn main() -> Result<(), oneshot::error::RecvError> {
+/// let (answer_tx, answer) = oneshot::channel::<()>();
+/// let (done_tx, done) = oneshot::channel();
 /// let call = finish_if_dropped(async move {
-///     tokio::time::sleep(Duration::from_millis(20)).await;
-///     flag.store(true, Ordering::SeqCst);
-///     let _ = tx.send(());
+///     let _ = answer.await; // the server's answer
+///     let _ = done_tx.send("finished");
 /// });
-/// // Cut off after 1 ms: the call still runs to its end.
-/// assert!(tokio::time::timeout(Duration::from_millis(1), call).await.is_err());
-/// rx.await.unwrap();
-/// assert!(done.load(Ordering::SeqCst));
-/// # }
+/// // Cut off after its first poll, still waiting for its answer.
+/// assert!(tokio::time::timeout(Duration::ZERO, call).await.is_err());
+/// let _ = answer_tx.send(());
+/// // The call still ran to its end, in a task of its own.
+/// assert_eq!(done.await?, "finished");
+/// # Ok(()) }
 /// ```
 pub fn finish_if_dropped<F>(task: F) -> Finish<F::Output>
 where

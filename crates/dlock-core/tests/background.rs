@@ -24,7 +24,8 @@ async fn a_task_spawned_later_runs_at_its_time() -> Result<()> {
     let _task = spawn_at(from_now(Duration::from_secs(1)), async move {
         let _ = tx.send(tokio::time::Instant::now());
     });
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // The clock is paused: moved by hand to just before the task's time.
+    tokio::time::advance(Duration::from_millis(900)).await;
     assert!(rx.try_recv().is_err(), "the task ran before its time");
     let ran = tokio::time::timeout(Duration::from_secs(5), rx)
         .await
@@ -62,7 +63,8 @@ async fn a_task_dropped_before_its_time_is_never_spawned() -> Result<()> {
     for rx in receivers {
         assert!(rx.await.is_err(), "a dropped task's future was kept");
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The clock is paused: moved by hand past the tasks' time.
+    tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(polled.load(Ordering::SeqCst), 0, "a dropped task ran");
     assert_eq!(tasks(), before);
     Ok(())
