@@ -17,6 +17,7 @@ use crate::exit;
 mod chart;
 mod curator;
 mod floor;
+use floor::Floor;
 #[cfg(feature = "postgres")]
 mod sqlx_pg;
 
@@ -125,6 +126,18 @@ pub struct Row {
     pub floor_cycles_per_sec: Option<f64>,
     /// W1 and W4: `cycles_per_sec / floor_cycles_per_sec`.
     pub ratio_to_floor: Option<f64>,
+    /// W1: the client's CPU time per cycle of the floor (its cycles only, not its
+    /// connecting), microseconds: set against `cpu_us_per_cycle`, what dlock's client adds.
+    #[serde(default)]
+    pub floor_cpu_us_per_cycle: Option<f64>,
+    /// W1 of a SQL for-update lock: the cycles per second of its row lock alone made raw
+    /// (`BEGIN`, `SELECT … FOR UPDATE`, `ROLLBACK`), without the fencing token dlock takes and
+    /// commits: what a lock without a fence would cost.
+    #[serde(default)]
+    pub lock_floor_cycles_per_sec: Option<f64>,
+    /// W1 of a SQL for-update lock: `cycles_per_sec / lock_floor_cycles_per_sec`.
+    #[serde(default)]
+    pub ratio_to_lock_floor: Option<f64>,
     /// W2, W2F: the share of cycles (percent) whose holder was not the previous cycle's
     /// holder (8 clients taking turns fairly: about 100; a lock that starves: near 0).
     #[serde(default)]
@@ -490,6 +503,54 @@ fn fill_latency(row: &mut Row, h: &Histogram<u64>) {
     row.acquire_p999_us = h.value_at_quantile(0.999);
 }
 
+/// Adds a block of `done` cycles of `target`'s floor of kind `kind` to `sum` (cycles,
+/// seconds); a store without that floor sets `sum` to `None`.
+async fn add_floor(
+    sum: &mut Option<FloorSum>,
+    target: &Target,
+    done: u64,
+    ns: &str,
+    kind: Floor,
+) -> dlock::Result<()> {
+    if let Some(s) = sum.as_mut() {
+        match floor::cycles_per_sec(&target.url, done.max(1), ns, kind).await? {
+            Some(m) => {
+                s.cycles += done.max(1);
+                s.secs += done.max(1) as f64 / m.rate;
+                s.cpu = s.cpu.zip(m.cpu).and_then(|(a, b)| a.checked_add(b));
+            }
+            None => *sum = None,
+        }
+    }
+    Ok(())
+}
+
+/// A W1 floor's blocks so far: cycles, seconds, CPU time.
+#[derive(Clone, Copy)]
+struct FloorSum {
+    cycles: u64,
+    secs: f64,
+    cpu: Option<Duration>,
+}
+
+impl FloorSum {
+    const ZERO: Self = Self {
+        cycles: 0,
+        secs: 0.0,
+        cpu: Some(Duration::ZERO),
+    };
+
+    /// Cycles per second and CPU microseconds per cycle; `None` if no time was measured.
+    fn rates(self) -> Option<(f64, Option<f64>)> {
+        (self.secs > 0.0 && self.cycles > 0).then(|| {
+            (
+                self.cycles as f64 / self.secs,
+                self.cpu.map(|c| c.as_secs_f64() * 1e6 / self.cycles as f64),
+            )
+        })
+    }
+}
+
 fn out_of_time(started: Instant, limit: Option<Duration>) -> bool {
     limit.is_some_and(|l| started.elapsed() >= l)
 }
@@ -515,7 +576,9 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
             // both alike instead of on whichever ran then.
             let block = (opts.cycles / W1_BLOCKS).max(1);
             let (mut n, mut spent, mut cpu) = (0, Duration::ZERO, Some(Duration::ZERO));
-            let mut floor = (!target.broken).then_some((0u64, 0.0f64));
+            let mut floor = (!target.broken).then_some(FloorSum::ZERO);
+            // for-update: also the row lock alone, to show what its fence costs.
+            let mut lock_floor = (!target.broken).then_some(FloorSum::ZERO);
             while n < opts.cycles && limit.is_none_or(|l| spent < l) {
                 let before = cpu_time();
                 let started = Instant::now();
@@ -532,24 +595,21 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 cpu = cpu
                     .zip(cpu_time().zip(before))
                     .and_then(|(sum, (now, before))| sum.checked_add(now.checked_sub(before)?));
-                if let Some((cycles, secs)) = floor.as_mut() {
-                    match floor::cycles_per_sec(&target.url, done.max(1), &ns).await? {
-                        Some(rate) => {
-                            *cycles += done.max(1);
-                            *secs += done.max(1) as f64 / rate;
-                        }
-                        None => floor = None,
-                    }
-                }
+                add_floor(&mut floor, target, done, &ns, Floor::Cycle).await?;
+                add_floor(&mut lock_floor, target, done, &ns, Floor::LockOnly).await?;
             }
             finish(&mut row, n, spent);
             row.cpu_us_per_cycle =
                 cpu.and_then(|c| (n > 0).then(|| c.as_secs_f64() * 1e6 / n as f64));
             fill_latency(&mut row, &h);
-            if let Some((cycles, secs)) = floor.filter(|&(_, secs)| secs > 0.0) {
-                let floor = cycles as f64 / secs;
-                row.floor_cycles_per_sec = Some(floor);
-                row.ratio_to_floor = Some(row.cycles_per_sec / floor);
+            if let Some((rate, cpu)) = floor.and_then(FloorSum::rates) {
+                row.floor_cycles_per_sec = Some(rate);
+                row.ratio_to_floor = Some(row.cycles_per_sec / rate);
+                row.floor_cpu_us_per_cycle = cpu;
+            }
+            if let Some((rate, _)) = lock_floor.and_then(FloorSum::rates) {
+                row.lock_floor_cycles_per_sec = Some(rate);
+                row.ratio_to_lock_floor = Some(row.cycles_per_sec / rate);
             }
         }
         Workload::W2 | Workload::W2F | Workload::W4 => {
@@ -905,7 +965,13 @@ fn print_table(rows: &[Row]) {
             notes.push(format!("server conns +{c}"));
         }
         if let Some(f) = r.floor_cycles_per_sec {
-            notes.push(format!("floor {f:.0}/s"));
+            notes.push(match r.floor_cpu_us_per_cycle {
+                Some(c) => format!("floor {f:.0}/s ({c:.0} us cpu/cycle)"),
+                None => format!("floor {f:.0}/s"),
+            });
+        }
+        if let (Some(f), Some(x)) = (r.lock_floor_cycles_per_sec, r.ratio_to_lock_floor) {
+            notes.push(format!("{:.0}% of the lock alone ({f:.0}/s)", x * 100.0));
         }
         if let Some(s) = r.owner_switch_pct {
             notes.push(format!("owner switches {s:.0}%"));

@@ -511,6 +511,74 @@ fn bench_smoke_writes_json_and_chart() {
     let _ = std::fs::remove_file(svg);
 }
 
+/// Every SQL strategy's W1 is set against its own statements made raw (`dlock_sql::raw`),
+/// whose client CPU is measured too; for-update also against its row lock alone. A floor
+/// that fails (a statement that does not fit the strategy's tables) leaves the row without a
+/// ratio.
+#[test]
+fn bench_sets_each_sql_strategy_against_its_own_statements() {
+    let scratch = Scratch::new();
+    let mut urls = vec![
+        format!("{}?table=dlock_floor_ui", scratch.url()),
+        format!("{}?strategy=optimistic&table=dlock_floor_op", scratch.url()),
+    ];
+    let mut servers = Vec::new();
+    if cfg!(feature = "mysql") {
+        servers.extend(
+            service_url("DLOCK_MYSQL_URL")
+                .map(|u| (u, &["unique-insert", "optimistic", "for-update"][..])),
+        );
+    }
+    if cfg!(feature = "postgres") {
+        servers.extend(service_url("DLOCK_POSTGRES_URL").map(|u| {
+            (
+                u,
+                &["unique-insert", "optimistic", "for-update", "advisory"][..],
+            )
+        }));
+    }
+    for (url, strategies) in servers {
+        for s in strategies {
+            let table = format!("dlock_floor_{}", s.replace('-', "_"));
+            let sep = if url.contains('?') { '&' } else { '?' };
+            urls.push(format!("{url}{sep}strategy={s}&table={table}"));
+        }
+    }
+    let json = std::env::temp_dir().join(format!("dlock-floors-{}.json", rand_suffix()));
+    let mut args = vec!["bench", "--workload", "W1", "--cycles", "20"];
+    for u in &urls {
+        args.extend(["--url", u.as_str()]);
+    }
+    args.extend(["--json", json.to_str().unwrap()]);
+    let out = output(dlock("", &args));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows: Vec<_> = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["backend"].as_str().unwrap().starts_with("sqlx"))
+        .collect();
+    assert_eq!(rows.len(), urls.len(), "{doc}");
+    for r in rows {
+        assert_eq!(r["skipped"], serde_json::Value::Null, "{r}");
+        assert!(r["ratio_to_floor"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["floor_cpu_us_per_cycle"].as_f64().is_some(), "{r}");
+        let for_update = r["backend"].as_str().unwrap().ends_with("/for-update");
+        assert_eq!(
+            r["ratio_to_lock_floor"].as_f64().is_some_and(|x| x > 0.0),
+            for_update,
+            "only for-update is set against its lock alone: {r}"
+        );
+    }
+    let _ = std::fs::remove_file(json);
+}
+
 /// The exclusion checker can fail: a broken lock (every client its own store) shows
 /// violations, and the run exits non-zero.
 #[test]

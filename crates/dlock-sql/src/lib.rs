@@ -14,6 +14,7 @@ mod mounts;
 #[cfg(feature = "postgres")]
 mod notify;
 mod provider;
+pub mod raw;
 mod sql;
 mod strategies;
 #[cfg(any(feature = "mysql", feature = "postgres"))]

@@ -5,8 +5,8 @@
 //! | --- | --- |
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
 //! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
-//! | MySQL, PostgreSQL, SQLite unique-insert / optimistic | INSERT + DELETE of one row, on one connection |
-//! | MySQL, PostgreSQL for-update | BEGIN + SELECT … FOR UPDATE + ROLLBACK (dlock's release too: the transaction changed nothing, and PostgreSQL flushes its log before it answers a COMMIT of one that locked a row) |
+//! | MySQL, PostgreSQL, SQLite | dlock's statements of the strategy's uncontended cycle ([`dlock_sql::raw::Cycle`]), on one connection (for-update's fence on a second one, as dlock takes it from its pool) |
+//! | MySQL, PostgreSQL for-update, besides | the row lock alone: BEGIN + SELECT … FOR UPDATE + ROLLBACK, no fence ([`Floor::LockOnly`]) |
 //! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
 //! | memory | none (no server) |
 
@@ -50,17 +50,57 @@ fn table_of(url: &str) -> String {
         .collect()
 }
 
+/// What a floor makes raw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Floor {
+    /// The server calls of one uncontended dlock cycle: every store's floor.
+    Cycle,
+    /// SQL for-update only (`None` elsewhere): the row lock alone, `BEGIN`, `SELECT … FOR
+    /// UPDATE`, `ROLLBACK`, without the fencing token dlock takes and commits on another
+    /// connection: what a lock without a fence would cost.
+    LockOnly,
+}
+
 /// Cycles per second of the floor for the store `url` names, or `None` if it has none.
-pub(super) async fn cycles_per_sec(url: &str, cycles: u64, ns: &str) -> dlock::Result<Option<f64>> {
-    let timed = timed(url, cycles, ns, &Start(None)).await?;
-    Ok(timed.and_then(|t| t.rate(cycles)))
+pub(super) async fn cycles_per_sec(
+    url: &str,
+    cycles: u64,
+    ns: &str,
+    floor: Floor,
+) -> dlock::Result<Option<Measured>> {
+    let timed = timed(url, cycles, ns, &Start(None), floor).await?;
+    Ok(timed.and_then(|t| {
+        Some(Measured {
+            rate: t.rate(cycles)?,
+            cpu: t.cpu,
+        })
+    }))
+}
+
+/// A floor's cycles per second, and the CPU time its cycles took.
+pub(super) struct Measured {
+    pub(super) rate: f64,
+    pub(super) cpu: Option<std::time::Duration>,
 }
 
 /// When a floor's timed cycles began and ended, or `None` if the store has no floor. The
 /// cycles begin once `start` says so.
-async fn timed(url: &str, cycles: u64, ns: &str, start: &Start) -> dlock::Result<Option<Timed>> {
+async fn timed(
+    url: &str,
+    cycles: u64,
+    ns: &str,
+    start: &Start,
+    floor: Floor,
+) -> dlock::Result<Option<Timed>> {
     let scheme = url.split("://").next().unwrap_or_default();
     let _ = (cycles, ns, start); // unused when no server backend is compiled in
+    let sql = matches!(
+        scheme,
+        "mysql" | "mariadb" | "sqlite" | "postgres" | "postgresql"
+    );
+    if floor == Floor::LockOnly && !sql {
+        return Ok(None);
+    }
     match scheme {
         #[cfg(feature = "redis")]
         "redis" | "rediss" if !url.contains("cluster=true") => {
@@ -169,7 +209,7 @@ async fn timed(url: &str, cycles: u64, ns: &str, start: &Start) -> dlock::Result
                 "PRAGMA synchronous = FULL"
             };
             let pool = AnyPoolOptions::new()
-                .max_connections(1)
+                .max_connections(2)
                 .test_before_acquire(false)
                 // The same settings dlock's own SQLite connections use, for a fair floor.
                 .after_connect(move |conn, _| {
@@ -185,84 +225,20 @@ async fn timed(url: &str, cycles: u64, ns: &str, start: &Start) -> dlock::Result
                 .connect(&base)
                 .await
                 .map_err(|e| err(backend, "connect", e))?;
-            let name = format!("{ns}/floor").into_bytes();
-            let measured = if url.contains("strategy=for-update") {
-                sqlx::query(&format!(
-                    "INSERT IGNORE INTO {}_rows (name) VALUES (?)",
-                    table_of(url)
-                ))
-                .bind(&name)
-                .execute(&pool)
-                .await
-                .map_err(|e| err(backend, "create the row", e))?;
-                let mut c = pool
-                    .acquire()
-                    .await
-                    .map_err(|e| err(backend, "connect", e))?;
-                let started = start.go().await;
-                for _ in 0..cycles {
-                    sqlx::query("BEGIN")
-                        .execute(&mut *c)
-                        .await
-                        .map_err(|e| err(backend, "BEGIN", e))?;
-                    sqlx::query(&format!(
-                        "SELECT name FROM {}_rows WHERE name = ? FOR UPDATE",
-                        table_of(url)
-                    ))
-                    .bind(&name)
-                    .fetch_optional(&mut *c)
-                    .await
-                    .map_err(|e| err(backend, "SELECT FOR UPDATE", e))?;
-                    sqlx::query("ROLLBACK")
-                        .execute(&mut *c)
-                        .await
-                        .map_err(|e| err(backend, "ROLLBACK", e))?;
-                }
-                timed_since(started)
-            } else {
-                let ddl = if backend == "sqlite" {
-                    "CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BLOB NOT NULL PRIMARY KEY)"
-                } else {
-                    "CREATE TABLE IF NOT EXISTS dlock_bench_floor (name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=InnoDB"
-                };
-                sqlx::query(ddl)
-                    .execute(&pool)
-                    .await
-                    .map_err(|e| err(backend, "create the table", e))?;
-                // One connection for every cycle, as on PostgreSQL: a statement on the pool
-                // would also pay for the pool's ping of each connection it takes back.
-                let mut c = pool
-                    .acquire()
-                    .await
-                    .map_err(|e| err(backend, "connect", e))?;
-                let started = start.go().await;
-                for _ in 0..cycles {
-                    sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES (?)")
-                        .bind(&name)
-                        .execute(&mut *c)
-                        .await
-                        .map_err(|e| err(backend, "INSERT", e))?;
-                    sqlx::query("DELETE FROM dlock_bench_floor WHERE name = ?")
-                        .bind(&name)
-                        .execute(&mut *c)
-                        .await
-                        .map_err(|e| err(backend, "DELETE", e))?;
-                }
-                timed_since(started)
-            };
+            let measured = any_floor(&pool, backend, url, cycles, ns, start, floor).await;
             pool.close().await;
-            Ok(measured)
+            measured
         }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
             let base = url.split('?').next().unwrap_or(url);
             let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
+                .max_connections(2)
                 .test_before_acquire(false)
                 .connect(base)
                 .await
                 .map_err(|e| err("postgres", "connect", e))?;
-            let measured = postgres_floor(&pool, url, cycles, ns, start).await;
+            let measured = postgres_floor(&pool, url, cycles, ns, start, floor).await;
             pool.close().await;
             measured
         }
@@ -270,8 +246,165 @@ async fn timed(url: &str, cycles: u64, ns: &str, start: &Start) -> dlock::Result
     }
 }
 
-/// PostgreSQL's floor, on one connection: the advisory cycle, the for-update cycle, or
-/// INSERT + a DELETE that announces itself (`pg_notify`, as dlock's releases do).
+/// The lease a floor's for-update and unique-insert cycles give the server, as dlock's
+/// default lease does (30 s).
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+const LEASE_SECS: i64 = 30;
+
+/// The owner a floor's unique-insert and optimistic cycles write, as long as one of dlock's
+/// (a client id and a counter).
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+const OWNER: &str = "0123456789abcdef0123456789abcdef:1";
+
+/// The floor of a MySQL or SQLite store, through sqlx's `Any` driver on a pool of two
+/// connections (the for-update fence, like dlock's, goes out on the second): dlock's
+/// statements of one uncontended cycle of the URL's strategy, or the row lock alone.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+async fn any_floor(
+    pool: &sqlx::AnyPool,
+    backend: &'static str,
+    url: &str,
+    cycles: u64,
+    ns: &str,
+    start: &Start,
+    floor: Floor,
+) -> dlock::Result<Option<Timed>> {
+    use sqlx::Executor;
+    let e = |what: &'static str| move |e| err(backend, what, e);
+    let name = format!("{ns}/floor").into_bytes();
+    let dialect = if backend == "sqlite" {
+        dlock_sql::Dialect::Sqlite
+    } else {
+        dlock_sql::Dialect::MySql
+    };
+    let cycle = dlock_sql::raw::Cycle::new(dialect, &table_of(url));
+    let mut c = pool.acquire().await.map_err(e("connect"))?;
+    let strategy = strategy_of(url);
+    if strategy == "for-update" {
+        sqlx::query(cycle.insert_row())
+            .bind(&name)
+            .execute(&mut *c)
+            .await
+            .map_err(e("create the row"))?;
+        if floor == Floor::LockOnly {
+            let lock = format!(
+                "SELECT name FROM {}_rows WHERE name = ? FOR UPDATE",
+                table_of(url)
+            );
+            let started = start.go().await;
+            for _ in 0..cycles {
+                c.execute("BEGIN").await.map_err(e("BEGIN"))?;
+                sqlx::query(&lock)
+                    .bind(&name)
+                    .fetch_optional(&mut *c)
+                    .await
+                    .map_err(e("SELECT FOR UPDATE"))?;
+                c.execute("ROLLBACK").await.map_err(e("ROLLBACK"))?;
+            }
+            return Ok(timed_since(started));
+        }
+        let mut f = pool.acquire().await.map_err(e("connect"))?;
+        let (lock, unlock) = (cycle.lock_row(&name, LEASE_SECS), cycle.unlock_row());
+        let started = start.go().await;
+        for _ in 0..cycles {
+            let rows = c.fetch_all(lock.as_str()).await.map_err(e("lock"))?;
+            if rows.is_empty() {
+                return Err(err(backend, "lock", "the row was not granted"));
+            }
+            sqlx::query(cycle.next_fence())
+                .bind(&name)
+                .execute(&mut *f)
+                .await
+                .map_err(e("fence"))?;
+            if let Some(confirm) = cycle.confirm_lease() {
+                sqlx::query(confirm)
+                    .bind(LEASE_SECS)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(e("confirm the lease"))?;
+            }
+            c.execute(unlock.as_str()).await.map_err(e("unlock"))?;
+        }
+        return Ok(timed_since(started));
+    }
+    if floor == Floor::LockOnly {
+        return Ok(None);
+    }
+    let sqlite = dialect == dlock_sql::Dialect::Sqlite;
+    if strategy == "optimistic" {
+        sqlx::query(cycle.insert_version())
+            .bind(&name)
+            .bind(0i64)
+            .execute(&mut *c)
+            .await
+            .map_err(e("create the version"))?;
+        let mut version: i64 = sqlx::query_scalar(cycle.select_version())
+            .bind(&name)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(e("read the version"))?;
+        let started = start.go().await;
+        for _ in 0..cycles {
+            let claim = sqlx::query(cycle.claim_version())
+                .bind(OWNER)
+                .bind(LEASE_SECS * 1000)
+                .bind(&name)
+                .bind(version);
+            let claimed = if sqlite {
+                claim.fetch_optional(&mut *c).await.map(|row| row.is_some())
+            } else {
+                claim
+                    .execute(&mut *c)
+                    .await
+                    .map(|done| done.rows_affected() == 1)
+            };
+            if !claimed.map_err(e("claim"))? {
+                return Err(err(backend, "claim", "the version moved"));
+            }
+            version += 1;
+            sqlx::query(cycle.release_version())
+                .bind(&name)
+                .bind(OWNER)
+                .bind(version)
+                .execute(&mut *c)
+                .await
+                .map_err(e("release"))?;
+        }
+        return Ok(timed_since(started));
+    }
+    let started = start.go().await;
+    for _ in 0..cycles {
+        let insert = sqlx::query(cycle.insert_hold())
+            .bind(&name)
+            .bind(OWNER)
+            .bind(LEASE_SECS * 1000);
+        if sqlite {
+            insert.fetch_one(&mut *c).await.map(drop)
+        } else {
+            insert.execute(&mut *c).await.map(drop)
+        }
+        .map_err(e("insert"))?;
+        sqlx::query(cycle.delete_hold())
+            .bind(&name)
+            .bind(OWNER)
+            .execute(&mut *c)
+            .await
+            .map_err(e("delete"))?;
+    }
+    Ok(timed_since(started))
+}
+
+/// The strategy a SQL store's URL names (`unique-insert` when it names none).
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+fn strategy_of(url: &str) -> &str {
+    url.split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("strategy=")))
+        .unwrap_or("unique-insert")
+}
+
+/// PostgreSQL's floor, on a pool of two connections (the for-update fence, like dlock's,
+/// goes out on the second): dlock's statements of one uncontended cycle of the URL's
+/// strategy, or the row lock alone.
 #[cfg(feature = "postgres")]
 async fn postgres_floor(
     pool: &sqlx::PgPool,
@@ -279,43 +412,41 @@ async fn postgres_floor(
     cycles: u64,
     ns: &str,
     start: &Start,
+    floor: Floor,
 ) -> dlock::Result<Option<Timed>> {
+    use sqlx::{Executor, Row};
     let e = |what: &'static str| move |e| err("postgres", what, e);
     let name = format!("{ns}/floor").into_bytes();
+    let t = table_of(url);
+    let cycle = dlock_sql::raw::Cycle::new(dlock_sql::Dialect::Postgres, &t);
     let mut c = pool.acquire().await.map_err(e("connect"))?;
-    if url.contains("strategy=advisory") {
+    let strategy = strategy_of(url);
+    if floor == Floor::LockOnly && strategy != "for-update" {
+        return Ok(None);
+    }
+    if strategy == "advisory" {
         // The statements of dlock's advisory cycle, raw: one that takes the lock, the token
         // and the lease, one that unlocks (and resets the session).
-        let t = table_of(url);
-        sqlx::query(&format!(
-            "INSERT INTO {t}_names (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"
-        ))
-        .bind(&name)
-        .execute(&mut *c)
-        .await
-        .map_err(e("give the name a key"))?;
-        let key: i32 = sqlx::query_scalar(&format!("SELECT id FROM {t}_names WHERE name = $1"))
+        sqlx::query(cycle.advisory_new_key())
+            .bind(&name)
+            .execute(&mut *c)
+            .await
+            .map_err(e("give the name a key"))?;
+        let key: i32 = sqlx::query_scalar(cycle.advisory_key())
             .bind(&name)
             .fetch_one(&mut *c)
             .await
             .map_err(e("read the key"))?;
-        let lock = format!(
-            "WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock(1684828003, $1) AS got), \
-             f AS (UPDATE {t}_names SET token = token + 1 WHERE id = $1 AND (SELECT got FROM g) \
-             RETURNING token) \
-             SELECT (SELECT token FROM f), CASE WHEN (SELECT got FROM g) THEN \
-             set_config('idle_session_timeout', '30000', false) END, pg_backend_pid()::BIGINT"
-        );
-        let unlock = "SELECT pg_advisory_unlock(1684828003, $1)::INTEGER, \
-             set_config('idle_session_timeout', '0', false), set_config('lock_timeout', '5s', false)";
+        let key = i64::from(key);
         let started = start.go().await;
         for _ in 0..cycles {
-            sqlx::query(&lock)
+            sqlx::query(cycle.advisory_lock())
                 .bind(key)
+                .bind(LEASE_SECS)
                 .fetch_one(&mut *c)
                 .await
                 .map_err(e("lock"))?;
-            sqlx::query(unlock)
+            sqlx::query(cycle.advisory_unlock())
                 .bind(key)
                 .fetch_one(&mut *c)
                 .await
@@ -323,56 +454,96 @@ async fn postgres_floor(
         }
         return Ok(timed_since(started));
     }
-    if url.contains("strategy=for-update") {
-        sqlx::query(&format!(
-            "INSERT INTO {}_rows (name) VALUES ($1) ON CONFLICT DO NOTHING",
-            table_of(url)
-        ))
-        .bind(&name)
-        .execute(&mut *c)
-        .await
-        .map_err(e("create the row"))?;
-        let started = start.go().await;
-        for _ in 0..cycles {
-            sqlx::query("BEGIN")
-                .execute(&mut *c)
-                .await
-                .map_err(e("BEGIN"))?;
-            sqlx::query(&format!(
-                "SELECT name FROM {}_rows WHERE name = $1 FOR UPDATE",
-                table_of(url)
-            ))
-            .bind(&name)
-            .fetch_optional(&mut *c)
-            .await
-            .map_err(e("SELECT FOR UPDATE"))?;
-            sqlx::query("ROLLBACK")
-                .execute(&mut *c)
-                .await
-                .map_err(e("ROLLBACK"))?;
-        }
-        return Ok(timed_since(started));
-    }
-    sqlx::query("CREATE TABLE IF NOT EXISTS dlock_bench_floor (name BYTEA NOT NULL PRIMARY KEY)")
-        .execute(&mut *c)
-        .await
-        .map_err(e("create the table"))?;
-    let started = start.go().await;
-    for _ in 0..cycles {
-        sqlx::query("INSERT INTO dlock_bench_floor (name) VALUES ($1)")
+    if strategy == "for-update" {
+        sqlx::query(cycle.insert_row())
             .bind(&name)
             .execute(&mut *c)
             .await
-            .map_err(e("INSERT"))?;
-        // A release announces itself (NOTIFY), as dlock's does on PostgreSQL.
-        sqlx::query(
-            "WITH d AS (DELETE FROM dlock_bench_floor WHERE name = $1 RETURNING name) \
-             SELECT pg_notify('dlock_bench_floor', encode(name, 'escape')) FROM d",
-        )
-        .bind(&name)
-        .execute(&mut *c)
-        .await
-        .map_err(e("DELETE"))?;
+            .map_err(e("create the row"))?;
+        if floor == Floor::LockOnly {
+            let lock = format!("SELECT name FROM {t}_rows WHERE name = $1 FOR UPDATE");
+            let started = start.go().await;
+            for _ in 0..cycles {
+                c.execute("BEGIN").await.map_err(e("BEGIN"))?;
+                sqlx::query(&lock)
+                    .bind(&name)
+                    .fetch_optional(&mut *c)
+                    .await
+                    .map_err(e("SELECT FOR UPDATE"))?;
+                c.execute("ROLLBACK").await.map_err(e("ROLLBACK"))?;
+            }
+            return Ok(timed_since(started));
+        }
+        let mut f = pool.acquire().await.map_err(e("connect"))?;
+        let (lock, unlock) = (cycle.lock_row(&name, LEASE_SECS), cycle.unlock_row());
+        let started = start.go().await;
+        for _ in 0..cycles {
+            let rows = c.fetch_all(lock.as_str()).await.map_err(e("lock"))?;
+            let row = rows
+                .first()
+                .ok_or_else(|| err("postgres", "lock", "the row was not granted"))?;
+            let session: i64 = row.try_get(0).map_err(e("lock"))?;
+            let transaction: i64 = row.try_get(1).map_err(e("lock"))?;
+            sqlx::query(cycle.next_fence())
+                .bind(&name)
+                .bind(transaction)
+                .bind(session)
+                .fetch_one(&mut *f)
+                .await
+                .map_err(e("fence"))?;
+            c.execute(unlock.as_str()).await.map_err(e("unlock"))?;
+        }
+        return Ok(timed_since(started));
+    }
+    if strategy == "optimistic" {
+        sqlx::query(cycle.insert_version())
+            .bind(&name)
+            .bind(0i64)
+            .execute(&mut *c)
+            .await
+            .map_err(e("create the version"))?;
+        let mut version: i64 = sqlx::query_scalar(cycle.select_version())
+            .bind(&name)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(e("read the version"))?;
+        let started = start.go().await;
+        for _ in 0..cycles {
+            let claimed: Option<i64> = sqlx::query_scalar(cycle.claim_version())
+                .bind(OWNER)
+                .bind(LEASE_SECS * 1000)
+                .bind(&name)
+                .bind(version)
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(e("claim"))?;
+            version = claimed.ok_or_else(|| err("postgres", "claim", "the version moved"))?;
+            sqlx::query(cycle.release_version())
+                .bind(&name)
+                .bind(OWNER)
+                .bind(version)
+                .execute(&mut *c)
+                .await
+                .map_err(e("release"))?;
+        }
+        return Ok(timed_since(started));
+    }
+    // unique-insert; its release notifies, as dlock's does.
+    let started = start.go().await;
+    for _ in 0..cycles {
+        sqlx::query(cycle.insert_hold())
+            .bind(&name)
+            .bind(OWNER)
+            .bind(LEASE_SECS * 1000)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(e("insert"))?;
+        sqlx::query(cycle.delete_hold())
+            .bind(&name)
+            .bind(OWNER)
+            .execute(&mut *c)
+            .await
+            .map_err(e("delete"))?;
     }
     Ok(timed_since(started))
 }
@@ -477,7 +648,7 @@ pub(super) async fn concurrent_cycles_per_sec(
     for i in 0..CLIENTS {
         let (url, ns) = (url.to_owned(), format!("{ns}/floor{i}"));
         let start = Start(Some(std::sync::Arc::clone(&together)));
-        clients.spawn(async move { timed(&url, cycles, &ns, &start).await });
+        clients.spawn(async move { timed(&url, cycles, &ns, &start, Floor::Cycle).await });
     }
     let mut span: Option<Timed> = None;
     // The first error ends the floor at once: a client that failed before the start would
@@ -493,6 +664,7 @@ pub(super) async fn concurrent_cycles_per_sec(
             Some(s) => Timed {
                 started: s.started.min(t.started),
                 ended: s.ended.max(t.ended),
+                cpu: None,
             },
         });
     }
@@ -517,20 +689,43 @@ struct Start(Option<std::sync::Arc<tokio::sync::Barrier>>);
     allow(dead_code)
 )]
 impl Start {
-    /// Waits for the start; the time the cycles begin.
-    async fn go(&self) -> std::time::Instant {
+    /// Waits for the start; when the cycles begin.
+    async fn go(&self) -> Began {
         if let Some(together) = &self.0 {
             together.wait().await;
         }
-        std::time::Instant::now()
+        Began {
+            at: std::time::Instant::now(),
+            cpu: super::cpu_time(),
+        }
     }
 }
 
-/// When a floor's timed cycles began and ended.
+/// When a floor's timed cycles began, and the process's CPU time then.
+#[derive(Clone, Copy)]
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "etcd"
+    )),
+    allow(dead_code)
+)]
+struct Began {
+    at: std::time::Instant,
+    cpu: Option<std::time::Duration>,
+}
+
+/// When a floor's timed cycles began and ended, and the process's CPU time over them (of
+/// every client of a W4 floor, not only this one's).
 #[derive(Clone, Copy)]
 struct Timed {
     started: std::time::Instant,
     ended: std::time::Instant,
+    cpu: Option<std::time::Duration>,
 }
 
 impl Timed {
@@ -554,10 +749,13 @@ impl Timed {
     feature = "postgres",
     feature = "etcd"
 ))]
-fn timed_since(started: Instant) -> Option<Timed> {
+fn timed_since(began: Began) -> Option<Timed> {
     Some(Timed {
-        started,
+        started: began.at,
         ended: Instant::now(),
+        cpu: super::cpu_time()
+            .zip(began.cpu)
+            .and_then(|(now, then)| now.checked_sub(then)),
     })
 }
 

@@ -1,0 +1,173 @@
+//! The statements of dlock's uncontended lock cycles, as it sends them, for measuring them
+//! without dlock: `dlock bench` takes its floor of each SQL strategy from here, so the floor
+//! is the same server work as the cycle it is set against, never a copy that drifts from it.
+//!
+//! Nothing here takes a lock that a [`SqlProvider`](crate::SqlProvider) respects: the
+//! statements are dlock's, but a cycle made with them skips what makes a lock safe (leases,
+//! renewals, the checks after a connection broke, waiting). They are for benchmarks.
+//!
+//! ```
+//! use dlock_sql::{Dialect, raw::Cycle};
+//!
+//! let cycle = Cycle::new(Dialect::Postgres, "dlock");
+//! // unique-insert takes a lock with one INSERT and frees it with one DELETE.
+//! assert!(cycle.insert_hold().starts_with("INSERT INTO dlock_holds"));
+//! assert!(cycle.delete_hold().contains("DELETE FROM dlock_holds"));
+//! ```
+
+use crate::Dialect;
+use crate::sql::{AdvisoryMode, Statements};
+
+/// The origin a raw release names in its notification (no provider's: no waiter of a
+/// provider takes it for its own).
+const ORIGIN: &str = "00";
+
+/// The statements of one uncontended acquire and release, per strategy, for one dialect and
+/// table prefix, with PostgreSQL's numbered placeholders where it needs them.
+#[derive(Debug, Clone)]
+pub struct Cycle {
+    sql: Statements,
+}
+
+impl Cycle {
+    /// The statements of a provider of `dialect` on tables named `<table>_…` (MySQL's
+    /// spelling; MariaDB's differs only in statements no uncontended cycle sends).
+    pub fn new(dialect: Dialect, table: &str) -> Self {
+        Self {
+            sql: Statements::new(dialect, table, false, ORIGIN),
+        }
+    }
+
+    /// unique-insert's acquire: inserts the hold. Binds the name, the owner and the lease in
+    /// milliseconds; on PostgreSQL and SQLite it returns the row's id (MySQL gives it as the
+    /// last insert id).
+    pub fn insert_hold(&self) -> &str {
+        &self.sql.insert_hold
+    }
+
+    /// unique-insert's release: deletes the hold (on PostgreSQL it notifies the waiters of the
+    /// name). Binds the name and the owner.
+    pub fn delete_hold(&self) -> &str {
+        &self.sql.delete_hold
+    }
+
+    /// optimistic: creates the row of a name's versions at `version` (nothing if it exists).
+    /// Binds the name and the version.
+    pub fn insert_version(&self) -> &str {
+        &self.sql.insert_version
+    }
+
+    /// optimistic: the version of a name. Binds the name.
+    pub fn select_version(&self) -> &str {
+        &self.sql.select_version
+    }
+
+    /// optimistic's acquire: claims the version after the one last seen. Binds the owner, the
+    /// lease in milliseconds, the name and the version last seen; on PostgreSQL and SQLite it
+    /// returns the new version (MySQL gives it as the last insert id).
+    pub fn claim_version(&self) -> &str {
+        &self.sql.claim_version
+    }
+
+    /// optimistic's release (on PostgreSQL it notifies the waiters of the name). Binds the
+    /// name, the owner and the version claimed.
+    pub fn release_version(&self) -> &str {
+        &self.sql.release_version
+    }
+
+    /// advisory (PostgreSQL): gives a name its advisory key (nothing if it has one). Binds the
+    /// name.
+    pub fn advisory_new_key(&self) -> &str {
+        &self.sql.advisory_new_key
+    }
+
+    /// advisory (PostgreSQL): the advisory key of a name (an `INTEGER`). Binds the name.
+    pub fn advisory_key(&self) -> &str {
+        &self.sql.advisory_key
+    }
+
+    /// advisory's acquire (PostgreSQL), without waiting: the exclusive lock of a key, its
+    /// fencing token and the session's server-side lease in one statement. Binds the key and
+    /// the lease in seconds (both `BIGINT`); returns the token (NULL while the lock is busy),
+    /// the lease set (NULL while busy) and the session's backend pid.
+    pub fn advisory_lock(&self) -> &str {
+        &self.sql.advisory_try[AdvisoryMode::Exclusive.index()]
+    }
+
+    /// advisory's release (PostgreSQL): unlocks the key and resets the session for the pool.
+    /// Binds the key (`BIGINT`).
+    pub fn advisory_unlock(&self) -> &str {
+        &self.sql.advisory_unlock[AdvisoryMode::Exclusive.index()]
+    }
+
+    /// for-update: creates the row a name's holders lock (nothing if it exists). Binds the
+    /// name.
+    pub fn insert_row(&self) -> &str {
+        &self.sql.insert_row
+    }
+
+    /// for-update's acquire, in one round trip of several statements (send it unprepared):
+    /// the hold's server-side lease of `lease_secs` seconds (on PostgreSQL after opening the
+    /// transaction), then the row of `name` locked without waiting, answering the session's
+    /// id and (PostgreSQL) the id of the transaction that holds the row.
+    pub fn lock_row(&self, name: &[u8], lease_secs: i64) -> String {
+        self.sql.lock_row_first_try(name, lease_secs)
+    }
+
+    /// for-update's fencing token, taken on another connection and committed there.
+    ///
+    /// MySQL and SQLite: binds the name; MySQL answers the token as the last insert id,
+    /// SQLite returns it. PostgreSQL: takes the token only while the holder's transaction
+    /// runs, binding the name, the transaction id and the session id that
+    /// [`lock_row`](Self::lock_row) answered; returns the token.
+    pub fn next_fence(&self) -> &str {
+        match self.sql.dialect {
+            Dialect::Postgres => &self.sql.next_fence_held,
+            _ => &self.sql.next_fence,
+        }
+    }
+
+    /// for-update on MySQL: the statement that sets the hold's server-side lease again on the
+    /// holding connection after the fence (binds the seconds), which proves the connection
+    /// and its row lock alive. `None` on PostgreSQL, whose fence statement proves it.
+    pub fn confirm_lease(&self) -> Option<&str> {
+        (self.sql.dialect != Dialect::Postgres).then_some(self.sql.hold_timeout.as_str())
+    }
+
+    /// for-update's release, one round trip (send it unprepared): ends the transaction,
+    /// which frees the row, and on MySQL puts the session's default idle timeout back.
+    pub fn unlock_row(&self) -> String {
+        match &self.sql.reset_hold_timeout {
+            Some(reset) => format!("{reset}; ROLLBACK"),
+            None => "ROLLBACK".to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cycle_is_the_providers_statements() {
+        let pg = Cycle::new(Dialect::Postgres, "t");
+        let theirs = Statements::new(Dialect::Postgres, "t", false, ORIGIN);
+        assert_eq!(pg.insert_hold(), theirs.insert_hold);
+        assert_eq!(pg.next_fence(), theirs.next_fence_held);
+        assert!(pg.confirm_lease().is_none());
+        assert!(pg.advisory_lock().contains("pg_try_advisory_lock("));
+        assert!(pg.advisory_unlock().contains("pg_advisory_unlock("));
+        assert_eq!(pg.unlock_row(), "ROLLBACK");
+        let my = Cycle::new(Dialect::MySql, "t");
+        assert!(my.next_fence().contains("LAST_INSERT_ID"));
+        assert_eq!(my.confirm_lease(), Some("SET SESSION wait_timeout = ?"));
+        assert_eq!(
+            my.unlock_row(),
+            "SET SESSION wait_timeout = DEFAULT; ROLLBACK"
+        );
+        assert!(
+            my.lock_row(b"n", 30)
+                .starts_with("SET SESSION wait_timeout = 30;")
+        );
+    }
+}
