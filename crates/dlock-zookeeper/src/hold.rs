@@ -128,6 +128,23 @@ pub(crate) async fn create_protected(
     data: &[u8],
     undo: &mut NodeUndo,
 ) -> Result<Created> {
+    Ok(create_listed(session, dir, marker, data, undo, false)
+        .await?
+        .0)
+}
+
+/// [`create_protected`], and with `list` the children of `dir` asked for right behind the
+/// create, in the same round trip: ZooKeeper answers a session's requests in the order they
+/// were sent, so the listing sees the node. The children come back only if the first create
+/// made the node and the listing succeeded; otherwise the caller lists them itself.
+async fn create_listed(
+    session: &Session,
+    dir: &str,
+    marker: &str,
+    data: &[u8],
+    undo: &mut NodeUndo,
+    mut list: bool,
+) -> Result<(Created, Option<Vec<String>>)> {
     let prefix = nodes::protected_prefix();
     let base = format!("{dir}/{prefix}{marker}");
     undo.state = UndoState::Creating {
@@ -138,23 +155,28 @@ pub(crate) async fn create_protected(
     let mut losses = 0;
     loop {
         let sent = Instant::now();
-        match session
-            .create_with(&base, data, zk::CreateMode::EphemeralSequential)
-            .await
-        {
+        let mode = zk::CreateMode::EphemeralSequential;
+        let (created, listed) = if std::mem::take(&mut list) {
+            let (created, listed) = session.create_and_list(&base, data, mode, dir).await;
+            (created, listed.ok())
+        } else {
+            (session.create_with(&base, data, mode).await, None)
+        };
+        match created {
             Ok((stat, seq)) => {
                 let seq = seq.to_string();
                 let node = format!("{prefix}{marker}{seq}");
                 let path = format!("{dir}/{node}");
                 undo.state = UndoState::Created(path.clone());
-                return Ok(Created {
+                let created = Created {
                     path,
                     node,
                     seq,
                     czxid: stat.czxid,
                     session: stat.ephemeral_owner,
                     granted: sent,
-                });
+                };
+                return Ok((created, listed));
             }
             Err(zk::Error::NoNode) if parent_tries < PARENT_RETRIES => {
                 parent_tries += 1;
@@ -168,7 +190,7 @@ pub(crate) async fn create_protected(
                 tokio::time::sleep(Duration::from_millis(20 << losses)).await;
                 if let Some(found) = find_protected(session, dir, &prefix, marker).await? {
                     undo.state = UndoState::Created(found.path.clone());
-                    return Ok(found);
+                    return Ok((found, None));
                 }
             }
             Err(e) => return Err(from_zk(&format!("create {base}"), e)),
@@ -267,13 +289,20 @@ pub(crate) async fn contend(
     undo: &mut NodeUndo,
 ) -> Result<Option<Created>> {
     for _ in 0..RECREATES {
-        let mut ours = create_protected(session, recipe.dir, recipe.marker, &[], undo).await?;
+        let (mut ours, mut prelisted) =
+            create_listed(session, recipe.dir, recipe.marker, &[], undo, true).await?;
         loop {
-            let listed = Instant::now();
-            let children = match session.retrying(|| session.children(recipe.dir)).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => break,
-                Err(e) => return Err(from_zk(&format!("list {}", recipe.dir), e)),
+            // The first listing went out with the create (and so did the lease's start).
+            let (listed, children) = match prelisted.take() {
+                Some(children) => (ours.granted, children),
+                None => {
+                    let listed = Instant::now();
+                    match session.retrying(|| session.children(recipe.dir)).await {
+                        Ok(c) => (listed, c),
+                        Err(zk::Error::NoNode) => break,
+                        Err(e) => return Err(from_zk(&format!("list {}", recipe.dir), e)),
+                    }
+                }
             };
             let sorted = nodes::contenders(children, recipe.markers);
             let standing = match recipe.role {

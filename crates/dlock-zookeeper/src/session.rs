@@ -262,6 +262,29 @@ impl Session {
         client.create(path, data, &options).await
     }
 
+    /// Creates `path` and lists the children of `dir` in one round trip: both requests are
+    /// sent before either answer is read (the client sends a request when the call is made,
+    /// not when its future is polled), and the server answers a session's requests in the
+    /// order they were sent, so the listing sees what the create made.
+    pub(crate) async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: zk::CreateMode,
+        dir: &str,
+    ) -> (
+        std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
+        std::result::Result<Vec<String>, zk::Error>,
+    ) {
+        bump(&self.counters.creates);
+        bump(&self.counters.get_children);
+        let client = self.client();
+        let options = mode.with_acls(zk::Acls::anyone_all());
+        let created = client.create(path, data, &options);
+        let listed = client.list_children(dir);
+        (created.await, listed.await)
+    }
+
     pub(crate) async fn data(&self, path: &str) -> std::result::Result<Vec<u8>, zk::Error> {
         bump(&self.counters.get_data);
         let (data, _) = self.client().get_data(path).await?;

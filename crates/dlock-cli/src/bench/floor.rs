@@ -4,7 +4,7 @@
 //! | backend | floor cycle |
 //! | --- | --- |
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
-//! | ZooKeeper | create (ephemeral sequential) + getChildren + delete |
+//! | ZooKeeper | create (ephemeral sequential) and getChildren sent together, then delete |
 //! | MySQL, PostgreSQL, SQLite | dlock's statements of the strategy's uncontended cycle ([`dlock_sql::raw::Cycle`]), on one connection (for-update's fence on a second one, as dlock takes it from its pool) |
 //! | MySQL, PostgreSQL for-update, besides | the row lock alone: BEGIN + SELECT … FOR UPDATE + ROLLBACK, no fence ([`Floor::LockOnly`]) |
 //! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
@@ -170,13 +170,14 @@ async fn timed(
             }
             let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
             let started = start.go().await;
+            let base = format!("{dir}/lock-");
             for _ in 0..cycles {
-                let (_, seq) = client
-                    .create(&format!("{dir}/lock-"), b"", &ephemeral)
-                    .await
-                    .map_err(|e| err("zookeeper", "create", e))?;
-                client
-                    .list_children(dir)
+                // Sent together, as dlock sends them: the client sends a request when the
+                // call is made, and the server answers a session's requests in order.
+                let created = client.create(&base, b"", &ephemeral);
+                let listed = client.list_children(dir);
+                let (_, seq) = created.await.map_err(|e| err("zookeeper", "create", e))?;
+                listed
                     .await
                     .map_err(|e| err("zookeeper", "getChildren", e))?;
                 client
