@@ -1,6 +1,6 @@
 //! PostgreSQL wake-ups: a release `NOTIFY`s the lock's name on the provider's channel, and
-//! one listening connection per provider wakes the waiters of that name in this process, so a
-//! waiter takes a freed lock at once instead of at its next poll.
+//! one listening connection per provider (from its first wait on) wakes the waiters of that
+//! name in this process, so a waiter takes a freed lock at once instead of at its next poll.
 //!
 //! Waiters still poll with their capped backoff: a notification lost with the listening
 //! connection, or a holder that died (its row expires, nobody notifies), costs at most one
@@ -8,8 +8,8 @@
 //! keep their places until the next one. Releases made in this process wake their waiters
 //! directly too ([`crate::wake`]), without the round trip through the server.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::Backoff;
@@ -32,24 +32,82 @@ pub(crate) struct Wakeups {
     origin: String,
     /// Notifications received (for tests and diagnostics).
     received: AtomicU64,
+    /// Whether the listening session has said `LISTEN` (for tests and diagnostics).
+    listening: AtomicBool,
+    /// What the listening task needs, until the first wait starts it.
+    idle: Mutex<Option<Idle>>,
+    /// Whether the listening task was started.
+    started: AtomicBool,
     /// Dropped with the provider: ends the listening task.
     _stop: oneshot::Sender<()>,
 }
 
+/// What a listening task not started yet needs.
+#[derive(Debug)]
+struct Idle {
+    options: PgConnectOptions,
+    channel: String,
+    stopped: oneshot::Receiver<()>,
+}
+
 impl Wakeups {
-    /// Starts listening on `channel` on a connection of its own (opened with `options`, and
-    /// again after it breaks), for as long as the returned value lives; a notification wakes
-    /// a waiter of `store`.
-    pub(crate) fn start(options: PgConnectOptions, channel: String, store: String) -> Arc<Self> {
+    /// Wake-ups for `store`, listening on `channel` on a connection of its own (opened with
+    /// `options`, and again after it breaks) from the first wait of one of its waiters
+    /// ([`listen`](Self::listen)) for as long as the returned value lives.
+    ///
+    /// Not before: every release on the channel is sent to every session listening on it,
+    /// so a provider that listened from the start would make the server deliver, and its
+    /// client read and drop, every release of every other client, waited for or not (eight
+    /// providers cycling on their own names made half the cycles of the same statements
+    /// without listeners).
+    pub(crate) fn new(options: PgConnectOptions, channel: String, store: String) -> Arc<Self> {
         let (stop, stopped) = oneshot::channel();
-        let this = Arc::new(Self {
+        Arc::new(Self {
             origin: wake::origin(&store),
             store,
             received: AtomicU64::new(0),
+            listening: AtomicBool::new(false),
+            idle: Mutex::new(Some(Idle {
+                options,
+                channel,
+                stopped,
+            })),
+            started: AtomicBool::new(false),
             _stop: stop,
-        });
-        tokio::spawn(listen(Arc::downgrade(&this), options, channel, stopped));
-        this
+        })
+    }
+
+    /// Starts listening, once, when a waiter of this provider waits: a release announced
+    /// before the `LISTEN` took effect is not lost, since the listening task wakes every
+    /// waiter of the store to look again once it listens. Outside a tokio runtime nothing
+    /// starts (the next wait in one starts it).
+    pub(crate) fn listen(self: &Arc<Self>) {
+        if self.started.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Some(idle) = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        self.started.store(true, Ordering::Release);
+        drop(runtime.spawn(listen(
+            Arc::downgrade(self),
+            idle.options,
+            idle.channel,
+            idle.stopped,
+        )));
+    }
+
+    /// Whether the listening session has said `LISTEN` (and not lost its connection since).
+    pub(crate) fn listening(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
     }
 
     /// Notifications received so far.
@@ -134,8 +192,10 @@ async fn listen(
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.listen(&channel).await?;
             listened = true;
-            // Listening again after a break: whatever was released meanwhile is looked at.
+            // Listening (again, after a break, or for the first time, after waiters began to
+            // wait): whatever was released meanwhile is looked at.
             if let Some(w) = wakeups.upgrade() {
+                w.listening.store(true, Ordering::Relaxed);
                 w.wake_all();
             }
             loop {
@@ -160,6 +220,7 @@ async fn listen(
                 Err(e) => {
                     tracing::debug!(channel, error = %e, "release notifications: listening again");
                     if let Some(w) = wakeups.upgrade() {
+                        w.listening.store(false, Ordering::Relaxed);
                         w.wake_all();
                     }
                 }

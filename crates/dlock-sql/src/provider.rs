@@ -156,7 +156,16 @@ impl Inner {
     /// poll: a release in this process (or, on PostgreSQL, one announced by `NOTIFY`) wakes
     /// one at once. `None` where the server queues the waiters (`for-update`, `advisory`).
     pub(crate) fn wakeup(&self, name: &LockName) -> Option<wake::Waiting> {
-        (!self.strategy.pins_connections()).then(|| wake::register(&self.store_id, name.as_str()))
+        if self.strategy.pins_connections() {
+            return None;
+        }
+        let waiting = wake::register(&self.store_id, name.as_str());
+        // Releases are announced on PostgreSQL: listen from the first wait on.
+        #[cfg(feature = "postgres")]
+        if let Some(w) = &self.wakeups {
+            w.listen();
+        }
+        Some(waiting)
     }
 
     /// A place behind `name`'s waiters in this process, if it has any (see [`Self::wakeup`]).
@@ -429,7 +438,7 @@ impl SqlProvider {
         #[cfg(feature = "postgres")]
         let wakeups = match (pool.driver(), strategy) {
             (db::Driver::Postgres(p), Strategy::UniqueInsert | Strategy::Optimistic) => {
-                Some(notify::Wakeups::start(
+                Some(notify::Wakeups::new(
                     (*p.connect_options()).clone(),
                     notify::channel(table),
                     store_id.clone(),
@@ -489,6 +498,18 @@ impl SqlProvider {
             return w.received();
         }
         0
+    }
+
+    /// Whether this provider listens for release notifications (PostgreSQL `unique-insert`
+    /// and `optimistic`, from the first wait of one of its waiters on; `false` elsewhere).
+    /// For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn listens_for_releases(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Some(w) = &self.inner.wakeups {
+            return w.listening();
+        }
+        false
     }
 
     /// The strategy of this provider.

@@ -1732,19 +1732,6 @@ async fn postgres_announces_releases_to_waiters() {
         let name = Names::new().name("notify");
         let holder = SqlProvider::connect(&url).await.unwrap();
         let waiter = SqlProvider::connect(&url).await.unwrap();
-        // The waiter's provider listens once its connection is up: until then a release
-        // reaches nobody (its waiters poll).
-        let warm_up = holder.lock(&name, LockOptions::default()).unwrap();
-        eventually(
-            Duration::from_secs(10),
-            &format!("{strategy}: the waiter's provider listens"),
-            || async {
-                warm_up.acquire().await.unwrap().release().await.unwrap();
-                let n = waiter.release_notifications();
-                if n > 0 { Ok(()) } else { Err(n) }
-            },
-        )
-        .await;
         let g = holder
             .lock(&name, LockOptions::default())
             .unwrap()
@@ -1754,6 +1741,20 @@ async fn postgres_announces_releases_to_waiters() {
         let before = waiter.release_notifications();
         let lock = waiter.lock(&name, LockOptions::default()).unwrap();
         let waiting = tokio::spawn(async move { lock.acquire().await.map(|g| (lock, g)) });
+        // The waiter's provider listens from its first wait on; until its LISTEN took effect
+        // a release would reach it only through the waiter's own polling.
+        eventually(
+            Duration::from_secs(10),
+            &format!("{strategy}: the waiter's provider listens"),
+            || async {
+                if waiter.listens_for_releases() {
+                    Ok(())
+                } else {
+                    Err("not yet")
+                }
+            },
+        )
+        .await;
         g.release().await.unwrap();
         let (_lock, g2) = must(
             Duration::from_secs(5),
@@ -1774,6 +1775,88 @@ async fn postgres_announces_releases_to_waiters() {
         .await;
         g2.release().await.unwrap();
     }
+}
+
+/// A PostgreSQL provider listens for release notifications only once one of its waiters
+/// waits: the server sends every release on the channel to every listening session, so
+/// providers that never wait (many clients, each on its own names) would each receive, and
+/// drop, every other client's releases. Counted on the server, in `pg_stat_activity`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_providers_listen_only_once_they_wait() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let server = sqlx::PgPool::connect(&pg).await.unwrap();
+    for strategy in ["unique-insert", "optimistic"] {
+        let table = format!("dlock_listen_{}", strategy.replace('-', "_"));
+        let url = with_query(&pg, &format!("strategy={strategy}&table={table}"));
+        let listeners = || {
+            let server = server.clone();
+            let listen = format!("LISTEN \"{table}_release\"");
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE query = $1",
+                )
+                .bind(listen)
+                .fetch_one(&server)
+                .await
+                .unwrap()
+            }
+        };
+        let name = Names::new().name("listen");
+        let a = SqlProvider::connect(&url).await.unwrap();
+        let b = SqlProvider::connect(&url).await.unwrap();
+        for p in [&a, &b] {
+            let lock = p.lock(&name, LockOptions::default()).unwrap();
+            for _ in 0..20 {
+                lock.acquire().await.unwrap().release().await.unwrap();
+            }
+        }
+        assert!(
+            !a.listens_for_releases() && !b.listens_for_releases(),
+            "{strategy}"
+        );
+        assert_eq!(
+            listeners().await,
+            0,
+            "{strategy}: nobody waited, nobody listens"
+        );
+        // One waiter: its provider, and only its, listens.
+        let g = a
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let lock = b.lock(&name, LockOptions::default()).unwrap();
+        let waiting = tokio::spawn(async move { lock.acquire().await.map(|g| (lock, g)) });
+        eventually(
+            Duration::from_secs(10),
+            &format!("{strategy}: the waiter's provider listens"),
+            || async {
+                match listeners().await {
+                    1 => Ok(()),
+                    n => Err(n),
+                }
+            },
+        )
+        .await;
+        assert!(
+            !a.listens_for_releases(),
+            "{strategy}: the holder's provider did not wait"
+        );
+        g.release().await.unwrap();
+        let (_lock, g2) = must(
+            Duration::from_secs(5),
+            &format!("{strategy}: the waiter after the release"),
+            waiting,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        g2.release().await.unwrap();
+    }
+    server.close().await;
 }
 
 /// Optimistic rows of an older dlock counted versions from 0, with no seed behind them, and a
@@ -2608,9 +2691,8 @@ async fn the_release_listener_outlives_the_servers_idle_timeout() {
         "&options=-c%20idle_session_timeout%3D300",
     );
     let provider = SqlProvider::connect(&url).await.unwrap();
-    let lock = provider
-        .lock(&Names::new().name("listen"), LockOptions::default())
-        .unwrap();
+    let name = Names::new().name("listen");
+    let lock = provider.lock(&name, LockOptions::default()).unwrap();
     let listener = || async {
         let pids: Vec<i32> = sqlx::query(
             "SELECT pid FROM pg_stat_activity \
@@ -2628,7 +2710,17 @@ async fn the_release_listener_outlives_the_servers_idle_timeout() {
             _ => Err(format!("listening sessions: {pids:?}")),
         }
     };
+    // The provider listens from its first wait on: a waiter waits once.
+    let g = lock.acquire().await.unwrap();
+    let other = provider.lock(&name, LockOptions::default()).unwrap();
+    let waiting = tokio::spawn(async move { other.acquire().await.map(|g| (other, g)) });
     let pid = eventually(Duration::from_secs(20), "the provider listens", listener).await;
+    g.release().await.unwrap();
+    let (_other, g2) = must(Duration::from_secs(5), "the waiter", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    g2.release().await.unwrap();
     // A statement connection idle from now on, the listener idle since before.
     lock.acquire().await.unwrap().release().await.unwrap();
     eventually(
