@@ -173,7 +173,16 @@ impl Inner {
         if self.strategy.pins_connections() {
             return None;
         }
-        wake::join(&self.store_id, name.as_str())
+        let behind = wake::join(&self.store_id, name.as_str());
+        // The waiters ahead may be another provider's on the same store: this one listens
+        // too, or its waiters would only poll once that provider is gone.
+        #[cfg(feature = "postgres")]
+        if behind.is_some()
+            && let Some(w) = &self.wakeups
+        {
+            w.listen();
+        }
+        behind
     }
 
     /// Wakes a waiter of `name` in this process after a release.

@@ -9,10 +9,13 @@
 //! ```
 //! use dlock_sql::{Dialect, raw::Cycle};
 //!
-//! let cycle = Cycle::new(Dialect::Postgres, "dlock");
+//! let cycle = Cycle::new(Dialect::Postgres, "dlock")?;
 //! // unique-insert takes a lock with one INSERT and frees it with one DELETE.
 //! assert!(cycle.insert_hold().starts_with("INSERT INTO dlock_holds"));
 //! assert!(cycle.delete_hold().contains("DELETE FROM dlock_holds"));
+//! // A prefix goes into the statements as it is: only what a provider accepts.
+//! assert!(Cycle::new(Dialect::Postgres, "x; DROP TABLE y").is_err());
+//! # Ok::<(), dlock_core::Error>(())
 //! ```
 
 use crate::Dialect;
@@ -32,9 +35,28 @@ pub struct Cycle {
 impl Cycle {
     /// The statements of a provider of `dialect` on tables named `<table>_…` (MySQL's
     /// spelling; MariaDB's differs only in statements no uncontended cycle sends).
-    pub fn new(dialect: Dialect, table: &str) -> Self {
-        Self {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](dlock_core::Error::InvalidArgument) for a table prefix a
+    /// provider would refuse (1 to 40 of `[A-Za-z0-9_]`, not starting with a digit): it goes
+    /// into the statements as it is.
+    pub fn new(dialect: Dialect, table: &str) -> dlock_core::Result<Self> {
+        crate::config::check_table(table)?;
+        Ok(Self {
             sql: Statements::new(dialect, table, false, ORIGIN),
+        })
+    }
+
+    /// The settings of the session a for-update hold lives in, to run once on a connection
+    /// before its cycles: on MySQL autocommit off (the row lock's transaction lasts until
+    /// [`unlock_row`](Self::unlock_row)) and READ COMMITTED; none on PostgreSQL, whose
+    /// [`lock_row`](Self::lock_row) opens the transaction itself.
+    pub fn lock_session(&self) -> &'static [&'static str] {
+        match self.sql.dialect {
+            #[cfg(feature = "mysql")]
+            Dialect::MySql => crate::db::MYSQL_LOCKS,
+            _ => &[],
         }
     }
 
@@ -150,7 +172,7 @@ mod tests {
 
     #[test]
     fn the_cycle_is_the_providers_statements() {
-        let pg = Cycle::new(Dialect::Postgres, "t");
+        let pg = Cycle::new(Dialect::Postgres, "t").unwrap();
         let theirs = Statements::new(Dialect::Postgres, "t", false, ORIGIN);
         assert_eq!(pg.insert_hold(), theirs.insert_hold);
         assert_eq!(pg.next_fence(), theirs.next_fence_held);
@@ -158,7 +180,7 @@ mod tests {
         assert!(pg.advisory_lock().contains("pg_try_advisory_lock("));
         assert!(pg.advisory_unlock().contains("pg_advisory_unlock("));
         assert_eq!(pg.unlock_row(), "ROLLBACK");
-        let my = Cycle::new(Dialect::MySql, "t");
+        let my = Cycle::new(Dialect::MySql, "t").unwrap();
         assert!(my.next_fence().contains("LAST_INSERT_ID"));
         assert_eq!(my.confirm_lease(), Some("SET SESSION wait_timeout = ?"));
         assert_eq!(

@@ -1792,10 +1792,11 @@ async fn postgres_providers_listen_only_once_they_wait() {
         let url = with_query(&pg, &format!("strategy={strategy}&table={table}"));
         let listeners = || {
             let server = server.clone();
-            let listen = format!("LISTEN \"{table}_release\"");
+            // sqlx listens again after a reconnection with `LISTEN "…";`.
+            let listen = format!("LISTEN \"{table}_release\"%");
             async move {
                 sqlx::query_scalar::<_, i64>(
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE query = $1",
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE $1",
                 )
                 .bind(listen)
                 .fetch_one(&server)

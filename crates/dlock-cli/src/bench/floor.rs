@@ -278,7 +278,7 @@ async fn any_floor(
     } else {
         dlock_sql::Dialect::MySql
     };
-    let cycle = dlock_sql::raw::Cycle::new(dialect, &table_of(url));
+    let cycle = dlock_sql::raw::Cycle::new(dialect, &table_of(url))?;
     let mut c = pool.acquire().await.map_err(e("connect"))?;
     let strategy = strategy_of(url);
     if strategy == "for-update" {
@@ -303,6 +303,13 @@ async fn any_floor(
                 c.execute("ROLLBACK").await.map_err(e("ROLLBACK"))?;
             }
             return Ok(timed_since(started));
+        }
+        // The session of dlock's holds: on MySQL autocommit off, so that the row stays
+        // locked until the ROLLBACK (the fence's connection keeps autocommit, as dlock's).
+        for setting in cycle.lock_session() {
+            c.execute(*setting)
+                .await
+                .map_err(e("set the lock session"))?;
         }
         let mut f = pool.acquire().await.map_err(e("connect"))?;
         let (lock, unlock) = (cycle.lock_row(&name, LEASE_SECS), cycle.unlock_row());
@@ -419,7 +426,7 @@ async fn postgres_floor(
     let e = |what: &'static str| move |e| err("postgres", what, e);
     let name = format!("{ns}/floor").into_bytes();
     let t = table_of(url);
-    let cycle = dlock_sql::raw::Cycle::new(dlock_sql::Dialect::Postgres, &t);
+    let cycle = dlock_sql::raw::Cycle::new(dlock_sql::Dialect::Postgres, &t)?;
     let mut c = pool.acquire().await.map_err(e("connect"))?;
     let strategy = strategy_of(url);
     if floor == Floor::LockOnly && strategy != "for-update" {
@@ -441,12 +448,18 @@ async fn postgres_floor(
         let key = i64::from(key);
         let started = start.go().await;
         for _ in 0..cycles {
-            sqlx::query(cycle.advisory_lock())
+            let row = sqlx::query(cycle.advisory_lock())
                 .bind(key)
                 .bind(LEASE_SECS)
                 .fetch_one(&mut *c)
                 .await
                 .map_err(e("lock"))?;
+            // The lease column is NULL while the lock is busy: a floor of failed tries would
+            // measure something else.
+            let leased: Option<String> = row.try_get(1).map_err(e("lock"))?;
+            if leased.is_none() {
+                return Err(err("postgres", "lock", "the advisory lock was not granted"));
+            }
             sqlx::query(cycle.advisory_unlock())
                 .bind(key)
                 .fetch_one(&mut *c)
