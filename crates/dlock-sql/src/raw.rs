@@ -171,8 +171,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cycle_is_the_providers_statements() {
-        let pg = Cycle::new(Dialect::Postgres, "t").unwrap();
+    fn the_cycle_is_the_providers_statements() -> dlock_core::Result<()> {
+        let pg = Cycle::new(Dialect::Postgres, "t")?;
         let theirs = Statements::new(Dialect::Postgres, "t", false, ORIGIN);
         assert_eq!(pg.insert_hold(), theirs.insert_hold);
         assert_eq!(pg.next_fence(), theirs.next_fence_held);
@@ -180,7 +180,7 @@ mod tests {
         assert!(pg.advisory_lock().contains("pg_try_advisory_lock("));
         assert!(pg.advisory_unlock().contains("pg_advisory_unlock("));
         assert_eq!(pg.unlock_row(), "ROLLBACK");
-        let my = Cycle::new(Dialect::MySql, "t").unwrap();
+        let my = Cycle::new(Dialect::MySql, "t")?;
         assert!(my.next_fence().contains("LAST_INSERT_ID"));
         assert_eq!(my.confirm_lease(), Some("SET SESSION wait_timeout = ?"));
         assert_eq!(
@@ -191,5 +191,10 @@ mod tests {
             my.lock_row(b"n", 30)
                 .starts_with("SET SESSION wait_timeout = 30;")
         );
+        assert!(pg.lock_session().is_empty());
+        #[cfg(feature = "mysql")]
+        assert!(my.lock_session().contains(&"SET autocommit = 0"));
+        assert!(Cycle::new(Dialect::MySql, "t`").is_err());
+        Ok(())
     }
 }

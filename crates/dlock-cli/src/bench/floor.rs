@@ -94,11 +94,10 @@ async fn timed(
 ) -> dlock::Result<Option<Timed>> {
     let scheme = url.split("://").next().unwrap_or_default();
     let _ = (cycles, ns, start); // unused when no server backend is compiled in
-    let sql = matches!(
-        scheme,
-        "mysql" | "mariadb" | "sqlite" | "postgres" | "postgresql"
-    );
-    if floor == Floor::LockOnly && !sql {
+    // Only a SQL for-update lock has a row lock to measure alone (decided before connecting).
+    let for_update = matches!(scheme, "mysql" | "mariadb" | "postgres" | "postgresql")
+        && url.contains("strategy=for-update");
+    if floor == Floor::LockOnly && !for_update {
         return Ok(None);
     }
     match scheme {
@@ -335,9 +334,6 @@ async fn any_floor(
         }
         return Ok(timed_since(started));
     }
-    if floor == Floor::LockOnly {
-        return Ok(None);
-    }
     let sqlite = dialect == dlock_sql::Dialect::Sqlite;
     if strategy == "optimistic" {
         sqlx::query(cycle.insert_version())
@@ -429,9 +425,6 @@ async fn postgres_floor(
     let cycle = dlock_sql::raw::Cycle::new(dlock_sql::Dialect::Postgres, &t)?;
     let mut c = pool.acquire().await.map_err(e("connect"))?;
     let strategy = strategy_of(url);
-    if floor == Floor::LockOnly && strategy != "for-update" {
-        return Ok(None);
-    }
     if strategy == "advisory" {
         // The statements of dlock's advisory cycle, raw: one that takes the lock, the token
         // and the lease, one that unlocks (and resets the session).
