@@ -221,13 +221,14 @@ async fn look(session: &Session, key: &str, range: &str) -> Result<Look, etcd_cl
     })
 }
 
-/// How long etcd may hold back the events of a watch just created: one that starts "now"
-/// is registered at the revision read just before, so a write committed in between puts it
-/// in the store's unsynced group, which etcd catches up once every 100 ms (its
-/// `syncWatchersLoop`). A margin above that.
+/// How long after its creation a waiter's watch may be held back by etcd: one that starts
+/// "now" is registered at the revision etcd read just before, so a write committed in between
+/// puts it in the store's unsynced group, which etcd catches up every 100 ms (its
+/// `syncWatchersLoop`; longer when it has more than 512 such watches to catch up). A
+/// margin above the usual 100 ms.
 const UNSYNCED_FOR: Duration = Duration::from_millis(150);
 
-/// How often a waiter looks at its predecessor itself while its watch may be unsynced.
+/// How often a waiter looks at its predecessor itself while its watch may be held back.
 const LOOK_EVERY: Duration = Duration::from_millis(20);
 
 /// Waits until the key created just before `mine` in `range` is deleted (at once if there is
@@ -240,10 +241,11 @@ const LOOK_EVERY: Duration = Duration::from_millis(20);
 /// looking at the key again once the watch exists, whenever the store moved on meanwhile.
 ///
 /// Even a watch that starts "now" lands in that group when a write commits while etcd
-/// registers it (it reads the revision first; about 1 % of the waits of 8 contenders): its
-/// delete then arrives up to 100 ms late, although the key is gone (seen by another watcher
-/// at once). So for the first [`UNSYNCED_FOR`] of a watch the waiter also looks at the key
-/// every [`LOOK_EVERY`]; from then on the watch alone wakes it.
+/// registers it (etcd reads the revision first; 1-2 % of the handoffs of 8 contenders on one
+/// name): its delete then typically arrives up to 100 ms late, although the key is gone
+/// (another watcher saw it at once). So for the first [`UNSYNCED_FOR`] after its watch was
+/// created the waiter also looks at the key every [`LOOK_EVERY`], unless a look proves the
+/// watch was not held back; from then on the watch alone wakes it.
 async fn wait_for_predecessor(
     session: &Session,
     range: &str,
@@ -260,30 +262,19 @@ async fn wait_for_predecessor(
     let Some(before) = resp.kvs().first() else {
         return Ok(());
     };
-    let key = before.key().to_vec();
-    let created = before.create_revision();
-    let read_at = resp.header().map_or(0, |h| h.revision());
+    let watched = Watched {
+        key: before.key().to_vec(),
+        created: before.create_revision(),
+        read_at: resp.header().map_or(0, |h| h.revision()),
+    };
     session.count_watch();
-    let watched = Instant::now();
     let mut stream = client
         .watch(
-            key.clone(),
+            watched.key.clone(),
             Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
         )
         .await?;
-    let watched_key = Watched {
-        key,
-        created,
-        read_at,
-    };
-    await_delete(
-        session,
-        &mut client,
-        &mut stream,
-        &watched_key,
-        later(watched, UNSYNCED_FOR),
-    )
-    .await
+    await_delete(session, &mut client, &mut stream, &watched, UNSYNCED_FOR).await
 }
 
 /// The key a waiter watches: its name, its create revision, and the revision it was read at.
@@ -293,35 +284,74 @@ struct Watched {
     read_at: i64,
 }
 
-/// Waits on `stream` (a watch of `watched`) until the key is deleted, also looking at the key
-/// every [`LOOK_EVERY`] until `unsynced_until` (while etcd may hold the watch's events back).
+/// What came first while a look was due: the watch's next message, or the look.
+enum Next {
+    Message(Result<Option<etcd_client::WatchResponse>, etcd_client::Error>),
+    Looked(Result<Seen, etcd_client::Error>),
+}
+
+/// What a look at the watched key found.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// The key is gone (or is another key of the same name now).
+    gone: bool,
+    /// The store's revision when it was read.
+    revision: i64,
+}
+
+/// Waits on `stream` (a watch of `watched`) until the key is deleted. For `unsynced_for`
+/// after the watch was created (while etcd may hold its events back) it also looks at the
+/// key every [`LOOK_EVERY`], racing the watch: a look that fails, or is slow, holds nothing
+/// back and ends nothing (the watch goes on). A look that finds the store still at the
+/// revision the watch was created at proves the watch was never held back (no write
+/// committed while etcd registered it), and ends the looking.
 async fn await_delete(
     session: &Session,
     client: &mut etcd_client::Client,
     stream: &mut etcd_client::WatchStream,
     watched: &Watched,
-    unsynced_until: Instant,
+    unsynced_for: Duration,
 ) -> Result<(), etcd_client::Error> {
-    let next_look = || Some(later(Instant::now(), LOOK_EVERY)).filter(|at| *at < unsynced_until);
-    // When to look at the key next (while the watch may be unsynced), once it exists.
+    // The end of the looking, and the revision the watch was created at, once it was.
+    let mut window: Option<(Instant, i64)> = None;
+    // When to look at the key next.
     let mut look_at: Option<Instant> = None;
+    let next_look = |window: Option<(Instant, i64)>| {
+        let (until, _) = window?;
+        Some(later(Instant::now(), LOOK_EVERY)).filter(|at| *at < until)
+    };
     loop {
-        let message = match look_at {
+        let next = match look_at {
             Some(at) => {
+                let look = async {
+                    tokio::time::sleep_until(at).await;
+                    look_at_key(session, client, watched).await
+                };
                 tokio::select! {
-                    // Cancel safe: the stream keeps what it has read.
-                    m = stream.message() => Some(m),
-                    () = tokio::time::sleep_until(at) => None,
+                    // Cancel safe: the stream keeps what it has read, and a look dropped
+                    // half-way is a read nobody waits for.
+                    m = stream.message() => Next::Message(m),
+                    seen = look => Next::Looked(seen),
                 }
             }
-            None => Some(stream.message().await),
+            None => Next::Message(stream.message().await),
         };
-        let Some(message) = message else {
-            if predecessor_gone(session, client, watched).await? {
-                return Ok(());
+        let message = match next {
+            Next::Looked(Ok(seen)) if seen.gone => return Ok(()),
+            Next::Looked(Ok(seen)) if window.is_some_and(|(_, from)| seen.revision == from) => {
+                look_at = None;
+                continue;
             }
-            look_at = next_look();
-            continue;
+            Next::Looked(Ok(_)) => {
+                look_at = next_look(window);
+                continue;
+            }
+            Next::Looked(Err(e)) => {
+                tracing::debug!(error = %e, "etcd: a waiter's look at its predecessor failed; the watch goes on");
+                look_at = next_look(window);
+                continue;
+            }
+            Next::Message(m) => m,
         };
         let Some(resp) = message? else {
             return Err(etcd_client::Error::WatchError(
@@ -341,26 +371,37 @@ async fn await_delete(
             return Ok(());
         }
         if resp.created() {
+            // etcd's header here is the revision it registered the watch at.
             let watched_from = resp.header().map_or(i64::MAX, |h| h.revision());
+            window = Some((later(Instant::now(), unsynced_for), watched_from));
+            look_at = next_look(window);
             // The store moved on between the read and the watch: the predecessor may have
             // gone (or left and come back behind us) in between.
-            if watched_from > watched.read_at && predecessor_gone(session, client, watched).await? {
-                return Ok(());
+            if watched_from > watched.read_at {
+                let seen = look_at_key(session, client, watched).await?;
+                if seen.gone {
+                    return Ok(());
+                }
+                if seen.revision == watched_from {
+                    look_at = None;
+                }
             }
-            look_at = next_look();
         }
     }
 }
 
-/// Whether the key a waiter watches is gone (or is another key of the same name now).
-async fn predecessor_gone(
+/// Reads the key a waiter watches.
+async fn look_at_key(
     session: &Session,
     client: &mut etcd_client::Client,
     watched: &Watched,
-) -> Result<bool, etcd_client::Error> {
+) -> Result<Seen, etcd_client::Error> {
     session.count_get();
     let now = client.get(watched.key.as_slice(), None).await?;
-    Ok(now.kvs().first().map(|kv| kv.create_revision()) != Some(watched.created))
+    Ok(Seen {
+        gone: now.kvs().first().map(|kv| kv.create_revision()) != Some(watched.created),
+        revision: now.header().map_or(0, |h| h.revision()),
+    })
 }
 
 /// One acquisition: wait for this provider's turn on the name, then contend on etcd.
@@ -699,9 +740,12 @@ impl Drop for EtcdHold {
 mod tests {
     use super::*;
 
-    /// A waiter whose watch holds the delete back (as etcd's unsynced group does for up to
-    /// 100 ms) still sees its predecessor go, by looking at it: here the watch is of another
-    /// key, which never changes, so only the waiter's own look can end the wait.
+    /// A waiter whose watch holds the delete back (as etcd's unsynced group does, typically
+    /// for up to 100 ms) still sees its predecessor go, by looking at it: here the watch is of
+    /// another key, which never changes, and the read the waiter started from is taken as the
+    /// newest (so the check when the watch is created does not look), so only the waiter's
+    /// looks can end the wait. The predecessor lives in a lease of its own, which ends it if
+    /// the test stops half-way.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_sees_its_predecessor_go_while_its_watch_is_silent() -> Result<(), String> {
         let Some(url) = dlock_conformance::service_url("DLOCK_ETCD_URL") else {
@@ -717,7 +761,11 @@ mod tests {
             .as_nanos();
         let base = format!("dlock-test/silent-watch/{}-{nanos}", std::process::id());
         let key = format!("{base}/predecessor");
-        let put = client.put(key.as_str(), "", None).await.map_err(etcd)?;
+        let lease = client.lease_grant(60, None).await.map_err(etcd)?.id();
+        let put = client
+            .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .map_err(etcd)?;
         let created = put.header().map_or(0, |h| h.revision());
         let mut stream = client
             .watch(
@@ -726,23 +774,25 @@ mod tests {
             )
             .await
             .map_err(etcd)?;
+        // Gone before the waiter starts: only a look can tell it.
+        client.delete(key.as_str(), None).await.map_err(etcd)?;
         let watched = Watched {
             key: key.clone().into_bytes(),
             created,
-            read_at: created,
+            read_at: i64::MAX,
         };
         let waiter = {
             let (session, mut client) = (Arc::clone(&session), session.client());
-            // Looks for as long as the test runs.
-            let until = later(Instant::now(), Duration::from_secs(3600));
             tokio::spawn(async move {
-                await_delete(&session, &mut client, &mut stream, &watched, until).await
+                // Looks for as long as the test runs.
+                let window = Duration::from_secs(3600);
+                await_delete(&session, &mut client, &mut stream, &watched, window).await
             })
         };
-        client.delete(key.as_str(), None).await.map_err(etcd)?;
-        let woke = tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .map_err(|_| "the waiter did not see its predecessor go within 10 s".to_string())?;
+        let woke = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        drop(client.lease_revoke(lease).await);
+        let woke =
+            woke.map_err(|_| "the waiter did not see its predecessor go within 10 s".to_string())?;
         woke.map_err(|e| e.to_string())?.map_err(etcd)?;
         let stats = session.stats();
         if stats.wakeups != 0 || stats.gets == 0 {
