@@ -295,14 +295,16 @@ enum Next {
 struct Seen {
     /// The key is gone (or is another key of the same name now).
     gone: bool,
-    /// The store's revision when it was read.
-    revision: i64,
+    /// The store's revision when it was read (`None`: the answer had no header).
+    revision: Option<i64>,
 }
 
 /// Waits on `stream` (a watch of `watched`) until the key is deleted. For `unsynced_for`
 /// after the watch was created (while etcd may hold its events back) it also looks at the
-/// key every [`LOOK_EVERY`], racing the watch: a look that fails, or is slow, holds nothing
-/// back and ends nothing (the watch goes on). A look that finds the store still at the
+/// key [`LOOK_EVERY`] after the last look, racing the watch: a look that fails, or is slow,
+/// holds nothing back and ends nothing (the watch goes on). The one look made when the watch
+/// is created (if the store moved on since the read), which alone can see a delete made
+/// before the watch, is not raced, and its failure ends the wait as a watch's does. A look that finds the store still at the
 /// revision the watch was created at proves the watch was never held back (no write
 /// committed while etcd registered it), and ends the looking.
 async fn await_delete(
@@ -312,11 +314,12 @@ async fn await_delete(
     watched: &Watched,
     unsynced_for: Duration,
 ) -> Result<(), etcd_client::Error> {
-    // The end of the looking, and the revision the watch was created at, once it was.
-    let mut window: Option<(Instant, i64)> = None;
+    // The end of the looking, and the revision the watch was created at (if etcd said), once
+    // it was.
+    let mut window: Option<(Instant, Option<i64>)> = None;
     // When to look at the key next.
     let mut look_at: Option<Instant> = None;
-    let next_look = |window: Option<(Instant, i64)>| {
+    let next_look = |window: Option<(Instant, Option<i64>)>| {
         let (until, _) = window?;
         Some(later(Instant::now(), LOOK_EVERY)).filter(|at| *at < until)
     };
@@ -338,7 +341,7 @@ async fn await_delete(
         };
         let message = match next {
             Next::Looked(Ok(seen)) if seen.gone => return Ok(()),
-            Next::Looked(Ok(seen)) if window.is_some_and(|(_, from)| seen.revision == from) => {
+            Next::Looked(Ok(seen)) if window.is_some_and(|(_, from)| unchanged(seen, from)) => {
                 look_at = None;
                 continue;
             }
@@ -371,18 +374,18 @@ async fn await_delete(
             return Ok(());
         }
         if resp.created() {
-            // etcd's header here is the revision it registered the watch at.
-            let watched_from = resp.header().map_or(i64::MAX, |h| h.revision());
+            // etcd's header here is the revision it read right before registering the watch.
+            let watched_from = resp.header().map(|h| h.revision());
             window = Some((later(Instant::now(), unsynced_for), watched_from));
             look_at = next_look(window);
             // The store moved on between the read and the watch: the predecessor may have
             // gone (or left and come back behind us) in between.
-            if watched_from > watched.read_at {
+            if watched_from.is_none_or(|from| from > watched.read_at) {
                 let seen = look_at_key(session, client, watched).await?;
                 if seen.gone {
                     return Ok(());
                 }
-                if seen.revision == watched_from {
+                if unchanged(seen, watched_from) {
                     look_at = None;
                 }
             }
@@ -390,7 +393,15 @@ async fn await_delete(
     }
 }
 
-/// Reads the key a waiter watches.
+/// Whether a look found the store at the revision a watch was created at: no write came in
+/// between, so etcd registered the watch at the store's revision and never held it back.
+fn unchanged(seen: Seen, watched_from: Option<i64>) -> bool {
+    seen.revision.is_some() && seen.revision == watched_from
+}
+
+/// Reads the key a waiter watches. The read must stay linearizable (etcd's default): a look
+/// that found the store at the watch's revision proves that no write came in between only
+/// if it saw every write committed before it was sent.
 async fn look_at_key(
     session: &Session,
     client: &mut etcd_client::Client,
@@ -400,7 +411,7 @@ async fn look_at_key(
     let now = client.get(watched.key.as_slice(), None).await?;
     Ok(Seen {
         gone: now.kvs().first().map(|kv| kv.create_revision()) != Some(watched.created),
-        revision: now.header().map_or(0, |h| h.revision()),
+        revision: now.header().map(|h| h.revision()),
     })
 }
 

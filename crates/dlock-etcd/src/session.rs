@@ -30,8 +30,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct EtcdStats {
     /// Transactions (acquire, check, release, renewal).
     pub txns: u64,
-    /// Range reads (a waiter's look for its predecessor, and its looks at that key for the
-    /// first 150 ms of its watch while etcd may hold the watch back; `describe`).
+    /// Range reads (a waiter's look for its predecessor; its looks at that key once its watch
+    /// is created, if the store moved on meanwhile, and then every 20 ms for 150 ms, until
+    /// one shows that no write came in between; `describe`).
     pub gets: u64,
     /// Watches opened (one per wait for a predecessor's delete).
     pub watches: u64,
