@@ -304,9 +304,9 @@ struct Seen {
 /// key [`LOOK_EVERY`] after the last look, racing the watch: a look that fails, or is slow,
 /// holds nothing back and ends nothing (the watch goes on). The one look made when the watch
 /// is created (if the store moved on since the read), which alone can see a delete made
-/// before the watch, is not raced, and its failure ends the wait as a watch's does. A look that finds the store still at the
-/// revision the watch was created at proves the watch was never held back (no write
-/// committed while etcd registered it), and ends the looking.
+/// before the watch, is not raced, and its failure ends the wait as a watch's does. A look
+/// that finds the store still at the revision the watch was created at proves the watch was
+/// never held back (no write committed while etcd registered it), and ends the looking.
 async fn await_delete(
     session: &Session,
     client: &mut etcd_client::Client,

@@ -96,7 +96,7 @@ async fn timed(
     let _ = (cycles, ns, start); // unused when no server backend is compiled in
     // Only a SQL for-update lock has a row lock to measure alone (decided before connecting).
     let for_update = matches!(scheme, "mysql" | "mariadb" | "postgres" | "postgresql")
-        && url.contains("strategy=for-update");
+        && strategy_of(url) == "for-update";
     if floor == Floor::LockOnly && !for_update {
         return Ok(None);
     }
@@ -399,7 +399,6 @@ async fn any_floor(
 }
 
 /// The strategy a SQL store's URL names (`unique-insert` when it names none).
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 fn strategy_of(url: &str) -> &str {
     url.split_once('?')
         .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("strategy=")))
