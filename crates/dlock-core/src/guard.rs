@@ -21,6 +21,17 @@ use crate::name::{FencingToken, LockName};
 use crate::options::Lease;
 use crate::time::later;
 
+/// Runs `fut` inside `span`, or as it is when no subscriber wants the span: a disabled span
+/// still costs a check on every poll (and with `tracing`'s `log` feature, a call into `log`),
+/// which on an uncontended lock's hot path is measurable (docs/benchmarks.md).
+pub(crate) async fn in_span<F: Future>(span: &tracing::Span, fut: F) -> F::Output {
+    if span.is_disabled() {
+        fut.await
+    } else {
+        fut.instrument(span.clone()).await
+    }
+}
+
 /// Locks a std mutex, ignoring poisoning: every critical section in this crate leaves the data
 /// consistent, so a panic elsewhere is no reason to panic here.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -656,7 +667,7 @@ impl LockGuard {
         let span = tracing::debug_span!("dlock.release", backend = shared.backend, kind = %shared.kind, lock = %self.name);
         let mut pending = PendingRelease(Some(shared));
         let result = match &pending.0 {
-            Some(shared) => shared.release_remote().instrument(span).await,
+            Some(shared) => in_span(&span, shared.release_remote()).await,
             None => Ok(()),
         };
         pending.0 = None;

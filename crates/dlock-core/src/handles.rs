@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, Shared, lock};
+use crate::guard::{LockGuard, Shared, in_span, lock};
 use crate::loss::LockKind;
 use crate::metrics;
 use crate::name::LockName;
@@ -242,15 +241,22 @@ where
 {
     let span = acquire_span(info, kind);
     let started = Instant::now();
-    let result = acquire.instrument(span.clone()).await;
+    let result = in_span(&span, acquire).await;
     let took = started.elapsed();
-    span.record(
-        "waited_ms",
-        u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-    );
+    // Recorded only where a subscriber keeps the span (a record on a disabled one still
+    // formats its fields for `log`).
+    let traced = !span.is_disabled();
+    if traced {
+        span.record(
+            "waited_ms",
+            u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        );
+    }
     let outcome = match &result {
         Ok(Some(guard)) => {
-            span.record("token", guard.fencing_token().get());
+            if traced {
+                span.record("token", guard.fencing_token().get());
+            }
             "acquired"
         }
         Ok(None) => "timeout",
@@ -259,7 +265,9 @@ where
             "error"
         }
     };
-    span.record("outcome", outcome);
+    if traced {
+        span.record("outcome", outcome);
+    }
     metrics::acquired(info.backend, kind, outcome, took);
     result
 }

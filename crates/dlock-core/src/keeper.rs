@@ -21,7 +21,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -81,8 +80,10 @@ pub(crate) struct Starter {
 enum Job {
     /// A hold's keeper.
     Keeper(Weak<Shared>),
-    /// A backend's task ([`spawn_at`]).
-    Task(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// A backend's task ([`spawn_at`]): what makes and spawns it on the runtime given. The
+    /// task itself is made only when it starts, since most never do (a future is often many
+    /// times the size of what it is made from, and would be moved and boxed for nothing).
+    Task(Box<dyn FnOnce(&Handle) + Send>),
 }
 
 struct Queue {
@@ -164,6 +165,7 @@ async fn starts(starter: &Starter) {
             q.alarm = q.holds.keys().next().map(|(at, _)| *at);
             (due, q.alarm)
         };
+        let here = Handle::try_current().ok();
         for (key, job) in due {
             match job {
                 Job::Keeper(shared) => {
@@ -171,7 +173,11 @@ async fn starts(starter: &Starter) {
                         shared.start_waiting_keeper(key);
                     }
                 }
-                Job::Task(task) => drop(tokio::spawn(task)),
+                Job::Task(start) => {
+                    if let Some(here) = &here {
+                        start(here);
+                    }
+                }
             }
         }
         match alarm {
@@ -234,17 +240,18 @@ impl fmt::Debug for Later {
     }
 }
 
-/// Spawns `task` on the current runtime at `at`, unless the returned [`Later`] is dropped
-/// before. Starts due within 50 ms of each other are made together, so a task may start up
-/// to 50 ms early; a task that must not run before a time checks it itself.
+/// Spawns the task `make` makes on the current runtime at `at`, unless the returned
+/// [`Later`] is dropped before. Starts due within 50 ms of each other are made together, so a
+/// task may start up to 50 ms early; a task that must not run before a time checks it itself.
 ///
 /// For a task a hold needs only if it lives long, such as a check of its connection between
 /// renewals: most holds are released within milliseconds, and one released before `at`
 /// costs no task (a spawned task costs two wake-ups of a worker thread, and an abort one
-/// more). One task per runtime starts them all, the task that starts the holds' keepers.
+/// more) and not even its future: `make` is called only when the task starts. One task per
+/// runtime starts them all, the task that starts the holds' keepers.
 ///
-/// Outside a runtime `task` is dropped (there is nothing to run it on); in a runtime that is
-/// shutting down it is spawned at once, which drops it.
+/// Outside a runtime `make` is dropped uncalled (there is nothing to run the task on); in a
+/// runtime that is shutting down the task is spawned at once, which drops it.
 ///
 /// ```
 /// use std::time::Duration;
@@ -253,30 +260,32 @@ impl fmt::Debug for Later {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let (tx, rx) = tokio::sync::oneshot::channel();
-/// let check = spawn_at(from_now(Duration::from_millis(10)), async move {
+/// let check = spawn_at(from_now(Duration::from_millis(10)), move || async move {
 ///     let _ = tx.send("checked");
 /// });
 /// assert_eq!(rx.await, Ok("checked"));
 /// drop(check);
 ///
-/// // Dropped before its time: never spawned.
+/// // Dropped before its time: never made, never spawned.
 /// let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-/// drop(spawn_at(from_now(Duration::from_secs(60)), async move { drop(tx) }));
+/// drop(spawn_at(from_now(Duration::from_secs(60)), move || async move { drop(tx) }));
 /// assert!(rx.await.is_err());
 /// # }
 /// ```
-pub fn spawn_at<F>(at: Instant, task: F) -> Later
+pub fn spawn_at<M, F>(at: Instant, make: M) -> Later
 where
+    M: FnOnce() -> F + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
     let Ok(runtime) = Handle::try_current() else {
         return Later(None);
     };
-    match enqueue(&runtime, at, Job::Task(Box::pin(task))) {
+    let start = move |runtime: &Handle| drop(runtime.spawn(make()));
+    match enqueue(&runtime, at, Job::Task(Box::new(start))) {
         Ok(waiting) => Later(Some(waiting)),
         Err(job) => {
-            if let Job::Task(task) = job {
-                drop(runtime.spawn(task));
+            if let Job::Task(start) = job {
+                start(&runtime);
             }
             Later(None)
         }

@@ -21,7 +21,7 @@ fn tasks() -> usize {
 async fn a_task_spawned_later_runs_at_its_time() -> Result<()> {
     let (tx, mut rx) = oneshot::channel();
     let started = tokio::time::Instant::now();
-    let _task = spawn_at(from_now(Duration::from_secs(1)), async move {
+    let _task = spawn_at(from_now(Duration::from_secs(1)), move || async move {
         let _ = tx.send(tokio::time::Instant::now());
     });
     // The clock is paused: moved by hand to just before the task's time.
@@ -44,7 +44,7 @@ async fn a_task_spawned_later_runs_at_its_time() -> Result<()> {
 #[tokio::test(start_paused = true)]
 async fn a_task_dropped_before_its_time_is_never_spawned() -> Result<()> {
     // The runtime's starter, spawned with the first task.
-    drop(spawn_at(from_now(Duration::from_secs(60)), async {}));
+    drop(spawn_at(from_now(Duration::from_secs(60)), move || async {}));
     let before = tasks();
     let polled = Arc::new(AtomicUsize::new(0));
     let mut receivers = Vec::new();
@@ -52,10 +52,13 @@ async fn a_task_dropped_before_its_time_is_never_spawned() -> Result<()> {
     for _ in 0..100 {
         let (tx, rx) = oneshot::channel::<()>();
         let polled = Arc::clone(&polled);
-        handles.push(spawn_at(from_now(Duration::from_secs(1)), async move {
-            polled.fetch_add(1, Ordering::SeqCst);
-            drop(tx);
-        }));
+        handles.push(spawn_at(
+            from_now(Duration::from_secs(1)),
+            move || async move {
+                polled.fetch_add(1, Ordering::SeqCst);
+                drop(tx);
+            },
+        ));
         receivers.push(rx);
     }
     assert_eq!(tasks(), before, "tasks spawned before their time");
@@ -77,7 +80,7 @@ async fn a_task_started_runs_on_when_its_handle_is_dropped() -> Result<()> {
     let (started_tx, started_rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();
     let wait = Arc::clone(&go);
-    let task = spawn_at(from_now(Duration::from_millis(100)), async move {
+    let task = spawn_at(from_now(Duration::from_millis(100)), move || async move {
         let _ = started_tx.send(());
         wait.notified().await;
         let _ = done_tx.send(());
@@ -96,9 +99,12 @@ async fn a_task_started_runs_on_when_its_handle_is_dropped() -> Result<()> {
 #[test]
 fn a_task_spawned_later_outside_a_runtime_is_dropped() {
     let (tx, mut rx) = oneshot::channel::<()>();
-    drop(spawn_at(from_now(Duration::from_millis(1)), async move {
-        drop(tx);
-    }));
+    drop(spawn_at(
+        from_now(Duration::from_millis(1)),
+        move || async move {
+            drop(tx);
+        },
+    ));
     assert!(matches!(
         rx.try_recv(),
         Err(oneshot::error::TryRecvError::Closed)

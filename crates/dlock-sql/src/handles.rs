@@ -353,12 +353,13 @@ impl SqlMutex {
                 })?;
             // Checked between renewals from a period on; a hold released before then (most
             // are) never starts the watcher.
-            let conn = conn.watched(watch_period(lease_for_watch), |me| {
+            let (watched, inner) = (Arc::clone(&holds), Arc::clone(&attempt.inner));
+            let conn = conn.watched(watch_period(lease_for_watch), move |me| {
                 watch(
                     me,
-                    Arc::clone(&holds),
+                    watched,
                     lease_for_watch,
-                    attempt.inner.hold_timeout().to_owned(),
+                    inner.hold_timeout().to_owned(),
                 )
             });
             let hold = match key {

@@ -1206,11 +1206,12 @@ impl Pinned {
     /// reference to the connection (it must not keep it alive).
     pub(crate) fn watched<W, F>(mut self, period: Duration, watcher: W) -> HoldingConnection
     where
-        W: FnOnce(Weak<tokio::sync::Mutex<Self>>) -> F,
+        W: FnOnce(Weak<tokio::sync::Mutex<Self>>) -> F + Send + 'static,
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         Arc::new_cyclic(|me| {
-            self.watcher = Some(spawn_at(from_now(period), watcher(Weak::clone(me))));
+            let me = Weak::clone(me);
+            self.watcher = Some(spawn_at(from_now(period), move || watcher(me)));
             tokio::sync::Mutex::new(self)
         })
     }

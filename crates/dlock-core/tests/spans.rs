@@ -1,0 +1,121 @@
+//! The `dlock.acquire` and `dlock.release` spans: where a subscriber keeps them, the
+//! acquisition's outcome, token and wait are recorded on its span (the core skips them, and
+//! the span, only where no subscriber wants the span).
+
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock_core::backend::{HandleInfo, Hold, Lock, NewHold, RawLock, Request};
+use dlock_core::{
+    DistributedLock, FencingToken, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
+};
+use tokio::time::Instant;
+use tracing_subscriber::fmt::format::FmtSpan;
+
+#[derive(Debug)]
+struct Yes;
+
+#[async_trait]
+impl Hold for Yes {
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn extend(&self, _: Duration) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Grants every acquisition at once, with token 7.
+#[derive(Debug, Clone)]
+struct Store;
+
+#[async_trait]
+impl RawLock for Store {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        Ok(Some(LockGuard::new(NewHold::new(
+            "test",
+            LockKind::Mutex,
+            req.name.clone(),
+            FencingToken::new(7),
+            req.options.lease,
+            Instant::now(),
+            Arc::new(Yes),
+        ))))
+    }
+}
+
+/// What the subscriber wrote.
+#[derive(Clone, Default)]
+struct Written(Arc<Mutex<Vec<u8>>>);
+
+impl Written {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+}
+
+impl io::Write for Written {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One acquire and release under a subscriber that keeps spans up to `level`; what it wrote.
+async fn cycle_under(level: tracing::Level) -> Result<String> {
+    let written = Written::default();
+    let out = written.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_ansi(false)
+        .with_writer(move || out.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let name = LockName::new("spans")?;
+    let lock = Lock::new(
+        HandleInfo::new("test", "test://", name, LockOptions::default()),
+        Store,
+    );
+    lock.acquire().await?.release().await?;
+    Ok(written.text())
+}
+
+#[tokio::test]
+async fn a_kept_span_records_how_the_acquisition_ended() -> Result<()> {
+    let text = cycle_under(tracing::Level::DEBUG).await?;
+    let acquire = text
+        .lines()
+        .find(|l| l.contains("dlock.acquire{"))
+        .unwrap_or_default();
+    for field in [
+        "outcome=\"acquired\"",
+        "token=7",
+        "waited_ms=",
+        "lock=spans",
+    ] {
+        assert!(acquire.contains(field), "{field} missing from {text:?}");
+    }
+    assert!(
+        text.contains("dlock.release{"),
+        "no release span in {text:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_span_no_subscriber_wants_is_skipped() -> Result<()> {
+    let text = cycle_under(tracing::Level::INFO).await?;
+    assert!(
+        !text.contains("dlock."),
+        "a debug span was written: {text:?}"
+    );
+    Ok(())
+}
