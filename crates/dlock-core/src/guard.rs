@@ -21,14 +21,21 @@ use crate::name::{FencingToken, LockName};
 use crate::options::Lease;
 use crate::time::later;
 
-/// Runs `fut` inside `span`, or as it is when no subscriber wants the span: a disabled span
-/// still costs a check on every poll (and with `tracing`'s `log` feature, a call into `log`),
-/// which on an uncontended lock's hot path is measurable (docs/benchmarks.md).
+/// Whether `span` is worth entering and recording: a subscriber keeps it, or no `tracing`
+/// dispatcher was ever set, where `tracing`'s `log` feature (which sqlx turns on) hands its
+/// enters and records to the `log` crate, as `tracing`'s own macros decide.
+pub(crate) fn kept(span: &tracing::Span) -> bool {
+    !span.is_disabled() || !tracing::dispatcher::has_been_set()
+}
+
+/// Runs `fut` inside `span`, or as it is when the span is not [`kept`]: a span a subscriber
+/// disabled still costs a check of the `log` crate on each enter and exit of every poll,
+/// measurable on an uncontended lock's hot path (docs/benchmarks.md).
 pub(crate) async fn in_span<F: Future>(span: &tracing::Span, fut: F) -> F::Output {
-    if span.is_disabled() {
-        fut.await
-    } else {
+    if kept(span) {
         fut.instrument(span.clone()).await
+    } else {
+        fut.await
     }
 }
 

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, Shared, in_span, lock};
+use crate::guard::{LockGuard, Shared, in_span, kept, lock};
 use crate::loss::LockKind;
 use crate::metrics;
 use crate::name::LockName;
@@ -243,9 +243,9 @@ where
     let started = Instant::now();
     let result = in_span(&span, acquire).await;
     let took = started.elapsed();
-    // Recorded only where a subscriber keeps the span (a record on a disabled one still
-    // formats its fields for `log`).
-    let traced = !span.is_disabled();
+    // Recorded only where the span is kept (a record on a span a subscriber disabled is
+    // work for nothing).
+    let traced = kept(&span);
     if traced {
         span.record(
             "waited_ms",

@@ -228,7 +228,7 @@ fn enqueue(runtime: &Handle, at: Instant, job: Job) -> Result<Waiting, Job> {
 }
 
 /// A task that [`spawn_at`] spawns at its time. Dropped before the starter took it, the task
-/// is dropped unpolled and never spawned; dropped after, the task runs on (it is detached).
+/// is never made nor spawned; dropped after, the task runs on (it is detached).
 #[must_use = "dropping it cancels the task if it has not started yet"]
 pub struct Later(Option<Waiting>);
 
@@ -250,8 +250,9 @@ impl fmt::Debug for Later {
 /// more) and not even its future: `make` is called only when the task starts. One task per
 /// runtime starts them all, the task that starts the holds' keepers.
 ///
-/// Outside a runtime `make` is dropped uncalled (there is nothing to run the task on); in a
-/// runtime that is shutting down the task is spawned at once, which drops it.
+/// `make` is called at the start of the new task (what it reads of its context, such as the
+/// current span, is that task's: capture it outside). Outside a runtime, or in a runtime that
+/// is shutting down, `make` is dropped uncalled (there is nothing to run the task on).
 ///
 /// ```
 /// use std::time::Duration;
@@ -280,15 +281,13 @@ where
     let Ok(runtime) = Handle::try_current() else {
         return Later(None);
     };
-    let start = move |runtime: &Handle| drop(runtime.spawn(make()));
+    // The task is made in a task of its own, not in the starter's loop: whatever making it
+    // does (even a panic) stays out of the starter, which starts every keeper of the runtime.
+    let start = move |runtime: &Handle| drop(runtime.spawn(async move { make().await }));
     match enqueue(&runtime, at, Job::Task(Box::new(start))) {
         Ok(waiting) => Later(Some(waiting)),
-        Err(job) => {
-            if let Job::Task(start) = job {
-                start(&runtime);
-            }
-            Later(None)
-        }
+        // A runtime that is shutting down would drop the task unpolled.
+        Err(_) => Later(None),
     }
 }
 

@@ -73,6 +73,26 @@ async fn a_task_dropped_before_its_time_is_never_spawned() -> Result<()> {
     Ok(())
 }
 
+/// A task whose making panics ends that task alone: the runtime's starter, which starts every
+/// later task and keeper, goes on.
+#[tokio::test(start_paused = true)]
+async fn a_task_that_panics_while_made_stops_no_other() -> Result<()> {
+    let _bad = spawn_at(
+        from_now(Duration::from_millis(100)),
+        || -> std::future::Ready<()> { panic!("made badly, on purpose") },
+    );
+    let (tx, rx) = oneshot::channel();
+    let _good = spawn_at(from_now(Duration::from_secs(1)), move || async move {
+        let _ = tx.send(());
+    });
+    // The clock is paused: it moves on by itself while every task waits.
+    tokio::time::timeout(Duration::from_secs(5), rx)
+        .await
+        .map_err(Error::config)?
+        .map_err(|_| Error::config("the later task was dropped: the starter died"))?;
+    Ok(())
+}
+
 /// A task whose handle is dropped after it started runs on to its end.
 #[tokio::test(start_paused = true)]
 async fn a_task_started_runs_on_when_its_handle_is_dropped() -> Result<()> {

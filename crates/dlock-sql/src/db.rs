@@ -631,8 +631,9 @@ impl Row {
     /// An integer column (MySQL's unsigned ones too, such as `CONNECTION_ID()`, if they fit).
     ///
     /// The width is chosen from the column's type, not by trying one and falling back: a
-    /// failed `try_get` builds an error with a formatted message, which on the hot path (two
-    /// integer columns a cycle) cost more client CPU than the rest of the row's decoding.
+    /// failed `try_get` builds an error with a formatted message, which on the hot path (the
+    /// answer of PostgreSQL's advisory unlock, an `int4`, every cycle) cost more client CPU
+    /// than the rest of the row's decoding.
     pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
         use sqlx::Row as _;
         match *self {
