@@ -21,21 +21,29 @@ use crate::name::{FencingToken, LockName};
 use crate::options::Lease;
 use crate::time::later;
 
-/// Whether `span` is worth entering and recording: a subscriber keeps it, or no `tracing`
-/// dispatcher was ever set, where `tracing`'s `log` feature (which sqlx turns on) hands its
-/// enters and records to the `log` crate, as `tracing`'s own macros decide.
+/// Whether `span` (one of dlock's, all at debug level) is worth entering and recording: a
+/// subscriber keeps it, or no `tracing` dispatcher was ever set and a `log` logger takes
+/// debug records, to which `tracing`'s `log` feature (which sqlx turns on) then hands the
+/// span's enters and records, as `tracing`'s own macros decide.
 pub(crate) fn kept(span: &tracing::Span) -> bool {
-    !span.is_disabled() || !tracing::dispatcher::has_been_set()
+    !span.is_disabled()
+        || (!tracing::dispatcher::has_been_set() && log::max_level() >= log::LevelFilter::Debug)
 }
 
 /// Runs `fut` inside `span`, or as it is when the span is not [`kept`]: a span a subscriber
 /// disabled still costs a check of the `log` crate on each enter and exit of every poll,
-/// measurable on an uncontended lock's hot path (docs/benchmarks.md).
-pub(crate) async fn in_span<F: Future>(span: &tracing::Span, fut: F) -> F::Output {
+/// measurable on an uncontended lock's hot path (docs/benchmarks.md). (A function returning
+/// the future, not an `async fn`, which would keep `fut` twice; see [`Deadline::run`].)
+///
+/// [`Deadline::run`]: crate::time::Deadline::run
+pub(crate) fn in_span<F: Future>(
+    span: &tracing::Span,
+    fut: F,
+) -> futures::future::Either<tracing::instrument::Instrumented<F>, F> {
     if kept(span) {
-        fut.instrument(span.clone()).await
+        futures::future::Either::Left(fut.instrument(span.clone()))
     } else {
-        fut.await
+        futures::future::Either::Right(fut)
     }
 }
 
@@ -751,5 +759,23 @@ impl fmt::Debug for LockGuard {
             .field("token", &self.token)
             .field("state", &self.state())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kept;
+
+    /// No `tracing` dispatcher is ever set in this test binary: a span is kept for the `log`
+    /// crate only where a logger takes debug records.
+    #[test]
+    fn without_a_subscriber_a_span_is_kept_only_for_a_debug_logger() {
+        assert!(!tracing::dispatcher::has_been_set(), "a dispatcher was set");
+        let span = tracing::debug_span!("dlock.test");
+        log::set_max_level(log::LevelFilter::Info);
+        assert!(!kept(&span), "kept for a logger at info");
+        log::set_max_level(log::LevelFilter::Debug);
+        assert!(kept(&span), "not kept for a logger at debug");
+        log::set_max_level(log::LevelFilter::Off);
     }
 }

@@ -234,14 +234,17 @@ fn guard_lease(guard: &LockGuard) -> String {
 /// call, so `try_acquire(wait)` returns by `wait` plus this).
 pub const CALL_GRACE: Duration = Duration::from_secs(2);
 
-/// Runs one acquisition inside its span and records how it ended.
-async fn traced<F>(info: &HandleInfo, kind: LockKind, acquire: F) -> Result<Option<LockGuard>>
+/// Runs the acquisition `acquire` makes inside its span and records how it ended. (It takes
+/// what makes the acquisition, not the acquisition: an `async fn` keeps a future it is given
+/// beside the one it awaits, see [`Deadline::run`].)
+async fn traced<M, F>(info: &HandleInfo, kind: LockKind, acquire: M) -> Result<Option<LockGuard>>
 where
+    M: FnOnce() -> F,
     F: Future<Output = Result<Option<LockGuard>>>,
 {
     let span = acquire_span(info, kind);
     let started = Instant::now();
-    let result = in_span(&span, acquire).await;
+    let result = in_span(&span, acquire()).await;
     let took = started.elapsed();
     // Recorded only where the span is kept (a record on a span a subscriber disabled is
     // work for nothing).
@@ -319,7 +322,7 @@ impl<R: RawLock> Lock<R> {
 
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let req = self.info.request(deadline);
-        traced(&self.info, LockKind::Mutex, async {
+        traced(&self.info, LockKind::Mutex, || async {
             let remote = || live(deadline, || self.raw.acquire(&req));
             if self.info.options.reentrant {
                 self.reentrancy.acquire(deadline, remote).await
@@ -404,7 +407,7 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
             }
             Ok(guard)
         };
-        traced(&self.info, LockKind::Read, async {
+        traced(&self.info, LockKind::Read, || async {
             if self.info.options.reentrant {
                 self.read.acquire(deadline, remote).await
             } else {
@@ -431,7 +434,7 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
             }
             Ok(guard)
         };
-        traced(&self.info, LockKind::Write, async {
+        traced(&self.info, LockKind::Write, || async {
             if self.info.options.reentrant {
                 self.write.acquire(deadline, remote).await
             } else {
@@ -499,11 +502,9 @@ impl<R: RawSemaphore> Semaphore<R> {
 
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let req = self.info.request(deadline);
-        traced(
-            &self.info,
-            LockKind::Permit,
-            live(deadline, || self.raw.acquire(&req, self.permits)),
-        )
+        traced(&self.info, LockKind::Permit, || {
+            live(deadline, || self.raw.acquire(&req, self.permits))
+        })
         .await
     }
 }

@@ -8,6 +8,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::FutureExt as _;
+use futures::future::Either;
+
 use tokio::time::Instant;
 
 /// About thirty years: what [`later`] returns past the start when the sum does not fit. Far
@@ -109,10 +112,14 @@ impl Deadline {
     }
 
     /// Runs `fut` until the deadline: `None` if the deadline came first.
-    pub async fn run<F: Future>(self, fut: F) -> Option<F::Output> {
+    ///
+    /// A plain function returning the future, not an `async fn`: an `async fn` keeps the
+    /// future it was given beside the one it awaits, doubling its size at every layer that
+    /// wraps another (an acquisition passes through several).
+    pub fn run<F: Future>(self, fut: F) -> impl Future<Output = Option<F::Output>> {
         match self.0 {
-            Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
-            None => Some(fut.await),
+            Some(d) => Either::Left(tokio::time::timeout_at(d, fut).map(Result::ok)),
+            None => Either::Right(fut.map(Some)),
         }
     }
 }
