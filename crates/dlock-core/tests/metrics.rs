@@ -6,26 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dlock_core::backend::{HandleInfo, Hold, Lock, NewHold, RawLock, Request};
-use dlock_core::{
-    DistributedLock, FencingToken, Lease, LockGuard, LockKind, LockName, LockOptions, Result,
-    async_trait,
-};
+use dlock_core::backend::{HandleInfo, Lock, RawLock, Request};
+use dlock_core::{DistributedLock, Lease, LockGuard, LockName, LockOptions, Result, async_trait};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tokio::time::Instant;
 
-#[derive(Debug)]
-struct Yes;
-
-#[async_trait]
-impl Hold for Yes {
-    async fn release(&self) -> Result<()> {
-        Ok(())
-    }
-    async fn extend(&self, _: Duration) -> Result<()> {
-        Ok(())
-    }
-}
+mod support;
 
 /// Grants at once unless `busy`, then waits until the deadline.
 #[derive(Debug, Default)]
@@ -43,15 +28,7 @@ impl RawLock for Store {
             req.deadline.sleep().await;
             return Ok(None);
         }
-        Ok(Some(LockGuard::new(NewHold::new(
-            "test",
-            LockKind::Mutex,
-            req.name.clone(),
-            FencingToken::new(1),
-            req.options.lease,
-            Instant::now(),
-            Arc::new(Yes),
-        ))))
+        Ok(Some(support::granted(req, 1)))
     }
 }
 

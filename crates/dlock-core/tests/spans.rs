@@ -4,27 +4,12 @@
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use dlock_core::backend::{HandleInfo, Hold, Lock, NewHold, RawLock, Request};
-use dlock_core::{
-    DistributedLock, FencingToken, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
-};
-use tokio::time::Instant;
+use dlock_core::backend::{HandleInfo, Lock, RawLock, Request};
+use dlock_core::{DistributedLock, LockGuard, LockName, LockOptions, Result, async_trait};
 use tracing_subscriber::fmt::format::FmtSpan;
 
-#[derive(Debug)]
-struct Yes;
-
-#[async_trait]
-impl Hold for Yes {
-    async fn release(&self) -> Result<()> {
-        Ok(())
-    }
-    async fn extend(&self, _: Duration) -> Result<()> {
-        Ok(())
-    }
-}
+mod support;
 
 /// Grants every acquisition at once, with token 7.
 #[derive(Debug, Clone)]
@@ -34,15 +19,7 @@ struct Store;
 impl RawLock for Store {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
         tracing::info!("the store grants");
-        Ok(Some(LockGuard::new(NewHold::new(
-            "test",
-            LockKind::Mutex,
-            req.name.clone(),
-            FencingToken::new(7),
-            req.options.lease,
-            Instant::now(),
-            Arc::new(Yes),
-        ))))
+        Ok(Some(support::granted(req, 7)))
     }
 }
 
