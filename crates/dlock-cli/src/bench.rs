@@ -634,6 +634,10 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
             }
             let cpu = cpu_time();
             let started = Instant::now();
+            // Every worker starts its cycles once all are spawned: on a fast store the first
+            // one would otherwise run many cycles alone (no contention, no owner switch)
+            // before the last one is spawned.
+            let together = Arc::new(tokio::sync::Barrier::new(clients.len()));
             for (i, p) in clients.into_iter().enumerate() {
                 let name = if one_name {
                     format!("{ns}/w2")
@@ -649,9 +653,11 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                     Arc::clone(&switches),
                 );
                 let me = i as u64;
+                let together = Arc::clone(&together);
                 tasks.push(tokio::spawn(async move {
                     let _client = p; // its connections live as long as the worker
                     let mut h = histogram()?;
+                    together.wait().await;
                     let mut done = 0u64;
                     while done < per && !out_of_time(started, limit) {
                         let t = Instant::now();
