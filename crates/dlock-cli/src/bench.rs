@@ -632,12 +632,9 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 row.skipped = Some("no fair locks".into());
                 return Ok(row);
             }
-            let cpu = cpu_time();
-            let started = Instant::now();
-            // Every worker starts its cycles once all are spawned: on a fast store the first
-            // one would otherwise run many cycles alone (no contention, no owner switch)
-            // before the last one is spawned.
-            let together = Arc::new(tokio::sync::Barrier::new(clients.len()));
+            // Every handle is made before any worker starts: a worker waits for all the
+            // others (below), so none may be missing.
+            let mut workers = Vec::new();
             for (i, p) in clients.into_iter().enumerate() {
                 let name = if one_name {
                     format!("{ns}/w2")
@@ -645,6 +642,15 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                     format!("{ns}/w4/{i}")
                 };
                 let lock = p.lock(&name, LockOptions::default().with_fair(fair))?;
+                workers.push((i, p, lock, histogram()?));
+            }
+            let cpu = cpu_time();
+            let started = Instant::now();
+            // Every worker starts its cycles once all are spawned: on a fast store the first
+            // one would otherwise run many cycles alone (no contention, no owner switch)
+            // before the last one is spawned. Nothing a worker does before it waits can fail.
+            let together = Arc::new(tokio::sync::Barrier::new(workers.len()));
+            for (i, p, lock, mut h) in workers {
                 let (counter, inside, overlaps, last, switches) = (
                     Arc::clone(&counter),
                     Arc::clone(&inside),
@@ -656,7 +662,6 @@ async fn run_workload(target: &Target, workload: Workload, opts: &BenchOpts) -> 
                 let together = Arc::clone(&together);
                 tasks.push(tokio::spawn(async move {
                     let _client = p; // its connections live as long as the worker
-                    let mut h = histogram()?;
                     together.wait().await;
                     let mut done = 0u64;
                     while done < per && !out_of_time(started, limit) {

@@ -24,10 +24,13 @@ use crate::time::later;
 /// Whether `span` (one of dlock's, all at debug level) is worth entering and recording: a
 /// subscriber keeps it, or no `tracing` dispatcher was ever set and a `log` logger takes
 /// debug records, to which `tracing`'s `log` feature (which sqlx turns on) then hands the
-/// span's enters and records, as `tracing`'s own macros decide.
+/// span's enters and records, as `tracing`'s own macros decide. (In a build without that
+/// feature, such a logger gets nothing from the span it keeps: a little work for nothing.)
 pub(crate) fn kept(span: &tracing::Span) -> bool {
     !span.is_disabled()
-        || (!tracing::dispatcher::has_been_set() && log::max_level() >= log::LevelFilter::Debug)
+        || (!tracing::dispatcher::has_been_set()
+            && log::STATIC_MAX_LEVEL >= log::LevelFilter::Debug
+            && log::max_level() >= log::LevelFilter::Debug)
 }
 
 /// Runs `fut` inside `span`, or as it is when the span is not [`kept`]: a span a subscriber

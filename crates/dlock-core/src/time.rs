@@ -111,14 +111,22 @@ impl Deadline {
         }
     }
 
-    /// Runs `fut` until the deadline: `None` if the deadline came first.
+    /// Runs `fut` until the deadline: `None` if the deadline came first. Nothing happens
+    /// until the returned future is first polled (the deadline's timer then belongs to the
+    /// runtime that polls it).
     ///
     /// A plain function returning the future, not an `async fn`: an `async fn` keeps the
     /// future it was given beside the one it awaits, doubling its size at every layer that
     /// wraps another (an acquisition passes through several).
     pub fn run<F: Future>(self, fut: F) -> impl Future<Output = Option<F::Output>> {
         match self.0 {
-            Some(d) => Either::Left(tokio::time::timeout_at(d, fut).map(Result::ok)),
+            // Made at the first poll, as an `async fn` would: `timeout_at` takes the
+            // current runtime's timer when it is called.
+            Some(d) => Either::Left(
+                futures::future::lazy(move |_| tokio::time::timeout_at(d, fut))
+                    .flatten()
+                    .map(Result::ok),
+            ),
             None => Either::Right(fut.map(Some)),
         }
     }
@@ -133,6 +141,18 @@ impl From<Option<Instant>> for Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nothing happens before the first poll: the future may be made outside a runtime and
+    /// run in one (as when `run` was an `async fn`).
+    #[test]
+    fn a_run_is_made_at_its_first_poll() -> std::io::Result<()> {
+        let run = Deadline::after(Duration::from_secs(60)).run(async { 7 });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()?;
+        assert_eq!(rt.block_on(run), Some(7));
+        Ok(())
+    }
 
     #[tokio::test]
     async fn huge_durations_never_panic() {
