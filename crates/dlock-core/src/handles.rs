@@ -246,29 +246,24 @@ where
     let started = Instant::now();
     let result = in_span(&span, acquire()).await;
     let took = started.elapsed();
-    // Recorded only where the span is kept (a record on a span a subscriber disabled is
-    // work for nothing).
-    let traced = kept(&span);
-    if traced {
-        span.record(
-            "waited_ms",
-            u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-        );
-    }
     let outcome = match &result {
-        Ok(Some(guard)) => {
-            if traced {
-                span.record("token", guard.fencing_token().get());
-            }
-            "acquired"
-        }
+        Ok(Some(_)) => "acquired",
         Ok(None) => "timeout",
         Err(e) => {
             tracing::debug!(parent: &span, error = %e, "dlock.acquire failed");
             "error"
         }
     };
-    if traced {
+    // Recorded only where the span is kept (a record on a span a subscriber disabled is
+    // work for nothing).
+    if kept(&span) {
+        span.record(
+            "waited_ms",
+            u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        );
+        if let Ok(Some(guard)) = &result {
+            span.record("token", guard.fencing_token().get());
+        }
         span.record("outcome", outcome);
     }
     metrics::acquired(info.backend, kind, outcome, took);

@@ -80,10 +80,10 @@ pub(crate) struct Starter {
 enum Job {
     /// A hold's keeper.
     Keeper(Weak<Shared>),
-    /// A backend's task ([`spawn_at`]): what makes and spawns it on the runtime given. The
-    /// task itself is made only when it starts, since most never do (a future is often many
-    /// times the size of what it is made from, and would be moved and boxed for nothing).
-    Task(Box<dyn FnOnce(&Handle) + Send>),
+    /// A backend's task ([`spawn_at`]): what spawns it, on the starter's runtime. The task
+    /// itself is made only when it starts, since most never do (a future is often many times
+    /// the size of what it is made from, and would be moved and boxed for nothing).
+    Task(Box<dyn FnOnce() + Send>),
 }
 
 struct Queue {
@@ -165,7 +165,6 @@ async fn starts(starter: &Starter) {
             q.alarm = q.holds.keys().next().map(|(at, _)| *at);
             (due, q.alarm)
         };
-        let here = Handle::try_current().ok();
         for (key, job) in due {
             match job {
                 Job::Keeper(shared) => {
@@ -173,11 +172,7 @@ async fn starts(starter: &Starter) {
                         shared.start_waiting_keeper(key);
                     }
                 }
-                Job::Task(start) => {
-                    if let Some(here) = &here {
-                        start(here);
-                    }
-                }
+                Job::Task(start) => start(),
             }
         }
         match alarm {
@@ -283,7 +278,7 @@ where
     };
     // The task is made in a task of its own, not in the starter's loop: whatever making it
     // does (even a panic) stays out of the starter, which starts every keeper of the runtime.
-    let start = move |runtime: &Handle| drop(runtime.spawn(async move { make().await }));
+    let start = move || drop(tokio::spawn(async move { make().await }));
     match enqueue(&runtime, at, Job::Task(Box::new(start))) {
         Ok(waiting) => Later(Some(waiting)),
         // A runtime that is shutting down would drop the task unpolled.
