@@ -50,6 +50,37 @@ fn snapshot(snapshotter: &metrics_util::debugging::Snapshotter) -> HashMap<Strin
         .collect()
 }
 
+/// Snapshots every 10 ms until the watchdog's renewals reach two (within 10 s): counters and
+/// gauges (both reset by each snapshot) added up across the snapshots, histograms as last
+/// seen.
+async fn until_renewed_twice(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> HashMap<String, DebugValue> {
+    let renewed = "dlock_renewal_total{backend=test,outcome=renewed}";
+    let deadline = dlock_core::backend::Deadline::after(Duration::from_secs(10));
+    let mut seen: HashMap<String, DebugValue> = HashMap::new();
+    loop {
+        for (key, value) in snapshot(snapshotter) {
+            match (seen.get_mut(&key), value) {
+                (Some(DebugValue::Counter(sum)), DebugValue::Counter(n)) => *sum += n,
+                (Some(DebugValue::Gauge(sum)), DebugValue::Gauge(n)) => {
+                    *sum = (sum.into_inner() + n.into_inner()).into();
+                }
+                (_, value) => drop(seen.insert(key, value)),
+            }
+        }
+        if matches!(seen.get(renewed), Some(DebugValue::Counter(n)) if *n >= 2) {
+            return seen;
+        }
+        assert!(
+            !deadline.has_passed(),
+            "no two renewals within 10 s; seen {:?}",
+            seen.keys().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn counter(m: &HashMap<String, DebugValue>, key: &str) -> u64 {
     match m.get(key) {
         Some(DebugValue::Counter(n)) => *n,
@@ -75,9 +106,9 @@ async fn the_documented_metrics_appear_with_their_labels() {
     };
     let watchdog = lock(Lease::watchdog(Duration::from_millis(90)));
     let g = watchdog.acquire().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await; // two renewals, at 30 and 60 ms
-    // (The debugging recorder resets counters and gauges at each snapshot.)
-    let m = snapshot(&snapshotter);
+    // Two renewals (at 30 and 60 ms), awaited with a deadline. The debugging recorder resets
+    // counters and gauges at each snapshot: the snapshots taken meanwhile are added up.
+    let m = until_renewed_twice(&snapshotter).await;
     assert_eq!(
         m.get("dlock_holds{backend=test,kind=mutex}"),
         Some(&DebugValue::Gauge(1.0.into()))
