@@ -31,7 +31,7 @@ pub struct EtcdStats {
     /// Transactions (acquire, check, release, renewal).
     pub txns: u64,
     /// Range reads (a waiter's look for its predecessor; its looks at that key once its watch
-    /// is created, if the store moved on meanwhile, and then every 20 ms for 150 ms, until
+    /// is created, if the store moved on meanwhile, and then every 10 ms for 150 ms, until
     /// one shows that no write came in between; `describe`).
     pub gets: u64,
     /// Watches opened (one per wait for a predecessor's delete).
