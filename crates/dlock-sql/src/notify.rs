@@ -1,6 +1,7 @@
 //! PostgreSQL wake-ups: a release `NOTIFY`s the lock's name on the provider's channel, and
-//! one listening connection per provider (from its first wait on) wakes the waiters of that
-//! name in this process, so a waiter takes a freed lock at once instead of at its next poll.
+//! one listening connection per provider (from its first wait on, until nobody in the process
+//! has waited on its tables for [`LISTEN_IDLE`]) wakes the waiters of that name in this
+//! process, so a waiter takes a freed lock at once instead of at its next poll.
 //!
 //! Waiters still poll with their capped backoff: a notification lost with the listening
 //! connection, or a holder that died (its row expires, nobody notifies), costs at most one
@@ -14,9 +15,17 @@ use std::time::Duration;
 
 use dlock_core::backend::Backoff;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::wake;
+
+/// How long a provider goes on listening after the last waiter of its tables in this process
+/// stopped waiting. A listening session is sent every release on the tables, waited for or
+/// not, so a provider that listened for ever after one wait would read and drop every other
+/// client's releases for the rest of its life; one that stopped at once would open a session
+/// and say `LISTEN` again at each spell of contention.
+pub(crate) const LISTEN_IDLE: Duration = Duration::from_secs(60);
 
 /// The channel a provider's releases are announced on: one per set of tables.
 pub(crate) fn channel(table: &str) -> String {
@@ -34,53 +43,58 @@ pub(crate) struct Wakeups {
     received: AtomicU64,
     /// Whether the listening session has said `LISTEN` (for tests and diagnostics).
     listening: AtomicBool,
-    /// What the listening task needs, until the first wait starts it.
+    /// What a listening task needs, while none runs: taken by the wait that starts one, put
+    /// back by a task that stops for want of waiters.
     idle: Mutex<Option<Idle>>,
-    /// Whether the listening task was started.
+    /// Whether a listening task runs (set and cleared under `idle`'s lock).
     started: AtomicBool,
+    /// How long a task goes on listening without waiters ([`LISTEN_IDLE`]).
+    idle_after: Duration,
     /// Dropped with the provider: ends the listening task.
-    _stop: oneshot::Sender<()>,
+    stop: watch::Sender<()>,
 }
 
-/// What a listening task not started yet needs.
+/// What a listening task needs.
 #[derive(Debug)]
 struct Idle {
     options: PgConnectOptions,
     channel: String,
-    stopped: oneshot::Receiver<()>,
 }
 
 impl Wakeups {
     /// Wake-ups for `store`, listening on `channel` on a connection of its own (opened with
     /// `options`, and again after it breaks) from the first wait of one of its waiters
-    /// ([`listen`](Self::listen)) for as long as the returned value lives.
+    /// ([`listen`](Self::listen)) until no waiter of `store` has waited in this process for
+    /// `idle_after`, and again from the next wait; never after the returned value is dropped.
     ///
     /// Not before: every release on the channel is sent to every session listening on it,
     /// so a provider that listened from the start would make the server deliver, and its
     /// client read and drop, every release of every other client, waited for or not (eight
     /// providers cycling on their own names made half the cycles of the same statements
     /// without listeners).
-    pub(crate) fn new(options: PgConnectOptions, channel: String, store: String) -> Arc<Self> {
-        let (stop, stopped) = oneshot::channel();
+    pub(crate) fn new(
+        options: PgConnectOptions,
+        channel: String,
+        store: String,
+        idle_after: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             origin: wake::origin(&store),
             store,
             received: AtomicU64::new(0),
             listening: AtomicBool::new(false),
-            idle: Mutex::new(Some(Idle {
-                options,
-                channel,
-                stopped,
-            })),
+            idle: Mutex::new(Some(Idle { options, channel })),
             started: AtomicBool::new(false),
-            _stop: stop,
+            idle_after,
+            stop: watch::channel(()).0,
         })
     }
 
-    /// Starts listening, once, when a waiter of this provider waits: a release announced
-    /// before the `LISTEN` took effect is not lost, since the listening task wakes every
-    /// waiter of the store to look again once it listens. Outside a tokio runtime nothing
-    /// starts (the next wait in one starts it).
+    /// Starts listening, unless a listening task runs, when a waiter of this provider waits
+    /// (called after the waiter registered in [`wake`]): a release announced before the
+    /// `LISTEN` took effect is not lost, since the listening task wakes every waiter of the
+    /// store to look again once it listens. Outside a tokio runtime nothing starts (the next
+    /// wait in one starts it).
     pub(crate) fn listen(self: &Arc<Self>) {
         if self.started.load(Ordering::Acquire) {
             return;
@@ -88,21 +102,39 @@ impl Wakeups {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let Some(idle) = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        else {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(Idle { options, channel }) = idle.take() else {
             return;
         };
         self.started.store(true, Ordering::Release);
-        drop(runtime.spawn(listen(
-            Arc::downgrade(self),
-            idle.options,
-            idle.channel,
-            idle.stopped,
-        )));
+        drop(idle);
+        let stopped = self.stop.subscribe();
+        drop(runtime.spawn(run(Arc::downgrade(self), options, channel, stopped)));
+    }
+
+    /// Whether a listening task runs (for tests).
+    #[cfg(test)]
+    fn started(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// Stops listening if no waiter of the store waits in this process: gives back what the
+    /// next task needs and says `true`; the caller's task then ends. Under `idle`'s lock, as
+    /// [`listen`](Self::listen) takes it: a waiter registers before it calls `listen`, so
+    /// either it is seen here and the task goes on, or its `listen` comes after this and
+    /// starts a new task.
+    fn retire(&self, options: &PgConnectOptions, channel: &str) -> bool {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if wake::has_waiters(&self.store) {
+            return false;
+        }
+        *idle = Some(Idle {
+            options: options.clone(),
+            channel: channel.to_owned(),
+        });
+        self.listening.store(false, Ordering::Relaxed);
+        self.started.store(false, Ordering::Release);
+        true
     }
 
     /// Whether the listening session has said `LISTEN` (and not lost its connection since).
@@ -157,14 +189,13 @@ fn from_hex(hex: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// The listening task: `LISTEN`s on `channel` and wakes the waiters of each name notified,
-/// connecting again (with a growing pause) whenever the connection breaks, until the
-/// provider is dropped.
-async fn listen(
+/// A listening task: [`listen`] until the provider is dropped, or until no waiter of its
+/// store has waited in this process for its `idle_after` ([`Wakeups::retire`]).
+async fn run(
     wakeups: Weak<Wakeups>,
     options: PgConnectOptions,
     channel: String,
-    mut stopped: oneshot::Receiver<()>,
+    mut stopped: watch::Receiver<()>,
 ) {
     // A pool of one connection, with no idle or lifetime limit: the listener's own, never one
     // of the application's. A listening session sends nothing while nothing is released: a
@@ -184,13 +215,60 @@ async fn listen(
                 Ok(())
             })
         })
-        .connect_lazy_with(options);
+        .connect_lazy_with(options.clone());
+    // Ends when the provider is dropped (the sender with it).
+    let dropped = async move { while stopped.changed().await.is_ok() {} };
+    tokio::select! {
+        () = dropped => {}
+        () = retire_when_idle(&wakeups, &options, &channel) => {}
+        () = listen(&wakeups, &pool, &channel) => {}
+    }
+    // The session ends with the task (sqlx gives the listener's connection back to the pool
+    // after an `UNLISTEN *`, in a task of its own): close it rather than leave it idle.
+    if tokio::time::timeout(Duration::from_secs(5), pool.close())
+        .await
+        .is_err()
+    {
+        tracing::debug!(
+            channel,
+            "release notifications: the listening session did not close within 5 s"
+        );
+    }
+}
+
+/// Completes once the store has had no waiter in this process for the provider's
+/// `idle_after` and the listening was given up ([`Wakeups::retire`]), or the provider is gone.
+async fn retire_when_idle(wakeups: &Weak<Wakeups>, options: &PgConnectOptions, channel: &str) {
+    let mut busy_at = Instant::now();
+    loop {
+        let Some(w) = wakeups.upgrade() else { return };
+        let idle_after = w.idle_after;
+        if wake::has_waiters(&w.store) {
+            busy_at = Instant::now();
+        } else if busy_at.elapsed() >= idle_after && w.retire(options, channel) {
+            tracing::debug!(
+                channel,
+                "release notifications: nobody waits; not listening"
+            );
+            return;
+        }
+        drop(w);
+        // Looked at eight times per idle period: it ends at most an eighth late.
+        tokio::time::sleep((idle_after / 8).max(Duration::from_millis(10))).await;
+    }
+}
+
+/// `LISTEN`s on `channel` with a connection of `pool` and wakes the waiters of each name
+/// notified, connecting again (with a growing pause) whenever the connection breaks; ends
+/// only if the provider is gone. Cancel safe: dropped, the listener gives its connection back
+/// to `pool`.
+async fn listen(wakeups: &Weak<Wakeups>, pool: &sqlx::PgPool, channel: &str) {
     let mut pause = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let mut listened = false;
         let session = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(&channel).await?;
+            let mut listener = PgListener::connect_with(pool).await?;
+            listener.listen(channel).await?;
             listened = true;
             // Listening (again, after a break, or for the first time, after waiters began to
             // wait): whatever was released meanwhile is looked at.
@@ -213,33 +291,123 @@ async fn listen(
                 }
             }
         };
-        tokio::select! {
-            _ = &mut stopped => return,
-            ended = session => match ended {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::debug!(channel, error = %e, "release notifications: listening again");
-                    if let Some(w) = wakeups.upgrade() {
-                        w.listening.store(false, Ordering::Relaxed);
-                        w.wake_all();
-                    }
+        match session.await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::debug!(channel, error = %e, "release notifications: listening again");
+                if let Some(w) = wakeups.upgrade() {
+                    w.listening.store(false, Ordering::Relaxed);
+                    w.wake_all();
                 }
-            },
+            }
         }
         if listened {
             // It worked for a while: the next break starts with a short pause again.
             pause.reset();
         }
-        tokio::select! {
-            _ = &mut stopped => return,
-            () = pause.wait() => {}
-        }
+        pause.wait().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{from_hex, released_elsewhere};
+    use std::str::FromStr;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sqlx::postgres::PgConnectOptions;
+
+    use super::{Wakeups, from_hex, released_elsewhere};
+    use crate::wake;
+
+    /// Polls `check` every 10 ms until it holds; panics with `what` after 10 s.
+    async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+        let deadline = dlock_core::backend::Deadline::after(Duration::from_secs(10));
+        while !check().await {
+            assert!(!deadline.has_passed(), "not within 10 s: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A provider listens while a waiter of its tables waits, stops listening (its session
+    /// gone from the server) once nobody has waited for its idle period, and listens again at
+    /// the next wait, reading what another client announces. The old listener never stopped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_listener_stops_without_waiters_and_starts_again_with_one() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+            return;
+        };
+        let app = format!("dlock-idle-test-{}", std::process::id());
+        let options = PgConnectOptions::from_str(&url).expect("the URL is a PostgreSQL one");
+        let server = sqlx::PgPool::connect_with(options.clone())
+            .await
+            .expect("connect");
+        let options = options.application_name(&app);
+        let channel = format!("dlock_idle_test_{}_release", std::process::id());
+        let store = format!("notify-idle-test/{}", std::process::id());
+        let wakeups = Wakeups::new(
+            options,
+            channel.clone(),
+            store.clone(),
+            Duration::from_millis(200),
+        );
+        // The listener's sessions on the server: (all, those whose last statement was LISTEN).
+        let sessions = || {
+            let server = server.clone();
+            let app = app.clone();
+            async move {
+                sqlx::query_as::<_, (i64, i64)>(
+                    "SELECT COUNT(*), COUNT(*) FILTER (WHERE query LIKE 'LISTEN %') \
+                     FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(app)
+                .fetch_one(&server)
+                .await
+                .expect("count the listening sessions")
+            }
+        };
+        let announce = |name: &'static str| {
+            let server = server.clone();
+            let channel = channel.clone();
+            async move {
+                let payload = format!("{}/another-process", hex(name));
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(channel)
+                    .bind(payload)
+                    .execute(&server)
+                    .await
+                    .expect("notify");
+            }
+        };
+        for round in 0..2 {
+            let waiting = wake::register(&store, "n");
+            wakeups.listen();
+            let w = Arc::clone(&wakeups);
+            eventually(&format!("round {round}: listening"), async || {
+                w.listening() && sessions().await == (1, 1)
+            })
+            .await;
+            // (The waiter itself is woken by the listener's start too: count what it read.)
+            let before = w.received();
+            announce("n").await;
+            eventually(
+                &format!("round {round}: the release announced"),
+                async || w.received() > before,
+            )
+            .await;
+            drop(waiting);
+            eventually(
+                &format!("round {round}: stopped without waiters"),
+                async || !w.started() && !w.listening() && sessions().await == (0, 0),
+            )
+            .await;
+        }
+        server.close().await;
+    }
+
+    fn hex(name: &str) -> String {
+        name.bytes().map(|b| format!("{b:02x}")).collect()
+    }
 
     #[test]
     fn a_release_of_this_process_is_not_announced_twice() {

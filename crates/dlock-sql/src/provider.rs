@@ -451,6 +451,7 @@ impl SqlProvider {
                     (*p.connect_options()).clone(),
                     notify::channel(table),
                     store_id.clone(),
+                    notify::LISTEN_IDLE,
                 ))
             }
             _ => None,
@@ -510,7 +511,8 @@ impl SqlProvider {
     }
 
     /// Whether this provider listens for release notifications (PostgreSQL `unique-insert`
-    /// and `optimistic`, from the first wait of one of its waiters on; `false` elsewhere).
+    /// and `optimistic`, from the first wait of one of its waiters on until nobody in the
+    /// process has waited on its tables for a minute; `false` elsewhere).
     /// For tests and diagnostics.
     #[doc(hidden)]
     pub fn listens_for_releases(&self) -> bool {

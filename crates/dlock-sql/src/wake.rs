@@ -131,6 +131,15 @@ pub(crate) fn wake_all(store: &str) {
     }
 }
 
+/// Whether any waiter of `store` waits in this process (a PostgreSQL provider listens for
+/// releases while one does).
+#[cfg(feature = "postgres")]
+pub(crate) fn has_waiters(store: &str) -> bool {
+    waiters()
+        .get(store)
+        .is_some_and(|names| names.values().any(|w| w.strong_count() > 0))
+}
+
 /// Where a release announced by PostgreSQL's `NOTIFY` comes from: this process and `store`,
 /// in hex digits. A listener of this process on the same store skips such an announcement:
 /// the release already woke a waiter here, and a second wake-up would only send another
