@@ -43,11 +43,10 @@ pub(crate) struct Wakeups {
     received: AtomicU64,
     /// Whether the listening session has said `LISTEN` (for tests and diagnostics).
     listening: AtomicBool,
-    /// What a listening task needs, while none runs: taken by the wait that starts one, put
-    /// back by a task that stops for want of waiters.
-    idle: Mutex<Option<Idle>>,
-    /// Whether a listening task runs (set and cleared under `idle`'s lock).
-    started: AtomicBool,
+    /// Whether a listening task runs, what the next one needs, and when a waiter last began
+    /// to wait: every wait ([`listen`](Self::listen)) and every stop
+    /// ([`retire`](Self::retire)) goes through this lock.
+    state: Mutex<State>,
     /// How long a task goes on listening without waiters ([`LISTEN_IDLE`]).
     idle_after: Duration,
     /// Dropped with the provider: ends the listening task.
@@ -55,17 +54,27 @@ pub(crate) struct Wakeups {
 }
 
 /// What a listening task needs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Idle {
     options: PgConnectOptions,
     channel: String,
+}
+
+/// [`Wakeups`]' state under its lock.
+#[derive(Debug)]
+struct State {
+    /// What the next listening task needs; `None` while one runs.
+    idle: Option<Idle>,
+    /// When a waiter last began to wait ([`Wakeups::listen`]).
+    last_wait: Instant,
 }
 
 impl Wakeups {
     /// Wake-ups for `store`, listening on `channel` on a connection of its own (opened with
     /// `options`, and again after it breaks) from the first wait of one of its waiters
     /// ([`listen`](Self::listen)) until no waiter of `store` has waited in this process for
-    /// `idle_after`, and again from the next wait; never after the returned value is dropped.
+    /// about `idle_after`, and again from the next wait; never after the returned value is
+    /// dropped.
     ///
     /// Not before: every release on the channel is sent to every session listening on it,
     /// so a provider that listened from the start would make the server deliver, and its
@@ -83,57 +92,59 @@ impl Wakeups {
             store,
             received: AtomicU64::new(0),
             listening: AtomicBool::new(false),
-            idle: Mutex::new(Some(Idle { options, channel })),
-            started: AtomicBool::new(false),
+            state: Mutex::new(State {
+                idle: Some(Idle { options, channel }),
+                last_wait: Instant::now(),
+            }),
             idle_after,
             stop: watch::channel(()).0,
         })
     }
 
-    /// Starts listening, unless a listening task runs, when a waiter of this provider waits
-    /// (called after the waiter registered in [`wake`]): a release announced before the
-    /// `LISTEN` took effect is not lost, since the listening task wakes every waiter of the
-    /// store to look again once it listens. Outside a tokio runtime nothing starts (the next
-    /// wait in one starts it).
+    /// Notes a wait of a waiter of this provider (called after the waiter registered in
+    /// [`wake`]) and starts listening unless a listening task runs: a release announced
+    /// before the `LISTEN` took effect is not lost, since the listening task wakes every
+    /// waiter of the store to look again once it listens. Outside a tokio runtime nothing
+    /// starts (the next wait in one starts it).
     pub(crate) fn listen(self: &Arc<Self>) {
-        if self.started.load(Ordering::Acquire) {
-            return;
-        }
+        let mut state = self.state();
+        state.last_wait = Instant::now();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(Idle { options, channel }) = idle.take() else {
+        let Some(idle) = state.idle.take() else {
             return;
         };
-        self.started.store(true, Ordering::Release);
-        drop(idle);
-        let stopped = self.stop.subscribe();
-        drop(runtime.spawn(run(Arc::downgrade(self), options, channel, stopped)));
+        drop(state);
+        let running = Running {
+            wakeups: Arc::downgrade(self),
+            idle: Some(idle.clone()),
+        };
+        drop(runtime.spawn(run(running, idle, self.stop.subscribe())));
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether a listening task runs (for tests).
     #[cfg(test)]
     fn started(&self) -> bool {
-        self.started.load(Ordering::Acquire)
+        self.state().idle.is_none()
     }
 
-    /// Stops listening if no waiter of the store waits in this process: gives back what the
-    /// next task needs and says `true`; the caller's task then ends. Under `idle`'s lock, as
-    /// [`listen`](Self::listen) takes it: a waiter registers before it calls `listen`, so
-    /// either it is seen here and the task goes on, or its `listen` comes after this and
-    /// starts a new task.
-    fn retire(&self, options: &PgConnectOptions, channel: &str) -> bool {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if wake::has_waiters(&self.store) {
+    /// Stops listening if no waiter of the store waits in this process and none began to
+    /// wait for the idle period: gives back what the next task needs and says `true`; the
+    /// caller's task then ends. Under the lock every [`listen`](Self::listen) takes after its
+    /// waiter registered: either the waiter is seen here and the task goes on, or its
+    /// `listen` comes after this and starts a new task.
+    fn retire(&self, idle: &Idle) -> bool {
+        let mut state = self.state();
+        if wake::has_waiters(&self.store) || state.last_wait.elapsed() < self.idle_after {
             return false;
         }
-        *idle = Some(Idle {
-            options: options.clone(),
-            channel: channel.to_owned(),
-        });
+        state.idle = Some(idle.clone());
         self.listening.store(false, Ordering::Relaxed);
-        self.started.store(false, Ordering::Release);
         true
     }
 
@@ -160,6 +171,27 @@ impl Wakeups {
     /// waiter looks again.
     fn wake_all(&self) {
         wake::wake_all(&self.store);
+    }
+}
+
+/// A listening task's claim on its provider's [`State`]: a task that ends without
+/// [`Wakeups::retire`] (cancelled with its runtime) gives back what the next task needs, so
+/// that the provider's next wait starts one.
+struct Running {
+    wakeups: Weak<Wakeups>,
+    /// `None` once retired.
+    idle: Option<Idle>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let (Some(idle), Some(w)) = (self.idle.take(), self.wakeups.upgrade()) {
+            let mut state = w.state();
+            if state.idle.is_none() {
+                state.idle = Some(idle);
+            }
+            w.listening.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -191,12 +223,9 @@ fn from_hex(hex: &str) -> Option<String> {
 
 /// A listening task: [`listen`] until the provider is dropped, or until no waiter of its
 /// store has waited in this process for its `idle_after` ([`Wakeups::retire`]).
-async fn run(
-    wakeups: Weak<Wakeups>,
-    options: PgConnectOptions,
-    channel: String,
-    mut stopped: watch::Receiver<()>,
-) {
+async fn run(mut running: Running, idle: Idle, mut stopped: watch::Receiver<()>) {
+    let Idle { options, channel } = &idle;
+    let wakeups = Weak::clone(&running.wakeups);
     // A pool of one connection, with no idle or lifetime limit: the listener's own, never one
     // of the application's. A listening session sends nothing while nothing is released: a
     // role's `idle_session_timeout` (PostgreSQL 14+, which managed services set) would end it
@@ -220,9 +249,10 @@ async fn run(
     let dropped = async move { while stopped.changed().await.is_ok() {} };
     tokio::select! {
         () = dropped => {}
-        () = retire_when_idle(&wakeups, &options, &channel) => {}
-        () = listen(&wakeups, &pool, &channel) => {}
+        () = retire_when_idle(&wakeups, &idle) => running.idle = None,
+        () = listen(&wakeups, &pool, channel) => {}
     }
+    drop(running);
     // The session ends with the task (sqlx gives the listener's connection back to the pool
     // after an `UNLISTEN *`, in a task of its own): close it rather than leave it idle.
     if tokio::time::timeout(Duration::from_secs(5), pool.close())
@@ -236,24 +266,28 @@ async fn run(
     }
 }
 
-/// Completes once the store has had no waiter in this process for the provider's
-/// `idle_after` and the listening was given up ([`Wakeups::retire`]), or the provider is gone.
-async fn retire_when_idle(wakeups: &Weak<Wakeups>, options: &PgConnectOptions, channel: &str) {
+/// Completes once the listening was given up ([`Wakeups::retire`]): no waiter of the store
+/// waits in this process, none began to wait for the provider's `idle_after`, and none was
+/// seen waiting for as long (looked at eight times per period: a wait that began earlier
+/// and ended between two looks may let it end up to an eighth early). Pends once the
+/// provider is gone (the task's other branch then ends it).
+async fn retire_when_idle(wakeups: &Weak<Wakeups>, idle: &Idle) {
     let mut busy_at = Instant::now();
     loop {
-        let Some(w) = wakeups.upgrade() else { return };
+        let Some(w) = wakeups.upgrade() else {
+            return std::future::pending().await;
+        };
         let idle_after = w.idle_after;
         if wake::has_waiters(&w.store) {
             busy_at = Instant::now();
-        } else if busy_at.elapsed() >= idle_after && w.retire(options, channel) {
+        } else if busy_at.elapsed() >= idle_after && w.retire(idle) {
             tracing::debug!(
-                channel,
+                channel = idle.channel,
                 "release notifications: nobody waits; not listening"
             );
             return;
         }
         drop(w);
-        // Looked at eight times per idle period: it ends at most an eighth late.
         tokio::time::sleep((idle_after / 8).max(Duration::from_millis(10))).await;
     }
 }
@@ -320,6 +354,9 @@ mod tests {
     use super::{Wakeups, from_hex, released_elsewhere};
     use crate::wake;
 
+    /// The idle period of the test's listener.
+    const IDLE: Duration = Duration::from_secs(1);
+
     /// Polls `check` every 10 ms until it holds; panics with `what` after 10 s.
     async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
         let deadline = dlock_core::backend::Deadline::after(Duration::from_secs(10));
@@ -329,9 +366,11 @@ mod tests {
         }
     }
 
-    /// A provider listens while a waiter of its tables waits, stops listening (its session
-    /// gone from the server) once nobody has waited for its idle period, and listens again at
-    /// the next wait, reading what another client announces. The old listener never stopped.
+    /// A provider listens while a waiter of its tables waits, also longer than its idle
+    /// period, and while short waits keep coming (each over before the task looks); stops
+    /// listening (its session gone from the server) once nobody has waited for its idle
+    /// period; and listens again at the next wait, reading what another client announces.
+    /// The old listener never stopped.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_listener_stops_without_waiters_and_starts_again_with_one() {
         let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
@@ -345,12 +384,20 @@ mod tests {
         let options = options.application_name(&app);
         let channel = format!("dlock_idle_test_{}_release", std::process::id());
         let store = format!("notify-idle-test/{}", std::process::id());
-        let wakeups = Wakeups::new(
-            options,
-            channel.clone(),
-            store.clone(),
-            Duration::from_millis(200),
-        );
+        let wakeups = Wakeups::new(options, channel.clone(), store.clone(), IDLE);
+        let pid = || {
+            let server = server.clone();
+            let app = app.clone();
+            async move {
+                sqlx::query_scalar::<_, i32>(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(app)
+                .fetch_one(&server)
+                .await
+                .expect("the listening session's pid")
+            }
+        };
         // The listener's sessions on the server: (all, those whose last statement was LISTEN).
         let sessions = || {
             let server = server.clone();
@@ -395,7 +442,25 @@ mod tests {
                 async || w.received() > before,
             )
             .await;
-            drop(waiting);
+            if round == 0 {
+                let session = pid().await;
+                // A wait two idle periods long keeps it listening, on the same session.
+                tokio::time::sleep(IDLE * 2).await;
+                assert!(w.started() && w.listening(), "stopped during a long wait");
+                assert_eq!(pid().await, session, "listening again during a long wait");
+                drop(waiting);
+                // So do short waits, one every quarter period, each over at once (the margin
+                // is for a loaded machine's late timers).
+                for _ in 0..8 {
+                    drop(wake::register(&store, "n"));
+                    wakeups.listen();
+                    tokio::time::sleep(IDLE / 4).await;
+                }
+                assert!(w.started() && w.listening(), "stopped between short waits");
+                assert_eq!(pid().await, session, "listening again between short waits");
+            } else {
+                drop(waiting);
+            }
             eventually(
                 &format!("round {round}: stopped without waiters"),
                 async || !w.started() && !w.listening() && sessions().await == (0, 0),

@@ -512,7 +512,7 @@ impl SqlProvider {
 
     /// Whether this provider listens for release notifications (PostgreSQL `unique-insert`
     /// and `optimistic`, from the first wait of one of its waiters on until nobody in the
-    /// process has waited on its tables for a minute; `false` elsewhere).
+    /// process has waited on its tables for about a minute; `false` elsewhere).
     /// For tests and diagnostics.
     #[doc(hidden)]
     pub fn listens_for_releases(&self) -> bool {
