@@ -228,10 +228,10 @@ async fn look(session: &Session, key: &str, range: &str) -> Result<Look, etcd_cl
 /// margin above the usual 100 ms.
 const UNSYNCED_FOR: Duration = Duration::from_millis(150);
 
-/// How often a waiter looks at its predecessor itself while its watch may be held back. W2 and
-/// W2F of `dlock bench` (8 clients on one name), three runs each: the longest wait was
-/// 44.9-48.8 ms looking every 20 ms, 27.7-37.1 ms every 10 ms; every 5 ms gave no shorter
-/// waits and cost 10-15 % of the throughput (the looks' reads).
+/// How often a waiter looks at its predecessor itself while its watch may be held back. W2F
+/// of `dlock bench` (8 clients on one name), three runs each: the longest wait was 47.5-48.8
+/// ms looking every 20 ms, 27.7-37.1 ms every 10 ms (W2: 30.4-46.5 and 29.5-33.4 ms); every
+/// 5 ms gave no shorter waits and cost 10-15 % of the throughput (the looks' reads).
 const LOOK_EVERY: Duration = Duration::from_millis(10);
 
 /// Waits until the key created just before `mine` in `range` is deleted (at once if there is
