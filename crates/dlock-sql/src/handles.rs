@@ -267,6 +267,8 @@ impl SqlMutex {
             }
             if wakeup.is_none() {
                 wakeup = self.inner.wakeup(name);
+            } else {
+                self.inner.still_waiting();
             }
             let mut pause = pause.next_pause();
             if wakeup.as_ref().is_some_and(wake::Waiting::has_company) {

@@ -470,6 +470,70 @@ mod tests {
         server.close().await;
     }
 
+    /// A listening task that ends with its runtime gives its state back: the next wait, on
+    /// another runtime, listens again (without the claim the provider never listened again).
+    #[test]
+    fn a_listener_whose_runtime_ended_starts_again_at_the_next_wait() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
+            return;
+        };
+        let app = format!("dlock-runtime-test-{}", std::process::id());
+        let options = PgConnectOptions::from_str(&url).expect("the URL is a PostgreSQL one");
+        let store = format!("notify-runtime-test/{}", std::process::id());
+        let wakeups = Wakeups::new(
+            options.clone().application_name(&app),
+            format!("dlock_runtime_test_{}_release", std::process::id()),
+            store.clone(),
+            Duration::from_secs(60),
+        );
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        };
+        // The listener's sessions on the server whose last statement was LISTEN.
+        let listening = async || {
+            let server = sqlx::PgPool::connect_with(options.clone())
+                .await
+                .expect("connect");
+            let n = sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND query LIKE 'LISTEN %'",
+            )
+            .bind(&app)
+            .fetch_one(&server)
+            .await
+            .expect("count the listening sessions");
+            server.close().await;
+            n
+        };
+        let first = runtime();
+        first.block_on(async {
+            let waiting = wake::register(&store, "n");
+            wakeups.listen();
+            eventually("listening on the first runtime", async || {
+                wakeups.listening() && listening().await == 1
+            })
+            .await;
+            drop(waiting);
+        });
+        drop(first);
+        assert!(
+            !wakeups.started() && !wakeups.listening(),
+            "the task that ended with its runtime gave its claim back"
+        );
+        runtime().block_on(async {
+            let _waiting = wake::register(&store, "n");
+            wakeups.listen();
+            eventually("listening again on the second runtime", async || {
+                wakeups.started() && wakeups.listening() && listening().await == 1
+            })
+            .await;
+        });
+    }
+
     fn hex(name: &str) -> String {
         name.bytes().map(|b| format!("{b:02x}")).collect()
     }

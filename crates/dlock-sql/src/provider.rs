@@ -168,6 +168,16 @@ impl Inner {
         Some(waiting)
     }
 
+    /// A waiter of this provider waits on (each pass of its wait after the first): on
+    /// PostgreSQL the release listener notes it, and starts again if its task ended with the
+    /// runtime it ran on.
+    pub(crate) fn still_waiting(&self) {
+        #[cfg(feature = "postgres")]
+        if let Some(w) = &self.wakeups {
+            w.listen();
+        }
+    }
+
     /// A place behind `name`'s waiters in this process, if it has any (see [`Self::wakeup`]).
     pub(crate) fn queue_behind(&self, name: &LockName) -> Option<wake::Waiting> {
         if self.strategy.pins_connections() {
