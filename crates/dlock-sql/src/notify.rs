@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::Backoff;
+use dlock_core::backend::{Backoff, later};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -43,6 +43,9 @@ pub(crate) struct Wakeups {
     received: AtomicU64,
     /// Whether the listening session has said `LISTEN` (for tests and diagnostics).
     listening: AtomicBool,
+    /// Looks at whether to stop listening that found a waiter, or a recent wait (for tests
+    /// and diagnostics).
+    kept: AtomicU64,
     /// Whether a listening task runs, what the next one needs, and when a waiter last began
     /// to wait: every wait ([`listen`](Self::listen)) and every stop
     /// ([`retire`](Self::retire)) goes through this lock.
@@ -92,6 +95,7 @@ impl Wakeups {
             store,
             received: AtomicU64::new(0),
             listening: AtomicBool::new(false),
+            kept: AtomicU64::new(0),
             state: Mutex::new(State {
                 idle: Some(Idle { options, channel }),
                 last_wait: Instant::now(),
@@ -133,19 +137,35 @@ impl Wakeups {
         self.state().idle.is_none()
     }
 
-    /// Stops listening if no waiter of the store waits in this process and none began to
-    /// wait for the idle period: gives back what the next task needs and says `true`; the
-    /// caller's task then ends. Under the lock every [`listen`](Self::listen) takes after its
-    /// waiter registered: either the waiter is seen here and the task goes on, or its
-    /// `listen` comes after this and starts a new task.
-    fn retire(&self, idle: &Idle) -> bool {
+    /// Stops listening if no waiter of the store waits in this process and none waited for
+    /// the idle period: gives back what the next task needs and says `None`; the caller's
+    /// task then ends. Otherwise says when to look again: an idle period after the last wait
+    /// of this provider's waiters, or, while any waiter of the store waits (another
+    /// provider's too, which notes its waits on its own), an eighth of one from now. Under
+    /// the lock every [`listen`](Self::listen) takes after its waiter registered: either the
+    /// waiter is seen here and the task goes on, or its `listen` comes after this and starts
+    /// a new task.
+    fn retire(&self, idle: &Idle) -> Option<Instant> {
         let mut state = self.state();
-        if wake::has_waiters(&self.store) || state.last_wait.elapsed() < self.idle_after {
-            return false;
+        let now = Instant::now();
+        let again = if wake::has_waiters(&self.store) {
+            later(now, (self.idle_after / 8).max(Duration::from_millis(10)))
+        } else {
+            later(state.last_wait, self.idle_after)
+        };
+        if again > now {
+            self.kept.fetch_add(1, Ordering::Relaxed);
+            return Some(again);
         }
         state.idle = Some(idle.clone());
         self.listening.store(false, Ordering::Relaxed);
-        true
+        None
+    }
+
+    /// Looks that kept the listener (for tests).
+    #[cfg(test)]
+    fn kept(&self) -> u64 {
+        self.kept.load(Ordering::Relaxed)
     }
 
     /// Whether the listening session has said `LISTEN` (and not lost its connection since).
@@ -266,29 +286,22 @@ async fn run(mut running: Running, idle: Idle, mut stopped: watch::Receiver<()>)
     }
 }
 
-/// Completes once the listening was given up ([`Wakeups::retire`]): no waiter of the store
-/// waits in this process, none began to wait for the provider's `idle_after`, and none was
-/// seen waiting for as long (looked at eight times per period: a wait that began earlier
-/// and ended between two looks may let it end up to an eighth early). Pends once the
-/// provider is gone (the task's other branch then ends it).
+/// Completes once the listening was given up ([`Wakeups::retire`]), looking when
+/// `retire` says. Pends once the provider is gone (the task's other branch then ends it).
 async fn retire_when_idle(wakeups: &Weak<Wakeups>, idle: &Idle) {
-    let mut busy_at = Instant::now();
     loop {
         let Some(w) = wakeups.upgrade() else {
             return std::future::pending().await;
         };
-        let idle_after = w.idle_after;
-        if wake::has_waiters(&w.store) {
-            busy_at = Instant::now();
-        } else if busy_at.elapsed() >= idle_after && w.retire(idle) {
+        let Some(again) = w.retire(idle) else {
             tracing::debug!(
-                channel = idle.channel,
+                channel = idle.channel.as_str(),
                 "release notifications: nobody waits; not listening"
             );
             return;
-        }
+        };
         drop(w);
-        tokio::time::sleep((idle_after / 8).max(Duration::from_millis(10))).await;
+        tokio::time::sleep_until(again).await;
     }
 }
 
@@ -346,175 +359,189 @@ async fn listen(wakeups: &Weak<Wakeups>, pool: &sqlx::PgPool, channel: &str) {
 #[cfg(test)]
 mod tests {
     use std::str::FromStr;
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use sqlx::postgres::PgConnectOptions;
+    use dlock_conformance::eventually;
+    use sqlx::postgres::{PgConnectOptions, PgPool};
 
     use super::{Wakeups, from_hex, released_elsewhere};
     use crate::wake;
 
-    /// The idle period of the test's listener.
+    /// The idle period of the tests' listeners.
     const IDLE: Duration = Duration::from_secs(1);
 
-    /// Polls `check` every 10 ms until it holds; panics with `what` after 10 s.
-    async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-        let deadline = dlock_core::backend::Deadline::after(Duration::from_secs(10));
-        while !check().await {
-            assert!(!deadline.has_passed(), "not within 10 s: {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    /// How long a test waits for what it expects.
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// What went wrong with a call to the test's own server.
+    fn failed(what: &'static str) -> impl Fn(sqlx::Error) -> String {
+        move |e| format!("{what}: {e}")
     }
 
-    /// A provider listens while a waiter of its tables waits, also longer than its idle
-    /// period, and while short waits keep coming (each over before the task looks); stops
-    /// listening (its session gone from the server) once nobody has waited for its idle
-    /// period; and listens again at the next wait, reading what another client announces.
-    /// The old listener never stopped.
+    /// The test's server, and its connection options with `app` as the application name
+    /// (which finds the listener's sessions in `pg_stat_activity`).
+    async fn server(url: &str, app: &str) -> Result<(PgPool, PgConnectOptions), String> {
+        let options = PgConnectOptions::from_str(url).map_err(failed("read the URL"))?;
+        let pool = PgPool::connect_with(options.clone())
+            .await
+            .map_err(failed("connect"))?;
+        Ok((pool, options.application_name(app)))
+    }
+
+    /// The sessions of application `app` on the server: (all, those whose last statement
+    /// was `LISTEN`), and the pid of one of them.
+    async fn sessions(server: &PgPool, app: &str) -> Result<(i64, i64, Option<i32>), String> {
+        sqlx::query_as(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE query LIKE 'LISTEN %'), MIN(pid) \
+             FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(app)
+        .fetch_one(server)
+        .await
+        .map_err(failed("count the listening sessions"))
+    }
+
+    /// A provider listens while a waiter of its tables waits, also two idle periods long,
+    /// and while short waits keep coming (each over before the task looks); stops listening
+    /// (its session gone from the server) once nobody has waited for its idle period; and
+    /// listens again at the next wait, reading what another client announces. The old
+    /// listener never stopped.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_listener_stops_without_waiters_and_starts_again_with_one() {
+    async fn the_listener_stops_without_waiters_and_starts_again_with_one() -> Result<(), String> {
         let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
-            return;
+            return Ok(());
         };
         let app = format!("dlock-idle-test-{}", std::process::id());
-        let options = PgConnectOptions::from_str(&url).expect("the URL is a PostgreSQL one");
-        let server = sqlx::PgPool::connect_with(options.clone())
-            .await
-            .expect("connect");
-        let options = options.application_name(&app);
+        let (server, options) = server(&url, &app).await?;
         let channel = format!("dlock_idle_test_{}_release", std::process::id());
         let store = format!("notify-idle-test/{}", std::process::id());
-        let wakeups = Wakeups::new(options, channel.clone(), store.clone(), IDLE);
-        let pid = || {
-            let server = server.clone();
-            let app = app.clone();
-            async move {
-                sqlx::query_scalar::<_, i32>(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
-                )
-                .bind(app)
-                .fetch_one(&server)
-                .await
-                .expect("the listening session's pid")
-            }
-        };
-        // The listener's sessions on the server: (all, those whose last statement was LISTEN).
-        let sessions = || {
-            let server = server.clone();
-            let app = app.clone();
-            async move {
-                sqlx::query_as::<_, (i64, i64)>(
-                    "SELECT COUNT(*), COUNT(*) FILTER (WHERE query LIKE 'LISTEN %') \
-                     FROM pg_stat_activity WHERE application_name = $1",
-                )
-                .bind(app)
-                .fetch_one(&server)
-                .await
-                .expect("count the listening sessions")
-            }
-        };
-        let announce = |name: &'static str| {
-            let server = server.clone();
-            let channel = channel.clone();
-            async move {
-                let payload = format!("{}/another-process", hex(name));
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(channel)
-                    .bind(payload)
-                    .execute(&server)
-                    .await
-                    .expect("notify");
-            }
+        let w = Wakeups::new(options, channel.clone(), store.clone(), IDLE);
+        let listening = async || match sessions(&server, &app).await {
+            Ok((1, 1, Some(pid))) if w.listening() => Ok(pid),
+            other => Err(other),
         };
         for round in 0..2 {
             let waiting = wake::register(&store, "n");
-            wakeups.listen();
-            let w = Arc::clone(&wakeups);
-            eventually(&format!("round {round}: listening"), async || {
-                w.listening() && sessions().await == (1, 1)
-            })
-            .await;
+            w.listen();
+            let session = eventually(LIMIT, &format!("round {round}: listening"), listening).await;
             // (The waiter itself is woken by the listener's start too: count what it read.)
             let before = w.received();
-            announce("n").await;
+            let payload = format!("{}/another-process", hex("n"));
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(&channel)
+                .bind(payload)
+                .execute(&server)
+                .await
+                .map_err(failed("notify"))?;
             eventually(
+                LIMIT,
                 &format!("round {round}: the release announced"),
-                async || w.received() > before,
+                async || {
+                    if w.received() > before {
+                        Ok(())
+                    } else {
+                        Err(w.received())
+                    }
+                },
             )
             .await;
             if round == 0 {
-                let session = pid().await;
-                // A wait two idle periods long keeps it listening, on the same session.
-                tokio::time::sleep(IDLE * 2).await;
-                assert!(w.started() && w.listening(), "stopped during a long wait");
-                assert_eq!(pid().await, session, "listening again during a long wait");
+                // A wait two idle periods long keeps it listening, on the same session: the
+                // task looks an idle period after the wait began, then every eighth of one.
+                let looked = w.kept();
+                eventually(
+                    LIMIT,
+                    "two idle periods of looks during a wait",
+                    async || {
+                        if w.kept() >= looked + 9 {
+                            Ok(())
+                        } else {
+                            Err(w.kept())
+                        }
+                    },
+                )
+                .await;
+                let kept = eventually(LIMIT, "listening during a long wait", listening).await;
+                assert_eq!(kept, session, "listening again during a long wait");
                 drop(waiting);
-                // So do short waits, one every quarter period, each over at once (the margin
-                // is for a loaded machine's late timers).
-                for _ in 0..8 {
+                // So do short waits, each over at once, a poll of `eventually` apart (at
+                // most 200 ms, a fifth of the idle period): the task looks an idle period
+                // after the last one, finds a newer one, and goes on.
+                let looked = w.kept();
+                eventually(LIMIT, "two looks between short waits", async || {
                     drop(wake::register(&store, "n"));
-                    wakeups.listen();
-                    tokio::time::sleep(IDLE / 4).await;
-                }
-                assert!(w.started() && w.listening(), "stopped between short waits");
-                assert_eq!(pid().await, session, "listening again between short waits");
+                    w.listen();
+                    if w.kept() >= looked + 2 {
+                        Ok(())
+                    } else {
+                        Err(w.kept())
+                    }
+                })
+                .await;
+                let kept = eventually(LIMIT, "listening between short waits", listening).await;
+                assert_eq!(kept, session, "listening again between short waits");
             } else {
                 drop(waiting);
             }
             eventually(
+                LIMIT,
                 &format!("round {round}: stopped without waiters"),
-                async || !w.started() && !w.listening() && sessions().await == (0, 0),
+                async || match sessions(&server, &app).await {
+                    Ok((0, 0, _)) if !w.started() && !w.listening() => Ok(()),
+                    other => Err(other),
+                },
             )
             .await;
         }
         server.close().await;
+        Ok(())
     }
 
     /// A listening task that ends with its runtime gives its state back: the next wait, on
     /// another runtime, listens again (without the claim the provider never listened again).
     #[test]
-    fn a_listener_whose_runtime_ended_starts_again_at_the_next_wait() {
+    fn a_listener_whose_runtime_ended_starts_again_at_the_next_wait() -> Result<(), String> {
         let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {
-            return;
+            return Ok(());
         };
         let app = format!("dlock-runtime-test-{}", std::process::id());
-        let options = PgConnectOptions::from_str(&url).expect("the URL is a PostgreSQL one");
         let store = format!("notify-runtime-test/{}", std::process::id());
-        let wakeups = Wakeups::new(
-            options.clone().application_name(&app),
-            format!("dlock_runtime_test_{}_release", std::process::id()),
-            store.clone(),
-            Duration::from_secs(60),
-        );
         let runtime = || {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .enable_all()
                 .build()
-                .expect("a runtime")
+                .map_err(|e| format!("a runtime: {e}"))
         };
-        // The listener's sessions on the server whose last statement was LISTEN.
-        let listening = async || {
-            let server = sqlx::PgPool::connect_with(options.clone())
-                .await
-                .expect("connect");
-            let n = sqlx::query_scalar::<_, i64>(
-                "SELECT COUNT(*) FROM pg_stat_activity \
-                 WHERE application_name = $1 AND query LIKE 'LISTEN %'",
-            )
-            .bind(&app)
-            .fetch_one(&server)
-            .await
-            .expect("count the listening sessions");
+        // The listener's sessions on the server whose last statement was LISTEN, on a pool of
+        // the runtime that asks.
+        let listening = async |w: &Wakeups| {
+            let (server, _) = server(&url, &app).await?;
+            let seen = sessions(&server, &app).await;
             server.close().await;
-            n
+            match seen? {
+                (_, 1, _) if w.listening() => Ok(()),
+                other => Err(format!("sessions {other:?}, listening {}", w.listening())),
+            }
         };
-        let first = runtime();
+        let (options, wakeups) = runtime()?.block_on(async {
+            let (server, options) = server(&url, &app).await?;
+            server.close().await;
+            let w = Wakeups::new(
+                options.clone(),
+                format!("dlock_runtime_test_{}_release", std::process::id()),
+                store.clone(),
+                IDLE * 60,
+            );
+            Ok::<_, String>((options, w))
+        })?;
+        drop(options);
+        let first = runtime()?;
         first.block_on(async {
             let waiting = wake::register(&store, "n");
             wakeups.listen();
-            eventually("listening on the first runtime", async || {
-                wakeups.listening() && listening().await == 1
+            eventually(LIMIT, "listening on the first runtime", async || {
+                listening(&wakeups).await
             })
             .await;
             drop(waiting);
@@ -524,14 +551,19 @@ mod tests {
             !wakeups.started() && !wakeups.listening(),
             "the task that ended with its runtime gave its claim back"
         );
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             let _waiting = wake::register(&store, "n");
             wakeups.listen();
-            eventually("listening again on the second runtime", async || {
-                wakeups.started() && wakeups.listening() && listening().await == 1
+            eventually(LIMIT, "listening again on the second runtime", async || {
+                if wakeups.started() {
+                    listening(&wakeups).await
+                } else {
+                    Err("no listening task".to_owned())
+                }
             })
             .await;
         });
+        Ok(())
     }
 
     fn hex(name: &str) -> String {
