@@ -185,7 +185,7 @@ caught!(
     names_differing_by_a_trailing_space_are_distinct,
     fixed_lease_is_exclusive_until_its_end,
     multilock_mixes_reads_and_permits,
-    concurrent_first_acquires_of_one_handle_share_the_hold,
+    tasks_sharing_a_handle_exclude_each_other,
 );
 
 // A release that frees the lock after it returned. The checks that a lock is free after a
@@ -209,7 +209,7 @@ async fn an_intact_store_passes_the_same_cases() {
     cases::fencing_increases_across_expiry_and_takeover(&f).await;
     cases::cancelled_fair_waiters_leave_nothing(&f).await;
     cases::semaphore_handles_must_agree_on_permits(&f).await;
-    cases::concurrent_first_acquires_of_one_handle_share_the_hold(&f).await;
+    cases::tasks_sharing_a_handle_exclude_each_other(&f).await;
 }
 
 /// A factory that cannot count residue fails the cancellation cases; it never passes them in

@@ -174,6 +174,16 @@ impl Error {
         }
     }
 
+    /// [`Error::Connection`] for a store that did not answer in time: nothing says whether
+    /// anyone holds the lock.
+    pub fn no_answer(backend: &'static str, message: impl fmt::Display) -> Self {
+        Self::Connection {
+            backend,
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
     /// Shorthand for [`Error::Backend`] with a source.
     pub fn backend(
         backend: &'static str,

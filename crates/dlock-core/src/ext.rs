@@ -11,10 +11,11 @@ use crate::traits::DistributedLock;
 /// Runs work under a lock: [`run`](Self::run) and [`try_run`](Self::try_run), for every
 /// [`DistributedLock`] (the blanket impl covers `dyn DistributedLock` and [`DynLock`](crate::DynLock)).
 ///
-/// The work gets the fencing token; it is raced against [`LockGuard::lost`], so if the hold is
-/// lost first the work is **dropped** (cancelled at its next await) and the call returns
-/// [`Error::LockLost`]; otherwise the release is awaited (not left to a background task) before
-/// the work's value is returned.
+/// The work gets the fencing token; it is raced against [`LockGuard::in_doubt`], so if the
+/// backend stops vouching for the hold first (it is lost, or suspended: a session that may
+/// already be over on the store) the work is **dropped** (cancelled at its next await) and the
+/// call returns [`Error::LockLost`]; otherwise the release is awaited (not left to a
+/// background task) before the work's value is returned.
 ///
 /// ```
 /// use dlock_core::{DistributedLockExt, DynLock, Result};
@@ -32,10 +33,10 @@ pub trait DistributedLockExt: DistributedLock {
     ///
     /// # Errors
     ///
-    /// The acquisition's errors; [`Error::LockLost`] if the hold was lost before the work
-    /// finished (the work was dropped) or when it was released (the work finished, but the
-    /// lock may not have protected all of it). Another release error is logged and the value
-    /// returned: the lease ends the hold.
+    /// The acquisition's errors; [`Error::LockLost`] if the hold was lost or suspended before
+    /// the work finished (the work was dropped) or found lost when it was released (the work
+    /// finished, but the lock may not have protected all of it). Another release error is
+    /// logged and the value returned: the lease ends the hold.
     ///
     /// # Cancel safety
     ///
@@ -83,21 +84,21 @@ pub trait DistributedLockExt: DistributedLock {
 
 impl<L: DistributedLock + ?Sized> DistributedLockExt for L {}
 
-/// Runs `work` under `guard`, racing it against the loss, then releases.
+/// Runs `work` under `guard`, racing it against the hold's loss or suspension, then releases.
 async fn run_held<F, Fut, T>(guard: LockGuard, work: F) -> Result<T>
 where
     F: FnOnce(FencingToken) -> Fut,
     Fut: Future<Output = T>,
 {
-    let lost = guard.lost();
+    let doubt = guard.in_doubt();
     let done = tokio::select! {
         biased;
-        () = lost => None,
+        () = doubt => None,
         value = work(guard.fencing_token()) => Some(value),
     };
     let name = guard.name().clone();
     let Some(value) = done else {
-        tracing::warn!(lock = %name, reason = ?guard.loss_reason(), "dlock: the hold was lost while the work ran; the work was dropped");
+        tracing::warn!(lock = %name, state = ?guard.state(), reason = ?guard.loss_reason(), "dlock: the hold was lost or suspended while the work ran; the work was dropped");
         let _ = guard.release().await;
         return Err(Error::lock_lost(&name));
     };

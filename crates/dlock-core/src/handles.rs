@@ -9,20 +9,24 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, Shared, in_span, kept, lock};
-use crate::loss::LockKind;
+use crate::guard::LockGuard;
+use crate::hold::HoldState;
+use crate::loss::{LockKind, LossReason};
 use crate::metrics;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::reentrancy::Reentrancy;
+use crate::reentrancy::{Owner, Reentrancy};
+use crate::shared::Shared;
+use crate::sync::Mutex;
 use crate::time::Deadline;
+use crate::trace::{self, in_span, kept};
 use crate::traits::{DistributedLock, DistributedReadWriteLock, DistributedSemaphore};
 
 /// What every handle knows about itself: backend, store, name, options.
@@ -144,31 +148,26 @@ pub trait RawSemaphore: fmt::Debug + Send + Sync + 'static {
     }
 }
 
-/// The `dlock.acquire` span, with the same fields on every backend; `outcome`, `token` and
-/// `waited_ms` are recorded when the acquisition ends.
-fn acquire_span(info: &HandleInfo, kind: LockKind) -> tracing::Span {
-    tracing::debug_span!(
-        "dlock.acquire",
-        backend = info.backend,
-        kind = %kind,
-        lock = %info.name,
-        outcome = tracing::field::Empty,
-        token = tracing::field::Empty,
-        waited_ms = tracing::field::Empty,
-    )
-}
-
-/// Runs a backend's acquisition until it hands over a live hold. A grant whose reply came back
-/// after the hold's lease had already ended (a reply delayed longer than the lease, a paused
-/// process) is a guard that is lost on arrival: it is dropped (its store ends it with its
-/// lease, which is over) and the acquisition tried again while the deadline allows, so no
-/// caller is ever handed a hold that another client may already have.
+/// Runs a backend's acquisition until it hands over a hold the backend vouches for.
+///
+/// A grant whose reply came back after the hold's end had already passed (a reply delayed
+/// longer than the lease, a paused process) is a guard that is lost on arrival: it is dropped
+/// (its store ends it with its lease, which is over) and the acquisition tried again while
+/// the deadline allows, so no caller is ever handed a hold that another client may already
+/// have. A grant that arrives while the backend's session is suspended (reconnecting) is
+/// waited on until the session is back (then it is handed over) or lost (then the acquisition
+/// is tried again), within the deadline.
 ///
 /// A timed acquisition is also cut off [`CALL_GRACE`] after its deadline, whatever the backend
 /// is waiting for (a slow script, a SUBSCRIBE, a pool, a hung server): `try_acquire(wait)`
-/// returns by `wait` plus that grace. Backends are cancel safe, so what a cut-off call may
-/// have taken is given back by their undo.
-async fn live<F, Fut>(deadline: Deadline, mut acquire: F) -> Result<Option<LockGuard>>
+/// returns by `wait` plus that grace, with a retryable [`Error::Connection`] (the store did not
+/// answer, so nothing says the lock is held). Backends are cancel safe, so what a cut-off call
+/// may have taken is given back by their undo.
+async fn live<F, Fut>(
+    info: &HandleInfo,
+    deadline: Deadline,
+    mut acquire: F,
+) -> Result<Option<LockGuard>>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<LockGuard>>>,
@@ -176,49 +175,98 @@ where
     let attempts = async {
         let mut dead = 0u32;
         loop {
-            match acquire().await? {
-                Some(guard) if guard.is_held() => return Ok(Some(guard)),
-                Some(guard) => {
-                    tracing::debug!(lock = %guard.name(), reason = ?guard.loss_reason(), "granted after the hold's lease ended; trying again");
-                    let name = guard.name().to_string();
-                    let lease = guard_lease(&guard);
-                    drop(guard);
-                    dead += 1;
-                    // Every grant arriving dead means the lease is shorter than the trip to
-                    // the store and back: say so instead of trying for ever.
-                    if dead >= DEAD_ON_ARRIVAL_LIMIT {
-                        return Err(Error::Backend {
-                            backend: "dlock",
-                            message: format!(
-                                "{DEAD_ON_ARRIVAL_LIMIT} grants of {name:?} in a row arrived after \
-                                 their lease{lease} had ended: the lease is shorter than the \
-                                 round trip to the store"
-                            ),
-                            retryable: true,
-                            source: None,
-                        });
-                    }
-                    if deadline.has_passed() {
-                        return Ok(None);
-                    }
-                    tokio::time::sleep_until(deadline.wake_after(DEAD_ON_ARRIVAL_PAUSE * dead))
-                        .await;
+            let Some(guard) = acquire().await? else {
+                return Ok(None);
+            };
+            guard.set_drift(info.options.drift);
+            let reason = match settle(&guard, deadline).await {
+                Settled::Held => return Ok(Some(guard)),
+                Settled::Lost(reason) => reason,
+                Settled::Suspended => {
+                    return Err(Error::no_answer(
+                        info.backend,
+                        format!(
+                            "{:?} was granted, but the session to the store was suspended \
+                             (reconnecting) and did not come back before the deadline",
+                            info.name.as_str()
+                        ),
+                    ));
                 }
-                None => return Ok(None),
+            };
+            tracing::debug!(lock = %guard.name(), ?reason, "granted after the hold's end; trying again");
+            let lease = guard_lease(&guard);
+            drop(guard);
+            dead += 1;
+            // Every grant arriving dead means the lease is shorter than the trip to the store
+            // and back: say so instead of trying for ever.
+            if dead >= DEAD_ON_ARRIVAL_LIMIT || deadline.has_passed() {
+                return Err(Error::Backend {
+                    backend: info.backend,
+                    message: format!(
+                        "{dead} grant(s) of {:?} in a row were lost on arrival ({reason}): \
+                         the lease{lease} is not longer than the round trip to the store",
+                        info.name.as_str()
+                    ),
+                    retryable: true,
+                    source: None,
+                });
             }
+            tokio::time::sleep_until(deadline.wake_after(DEAD_ON_ARRIVAL_PAUSE * dead)).await;
         }
     };
-    deadline
-        .with_grace(CALL_GRACE)
-        .run(attempts)
-        .await
-        .unwrap_or(Ok(None))
+    match deadline.with_grace(CALL_GRACE).run(attempts).await {
+        Some(result) => result,
+        None => Err(Error::no_answer(
+            info.backend,
+            format!(
+                "no answer from the store about {:?} within the wait and {CALL_GRACE:?} more",
+                info.name.as_str()
+            ),
+        )),
+    }
 }
 
-/// How many grants in a row may arrive after their lease ended before the acquisition fails.
+/// What became of a fresh grant.
+enum Settled {
+    /// The backend vouches for it.
+    Held,
+    /// Lost on arrival, or while its session was suspended.
+    Lost(LossReason),
+    /// Still suspended at the deadline.
+    Suspended,
+}
+
+/// Waits while a fresh grant is suspended, until the backend vouches for it, it is lost, or
+/// the deadline passes.
+async fn settle(guard: &LockGuard, deadline: Deadline) -> Settled {
+    let Some(shared) = guard.shared() else {
+        return Settled::Lost(LossReason::Gone);
+    };
+    loop {
+        let changed = shared.signal.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if !shared.check() {
+            return Settled::Lost(shared.signal.reason().unwrap_or(LossReason::Gone));
+        }
+        if shared.signal.state() == HoldState::Held {
+            return Settled::Held;
+        }
+        if deadline.has_passed() {
+            return Settled::Suspended;
+        }
+        tokio::select! {
+            () = changed => {}
+            () = sleep_until(shared.vouched_until()) => {}
+            () = deadline.sleep() => {}
+        }
+    }
+}
+
+/// How many grants in a row may be lost on arrival before the acquisition fails.
 const DEAD_ON_ARRIVAL_LIMIT: u32 = 5;
 
-/// The pause after a grant that arrived dead, times the number of such grants in a row.
+/// The pause after a grant lost on arrival, times the number of such grants in a row.
 const DEAD_ON_ARRIVAL_PAUSE: Duration = Duration::from_millis(20);
 
 /// The lease of a guard, for messages.
@@ -242,7 +290,7 @@ where
     M: FnOnce() -> F,
     F: Future<Output = Result<Option<LockGuard>>>,
 {
-    let span = acquire_span(info, kind);
+    let span = trace::acquire(info.backend, kind, &info.name);
     let started = Instant::now();
     let result = in_span(&span, acquire()).await;
     let took = started.elapsed();
@@ -270,29 +318,33 @@ where
     result
 }
 
-/// The holds a handle has taken and not yet given back, to tell whether it holds the read or
-/// the write side right now.
+/// The holds a handle's owners have taken and not yet given back, to tell whether the caller
+/// holds the read or the write side right now.
 #[derive(Debug, Default)]
-struct Holds(Mutex<Vec<Weak<Shared>>>);
+struct Holds(Mutex<Vec<(Owner, Weak<Shared>)>>);
 
 impl Holds {
     fn add(&self, guard: &LockGuard) {
         if let Some(shared) = guard.shared() {
-            let mut holds = lock(&self.0);
-            holds.retain(|w| w.strong_count() > 0);
-            holds.push(Arc::downgrade(shared));
+            let mut holds = self.0.lock();
+            holds.retain(|(_, w)| w.strong_count() > 0);
+            holds.push((Owner::current(), Arc::downgrade(shared)));
         }
     }
 
-    fn any_live(&self) -> bool {
-        lock(&self.0)
+    /// Whether the caller holds one.
+    fn caller_holds(&self) -> bool {
+        let me = Owner::current();
+        self.0
+            .lock()
             .iter()
-            .any(|w| w.upgrade().is_some_and(|s| s.is_live()))
+            .any(|(owner, w)| *owner == me && w.upgrade().is_some_and(|s| s.is_live()))
     }
 }
 
-/// A mutex handle over a backend's [`RawLock`]. Its clones (through the `Arc` the provider
-/// returns) are one owner.
+/// A mutex handle over a backend's [`RawLock`]. Each task that acquires through it (through
+/// the `Arc` the provider returns) is an owner of its own: tasks exclude each other, and a
+/// task re-enters only its own hold.
 #[derive(Debug)]
 pub struct Lock<R> {
     info: HandleInfo,
@@ -318,7 +370,7 @@ impl<R: RawLock> Lock<R> {
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let req = self.info.request(deadline);
         traced(&self.info, LockKind::Mutex, || async {
-            let remote = || live(deadline, || self.raw.acquire(&req));
+            let remote = || live(&self.info, deadline, || self.raw.acquire(&req));
             if self.info.options.reentrant {
                 self.reentrancy.acquire(deadline, remote).await
             } else {
@@ -354,9 +406,11 @@ impl<R: RawLock> DistributedLock for Lock<R> {
     }
 }
 
-/// A read-write lock handle over a backend's [`RawReadWriteLock`]. The read and write sides
-/// share one owner, so the writer can also read (downgrade), and a reader that asks for the
-/// write lock gets [`Error::WouldDeadlock`] at once, re-entrant or not.
+/// A read-write lock handle over a backend's [`RawReadWriteLock`]. Each task that acquires
+/// through it is an owner of its own, and its read and write sides share that owner: the task
+/// that writes can also read (downgrade), and a task that reads and asks for the write lock
+/// gets [`Error::WouldDeadlock`] at once, re-entrant or not. Another task's read makes a
+/// writer wait, as any reader's does.
 #[derive(Debug)]
 pub struct ReadWriteLock<R> {
     info: HandleInfo,
@@ -385,9 +439,9 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
         &self.raw
     }
 
-    /// Whether this handle holds the write side right now.
+    /// Whether the calling task holds the write side through this handle right now.
     pub fn holds_write(&self) -> bool {
-        self.writes.any_live()
+        self.writes.caller_holds()
     }
 
     async fn read_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
@@ -395,8 +449,8 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
         // Asked after the re-entry gate, so a write released meanwhile is not taken for a
         // downgrade.
         let remote = || async {
-            let downgrade = self.writes.any_live();
-            let guard = live(deadline, || self.raw.read(&req, downgrade)).await?;
+            let downgrade = self.writes.caller_holds();
+            let guard = live(&self.info, deadline, || self.raw.read(&req, downgrade)).await?;
             if let Some(g) = &guard {
                 self.reads.add(g);
             }
@@ -413,17 +467,17 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
     }
 
     async fn write_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
-        if self.reads.any_live() && !self.writes.any_live() {
+        if self.reads.caller_holds() && !self.writes.caller_holds() {
             return Err(Error::WouldDeadlock {
                 name: self.info.name.to_string(),
-                reason: "this handle holds the read lock; release it before asking for the \
+                reason: "this task holds the read lock; release it before asking for the \
                          write lock"
                     .into(),
             });
         }
         let req = self.info.request(deadline);
         let remote = || async {
-            let guard = live(deadline, || self.raw.write(&req)).await?;
+            let guard = live(&self.info, deadline, || self.raw.write(&req)).await?;
             if let Some(g) = &guard {
                 self.writes.add(g);
             }
@@ -498,7 +552,9 @@ impl<R: RawSemaphore> Semaphore<R> {
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let req = self.info.request(deadline);
         traced(&self.info, LockKind::Permit, || {
-            live(deadline, || self.raw.acquire(&req, self.permits))
+            live(&self.info, deadline, || {
+                self.raw.acquire(&req, self.permits)
+            })
         })
         .await
     }

@@ -10,6 +10,7 @@ mod ext;
 mod finish;
 mod guard;
 mod handles;
+mod hold;
 mod keeper;
 mod loss;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -18,18 +19,23 @@ mod multi;
 mod name;
 mod options;
 mod reentrancy;
+mod shared;
+mod starter;
+mod sync;
 mod time;
 mod tls;
+mod trace;
 mod traits;
 mod url;
 
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::ext::DistributedLockExt;
-pub use crate::guard::{HoldState, LockGuard};
+pub use crate::guard::LockGuard;
+pub use crate::hold::HoldState;
 pub use crate::loss::{LockKind, LossReason};
 pub use crate::multi::{Member, MultiGuard, MultiLock};
 pub use crate::name::{FencingToken, LockName};
-pub use crate::options::{Capabilities, Lease, LockOptions, LockStatus};
+pub use crate::options::{Capabilities, DriftAllowance, Lease, LockOptions, LockStatus};
 pub use crate::tls::TlsFiles;
 pub use crate::traits::{
     DistributedLock, DistributedReadWriteLock, DistributedSemaphore, DynLock, DynLockProvider,
@@ -76,13 +82,14 @@ pub use async_trait::async_trait;
 /// ```
 pub mod backend {
     pub use crate::finish::{Finish, finish_if_dropped};
-    pub use crate::guard::{Hold, HoldSignal, NewHold};
     pub use crate::handles::{
         CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore, ReadWriteLock,
         Request, Semaphore,
     };
-    pub use crate::keeper::{Later, spawn_at};
-    pub use crate::time::{Backoff, Deadline, from_now, later};
+    pub use crate::hold::{Hold, HoldSignal, Horizon, NewHold};
+    pub use crate::starter::{Later, spawn_at};
+    pub use crate::sync::Mutex;
+    pub use crate::time::{Backoff, Deadline, earlier, from_now, later};
     #[cfg(feature = "serde")]
     pub use crate::url::deserialize_url;
     pub use crate::url::{parse_host_list, percent_decode};

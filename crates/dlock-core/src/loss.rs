@@ -60,6 +60,9 @@ pub enum LossReason {
     /// The session that carried the hold ended (ZooKeeper session expiry, an etcd lease
     /// revoked).
     SessionExpired,
+    /// The store did not answer within the session's timeout: it may have ended the session
+    /// (and given the lock to someone else), though the client library has not said so yet.
+    SessionTimedOut,
     /// The connection that carried the hold broke (a `for-update` row lock ends with its
     /// connection).
     ConnectionLost,
@@ -87,6 +90,7 @@ impl LossReason {
             Self::FixedLeaseEnded => "the fixed lease ended",
             Self::LeaseEnded => "the lease ran out before it could be renewed",
             Self::SessionExpired => "the session expired",
+            Self::SessionTimedOut => "the store did not answer within the session timeout",
             Self::ConnectionLost => "the connection holding the lock broke",
             Self::StoreReset => "the store was restarted, flushed or failed over",
             Self::Forced => "the hold was ended on purpose",

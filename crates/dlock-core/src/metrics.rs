@@ -14,6 +14,7 @@ fn reason_label(reason: LossReason) -> &'static str {
         LossReason::FixedLeaseEnded => "fixed_lease_ended",
         LossReason::LeaseEnded => "lease_ended",
         LossReason::SessionExpired => "session_expired",
+        LossReason::SessionTimedOut => "session_timed_out",
         LossReason::ConnectionLost => "connection_lost",
         LossReason::StoreReset => "store_reset",
         LossReason::Forced => "forced",

@@ -53,8 +53,72 @@ impl Default for Lease {
     }
 }
 
-/// Options for a lock handle. The defaults are what most users want: reentrant, not fair,
-/// watchdog lease of 30 s.
+/// How much earlier than the store's bound a guard stops vouching for its hold, for clock
+/// drift and a late process: a part of the lease plus a fixed time.
+///
+/// A store ends a hold by its own clock (Redis's `PX`, a SQL server's `now()`, a ZooKeeper
+/// server's session timer) while the client counts by its own: a server clock that runs fast,
+/// or a client that is scheduled late, would let the store give the lock away while the
+/// client still believes it holds it. dlock assumes the two clocks run at rates within this
+/// allowance of each other over one lease (NTP keeps them within 0.05 %), and stops vouching
+/// for a hold ([`LockGuard::is_held`](crate::LockGuard::is_held) false,
+/// [`LockGuard::lost`](crate::LockGuard::lost) resolved) this much before the store's bound.
+/// The default is 1 % of the lease plus 5 ms, as Redlock subtracts.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::DriftAllowance;
+///
+/// let d = DriftAllowance::default();
+/// assert_eq!(d.of(Duration::from_secs(30)), Duration::from_millis(305));
+/// let strict = DriftAllowance::new(50_000, Duration::from_millis(20)); // 5 % + 20 ms
+/// assert_eq!(strict.of(Duration::from_secs(10)), Duration::from_millis(520));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DriftAllowance {
+    ppm: u32,
+    fixed: Duration,
+}
+
+impl DriftAllowance {
+    /// 1 % of the lease plus 5 ms.
+    pub const DEFAULT: Self = Self::new(10_000, Duration::from_millis(5));
+
+    /// No allowance at all: the guard vouches for its hold up to the store's bound. Only for
+    /// tests of the bound itself; a real deployment always has some drift.
+    pub const NONE: Self = Self::new(0, Duration::ZERO);
+
+    /// `ppm` millionths of the lease (10,000 is 1 %) plus `fixed`.
+    pub const fn new(ppm: u32, fixed: Duration) -> Self {
+        Self { ppm, fixed }
+    }
+
+    /// The part of the lease, in millionths.
+    pub const fn ppm(&self) -> u32 {
+        self.ppm
+    }
+
+    /// The fixed part.
+    pub const fn fixed(&self) -> Duration {
+        self.fixed
+    }
+
+    /// The allowance for a lease (or session) of `span`: never more than `span`.
+    pub fn of(&self, span: Duration) -> Duration {
+        let part = span.as_nanos().saturating_mul(u128::from(self.ppm)) / 1_000_000;
+        let part = Duration::from_nanos(u64::try_from(part).unwrap_or(u64::MAX));
+        part.saturating_add(self.fixed).min(span)
+    }
+}
+
+impl Default for DriftAllowance {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Options for a lock handle. The defaults are what most users want: reentrant within a task,
+/// not fair, watchdog lease of 30 s, drift allowance of 1 % of the lease plus 5 ms.
 ///
 /// ```
 /// use std::time::Duration;
@@ -74,9 +138,12 @@ pub struct LockOptions {
     /// Grant waiters in the order they started waiting. Backends that cannot do it reject the
     /// option with [`Error::Unsupported`].
     pub fair: bool,
-    /// Let the owner (the handle and its clones) acquire again while it holds the lock. When
-    /// false, a second acquire by the same owner waits like anyone else's.
+    /// Let the owner acquire again while it holds the lock: the same task through the same
+    /// handle (see [`DistributedLock`](crate::DistributedLock)). When false, a second acquire
+    /// by the same task waits like anyone else's.
     pub reentrant: bool,
+    /// How much before the store's bound a guard stops vouching for its hold.
+    pub drift: DriftAllowance,
 }
 
 impl Default for LockOptions {
@@ -85,6 +152,7 @@ impl Default for LockOptions {
             lease: Lease::default(),
             fair: false,
             reentrant: true,
+            drift: DriftAllowance::DEFAULT,
         }
     }
 }
@@ -110,6 +178,12 @@ impl LockOptions {
     /// Sets reentrancy.
     pub fn with_reentrant(mut self, reentrant: bool) -> Self {
         self.reentrant = reentrant;
+        self
+    }
+
+    /// Sets the drift allowance.
+    pub fn with_drift(mut self, drift: DriftAllowance) -> Self {
+        self.drift = drift;
         self
     }
 }
@@ -193,7 +267,8 @@ impl Capabilities {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a zero, too-short or too-long lease (over
-    /// [`Lease::MAX`]), [`Error::Unsupported`] for an option the backend cannot honour.
+    /// [`Lease::MAX`]) or a drift allowance over half the lease, [`Error::Unsupported`] for an
+    /// option the backend cannot honour.
     pub fn check(&self, options: &LockOptions) -> Result<()> {
         let ttl = options.lease.ttl();
         if ttl.is_zero() {
@@ -215,6 +290,16 @@ impl Capabilities {
                 format!(
                     "{ttl:?} is shorter than the {:?} minimum of {}",
                     self.min_lease, self.backend
+                ),
+            ));
+        }
+        let drift = options.drift.of(ttl);
+        if drift > ttl / 2 {
+            return Err(Error::invalid_argument(
+                "drift",
+                format!(
+                    "the drift allowance ({drift:?}) must be at most half the lease ({ttl:?}): \
+                     a watchdog renews a third of the way into it"
                 ),
             ));
         }

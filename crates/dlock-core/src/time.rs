@@ -27,6 +27,12 @@ pub fn later(start: Instant, d: Duration) -> Instant {
         .unwrap_or(start)
 }
 
+/// `start - d`, or `start` itself if that does not fit (an instant within `d` of the clock's
+/// own start, which a running program never meets).
+pub fn earlier(start: Instant, d: Duration) -> Instant {
+    start.checked_sub(d).unwrap_or(start)
+}
+
 /// `d` from now, saturating like [`later`].
 pub fn from_now(d: Duration) -> Instant {
     later(Instant::now(), d)

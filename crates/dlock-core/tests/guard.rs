@@ -258,8 +258,9 @@ async fn a_grant_lost_on_arrival_is_dropped_and_tried_again() {
     g.release().await.unwrap();
 }
 
-/// Review redis M10 (and the same hazard on every backend): a timed acquisition whose call to
-/// the store hangs returns by its wait plus `CALL_GRACE`, as `None`.
+/// A timed acquisition whose call to the store hangs returns by its wait plus `CALL_GRACE`,
+/// with a retryable connection error: a store that does not answer is not a lock held by
+/// someone else.
 #[tokio::test]
 async fn a_hung_store_call_cannot_outlast_the_wait() {
     use dlock_core::backend::{CALL_GRACE, HandleInfo, Lock, RawLock, Request};
@@ -286,7 +287,13 @@ async fn a_hung_store_call_cannot_outlast_the_wait() {
     let got = tokio::time::timeout(CALL_GRACE * 3, lock.try_acquire(Duration::from_millis(100)))
         .await
         .expect("try_acquire(100 ms) outlasted its wait and grace");
-    assert!(matches!(got, Ok(None)), "{got:?}");
+    match got {
+        Err(e @ Error::Connection { .. }) => {
+            assert!(e.is_retryable());
+            assert!(e.to_string().contains("no answer"), "{e}");
+        }
+        other => panic!("a hung store must be an error, not {other:?}"),
+    }
     assert!(started.elapsed() >= Duration::from_millis(100));
 }
 

@@ -30,32 +30,49 @@ impl RawLock for MemoryMutex {
     }
 }
 
-/// A read-write lock. Both sides act as the handle's owner, so a read can share with the
-/// handle's own write hold (a downgrade) and with nothing else exclusive.
+/// A read-write lock: every acquisition is a holder of its own, except a downgrade, a read
+/// that shares the owner of the caller's write hold, so the store grants it beside that write
+/// (and beside nothing else exclusive).
 #[derive(Debug)]
 pub(crate) struct MemoryReadWrite {
     pub(crate) store: Arc<Store>,
     pub(crate) link: Arc<Link>,
-    pub(crate) owner: u64,
+    /// The owner of the latest write hold taken through this handle: the caller's, when the
+    /// core asks for a downgrade (one write at most exists on a name).
+    pub(crate) write_owner: dlock_core::backend::Mutex<Option<u64>>,
 }
 
 #[async_trait]
 impl RawReadWriteLock for MemoryReadWrite {
-    async fn read(&self, req: &Request<'_>, _downgrade: bool) -> Result<Option<LockGuard>> {
+    async fn read(&self, req: &Request<'_>, downgrade: bool) -> Result<Option<LockGuard>> {
         // The store grants a read beside a write hold of the same owner, atomically: a write
         // released meanwhile simply is not there any more to share with.
-        self.acquire(req, Mode::Shared).await
+        let owner = downgrade
+            .then(|| *self.write_owner.lock())
+            .flatten()
+            .unwrap_or_else(|| self.store.next_id());
+        self.acquire(req, owner, Mode::Shared).await
     }
 
     async fn write(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        self.acquire(req, Mode::Exclusive).await
+        let owner = self.store.next_id();
+        let guard = self.acquire(req, owner, Mode::Exclusive).await?;
+        if guard.is_some() {
+            *self.write_owner.lock() = Some(owner);
+        }
+        Ok(guard)
     }
 }
 
 impl MemoryReadWrite {
-    async fn acquire(&self, req: &Request<'_>, mode: Mode) -> Result<Option<LockGuard>> {
+    async fn acquire(
+        &self,
+        req: &Request<'_>,
+        owner: u64,
+        mode: Mode,
+    ) -> Result<Option<LockGuard>> {
         let want = Want {
-            owner: self.owner,
+            owner,
             mode,
             fair: req.options.fair,
             lease: req.options.lease,

@@ -160,7 +160,7 @@ impl LockProvider for MemoryProvider {
         let raw = MemoryReadWrite {
             store: Arc::clone(&self.store),
             link: Arc::clone(&self.link),
-            owner: self.store.next_id(),
+            write_owner: dlock_core::backend::Mutex::new(None),
         };
         Ok(Arc::new(ReadWriteLock::new(self.info(name, options)?, raw)))
     }

@@ -14,7 +14,9 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
 
-/// Which primitive a name belongs to; the three live in separate namespaces.
+/// Which primitive a hold belongs to. The three share one namespace: holds of different
+/// kinds on one name exclude each other (a mutex hold is exclusive like a write hold; readers
+/// share only with readers, permits only with permits of the same semaphore).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Mutex,
@@ -94,6 +96,7 @@ pub enum Sabotage {
 struct HoldRecord {
     id: u64,
     owner: u64,
+    kind: Kind,
     mode: Mode,
     expires: Instant,
     signal: HoldSignal,
@@ -112,6 +115,8 @@ struct Entry {
     waiters: VecDeque<Waiter>,
     /// A semaphore's permit count, recorded by its first holder while any permit is held.
     permits: Option<u32>,
+    /// The last fencing token issued on the name while this entry lived.
+    last_token: Option<u64>,
 }
 
 impl Entry {
@@ -136,6 +141,16 @@ impl Entry {
             Mode::Permit(permits) => count < permits,
             _ => true,
         }
+    }
+
+    /// Whether `want` is a read beside its owner's own write hold (a downgrade), which no
+    /// one queued can be ahead of: a queued writer waits for that very write.
+    fn is_downgrade(&self, want: &Want) -> bool {
+        want.mode == Mode::Shared
+            && self
+                .holds
+                .iter()
+                .any(|h| h.owner == want.owner && h.mode == Mode::Exclusive)
     }
 
     /// Whether a fair request must let someone waiting before it go first.
@@ -201,9 +216,10 @@ impl Faults {
 
 #[derive(Debug, Default)]
 struct State {
-    entries: HashMap<(Kind, LockName), Entry>,
-    /// Fencing counters, never reset: they outlive every hold.
-    tokens: HashMap<(Kind, LockName), u64>,
+    entries: HashMap<LockName, Entry>,
+    /// The store's one fencing counter, never reset: every name's tokens increase with it,
+    /// and it costs nothing per name.
+    tokens: u64,
     faults: Faults,
 }
 
@@ -251,7 +267,7 @@ impl Store {
         self.reachable(link)
     }
 
-    /// Acquires `want` on `(kind, name)`, waiting until `deadline`.
+    /// Acquires `want`, a hold of `kind`, on `name`, waiting until `deadline`.
     ///
     /// Cancel safe: the grant and the guard are made under one lock with no await between, and
     /// a waiter's queue entry is removed when its future is dropped.
@@ -265,7 +281,7 @@ impl Store {
     ) -> Result<Option<LockGuard>> {
         let called = Instant::now();
         self.round_trip(link).await?;
-        let key = (kind, name.clone());
+        let key = name.clone();
         let mut queued: Option<QueueTicket> = None;
         loop {
             let (wake, next_expiry) = {
@@ -296,14 +312,15 @@ impl Store {
                     ));
                 }
                 let me = queued.as_ref().map(|t| t.waiter);
-                let ahead = want.fair && entry.someone_ahead(me);
+                let ahead = want.fair && !entry.is_downgrade(&want) && entry.someone_ahead(me);
                 let free = entry.compatible(&want, &[]) || faults.broken(Sabotage::NoExclusion);
                 if !ahead && free {
                     if let Some(ticket) = queued.take() {
                         ticket.disarm(entry);
                     }
-                    let token = tokens.entry(key.clone()).or_insert(0);
-                    *token += 1;
+                    *tokens += 1;
+                    let token = *tokens;
+                    entry.last_token = Some(token);
                     // The lease runs from the grant: this instant is when the store said yes.
                     let sent = if faults.broken(Sabotage::LeaseFromCallStart) {
                         called
@@ -315,6 +332,7 @@ impl Store {
                     entry.holds.push(HoldRecord {
                         id,
                         owner: want.owner,
+                        kind,
                         mode: want.mode,
                         expires: later(sent, want.lease.ttl()),
                         signal: signal.clone(),
@@ -335,7 +353,7 @@ impl Store {
                             BACKEND,
                             want.mode.kind(kind),
                             name.clone(),
-                            FencingToken::new(*token),
+                            FencingToken::new(token),
                             want.lease,
                             sent,
                             hold,
@@ -394,18 +412,18 @@ impl Store {
         }
     }
 
-    fn release(&self, key: &(Kind, LockName), id: u64) -> Result<()> {
+    fn release(&self, key: &LockName, id: u64) -> Result<()> {
         let mut state = lock(&self.state);
         let now = Instant::now();
         let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
         let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
         let Some(entry) = state.entries.get_mut(key) else {
-            return Err(Error::lock_lost(&key.1));
+            return Err(Error::lock_lost(key));
         };
         entry.prune(now);
         let Some(at) = Self::find(entry, id, owner_blind) else {
             entry.wake();
-            return Err(Error::lock_lost(&key.1));
+            return Err(Error::lock_lost(key));
         };
         entry.holds.swap_remove(at);
         if !entry
@@ -419,13 +437,13 @@ impl Store {
         if entry.is_empty() {
             state.entries.remove(key);
             if restart_tokens {
-                state.tokens.remove(key);
+                state.tokens = 0;
             }
         }
         Ok(())
     }
 
-    fn extend(&self, key: &(Kind, LockName), id: u64, ttl: Duration) -> Result<()> {
+    fn extend(&self, key: &LockName, id: u64, ttl: Duration) -> Result<()> {
         let mut state = lock(&self.state);
         if state.faults.fail_renewals || state.faults.broken(Sabotage::NoRenewal) {
             return Err(Error::Connection {
@@ -446,7 +464,7 @@ impl Store {
                 hold.expires = later(now, ttl);
                 Ok(())
             }
-            None => Err(Error::lock_lost(&key.1)),
+            None => Err(Error::lock_lost(key)),
         }
     }
 
@@ -460,7 +478,7 @@ impl Store {
             entries, tokens, ..
         } = &mut *state;
         entries.retain(|key, entry| {
-            if key.1.as_str() == name {
+            if key.as_str() == name {
                 for h in entry.holds.drain(..) {
                     h.signal.mark_lost(LossReason::Forced);
                     expired += 1;
@@ -470,7 +488,7 @@ impl Store {
             }
             let keep = !entry.is_empty();
             if !keep && restart_tokens {
-                tokens.remove(key);
+                *tokens = 0;
             }
             keep
         });
@@ -487,7 +505,7 @@ impl Store {
             entries, tokens, ..
         } = &mut *state;
         entries.retain(|key, entry| {
-            if key.1.as_str() == name {
+            if key.as_str() == name {
                 dropped += entry.holds.len();
                 entry.holds.clear();
                 entry.permits = None;
@@ -495,46 +513,39 @@ impl Store {
             }
             let keep = !entry.is_empty();
             if !keep && restart_tokens {
-                tokens.remove(key);
+                *tokens = 0;
             }
             keep
         });
         dropped
     }
 
-    /// What the store holds for `name` (the first primitive found holding it) and the last
-    /// token issued for it.
+    /// What the store holds for `name` and the last token issued for it while it was in use
+    /// (the store keeps no record of a name nobody holds or waits for).
     pub(crate) fn describe(&self, name: &str) -> dlock_core::LockStatus {
         let mut state = lock(&self.state);
         let now = Instant::now();
-        let last_token = state
-            .tokens
+        let Some(entry) = state.entries.iter_mut().find(|(n, _)| n.as_str() == name) else {
+            return dlock_core::LockStatus::free(None);
+        };
+        let entry = entry.1;
+        entry.prune(now);
+        let last_token = entry.last_token;
+        let Some(first) = entry.holds.first() else {
+            return dlock_core::LockStatus::free(last_token);
+        };
+        let lock_kind = first.mode.kind(first.kind);
+        let holders = entry
+            .holds
             .iter()
-            .filter(|((_, n), _)| n.as_str() == name)
-            .map(|(_, t)| *t)
-            .max();
-        for ((kind, n), entry) in &mut state.entries {
-            if n.as_str() != name {
-                continue;
-            }
-            entry.prune(now);
-            let Some(first) = entry.holds.first() else {
-                continue;
-            };
-            let lock_kind = first.mode.kind(*kind);
-            let holders = entry
-                .holds
-                .iter()
-                .map(|h| format!("hold-{}", h.id))
-                .collect();
-            let remaining = entry
-                .next_expiry()
-                .map(|e| e.saturating_duration_since(now));
-            return dlock_core::LockStatus::held_by(lock_kind, holders)
-                .with_remaining(remaining)
-                .with_last_token(last_token);
-        }
-        dlock_core::LockStatus::free(last_token)
+            .map(|h| format!("hold-{}", h.id))
+            .collect();
+        let remaining = entry
+            .next_expiry()
+            .map(|e| e.saturating_duration_since(now));
+        dlock_core::LockStatus::held_by(lock_kind, holders)
+            .with_remaining(remaining)
+            .with_last_token(last_token)
     }
 
     /// Free permits of semaphore `name` out of `permits`: ended leases count as free.
@@ -546,7 +557,7 @@ impl Store {
     ) -> Result<u32> {
         self.round_trip(link).await?;
         let mut state = lock(&self.state);
-        let Some(entry) = state.entries.get_mut(&(Kind::Semaphore, name.clone())) else {
+        let Some(entry) = state.entries.get_mut(name) else {
             return Ok(permits);
         };
         if entry.prune(Instant::now()) {
@@ -564,7 +575,7 @@ impl Store {
         let mut state = lock(&self.state);
         let now = Instant::now();
         let mut counts = (0, 0);
-        for ((_, n), entry) in &mut state.entries {
+        for (n, entry) in &mut state.entries {
             if n.as_str() == name {
                 if entry.prune(now) {
                     entry.wake();
@@ -598,7 +609,7 @@ impl Store {
 /// on any wake-up it may have received.
 struct QueueTicket {
     store: Arc<Store>,
-    key: (Kind, LockName),
+    key: LockName,
     waiter: u64,
     wake: Arc<Notify>,
     armed: bool,
@@ -636,7 +647,7 @@ impl Drop for QueueTicket {
 struct MemoryHold {
     store: Arc<Store>,
     link: Arc<Link>,
-    key: (Kind, LockName),
+    key: LockName,
     id: u64,
 }
 

@@ -1,6 +1,8 @@
-//! Reentrancy: the handle (and its clones) is the owner.
+//! Reentrancy: the owner of a hold is the task that took it through a handle; tasks that
+//! share a handle exclude each other.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlock_core::LockOptions;
@@ -50,74 +52,97 @@ pub async fn reentrant_lock_freed_by_last_guard(f: &impl Factory) {
     assert!(is_free(f, &b, &name).await, "free after the last guard");
 }
 
-/// Clones of a handle are one owner: a clone in another task re-enters.
-pub async fn clones_share_the_owner(f: &impl Factory) {
+/// Tasks that share one handle (an `Arc`, as they would a `tokio::sync::Mutex`) exclude each
+/// other: eight tasks acquire it at once and at most one is inside at a time. Within its own
+/// task a holder still re-enters, with the same token (where the backend is reentrant).
+pub async fn tasks_sharing_a_handle_exclude_each_other(f: &impl Factory) {
     let a = client(f).await;
-    if !caps(&a).reentrant {
-        return unsupported(f, "no reentrant locks");
+    let reentrant = caps(&a).reentrant;
+    let options = LockOptions::new().with_reentrant(reentrant);
+    let l = lock_with(&a, &Names::new().name("shared"), options);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tasks = (0..8).map(|_| {
+        let (l, inside, most) = (Arc::clone(&l), Arc::clone(&inside), Arc::clone(&most));
+        tokio::spawn(async move {
+            let g = l.acquire().await.unwrap_or_else(|e| panic!("acquire: {e}"));
+            let again = if reentrant {
+                let again = l
+                    .try_acquire(ZERO)
+                    .await
+                    .unwrap_or_else(|e| panic!("re-entry: {e}"))
+                    .expect("the holder's own task re-enters");
+                assert_eq!(again.fencing_token(), g.fencing_token(), "re-entry token");
+                Some(again)
+            } else {
+                None
+            };
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            if let Some(again) = again {
+                release(again).await;
+            }
+            release(g).await;
+        })
+    });
+    let done = must(
+        f.slack() * 8,
+        "eight tasks of one handle, one after the other",
+        futures::future::join_all(tasks),
+    )
+    .await;
+    for r in done {
+        r.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     }
-    let l = lock(&a, &Names::new().name("clone"));
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "tasks that share one handle were inside the lock together"
+    );
+}
+
+/// A guard's explicit re-entry hands the hold to another task: same token, and nobody else
+/// gets in until both guards are released; a clone of the handle in a third task waits
+/// for them like anyone else.
+pub async fn explicit_reentry_hands_the_hold_to_another_task(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let name = Names::new().name("handed");
+    let l = lock(&a, &name);
     let g = take(f, &l).await;
+    let handed = g.reenter().unwrap_or_else(|e| panic!("reenter: {e}"));
+    assert_eq!(handed.fencing_token(), g.fencing_token());
     let clone = Arc::clone(&l);
+    let waited = tokio::spawn(async move {
+        clone
+            .try_acquire(Duration::from_millis(200))
+            .await
+            .map(|g| g.is_some())
+    });
+    let waited = must(f.slack() * 2, "a clone's wait in another task", waited)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .unwrap_or_else(|e| panic!("try_acquire: {e}"));
+    assert!(
+        !waited,
+        "a clone in another task got the lock its sibling holds"
+    );
     let token = must(
         f.slack(),
-        "re-entry through a clone in another task",
+        "the handed guard's release in another task",
         tokio::spawn(async move {
-            let g = clone.acquire().await.unwrap();
-            let t = g.fencing_token();
-            release(g).await;
+            let t = handed.fencing_token();
+            release(handed).await;
             t
         }),
     )
     .await
-    .unwrap();
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     assert_eq!(token, g.fencing_token());
-    assert!(g.is_held());
+    assert!(g.is_held(), "the first guard still holds");
+    assert_busy(&lock(&b, &name), "one guard of the hold is left").await;
     release(g).await;
-}
-
-/// Two tasks of one handle acquire a free lock at the same moment: one goes to the store, the
-/// other re-enters its hold (same token); nobody else gets in until both released.
-pub async fn concurrent_first_acquires_of_one_handle_share_the_hold(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).reentrant {
-        return unsupported(f, "no reentrant locks");
-    }
-    let name = Names::new().name("twins");
-    let l = lock(&a, &name);
-    let barrier = Arc::new(tokio::sync::Barrier::new(2));
-    let tasks = (0..2).map(|_| {
-        let (l, barrier) = (Arc::clone(&l), Arc::clone(&barrier));
-        tokio::spawn(async move {
-            barrier.wait().await;
-            l.acquire().await
-        })
-    });
-    let results = must(
-        f.slack() * 2,
-        "two tasks of one handle",
-        futures::future::join_all(tasks),
-    )
-    .await;
-    let guards: Vec<_> = results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-                .unwrap_or_else(|e| panic!("acquire: {e}"))
-        })
-        .collect();
-    assert_eq!(
-        guards[0].fencing_token(),
-        guards[1].fencing_token(),
-        "the second task re-entered the first one's hold"
-    );
-    let other = lock(&b, &name);
-    let mut guards = guards.into_iter();
-    let first = guards.next().unwrap();
-    let second = guards.next().unwrap();
-    release(first).await;
-    assert_busy(&other, "the handle's second guard still holds it").await;
-    release(second).await;
     assert!(is_free(f, &b, &name).await, "free after both guards");
 }
 

@@ -1,0 +1,299 @@
+//! The state every guard of one hold shares with its lease keeper: when the hold ends as far
+//! as this client can vouch, whether it is lost, released or still held, and the paths that
+//! release it or clean up after its loss.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::error::{Error, Result};
+use crate::finish::finish_if_dropped;
+use crate::hold::{Hold, HoldSignal, HoldState, Horizon, NewHold};
+use crate::loss::{LockKind, LossReason};
+use crate::metrics;
+use crate::name::{FencingToken, LockName};
+use crate::options::{DriftAllowance, Lease};
+use crate::starter::Task;
+use crate::sync::Mutex;
+use crate::time::{earlier, later};
+use crate::trace::{self, Who};
+
+/// State shared by every guard of one hold (re-entrant guards share it) and its lease keeper.
+///
+/// The hold is vouched for until the earlier of its lease end (counted from the send time of
+/// the request that granted or last renewed it) and its session's [`Horizon`], less the drift
+/// allowance: past that moment the store may have given the lock to someone else, so
+/// [`check`](Self::check) marks the hold lost, whether or not anyone else noticed.
+pub(crate) struct Shared {
+    pub(crate) backend: &'static str,
+    pub(crate) kind: LockKind,
+    pub(crate) name: LockName,
+    pub(crate) token: FencingToken,
+    pub(crate) lease: Lease,
+    pub(crate) hold: Arc<dyn Hold>,
+    pub(crate) signal: HoldSignal,
+    /// When the granted request was sent: the first lease period starts here.
+    pub(crate) granted: Instant,
+    /// When the lease ends on the store at the earliest; the keeper and `extend` move it.
+    lease_end: Mutex<Instant>,
+    /// The session's bound, where the hold lives in a session.
+    horizon: Option<Horizon>,
+    /// The drift allowance, in nanoseconds: set from the handle's options after the grant.
+    allowance: AtomicU64,
+    /// Wakes the keeper when `extend` moved the end.
+    pub(crate) extended: Notify,
+    /// The lease keeper, waiting for its start or running.
+    pub(crate) keeper: Mutex<Option<Task>>,
+    /// Set before the keeper is stopped on purpose, so its drop does not report a loss.
+    keeper_disarmed: AtomicBool,
+    /// Whoever cleans up on the store after a loss claims it first, so it is done once, by
+    /// the keeper or by the release, whichever comes first.
+    cleanup_claimed: AtomicBool,
+    /// The runtime the hold was granted on: background releases go there first.
+    pub(crate) runtime: Option<Handle>,
+    /// Live guards of this hold; the remote hold is released when it drops to zero.
+    guards: Mutex<usize>,
+    /// This hold in the `dlock_holds` gauge while it exists.
+    _live: metrics::Live,
+}
+
+impl Shared {
+    /// The state of a fresh hold granted on `runtime`, with one guard.
+    pub(crate) fn new(new: NewHold, runtime: Option<Handle>) -> Self {
+        new.signal.bind(Who {
+            backend: new.backend,
+            kind: new.kind,
+            name: new.name.clone(),
+            token: new.token,
+        });
+        let ttl = new.lease.ttl();
+        Self {
+            backend: new.backend,
+            kind: new.kind,
+            name: new.name,
+            token: new.token,
+            lease: new.lease,
+            hold: new.hold,
+            signal: new.signal,
+            granted: new.sent,
+            lease_end: Mutex::new(later(new.sent, ttl)),
+            horizon: new.horizon,
+            allowance: AtomicU64::new(nanos(new.drift.of(ttl))),
+            extended: Notify::new(),
+            keeper: Mutex::new(None),
+            keeper_disarmed: AtomicBool::new(false),
+            cleanup_claimed: AtomicBool::new(false),
+            runtime,
+            guards: Mutex::new(1),
+            _live: metrics::Live::new(new.backend, new.kind),
+        }
+    }
+
+    /// When the lease ends on the store at the earliest.
+    pub(crate) fn lease_end(&self) -> Instant {
+        *self.lease_end.lock()
+    }
+
+    /// Moves the lease end (a renewal or an extension the store confirmed).
+    pub(crate) fn set_lease_end(&self, end: Instant) {
+        *self.lease_end.lock() = end;
+    }
+
+    /// The drift allowance.
+    pub(crate) fn allowance(&self) -> Duration {
+        Duration::from_nanos(self.allowance.load(Ordering::Relaxed))
+    }
+
+    /// Sets the drift allowance from the handle's options.
+    pub(crate) fn set_drift(&self, drift: DriftAllowance) {
+        self.allowance
+            .store(nanos(drift.of(self.lease.ttl())), Ordering::Relaxed);
+    }
+
+    /// The last moment this client vouches for the hold (its lease end or horizon, whichever
+    /// comes first, less the drift allowance), and why the hold is lost past it.
+    pub(crate) fn end(&self) -> (Instant, LossReason) {
+        let lease_end = self.lease_end();
+        let (bound, reason) = match &self.horizon {
+            Some(h) if h.at() < lease_end => (h.at(), h.reason()),
+            _ => (lease_end, self.reason_at_lease_end()),
+        };
+        (earlier(bound, self.allowance()), reason)
+    }
+
+    /// The last moment this client vouches for the hold.
+    pub(crate) fn vouched_until(&self) -> Instant {
+        self.end().0
+    }
+
+    /// Whether the hold can still be vouched for: not lost, not released, and not past its
+    /// end. A hold found past its end is marked lost here, even if its keeper never ran (a
+    /// blocked runtime, a paused process).
+    pub(crate) fn check(&self) -> bool {
+        if self.signal.is_lost() || self.signal.is_released() {
+            return false;
+        }
+        let (end, reason) = self.end();
+        if Instant::now() < end {
+            return true;
+        }
+        self.signal.mark_lost(reason);
+        false
+    }
+
+    /// Whether the backend vouches for the hold right now: [`check`](Self::check), and not
+    /// suspended.
+    pub(crate) fn is_held(&self) -> bool {
+        self.check() && self.signal.state() == HoldState::Held
+    }
+
+    /// Why a hold whose lease end passed is lost.
+    fn reason_at_lease_end(&self) -> LossReason {
+        if !self.lease.is_watchdog() {
+            LossReason::FixedLeaseEnded
+        } else if self.signal.renewal_failing() {
+            LossReason::RenewalFailed
+        } else {
+            LossReason::LeaseEnded
+        }
+    }
+
+    /// Adds a guard (re-entry). Fails if the hold is being released, is lost or past its end,
+    /// or is suspended: re-entry hands out only holds the backend vouches for.
+    pub(crate) fn enter(&self) -> bool {
+        let mut guards = self.guards.lock();
+        if *guards == 0 || !self.is_held() {
+            return false;
+        }
+        *guards += 1;
+        true
+    }
+
+    /// Whether a guard is live and the hold can be vouched for.
+    pub(crate) fn is_live(&self) -> bool {
+        *self.guards.lock() > 0 && self.check()
+    }
+
+    /// Removes a guard; true if it was the last one, which must release the hold.
+    pub(crate) fn leave(&self) -> bool {
+        let mut guards = self.guards.lock();
+        *guards = guards.saturating_sub(1);
+        *guards == 0
+    }
+
+    /// Disarms and stops the keeper.
+    pub(crate) fn stop_keeper(&self) {
+        self.keeper_disarmed.store(true, Ordering::SeqCst);
+        let stopped = self.keeper.lock().take();
+        drop(stopped);
+    }
+
+    /// Whether the keeper was stopped on purpose.
+    pub(crate) fn keeper_disarmed(&self) -> bool {
+        self.keeper_disarmed.load(Ordering::SeqCst)
+    }
+
+    /// Called when the keeper stops, or will never start: a keeper that stops while armed
+    /// (its runtime shut down, a backend call panicked) reports the loss.
+    pub(crate) fn keeper_stopped(&self) {
+        if !self.keeper_disarmed() {
+            self.signal.mark_lost(LossReason::KeeperStopped);
+        }
+    }
+
+    /// Claims the clean-up after a loss; true for the first caller only.
+    pub(crate) fn claim_cleanup(&self) -> bool {
+        !self.cleanup_claimed.swap(true, Ordering::SeqCst)
+    }
+
+    /// After a loss: what may be left on the store is released, best effort (the release is
+    /// owner-checked, so it cannot touch a hold that someone else took over meanwhile; a
+    /// backend without a server-side lease, such as ZooKeeper, would keep its node until the
+    /// session ends). Runs to its end once begun, even if its caller is dropped.
+    pub(crate) async fn clean_up_after_loss(&self) {
+        let hold = Arc::clone(&self.hold);
+        let (backend, name) = (self.backend, self.name.clone());
+        finish_if_dropped(async move {
+            if let Err(e) = hold.release().await {
+                tracing::debug!(backend, lock = %name, error = %e, "clean-up after a loss found nothing to release");
+            }
+        })
+        .await;
+    }
+
+    /// Releases the hold on the store (its last guard is gone), or cleans up after a loss.
+    pub(crate) async fn release_remote(&self) -> Result<()> {
+        self.stop_keeper();
+        if !self.check() {
+            if self.claim_cleanup() {
+                self.clean_up_after_loss().await;
+            }
+            return Err(Error::lock_lost(&self.name));
+        }
+        let result = self.hold.release().await;
+        let outcome = match &result {
+            Ok(()) => {
+                self.signal.set_released();
+                "released"
+            }
+            Err(Error::LockLost { .. }) => {
+                self.signal.mark_lost(LossReason::Gone);
+                "lost"
+            }
+            // Not released: the hold ends with its lease or session, and is reported lost
+            // then (a release that failed is no clean one).
+            Err(_) => "error",
+        };
+        metrics::released(self.backend, self.kind, outcome);
+        result
+    }
+
+    /// The release of a hold whose last guard was dropped, in a task on the runtime the hold
+    /// was granted on (or, if that one is gone, the current one); nothing without either, and
+    /// the lease or session ends the hold.
+    pub(crate) fn release_in_background(self: Arc<Self>) {
+        self.stop_keeper();
+        let lost = !self.check();
+        if lost && (self.signal.is_released() || !self.claim_cleanup()) {
+            return;
+        }
+        let Some(runtime) = self.runtime.clone().or_else(|| Handle::try_current().ok()) else {
+            return;
+        };
+        let span = trace::release(self.backend, self.kind, &self.name, true);
+        // A runtime that is shutting down refuses new tasks quietly; the lease then ends the hold.
+        runtime.spawn(
+            async move {
+                if lost {
+                    self.clean_up_after_loss().await;
+                } else if let Err(e) = self.release_remote().await {
+                    tracing::warn!(error = %e, "background release failed; the lease will end the hold");
+                }
+            }
+            .instrument(span),
+        );
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("backend", &self.backend)
+            .field("kind", &self.kind)
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("lease", &self.lease)
+            .field("state", &self.signal.state())
+            .finish()
+    }
+}
