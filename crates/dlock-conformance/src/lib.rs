@@ -88,6 +88,18 @@ pub trait Factory: Send + Sync + 'static {
         None
     }
 
+    /// As [`connect_partitionable`](Self::connect_partitionable), with the backend's default
+    /// settings (its default session timeout or lease TTL; the holds then take the default
+    /// 30 s watchdog lease): what users run. For the case that cuts a holder's network
+    /// silently and checks that it stops before anyone else is granted the lock, a claim that
+    /// shortened sessions cannot prove. `None` if the factory cannot (the case then says it
+    /// skipped, and why).
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        None
+    }
+
     /// The short lease used by the expiry cases. Long enough that a healthy renewal never
     /// misses it on a loaded 2-core machine.
     fn short_lease(&self) -> Duration {
