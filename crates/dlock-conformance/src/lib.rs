@@ -171,7 +171,7 @@ pub const PROMISES: &[(u8, &str)] = &[
     (2, "Reentrancy"),
     (3, "Owner-only release and extend"),
     (4, "Expiry"),
-    (5, "Loss is reported"),
+    (5, "Loss is reported before the lock can pass on"),
     (6, "Fencing"),
     (7, "Fairness"),
     (8, "Waiting"),
@@ -183,6 +183,7 @@ pub const PROMISES: &[(u8, &str)] = &[
     (14, "Dropping a guard"),
     (15, "Time: leases from the grant, huge durations"),
     (16, "Inspection"),
+    (17, "One name, several kinds"),
 ];
 
 /// Every case, with the promise it checks (see [`PROMISES`]). The macro below runs exactly
@@ -259,6 +260,23 @@ pub const CASES: &[(&str, u8)] = &[
     ("extend_by_huge_durations_never_panics", 15),
     ("multilock_with_huge_waits", 15),
     ("describe_reports_the_holder", 16),
+    ("a_silent_holder_stops_before_the_lock_passes_on", 5),
+    (
+        "a_partitioned_holders_loss_comes_before_the_store_frees_the_lock",
+        5,
+    ),
+    ("lost_never_resolves_after_a_clean_release", 5),
+    ("a_silent_store_is_an_error_not_a_held_lock", 8),
+    ("a_cancelled_release_finishes_and_is_no_loss", 9),
+    ("a_guard_dropped_off_runtime_is_released", 14),
+    ("rw_fair_downgrade_with_a_writer_queued", 10),
+    ("rw_a_sibling_tasks_read_makes_a_writer_wait", 10),
+    ("a_drift_allowance_over_half_the_lease_is_rejected", 13),
+    (
+        "a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other",
+        17,
+    ),
+    ("a_lock_and_a_semaphore_on_one_name_exclude_each_other", 17),
 ];
 
 /// Instantiates every conformance case as a `#[tokio::test]` in the calling module.
@@ -340,6 +358,17 @@ macro_rules! conformance_tests {
             extend_by_huge_durations_never_panics,
             multilock_with_huge_waits,
             describe_reports_the_holder,
+            a_silent_holder_stops_before_the_lock_passes_on,
+            a_partitioned_holders_loss_comes_before_the_store_frees_the_lock,
+            lost_never_resolves_after_a_clean_release,
+            a_silent_store_is_an_error_not_a_held_lock,
+            a_cancelled_release_finishes_and_is_no_loss,
+            a_guard_dropped_off_runtime_is_released,
+            rw_fair_downgrade_with_a_writer_queued,
+            rw_a_sibling_tasks_read_makes_a_writer_wait,
+            a_drift_allowance_over_half_the_lease_is_rejected,
+            a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other,
+            a_lock_and_a_semaphore_on_one_name_exclude_each_other,
         );
     };
 }
@@ -371,6 +400,8 @@ mod tests {
             include_str!("cases/leases.rs"),
             include_str!("cases/fencing.rs"),
             include_str!("cases/inspection.rs"),
+            include_str!("cases/kinds.rs"),
+            include_str!("cases/silence.rs"),
             include_str!("cases/fairness.rs"),
             include_str!("cases/cancellation.rs"),
             include_str!("cases/names.rs"),
@@ -420,6 +451,6 @@ mod tests {
                 "{name} checks unknown promise {point}"
             );
         }
-        assert!(fns.len() >= 60, "the suite has {} cases", fns.len());
+        assert!(fns.len() >= 80, "the suite has {} cases", fns.len());
     }
 }

@@ -17,6 +17,9 @@ pub enum Outcome {
     Skipped(String),
     /// The case checks a refusal the backend has no reason to make (it offers the feature).
     NotApplicable(String),
+    /// The case ran but its run proves nothing (the machine stalled through the window it
+    /// watches, or the event it needs never came): neither passed nor failed.
+    Inconclusive(String),
 }
 
 impl fmt::Display for Outcome {
@@ -26,12 +29,15 @@ impl fmt::Display for Outcome {
             Self::Unsupported(why) => write!(f, "unsupported: {why}"),
             Self::Skipped(why) => write!(f, "skipped: {why}"),
             Self::NotApplicable(why) => write!(f, "n/a: {why}"),
+            Self::Inconclusive(why) => write!(f, "inconclusive: {why}"),
         }
     }
 }
 
 struct Current {
     outcome: Mutex<Option<Outcome>>,
+    /// What the case measured, as `what: value` lines for the results file.
+    measured: Mutex<Vec<String>>,
 }
 
 tokio::task_local! {
@@ -45,11 +51,22 @@ pub(crate) fn note(outcome: Outcome) {
     });
 }
 
+/// Records a figure the case measured (a margin, a delay), for `docs/guarantees.md`.
+pub(crate) fn measure(what: &str, value: impl fmt::Display) {
+    let _ = CURRENT.try_with(|c| {
+        c.measured
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(format!("measured: {what}: {value}"));
+    });
+}
+
 /// Runs one case against `factory` and records how it ended when `DLOCK_RESULTS_DIR` is set
 /// (a case that fails panics, and records nothing).
 pub async fn run<F: Factory>(factory: &F, case: &str, body: impl Future<Output = ()>) {
     let current = Arc::new(Current {
         outcome: Mutex::new(None),
+        measured: Mutex::new(Vec::new()),
     });
     CURRENT.scope(Arc::clone(&current), body).await;
     let outcome = current
@@ -67,8 +84,17 @@ pub async fn run<F: Factory>(factory: &F, case: &str, body: impl Future<Output =
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
     let dir = std::path::Path::new(&dir).join(folder);
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(case), format!("{label}\n{outcome}\n")));
+    let mut text = format!("{label}\n{outcome}\n");
+    for line in current
+        .measured
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+    {
+        text.push_str(line);
+        text.push('\n');
+    }
+    let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(case), text));
     if let Err(e) = written {
         panic!(
             "cannot record the result of {case} in {}: {e}",

@@ -184,11 +184,13 @@ impl StallProbe {
         let worst = self.worst_within(lease * 2);
         let stalled = worst >= lease / 2;
         if stalled {
-            eprintln!(
-                "{what}: the runtime stalled {worst:?}, half the {lease:?} lease or more: its \
-                 watchdog could not renew in time, so the loss is the lease doing its job and \
-                 this run proves nothing about keeping a live hold"
+            let why = format!(
+                "the runtime stalled {worst:?}, half the {lease:?} lease or more: its watchdog \
+                 could not renew in time, so the loss is the lease doing its job and this run \
+                 proves nothing about keeping a live hold"
             );
+            eprintln!("{what}: {why}");
+            crate::record::note(crate::Outcome::Inconclusive(why));
         }
         stalled
     }
@@ -319,12 +321,14 @@ impl StoreProbe {
         let slowest = self.slowest_within(lease * 2);
         let slow = slowest >= lease / 2;
         if slow {
-            eprintln!(
-                "{what}: the store took {slowest:?} to answer another client, half the \
-                 {lease:?} lease or more: the watchdog could not renew in time, so the loss \
+            let why = format!(
+                "the store took {slowest:?} to answer another client, half the {lease:?} \
+                 lease or more: the watchdog could not renew in time, so the loss \
                  ({reason:?}) is the lease doing its job and this run proves nothing about \
                  keeping a live hold"
             );
+            eprintln!("{what}: {why}");
+            crate::record::note(crate::Outcome::Inconclusive(why));
         }
         slow
     }

@@ -62,6 +62,12 @@ impl Factory for Broken {
         Some(Ok((Arc::new(p.clone()), Box::new(Cut(p)))))
     }
 
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        self.connect_partitionable().await
+    }
+
     fn short_lease(&self) -> Duration {
         Duration::from_millis(300)
     }
@@ -200,6 +206,34 @@ caught!(
     reentrant_lock_freed_by_last_guard,
 );
 
+caught!(
+    kinds_kept_apart_are_caught,
+    Sabotage::KindsApart,
+    a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other,
+    a_lock_and_a_semaphore_on_one_name_exclude_each_other,
+);
+
+caught!(
+    silence_taken_for_a_held_lock_is_caught,
+    Sabotage::SilenceIsHeld,
+    a_silent_store_is_an_error_not_a_held_lock,
+);
+
+// A store that frees a hold 2 % of its lease early, beyond the client's 1 % + 5 ms drift
+// allowance: with the default 30 s lease, another client is granted the lock before the
+// silent holder stops.
+caught!(
+    a_store_that_frees_early_is_caught,
+    Sabotage::FreeEarly,
+    a_silent_holder_stops_before_the_lock_passes_on,
+);
+
+caught!(
+    a_fair_downgrade_queued_behind_writers_is_caught,
+    Sabotage::DowngradeQueued,
+    rw_fair_downgrade_with_a_writer_queued,
+);
+
 /// The same cases pass on an intact store: the failures above are the sabotage's doing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_intact_store_passes_the_same_cases() {
@@ -210,6 +244,10 @@ async fn an_intact_store_passes_the_same_cases() {
     cases::cancelled_fair_waiters_leave_nothing(&f).await;
     cases::semaphore_handles_must_agree_on_permits(&f).await;
     cases::tasks_sharing_a_handle_exclude_each_other(&f).await;
+    cases::a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other(&f).await;
+    cases::a_lock_and_a_semaphore_on_one_name_exclude_each_other(&f).await;
+    cases::a_silent_store_is_an_error_not_a_held_lock(&f).await;
+    cases::rw_fair_downgrade_with_a_writer_queued(&f).await;
 }
 
 /// A factory that cannot count residue fails the cancellation cases; it never passes them in

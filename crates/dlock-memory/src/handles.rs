@@ -20,6 +20,7 @@ impl RawLock for MemoryMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
         let want = Want {
             owner: self.store.next_id(),
+            kind: Kind::Mutex,
             mode: Mode::Exclusive,
             fair: req.options.fair,
             lease: req.options.lease,
@@ -73,6 +74,7 @@ impl MemoryReadWrite {
     ) -> Result<Option<LockGuard>> {
         let want = Want {
             owner,
+            kind: Kind::ReadWrite,
             mode,
             fair: req.options.fair,
             lease: req.options.lease,
@@ -95,6 +97,7 @@ impl RawSemaphore for MemorySemaphore {
     async fn acquire(&self, req: &Request<'_>, permits: u32) -> Result<Option<LockGuard>> {
         let want = Want {
             owner: self.store.next_id(),
+            kind: Kind::Semaphore,
             mode: Mode::Permit(permits),
             fair: req.options.fair,
             lease: req.options.lease,

@@ -50,6 +50,7 @@ impl Mode {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Want {
     pub(crate) owner: u64,
+    pub(crate) kind: Kind,
     pub(crate) mode: Mode,
     pub(crate) fair: bool,
     pub(crate) lease: Lease,
@@ -90,6 +91,16 @@ pub enum Sabotage {
     LateRelease,
     /// Refuse every renewal: a watchdog cannot keep any hold past its first lease.
     NoRenewal,
+    /// Keep a mutex, a read-write lock and a semaphore on one name apart: each kind ignores
+    /// the others' holds.
+    KindsApart,
+    /// Answer "held by someone" (`Ok(None)`) when the store cannot be reached.
+    SilenceIsHeld,
+    /// End holds on the store 2 % of their lease early, more than the client's drift
+    /// allowance.
+    FreeEarly,
+    /// Queue a fair downgrade (a read beside the owner's own write) behind waiting writers.
+    DowngradeQueued,
 }
 
 #[derive(Debug)]
@@ -117,18 +128,21 @@ struct Entry {
     permits: Option<u32>,
     /// The last fencing token issued on the name while this entry lived.
     last_token: Option<u64>,
+    /// Sabotaged ([`Sabotage::KindsApart`]): each kind ignores the holds of the others.
+    apart: bool,
 }
 
 impl Entry {
     /// Whether `want` is compatible with the holds plus `extra` holds granted in simulation.
-    fn compatible(&self, want: &Want, extra: &[(u64, Mode)]) -> bool {
+    fn compatible(&self, want: &Want, extra: &[(u64, Kind, Mode)]) -> bool {
         let holds = self
             .holds
             .iter()
-            .map(|h| (h.owner, h.mode))
-            .chain(extra.iter().copied());
+            .map(|h| (h.owner, h.kind, h.mode))
+            .chain(extra.iter().copied())
+            .filter(|(_, kind, _)| !self.apart || *kind == want.kind);
         let mut count = 0u32;
-        for (owner, mode) in holds {
+        for (owner, _, mode) in holds {
             match (want.mode, mode) {
                 // A reader may share with readers and with its own write hold (downgrade).
                 (Mode::Shared, Mode::Shared) => {}
@@ -177,13 +191,13 @@ impl Entry {
     /// a woken waiter takes its hold itself. One release wakes one exclusive waiter, or every
     /// reader that can share, or as many permit waiters as permits came free.
     fn wake(&self) {
-        let mut granted: Vec<(u64, Mode)> = Vec::new();
+        let mut granted: Vec<(u64, Kind, Mode)> = Vec::new();
         let mut blocked = false;
         for w in &self.waiters {
             let can = self.compatible(&w.want, &granted) && !(w.want.fair && blocked);
             if can {
                 w.wake.notify_one();
-                granted.push((w.want.owner, w.want.mode));
+                granted.push((w.want.owner, w.want.kind, w.want.mode));
             } else {
                 blocked = true;
             }
@@ -280,7 +294,12 @@ impl Store {
         deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
         let called = Instant::now();
-        self.round_trip(link).await?;
+        if let Err(e) = self.round_trip(link).await {
+            if lock(&self.state).faults.broken(Sabotage::SilenceIsHeld) {
+                return Ok(None);
+            }
+            return Err(e);
+        }
         let key = name.clone();
         let mut queued: Option<QueueTicket> = None;
         loop {
@@ -292,7 +311,10 @@ impl Store {
                     tokens,
                     faults,
                 } = &mut *state;
-                let entry = entries.entry(key.clone()).or_default();
+                let entry = entries.entry(key.clone()).or_insert_with(|| Entry {
+                    apart: faults.broken(Sabotage::KindsApart),
+                    ..Entry::default()
+                });
                 if entry.prune(now) {
                     entry.wake();
                 }
@@ -312,7 +334,9 @@ impl Store {
                     ));
                 }
                 let me = queued.as_ref().map(|t| t.waiter);
-                let ahead = want.fair && !entry.is_downgrade(&want) && entry.someone_ahead(me);
+                let downgrade =
+                    entry.is_downgrade(&want) && !faults.broken(Sabotage::DowngradeQueued);
+                let ahead = want.fair && !downgrade && entry.someone_ahead(me);
                 let free = entry.compatible(&want, &[]) || faults.broken(Sabotage::NoExclusion);
                 if !ahead && free {
                     if let Some(ticket) = queued.take() {
@@ -334,7 +358,14 @@ impl Store {
                         owner: want.owner,
                         kind,
                         mode: want.mode,
-                        expires: later(sent, want.lease.ttl()),
+                        expires: later(
+                            sent,
+                            if faults.broken(Sabotage::FreeEarly) {
+                                want.lease.ttl() - want.lease.ttl() / 50
+                            } else {
+                                want.lease.ttl()
+                            },
+                        ),
                         signal: signal.clone(),
                     });
                     if let Mode::Permit(permits) = want.mode {
@@ -453,6 +484,7 @@ impl Store {
             });
         }
         let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
+        let early = state.faults.broken(Sabotage::FreeEarly);
         let now = Instant::now();
         let hold = state.entries.get_mut(key).and_then(|entry| {
             entry.prune(now);
@@ -461,6 +493,7 @@ impl Store {
         });
         match hold {
             Some(hold) => {
+                let ttl = if early { ttl - ttl / 50 } else { ttl };
                 hold.expires = later(now, ttl);
                 Ok(())
             }

@@ -58,6 +58,12 @@ impl Factory for MemoryFactory {
         Some(Ok((Arc::new(p.clone()), Box::new(Cut(p)))))
     }
 
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        self.connect_partitionable().await
+    }
+
     fn short_lease(&self) -> Duration {
         Duration::from_millis(300)
     }

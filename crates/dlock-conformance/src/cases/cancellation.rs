@@ -6,7 +6,7 @@ use dlock_core::{LockOptions, MultiLock};
 
 use super::{
     ZERO, assert_busy, caps, client, cuts, lock, lock_with, release, residue_is, residue_reaches,
-    rw, sem, take, unsupported, until_free,
+    rw, sem, short_watchdog, take, unsupported, until_free,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -215,4 +215,66 @@ pub async fn dropped_guard_is_released_in_background(f: &impl Factory) {
     let g = take(f, &lock(&a, &name)).await;
     drop(g);
     until_free(f, &lock(&b, &name), ZERO, "background release after drop").await;
+}
+
+/// A release cut off at many points (the future dropped while the call is under way)
+/// finishes in the background: the lock comes free, and the hold is not reported lost (a
+/// release sent twice would be answered "not yours").
+pub async fn a_cancelled_release_finishes_and_is_no_loss(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let name = Names::new().name("cancel-release");
+    let la = lock(&a, &name);
+    let lb = lock(&b, &name);
+    for cut in cuts().step_by(4) {
+        let g = take(f, &la).await;
+        let lost = g.lost();
+        let _ = tokio::time::timeout(cut, g.release()).await;
+        until_free(f, &lb, ZERO, "free after a cancelled release").await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), lost)
+                .await
+                .is_err(),
+            "a release cancelled after {cut:?} was reported as a loss"
+        );
+    }
+}
+
+/// A released hold is never reported lost: a `lost()` future that outlives a clean release
+/// stays pending past the old lease end.
+pub async fn lost_never_resolves_after_a_clean_release(f: &impl Factory) {
+    let a = client(f).await;
+    if !caps(&a).watchdog {
+        return unsupported(f, "no watchdog leases");
+    }
+    let g = take(
+        f,
+        &lock_with(&a, &Names::new().name("released"), short_watchdog(f)),
+    )
+    .await;
+    let lost = g.lost();
+    release(g).await;
+    assert!(
+        tokio::time::timeout(f.short_lease() * 2, lost)
+            .await
+            .is_err(),
+        "lost() resolved after a clean release"
+    );
+}
+
+/// A guard dropped on a thread with no runtime is released in the background on the runtime
+/// the hold was taken on: the lock comes free without waiting for the lease.
+pub async fn a_guard_dropped_off_runtime_is_released(f: &impl Factory) {
+    let (a, b) = (client(f).await, client(f).await);
+    let name = Names::new().name("dropped-off-runtime");
+    let g = take(f, &lock(&a, &name)).await;
+    std::thread::spawn(move || drop(g))
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    until_free(
+        f,
+        &lock(&b, &name),
+        ZERO,
+        "released after a drop off the runtime",
+    )
+    .await;
 }

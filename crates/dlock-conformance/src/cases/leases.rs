@@ -11,6 +11,7 @@ use super::{
     unsupported, until_free,
 };
 use crate::Factory;
+use crate::record::{Outcome, note};
 use crate::support::{Names, StallProbe, StoreProbe, must};
 
 /// A fixed lease runs out, another takes the lock, and the old guard's release is
@@ -252,11 +253,13 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
              {took:?} of a {lease:?} lease, and the runtime stalled only {stalled:?} meanwhile \
              (does try_acquire(ZERO) wait?)"
         );
-        eprintln!(
-            "fixed_lease_is_exclusive_until_its_end: the acquire and the first probe took \
-             {took:?} of the {lease:?} lease, {stalled:?} of it with the runtime stalled: no \
-             probe could be answered while it ran, so this run proves nothing about exclusion"
+        let why = format!(
+            "the acquire and the first probe took {took:?} of the {lease:?} lease, {stalled:?} \
+             of it with the runtime stalled: no probe could be answered while it ran, so this \
+             run proves nothing about exclusion"
         );
+        eprintln!("fixed_lease_is_exclusive_until_its_end: {why}");
+        note(Outcome::Inconclusive(why));
     }
     assert!(!g.is_held());
     assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));

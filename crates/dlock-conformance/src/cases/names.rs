@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{Error, Lease, LockName, LockOptions};
+use dlock_core::{DriftAllowance, Error, Lease, LockName, LockOptions};
 
 use super::{ZERO, assert_busy, caps, client, lock, not_applicable, release, take};
 use crate::Factory;
@@ -175,4 +175,37 @@ pub async fn missing_primitives_are_unsupported(f: &impl Factory) {
             .expect_err("semaphore without the capability");
         assert!(matches!(e, Error::Unsupported { .. }), "got {e:?}");
     }
+}
+
+/// A drift allowance over half the lease is `InvalidArgument` (the guard would stop vouching
+/// for its hold before its watchdog could renew it); none at all is accepted.
+pub async fn a_drift_allowance_over_half_the_lease_is_rejected(f: &impl Factory) {
+    let a = client(f).await;
+    let name = Names::new().name("drift");
+    let lease = LockOptions::default().lease.ttl();
+    let too_much = LockOptions::new().with_drift(DriftAllowance::new(600_000, Duration::ZERO));
+    let e = a
+        .lock(&name, too_much)
+        .expect_err("an allowance of 60 % of the lease");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                argument: "drift",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let fixed_too_much =
+        LockOptions::new().with_drift(DriftAllowance::new(0, lease / 2 + Duration::from_millis(1)));
+    assert!(
+        a.lock(&name, fixed_too_much).is_err(),
+        "half the lease and more"
+    );
+    let none = LockOptions::new().with_drift(DriftAllowance::NONE);
+    let l = a
+        .lock(&name, none)
+        .unwrap_or_else(|e| panic!("no allowance: {e}"));
+    release(take(f, &l).await).await;
 }
