@@ -131,11 +131,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// label → case → outcome line ("passed", "unsupported: ...", "skipped: ...", "n/a: ...").
+/// label → case → outcome line ("passed", "unsupported: ...", "skipped: ...", "n/a: ...",
+/// "inconclusive: ...").
 type Results = BTreeMap<String, BTreeMap<String, String>>;
 
-fn read(dir: &Path) -> Result<Results, String> {
+/// label → case → what the case measured ("what: value" lines).
+type Measured = BTreeMap<String, BTreeMap<String, Vec<String>>>;
+
+fn read(dir: &Path) -> Result<(Results, Measured), String> {
     let mut results = Results::new();
+    let mut measured = Measured::new();
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for folder in entries {
         let folder = folder.map_err(|e| e.to_string())?.path();
@@ -157,12 +162,22 @@ fn read(dir: &Path) -> Result<Results, String> {
                 .entry(label.to_owned())
                 .or_default()
                 .insert(case.to_owned(), outcome.to_owned());
+            let figures: Vec<String> = lines
+                .filter_map(|l| l.strip_prefix("measured: "))
+                .map(str::to_owned)
+                .collect();
+            if !figures.is_empty() {
+                measured
+                    .entry(label.to_owned())
+                    .or_default()
+                    .insert(case.to_owned(), figures);
+            }
         }
     }
     if results.is_empty() {
         return Err(format!("no results under {}", dir.display()));
     }
-    Ok(results)
+    Ok((results, measured))
 }
 
 fn columns(results: &Results) -> Vec<String> {
@@ -180,7 +195,7 @@ fn columns(results: &Results) -> Vec<String> {
 }
 
 fn render(dir: &Path) -> Result<String, String> {
-    let results = read(dir)?;
+    let (results, measured) = read(dir)?;
     let cols = columns(&results);
     let mut out = String::new();
     let w = &mut out;
@@ -198,7 +213,8 @@ fn render(dir: &Path) -> Result<String, String> {
          does not apply is counted apart, with its reason below: *unsupported* (the backend \
          refuses the feature, and a case checks that it says so), *n/a* (a case that checks a \
          refusal, on a backend that offers the feature), *skipped* (the test rig cannot \
-         inject the fault there).\n"
+         inject the fault there), *inconclusive* (the case ran, but its run proves nothing; \
+         never counted as passed).\n"
     );
     let _ = write!(w, "| promise |");
     for c in &cols {
@@ -254,6 +270,23 @@ fn render(dir: &Path) -> Result<String, String> {
             missing.join(", ")
         ));
     }
+    let _ = writeln!(w, "\n## Horizons and drift allowance\n");
+    let _ = writeln!(
+        w,
+        "A guard vouches for its hold until its *horizon*, the latest moment at which the \
+         store cannot yet have given the lock to anyone else, less a drift allowance for \
+         clock drift and a late process (`LockOptions::drift`, by default 1 % of the lease \
+         plus 5 ms: 305 ms for the default 30 s watchdog lease). Past it `is_held()` is false \
+         and `lost()` has resolved, whatever the network does; `run()` also stops its work \
+         while the hold is suspended. `a_silent_holder_stops_before_the_lock_passes_on` \
+         checks it on every backend with its default settings (the figures of the run that \
+         made this page are at its end).\n"
+    );
+    let _ = writeln!(w, "| backend | horizon |");
+    let _ = writeln!(w, "| --- | --- |");
+    for (backend, horizon) in HORIZONS {
+        let _ = writeln!(w, "| {backend} | {horizon} |");
+    }
     let _ = writeln!(w, "\n## Under failure\n");
     let _ = writeln!(
         w,
@@ -272,8 +305,62 @@ fn render(dir: &Path) -> Result<String, String> {
             "| {backend} | {restart} | {failover} | {partition} | {pause} |"
         );
     }
+    let _ = writeln!(w, "\n{MEASURED}\n");
+    let _ = writeln!(
+        w,
+        "What the cases measured in the run that made this page (they vary from run to run; \
+         `scripts/test` compares the page without this section).\n"
+    );
+    for c in &cols {
+        let Some(cases) = measured.get(c) else {
+            continue;
+        };
+        for (case, figures) in cases {
+            let _ = writeln!(w, "- {c}, `{case}`: {}", figures.join("; "));
+        }
+    }
     Ok(out)
 }
+
+/// The heading of the last section, which `scripts/test` leaves out of its comparison.
+const MEASURED: &str = "## Measured in the run that made this page";
+
+/// Each backend's horizon: where the bound a guard vouches for comes from. Written by hand,
+/// with the code it describes.
+const HORIZONS: &[(&str, &str)] = &[
+    (
+        "memory",
+        "the lease end, counted from the grant (the store's own clock)",
+    ),
+    (
+        "SQLite, MySQL / MariaDB, PostgreSQL: unique-insert, optimistic",
+        "the lease end, counted from when the granting (or renewing) statement was sent; the \
+         server expires the row by its own clock",
+    ),
+    (
+        "MySQL / MariaDB, PostgreSQL: for-update, advisory",
+        "the lease end as above, and the connection that holds the row or advisory lock: a \
+         broken connection ends the hold at once on the server (the watcher reports it \
+         between renewals); a silent one keeps it there, and nobody else is granted the lock",
+    ),
+    (
+        "Redis",
+        "the lease end, counted from when the granting (or renewing) script was sent; the \
+         key's PTTL ends it on the server",
+    ),
+    (
+        "ZooKeeper",
+        "the session: the send time of the last request the server answered (the provider \
+         probes every quarter of the session timeout while it has holds) plus the negotiated \
+         session timeout, less a quarter of it (a follower passes a session's touch to the \
+         leader up to half a tick late); the lease end too, if earlier",
+    ),
+    (
+        "etcd",
+        "the provider's lease: the send time of the last keep-alive etcd answered plus the TTL \
+         it granted; the lease end too, if earlier",
+    ),
+];
 
 /// "n ✓", with the cases that did not pass counted by kind.
 fn cell(results: &BTreeMap<String, String>, cases: &[&str]) -> String {

@@ -381,7 +381,7 @@ macro_rules! __cases {
             #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
                 let Some(factory) = $factory else { return };
-                $crate::run(&factory, stringify!($name), $crate::cases::$name(&factory)).await;
+                $crate::run(&factory, stringify!($name), || $crate::cases::$name(&factory)).await;
             }
         )*
     };

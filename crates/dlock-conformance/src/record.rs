@@ -36,6 +36,8 @@ impl fmt::Display for Outcome {
 
 struct Current {
     outcome: Mutex<Option<Outcome>>,
+    /// The outcome is inconclusive for a passing reason (the machine stalled): run again.
+    again: std::sync::atomic::AtomicBool,
     /// What the case measured, as `what: value` lines for the results file.
     measured: Mutex<Vec<String>>,
 }
@@ -51,6 +53,16 @@ pub(crate) fn note(outcome: Outcome) {
     });
 }
 
+/// Notes that this run proves nothing because the machine stalled through the window the
+/// case watches: the case is run again (up to [`RUNS`] times) before it is recorded so.
+pub(crate) fn inconclusive_by_chance(why: String) {
+    note(Outcome::Inconclusive(why));
+    let _ = CURRENT.try_with(|c| c.again.store(true, std::sync::atomic::Ordering::SeqCst));
+}
+
+/// How many times a case runs at most when its runs are inconclusive by chance.
+pub(crate) const RUNS: usize = 3;
+
 /// Records a figure the case measured (a margin, a delay), for `docs/guarantees.md`.
 pub(crate) fn measure(what: &str, value: impl fmt::Display) {
     let _ = CURRENT.try_with(|c| {
@@ -61,14 +73,30 @@ pub(crate) fn measure(what: &str, value: impl fmt::Display) {
     });
 }
 
-/// Runs one case against `factory` and records how it ended when `DLOCK_RESULTS_DIR` is set
-/// (a case that fails panics, and records nothing).
-pub async fn run<F: Factory>(factory: &F, case: &str, body: impl Future<Output = ()>) {
-    let current = Arc::new(Current {
-        outcome: Mutex::new(None),
-        measured: Mutex::new(Vec::new()),
-    });
-    CURRENT.scope(Arc::clone(&current), body).await;
+/// Runs one case (the future `body` makes) against `factory` and records how it ended when
+/// `DLOCK_RESULTS_DIR` is set (a case that fails panics, and records nothing). A run that is
+/// inconclusive by chance (a stalled machine) is made again, up to three runs in all.
+pub async fn run<F, B, Fut>(factory: &F, case: &str, body: B)
+where
+    F: Factory,
+    B: Fn() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut current;
+    let mut runs = 0;
+    loop {
+        current = Arc::new(Current {
+            outcome: Mutex::new(None),
+            again: std::sync::atomic::AtomicBool::new(false),
+            measured: Mutex::new(Vec::new()),
+        });
+        CURRENT.scope(Arc::clone(&current), body()).await;
+        runs += 1;
+        if runs >= RUNS || !current.again.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        eprintln!("{case}: inconclusive by chance; running it again");
+    }
     let outcome = current
         .outcome
         .lock()

@@ -190,7 +190,7 @@ impl StallProbe {
                  proves nothing about keeping a live hold"
             );
             eprintln!("{what}: {why}");
-            crate::record::note(crate::Outcome::Inconclusive(why));
+            crate::record::inconclusive_by_chance(why);
         }
         stalled
     }
@@ -328,7 +328,7 @@ impl StoreProbe {
                  keeping a live hold"
             );
             eprintln!("{what}: {why}");
-            crate::record::note(crate::Outcome::Inconclusive(why));
+            crate::record::inconclusive_by_chance(why);
         }
         slow
     }

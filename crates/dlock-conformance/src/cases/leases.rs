@@ -11,7 +11,7 @@ use super::{
     unsupported, until_free,
 };
 use crate::Factory;
-use crate::record::{Outcome, note};
+use crate::record::inconclusive_by_chance;
 use crate::support::{Names, StallProbe, StoreProbe, must};
 
 /// A fixed lease runs out, another takes the lock, and the old guard's release is
@@ -259,7 +259,7 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
              run proves nothing about exclusion"
         );
         eprintln!("fixed_lease_is_exclusive_until_its_end: {why}");
-        note(Outcome::Inconclusive(why));
+        inconclusive_by_chance(why);
     }
     assert!(!g.is_held());
     assert_eq!(g.loss_reason(), Some(LossReason::FixedLeaseEnded));
