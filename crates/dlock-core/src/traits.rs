@@ -29,24 +29,47 @@ pub type DynLockProvider = Arc<dyn LockProvider>;
 ///
 /// The conformance suite (`dlock-conformance`) checks, for every handle a provider creates:
 ///
-/// 1. **Exclusion**: at most one holder per name among all handles on the same store.
-/// 2. **Reentrancy**: the owner is the handle (clones share it); re-acquiring returns at once
-///    with the same token; the lock is free only after the owner's last guard is released.
-///    `reentrant(false)` makes a second acquire by the owner wait.
+/// 1. **Exclusion**: at most one holder per name among all handles on the same store, for as
+///    long as no holder has been told its hold is lost. A lease-based hold excludes while its
+///    holder runs within its lease; fence the resource with the token so that a late write is
+///    harmless.
+/// 2. **Reentrancy**: the owner of a hold is the task that took it through a handle (the
+///    thread, outside a task). Tasks that share a handle (an `Arc`, a clone, application
+///    state) exclude each other, as with a `tokio::sync::Mutex`; the same task acquiring
+///    again re-enters at once with the same token, and [`LockGuard::reenter`] hands a hold to
+///    another task. The lock is freed remotely when the hold's last guard is released.
+///    `reentrant(false)` makes a second acquire by the same task wait.
 /// 3. **Owner-only release**: a guard whose hold expired and was taken over gets
 ///    `Err(LockLost)` from `release` and changes nothing.
 /// 4. **Expiry**: a holder that dies frees the lock within its lease (or session).
-/// 5. **Loss is reported** through [`LockGuard::lost`] and [`LockGuard::is_held`].
+/// 5. **Loss is reported before the lock can pass on**: [`LockGuard::is_held`] turns false
+///    and [`LockGuard::lost`] resolves at the hold's horizon (the latest moment at which the
+///    store cannot yet have given the lock to anyone else) less the drift allowance
+///    ([`LockOptions::drift`]), whatever the network does; a released hold is never reported
+///    lost.
 /// 6. **Fencing**: tokens strictly increase per name, across releases and clients.
 /// 7. **Fairness**: fair locks grant in waiting order, or the option is `Unsupported`.
-/// 8. **Waiting**: `try_acquire(wait)` returns `Ok(None)` no later than `wait` plus a small slack.
-/// 9. **Cancellation**: dropping an acquire future leaves nothing behind.
-/// 10. **Read-write**: readers share, a writer excludes all, write→read downgrade works and
-///     read→write is [`Error::WouldDeadlock`](crate::Error::WouldDeadlock).
+/// 8. **Waiting**: `try_acquire(wait)` returns `Ok(None)` ("held by someone") no later than
+///    `wait` plus [`CALL_GRACE`](crate::backend::CALL_GRACE) (2 s), and only when the store
+///    answered that the lock is held: a store that did not answer is a retryable
+///    [`Error::Connection`](crate::Error::Connection), one that refuses writes a
+///    non-retryable error naming the cause.
+/// 9. **Cancellation**: dropping an acquire future leaves nothing behind; a dropped release
+///    finishes in the background, sent once.
+/// 10. **Read-write**: readers share, a writer excludes all, write→read downgrade works (on a
+///     fair lock too) and read→write by the same task is
+///     [`Error::WouldDeadlock`](crate::Error::WouldDeadlock); another task's read makes a
+///     writer wait.
 /// 11. **Semaphore**: at most `permits` holders; permits of dead holders come back.
 /// 12. **MultiLock**: see [`MultiLock`](crate::MultiLock).
 /// 13. **Bad input** is a clear [`Error`](crate::Error), never a panic or a silent rename.
-/// 14. **Dropping a guard** releases in the background (not immediately).
+/// 14. **Dropping a guard** releases in the background (not immediately), on the runtime the
+///     hold was taken on.
+/// 15. **One name, several kinds**: a mutex, a read-write lock and a semaphore on one name
+///     exclude each other (a mutex hold is exclusive like a write hold; reads share only with
+///     reads, permits only with permits of the same semaphore); a store that cannot wait
+///     across kinds refuses the later request with
+///     [`Error::InvalidArgument`](crate::Error::InvalidArgument).
 #[async_trait]
 pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
     /// What this backend can do.
@@ -95,7 +118,26 @@ pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
     async fn describe(&self, name: &str) -> Result<LockStatus>;
 }
 
-/// A handle on one named mutex. Its clones (through the `Arc`) are the same owner.
+/// A handle on one named mutex.
+///
+/// # Who owns a hold
+///
+/// The owner of a hold is the **task** that acquired it through this handle (outside a tokio
+/// task, the thread), not the handle: share one handle among tasks (an `Arc`, application
+/// state) as you would a `tokio::sync::Mutex`, and the tasks exclude each other. The same
+/// task acquiring again through the same handle re-enters its hold at once, with the same
+/// fencing token, as a Redisson thread does; the hold is released on the store when its last
+/// guard is. To hand a hold to another task, give it a guard from
+/// [`LockGuard::reenter`](crate::LockGuard::reenter) (or move the guard itself).
+///
+/// | | `tokio::sync::Mutex` in an `Arc` | a dlock handle in an `Arc` |
+/// | --- | --- | --- |
+/// | two tasks lock it | the second waits | the second waits (in the store, like any other holder) |
+/// | one task locks it twice | deadlock | re-enters (same token), unless `reentrant(false)` |
+/// | the guard moves to another task | fine | fine; that task's own acquire waits for it |
+/// | the holder dies | n/a | the store frees it within the lease |
+///
+/// Two handles of one name are separate owners even in one task.
 #[async_trait]
 pub trait DistributedLock: fmt::Debug + Send + Sync + 'static {
     /// The lock's name.
@@ -118,12 +160,14 @@ pub trait DistributedLock: fmt::Debug + Send + Sync + 'static {
     /// Cancel safe: dropping the future at any await leaves no hold, queue entry or node behind.
     async fn acquire(&self) -> Result<LockGuard>;
 
-    /// Waits at most `wait` for the lock; `Ok(None)` if it was not had by then.
-    /// `Duration::ZERO` tries once.
+    /// Waits at most `wait` for the lock; `Ok(None)` if the store says someone else holds it
+    /// at the end of the wait. `Duration::ZERO` tries once. Returns by `wait` plus
+    /// [`CALL_GRACE`](crate::backend::CALL_GRACE) (2 s) whatever the store does.
     ///
     /// # Errors
     ///
-    /// As [`acquire`](Self::acquire).
+    /// As [`acquire`](Self::acquire); a store that did not answer in time is a retryable
+    /// [`Error::Connection`](crate::Error::Connection), never `Ok(None)`.
     ///
     /// # Cancel safety
     ///
@@ -131,7 +175,10 @@ pub trait DistributedLock: fmt::Debug + Send + Sync + 'static {
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>>;
 }
 
-/// A handle on one named read-write lock. Its clones are the same owner.
+/// A handle on one named read-write lock. As for a mutex, each task that acquires through it
+/// is an owner of its own: the task that writes may also read (downgrade); a task that reads
+/// and asks to write gets [`Error::WouldDeadlock`](crate::Error::WouldDeadlock); another
+/// task's read makes a writer wait.
 #[async_trait]
 pub trait DistributedReadWriteLock: fmt::Debug + Send + Sync + 'static {
     /// The lock's name.
