@@ -192,6 +192,7 @@ caught!(
     fixed_lease_is_exclusive_until_its_end,
     multilock_mixes_reads_and_permits,
     tasks_sharing_a_handle_exclude_each_other,
+    semaphore_limits_holders,
 );
 
 // A release that frees the lock after it returned. The checks that a lock is free after a
@@ -204,6 +205,25 @@ caught!(
     multilock_is_all_or_nothing,
     multilock_releases_everything,
     reentrant_lock_freed_by_last_guard,
+);
+
+caught!(
+    an_unfair_lock_is_caught,
+    Sabotage::Unfair,
+    fair_lock_grants_in_waiting_order,
+);
+
+caught!(
+    a_release_that_frees_nothing_is_caught,
+    Sabotage::ReleaseIgnored,
+    dropped_guard_is_released_in_background,
+    a_guard_dropped_off_runtime_is_released,
+);
+
+caught!(
+    holds_that_never_expire_are_caught,
+    Sabotage::NeverExpires,
+    abandoned_hold_expires,
 );
 
 caught!(

@@ -101,6 +101,12 @@ pub enum Sabotage {
     FreeEarly,
     /// Queue a fair downgrade (a read beside the owner's own write) behind waiting writers.
     DowngradeQueued,
+    /// Let a fair request in ahead of the waiters queued before it.
+    Unfair,
+    /// Answer a release with success and keep the hold until its lease ends.
+    ReleaseIgnored,
+    /// Never end a hold whose lease ran out.
+    NeverExpires,
 }
 
 #[derive(Debug)]
@@ -336,7 +342,10 @@ impl Store {
                 let me = queued.as_ref().map(|t| t.waiter);
                 let downgrade =
                     entry.is_downgrade(&want) && !faults.broken(Sabotage::DowngradeQueued);
-                let ahead = want.fair && !downgrade && entry.someone_ahead(me);
+                let ahead = want.fair
+                    && !downgrade
+                    && !faults.broken(Sabotage::Unfair)
+                    && entry.someone_ahead(me);
                 let free = entry.compatible(&want, &[]) || faults.broken(Sabotage::NoExclusion);
                 if !ahead && free {
                     if let Some(ticket) = queued.take() {
@@ -362,6 +371,8 @@ impl Store {
                             sent,
                             if faults.broken(Sabotage::FreeEarly) {
                                 want.lease.ttl() - want.lease.ttl() / 50
+                            } else if faults.broken(Sabotage::NeverExpires) {
+                                Duration::MAX
                             } else {
                                 want.lease.ttl()
                             },
@@ -688,6 +699,12 @@ struct MemoryHold {
 impl Hold for MemoryHold {
     async fn release(&self) -> Result<()> {
         self.store.round_trip(&self.link).await?;
+        if lock(&self.store.state)
+            .faults
+            .broken(Sabotage::ReleaseIgnored)
+        {
+            return Ok(());
+        }
         if lock(&self.store.state).faults.broken(Sabotage::LateRelease) {
             let (store, key, id) = (Arc::clone(&self.store), self.key.clone(), self.id);
             // The delay is the fault itself (a store that frees a released lock a second

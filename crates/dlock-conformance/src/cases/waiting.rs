@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::LockGuard;
+use dlock_core::backend::CALL_GRACE;
 use futures::future::join_all;
 use tokio::time::Instant;
 
@@ -17,11 +18,16 @@ pub async fn try_acquire_zero_does_not_wait(f: &impl Factory) {
     let name = Names::new().name("zero");
     let g = take(f, &lock(&a, &name)).await;
     let lb = lock(&b, &name);
+    // The first try opens the client's connections; the second is one round trip.
+    assert_busy(&lb, "it is held").await;
     let started = Instant::now();
     assert_busy(&lb, "it is held").await;
+    // Well under the 2 s a call may run past its wait before the handle cuts it off (that
+    // cut-off alone would pass a bound of the factory's slack).
+    let bound = (f.slack() / 3).min(CALL_GRACE / 2);
     assert!(
-        started.elapsed() < f.slack(),
-        "try_acquire(0) took {:?}",
+        started.elapsed() < bound,
+        "try_acquire(0) took {:?} (bound {bound:?})",
         started.elapsed()
     );
     release(g).await;
