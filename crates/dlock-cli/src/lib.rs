@@ -32,9 +32,10 @@ pub mod exit {
     /// `dlock run`: the lock was not had within `--wait` (or at once with `--no-wait`), and
     /// the command was not run. Change it with `-E`, as with flock(1).
     pub const NOT_ACQUIRED: u8 = 75;
-    /// `dlock run`: the lock was lost while the command ran; the command was terminated.
+    /// `dlock run`: the lock was lost, or was about to end, while the command ran (the
+    /// command was terminated), or the release found it lost after the command exited.
     pub const LOST: u8 = 76;
-    /// The store could not be reached.
+    /// The store could not be reached or did not answer (never taken for "held").
     pub const UNAVAILABLE: u8 = 69;
     /// A bad URL, lock name, duration or option.
     pub const CONFIG: u8 = 78;
@@ -125,10 +126,17 @@ pub enum Command {
     /// Run a command while holding a lock (like flock(1), across machines).
     ///
     /// The command gets the fencing token in DLOCK_FENCING_TOKEN and the lock name in DLOCK_NAME.
-    /// dlock exits with the command's status; 75 if the lock was not had in time (-E to
-    /// change); 76 if the lock was lost while the command ran (the command is sent SIGTERM,
-    /// then SIGKILL after --kill-after); 69 if the store is unreachable; 78 for a bad URL,
-    /// name or duration; 127 if the command is not found.
+    /// The lease is renewed while it runs. If the lock is about to end (its renewals fail, its
+    /// session is cut off), the command's process group gets SIGTERM --kill-after before the
+    /// end and SIGKILL at the end, before anyone else can hold the lock; a hold found gone
+    /// gets SIGKILL at once.
+    ///
+    /// dlock exits with the command's status; 75 if the store answered that the lock is held
+    /// and it was not had in time (-E to change); 76 if the lock was lost, or about to end,
+    /// while the command ran (also when the loss is found only at the release after the
+    /// command exited); 69 if the store could not be reached or did not answer (an error, not
+    /// "held by someone"); 78 for a bad URL, name or duration, or a --kill-after not shorter
+    /// than the hold; 127 if the command is not found.
     Run(RunOpts),
     /// Show whether a lock is held, by whom, for how long, and its last fencing token.
     Status(StatusOpts),

@@ -39,8 +39,18 @@ pub struct RunOpts {
     #[arg(long)]
     fair: bool,
 
-    /// After the lock is lost, how long the command has between SIGTERM and SIGKILL.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    /// The command's grace period: it gets SIGTERM this long before the lock ends unless
+    /// renewed, and SIGKILL (its whole process group) when it ends, so the grace period is
+    /// spent while the lock is still this dlock's, before anyone else can hold it.
+    ///
+    /// The lock "ends" when dlock stops vouching for it unless a renewal comes first: the
+    /// lease's end (ZooKeeper, etcd: the session's horizon, the last answer plus the session
+    /// timeout) less a clock-drift allowance. A renewal moves it, so a healthy run is never
+    /// signalled. ZooKeeper and etcd holds are vouched for only a few seconds ahead (about 5 to
+    /// 7 s with their default 10 s session), hence the short default; a --kill-after that is
+    /// not shorter than what the hold has left right after the grant is refused (exit 78)
+    /// before the command runs.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     kill_after: Duration,
 
     /// Exit status when the lock is not had in time.
@@ -100,7 +110,16 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                 });
                 return opts.conflict_exit_code;
             }
-            Err(e) => return fail(&format!("cannot acquire {:?}", opts.name), &e),
+            Err(e) => {
+                let code = fail(&format!("cannot acquire {:?}", opts.name), &e);
+                if matches!(e, dlock::Error::Connection { .. }) {
+                    eprintln!(
+                        "dlock: the store did not answer: whether {:?} is held is not known",
+                        opts.name
+                    );
+                }
+                return code;
+            }
         },
         _ = interrupt.recv() => return 128 + 2,
         _ = terminate.recv() => return 128 + 15,
@@ -110,6 +129,23 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     let Some((program, args)) = opts.command.split_first() else {
         return exit::CONFIG;
     };
+    // The SIGTERM comes --kill-after before the hold's end: a hold that has no more than
+    // that left at the grant would be signalled as soon as the command starts.
+    let left = guard.remaining();
+    if opts.kill_after >= left {
+        eprintln!(
+            "dlock: --kill-after {} is not shorter than what the hold on {:?} has left: the \
+             hold is vouched for only {} ahead on this backend (unless renewed); use a shorter \
+             --kill-after or a longer --lease",
+            humantime::format_duration(opts.kill_after),
+            opts.name,
+            humantime::format_duration(whole_ms(left)),
+        );
+        if let Err(e) = guard.release().await {
+            eprintln!("dlock: releasing {:?}: {e}", opts.name);
+        }
+        return exit::CONFIG;
+    }
     // The command runs in a process group of its own: signals and the loss reach everything
     // it starts, and a Ctrl-C meant for it is not delivered twice (once by the terminal, once
     // by dlock). The group is the reaper's, started first, so the reaper knows it before the
@@ -177,10 +213,21 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     if terminal.is_none() {
         terminal = group.and_then(Foreground::hand_to);
     }
+    // The command is told to stop (SIGTERM) --kill-after before the guard stops vouching for
+    // the hold unless renewed (`expiring`), and killed (SIGKILL) when it stops (`lost`, which
+    // resolves at `held_until` at the latest, before the store can give the lock to anyone
+    // else, and follows every renewal), or at once when the hold is found gone. Its grace
+    // period is so spent while the lock is still this dlock's.
     let lost = guard.lost();
-    tokio::pin!(lost);
+    let expiring = guard.expiring(opts.kill_after);
+    tokio::pin!(lost, expiring);
+    // Whether the command was told to stop because the lock was ending. It stays told if a
+    // renewal then moves the end: it is killed at the new end unless it exits first.
+    let mut told = false;
     loop {
         tokio::select! {
+            // A command that exited is handled first: its status and the release decide.
+            biased;
             status = child.wait() => {
                 drop(terminal);
                 Reaper::done(reaper).await;
@@ -191,10 +238,30 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                         exit::SOFTWARE
                     }
                 };
-                if let Err(e) = guard.release().await {
-                    eprintln!("dlock: releasing {:?}: {e}", opts.name);
-                }
-                return code;
+                return match guard.release().await {
+                    Ok(()) if told => {
+                        eprintln!(
+                            "dlock: the command exited after SIGTERM (status {code}); {:?} \
+                             released",
+                            opts.name
+                        );
+                        exit::LOST
+                    }
+                    Ok(()) => code,
+                    Err(dlock::Error::LockLost { .. }) => {
+                        eprintln!(
+                            "dlock: lost the lock {:?} (token {token}) while the command ran: \
+                             the store no longer had the hold when the command ended (status \
+                             {code})",
+                            opts.name
+                        );
+                        exit::LOST
+                    }
+                    Err(e) => {
+                        eprintln!("dlock: releasing {:?}: {e}", opts.name);
+                        if told { exit::LOST } else { code }
+                    }
+                };
             }
             () = &mut lost => {
                 let why = guard
@@ -202,28 +269,46 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                     .map_or_else(|| "no reason given".to_string(), |r| r.to_string());
                 eprintln!(
                     "dlock: lost the lock {:?} (token {token}) while the command ran: {why}; \
-                     terminating it",
+                     killing it (SIGKILL to its process group)",
                     opts.name
                 );
                 let groups = targets();
-                send_to(&groups, Signal::SIGTERM);
-                send_to(&groups, Signal::SIGCONT);
-                if Deadline::after(opts.kill_after).run(child.wait()).await.is_none() {
-                    eprintln!("dlock: the command outlived --kill-after; killing it");
-                    send_to(&groups, Signal::SIGKILL);
-                    let _ = child.wait().await;
-                }
+                send_to(&groups, Signal::SIGKILL);
+                let _ = child.wait().await;
                 // What the command started in its group goes too.
                 send_to(&groups, Signal::SIGKILL);
                 drop(terminal);
                 Reaper::done(reaper).await;
                 return exit::LOST;
             }
+            () = &mut expiring, if !told => {
+                told = true;
+                match guard.held_until() {
+                    Some(_) => eprintln!(
+                        "dlock: the lock {:?} (token {token}) ends in {} ms unless renewed; \
+                         terminating the command (SIGTERM), SIGKILL when the lock ends",
+                        opts.name,
+                        guard.remaining().as_millis()
+                    ),
+                    None => eprintln!(
+                        "dlock: the lock {:?} (token {token}) has ended; terminating the command",
+                        opts.name
+                    ),
+                }
+                let groups = targets();
+                send_to(&groups, Signal::SIGTERM);
+                send_to(&groups, Signal::SIGCONT);
+            }
             _ = interrupt.recv() => send(Signal::SIGINT),
             _ = terminate.recv() => send(Signal::SIGTERM),
             _ = hangup.recv() => send(Signal::SIGHUP),
         }
     }
+}
+
+/// `d` cut to whole milliseconds, for messages.
+fn whole_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A process of dlock's own (`dlock reap`) that kills the command's process group if this

@@ -204,16 +204,14 @@ fn exit_statuses() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A --kill-after that long is not shorter than the hold: refused before the command runs.
     let out = output(dlock(
         &url,
         &["run", "--kill-after", huge, &name, "--", "true"],
     ));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
     let out = output(dlock(&url, &["run", "--lease", huge, &name, "--", "true"]));
     assert_eq!(out.status.code(), Some(78));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -239,9 +237,22 @@ fn killed_dlock_frees_the_lock_after_its_lease() {
     let scratch = Scratch::new();
     for url in stores(&scratch) {
         let name = Names::new().name("sigkill");
-        let mut holder = dlock(&url, &["run", "--lease", "1s", &name, "--", "sleep", "30"])
-            .spawn()
-            .unwrap();
+        let mut holder = dlock(
+            &url,
+            &[
+                "run",
+                "--lease",
+                "1s",
+                "--kill-after",
+                "100ms",
+                &name,
+                "--",
+                "sleep",
+                "30",
+            ],
+        )
+        .spawn()
+        .unwrap();
         let t = Instant::now();
         while output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]))
             .status
@@ -291,7 +302,18 @@ fn lost_lock_terminates_the_command() {
     let name = Names::new().name("lost");
     let child = dlock(
         &url,
-        &["-v", "run", "--lease", "600ms", &name, "--", "sleep", "30"],
+        &[
+            "-v",
+            "run",
+            "--lease",
+            "600ms",
+            "--kill-after",
+            "100ms",
+            &name,
+            "--",
+            "sleep",
+            "30",
+        ],
     )
     .stderr(Stdio::piped())
     .spawn()
@@ -403,6 +425,9 @@ fn help_reads_well() {
         "--no-wait",
         "--lease",
         "--kill-after",
+        "SIGTERM",
+        "SIGKILL",
+        "69",
     ] {
         assert!(run.contains(word), "{word} missing from:\n{run}");
     }
@@ -654,7 +679,18 @@ fn loss_stops_the_whole_process_group() {
     );
     let child = dlock(
         &url,
-        &["run", "--lease", "600ms", &name, "--", "sh", "-c", &script],
+        &[
+            "run",
+            "--lease",
+            "600ms",
+            "--kill-after",
+            "100ms",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
     )
     .stdout(Stdio::null())
     .stderr(Stdio::null())
@@ -837,4 +873,284 @@ fn a_closed_standard_output_ends_dlock_without_a_panic() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
         assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
     }
+}
+
+/// A `--kill-after` not shorter than what the hold has left at the grant is refused (78)
+/// before the command runs: its SIGTERM would come as the command starts.
+#[test]
+fn a_kill_after_not_shorter_than_the_hold_is_refused() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("kill-after");
+    let ran = std::env::temp_dir().join(format!("dlock-kill-after-{}", rand_suffix()));
+    let touch = format!("touch {}", ran.display());
+    let out = output(dlock(
+        &url,
+        &[
+            "run",
+            "--lease",
+            "1s",
+            "--kill-after",
+            "2s",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    ));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("is vouched for only") && err.contains("use a shorter --kill-after"),
+        "{err}"
+    );
+    assert!(!ran.exists(), "the command ran");
+    // The hold was released: the name is free at once.
+    assert_eq!(
+        output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]))
+            .status
+            .code(),
+        Some(0)
+    );
+    let _ = std::fs::remove_file(&ran);
+}
+
+/// A Redis connection of the test's own, straight to the server.
+#[cfg(feature = "redis")]
+async fn redis_admin(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// A hold that vanished while the command ran (its Redis hash deleted behind dlock's back)
+/// and is found gone only at the release, after the command exited 0: dlock exits 76 and
+/// says so, not 0.
+#[cfg(feature = "redis")]
+#[test]
+fn a_loss_found_at_the_release_exits_76() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let name = Names::new().name("lost-at-release");
+    let pidfile = std::env::temp_dir().join(format!("dlock-at-release-{}", rand_suffix()));
+    // A 2 s command under the default 30 s lease: no renewal (every 10 s) finds the loss
+    // while it runs.
+    let script = format!("echo $$ > {}; sleep 2", pidfile.display());
+    let child = dlock(&url, &["run", &name, "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command runs: the lock is held.
+    pid_in(&pidfile);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let deleted: i64 = rt.block_on(async {
+        redis::cmd("DEL")
+            .arg(&name)
+            .query_async(&mut redis_admin(&url).await)
+            .await
+            .unwrap()
+    });
+    assert_eq!(deleted, 1, "the holder's hash was there to delete");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(
+        err.contains("lost the lock") && err.contains("no longer had the hold"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&pidfile);
+}
+
+/// A store that does not answer is an error (69), never "held by someone" (75): the proxy in
+/// front of Redis holds every reply 3 s, so the connection is made (slowly) but the
+/// `--no-wait` acquire is cut off with no answer.
+#[cfg(feature = "redis")]
+#[test]
+fn a_store_that_does_not_answer_is_an_error() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cut, proxied) = rt
+        .block_on(dlock_conformance::ProxyPartition::start(&url, 6379))
+        .unwrap();
+    cut.delay_replies(Duration::from_secs(3));
+    let name = Names::new().name("no-answer");
+    let started = Instant::now();
+    let out = output(dlock(&proxied, &["run", "--no-wait", &name, "--", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "no answer: exit {:?} after {:?}: {err}",
+        out.status.code(),
+        started.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("cannot acquire") && err.contains("is held is not known"),
+        "{err}"
+    );
+    assert!(!err.contains("held by someone"), "{err}");
+}
+
+/// Under the defaults (30 s lease, 2 s --kill-after), a holder cut off from Redis stops its
+/// command before anyone else can hold the lock: the command gets SIGTERM, then is killed,
+/// both while the store still has the cut-off hold, so strictly before a second `dlock run`
+/// is granted the name. One iteration of the poll sees the command's processes gone and
+/// then the store still holding the first hold: the kill came first.
+#[cfg(feature = "redis")]
+#[test]
+fn a_cut_off_holder_stops_its_command_before_the_lock_passes_on() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (cut, proxied) = rt
+        .block_on(dlock_conformance::ProxyPartition::start(&url, 6379))
+        .unwrap();
+    let name = Names::new().name("cut-off");
+    let dir = std::env::temp_dir().join(format!("dlock-cut-off-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (pids, term, granted) = (dir.join("pids"), dir.join("term"), dir.join("granted"));
+    // The shell notes the SIGTERM and keeps waiting; its child ignores SIGTERM: only the
+    // SIGKILL ends them.
+    let script = format!(
+        "trap 'echo TERM >> {term}' TERM; \
+         (trap '' TERM; exec sleep 600) </dev/null >/dev/null 2>&1 & \
+         echo \"$$ $!\" > {pids}.new; mv {pids}.new {pids}; \
+         while :; do wait; done",
+        term = term.display(),
+        pids = pids.display()
+    );
+    let first = dlock(&proxied, &["run", &name, "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut text = String::new();
+    within(
+        Duration::from_secs(10),
+        "the command wrote its pids",
+        || {
+            text = std::fs::read_to_string(&pids).unwrap_or_default();
+            text.ends_with('\n')
+        },
+    );
+    let procs: Vec<i32> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(procs.len(), 2, "{text}");
+    let mut admin = rt.block_on(redis_admin(&url));
+    let fields: Vec<String> = rt.block_on(async {
+        redis::cmd("HKEYS")
+            .arg(&name)
+            .query_async(&mut admin)
+            .await
+            .unwrap()
+    });
+    assert_eq!(fields.len(), 1, "the first holder's field: {fields:?}");
+    let field = fields[0].clone();
+    dlock_conformance::Partition::set_partitioned(&cut, true);
+    let cut_at = Instant::now();
+    let second = dlock(
+        &url,
+        &[
+            "run",
+            "--wait",
+            "90s",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &format!("touch {}", granted.display()),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Each pass: the SIGTERM note, the processes, the store's hold, the second's grant.
+    let (mut told, mut gone, mut last_held, mut freed, mut second_ran) =
+        (None, None, None, None, None);
+    rt.block_on(async {
+        let deadline = cut_at + Duration::from_secs(90);
+        while second_ran.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the second run was not granted within 90 s of the cut \
+                 (told {told:?}, gone {gone:?}, freed {freed:?})"
+            );
+            if told.is_none() && std::fs::read_to_string(&term).is_ok_and(|t| !t.is_empty()) {
+                told = Some(Instant::now());
+            }
+            if gone.is_none() && procs.iter().all(|p| !alive(*p)) {
+                gone = Some(Instant::now());
+            }
+            if freed.is_none() {
+                let asked = Instant::now();
+                let held: bool = redis::cmd("HEXISTS")
+                    .arg(&name)
+                    .arg(&field)
+                    .query_async(&mut admin)
+                    .await
+                    .unwrap();
+                if held {
+                    last_held = Some(asked);
+                } else {
+                    freed = Some(Instant::now());
+                }
+            }
+            if granted.exists() {
+                second_ran = Some(Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    let out = first.wait_with_output().unwrap();
+    let first_err = String::from_utf8_lossy(&out.stderr).to_string();
+    let out2 = second.wait_with_output().unwrap();
+    let second_err = String::from_utf8_lossy(&out2.stderr).to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (told, gone, last_held) = (
+        told.expect("the command had no SIGTERM when the second run was granted"),
+        gone.expect("the command still ran when the second run was granted"),
+        last_held.unwrap(),
+    );
+    let (freed, second_ran) = (freed.unwrap(), second_ran.unwrap());
+    eprintln!(
+        "cut at 0: SIGTERM seen at {:?}, processes gone at {:?}, the store last had the first \
+         hold at {:?} and no longer at {:?}, the second command ran at {:?}; margins: SIGTERM \
+         {:?} and kill {:?} before the store let the hold go",
+        told - cut_at,
+        gone - cut_at,
+        last_held - cut_at,
+        freed - cut_at,
+        second_ran - cut_at,
+        last_held - told,
+        last_held - gone,
+    );
+    assert!(told < gone, "SIGTERM came before the kill");
+    assert!(
+        gone < last_held,
+        "the command was gone while the store still had its hold (so before any grant)"
+    );
+    assert!(last_held < second_ran);
+    // The grace period is what --kill-after says, less the poll's own step.
+    assert!(
+        gone - told >= Duration::from_millis(1500),
+        "the SIGTERM came {:?} before the kill",
+        gone - told
+    );
+    assert_eq!(out.status.code(), Some(76), "{first_err}");
+    assert!(
+        first_err.contains("unless renewed; terminating the command")
+            && first_err.contains("lost the lock"),
+        "{first_err}"
+    );
+    assert_eq!(out2.status.code(), Some(0), "{second_err}");
 }
