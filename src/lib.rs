@@ -538,7 +538,9 @@ impl Locks {
         self.provider.store_id()
     }
 
-    /// A reentrant mutex with a watchdog lease: the default lock.
+    /// A mutex with the default options: a 30 s watchdog lease, not reentrant. Share the
+    /// handle among tasks as you would a `tokio::sync::Mutex`: they exclude each other (see
+    /// [`DistributedLock`] for who owns a hold).
     ///
     /// # Errors
     ///

@@ -281,6 +281,7 @@ impl LockGuard {
             Ok(()) => {
                 shared.set_lease_end(later(sent, ttl));
                 shared.extended.notify_one();
+                shared.signal.notify_changed();
                 // An answer that came after the new end: the store's hold is already over.
                 if !shared.check() {
                     return Err(Error::lock_lost(&self.name));

@@ -13,17 +13,16 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::hold::HoldState;
 use crate::loss::{LockKind, LossReason};
 use crate::metrics;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::reentrancy::{Owner, Reentrancy};
-use crate::shared::Shared;
+use crate::shared::{Settled, Shared};
 use crate::sync::Mutex;
 use crate::time::Deadline;
 use crate::trace::{self, in_span, kept};
@@ -226,40 +225,11 @@ where
     }
 }
 
-/// What became of a fresh grant.
-enum Settled {
-    /// The backend vouches for it.
-    Held,
-    /// Lost on arrival, or while its session was suspended.
-    Lost(LossReason),
-    /// Still suspended at the deadline.
-    Suspended,
-}
-
-/// Waits while a fresh grant is suspended, until the backend vouches for it, it is lost, or
-/// the deadline passes.
+/// Waits while a fresh grant is suspended (see [`Shared::settle`]).
 async fn settle(guard: &LockGuard, deadline: Deadline) -> Settled {
-    let Some(shared) = guard.shared() else {
-        return Settled::Lost(LossReason::Gone);
-    };
-    loop {
-        let changed = shared.signal.changed();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if !shared.check() {
-            return Settled::Lost(shared.signal.reason().unwrap_or(LossReason::Gone));
-        }
-        if shared.signal.state() == HoldState::Held {
-            return Settled::Held;
-        }
-        if deadline.has_passed() {
-            return Settled::Suspended;
-        }
-        tokio::select! {
-            () = changed => {}
-            () = sleep_until(shared.vouched_until()) => {}
-            () = deadline.sleep() => {}
-        }
+    match guard.shared() {
+        Some(shared) => shared.settle(deadline).await,
+        None => Settled::Lost(LossReason::Gone),
     }
 }
 
@@ -372,7 +342,9 @@ impl<R: RawLock> Lock<R> {
         traced(&self.info, LockKind::Mutex, || async {
             let remote = || live(&self.info, deadline, || self.raw.acquire(&req));
             if self.info.options.reentrant {
-                self.reentrancy.acquire(deadline, remote).await
+                self.reentrancy
+                    .acquire(self.info.backend, deadline, remote)
+                    .await
             } else {
                 remote().await
             }
@@ -458,7 +430,7 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
         };
         traced(&self.info, LockKind::Read, || async {
             if self.info.options.reentrant {
-                self.read.acquire(deadline, remote).await
+                self.read.acquire(self.info.backend, deadline, remote).await
             } else {
                 remote().await
             }
@@ -485,7 +457,9 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
         };
         traced(&self.info, LockKind::Write, || async {
             if self.info.options.reentrant {
-                self.write.acquire(deadline, remote).await
+                self.write
+                    .acquire(self.info.backend, deadline, remote)
+                    .await
             } else {
                 remote().await
             }

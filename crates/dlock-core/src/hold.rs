@@ -154,6 +154,11 @@ impl HoldSignal {
         self.inner.changed.notify_waiters();
     }
 
+    /// Wakes the watchers of the hold (its end moved).
+    pub(crate) fn notify_changed(&self) {
+        self.inner.changed.notify_waiters();
+    }
+
     /// Notified at every change of state; enable it before reading the state.
     pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.inner.changed.notified()
@@ -211,16 +216,22 @@ pub struct Horizon {
 }
 
 struct HorizonInner {
-    at: Mutex<Instant>,
+    /// The horizon, and how far ahead of the moment it was set it lay (the longest seen): the
+    /// span an answer vouches for, of which the drift allowance is taken.
+    at: Mutex<(Instant, Duration)>,
     reason: LossReason,
 }
 
 impl Horizon {
-    /// A horizon at `at`; a hold found past it is lost with `reason`.
+    /// A horizon at `at`; a hold found past it is lost with `reason`. How far ahead of now
+    /// `at` lies is the span of one answer, of which the drift allowance is taken (a
+    /// session's timeout, not the hold's lease: a lease of an hour in a session of ten
+    /// seconds is vouched for ten seconds less 1 % of them at a time).
     pub fn new(at: Instant, reason: LossReason) -> Self {
+        let span = at.saturating_duration_since(Instant::now());
         Self {
             inner: Arc::new(HorizonInner {
-                at: Mutex::new(at),
+                at: Mutex::new((at, span)),
                 reason,
             }),
         }
@@ -228,15 +239,24 @@ impl Horizon {
 
     /// Moves the horizon to `to` if that is later; it never moves back.
     pub fn advance(&self, to: Instant) {
+        let span = to.saturating_duration_since(Instant::now());
         let mut at = self.inner.at.lock();
-        if to > *at {
-            *at = to;
+        if to > at.0 {
+            at.0 = to;
+        }
+        if span > at.1 {
+            at.1 = span;
         }
     }
 
     /// The horizon.
     pub fn at(&self) -> Instant {
-        *self.inner.at.lock()
+        self.inner.at.lock().0
+    }
+
+    /// How far ahead of an answer the horizon lies (the longest seen).
+    pub fn span(&self) -> Duration {
+        self.inner.at.lock().1
     }
 
     /// Why a hold found past the horizon is lost.

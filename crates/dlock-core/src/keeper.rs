@@ -189,7 +189,9 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                 Err(_elapsed) => {
                     metrics::renewed(shared.backend, "failed");
                     shared.signal.set_renewal_failing(true);
-                    return shared.end().1;
+                    // The end may have moved while the call hung (a session's answers move
+                    // its horizon): the loop checks it again before the next try.
+                    sleep_until(from_now(retry.next_pause()).min(shared.vouched_until())).await;
                 }
             }
         }

@@ -74,6 +74,9 @@ pub enum LossReason {
     /// The lease keeper stopped before the hold was released: its runtime shut down while the
     /// guard lived on, or a backend call panicked.
     KeeperStopped,
+    /// The release failed (the store did not answer, or answered with an error): nothing
+    /// renews the hold any more, and the store ends it with its lease or session.
+    ReleaseFailed,
 }
 
 impl LossReason {
@@ -95,6 +98,7 @@ impl LossReason {
             Self::StoreReset => "the store was restarted, flushed or failed over",
             Self::Forced => "the hold was ended on purpose",
             Self::KeeperStopped => "the lease keeper stopped (its runtime shut down)",
+            Self::ReleaseFailed => "the release failed; the store ends the hold with its lease",
         }
     }
 }

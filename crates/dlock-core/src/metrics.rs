@@ -19,6 +19,7 @@ fn reason_label(reason: LossReason) -> &'static str {
         LossReason::StoreReset => "store_reset",
         LossReason::Forced => "forced",
         LossReason::KeeperStopped => "keeper_stopped",
+        LossReason::ReleaseFailed => "release_failed",
     }
 }
 

@@ -117,8 +117,9 @@ impl Default for DriftAllowance {
     }
 }
 
-/// Options for a lock handle. The defaults are what most users want: reentrant within a task,
-/// not fair, watchdog lease of 30 s, drift allowance of 1 % of the lease plus 5 ms.
+/// Options for a lock handle. The defaults are what most users want: not reentrant (a task
+/// that acquires twice waits for itself, as with a `tokio::sync::Mutex`), not fair, watchdog
+/// lease of 30 s, drift allowance of 1 % of the lease plus 5 ms.
 ///
 /// ```
 /// use std::time::Duration;
@@ -139,8 +140,11 @@ pub struct LockOptions {
     /// option with [`Error::Unsupported`].
     pub fair: bool,
     /// Let the owner acquire again while it holds the lock: the same task through the same
-    /// handle (see [`DistributedLock`](crate::DistributedLock)). When false, a second acquire
-    /// by the same task waits like anyone else's.
+    /// handle re-enters its hold, as a Redisson thread does (see
+    /// [`DistributedLock`](crate::DistributedLock)). Off by default: a guard is often moved to
+    /// another task, and the task that acquired it would then re-enter a hold that other task
+    /// is using. When false, a second acquire by the same task waits like anyone else's;
+    /// [`LockGuard::reenter`](crate::LockGuard::reenter) re-enters explicitly either way.
     pub reentrant: bool,
     /// How much before the store's bound a guard stops vouching for its hold.
     pub drift: DriftAllowance,
@@ -151,7 +155,7 @@ impl Default for LockOptions {
         Self {
             lease: Lease::default(),
             fair: false,
-            reentrant: true,
+            reentrant: false,
             drift: DriftAllowance::DEFAULT,
         }
     }
@@ -364,7 +368,7 @@ mod tests {
                 ttl: Duration::from_secs(30)
             }
         );
-        assert!(o.reentrant && !o.fair);
+        assert!(!o.reentrant && !o.fair);
         assert!(all().check(&o).is_ok());
     }
 

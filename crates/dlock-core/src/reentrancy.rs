@@ -1,17 +1,19 @@
-//! Re-entry within one task, shared by every backend.
+//! Re-entry within one task, for handles built `reentrant(true)`.
 //!
 //! The owner of a hold is the task that acquired it through a handle (outside a task, the
 //! thread), not the handle: tasks that share a handle through an `Arc` exclude each other,
-//! as they would with a `tokio::sync::Mutex`, and the same task acquiring again through the
-//! same handle re-enters its own hold, as a Redisson thread does.
+//! as they would with a `tokio::sync::Mutex`, and with `reentrant(true)` the same task
+//! acquiring again through the same handle re-enters its own hold, as a Redisson thread does.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Weak};
 
-use crate::error::Result;
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::shared::Shared;
+use crate::shared::{Settled, Shared};
 use crate::sync::Mutex;
 use crate::time::Deadline;
 
@@ -30,9 +32,9 @@ impl Owner {
     }
 }
 
-/// The re-entry state of one handle: each owner's current hold, and a gate that keeps one
-/// owner's concurrent acquisitions (a `join!` of two in one task) from contending with each
-/// other at the store.
+/// The re-entry state of one handle: each owner's current hold, and whether one of its
+/// acquisitions is at the store (so that a second one of the same owner, a `join!` of two in
+/// one task, waits for it and re-enters instead of contending with itself).
 ///
 /// While an owner holds the lock, [`acquire`](Self::acquire) by the same owner hands out
 /// another guard on the same hold at once, with the same fencing token; the hold is released
@@ -47,8 +49,51 @@ pub(crate) struct Reentrancy {
 struct Slot {
     /// The owner's current hold.
     hold: Weak<Shared>,
-    /// Held by the owner's acquisition that is at the store.
-    gate: Arc<tokio::sync::Mutex<()>>,
+    /// One of the owner's acquisitions is at the store.
+    busy: bool,
+    /// Wakes the owner's other acquisitions when that one is done (made only for them).
+    done: Option<Arc<Notify>>,
+}
+
+/// What the owner's current hold allows.
+enum Reentry {
+    /// A guard on it.
+    Entered(LockGuard),
+    /// It is suspended: wait for it to come back or be lost.
+    Suspended(Arc<Shared>),
+    /// None to enter.
+    No,
+}
+
+fn reentry(hold: &Weak<Shared>) -> Reentry {
+    let Some(shared) = hold.upgrade() else {
+        return Reentry::No;
+    };
+    if shared.enter() {
+        return Reentry::Entered(LockGuard::from_shared(shared));
+    }
+    if shared.is_live() {
+        return Reentry::Suspended(shared);
+    }
+    Reentry::No
+}
+
+/// Marks the owner's acquisition done when it ends, however it ends.
+struct Busy<'a> {
+    owners: &'a Mutex<HashMap<Owner, Slot>>,
+    owner: Owner,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut owners = self.owners.lock();
+        if let Some(slot) = owners.get_mut(&self.owner) {
+            slot.busy = false;
+            if let Some(done) = slot.done.take() {
+                done.notify_waiters();
+            }
+        }
+    }
 }
 
 impl Reentrancy {
@@ -57,22 +102,21 @@ impl Reentrancy {
         Self::default()
     }
 
-    fn reenter(hold: &Weak<Shared>) -> Option<LockGuard> {
-        let shared = hold.upgrade()?;
-        shared.enter().then(|| LockGuard::from_shared(shared))
-    }
-
     /// Re-enters the caller's hold, or else runs `acquire` (the backend's acquisition) with
     /// the caller's other acquisitions kept out, and remembers the new hold for later re-entry.
+    /// A hold of the caller's that is suspended is waited on: re-entered when the backend
+    /// vouches for it again, left for a new acquisition if it is lost.
     ///
     /// `deadline` bounds the wait for another acquisition of the same owner. Returns
-    /// `Ok(None)` if the deadline passed.
+    /// `Ok(None)` if the deadline passed, and a retryable error if the caller's own hold was
+    /// still suspended then (the store did not answer: nobody else holds it).
     ///
     /// # Cancel safety
     ///
     /// As cancel safe as `acquire`: waiting for the owner's other acquisitions holds nothing.
     pub(crate) async fn acquire<F, Fut>(
         &self,
+        backend: &'static str,
         deadline: Deadline,
         acquire: F,
     ) -> Result<Option<LockGuard>>
@@ -81,30 +125,54 @@ impl Reentrancy {
         Fut: Future<Output = Result<Option<LockGuard>>>,
     {
         let owner = Owner::current();
-        let gate = {
-            let mut owners = self.owners.lock();
-            // Owners whose hold is gone and who are not acquiring leave.
-            owners.retain(|_, slot| {
-                slot.hold.strong_count() > 0 || Arc::strong_count(&slot.gate) > 1
-            });
-            let slot = owners.entry(owner).or_default();
-            if let Some(guard) = Self::reenter(&slot.hold) {
-                return Ok(Some(guard));
+        loop {
+            let wait = {
+                let mut owners = self.owners.lock();
+                // Owners whose hold is gone and who are not acquiring leave.
+                owners.retain(|_, slot| slot.hold.strong_count() > 0 || slot.busy);
+                let slot = owners.entry(owner).or_default();
+                match reentry(&slot.hold) {
+                    Reentry::Entered(guard) => return Ok(Some(guard)),
+                    Reentry::Suspended(shared) => Err(shared),
+                    Reentry::No if slot.busy => {
+                        Ok(Arc::clone(slot.done.get_or_insert_with(Default::default)))
+                    }
+                    Reentry::No => {
+                        slot.busy = true;
+                        break;
+                    }
+                }
+            };
+            match wait {
+                Ok(done) => {
+                    let notified = done.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    // Done meanwhile: look again at once.
+                    let still = self.owners.lock().get(&owner).is_some_and(|s| s.busy);
+                    if still && deadline.run(notified).await.is_none() {
+                        return Ok(None);
+                    }
+                }
+                Err(shared) => {
+                    if shared.settle(deadline).await == Settled::Suspended {
+                        return Err(Error::no_answer(
+                            backend,
+                            format!(
+                                "{:?} is held by this task, but the session to the store is \
+                                 suspended (reconnecting) and did not come back before the \
+                                 deadline",
+                                shared.name.as_str()
+                            ),
+                        ));
+                    }
+                }
             }
-            Arc::clone(&slot.gate)
-        };
-        let Some(_gate) = deadline.run(gate.lock()).await else {
-            return Ok(None);
-        };
-        let hold = self
-            .owners
-            .lock()
-            .get(&owner)
-            .map(|slot| Weak::clone(&slot.hold))
-            .unwrap_or_default();
-        if let Some(guard) = Self::reenter(&hold) {
-            return Ok(Some(guard));
         }
+        let _busy = Busy {
+            owners: &self.owners,
+            owner,
+        };
         let guard = acquire().await?;
         if let Some(shared) = guard.as_ref().and_then(LockGuard::shared) {
             let mut owners = self.owners.lock();

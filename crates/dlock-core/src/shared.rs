@@ -4,12 +4,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
@@ -21,15 +21,16 @@ use crate::name::{FencingToken, LockName};
 use crate::options::{DriftAllowance, Lease};
 use crate::starter::Task;
 use crate::sync::Mutex;
-use crate::time::{earlier, later};
+use crate::time::{Deadline, earlier, later};
 use crate::trace::{self, Who};
 
 /// State shared by every guard of one hold (re-entrant guards share it) and its lease keeper.
 ///
 /// The hold is vouched for until the earlier of its lease end (counted from the send time of
-/// the request that granted or last renewed it) and its session's [`Horizon`], less the drift
-/// allowance: past that moment the store may have given the lock to someone else, so
-/// [`check`](Self::check) marks the hold lost, whether or not anyone else noticed.
+/// the request that granted or last renewed it) and its session's [`Horizon`], each less its
+/// drift allowance (a part of its own span: the lease, or the session's timeout): past that
+/// moment the store may have given the lock to someone else, so [`check`](Self::check) marks
+/// the hold lost, whether or not anyone else noticed.
 pub(crate) struct Shared {
     pub(crate) backend: &'static str,
     pub(crate) kind: LockKind,
@@ -44,8 +45,10 @@ pub(crate) struct Shared {
     lease_end: Mutex<Instant>,
     /// The session's bound, where the hold lives in a session.
     horizon: Option<Horizon>,
-    /// The drift allowance, in nanoseconds: set from the handle's options after the grant.
-    allowance: AtomicU64,
+    /// The drift allowance's part of a span, in millionths, and its fixed part in nanoseconds:
+    /// set from the handle's options after the grant.
+    drift_ppm: AtomicU32,
+    drift_fixed: AtomicU64,
     /// Wakes the keeper when `extend` moved the end.
     pub(crate) extended: Notify,
     /// The lease keeper, waiting for its start or running.
@@ -57,6 +60,9 @@ pub(crate) struct Shared {
     cleanup_claimed: AtomicBool,
     /// The runtime the hold was granted on: background releases go there first.
     pub(crate) runtime: Option<Handle>,
+    /// That runtime shut down (the keeper was dropped with it): background work goes to the
+    /// current runtime instead.
+    runtime_gone: AtomicBool,
     /// Live guards of this hold; the remote hold is released when it drops to zero.
     guards: Mutex<usize>,
     /// This hold in the `dlock_holds` gauge while it exists.
@@ -84,12 +90,14 @@ impl Shared {
             granted: new.sent,
             lease_end: Mutex::new(later(new.sent, ttl)),
             horizon: new.horizon,
-            allowance: AtomicU64::new(nanos(new.drift.of(ttl))),
+            drift_ppm: AtomicU32::new(new.drift.ppm()),
+            drift_fixed: AtomicU64::new(nanos(new.drift.fixed())),
             extended: Notify::new(),
             keeper: Mutex::new(None),
             keeper_disarmed: AtomicBool::new(false),
             cleanup_claimed: AtomicBool::new(false),
             runtime,
+            runtime_gone: AtomicBool::new(false),
             guards: Mutex::new(1),
             _live: metrics::Live::new(new.backend, new.kind),
         }
@@ -106,25 +114,38 @@ impl Shared {
     }
 
     /// The drift allowance.
-    pub(crate) fn allowance(&self) -> Duration {
-        Duration::from_nanos(self.allowance.load(Ordering::Relaxed))
+    pub(crate) fn drift(&self) -> DriftAllowance {
+        DriftAllowance::new(
+            self.drift_ppm.load(Ordering::Relaxed),
+            Duration::from_nanos(self.drift_fixed.load(Ordering::Relaxed)),
+        )
     }
 
     /// Sets the drift allowance from the handle's options.
     pub(crate) fn set_drift(&self, drift: DriftAllowance) {
-        self.allowance
-            .store(nanos(drift.of(self.lease.ttl())), Ordering::Relaxed);
+        self.drift_ppm.store(drift.ppm(), Ordering::Relaxed);
+        self.drift_fixed
+            .store(nanos(drift.fixed()), Ordering::Relaxed);
     }
 
     /// The last moment this client vouches for the hold (its lease end or horizon, whichever
-    /// comes first, less the drift allowance), and why the hold is lost past it.
+    /// comes first, each less the drift allowance of its own span), and why the hold is lost
+    /// past it.
     pub(crate) fn end(&self) -> (Instant, LossReason) {
-        let lease_end = self.lease_end();
-        let (bound, reason) = match &self.horizon {
-            Some(h) if h.at() < lease_end => (h.at(), h.reason()),
-            _ => (lease_end, self.reason_at_lease_end()),
-        };
-        (earlier(bound, self.allowance()), reason)
+        let drift = self.drift();
+        let ttl = self.lease.ttl();
+        let by_lease = earlier(self.lease_end(), drift.of(ttl));
+        match &self.horizon {
+            Some(h) => {
+                let by_horizon = earlier(h.at(), drift.of(h.span().min(ttl)));
+                if by_horizon < by_lease {
+                    (by_horizon, h.reason())
+                } else {
+                    (by_lease, self.reason_at_lease_end())
+                }
+            }
+            None => (by_lease, self.reason_at_lease_end()),
+        }
     }
 
     /// The last moment this client vouches for the hold.
@@ -203,7 +224,32 @@ impl Shared {
     /// (its runtime shut down, a backend call panicked) reports the loss.
     pub(crate) fn keeper_stopped(&self) {
         if !self.keeper_disarmed() {
+            self.runtime_gone.store(true, Ordering::SeqCst);
             self.signal.mark_lost(LossReason::KeeperStopped);
+        }
+    }
+
+    /// Waits while the hold is suspended, until the backend vouches for it again, it is lost,
+    /// or `deadline` passes.
+    pub(crate) async fn settle(&self, deadline: Deadline) -> Settled {
+        loop {
+            let changed = self.signal.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.check() {
+                return Settled::Lost(self.signal.reason().unwrap_or(LossReason::Gone));
+            }
+            if self.signal.state() == HoldState::Held {
+                return Settled::Held;
+            }
+            if deadline.has_passed() {
+                return Settled::Suspended;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = sleep_until(self.vouched_until()) => {}
+                () = deadline.sleep() => {}
+            }
         }
     }
 
@@ -246,9 +292,12 @@ impl Shared {
                 self.signal.mark_lost(LossReason::Gone);
                 "lost"
             }
-            // Not released: the hold ends with its lease or session, and is reported lost
-            // then (a release that failed is no clean one).
-            Err(_) => "error",
+            // Nothing renews the hold any more, and nothing tells when the store ends it: no
+            // longer vouched for.
+            Err(_) => {
+                self.signal.mark_lost(LossReason::ReleaseFailed);
+                "error"
+            }
         };
         metrics::released(self.backend, self.kind, outcome);
         result
@@ -263,7 +312,11 @@ impl Shared {
         if lost && (self.signal.is_released() || !self.claim_cleanup()) {
             return;
         }
-        let Some(runtime) = self.runtime.clone().or_else(|| Handle::try_current().ok()) else {
+        let home = self
+            .runtime
+            .clone()
+            .filter(|_| !self.runtime_gone.load(Ordering::SeqCst));
+        let Some(runtime) = home.or_else(|| Handle::try_current().ok()) else {
             return;
         };
         let span = trace::release(self.backend, self.kind, &self.name, true);
@@ -279,6 +332,17 @@ impl Shared {
             .instrument(span),
         );
     }
+}
+
+/// What became of a hold that was suspended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// The backend vouches for it.
+    Held,
+    /// It was lost (or was lost already).
+    Lost(LossReason),
+    /// Still suspended at the deadline.
+    Suspended,
 }
 
 fn nanos(d: Duration) -> u64 {

@@ -35,10 +35,10 @@ pub type DynLockProvider = Arc<dyn LockProvider>;
 ///    harmless.
 /// 2. **Reentrancy**: the owner of a hold is the task that took it through a handle (the
 ///    thread, outside a task). Tasks that share a handle (an `Arc`, a clone, application
-///    state) exclude each other, as with a `tokio::sync::Mutex`; the same task acquiring
-///    again re-enters at once with the same token, and [`LockGuard::reenter`] hands a hold to
-///    another task. The lock is freed remotely when the hold's last guard is released.
-///    `reentrant(false)` makes a second acquire by the same task wait.
+///    state) exclude each other, as with a `tokio::sync::Mutex`. By default a task that
+///    acquires again waits for itself; with `reentrant(true)` it re-enters at once with the
+///    same token. [`LockGuard::reenter`] hands a hold to another task explicitly. The lock is
+///    freed remotely when the hold's last guard is released.
 /// 3. **Owner-only release**: a guard whose hold expired and was taken over gets
 ///    `Err(LockLost)` from `release` and changes nothing.
 /// 4. **Expiry**: a holder that dies frees the lock within its lease (or session).
@@ -124,17 +124,20 @@ pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
 ///
 /// The owner of a hold is the **task** that acquired it through this handle (outside a tokio
 /// task, the thread), not the handle: share one handle among tasks (an `Arc`, application
-/// state) as you would a `tokio::sync::Mutex`, and the tasks exclude each other. The same
-/// task acquiring again through the same handle re-enters its hold at once, with the same
-/// fencing token, as a Redisson thread does; the hold is released on the store when its last
-/// guard is. To hand a hold to another task, give it a guard from
-/// [`LockGuard::reenter`](crate::LockGuard::reenter) (or move the guard itself).
+/// state) as you would a `tokio::sync::Mutex`, and the tasks exclude each other. By default a
+/// handle is not reentrant, as a `tokio::sync::Mutex` is not: a guard is often moved to a
+/// worker task, and the task that acquired it must then wait for that worker like anyone
+/// else. A handle built [`reentrant(true)`](crate::LockOptions::reentrant) lets the same task
+/// acquire again at once, with the same fencing token, as a Redisson thread does (then do
+/// not move its guards to other tasks: the acquiring task would re-enter a hold another task
+/// is using). [`LockGuard::reenter`](crate::LockGuard::reenter) hands a hold to another task
+/// explicitly, with either setting. The hold is released on the store when its last guard is.
 ///
 /// | | `tokio::sync::Mutex` in an `Arc` | a dlock handle in an `Arc` |
 /// | --- | --- | --- |
 /// | two tasks lock it | the second waits | the second waits (in the store, like any other holder) |
-/// | one task locks it twice | deadlock | re-enters (same token), unless `reentrant(false)` |
-/// | the guard moves to another task | fine | fine; that task's own acquire waits for it |
+/// | one task locks it twice | deadlock | waits for itself; re-enters with `reentrant(true)` |
+/// | the guard moves to another task | fine | fine; the acquiring task's next acquire waits for it |
 /// | the holder dies | n/a | the store frees it within the lease |
 ///
 /// Two handles of one name are separate owners even in one task.

@@ -3,7 +3,7 @@
 //! once and only once, and what is never reported as a loss.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use dlock_core::backend::{
@@ -249,7 +249,7 @@ fn handle(raw: Sessions) -> Arc<Lock<Sessions>> {
         "fake",
         "fake://",
         LockName::new("s").unwrap(),
-        LockOptions::default(),
+        LockOptions::new().with_reentrant(true),
     );
     Arc::new(Lock::new(info, raw))
 }
@@ -372,4 +372,349 @@ async fn an_explicit_reentry_shares_the_hold_until_the_last_guard() {
     assert!(g.is_held());
     g.release().await.unwrap();
     assert_eq!(hold.releases.load(SeqCst), 1);
+}
+
+#[derive(Debug, Default)]
+struct ExclusiveStore {
+    holder: Mutex<Option<u64>>,
+    freed: Notify,
+    next: AtomicU64,
+    releases: AtomicUsize,
+    last: Mutex<Option<HoldSignal>>,
+}
+
+#[derive(Debug)]
+struct StoreHold {
+    store: Arc<ExclusiveStore>,
+    id: u64,
+}
+
+#[async_trait]
+impl Hold for StoreHold {
+    async fn release(&self) -> Result<()> {
+        self.store.releases.fetch_add(1, SeqCst);
+        let mut h = self.store.holder.lock();
+        if *h == Some(self.id) {
+            *h = None;
+            drop(h);
+            self.store.freed.notify_waiters();
+            Ok(())
+        } else {
+            Err(Error::lock_lost("x"))
+        }
+    }
+    async fn extend(&self, _: Duration) -> Result<()> {
+        if *self.store.holder.lock() == Some(self.id) {
+            Ok(())
+        } else {
+            Err(Error::lock_lost("x"))
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Exclusive(Arc<ExclusiveStore>);
+
+#[async_trait]
+impl RawLock for Exclusive {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        loop {
+            let freed = self.0.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut h = self.0.holder.lock();
+                if h.is_none() {
+                    let id = self.0.next.fetch_add(1, SeqCst) + 1;
+                    *h = Some(id);
+                    let signal = HoldSignal::new();
+                    *self.0.last.lock() = Some(signal.clone());
+                    let hold = StoreHold {
+                        store: Arc::clone(&self.0),
+                        id,
+                    };
+                    return Ok(Some(LockGuard::new(
+                        NewHold::new(
+                            "fake",
+                            LockKind::Mutex,
+                            req.name.clone(),
+                            FencingToken::new(id),
+                            req.options.lease,
+                            Instant::now(),
+                            Arc::new(hold),
+                        )
+                        .with_signal(signal),
+                    )));
+                }
+            }
+            match req.deadline.instant() {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, freed).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+                None => freed.await,
+            }
+        }
+    }
+}
+
+fn exclusive(opts: LockOptions) -> Arc<Lock<Exclusive>> {
+    let info = HandleInfo::new("fake", "fake://", LockName::new("x").unwrap(), opts);
+    Arc::new(Lock::new(info, Exclusive::default()))
+}
+
+/// A hold that counts releases; `fail_release` makes each release a connection error.
+#[derive(Debug, Default)]
+struct Counting {
+    releases: AtomicUsize,
+    fail_release: bool,
+}
+
+#[async_trait]
+impl Hold for Counting {
+    async fn release(&self) -> Result<()> {
+        self.releases.fetch_add(1, SeqCst);
+        if self.fail_release {
+            return Err(Error::no_answer("fake", "store unreachable"));
+        }
+        Ok(())
+    }
+    async fn extend(&self, _: Duration) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn counting_hold(hold: Arc<Counting>, lease: Lease) -> NewHold {
+    NewHold::new(
+        "fake",
+        LockKind::Mutex,
+        LockName::new("x").unwrap(),
+        FencingToken::new(1),
+        lease,
+        Instant::now(),
+        hold,
+    )
+}
+
+/// A task that holds a reentrant lock and acquires again while its session is briefly
+/// suspended (a ZooKeeper reconnect) does not wait at the store behind its own hold: it waits
+/// for the session, then re-enters.
+#[tokio::test]
+async fn a_reentry_during_a_brief_suspension_waits_for_the_session() {
+    let lock = exclusive(LockOptions::new().with_reentrant(true));
+    let g1 = lock.acquire().await.unwrap();
+    let signal = lock.raw().0.last.lock().clone().unwrap();
+    signal.set_suspended(true);
+    let back = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        signal.set_suspended(false);
+    };
+    let again = tokio::time::timeout(Duration::from_secs(3), lock.acquire());
+    let ((), r) = tokio::join!(back, again);
+    let g2 = r
+        .expect("the task's second acquire waited at the store behind its own hold, 3 s after the session came back")
+        .unwrap();
+    assert_eq!(g2.fencing_token(), g1.fencing_token());
+}
+
+/// The drift allowance of a session's horizon is taken from the session's span, not from the
+/// lease: a 1 h lease in a live 10 s session is held (1 % of an hour is 36 s).
+#[tokio::test(start_paused = true)]
+async fn a_long_lease_in_a_live_session_is_held() {
+    let horizon = Horizon::new(
+        from_now(Duration::from_secs(10)),
+        LossReason::SessionTimedOut,
+    );
+    let g = LockGuard::new(
+        counting_hold(Arc::default(), Lease::Fixed(Duration::from_secs(3600)))
+            .with_horizon(horizon),
+    );
+    assert!(
+        g.is_held(),
+        "a fresh grant in a session that answered just now is not held: {:?}",
+        g.loss_reason()
+    );
+}
+
+/// The same through a handle: a 20-minute watchdog lease in a 10 s session is granted.
+#[derive(Debug)]
+struct InSession;
+
+#[async_trait]
+impl RawLock for InSession {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        let horizon = Horizon::new(
+            from_now(Duration::from_secs(10)),
+            LossReason::SessionTimedOut,
+        );
+        Ok(Some(LockGuard::new(
+            counting_hold(Arc::default(), req.options.lease).with_horizon(horizon),
+        )))
+    }
+}
+
+#[tokio::test]
+async fn a_long_watchdog_lease_on_a_session_store_is_granted() {
+    let opts = LockOptions::default().with_lease(Lease::watchdog(Duration::from_secs(1200)));
+    dlock_core::Capabilities::all("fake").check(&opts).unwrap(); // the options are valid
+    let info = HandleInfo::new("fake", "fake://", LockName::new("x").unwrap(), opts);
+    let lock = Lock::new(info, InSession);
+    let r = lock.acquire().await;
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// A guard whose runtime is gone, dropped on a live one, is released on the live one.
+#[test]
+fn a_guard_whose_runtime_is_gone_is_released_on_the_current_one() {
+    let home = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let hold = Arc::new(Counting::default());
+    let g = home.block_on({
+        let hold = Arc::clone(&hold);
+        async move {
+            LockGuard::new(counting_hold(
+                hold,
+                Lease::watchdog(Duration::from_secs(30)),
+            ))
+        }
+    });
+    drop(home);
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    other.block_on(async move {
+        drop(g);
+        let deadline = from_now(Duration::from_secs(2));
+        while hold.releases.load(SeqCst) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            hold.releases.load(SeqCst),
+            1,
+            "nothing sent: the clean-up went to the dead runtime"
+        );
+    });
+}
+
+/// `expiring(margin)` follows an `extend` that shortened a fixed lease: it resolves `margin`
+/// before the new end (about 4.9 s), not at the loss.
+#[tokio::test(start_paused = true)]
+async fn expiring_follows_a_shortened_lease() {
+    let g = LockGuard::new(counting_hold(
+        Arc::default(),
+        Lease::Fixed(Duration::from_secs(60)),
+    ));
+    let t0 = Instant::now();
+    let expiring = tokio::spawn(g.expiring(Duration::from_secs(5)));
+    tokio::task::yield_now().await;
+    g.extend(Duration::from_secs(10)).await.unwrap();
+    expiring.await.unwrap();
+    let at = t0.elapsed();
+    assert!(
+        at <= Duration::from_millis(5_100),
+        "expiring(5 s) resolved {at:?} after the lease was cut to 10 s (lost at {:?})",
+        g.loss_reason()
+    );
+}
+
+/// A release that failed leaves the hold on the store, renewed by nobody: it is reported lost
+/// (a lingering `lost()` resolves), unlike a clean release.
+#[tokio::test(start_paused = true)]
+async fn a_failed_release_is_reported_lost() {
+    let hold = Arc::new(Counting {
+        fail_release: true,
+        ..Counting::default()
+    });
+    let g = LockGuard::new(counting_hold(hold, Lease::watchdog(Duration::from_secs(3))));
+    let lost = tokio::spawn(g.lost());
+    assert!(g.release().await.is_err());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        lost.is_finished(),
+        "the hold is still on the store, never renewed, and never reported lost"
+    );
+}
+
+/// A dispatcher that acquires and hands each guard to a worker task waits for the worker
+/// before its next acquire (handles are not reentrant by default), as with a
+/// `tokio::sync::Mutex`: never two workers inside at once.
+#[tokio::test]
+async fn a_guard_handed_to_a_worker_keeps_the_dispatcher_out() {
+    let lock = exclusive(LockOptions::default());
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let g = lock.acquire().await.unwrap();
+        let (inside, most) = (Arc::clone(&inside), Arc::clone(&most));
+        workers.push(tokio::spawn(async move {
+            let n = inside.fetch_add(1, SeqCst) + 1;
+            most.fetch_max(n, SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            inside.fetch_sub(1, SeqCst);
+            g.release().await.unwrap();
+        }));
+        tokio::task::yield_now().await;
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_eq!(most.load(SeqCst), 1, "workers inside at once");
+}
+
+/// A renewal that hangs on a session store is not cut off at the horizon it saw when it was
+/// sent: answers keep moving the horizon, and the hold lasts to its lease end.
+#[derive(Debug)]
+struct HungRenewal;
+
+#[async_trait]
+impl Hold for HungRenewal {
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn extend(&self, _: Duration) -> Result<()> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_is_not_lost_at_a_stale_horizon() {
+    let horizon = Horizon::new(
+        from_now(Duration::from_secs(10)),
+        LossReason::SessionTimedOut,
+    );
+    let g = LockGuard::new(
+        NewHold::new(
+            "fake",
+            LockKind::Mutex,
+            LockName::new("x").unwrap(),
+            FencingToken::new(1),
+            Lease::watchdog(Duration::from_secs(30)),
+            Instant::now(),
+            Arc::new(HungRenewal),
+        )
+        .with_horizon(horizon.clone()),
+    );
+    let t0 = Instant::now();
+    let h2 = horizon.clone();
+    let pinger = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            h2.advance(from_now(Duration::from_secs(10)));
+        }
+    });
+    g.lost().await;
+    let at = t0.elapsed();
+    pinger.abort();
+    // The renewal began at 10 s; the lease set at the grant ends at 30 s (less 0.305 s).
+    assert!(
+        at >= Duration::from_secs(29),
+        "lost at {at:?} ({:?}) while the session answered and the lease ran to 30 s",
+        g.loss_reason()
+    );
 }

@@ -9,12 +9,13 @@ use std::time::Duration;
 use dlock_core::{LockOptions, LockProvider};
 use dlock_memory::MemoryProvider;
 
-/// Eight tasks share one default handle through an `Arc`, as they would a
-/// `tokio::sync::Mutex`: at most one is inside at a time.
+/// Eight tasks share one handle through an `Arc`, as they would a `tokio::sync::Mutex`: at
+/// most one is inside at a time, and a task of a reentrant handle re-enters its own hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_sharing_one_handle_exclude_each_other() {
     let locks = MemoryProvider::new();
-    let lock = locks.lock("orders/42", LockOptions::default()).unwrap();
+    let reentrant = LockOptions::new().with_reentrant(true);
+    let lock = locks.lock("orders/42", reentrant).unwrap();
     let inside = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..8)
@@ -84,4 +85,31 @@ async fn a_sibling_tasks_read_makes_a_writer_wait() {
     };
     r.release().await.unwrap();
     writer.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// A default handle is not reentrant: the task that holds it waits for itself, as with a
+/// `tokio::sync::Mutex`, and a dispatcher that hands each guard to a worker waits for that
+/// worker before its next acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_handle_does_not_reenter() {
+    let locks = MemoryProvider::new();
+    let lock = locks.lock("jobs", LockOptions::default()).unwrap();
+    let g = lock.acquire().await.unwrap();
+    assert!(
+        lock.try_acquire(Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none(),
+        "a default handle re-entered"
+    );
+    let worker = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        g.release().await.unwrap();
+    });
+    let next = lock.acquire().await.unwrap();
+    assert!(
+        worker.is_finished(),
+        "the dispatcher got in before the worker released"
+    );
+    next.release().await.unwrap();
 }

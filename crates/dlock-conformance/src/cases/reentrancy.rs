@@ -13,13 +13,18 @@ use super::{
 use crate::Factory;
 use crate::support::{Names, must};
 
+/// A handle built `reentrant(true)`.
+fn reentrant() -> LockOptions {
+    LockOptions::new().with_reentrant(true)
+}
+
 /// The owner re-acquires at once and gets the same token.
 pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
     let a = client(f).await;
     if !caps(&a).reentrant {
         return unsupported(f, "no reentrant locks");
     }
-    let l = lock(&a, &Names::new().name("re"));
+    let l = lock_with(&a, &Names::new().name("re"), reentrant());
     let g1 = take(f, &l).await;
     let g2 = must(f.slack(), "re-entry", l.acquire()).await.unwrap();
     let g3 = l
@@ -41,7 +46,7 @@ pub async fn reentrant_lock_freed_by_last_guard(f: &impl Factory) {
         return unsupported(f, "no reentrant locks");
     }
     let name = Names::new().name("count");
-    let l = lock(&a, &name);
+    let l = lock_with(&a, &name, reentrant());
     let other = lock(&b, &name);
     let g1 = take(f, &l).await;
     let g2 = take(f, &l).await;

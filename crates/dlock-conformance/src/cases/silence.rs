@@ -50,7 +50,9 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
         return unsupported(f, "no watchdog leases with loss detection");
     }
     let name = Names::new().name("silent");
-    let holder = lock(&p, &name);
+    // Reentrant, so that the work can re-enter the hold to watch it; the settings are the
+    // backend's defaults otherwise.
+    let holder = lock_with(&p, &name, LockOptions::new().with_reentrant(caps.reentrant));
     let lease = LockOptions::default().lease.ttl();
     let stopped = Arc::new(Mutex::new(None));
     let lost_at = Arc::new(Mutex::new(None));
