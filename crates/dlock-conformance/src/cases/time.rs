@@ -218,8 +218,10 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
         let opts = LockOptions::new().with_lease(Lease::Fixed(Lease::MAX));
         let g = take(f, &lock_with(&a, &name, opts)).await;
         assert!(g.is_held());
+        // Vouched for to the lease end on a lease store, to the session's horizon on a
+        // session store (ZooKeeper, etcd): either way well ahead, with no overflow.
         assert!(
-            g.remaining() > Lease::MAX / 2,
+            g.remaining() > Duration::from_secs(1),
             "remaining {:?}",
             g.remaining()
         );
@@ -244,8 +246,9 @@ pub async fn extend_by_huge_durations_never_panics(f: &impl Factory) {
     g.extend(Lease::MAX)
         .await
         .unwrap_or_else(|e| panic!("extend(Lease::MAX): {e}"));
+    assert!(g.is_held(), "extend(Lease::MAX) lost the hold");
     assert!(
-        g.remaining() > Lease::MAX / 2,
+        g.remaining() > Duration::from_secs(1),
         "remaining {:?}",
         g.remaining()
     );
