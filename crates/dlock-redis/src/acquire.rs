@@ -10,7 +10,7 @@ use dlock_core::{Error, FencingToken, Lease, LockGuard, LockKind, LockName, Resu
 use redis::{Script, Value};
 use tokio::time::Instant;
 
-use crate::error::unexpected;
+use crate::error::{other_kind, unexpected};
 use crate::pubsub::{self, ChannelKind, Subscribed};
 use crate::scripts::{self, Keys};
 use crate::{BACKEND, Inner};
@@ -57,6 +57,27 @@ pub(crate) struct Acquisition {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The text of a reply item (a key type a script returned).
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Reads the `{-6, type}` reply of a script that found another kind's key at the name: the
+/// error to return, or `None` for any other reply.
+pub(crate) fn read_other_kind(reply: &Value, name: &str, lock: bool) -> Option<Error> {
+    match reply {
+        Value::Array(items) if items.len() == 2 && items[0] == Value::Int(-6) => {
+            let key_type = text(&items[1]).unwrap_or_else(|| "key of another type".into());
+            Some(other_kind(name, &key_type, lock))
+        }
+        _ => None,
+    }
 }
 
 /// Reads a `{-1, token}` / `{pttl, -1}` reply.
@@ -268,6 +289,10 @@ impl Acquisition {
                 .await?
             }
         };
+        let lock = !matches!(self.kind, Kind::Permit { .. });
+        if let Some(e) = read_other_kind(&reply, self.name.as_str(), lock) {
+            return Err(e);
+        }
         read_attempt(reply)
     }
 
@@ -537,26 +562,29 @@ impl Acquisition {
             acq: Arc::clone(&self),
             armed: true,
         };
-        // Whether the last attempt failed: its script may have run with the answer lost.
-        let mut uncertain = false;
+        // The error of the last attempt, while the store has not answered since: its script
+        // may have run with the answer lost (the undo then gives back what it may have
+        // taken), and at the deadline it is the answer, never "held by someone", which only
+        // a store that answered can say.
+        let mut unanswered: Option<Error> = None;
+        let mut outage_log = OutageLog::default();
         match self.attempt_retrying(queue).await {
             Ok((Attempt::Granted(token), sent)) => {
                 return self.confirm(undo, token, sent).await;
             }
             Ok(_) => {}
             // The server is away or slow on the first try too: a waiter with time left keeps
-            // waiting, as it does when that happens later (it used to fail at once, even a
-            // plain acquire(), which waits as long as it takes).
+            // waiting, as it does when that happens later.
             Err(e) if e.is_retryable() && !deadline.has_passed() => {
-                tracing::debug!(lock = %self.name, error = %e, "store unreachable at the first try; waiting");
-                uncertain = true;
+                outage_log.failed(&self.name, &e);
+                unanswered = Some(e);
             }
             // The undo is still armed: dropped, it gives back what the attempt may have taken.
             Err(e) => return Err(e),
         }
         if deadline.has_passed() {
-            undo.finish(queue, uncertain).await;
-            return Ok(None);
+            undo.finish(queue, unanswered.is_some()).await;
+            return unanswered.map_or(Ok(None), Err);
         }
         let (channel, kind) = self.channel();
         let listener = self.inner.subs.listen(&channel, kind).await?;
@@ -577,7 +605,8 @@ impl Acquisition {
                 }
                 Ok((Attempt::Busy(wait), _)) => {
                     outage.reset();
-                    uncertain = false;
+                    outage_log.answered(&self.name);
+                    unanswered = None;
                     wait
                 }
                 // attempt_retrying never returns it; try again at once if it did.
@@ -586,16 +615,15 @@ impl Acquisition {
                 // deadline, trying again with a growing pause. Whatever a lost reply granted
                 // is found by the next attempt (the scripts are idempotent) and given back.
                 Err(e) if e.is_retryable() => {
-                    tracing::debug!(lock = %self.name, error = %e, "store unreachable while waiting; trying again");
-                    let pause = outage.next_pause();
-                    uncertain = true;
-                    Some(pause)
+                    outage_log.failed(&self.name, &e);
+                    unanswered = Some(e);
+                    Some(outage.next_pause())
                 }
                 Err(e) => return Err(e),
             };
             if deadline.has_passed() {
-                undo.finish(true, uncertain).await;
-                return Ok(None);
+                undo.finish(true, unanswered.is_some()).await;
+                return unanswered.map_or(Ok(None), Err);
             }
             // Bounded even when a wake-up message is due: one lost message (a pub/sub
             // connection that died with a restart) costs at most NO_TTL_RECHECK.
@@ -616,6 +644,42 @@ impl Acquisition {
                 None => {}
             }
         }
+    }
+}
+
+/// How often a waiter whose store keeps failing says so at warning level.
+const OUTAGE_WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// The log of one waiter's outage: the first failed attempt is a warning (an `acquire()`
+/// without deadline waits through it, and a store that stays away must not pass for a lock
+/// held for ever), then at most one warning per [`OUTAGE_WARN_EVERY`] while it lasts, with
+/// the failures so far; the rest go to debug.
+#[derive(Default)]
+struct OutageLog {
+    failures: u32,
+    warned: Option<Instant>,
+}
+
+impl OutageLog {
+    fn failed(&mut self, lock: &LockName, e: &Error) {
+        self.failures = self.failures.saturating_add(1);
+        let due = self
+            .warned
+            .is_none_or(|at| at.elapsed() >= OUTAGE_WARN_EVERY);
+        if due {
+            self.warned = Some(Instant::now());
+            tracing::warn!(%lock, error = %e, failures = self.failures, "redis: acquire attempt failed; still trying until the store answers");
+        } else {
+            tracing::debug!(%lock, error = %e, failures = self.failures, "redis: acquire attempt failed; trying again");
+        }
+    }
+
+    /// The store answered: an outage warned about is over.
+    fn answered(&mut self, lock: &LockName) {
+        if self.warned.is_some() {
+            tracing::info!(%lock, failures = self.failures, "redis: the store answers again");
+        }
+        *self = Self::default();
     }
 }
 

@@ -19,7 +19,7 @@ use redis::{ClientTlsConfig, TlsCertificates};
 use tokio::time::Instant;
 
 use crate::config::{PubSubMode, RedisConfig, SentinelConfig};
-use crate::error::from_redis;
+use crate::error::{Reach, from_redis, from_redis_on};
 
 /// One connection, to a single server, to a cluster, or to the master Sentinel names.
 #[derive(Clone)]
@@ -366,7 +366,15 @@ impl Conn {
         let result = on_conn!(self, |c| invocation.invoke_async(&mut c).await, |c| {
             invocation.invoke_async(&mut c).await
         });
-        result.map_err(|e| from_redis(what, e))
+        result.map_err(|e| from_redis_on(self.reach(), what, e))
+    }
+
+    /// What this connection reaches, for the meaning of a `READONLY` answer.
+    fn reach(&self) -> Reach {
+        match self {
+            Self::Single(_) => Reach::Single,
+            Self::Cluster(..) | Self::Sentinel(_) => Reach::FollowsFailovers,
+        }
     }
 
     /// Whether this is a cluster connection.
@@ -427,9 +435,9 @@ impl Conn {
                         on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
                             invocation.load_async(&mut c).await
                         });
-                    load.map_err(|e| from_redis(what, e))?;
+                    load.map_err(|e| from_redis_on(self.reach(), what, e))?;
                 }
-                other => return other.map_err(|e| from_redis(what, e)),
+                other => return other.map_err(|e| from_redis_on(self.reach(), what, e)),
             }
         }
     }

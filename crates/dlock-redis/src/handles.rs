@@ -7,7 +7,7 @@ use dlock_core::backend::{RawLock, RawReadWriteLock, RawSemaphore, Request};
 use dlock_core::{LockGuard, LockName, Result, async_trait};
 
 use crate::Inner;
-use crate::acquire::{Acquisition, Kind};
+use crate::acquire::{Acquisition, Kind, read_other_kind};
 use crate::scripts::Keys;
 
 fn acquisition(
@@ -113,7 +113,13 @@ impl RawSemaphore for RedisSemaphore {
             .key(&self.keys.name)
             .key(&self.keys.sem_timeouts)
             .arg(permits);
-        let free: i64 = self.inner.conn.script("count permits", &invocation).await?;
-        Ok(u32::try_from(free.max(0)).unwrap_or(u32::MAX))
+        let reply: redis::Value = self.inner.conn.script("count permits", &invocation).await?;
+        if let Some(e) = read_other_kind(&reply, self.keys.name.as_str(), false) {
+            return Err(e);
+        }
+        match reply {
+            redis::Value::Int(free) => Ok(u32::try_from(free.max(0)).unwrap_or(u32::MAX)),
+            other => Err(crate::error::unexpected("count permits", other)),
+        }
     }
 }

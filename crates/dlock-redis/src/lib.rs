@@ -305,15 +305,16 @@ impl RedisProvider {
             Some(redis::Value::Array(fields)) => fields.iter().filter_map(text).collect(),
             _ => Vec::new(),
         };
-        let mode = fields.iter().any(|f| f == "mode");
         let holders: Vec<String> = fields.into_iter().filter(|f| f != "mode").collect();
         if kind != "hash" || holders.is_empty() {
             return Ok(dlock_core::LockStatus::free(token));
         }
-        let lock_kind = if mode {
-            dlock_core::LockKind::Read
-        } else {
-            dlock_core::LockKind::Mutex
+        // A write hold keeps `mode = write` while its owner also reads (a downgrade): the lock
+        // is exclusive until the write hold ends.
+        let lock_kind = match items.get(4).and_then(text).as_deref() {
+            Some("write") => dlock_core::LockKind::Write,
+            Some(_) => dlock_core::LockKind::Read,
+            None => dlock_core::LockKind::Mutex,
         };
         Ok(dlock_core::LockStatus::held_by(lock_kind, holders)
             .with_remaining(pttl)

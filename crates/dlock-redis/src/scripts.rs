@@ -5,6 +5,15 @@
 //! Replies: acquisitions return `{-1, token}` when granted and `{pttl, -1}` when not (Redisson's
 //! fenced-lock convention); unlocks return nil (not the owner), 0 (still held) or 1 (released);
 //! renewals return 1 (renewed) or 0 (not held).
+//!
+//! Kinds on one name exclude each other. A mutex hold (a hash without a `mode` field, dlock's
+//! or a Java `RLock`'s) and a read-write hold (a hash with `mode`) share the key: a read or
+//! write acquire treats a hash without `mode` as held, and the mutex acquire treats any hash
+//! as held. A semaphore's counter is a string at the same key, which no lock script can wait
+//! on: an acquire that finds the other kind's key type answers `{-6, type}` before it changes
+//! anything, and the caller refuses the request. Release, renewal and check scripts that find
+//! a key of another type answer "not held" (the hold is gone: the other kind could only create
+//! its key once ours had ended).
 
 use std::sync::LazyLock;
 
@@ -123,14 +132,18 @@ impl Keys {
 pub(crate) static LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  return {-5, -1}
-end
-if redis.call('exists', KEYS[1]) == 0 then
+local kind = redis.call('type', KEYS[1])['ok']
+if kind == 'none' then
   local token = redis.call('incr', KEYS[2])
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
   return {-1, token}
+end
+if kind ~= 'hash' then
+  return {-6, kind}
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  return {-5, -1}
 end
 return {redis.call('pttl', KEYS[1]), -1}
 ",
@@ -142,7 +155,7 @@ return {redis.call('pttl', KEYS[1]), -1}
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+if redis.call('type', KEYS[1])['ok'] ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return nil
 end
 local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
@@ -161,7 +174,7 @@ return 1
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if redis.call('type', KEYS[1])['ok'] == 'hash' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   return 1
 end
@@ -195,6 +208,16 @@ while true do
 end
 ";
 
+/// The fair lock's check of the key's type, first in its acquire scripts (before the sweep
+/// changes anything): a semaphore's counter (or any key but a hash) at the name is another
+/// kind in use.
+const FAIR_KIND: &str = r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return {-6, kind}
+end
+";
+
 /// The fair lock's grant when the lock is free and the queue empty or headed by us; shared
 /// by both acquire scripts. Uses ARGV[3] as the per-waiter wait.
 const FAIR_GRANT: &str = r"
@@ -225,7 +248,7 @@ end
 pub(crate) static FAIR_LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
-{FAIR_SWEEP}{FAIR_GRANT}
+{FAIR_KIND}{FAIR_SWEEP}{FAIR_GRANT}
 if redis.call('zscore', KEYS[3], ARGV[2]) ~= false then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
@@ -257,7 +280,7 @@ return {{ttl, -1}}
 pub(crate) static FAIR_TRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
-{FAIR_SWEEP}{FAIR_GRANT}
+{FAIR_KIND}{FAIR_SWEEP}{FAIR_GRANT}
 return {{math.max(0, redis.call('pttl', KEYS[1])), -1}}
 "
     ))
@@ -297,8 +320,9 @@ pub(crate) static FAIR_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
 {FAIR_SWEEP}
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
-  if redis.call('exists', KEYS[1]) == 0 then
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+  if kind == 'none' then
     local head = redis.call('lindex', KEYS[2], 0)
     if head ~= false then
       redis.call(ARGV[5], KEYS[4] .. ':' .. head, ARGV[1])
@@ -322,14 +346,22 @@ return 1
 });
 
 /// Read acquire. KEYS: name, read-timeouts base, token. ARGV: lease ms, read field, write
-/// field of this owner's write hold (downgrade), or an empty string.
+/// field of this owner's write hold (downgrade), or an empty string. A hash without `mode` is
+/// a mutex hold, exclusive like a write hold.
 pub(crate) static READ_LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return {-6, kind}
+end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   return {-5, -1}
 end
 local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false and kind == 'hash' then
+  return {redis.call('pttl', KEYS[1]), -1}
+end
 if mode == false then
   local token = redis.call('incr', KEYS[3])
   redis.call('hset', KEYS[1], 'mode', 'read')
@@ -359,6 +391,10 @@ return {redis.call('pttl', KEYS[1]), -1}
 pub(crate) static READ_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return nil
+end
 local mode = redis.call('hget', KEYS[1], 'mode')
 if mode == false then
   redis.call(ARGV[3], KEYS[2], ARGV[1])
@@ -401,6 +437,9 @@ return 1
 pub(crate) static READ_RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if redis.call('type', KEYS[1])['ok'] ~= 'hash' then
+  return 0
+end
 local n = redis.call('hget', KEYS[1], ARGV[2])
 if n == false then
   return 0
@@ -415,15 +454,19 @@ return 1
     )
 });
 
-/// Write acquire. KEYS: name, token. ARGV: lease ms, write field.
+/// Write acquire. KEYS: name, token. ARGV: lease ms, write field. Any hash there is a hold:
+/// read, write, or a mutex (no `mode` field).
 pub(crate) static WRITE_LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return {-6, kind}
+end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   return {-5, -1}
 end
-local mode = redis.call('hget', KEYS[1], 'mode')
-if mode == false then
+if kind == 'none' then
   local token = redis.call('incr', KEYS[2])
   redis.call('hset', KEYS[1], 'mode', 'write')
   redis.call('hset', KEYS[1], ARGV[2], 1)
@@ -441,6 +484,10 @@ return {redis.call('pttl', KEYS[1]), -1}
 pub(crate) static WRITE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return nil
+end
 local mode = redis.call('hget', KEYS[1], 'mode')
 if mode == false then
   redis.call(ARGV[4], KEYS[2], ARGV[1])
@@ -489,7 +536,8 @@ end
 ///
 /// A counter made by Java (`trySetPermits`) has no size key, and no opinion is enforced.
 /// `{-4, -1}`: no permit free and none about to expire (another client holds them without
-/// expiry), so only a release message can help. KEYS: counter, timeouts, channel, token,
+/// expiry), so only a release message can help. `{-6, type}`: the key is not a counter (a
+/// lock's hash is there), answered before anything changes. KEYS: counter, timeouts, channel, token,
 /// size. ARGV: permits, (expiry and now: from the server's clock), lease ms, publish command,
 /// permit id (16 raw
 /// bytes).
@@ -498,6 +546,10 @@ pub(crate) static SEM_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         r"
 ARGV[3] = tostring({SERVER_NOW})
 ARGV[2] = tostring(tonumber(ARGV[3]) + tonumber(ARGV[4]))
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'string' then
+  return {{-6, kind}}
+end
 if redis.call('zscore', KEYS[2], ARGV[6]) ~= false then
   return {{-5, -1}}
 end
@@ -534,9 +586,14 @@ return {{-4, -1}}
 /// Free permits (Redisson's `availablePermits`), read only: the counter plus the permits whose
 /// lease ended that no acquire has reclaimed yet (the server's clock). KEYS: counter,
 /// timeouts. ARGV: the handle's permits (what is free while the counter was never set).
+/// `{-6, type}` when the key is not a counter (a lock's hash is there).
 pub(crate) static SEM_AVAILABLE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'string' then
+  return {{-6, kind}}
+end
 local expired = redis.call('zcount', KEYS[2], 0, {SERVER_NOW})
 local value = redis.call('get', KEYS[1])
 if value == false then
@@ -574,6 +631,10 @@ if expiry == false then
   return nil
 end
 redis.call('zrem', KEYS[3], ARGV[1])
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'string' then
+  return nil
+end
 local value = redis.call('incrby', KEYS[1], 1)
 redis.call(ARGV[3], KEYS[2], value)
 if tonumber(expiry) <= tonumber(ARGV[2]) then
@@ -593,22 +654,25 @@ if ARGV[2] == 'zset' then
   if redis.call('zscore', KEYS[1], ARGV[1]) == false then return 0 end
   return 1
 end
+if redis.call('type', KEYS[1])['ok'] ~= 'hash' then return 0 end
 return redis.call('hexists', KEYS[1], ARGV[1])
 ",
     )
 });
 
 /// What is stored for a lock, for inspection. KEYS: name, token. Returns
-/// `{type, pttl, token or nil, hash fields}`.
+/// `{type, pttl, token or nil, hash fields, mode or nil}`.
 pub(crate) static DESCRIBE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local kind = redis.call('type', KEYS[1])['ok']
 local fields = {}
+local mode = false
 if kind == 'hash' then
   fields = redis.call('hkeys', KEYS[1])
+  mode = redis.call('hget', KEYS[1], 'mode')
 end
-return {kind, redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]), fields}
+return {kind, redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]), fields, mode}
 ",
     )
 });

@@ -126,6 +126,14 @@ impl Factory for RedisFactory {
         )
     }
 
+    /// Redis has no session setting: a provider with the URL's defaults is the deployed one
+    /// (holds take the default 30 s watchdog lease).
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        self.connect_partitionable().await
+    }
+
     fn short_lease(&self) -> Duration {
         Duration::from_millis(600)
     }

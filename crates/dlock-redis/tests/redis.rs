@@ -657,7 +657,7 @@ async fn uncontended_cycle_is_two_script_calls() {
     let after = server.stats().await;
     // What the scripts run inside is counted too: leave those out, and INFO.
     let inner = [
-        "exists", "hexists", "hincrby", "incr", "pexpire", "del", "publish", "info",
+        "type", "exists", "hexists", "hincrby", "incr", "pexpire", "del", "publish", "info",
     ];
     let top_level: std::collections::BTreeMap<_, _> = after
         .iter()
@@ -2302,6 +2302,399 @@ async fn replies_lost_leave_one_hold_and_no_leaked_permit(server: &PrivateRedis,
         .await
         .unwrap();
     assert!(again.is_some(), "the permit is free for anyone");
+}
+
+// ------------------------------------------------------------------ kinds on one name
+
+/// A fresh provider of the shared server, or `None` (skip) without one.
+async fn shared() -> Option<(String, RedisProvider)> {
+    let url = service_url("DLOCK_REDIS_URL")?;
+    let p = RedisProvider::connect(&url).await.unwrap();
+    Some((url, p))
+}
+
+/// Deletes every key of `name` that a test of several kinds may have left.
+async fn forget(url: &str, name: &str) {
+    let mut c = admin(url).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(name)
+        .arg(format!("redisson_lock_token:{{{name}}}"))
+        .arg(format!("{{{name}}}:timeout"))
+        .arg(format!("{{{name}}}:permits"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+/// What an acquisition refused because the name's key is another kind's must be: a
+/// non-retryable `InvalidArgument` whose text names the kind in use.
+fn refused_for(r: dlock_core::Result<Option<dlock_core::LockGuard>>, in_use: &str, what: &str) {
+    match r {
+        Err(e @ dlock_core::Error::InvalidArgument { .. }) => {
+            assert!(!e.is_retryable(), "{what}: {e}");
+            assert!(
+                e.to_string().contains(&format!("holds {in_use}")),
+                "{what}: the error must name {in_use}: {e}"
+            );
+        }
+        Err(e) => panic!("{what}: refused with {e:?}, not as the other kind in use"),
+        Ok(Some(_)) => panic!("{what}: granted beside {in_use}"),
+        Ok(None) => panic!("{what}: answered 'held', which no wait can change"),
+    }
+}
+
+/// A mutex and a writer of one name exclude each other, in both orders. A writer asking while
+/// a mutex holds is kept out (both share the hash, and the mutex's release deletes it
+/// whole: a writer let in beside it would be wiped, and a second writer let in beside the
+/// first). It is let in once the mutex is released, and then a second writer and a mutex
+/// wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_and_a_writer_of_one_name_never_hold_together() {
+    let Some((url, a)) = shared().await else {
+        return;
+    };
+    let b = RedisProvider::connect(&url).await.unwrap();
+    let c = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("mutex-write");
+    // A short watchdog lease: a writer waiting on the mutex (whose release message goes to
+    // the mutex channel) looks again within the hash's PTTL.
+    let m = a
+        .lock(&name, watchdog(1500))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let writer = b.read_write_lock(&name, LockOptions::default()).unwrap();
+    let beside = writer.try_write(Duration::from_millis(300)).await.unwrap();
+    assert!(
+        beside.is_none(),
+        "a writer was granted beside a mutex holder"
+    );
+    let waiting = tokio::spawn(async move { writer.write().await });
+    m.release().await.unwrap();
+    let w1 = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the writer is let in once the mutex is released")
+        .unwrap()
+        .unwrap();
+    let second = c
+        .read_write_lock(&name, LockOptions::default())
+        .unwrap()
+        .try_write(Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(second.is_none(), "two writers at once");
+    let mutex = c.lock(&name, LockOptions::default()).unwrap();
+    let m2 = mutex.try_acquire(Duration::from_millis(300)).await.unwrap();
+    assert!(m2.is_none(), "a mutex granted beside a writer");
+    assert!(w1.is_held());
+    w1.release().await.unwrap();
+    let m2 = mutex
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the mutex is let in once the writer is released");
+    m2.release().await.unwrap();
+    forget(&url, &name).await;
+}
+
+/// A mutex and a reader of one name exclude each other, in both orders; readers still share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_and_a_reader_of_one_name_never_hold_together() {
+    let Some((url, a)) = shared().await else {
+        return;
+    };
+    let b = RedisProvider::connect(&url).await.unwrap();
+    let c = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("mutex-read");
+    let mutex = a.lock(&name, watchdog(1500)).unwrap();
+    let m = mutex.acquire().await.unwrap();
+    let rw = b.read_write_lock(&name, LockOptions::default()).unwrap();
+    let beside = rw.try_read(Duration::from_millis(300)).await.unwrap();
+    assert!(
+        beside.is_none(),
+        "a reader was granted beside a mutex holder"
+    );
+    m.release().await.unwrap();
+    let r1 = rw
+        .try_read(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the reader is let in once the mutex is released");
+    let r2 = c
+        .read_write_lock(&name, LockOptions::default())
+        .unwrap()
+        .try_read(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("readers share");
+    let m = mutex.try_acquire(Duration::from_millis(300)).await.unwrap();
+    assert!(m.is_none(), "a mutex granted beside readers");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let m = mutex
+        .try_acquire(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the mutex is let in once the readers are gone");
+    m.release().await.unwrap();
+    forget(&url, &name).await;
+}
+
+/// A lock and a semaphore of one name cannot wait for each other (a counter and a hash at one
+/// key): while one kind's key exists, the other kind is refused at once with a non-retryable
+/// `InvalidArgument` naming the kind in use, for every lock primitive, for `acquire()` without
+/// deadline and for `available()`; the refused call changes nothing (here: an expired permit
+/// in the semaphore's timeouts set is not reclaimed into a lock's hash), and the holder keeps
+/// its hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_and_a_semaphore_of_one_name_refuse_each_other_clearly() {
+    let Some((url, a)) = shared().await else {
+        return;
+    };
+    let b = RedisProvider::connect(&url).await.unwrap();
+    let names = Names::new();
+
+    // A permit held: the locks are refused.
+    let counted = names.name("sem-first");
+    let sem = a.semaphore(&counted, 2, LockOptions::default()).unwrap();
+    let permit = sem.acquire().await.unwrap();
+    let mutex = b.lock(&counted, LockOptions::default()).unwrap();
+    refused_for(
+        mutex.try_acquire(Duration::ZERO).await,
+        "a semaphore",
+        "mutex",
+    );
+    refused_for(
+        mutex.try_acquire(Duration::from_secs(1)).await,
+        "a semaphore",
+        "mutex with a wait",
+    );
+    let forever = tokio::time::timeout(Duration::from_secs(5), mutex.acquire())
+        .await
+        .expect("acquire() without deadline is refused at once, not retried");
+    refused_for(forever.map(Some), "a semaphore", "acquire()");
+    let fair = b
+        .lock(&counted, LockOptions::default().with_fair(true))
+        .unwrap();
+    refused_for(
+        fair.try_acquire(Duration::ZERO).await,
+        "a semaphore",
+        "fair mutex",
+    );
+    let rw = b.read_write_lock(&counted, LockOptions::default()).unwrap();
+    refused_for(rw.try_read(Duration::ZERO).await, "a semaphore", "read");
+    refused_for(rw.try_write(Duration::ZERO).await, "a semaphore", "write");
+    assert!(permit.is_held());
+    let second = sem
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the semaphore's second permit is untouched");
+    permit.release().await.unwrap();
+    second.release().await.unwrap();
+    forget(&url, &counted).await;
+
+    // A lock held (a mutex, then a writer): permits are refused, and nothing is changed.
+    for (i, write) in [false, true].into_iter().enumerate() {
+        let name = names.name(&format!("lock-first-{i}"));
+        let held = if write {
+            a.read_write_lock(&name, LockOptions::default())
+                .unwrap()
+                .write()
+                .await
+                .unwrap()
+        } else {
+            a.lock(&name, LockOptions::default())
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap()
+        };
+        let mut c = admin(&url).await;
+        let before: Vec<String> = redis::cmd("HGETALL")
+            .arg(&name)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let timeouts = format!("{{{name}}}:timeout");
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&timeouts)
+            .arg(1)
+            .arg("an-expired-permit")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let sem = b.semaphore(&name, 1, LockOptions::default()).unwrap();
+        refused_for(sem.try_acquire(Duration::ZERO).await, "a lock", "permit");
+        refused_for(
+            sem.try_acquire(Duration::from_secs(1)).await,
+            "a lock",
+            "permit with a wait",
+        );
+        let available = sem.available().await;
+        refused_for(available.map(|_| None), "a lock", "available()");
+        let after: Vec<String> = redis::cmd("HGETALL")
+            .arg(&name)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(before, after, "the lock's hash is untouched");
+        let left: i64 = redis::cmd("ZCARD")
+            .arg(&timeouts)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(left, 1, "the refused acquire reclaimed a permit first");
+        assert!(held.is_held());
+        held.release().await.unwrap();
+        forget(&url, &name).await;
+    }
+}
+
+/// `describe` tells a write hold (exclusive) from a read hold (shared).
+#[tokio::test]
+async fn describe_tells_a_write_hold_from_a_read_hold() {
+    let Some((url, p)) = shared().await else {
+        return;
+    };
+    let name = Names::new().name("describe");
+    let rw = p.read_write_lock(&name, LockOptions::default()).unwrap();
+    let w = rw.write().await.unwrap();
+    assert_eq!(
+        p.describe(&name).await.unwrap().kind,
+        Some(dlock_core::LockKind::Write)
+    );
+    w.release().await.unwrap();
+    let r = rw.read().await.unwrap();
+    assert_eq!(
+        p.describe(&name).await.unwrap().kind,
+        Some(dlock_core::LockKind::Read)
+    );
+    r.release().await.unwrap();
+    forget(&url, &name).await;
+}
+
+// ------------------------------------------------------------------ a store that does not answer
+
+/// A replica of the shared Sentinel deployment (`DLOCK_REDIS_SENTINEL_URL`, whose master has
+/// one): its `redis://` URL, found through the Sentinels, confirmed by the replica itself.
+async fn a_read_only_replica() -> Option<String> {
+    let url = service_url("DLOCK_REDIS_SENTINEL_URL")?;
+    let rest = url.trim_start_matches("redis+sentinel://");
+    let (hosts, master) = rest.split_once('/').unwrap();
+    let master = master.split(['/', '?']).next().unwrap();
+    let sentinel = hosts.split(',').next().unwrap();
+    let mut s = admin(&format!("redis://{sentinel}")).await;
+    let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+        .arg("REPLICAS")
+        .arg(master)
+        .query_async(&mut s)
+        .await
+        .unwrap();
+    for r in replicas {
+        let field = |k: &str| {
+            r.chunks(2)
+                .find(|kv| kv[0] == k)
+                .map(|kv| kv[1].clone())
+                .unwrap_or_default()
+        };
+        let replica = format!("redis://{}:{}", field("ip"), field("port"));
+        let Ok(c) = try_admin(&replica).await else {
+            continue;
+        };
+        if answers(&c, &["INFO", "replication"], "role:slave")
+            .await
+            .is_ok()
+        {
+            return Some(replica);
+        }
+    }
+    panic!("no replica of {master} answers as one");
+}
+
+/// A `redis://` URL that names a read-only replica: every acquisition is refused at once with
+/// a non-retryable error that says so and says what to do, with a wait, without one, and for
+/// `acquire()` (which would otherwise wait for ever); never "held by someone".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_is_refused_at_once_with_a_clear_error() {
+    let Some(replica) = a_read_only_replica().await else {
+        return;
+    };
+    let p = RedisProvider::connect(&replica).await.unwrap();
+    let names = Names::new();
+    let check = |r: dlock_core::Result<Option<dlock_core::LockGuard>>, what: &str| match r {
+        Err(e) => {
+            assert!(!e.is_retryable(), "{what}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("read-only replica") && text.contains("master"),
+                "{what}: {text}"
+            );
+        }
+        Ok(g) => panic!(
+            "{what}: answered {:?} by a replica",
+            g.map(|g| g.fencing_token())
+        ),
+    };
+    let lock = p
+        .lock(&names.name("replica"), LockOptions::default())
+        .unwrap();
+    let started = Instant::now();
+    check(
+        lock.try_acquire(Duration::from_secs(3)).await,
+        "try_acquire(3 s)",
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the refusal came after {:?}: it was retried",
+        started.elapsed()
+    );
+    check(lock.try_acquire(Duration::ZERO).await, "try_acquire(0)");
+    let forever = tokio::time::timeout(Duration::from_secs(5), lock.acquire())
+        .await
+        .expect("acquire() is refused, not retried for ever");
+    check(forever.map(Some), "acquire()");
+    let sem = p
+        .semaphore(&names.name("replica-sem"), 2, LockOptions::default())
+        .unwrap();
+    check(sem.try_acquire(Duration::from_secs(1)).await, "permit");
+}
+
+/// A store that goes silent (a network cut that drops nothing and answers nothing) is an
+/// error at the deadline, never "held by someone": nobody holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_through_a_silent_network_is_an_error_not_held() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    use dlock_conformance::Partition;
+    // A short response timeout: every try fails well within the wait, so the answer at the
+    // deadline is the acquisition's own, not the core's cut-off at the wait plus its grace.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let (cut, through) =
+        dlock_conformance::ProxyPartition::start(&format!("{url}{sep}timeout_ms=150"), 6379)
+            .await
+            .unwrap();
+    let p = RedisProvider::connect(&through).await.unwrap();
+    let lock = p
+        .lock(&Names::new().name("silent"), LockOptions::default())
+        .unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    cut.set_partitioned(true);
+    let wait = Duration::from_secs(2);
+    let started = Instant::now();
+    let r = lock.try_acquire(wait).await;
+    let took = started.elapsed();
+    cut.set_partitioned(false);
+    match r {
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+        Ok(g) => panic!(
+            "a silent store answered {:?} after {took:?}",
+            g.map(|g| g.fencing_token())
+        ),
+    }
+    assert!(took >= wait, "gave up after {took:?}, before the wait");
 }
 
 // ------------------------------------------------------------------ TLS
