@@ -19,6 +19,23 @@ pub(crate) fn is_transient(e: &zk::Error) -> bool {
     )
 }
 
+/// Whether the error is the server's answer to the request (a refusal such as `NoNode` or
+/// `NodeExists`), as opposed to no answer at all (a connection loss, a timeout, an expired or
+/// closed session, a request the client never sent). An answer proves the server heard the
+/// session when the request reached it.
+pub(crate) fn is_answer(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::NoNode
+            | zk::Error::NodeExists
+            | zk::Error::NotEmpty
+            | zk::Error::BadVersion
+            | zk::Error::NoChildrenForEphemerals
+            | zk::Error::NoAuth
+            | zk::Error::InvalidAcl
+    )
+}
+
 /// Converts a `zookeeper-client` error met while acquiring (or connecting).
 ///
 /// Connection loss, timeouts and an expired or closed session are retryable
@@ -83,6 +100,16 @@ mod tests {
         ));
         assert!(for_hold(&name, "delete", zk::Error::ConnectionLoss).is_retryable());
         assert!(is_transient(&zk::Error::ConnectionLoss));
+        assert!(is_answer(&zk::Error::NoNode) && is_answer(&zk::Error::NodeExists));
+        for silent in [
+            zk::Error::ConnectionLoss,
+            zk::Error::Timeout,
+            zk::Error::SessionExpired,
+            zk::Error::ClientClosed,
+            zk::Error::BadArguments(&"x"),
+        ] {
+            assert!(!is_answer(&silent), "{silent:?}");
+        }
         assert!(!is_transient(&zk::Error::SessionExpired));
     }
 }

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, Hold, HoldSignal, NewHold, later};
+use std::future::Future;
+
+use dlock_core::backend::{Backoff, Deadline, Hold, HoldSignal, NewHold, later};
 use dlock_core::{
     Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
@@ -15,7 +17,7 @@ use zookeeper_client as zk;
 
 use crate::BACKEND;
 use crate::error::{for_hold, from_zk, is_transient, unexpected};
-use crate::nodes::{self, Standing};
+use crate::nodes::{self, LEASE, LEASES, LOCK, LOCKS, READ, Standing, WRITE};
 use crate::session::Session;
 
 /// How many times an acquisition recreates its node after finding it gone (Curator retries
@@ -25,6 +27,15 @@ const RECREATES: usize = 5;
 /// How many times a create is retried after `NoNode` (parents missing, or a container parent
 /// removed by the server in between).
 const PARENT_RETRIES: usize = 8;
+
+/// How long a waiter that gives up at its deadline waits for the server to answer the delete
+/// of its node, which is what confirms that the lock is still held (see [`give_up`]): below
+/// the core's cut-off of a timed call (`CALL_GRACE`), so the backend gives its own answer.
+const UNDO_GRACE: Duration = Duration::from_secs(1);
+
+/// Pauses between attempts of an acquisition that failed with a retryable error.
+const ATTEMPT_PAUSE_MIN: Duration = Duration::from_millis(50);
+const ATTEMPT_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// A node this acquisition created.
 #[derive(Debug, Clone)]
@@ -91,6 +102,23 @@ impl NodeUndo {
             let _ = task.await;
         }
     }
+
+    /// Undoes in the background.
+    pub(crate) fn undo_in_background(&mut self) {
+        let state = std::mem::replace(&mut self.state, UndoState::Idle);
+        let _ = spawn_undo(&self.session, state);
+    }
+
+    /// Undoes now and waits at most `grace` for it (it finishes in the background otherwise):
+    /// true if the server answered the undo's calls within `grace` (or there was nothing to
+    /// undo).
+    pub(crate) async fn undo_within(&mut self, grace: Duration) -> bool {
+        let state = std::mem::replace(&mut self.state, UndoState::Idle);
+        match spawn_undo(&self.session, state) {
+            None => true,
+            Some(task) => matches!(tokio::time::timeout(grace, task).await, Ok(Ok(true))),
+        }
+    }
 }
 
 impl Drop for NodeUndo {
@@ -100,7 +128,9 @@ impl Drop for NodeUndo {
     }
 }
 
-fn spawn_undo(session: &Arc<Session>, state: UndoState) -> Option<tokio::task::JoinHandle<()>> {
+/// Runs the undo of `state` in a task of its own; the task says whether the server answered
+/// (the node is gone, or was not there).
+fn spawn_undo(session: &Arc<Session>, state: UndoState) -> Option<tokio::task::JoinHandle<bool>> {
     if matches!(state, UndoState::Idle) {
         return None;
     }
@@ -112,10 +142,80 @@ fn spawn_undo(session: &Arc<Session>, state: UndoState) -> Option<tokio::task::J
             UndoState::Creating { dir, prefix } => session.delete_by_prefix(dir, prefix).await,
             UndoState::Created(path) => session.delete_guaranteed(path).await,
         };
-        if let Err(e) = result {
+        if let Err(e) = &result {
             tracing::warn!(?state, error = %e, "could not delete the node of an abandoned acquisition; the session's end removes it");
         }
+        result.is_ok()
     }))
+}
+
+/// Ends a wait that reached its deadline: deletes our node and says the lock is held
+/// (`Ok(())`, the caller answers `Ok(None)`) only if the server answered that delete within
+/// [`UNDO_GRACE`]. ZooKeeper sends a session's watch events before its answers to later
+/// requests, so an answered delete with no event before it means the node we waited on was
+/// still there. A session that is not connected, or a delete left unanswered, is a retryable
+/// error: nothing says the lock is held. The delete then goes on in the background.
+pub(crate) async fn give_up(session: &Session, undo: &mut NodeUndo, dir: &str) -> Result<()> {
+    if !session.is_connected() {
+        undo.undo_in_background();
+        return Err(Error::no_answer(
+            BACKEND,
+            format!(
+                "the wait under {dir} reached its deadline while the session to ZooKeeper was \
+                 not connected: nothing says the lock is held"
+            ),
+        ));
+    }
+    if undo.undo_within(UNDO_GRACE).await {
+        return Ok(());
+    }
+    Err(Error::no_answer(
+        BACKEND,
+        format!(
+            "the wait under {dir} reached its deadline and the server did not answer within \
+             {UNDO_GRACE:?}: nothing says the lock is held"
+        ),
+    ))
+}
+
+/// Whether the `failures`-th retryable failure in a row of one acquisition is logged as a
+/// warning: the 5th, then the 10th, 20th, 40th … (fewer as an outage goes on).
+fn worth_a_warning(failures: u32) -> bool {
+    failures == 5
+        || (failures >= 10 && failures.is_multiple_of(10) && (failures / 10).is_power_of_two())
+}
+
+/// Runs `attempt` (one acquisition) again after a retryable error while `deadline` allows,
+/// with a growing pause: an unbounded `acquire()` waits out an outage, and a timed one
+/// returns the last error at its deadline. A non-retryable error is returned at once.
+pub(crate) async fn persist<F, Fut>(
+    name: &LockName,
+    deadline: Deadline,
+    mut attempt: F,
+) -> Result<Option<LockGuard>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<LockGuard>>>,
+{
+    let mut pause = Backoff::new(ATTEMPT_PAUSE_MIN, ATTEMPT_PAUSE_MAX);
+    let mut failures = 0u32;
+    loop {
+        match attempt().await {
+            Err(e) if e.is_retryable() && !deadline.has_passed() => {
+                failures = failures.saturating_add(1);
+                if worth_a_warning(failures) {
+                    tracing::warn!(lock = %name, error = %e, failures, "zookeeper acquisition keeps failing; still retrying");
+                } else {
+                    tracing::debug!(lock = %name, error = %e, "zookeeper acquisition failed; retrying");
+                }
+                tokio::time::sleep_until(deadline.wake_after(pause.next_pause())).await;
+                if deadline.has_passed() {
+                    return Err(e);
+                }
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Creates `{dir}/{protected prefix}{marker}{seq}` as EPHEMERAL_SEQUENTIAL, creating missing
@@ -128,23 +228,24 @@ pub(crate) async fn create_protected(
     data: &[u8],
     undo: &mut NodeUndo,
 ) -> Result<Created> {
-    Ok(create_listed(session, dir, marker, data, undo, false)
+    Ok(create_listed(session, dir, marker, data, undo, &[])
         .await?
         .0)
 }
 
-/// [`create_protected`], and with `list` the children of `dir` asked for right behind the
+/// [`create_protected`], with the children of each of `lists` asked for right behind the
 /// create, in the same round trip: ZooKeeper answers a session's requests in the order they
-/// were sent, so the listing sees the node. The children come back only if the first create
-/// made the node and the listing succeeded; otherwise the caller lists them itself.
+/// were sent, so each listing sees the node. The listings come back only from the first
+/// create, if it made the node (`None` for a listing that failed); otherwise the list is
+/// empty and the caller lists for itself.
 async fn create_listed(
     session: &Session,
     dir: &str,
     marker: &str,
     data: &[u8],
     undo: &mut NodeUndo,
-    mut list: bool,
-) -> Result<(Created, Option<Vec<String>>)> {
+    lists: &[&str],
+) -> Result<(Created, Vec<Option<Vec<String>>>)> {
     let prefix = nodes::protected_prefix();
     let base = format!("{dir}/{prefix}{marker}");
     undo.state = UndoState::Creating {
@@ -153,15 +254,17 @@ async fn create_listed(
     };
     let mut parent_tries = 0;
     let mut losses = 0;
+    let mut lists = lists;
     loop {
         let sent = Instant::now();
         let mode = zk::CreateMode::EphemeralSequential;
-        let (created, listed) = if std::mem::take(&mut list) {
-            let (created, listed) = session.create_and_list(&base, data, mode, dir).await;
-            (created, listed.ok())
+        let (created, listed) = if lists.is_empty() {
+            (session.create_with(&base, data, mode).await, Vec::new())
         } else {
-            (session.create_with(&base, data, mode).await, None)
+            let (created, listed) = session.create_and_list(&base, data, mode, lists).await;
+            (created, listed.into_iter().map(|l| l.ok()).collect())
         };
+        lists = &[];
         match created {
             Ok((stat, seq)) => {
                 let seq = seq.to_string();
@@ -190,7 +293,7 @@ async fn create_listed(
                 tokio::time::sleep(Duration::from_millis(20 << losses)).await;
                 if let Some(found) = find_protected(session, dir, &prefix, marker).await? {
                     undo.state = UndoState::Created(found.path.clone());
-                    return Ok((found, None));
+                    return Ok((found, Vec::new()));
                 }
             }
             Err(e) => return Err(from_zk(&format!("create {base}"), e)),
@@ -262,23 +365,101 @@ async fn find_protected(
 pub(crate) enum Role {
     /// Mutex, writer, the semaphore's internal lock: first among all contenders.
     Exclusive,
-    /// Reader: no writer before it.
+    /// Reader: no writer (or mutex) before it.
     Reader,
 }
 
+/// The other kind a contender must not share its name with. Locks (mutexes, readers and
+/// writers) wait for each other in one queue; a lock and a semaphore cannot wait for each
+/// other, so the later of the two is refused. Each side creates its node first and then
+/// looks for the other's: ZooKeeper orders all writes, and a session reads what it wrote and
+/// everything before it, so of two contenders that overlap at least one sees the other.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Apart<'a> {
+    /// A lock at the name's node (`Recipe::dir`): refused while a semaphore holds or waits
+    /// there (a node under its `locks` or `leases` children).
+    FromSemaphore,
+    /// The internal mutex of a semaphore whose name's node is this path: refused while a lock
+    /// holds or waits there (a `lock-`, `__READ__` or `__WRIT__` node directly under it).
+    FromLocks(&'a str),
+}
+
 /// One kind of contender of a recipe: the directory its nodes live in, its own marker, the
-/// markers of every node that competes with it, and its role.
+/// markers of every node that competes with it, its role, and the kind it keeps apart from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Recipe<'a> {
+    pub(crate) name: &'a LockName,
     pub(crate) dir: &'a str,
     pub(crate) marker: &'static str,
     pub(crate) markers: &'static [&'static str],
     pub(crate) role: Role,
+    pub(crate) apart: Apart<'a>,
+}
+
+/// The markers of every lock node at a name: a mutex node counts as a writer, so a mutex, a
+/// reader and a writer of one name wait for each other in the one sequence of that node's
+/// children.
+pub(crate) const LOCK_MARKERS: &[&str] = &[LOCK, READ, WRITE];
+
+/// Whether a semaphore holds or waits at the name whose node is `dir`, whose children are
+/// `children`: only if the semaphore's `locks` or `leases` parents are there (they stay a
+/// while after their last node goes) is there anything more to ask. The internal mutex is
+/// listed before the leases: a semaphore waiter takes its lease before it lets the internal
+/// mutex go, so one of the two listings sees it.
+async fn semaphore_at(session: &Session, dir: &str, children: &[String]) -> Result<bool> {
+    for (sub, marker) in [(LOCKS, LOCK), (LEASES, LEASE)] {
+        if !children.iter().any(|c| c == sub) {
+            continue;
+        }
+        let path = format!("{dir}/{sub}");
+        match session.retrying(|| session.children(&path)).await {
+            Ok(c) if c.iter().any(|c| nodes::sequence(c, marker).is_some()) => return Ok(true),
+            Ok(_) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(from_zk(&format!("list {path}"), e)),
+        }
+    }
+    Ok(false)
+}
+
+/// Whether the name's node `path` has lock nodes, `children` if it was already listed after
+/// our create.
+async fn locks_at(session: &Session, path: &str, children: Option<Vec<String>>) -> Result<bool> {
+    let children = match children {
+        Some(c) => c,
+        None => match session.retrying(|| session.children(path)).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(from_zk(&format!("list {path}"), e)),
+        },
+    };
+    Ok(!nodes::contenders(children, LOCK_MARKERS).is_empty())
+}
+
+/// Runs `step` of an acquisition that waits until `deadline`, for at most [`UNDO_GRACE`] past
+/// it: a server that has not answered by then is a retryable error (the core would cut the
+/// call off a little later anyway), and what the step created is deleted in the background
+/// by its undo.
+pub(crate) async fn by_deadline<T>(
+    deadline: Deadline,
+    dir: &str,
+    step: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match deadline.with_grace(UNDO_GRACE).run(step).await {
+        Some(answer) => answer,
+        None => Err(Error::no_answer(
+            BACKEND,
+            format!(
+                "no answer from ZooKeeper about {dir} by the deadline and {UNDO_GRACE:?} more: \
+                 nothing says the lock is held"
+            ),
+        )),
+    }
 }
 
 /// Creates a node for `recipe` and waits until it holds, or until `deadline` (then the node
-/// is deleted and `Ok(None)` returned). Each waiter watches exactly one node (its predecessor,
-/// or a reader's first writer), so one release wakes one waiter.
+/// is deleted and `Ok(None)` returned if the server says the lock is still held: see
+/// [`give_up`]). Each waiter watches exactly one node (its predecessor, or a reader's first
+/// writer), so one release wakes one waiter. Bounded by [`by_deadline`].
 ///
 /// The node is left to `undo` (still armed) on success: the caller disarms it when the node
 /// becomes a hold.
@@ -288,9 +469,41 @@ pub(crate) async fn contend(
     deadline: Deadline,
     undo: &mut NodeUndo,
 ) -> Result<Option<Created>> {
+    let answer = by_deadline(
+        deadline,
+        recipe.dir,
+        contend_until(session, recipe, deadline, undo),
+    )
+    .await;
+    if answer.is_err() {
+        undo.undo_in_background();
+    }
+    answer
+}
+
+async fn contend_until(
+    session: &Session,
+    recipe: Recipe<'_>,
+    deadline: Deadline,
+    undo: &mut NodeUndo,
+) -> Result<Option<Created>> {
+    let lists: Vec<&str> = match recipe.apart {
+        Apart::FromSemaphore => vec![recipe.dir],
+        Apart::FromLocks(name_path) => vec![recipe.dir, name_path],
+    };
     for _ in 0..RECREATES {
-        let (mut ours, mut prelisted) =
-            create_listed(session, recipe.dir, recipe.marker, &[], undo, true).await?;
+        let (mut ours, listed) =
+            create_listed(session, recipe.dir, recipe.marker, &[], undo, &lists).await?;
+        let mut listed = listed.into_iter();
+        let mut prelisted = listed.next().flatten();
+        let mut apart_checked = false;
+        if let Apart::FromLocks(name_path) = recipe.apart {
+            if locks_at(session, name_path, listed.next().flatten()).await? {
+                undo.undo_now().await;
+                return Err(in_use(recipe.name, "a lock (a mutex or a read-write lock)"));
+            }
+            apart_checked = true;
+        }
         loop {
             // The first listing went out with the create (and so did the lease's start).
             let (listed, children) = match prelisted.take() {
@@ -304,6 +517,13 @@ pub(crate) async fn contend(
                     }
                 }
             };
+            if !apart_checked {
+                apart_checked = true;
+                if semaphore_at(session, recipe.dir, &children).await? {
+                    undo.undo_now().await;
+                    return Err(in_use(recipe.name, "a semaphore"));
+                }
+            }
             let sorted = nodes::contenders(children, recipe.markers);
             let standing = match recipe.role {
                 Role::Exclusive => nodes::exclusive_standing(&sorted, &ours.node),
@@ -318,7 +538,7 @@ pub(crate) async fn contend(
                 Standing::Watch(node) => format!("{}/{node}", recipe.dir),
             };
             if deadline.has_passed() {
-                undo.undo_now().await;
+                give_up(session, undo, recipe.dir).await?;
                 return Ok(None);
             }
             let watcher = match session.retrying(|| session.data_watch(&watch)).await {
@@ -328,7 +548,7 @@ pub(crate) async fn contend(
                 Err(e) => return Err(from_zk(&format!("watch {watch}"), e)),
             };
             if deadline.run(watcher.changed()).await.is_none() {
-                undo.undo_now().await;
+                give_up(session, undo, recipe.dir).await?;
                 return Ok(None);
             }
             session.woken();
@@ -342,6 +562,18 @@ pub(crate) async fn contend(
         "the node of an acquisition under {} kept disappearing",
         recipe.dir
     )))
+}
+
+/// The refusal of a request for a name that another kind uses.
+fn in_use(name: &LockName, kind: &str) -> Error {
+    Error::invalid_argument(
+        "name",
+        format!(
+            "name {:?} is in use as {kind}: a semaphore and a lock cannot share a name while \
+             either is held or awaited",
+            name.as_str()
+        ),
+    )
 }
 
 /// The backend side of a hold: one node (a lock, read, write or lease node) to delete.
@@ -372,7 +604,7 @@ pub(crate) fn grant(
 ) -> LockGuard {
     undo.disarm();
     let signal = HoldSignal::new();
-    let registration = session.register(name, &signal, created.session);
+    let (registration, horizon) = session.register(name, &signal, created.session);
     let hold = ZkHold {
         session: Arc::clone(session),
         name: name.clone(),
@@ -383,18 +615,20 @@ pub(crate) fn grant(
         lease_end: Mutex::new(later(created.granted, lease.ttl())),
         released: AtomicBool::new(false),
     };
-    LockGuard::new(
-        NewHold::new(
-            BACKEND,
-            kind,
-            name.clone(),
-            FencingToken::new(u64::try_from(created.czxid).unwrap_or(0)),
-            lease,
-            created.granted,
-            Arc::new(hold),
-        )
-        .with_signal(signal),
+    let new = NewHold::new(
+        BACKEND,
+        kind,
+        name.clone(),
+        FencingToken::new(u64::try_from(created.czxid).unwrap_or(0)),
+        lease,
+        created.granted,
+        Arc::new(hold),
     )
+    .with_signal(signal);
+    LockGuard::new(match horizon {
+        Some(h) => new.with_horizon(h),
+        None => new,
+    })
 }
 
 impl ZkHold {
@@ -415,7 +649,8 @@ impl Hold for ZkHold {
             // Its session expired: the node went with it, nothing to delete.
             return Err(Error::lock_lost(&self.name));
         }
-        let limit = self.session.config.session_timeout;
+        // As long as the server keeps the session of a client it does not hear from.
+        let limit = self.session.session_timeout();
         match tokio::time::timeout(limit, self.session.delete_guaranteed(&self.path)).await {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(Error::lock_lost(&self.name)),

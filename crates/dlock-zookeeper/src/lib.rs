@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use dlock_core::backend::{HandleInfo, Lock, ReadWriteLock, Semaphore};
 use dlock_core::{
-    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockName, LockOptions,
-    LockProvider, Result,
+    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, LockName, LockOptions, LockProvider,
+    Result,
 };
 
 pub use crate::config::{DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, ZkConfig};
@@ -126,9 +126,9 @@ impl ZkProvider {
         self.session.stats().wakeups
     }
 
-    /// What the server records about mutex `name` (see [`LockProvider::describe`]): whether a
-    /// contender holds it, which node, and its creation zxid (the holder's fencing token).
-    /// ZooKeeper leases are sessions, so no remaining time is reported.
+    /// What the server records about lock `name` (see [`LockProvider::describe`]): whether a
+    /// mutex, a writer or readers hold it, which nodes, and the first holder's creation zxid
+    /// (its fencing token). ZooKeeper leases are sessions, so no remaining time is reported.
     async fn describe_name(&self, name: &str) -> Result<dlock_core::LockStatus> {
         let path = self.lock_path(name)?;
         let children = match self.session.retrying(|| self.session.children(&path)).await {
@@ -136,19 +136,25 @@ impl ZkProvider {
             Err(zookeeper_client::Error::NoNode) => Vec::new(),
             Err(e) => return Err(crate::error::from_zk(&format!("list {path}"), e)),
         };
-        let sorted = nodes::contenders(children, &[nodes::LOCK]);
+        let sorted = nodes::contenders(children, hold::LOCK_MARKERS);
         let Some(first) = sorted.first() else {
             return Ok(dlock_core::LockStatus::free(None));
+        };
+        let (kind, holders) = if nodes::sequence(&first.node, nodes::READ).is_some() {
+            let readers = sorted.iter().take_while(|c| !c.writer);
+            let holders = readers.map(|c| c.node.clone()).collect();
+            (dlock_core::LockKind::Read, holders)
+        } else if nodes::sequence(&first.node, nodes::WRITE).is_some() {
+            (dlock_core::LockKind::Write, vec![first.node.clone()])
+        } else {
+            (dlock_core::LockKind::Mutex, vec![first.node.clone()])
         };
         let node = format!("{path}/{}", first.node);
         let token = match self.session.retrying(|| self.session.exists(&node)).await {
             Ok(stat) => stat.and_then(|s| u64::try_from(s.czxid).ok()),
             Err(e) => return Err(crate::error::from_zk(&format!("stat {node}"), e)),
         };
-        Ok(
-            dlock_core::LockStatus::held_by(dlock_core::LockKind::Mutex, vec![first.node.clone()])
-                .with_last_token(token),
-        )
+        Ok(dlock_core::LockStatus::held_by(kind, holders).with_last_token(token))
     }
 
     /// Holds of this provider that are live right now (released and lost ones excluded).
@@ -196,13 +202,6 @@ impl LockProvider for ZkProvider {
     fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock> {
         let (name, path) = self.name(name)?;
         self.capabilities().check(&options)?;
-        if !options.reentrant {
-            return Err(Error::unsupported(
-                BACKEND,
-                "non-reentrant read-write locks (Curator's InterProcessReadWriteLock is \
-                 reentrant)",
-            ));
-        }
         let raw = ZkReadWrite {
             session: Arc::clone(&self.session),
             path,

@@ -1,18 +1,18 @@
-//! The mutex: Curator's `InterProcessMutex` (reentrant; re-entry is local) or, with
-//! `reentrant(false)`, Curator's `InterProcessSemaphoreMutex` (a one-lease semaphore).
+//! The mutex: Curator's `InterProcessMutex` layout, for reentrant and non-reentrant handles
+//! alike (re-entry is the core's, so each acquisition is a node of its own).
 
 use std::sync::Arc;
 
 use dlock_core::backend::{Deadline, RawLock, Request};
 use dlock_core::{LockGuard, LockKind, LockName, LockOptions, Result, async_trait};
 
-use crate::hold::{NodeUndo, Recipe, Role, contend, grant};
+use crate::hold::{Apart, LOCK_MARKERS, NodeUndo, Recipe, Role, contend, grant, persist};
 use crate::nodes::LOCK;
-use crate::semaphore;
 use crate::session::Session;
 
 /// One `InterProcessMutex` acquisition at `path`: create `_c_{uuid}-lock-{seq}`, hold when
-/// first, else watch the predecessor.
+/// first among every lock node of the name (mutex, read and write nodes alike), else watch the
+/// predecessor.
 pub(crate) async fn acquire_mutex(
     session: &Arc<Session>,
     name: &LockName,
@@ -22,10 +22,12 @@ pub(crate) async fn acquire_mutex(
 ) -> Result<Option<LockGuard>> {
     let mut undo = NodeUndo::new(session);
     let recipe = Recipe {
+        name,
         dir: path,
         marker: LOCK,
-        markers: &[LOCK],
+        markers: LOCK_MARKERS,
         role: Role::Exclusive,
+        apart: Apart::FromSemaphore,
     };
     Ok(contend(session, recipe, deadline, &mut undo)
         .await?
@@ -41,8 +43,9 @@ pub(crate) async fn acquire_mutex(
         }))
 }
 
-/// A mutex: Curator's `InterProcessMutex` (re-entry is the core's, so each call is one node),
-/// or with `reentrant(false)` Curator's `InterProcessSemaphoreMutex`.
+/// A mutex: Curator's `InterProcessMutex` layout. A `reentrant(false)` handle uses it too,
+/// so every mutex of a name excludes every other (Curator's non-reentrant
+/// `InterProcessSemaphoreMutex`, a one-lease semaphore, is a semaphore to dlock).
 #[derive(Debug)]
 pub(crate) struct ZkMutex {
     pub(crate) session: Arc<Session>,
@@ -52,7 +55,7 @@ pub(crate) struct ZkMutex {
 #[async_trait]
 impl RawLock for ZkMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        if req.options.reentrant {
+        persist(req.name, req.deadline, || {
             acquire_mutex(
                 &self.session,
                 req.name,
@@ -60,18 +63,7 @@ impl RawLock for ZkMutex {
                 req.options,
                 req.deadline,
             )
-            .await
-        } else {
-            semaphore::acquire_lease(
-                &self.session,
-                req.name,
-                &self.path,
-                1,
-                LockKind::Mutex,
-                req.options,
-                req.deadline,
-            )
-            .await
-        }
+        })
+        .await
     }
 }

@@ -129,7 +129,7 @@ pub(crate) struct Contender {
     pub(crate) seq: String,
     /// The node name (ties: a downgraded reader shares its writer's sequence).
     pub(crate) node: String,
-    /// Whether the node is a writer (read-write lock only).
+    /// Whether the node excludes readers: a write node or a mutex node.
     pub(crate) writer: bool,
 }
 
@@ -142,7 +142,7 @@ pub(crate) fn contenders(children: Vec<String>, markers: &[&str]) -> Vec<Contend
             markers.iter().find_map(|m| {
                 sequence(&node, m).map(|seq| Contender {
                     seq: seq.to_owned(),
-                    writer: *m == WRITE,
+                    writer: *m == WRITE || *m == LOCK,
                     node: node.clone(),
                 })
             })
@@ -172,7 +172,8 @@ pub(crate) fn exclusive_standing(sorted: &[Contender], ours: &str) -> Standing {
     }
 }
 
-/// A reader: holds when no writer comes before it, else watches the first writer before it.
+/// A reader: holds when no writer (or mutex) comes before it, else watches the first one
+/// before it.
 pub(crate) fn reader_standing(sorted: &[Contender], ours: &str) -> Standing {
     let mut first_writer = None;
     for c in sorted {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::from_zk;
-use crate::hold::{Created, NodeUndo, Recipe, Role, contend, grant};
+use crate::hold::{Apart, Created, LOCK_MARKERS, NodeUndo, Recipe, Role, contend, grant, persist};
 use crate::nodes::{self, READ, WRITE};
 use crate::session::Session;
 
@@ -31,12 +31,15 @@ pub(crate) struct WriteNode {
 }
 
 impl ZkReadWrite {
-    fn recipe(&self, marker: &'static str, role: Role) -> Recipe<'_> {
+    /// Readers and writers queue with the name's mutex nodes, which count as writers.
+    fn recipe<'a>(&'a self, name: &'a LockName, marker: &'static str, role: Role) -> Recipe<'a> {
         Recipe {
+            name,
             dir: &self.path,
             marker,
-            markers: &[READ, WRITE],
+            markers: LOCK_MARKERS,
             role,
+            apart: Apart::FromSemaphore,
         }
     }
 
@@ -132,7 +135,7 @@ impl ZkReadWrite {
         let mut undo = NodeUndo::new(&self.session);
         let granted = contend(
             &self.session,
-            self.recipe(READ, Role::Reader),
+            self.recipe(name, READ, Role::Reader),
             deadline,
             &mut undo,
         )
@@ -158,7 +161,7 @@ impl ZkReadWrite {
         let mut undo = NodeUndo::new(&self.session);
         let granted = contend(
             &self.session,
-            self.recipe(WRITE, Role::Exclusive),
+            self.recipe(name, WRITE, Role::Exclusive),
             deadline,
             &mut undo,
         )
@@ -187,11 +190,16 @@ impl ZkReadWrite {
 #[async_trait]
 impl RawReadWriteLock for ZkReadWrite {
     async fn read(&self, req: &Request<'_>, downgrade: bool) -> Result<Option<LockGuard>> {
-        self.read_remote(req.name, req.options, downgrade, req.deadline)
-            .await
+        persist(req.name, req.deadline, || {
+            self.read_remote(req.name, req.options, downgrade, req.deadline)
+        })
+        .await
     }
 
     async fn write(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        self.write_remote(req.name, req.options, req.deadline).await
+        persist(req.name, req.deadline, || {
+            self.write_remote(req.name, req.options, req.deadline)
+        })
+        .await
     }
 }

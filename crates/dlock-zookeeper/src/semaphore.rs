@@ -1,5 +1,4 @@
-//! The semaphore: Curator's `InterProcessSemaphoreV2` with a fixed number of leases. Also the
-//! non-reentrant mutex (`InterProcessSemaphoreMutex` is a one-lease `InterProcessSemaphoreV2`).
+//! The semaphore: Curator's `InterProcessSemaphoreV2` with a fixed number of leases.
 
 use std::sync::Arc;
 
@@ -9,7 +8,9 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{from_zk, unexpected};
-use crate::hold::{NodeUndo, Recipe, Role, contend, create_protected, grant};
+use crate::hold::{
+    Apart, NodeUndo, Recipe, Role, by_deadline, contend, create_protected, give_up, grant, persist,
+};
 use crate::nodes::{self, LEASE, LEASES, LOCK, LOCKS};
 use crate::session::Session;
 
@@ -25,12 +26,14 @@ const RECREATES: usize = 5;
 /// internal mutex is released and the whole acquisition starts over, as Curator does: a lease
 /// re-created without the mutex could wait beside another waiter's, and with one permit the
 /// two would wait for each other for good (review M1).
+///
+/// The internal mutex's node is also what keeps a semaphore and a lock of one name apart: it
+/// is created before anything else, and the name's node is listed right behind it.
 pub(crate) async fn acquire_lease(
     session: &Arc<Session>,
     name: &LockName,
     path: &str,
     permits: u32,
-    kind: LockKind,
     options: &LockOptions,
     deadline: Deadline,
 ) -> Result<Option<LockGuard>> {
@@ -39,10 +42,12 @@ pub(crate) async fn acquire_lease(
     for _ in 0..RECREATES {
         let mut internal = NodeUndo::new(session);
         let recipe = Recipe {
+            name,
             dir: &locks,
             marker: LOCK,
             markers: &[LOCK],
             role: Role::Exclusive,
+            apart: Apart::FromLocks(path),
         };
         if contend(session, recipe, deadline, &mut internal)
             .await?
@@ -50,13 +55,32 @@ pub(crate) async fn acquire_lease(
         {
             return Ok(None);
         }
-        let taken = take_lease(session, name, &leases, permits, kind, options, deadline).await;
         // Release the internal mutex (left armed in `internal` by `contend`).
-        internal.undo_now().await;
-        match taken? {
-            Taken::Granted(guard) => return Ok(Some(guard)),
-            Taken::TimedOut => return Ok(None),
-            Taken::Vanished => {}
+        let taken = by_deadline(
+            deadline,
+            &leases,
+            take_lease(session, name, &leases, permits, options, deadline),
+        );
+        match taken.await {
+            Ok(Taken::Granted(guard)) => {
+                internal.undo_now().await;
+                return Ok(Some(guard));
+            }
+            Ok(Taken::TimedOut) => {
+                give_up(session, &mut internal, &locks).await?;
+                return Ok(None);
+            }
+            Ok(Taken::Vanished) => internal.undo_now().await,
+            // A refusal leaves the internal mutex free before it is returned; a server that
+            // did not answer is not waited for.
+            Err(e @ Error::Connection { .. }) => {
+                internal.undo_in_background();
+                return Err(e);
+            }
+            Err(e) => {
+                internal.undo_now().await;
+                return Err(e);
+            }
         }
     }
     Err(unexpected(format!(
@@ -77,7 +101,6 @@ async fn take_lease(
     name: &LockName,
     leases: &str,
     permits: u32,
-    kind: LockKind,
     options: &LockOptions,
     deadline: Deadline,
 ) -> Result<Taken> {
@@ -109,14 +132,14 @@ async fn take_lease(
             return Ok(Taken::Granted(grant(
                 session,
                 name,
-                kind,
+                LockKind::Permit,
                 &ours,
                 options.lease,
                 &mut undo,
             )));
         }
         if deadline.has_passed() || deadline.run(watcher.changed()).await.is_none() {
-            undo.undo_now().await;
+            give_up(session, &mut undo, leases).await?;
             return Ok(Taken::TimedOut);
         }
         session.woken();
@@ -185,15 +208,16 @@ pub(crate) struct ZkSemaphore {
 #[async_trait]
 impl RawSemaphore for ZkSemaphore {
     async fn acquire(&self, req: &Request<'_>, permits: u32) -> Result<Option<LockGuard>> {
-        acquire_lease(
-            &self.session,
-            req.name,
-            &self.path,
-            permits,
-            LockKind::Permit,
-            req.options,
-            req.deadline,
-        )
+        persist(req.name, req.deadline, || {
+            acquire_lease(
+                &self.session,
+                req.name,
+                &self.path,
+                permits,
+                req.options,
+                req.deadline,
+            )
+        })
         .await
     }
 

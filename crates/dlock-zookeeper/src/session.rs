@@ -1,5 +1,6 @@
 //! The provider's one ZooKeeper session: the client every lock shares, counted server calls,
-//! the registry of live holds, and the task that turns session states into hold states.
+//! the registry of live holds, the session's horizon, and the tasks that turn session states
+//! into hold states and keep the horizon moving while holds are live.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -7,12 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, HoldSignal};
+use dlock_core::backend::{Backoff, HoldSignal, Horizon, later};
 use dlock_core::{LockName, LossReason, Result};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::error::{from_zk, is_transient};
+use crate::error::{from_zk, is_answer, is_transient};
 
 /// How many times a read or a create is retried after a transient error.
 const RETRIES: u32 = 6;
@@ -42,10 +45,14 @@ pub struct ZkStats {
     pub wakeups: u64,
     /// Sessions opened: one at connect, and one after each expiry.
     pub sessions: u64,
+    /// Probes: `exists("/")` calls that keep the session's horizon moving while holds are live
+    /// and nothing else was heard from the server for a quarter of the session timeout. Not
+    /// part of [`calls`](Self::calls), which counts the recipes' own calls.
+    pub probes: u64,
 }
 
 impl ZkStats {
-    /// All server calls (wake-ups are not calls).
+    /// All server calls of the recipes (wake-ups and probes are not counted).
     pub fn calls(&self) -> u64 {
         self.creates + self.deletes + self.get_children + self.get_data + self.exists
     }
@@ -60,6 +67,7 @@ struct Counters {
     exists: AtomicU64,
     wakeups: AtomicU64,
     sessions: AtomicU64,
+    probes: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -71,6 +79,48 @@ struct Registered {
     signal: HoldSignal,
 }
 
+/// The latest moment the ensemble can expire a session that received a request sent at
+/// `sent`: `sent` plus the negotiated timeout `timeout`, less a quarter of it.
+///
+/// A server restarts a session's timeout when a request of the session reaches it, which is
+/// after `sent` (the client sends a request when its method is called). In an ensemble a
+/// follower tells the leader, which expires sessions, of the sessions it heard from only in
+/// its answer to the leader's next ping, up to half a `tickTime` later. A quarter of the
+/// timeout covers that delay for every timeout of two ticks or more, the least a server
+/// negotiates unless its `minSessionTimeout` is set lower.
+fn horizon_after(sent: Instant, timeout: Duration) -> Instant {
+    later(sent, timeout.saturating_sub(timeout / 4))
+}
+
+/// The session whose nodes are live, as far as the client knows.
+struct Live {
+    /// The session id.
+    id: i64,
+    /// The timeout the server negotiated for it.
+    timeout: Duration,
+    /// The bound every hold of this session is granted with: see [`horizon_after`].
+    horizon: Horizon,
+    /// When the last request the server answered was sent.
+    heard: Instant,
+    /// When the last probe was sent; set back to `heard` at a reconnection, so that a probe
+    /// goes out at once then.
+    probed: Instant,
+}
+
+impl Live {
+    /// A session `client` opened with a connect request sent at `sent`.
+    fn new(client: &zk::Client, sent: Instant) -> Self {
+        let timeout = client.session_timeout();
+        Self {
+            id: client.session_id().0,
+            timeout,
+            horizon: Horizon::new(horizon_after(sent, timeout), LossReason::SessionTimedOut),
+            heard: sent,
+            probed: sent,
+        }
+    }
+}
+
 /// The live holds and the session state they are registered under, behind one lock, so a hold
 /// registered while the session changes state gets that state (review L1).
 #[derive(Default)]
@@ -80,7 +130,13 @@ struct Holds {
     suspended: bool,
     /// The session whose nodes are live; `None` from its expiry until a new one is open. A
     /// grant of a node of any other session is lost on arrival.
-    live_session: Option<i64>,
+    live: Option<Live>,
+}
+
+impl Holds {
+    fn live_id(&self) -> Option<i64> {
+        self.live.as_ref().map(|l| l.id)
+    }
 }
 
 /// One ZooKeeper session shared by every handle of a provider.
@@ -91,6 +147,8 @@ pub(crate) struct Session {
     counters: Counters,
     holds: Mutex<Holds>,
     next_hold: AtomicU64,
+    /// Wakes the probe task: a hold was registered, or the session reconnected.
+    probe_wake: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Session {
@@ -99,6 +157,13 @@ impl std::fmt::Debug for Session {
             .field("store", &self.store_id)
             .field("session", &self.client().session_id())
             .finish()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The probe task waits for this while no hold is live: let it see the session gone.
+        self.probe_wake.notify_waiters();
     }
 }
 
@@ -127,22 +192,26 @@ impl Session {
                 "the zookeeper backend runs on tokio: connect from within a tokio runtime",
             ));
         };
+        let sent = Instant::now();
         let client = open(&config).await?;
         let watcher = client.state_watcher();
         let counters = Counters::default();
         bump(&counters.sessions);
+        let probe_wake = Arc::new(Notify::new());
         let session = Arc::new(Self {
             store_id: config.store_id(),
             config,
             holds: Mutex::new(Holds {
-                live_session: Some(client.session_id().0),
+                live: Some(Live::new(&client, sent)),
                 ..Holds::default()
             }),
             client: RwLock::new(client),
             counters,
             next_hold: AtomicU64::new(0),
+            probe_wake: Arc::clone(&probe_wake),
         });
         runtime.spawn(watch_state(Arc::downgrade(&session), watcher));
+        runtime.spawn(keep_horizon(Arc::downgrade(&session), probe_wake));
         Ok(session)
     }
 
@@ -165,7 +234,14 @@ impl Session {
             exists: get(&c.exists),
             wakeups: get(&c.wakeups),
             sessions: get(&c.sessions),
+            probes: get(&c.probes),
         }
+    }
+
+    /// The timeout the server negotiated for the current session: how long it keeps a session
+    /// it does not hear from.
+    pub(crate) fn session_timeout(&self) -> Duration {
+        self.client().session_timeout()
     }
 
     pub(crate) fn woken(&self) {
@@ -174,22 +250,33 @@ impl Session {
 
     // ------------------------------------------------------------ holds
 
-    /// Registers a live hold's signal, for suspension and loss; returns its id. `node_session`
-    /// is the session that owns the hold's node. The hold starts in the session's current
-    /// state: suspended while disconnected, and lost at once if its node belongs to a session
-    /// that expired meanwhile (review L1: a grant racing a state change used to start `Held`).
-    pub(crate) fn register(&self, name: &LockName, signal: &HoldSignal, node_session: i64) -> u64 {
+    /// Registers a live hold's signal, for suspension and loss; returns its id and the horizon
+    /// of its session (`None` if that session is gone). `node_session` is the session that
+    /// owns the hold's node. The hold starts in the session's current state: suspended while
+    /// disconnected, and lost at once if its node belongs to a session that expired meanwhile.
+    pub(crate) fn register(
+        &self,
+        name: &LockName,
+        signal: &HoldSignal,
+        node_session: i64,
+    ) -> (u64, Option<Horizon>) {
         let id = self.next_hold.fetch_add(1, Ordering::Relaxed);
         let mut holds = lock(&self.holds);
-        if holds.live_session != Some(node_session) {
+        let Some(horizon) = holds
+            .live
+            .as_ref()
+            .filter(|l| l.id == node_session)
+            .map(|l| l.horizon.clone())
+        else {
             drop(holds);
             tracing::debug!(lock = %name, "a hold granted on a session that has expired");
             signal.mark_lost(LossReason::SessionExpired);
-            return id;
-        }
+            return (id, None);
+        };
         if holds.suspended {
             signal.set_suspended(true);
         }
+        let first = holds.map.is_empty();
         holds.map.insert(
             id,
             Registered {
@@ -197,7 +284,11 @@ impl Session {
                 signal: signal.clone(),
             },
         );
-        id
+        drop(holds);
+        if first {
+            self.probe_wake.notify_waiters();
+        }
+        (id, Some(horizon))
     }
 
     pub(crate) fn unregister(&self, id: u64) {
@@ -208,7 +299,88 @@ impl Session {
     /// has not expired. A hold of any other session is gone with it, so there is nothing to
     /// delete (review L3: no storm of useless deletes after an expiry).
     pub(crate) fn is_live(&self, node_session: i64) -> bool {
-        lock(&self.holds).live_session == Some(node_session)
+        lock(&self.holds).live_id() == Some(node_session)
+    }
+
+    /// Whether the current session's client is connected to a server right now.
+    pub(crate) fn is_connected(&self) -> bool {
+        matches!(
+            self.client().state(),
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+        )
+    }
+
+    /// Records the fate of a request `client` sent at `sent`: if the server answered it (a
+    /// result or a refusal such as `NoNode`, not a connection loss or an expiry) and `client`
+    /// is the live session's, the session's horizon moves to [`horizon_after`] `sent`.
+    ///
+    /// A horizon that has already passed is not moved: its holds may have been given away
+    /// (the answer may come from a follower that had not yet heard of the session's expiry),
+    /// and they are lost. Holds granted later get a fresh horizon.
+    fn heard<T>(
+        &self,
+        client: &zk::Client,
+        sent: Instant,
+        result: &std::result::Result<T, zk::Error>,
+    ) {
+        if result.as_ref().is_err_and(|e| !is_answer(e)) {
+            return;
+        }
+        let id = client.session_id().0;
+        let mut holds = lock(&self.holds);
+        let Some(live) = holds.live.as_mut().filter(|l| l.id == id) else {
+            return;
+        };
+        let to = horizon_after(sent, live.timeout);
+        if Instant::now() < live.horizon.at() {
+            live.horizon.advance(to);
+        } else {
+            live.horizon = Horizon::new(to, LossReason::SessionTimedOut);
+        }
+        live.heard = live.heard.max(sent);
+    }
+
+    /// When the next probe is due: a quarter of the session timeout after the last answered
+    /// request or probe, whichever is later; `None` while no hold is live (or no session).
+    fn probe_due(&self) -> Option<Instant> {
+        let holds = lock(&self.holds);
+        let live = holds.live.as_ref()?;
+        if holds.map.is_empty() {
+            return None;
+        }
+        Some(later(live.heard.max(live.probed), live.timeout / 4))
+    }
+
+    /// Sends a probe: `exists("/")`, the cheapest request the server answers. Waits for its
+    /// answer for at most a quarter of the session timeout, holding only the client.
+    async fn probe(session: &Weak<Self>) {
+        let Some(s) = session.upgrade() else { return };
+        let client = s.client();
+        let sent = Instant::now();
+        let timeout = {
+            let mut holds = lock(&s.holds);
+            match holds.live.as_mut() {
+                Some(live) => {
+                    live.probed = sent;
+                    live.timeout
+                }
+                None => return,
+            }
+        };
+        bump(&s.counters.probes);
+        drop(s);
+        let answer = tokio::time::timeout(timeout / 4, client.check_stat("/")).await;
+        if let (Ok(result), Some(s)) = (answer, session.upgrade()) {
+            s.heard(&client, sent, &result);
+        }
+    }
+
+    /// The client reconnected within its session: probe at once if one is due.
+    fn reconnected(&self) {
+        if let Some(live) = lock(&self.holds).live.as_mut() {
+            live.probed = live.heard;
+        }
+        self.probe_wake.notify_waiters();
     }
 
     /// Live holds right now.
@@ -227,7 +399,7 @@ impl Session {
     fn lose_all(&self, reason: LossReason, detail: &str) {
         let lost: Vec<Registered> = {
             let mut holds = lock(&self.holds);
-            holds.live_session = None;
+            holds.live = None;
             holds.suspended = false;
             holds.map.drain().map(|(_, h)| h).collect()
         };
@@ -241,6 +413,9 @@ impl Session {
     }
 
     // ------------------------------------------------------------ counted calls
+    //
+    // Each takes the send time just before calling the client (which sends the request then,
+    // not when the future is polled), and tells `heard` how the call ended.
 
     pub(crate) async fn create(
         &self,
@@ -259,52 +434,85 @@ impl Session {
         bump(&self.counters.creates);
         let client = self.client();
         let options = mode.with_acls(zk::Acls::anyone_all());
-        client.create(path, data, &options).await
+        let sent = Instant::now();
+        let result = client.create(path, data, &options).await;
+        self.heard(&client, sent, &result);
+        result
     }
 
-    /// Creates `path` and lists the children of `dir` in one round trip: both requests are
-    /// sent before either answer is read (the client sends a request when the call is made,
-    /// not when its future is polled), and the server answers a session's requests in the
-    /// order they were sent, so the listing sees what the create made.
+    /// Creates `path` and lists the children of each of `dirs` in one round trip: every
+    /// request is sent before any answer is read (the client sends a request when the call is
+    /// made, not when its future is polled), and the server answers a session's requests in
+    /// the order they were sent, so each listing sees what the create made, and sees it after
+    /// the listings before it.
     pub(crate) async fn create_and_list(
         &self,
         path: &str,
         data: &[u8],
         mode: zk::CreateMode,
-        dir: &str,
+        dirs: &[&str],
     ) -> (
         std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
-        std::result::Result<Vec<String>, zk::Error>,
+        Vec<std::result::Result<Vec<String>, zk::Error>>,
     ) {
         bump(&self.counters.creates);
-        bump(&self.counters.get_children);
         let client = self.client();
         let options = mode.with_acls(zk::Acls::anyone_all());
+        let sent = Instant::now();
         let created = client.create(path, data, &options);
-        let listed = client.list_children(dir);
-        (created.await, listed.await)
+        let listings: Vec<_> = dirs
+            .iter()
+            .map(|dir| {
+                bump(&self.counters.get_children);
+                client.list_children(dir)
+            })
+            .collect();
+        let created = created.await;
+        self.heard(&client, sent, &created);
+        let mut listed = Vec::with_capacity(listings.len());
+        for listing in listings {
+            let result = listing.await;
+            self.heard(&client, sent, &result);
+            listed.push(result);
+        }
+        (created, listed)
     }
 
     pub(crate) async fn data(&self, path: &str) -> std::result::Result<Vec<u8>, zk::Error> {
         bump(&self.counters.get_data);
-        let (data, _) = self.client().get_data(path).await?;
-        Ok(data)
+        let client = self.client();
+        let sent = Instant::now();
+        let result = client.get_data(path).await;
+        self.heard(&client, sent, &result);
+        Ok(result?.0)
     }
 
     pub(crate) async fn delete(&self, path: &str) -> std::result::Result<(), zk::Error> {
         bump(&self.counters.deletes);
-        self.client().delete(path, None).await
+        let client = self.client();
+        let sent = Instant::now();
+        let result = client.delete(path, None).await;
+        self.heard(&client, sent, &result);
+        result
     }
 
     /// Brings the server this client talks to up to date with the leader (ZooKeeper's
     /// `sync`), before a read that must see our own earlier writes.
     pub(crate) async fn sync(&self, path: &str) -> std::result::Result<(), zk::Error> {
-        self.client().sync(path).await
+        let client = self.client();
+        let sent = Instant::now();
+        let result = client.sync(path).await;
+        self.heard(&client, sent, &result);
+        result
     }
 
     pub(crate) async fn children(&self, path: &str) -> std::result::Result<Vec<String>, zk::Error> {
         bump(&self.counters.get_children);
-        self.client().list_children(path).await
+        let client = self.client();
+        let sent = Instant::now();
+        let result = client.list_children(path).await;
+        self.heard(&client, sent, &result);
+        result
     }
 
     pub(crate) async fn children_watch(
@@ -313,7 +521,10 @@ impl Session {
     ) -> std::result::Result<(Vec<String>, zk::OneshotWatcher), zk::Error> {
         bump(&self.counters.get_children);
         let client = self.client();
-        client.list_and_watch_children(path).await
+        let sent = Instant::now();
+        let result = client.list_and_watch_children(path).await;
+        self.heard(&client, sent, &result);
+        result
     }
 
     pub(crate) async fn data_watch(
@@ -322,8 +533,10 @@ impl Session {
     ) -> std::result::Result<zk::OneshotWatcher, zk::Error> {
         bump(&self.counters.get_data);
         let client = self.client();
-        let (_, _, watcher) = client.get_and_watch_data(path).await?;
-        Ok(watcher)
+        let sent = Instant::now();
+        let result = client.get_and_watch_data(path).await;
+        self.heard(&client, sent, &result);
+        Ok(result?.2)
     }
 
     pub(crate) async fn exists(
@@ -331,7 +544,11 @@ impl Session {
         path: &str,
     ) -> std::result::Result<Option<zk::Stat>, zk::Error> {
         bump(&self.counters.exists);
-        self.client().check_stat(path).await
+        let client = self.client();
+        let sent = Instant::now();
+        let result = client.check_stat(path).await;
+        self.heard(&client, sent, &result);
+        result
     }
 
     // ------------------------------------------------------------ recipes' helpers
@@ -438,12 +655,13 @@ impl Session {
     }
 
     async fn reopen(&self) -> Result<zk::StateWatcher> {
+        let sent = Instant::now();
         let client = open(&self.config).await?;
         let watcher = client.state_watcher();
         bump(&self.counters.sessions);
-        let id = client.session_id().0;
+        let live = Live::new(&client, sent);
         *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
-        lock(&self.holds).live_session = Some(id);
+        lock(&self.holds).live = Some(live);
         Ok(watcher)
     }
 }
@@ -463,6 +681,7 @@ async fn watch_state(session: Weak<Session>, mut watcher: zk::StateWatcher) {
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                 tracing::info!(store = %s.store_id, "zookeeper session reconnected");
                 s.suspend_all(false);
+                s.reconnected();
             }
             zk::SessionState::Expired => {
                 s.lose_all(LossReason::SessionExpired, "the zookeeper session expired");
@@ -492,6 +711,31 @@ async fn watch_state(session: Weak<Session>, mut watcher: zk::StateWatcher) {
                 );
                 return;
             }
+        }
+    }
+}
+
+/// Keeps the session's horizon moving while holds are live: when nothing was heard from the
+/// server for a quarter of the session timeout, it sends a probe. A watchdog renewal (every
+/// third of the lease, 10 s by default) is too rare for a session that the server ends 10 s
+/// after it last heard from it, and the client library's own pings are invisible here.
+async fn keep_horizon(session: Weak<Session>, wake: Arc<Notify>) {
+    loop {
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let Some(s) = session.upgrade() else { return };
+        let due = s.probe_due();
+        drop(s);
+        match due {
+            None => woken.await,
+            Some(at) if at > Instant::now() => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = woken => {}
+                }
+            }
+            Some(_) => Session::probe(&session).await,
         }
     }
 }

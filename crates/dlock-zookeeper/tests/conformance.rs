@@ -77,6 +77,21 @@ impl Factory for ZkFactory {
         )
     }
 
+    /// Through a proxy, with the backend's default session timeout (none in the URL).
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        Some(
+            async {
+                let (cut, url) =
+                    ProxyPartition::start(&self.url, dlock_zookeeper::DEFAULT_PORT).await?;
+                let p: DynLockProvider = Arc::new(ZkProvider::connect(&url).await?);
+                Ok((p, Box::new(cut) as Box<dyn Partition>))
+            }
+            .await,
+        )
+    }
+
     fn short_lease(&self) -> Duration {
         Duration::from_millis(600)
     }

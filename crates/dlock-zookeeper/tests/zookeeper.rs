@@ -1,5 +1,6 @@
 //! ZooKeeper-specific tests against the server at `DLOCK_ZK_URL`: Curator's layout, session
-//! expiry, cancellation, round trips, no herd, and interop with a real Curator 5.4 peer.
+//! expiry, silent networks and the session's horizon, kinds sharing a name, cancellation,
+//! round trips, no herd, and interop with a real Curator 5.4 peer.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -7,12 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use dlock_conformance::{Names, eventually, must, service_url};
-use dlock_core::{LockOptions, LockProvider};
+use dlock_conformance::{Names, Partition, ProxyPartition, eventually, must, service_url};
+use dlock_core::backend::CALL_GRACE;
+use dlock_core::{Error, LockGuard, LockOptions, LockProvider, LossReason};
 use dlock_zookeeper::zookeeper_client as zk;
-use dlock_zookeeper::{ZkConfig, ZkProvider, is_recipe_node};
+use dlock_zookeeper::{
+    DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, ZkConfig, ZkProvider, is_recipe_node,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(10);
 const ZERO: Duration = Duration::ZERO;
@@ -155,7 +160,8 @@ async fn mutex_layout_is_curators() {
 }
 
 /// Read-write and semaphore layouts: `__READ__`/`__WRIT__` directly under the path, and
-/// `locks` + `leases/_c_<uuid>-lease-<seq>` for semaphores and non-reentrant mutexes.
+/// `locks` + `leases/_c_<uuid>-lease-<seq>` for semaphores; a non-reentrant mutex is a
+/// `lock-` node like a reentrant one.
 #[tokio::test(flavor = "multi_thread")]
 async fn rw_and_semaphore_layouts_are_curators() {
     let Some(url) = url() else { return };
@@ -228,12 +234,9 @@ async fn rw_and_semaphore_layouts_are_curators() {
         .lock(&nr_name, LockOptions::new().with_reentrant(false))
         .unwrap();
     let g = nr.acquire().await.unwrap();
-    let leases = recipe_children(&admin, &format!("{nr_path}/leases")).await;
-    assert_eq!(
-        leases.len(),
-        1,
-        "InterProcessSemaphoreMutex layout: {leases:?}"
-    );
+    let nodes = admin.list_children(&nr_path).await.unwrap();
+    assert_eq!(nodes.len(), 1, "InterProcessMutex layout: {nodes:?}");
+    assert!(is_protected(&nodes[0], "lock-"), "{nodes:?}");
     g.release().await.unwrap();
 }
 
@@ -408,6 +411,70 @@ async fn session_expiry_reports_loss() {
     .unwrap();
     g3.release().await.unwrap();
     g2.release().await.unwrap();
+}
+
+/// An unbounded `acquire()` waits out the expiry of its session: a waiter queued behind a
+/// holder loses its session (cut off, taken over and closed), and instead of returning the
+/// retryable error it queues again on the provider's new session and gets the lock once the
+/// holder releases it. Before, the expiry ended the `acquire()` with that error.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unbounded_acquire_outlives_its_sessions_expiry() {
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let proxy = Proxy::start(config.hosts[0].clone()).await;
+    let proxied = format!("zk://127.0.0.1:{}{}", proxy.port, config.chroot);
+    let (a, b, admin) = (
+        provider(&proxied).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let name = Names::new().name("acquire-outlives-expiry");
+    let path = a.lock_path(&name).unwrap();
+    let held = b
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = {
+        let l = a.lock(&name, LockOptions::default()).unwrap();
+        tokio::spawn(async move { l.acquire().await })
+    };
+    let queued = |owner: i64| {
+        let (admin, path) = (&admin, &path);
+        async move {
+            let nodes = recipe_children(admin, path).await;
+            let mut owners = Vec::new();
+            for node in &nodes {
+                if let Ok((_, stat)) = admin.get_data(&format!("{path}/{node}")).await {
+                    owners.push(stat.ephemeral_owner);
+                }
+            }
+            if nodes.len() == 2 && owners.contains(&owner) {
+                Ok(())
+            } else {
+                Err(owners)
+            }
+        }
+    };
+    let old = a.session_id();
+    eventually(LIMIT, "the waiter queued", || queued(old)).await;
+    proxy.block();
+    close_session(&a, &config).await;
+    proxy.unblock();
+    a_new_session(&a, old).await;
+    let new = a.session_id();
+    eventually(LIMIT, "the waiter queued on the new session", || {
+        queued(new)
+    })
+    .await;
+    assert!(!waiter.is_finished(), "the waiter ended: {waiter:?}");
+    held.release().await.unwrap();
+    let g = must(LIMIT, "the waiter after the release", waiter)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the unbounded acquire ended with {e}"));
+    g.release().await.unwrap();
 }
 
 /// Issue 16 item 3: a provider on the application's own connector. Its `digest` credentials
@@ -654,6 +721,288 @@ async fn cancelled_creates_leave_no_znode() {
     .await;
     permit.release().await.unwrap();
     g.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ silence and the horizon
+
+/// With the default settings (a 10 s session, the 30 s watchdog lease), a holder whose network
+/// goes silent (a proxy that keeps its connections open and moves no byte) is told its hold is
+/// lost strictly before another client's `acquire()` returns, by at least 1 % of the lease:
+/// the session's horizon (the send time of the last request the server answered, plus three
+/// quarters of the negotiated session timeout) comes before the server can expire the
+/// session. Without it, `lost()` waited for the client library to give the session up, 1.4
+/// session timeouts after it last heard from the server: after the server had expired the
+/// session and the waiter had got in.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_holder_is_told_before_the_next_grant_with_default_settings() {
+    let Some(url) = url() else { return };
+    let (cut, proxied) = ProxyPartition::start(&url, DEFAULT_PORT).await.unwrap();
+    let (a, b, admin) = (
+        provider(&proxied).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    assert_eq!(a.config().session_timeout, DEFAULT_SESSION_TIMEOUT);
+    let name = Names::new().name("silent-default");
+    let path = a.lock_path(&name).unwrap();
+    let options = LockOptions::default();
+    let lease = options.lease.ttl();
+    let g = a.lock(&name, options).unwrap().acquire().await.unwrap();
+    let waiter = {
+        let l = b.lock(&name, options).unwrap();
+        tokio::spawn(async move {
+            let g = l.acquire().await;
+            (Instant::now(), g)
+        })
+    };
+    eventually(LIMIT, "the other client waits", || async {
+        let n = recipe_children(&admin, &path).await.len();
+        if n == 2 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    let lost_at = Arc::new(Mutex::new(None));
+    {
+        let (lost, lost_at) = (g.lost(), Arc::clone(&lost_at));
+        tokio::spawn(async move {
+            lost.await;
+            lost_at.lock().unwrap().get_or_insert_with(Instant::now);
+        });
+    }
+    let cut_at = Instant::now();
+    cut.set_partitioned(true);
+    let (granted_at, next) = must(Duration::from_secs(40), "the other client's grant", waiter)
+        .await
+        .unwrap();
+    let lost_at = lost_at.lock().unwrap().take();
+    cut.set_partitioned(false);
+    let next = next.unwrap();
+    let lost_at = lost_at.unwrap_or_else(|| {
+        panic!(
+            "lost() had not resolved when the other client got the lock, {:?} after the cut",
+            granted_at - cut_at
+        )
+    });
+    let margin = granted_at.saturating_duration_since(lost_at);
+    eprintln!(
+        "silent holder, default settings: cut at 0, lost() at {:?}, the next grant at {:?}: \
+         margin {margin:?}",
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    assert!(lost_at < granted_at);
+    assert!(
+        margin >= lease / 100,
+        "lost() resolved only {margin:?} before the next grant"
+    );
+    assert_eq!(g.loss_reason(), Some(LossReason::SessionTimedOut));
+    next.release().await.unwrap();
+}
+
+/// A hold that makes no calls (its watchdog renews every 10 s) on a 2 s session stays held
+/// for several session timeouts: while holds are live, the provider probes the server
+/// (`exists("/")`) whenever it heard nothing for a quarter of the session timeout, which
+/// keeps the session's horizon (three quarters of the timeout after the last answer) ahead.
+/// The probes are counted apart from the recipes' calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quiet_hold_is_kept_by_probes_that_calls_do_not_count() {
+    let Some(url) = url() else { return };
+    let p = provider(&format!("{url}?session_timeout_ms=2000")).await;
+    let name = Names::new().name("probed");
+    let g = p
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let before = p.stats();
+    let lost = tokio::time::timeout(Duration::from_secs(4), g.lost()).await;
+    assert!(
+        lost.is_err() && g.is_held(),
+        "a quiet hold was lost: {:?}",
+        g.loss_reason()
+    );
+    let probes = p.stats().probes - before.probes;
+    assert!(probes >= 6, "{probes} probes in two session timeouts");
+    assert_eq!(p.stats().calls(), before.calls(), "probes counted as calls");
+    g.release().await.unwrap();
+    // No hold, no probes.
+    let idle = p.stats().probes;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(p.stats().probes, idle, "probes without a live hold");
+}
+
+/// A waiter whose session goes silent (queued behind a holder when the proxy in front of it
+/// stops moving bytes; its client then loses the connection and cannot get another) gets a
+/// retryable error at its deadline, not `Ok(None)`: nothing the store said since the silence
+/// began says the lock is still held. The backend answers so itself, within a second of the
+/// deadline; before, only the core's cut-off of an overrunning call (`CALL_GRACE` later) did,
+/// while the waiter waited for the delete of its node.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_on_a_silent_session_gets_an_error_not_a_held_lock() {
+    let Some(url) = url() else { return };
+    let (cut, proxied) = ProxyPartition::start(&url, DEFAULT_PORT).await.unwrap();
+    // A 4 s session: the client gives its connection up after 1.6 s of silence, and the
+    // session after 5.6 s, after the deadline.
+    let w = provider(&format!("{proxied}?session_timeout_ms=4000")).await;
+    let (h, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("silent-waiter");
+    let path = h.lock_path(&name).unwrap();
+    let held = h
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let watches = w.stats().get_data;
+    let wait = Duration::from_millis(2500);
+    let started = Instant::now();
+    let attempt = {
+        let l = w.lock(&name, LockOptions::default()).unwrap();
+        tokio::spawn(async move { l.try_acquire(wait).await })
+    };
+    eventually(LIMIT, "the waiter queued and watches", || async {
+        let n = recipe_children(&admin, &path).await.len();
+        let watching = w.stats().get_data - watches;
+        if n == 2 && watching == 1 {
+            Ok(())
+        } else {
+            Err((n, watching))
+        }
+    })
+    .await;
+    cut.set_partitioned(true);
+    let answer = must(LIMIT, "the waiter's answer", attempt).await.unwrap();
+    let took = started.elapsed();
+    cut.set_partitioned(false);
+    match answer {
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+        Ok(None) => panic!("a silent store was taken for a lock held by someone"),
+        Ok(Some(g)) => panic!("granted through a silent line: {g:?}"),
+    }
+    // Within a second of the deadline, well before the core's cut-off.
+    assert!(
+        took < wait + CALL_GRACE * 3 / 4,
+        "answered {:?} after the deadline",
+        took - wait
+    );
+    held.release().await.unwrap();
+}
+
+// ------------------------------------------------------------------ kinds on one name
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Mutex,
+    NonReentrant,
+    Read,
+    Write,
+    Permit,
+}
+
+/// Tries for `kind` on `name` through `p`, waiting at most `wait`.
+async fn try_kind(
+    p: &ZkProvider,
+    name: &str,
+    kind: Kind,
+    wait: Duration,
+) -> dlock_core::Result<Option<LockGuard>> {
+    let opts = LockOptions::default();
+    match kind {
+        Kind::Mutex => p.lock(name, opts)?.try_acquire(wait).await,
+        Kind::NonReentrant => {
+            p.lock(name, opts.with_reentrant(false))?
+                .try_acquire(wait)
+                .await
+        }
+        Kind::Read => p.read_write_lock(name, opts)?.try_read(wait).await,
+        Kind::Write => p.read_write_lock(name, opts)?.try_write(wait).await,
+        Kind::Permit => p.semaphore(name, 2, opts)?.try_acquire(wait).await,
+    }
+}
+
+/// Every pair of kinds on one name, both orders: while the first is held, the second is never
+/// granted. Locks (mutexes reentrant or not, readers, writers) queue together, a mutex node
+/// counting as a writer: the second waits, queued, and gets in once the first is released. A
+/// lock and a semaphore are refused with a non-retryable `InvalidArgument` naming the kind in
+/// use, and the refused kind gets in once the name is free. Before, a mutex and a read-write
+/// lock, a reentrant and a non-reentrant mutex, and a lock and a semaphore of one name ignored
+/// each other and were held together.
+#[tokio::test(flavor = "multi_thread")]
+async fn kinds_on_one_name_never_hold_together() {
+    use Kind::{Mutex as M, NonReentrant as N, Permit as P, Read as R, Write as W};
+    let Some(url) = url() else { return };
+    let (a, b, admin) = (
+        provider(&url).await,
+        provider(&url).await,
+        admin(&url).await,
+    );
+    let names = Names::new();
+    let pairs = [
+        (M, W),
+        (W, M),
+        (M, R),
+        (R, M),
+        (M, N),
+        (N, M),
+        (M, P),
+        (P, M),
+        (W, P),
+        (P, W),
+    ];
+    for (first, second) in pairs {
+        let name = names.name(&format!("{first:?}-{second:?}").to_lowercase());
+        let path = a.lock_path(&name).unwrap();
+        let held = try_kind(&a, &name, first, LIMIT)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{first:?} on a fresh name"));
+        let with_semaphore = first == P || second == P;
+        let asked = try_kind(&b, &name, second, Duration::from_millis(300)).await;
+        match asked {
+            Ok(None) if !with_semaphore => {}
+            Err(Error::InvalidArgument { reason, .. }) if with_semaphore => {
+                let in_use = if first == P { "a semaphore" } else { "a lock" };
+                assert!(
+                    reason.contains(&format!("is in use as {in_use}")),
+                    "{first:?} then {second:?}: {reason}"
+                );
+            }
+            Ok(Some(g)) => panic!("{second:?} granted beside {first:?}: {g:?}"),
+            other => panic!("{second:?} beside {first:?}: {other:?}"),
+        }
+        if with_semaphore {
+            assert!(held.is_held(), "{first:?} disturbed");
+            held.release().await.unwrap();
+            let g = try_kind(&b, &name, second, LIMIT).await.unwrap();
+            g.unwrap_or_else(|| panic!("{second:?} after {first:?} was released"))
+                .release()
+                .await
+                .unwrap();
+            continue;
+        }
+        // Queued behind the first, granted once it is released.
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { try_kind(&b, &name, second, LIMIT * 2).await })
+        };
+        eventually(LIMIT, "the second kind queued", || async {
+            let n = recipe_children(&admin, &path).await.len();
+            if n == 2 { Ok(()) } else { Err(n) }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished(), "{second:?} got in beside {first:?}");
+        assert!(held.is_held(), "{first:?} disturbed");
+        held.release().await.unwrap();
+        let g = must(LIMIT * 2, "the second kind after the release", waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        g.unwrap_or_else(|| panic!("{second:?} after {first:?} was released"))
+            .release()
+            .await
+            .unwrap();
+    }
 }
 
 // ------------------------------------------------------------------ round trips and herd
@@ -965,46 +1314,37 @@ async fn curator_mutex_interop() {
         .unwrap();
 }
 
-/// The lease nodes of a semaphore-layout lock at `path` (Curator's `InterProcessSemaphoreMutex`
-/// and `InterProcessSemaphoreV2`, dlock's `reentrant(false)` mutex and semaphores).
-async fn lease_nodes(admin: &zk::Client, path: &str) -> usize {
-    match admin.list_children(&format!("{path}/leases")).await {
-        Ok(c) => c.len(),
-        Err(zk::Error::NoNode) => 0,
-        Err(e) => panic!("list {path}/leases: {e}"),
-    }
-}
-
-/// Curator's `InterProcessSemaphoreMutex` (its non-reentrant mutex, a one-lease semaphore) and
-/// a dlock mutex built `reentrant(false)` on the same path exclude each other both ways; each
-/// side's waiter is queued and still waiting while the other holds, and gets in after its
-/// release.
+/// Curator's `InterProcessMutex` and a dlock mutex built `reentrant(false)` on the same path
+/// exclude each other both ways: a non-reentrant dlock mutex is a `lock-` node like a
+/// reentrant one. Each side's waiter is queued and still waiting while the other holds, and
+/// gets in after its release. (Curator's own non-reentrant `InterProcessSemaphoreMutex` is a
+/// one-lease semaphore to dlock.)
 #[tokio::test(flavor = "multi_thread")]
-async fn curator_semaphore_mutex_interop() {
+async fn curator_mutex_and_a_non_reentrant_dlock_mutex_exclude_each_other() {
     let Some(url) = url() else { return };
     if curator_classpath().is_none() {
         return;
     }
     let (p, admin) = (provider(&url).await, admin(&url).await);
-    let name = Names::new().name("interop/semmutex");
+    let name = Names::new().name("interop/nonreentrant");
     let path = p.lock_path(&name).unwrap();
     let opts = LockOptions::new().with_reentrant(false);
     let l = p.lock(&name, opts).unwrap();
 
     // Curator holds: dlock cannot get in; a dlock waiter queues and waits for the release.
-    let mut java = Peer::start(&url, &["semmutex", &path, "60000"]).await;
+    let mut java = Peer::start(&url, &["mutex", &path, "60000"]).await;
     java.expect("WAITING").await;
     java.expect("ACQUIRED").await;
     assert!(
         l.try_acquire(ZERO).await.unwrap().is_none(),
-        "dlock got in while Curator's semaphore mutex holds"
+        "dlock got in while Curator's mutex holds"
     );
     let waiter = {
         let l = p.lock(&name, opts).unwrap();
         tokio::spawn(async move { l.acquire().await })
     };
-    eventually(LIMIT, "dlock's lease queued beside Curator's", || async {
-        let n = lease_nodes(&admin, &path).await;
+    eventually(LIMIT, "dlock queued behind Curator", || async {
+        let n = recipe_children(&admin, &path).await.len();
         if n == 2 { Ok(()) } else { Err(n) }
     })
     .await;
@@ -1016,18 +1356,18 @@ async fn curator_semaphore_mutex_interop() {
         .unwrap();
 
     // dlock holds: Curator's timed acquire fails; a waiting Curator gets in after the release.
-    let mut java = Peer::start(&url, &["semmutex", &path, "60000", "tryacquire", "300"]).await;
+    let mut java = Peer::start(&url, &["mutex", &path, "60000", "tryacquire", "300"]).await;
     java.expect("WAITING").await;
     java.expect("TIMEOUT").await;
     java.finish().await;
-    let mut java = Peer::start(&url, &["semmutex", &path, "60000", "tryacquire", "20000"]).await;
+    let mut java = Peer::start(&url, &["mutex", &path, "60000", "tryacquire", "20000"]).await;
     java.expect("WAITING").await;
-    eventually(LIMIT, "Curator's lease queued beside dlock's", || async {
-        let n = lease_nodes(&admin, &path).await;
+    eventually(LIMIT, "Curator queued behind dlock", || async {
+        let n = recipe_children(&admin, &path).await.len();
         if n == 2 { Ok(()) } else { Err(n) }
     })
     .await;
-    java.still_waiting("Curator's semaphore mutex behind dlock's hold")
+    java.still_waiting("Curator's mutex behind dlock's non-reentrant hold")
         .await;
     g.release().await.unwrap();
     java.expect("ACQUIRED").await;
@@ -1476,6 +1816,19 @@ async fn server_restart_within_session_timeout_keeps_the_hold() {
         || async {
             match g.state() {
                 dlock_core::HoldState::Held => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    // The other client is back too before it asks: a store that does not answer is an error,
+    // not a held lock.
+    eventually(
+        Duration::from_secs(20),
+        "the other client reconnected",
+        || async {
+            match b.client().state() {
+                zk::SessionState::SyncConnected => Ok(()),
                 other => Err(other),
             }
         },
