@@ -11,6 +11,7 @@ mod finish;
 mod guard;
 mod handles;
 mod hold;
+mod holdset;
 mod keeper;
 mod loss;
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -18,6 +19,7 @@ mod metrics;
 mod multi;
 mod name;
 mod options;
+mod provider;
 mod reentrancy;
 mod shared;
 mod starter;
@@ -26,6 +28,7 @@ mod time;
 mod tls;
 mod trace;
 mod traits;
+mod undo;
 mod url;
 
 pub use crate::error::{BoxError, Error, Result};
@@ -87,9 +90,12 @@ pub mod backend {
         Request, Semaphore,
     };
     pub use crate::hold::{Hold, HoldSignal, Horizon, NewHold};
+    pub use crate::holdset::{HoldSet, Registration};
+    pub use crate::provider::{NoPrimitive, ProviderMeta, RawProvider};
     pub use crate::starter::{Later, spawn_at};
     pub use crate::sync::Mutex;
     pub use crate::time::{Backoff, Deadline, earlier, from_now, later};
+    pub use crate::undo::{UndoFn, UndoOnDrop};
     #[cfg(feature = "serde")]
     pub use crate::url::deserialize_url;
     pub use crate::url::{parse_host_list, percent_decode};
