@@ -71,9 +71,23 @@ fn mysql_code(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
 ///
 /// I/O errors, pool timeouts, lost connections, a server going away or refusing connections,
 /// and a session the server ended (killed, or idle past its timeout) are
-/// [`Error::Connection`]; deadlocks (`ER_LOCK_DEADLOCK`), lock wait timeouts
-/// and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable [`Error::Backend`]s.
+/// [`Error::Connection`]; the database's answers that the lock is taken by someone else
+/// (see [`contention`]) are retryable [`Error::Backend`]s; a database that refuses writes
+/// (see [`refuses_writes`]) is a non-retryable [`Error::Backend`] that names the cause.
 pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = &e
+        && let Some(cause) = refuses_writes(db.as_ref())
+    {
+        // Not retryable: the same server refuses the same statement until an operator
+        // changes it (or a failover moves the name to another server, which a new
+        // provider, not a retry on these connections, reaches).
+        return Error::backend(
+            backend,
+            format!("{what}: the database refuses writes ({cause}): {e}"),
+            false,
+            e,
+        );
+    }
     match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
             Error::connection(backend, format!("{what}: {e}"), e)
@@ -93,29 +107,125 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             // `idle_in_transaction_session_timeout` (the for-update lease) on an
             // acquisition's connection. The database could not be reached on that
             // connection, which no caller may read as "held", and another connection can
-            // help. Serialization failures, deadlocks and a lock not available are retryable.
-            // 53300: too many connections.
+            // help. 53300: too many connections.
             if pg_connection_code(&code) || code == "53300" {
                 return Error::connection(backend, format!("{what}: {e}"), e);
             }
-            let retryable = matches!(code.as_str(), "40001" | "40P01" | "55P03");
+            let retryable = contention(db.as_ref());
             Error::backend(backend, format!("{what}: {e}"), retryable, e)
         }
         sqlx::Error::Database(db) => {
-            let retryable = match mysql_code(db.as_ref()) {
-                // a session that ended, or too many connections
-                Some(c) if mysql_connection_code(c) || c == 1040 => {
-                    return Error::connection(backend, format!("{what}: {e}"), e);
-                }
-                // deadlock, lock wait timeout, NOWAIT, read-only during failover
-                Some(1213 | 1205 | 3572 | 1290 | 1836) => true,
-                Some(_) => false,
-                None => sqlite_busy(db.as_ref()),
-            };
+            // a session that ended, or too many connections
+            if mysql_code(db.as_ref()).is_some_and(|c| mysql_connection_code(c) || c == 1040) {
+                return Error::connection(backend, format!("{what}: {e}"), e);
+            }
+            let retryable = contention(db.as_ref());
             Error::backend(backend, format!("{what}: {e}"), retryable, e)
         }
         _ => Error::backend(backend, format!("{what}: {e}"), false, e),
     }
+}
+
+/// Whether the database answered that the lock is taken by someone else: a row or advisory
+/// lock not available (NOWAIT refused, a lock wait that ran out), a deadlock or serialization
+/// failure among contenders, a busy or locked SQLite file. Trying again can help, and until
+/// then the lock counts as held.
+fn contention(db: &dyn sqlx::error::DatabaseError) -> bool {
+    if let Some(code) = pg_code(db) {
+        return pg_contention(&code);
+    }
+    match mysql_code(db) {
+        Some(code) => mysql_contention(code),
+        None => sqlite_busy(db),
+    }
+}
+
+/// [`contention`] for a PostgreSQL SQLSTATE: serialization_failure, deadlock_detected,
+/// lock_not_available.
+fn pg_contention(code: &str) -> bool {
+    matches!(code, "40001" | "40P01" | "55P03")
+}
+
+/// [`contention`] for a MySQL or MariaDB error number: ER_LOCK_DEADLOCK,
+/// ER_LOCK_WAIT_TIMEOUT, ER_LOCK_NOWAIT.
+fn mysql_contention(code: u16) -> bool {
+    matches!(code, 1213 | 1205 | 3572)
+}
+
+/// Whether `e`, an error of an acquisition's attempt, is the database's answer that the lock
+/// is taken (see [`contention`]): such an attempt ended like one that found the lock held.
+/// Every other retryable error means the database could not be asked (a connection that
+/// broke or could not be had, no answer in time), which is never "held".
+pub(crate) fn answered_busy(e: &Error) -> bool {
+    let Error::Backend {
+        source: Some(source),
+        ..
+    } = e
+    else {
+        return false;
+    };
+    match source.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(db)) => contention(db.as_ref()),
+        _ => false,
+    }
+}
+
+/// Why the database refuses to write, if that is what `db` says: a server in read-only mode
+/// (a replica, or a primary demoted by a failover), a read-only session or transaction, a
+/// PostgreSQL hot standby, a read-only SQLite file.
+fn refuses_writes(db: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
+    if let Some(code) = pg_code(db) {
+        // A session the server ended (one in crash recovery, say) is a connection error.
+        if pg_connection_code(&code) {
+            return None;
+        }
+        return pg_refusal(&code, db.message());
+    }
+    if let Some(code) = mysql_code(db) {
+        return mysql_refusal(code);
+    }
+    sqlite_refusal(db.code().and_then(|c| c.parse::<u32>().ok()))
+}
+
+/// [`refuses_writes`] for a MySQL or MariaDB error number.
+fn mysql_refusal(code: u16) -> Option<&'static str> {
+    match code {
+        // ER_OPTION_PREVENTS_STATEMENT: the server's message names the option.
+        1290 => Some(
+            "the server runs with read_only or super_read_only: a replica, or a primary \
+             demoted by a failover",
+        ),
+        // ER_READ_ONLY_MODE
+        1836 => Some("the server is in read-only mode"),
+        // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+        1792 => Some("the session's transactions are read-only (transaction_read_only)"),
+        _ => None,
+    }
+}
+
+/// [`refuses_writes`] for a PostgreSQL SQLSTATE and message.
+fn pg_refusal(code: &str, message: &str) -> Option<&'static str> {
+    // A hot standby says so only in its messages: a transaction id or a lock a standby cannot
+    // give ("cannot assign TransactionIds during recovery", "... while recovery is in
+    // progress"), under several SQLSTATEs.
+    if message.contains("during recovery") || message.contains("recovery is in progress") {
+        return Some("the server is a hot standby, in recovery");
+    }
+    // read_only_sql_transaction: what a hot standby answers to every write, and a session
+    // whose role or database sets default_transaction_read_only.
+    (code == "25006").then_some(
+        "a read-only transaction: default_transaction_read_only on the role, the database or \
+         the session, or a hot standby",
+    )
+}
+
+/// [`refuses_writes`] for a SQLite result code (extended codes included).
+fn sqlite_refusal(code: Option<u32>) -> Option<&'static str> {
+    // SQLITE_READONLY and its extended codes.
+    code.filter(|c| c & 0xff == 8).map(|_| {
+        "the SQLite file is read-only: mode=ro, the permissions of the file or its \
+         directory, or a read-only mount"
+    })
 }
 
 /// Whether `e` says the connection it came on is gone (an I/O error, the session ended by
@@ -158,6 +268,77 @@ pub(crate) fn sqlite_busy(db: &dyn sqlx::error::DatabaseError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that refuses writes is named as such: MySQL/MariaDB `read_only` or
+    /// `super_read_only` (1290), read-only mode (1836), a read-only transaction (1792).
+    /// Nothing else is.
+    #[test]
+    fn mysql_servers_that_refuse_writes_are_named() {
+        for code in [1290, 1836, 1792] {
+            assert!(mysql_refusal(code).is_some(), "{code}");
+        }
+        for code in [1205, 1213, 3572, 1062, 2013, 1040, 1146] {
+            assert!(mysql_refusal(code).is_none(), "{code}");
+        }
+        assert!(mysql_refusal(1290).is_some_and(|c| c.contains("read_only")));
+    }
+
+    /// PostgreSQL: a read-only transaction (25006, also what a hot standby answers to every
+    /// write) and a hot standby's own messages; a lock not available is not a refusal.
+    #[test]
+    fn postgres_servers_that_refuse_writes_are_named() {
+        let read_only = pg_refusal("25006", "cannot execute INSERT in a read-only transaction");
+        assert!(read_only.is_some_and(|c| c.contains("default_transaction_read_only")));
+        let standby = pg_refusal("XX000", "cannot assign TransactionIds during recovery");
+        assert!(standby.is_some_and(|c| c.contains("hot standby")));
+        let standby = pg_refusal(
+            "55000",
+            "cannot acquire lock mode AccessExclusiveLock on database objects while recovery \
+             is in progress",
+        );
+        assert!(standby.is_some_and(|c| c.contains("hot standby")));
+        for code in ["55P03", "40001", "40P01", "23505", "57P01"] {
+            assert!(pg_refusal(code, "some error").is_none(), "{code}");
+        }
+    }
+
+    /// SQLite: SQLITE_READONLY (8) and its extended codes; BUSY, LOCKED and CANTOPEN are not.
+    #[test]
+    fn a_read_only_sqlite_file_is_named() {
+        // SQLITE_READONLY, _RECOVERY, _CANTLOCK, _ROLLBACK, _DBMOVED, _CANTINIT, _DIRECTORY
+        for code in [8, 264, 520, 776, 1032, 1288, 1544] {
+            assert!(sqlite_refusal(Some(code)).is_some(), "{code}");
+        }
+        for code in [5, 6, 14, 517, 1] {
+            assert!(sqlite_refusal(Some(code)).is_none(), "{code}");
+        }
+        assert!(sqlite_refusal(None).is_none());
+    }
+
+    /// A refusal is not contention, so it is not retryable: an acquisition stops at once with
+    /// it instead of retrying until its deadline and taking it for a lock held by someone
+    /// else. Contention is retryable.
+    #[test]
+    fn a_refusal_is_not_contention() {
+        for code in [1290, 1836, 1792] {
+            assert!(!mysql_contention(code), "{code}");
+        }
+        for code in [1213, 1205, 3572] {
+            assert!(
+                mysql_contention(code) && mysql_refusal(code).is_none(),
+                "{code}"
+            );
+        }
+        assert!(!pg_contention("25006"));
+        for code in ["40001", "40P01", "55P03"] {
+            assert!(
+                pg_contention(code) && pg_refusal(code, "").is_none(),
+                "{code}"
+            );
+        }
+        let e = from_sqlx("mysql", "acquire", sqlx::Error::PoolTimedOut);
+        assert!(e.is_retryable() && !answered_busy(&e), "{e}");
+    }
 
     /// A connection MySQL 8 closed for idling past its `wait_timeout` (the for-update
     /// lease) says so with 4031: the session, and every lock in it, is gone.

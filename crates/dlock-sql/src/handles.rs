@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::Inner;
 use crate::config::Strategy;
 use crate::db::Conn;
+use crate::error;
 use crate::sql::AdvisoryMode;
 use crate::strategies::{
     AdvisoryLock, Attempt, Beside, FixedEnd, Pinned, SessionHolds, SqlHold, watch, watch_period,
@@ -232,17 +233,22 @@ impl SqlMutex {
                 owner: self.inner.next_owner(),
                 lease: lease.ttl(),
             };
-            match self.try_once(attempt, lease, started, deadline, kind).await {
+            // The error of an attempt the database did not answer (a connection that broke or
+            // could not be had, no answer in time); `None` for one it answered "held". At the
+            // deadline the last attempt's is the answer: a database that could not be asked is
+            // an error, never a lock held by someone else.
+            let unanswered = match self.try_once(attempt, lease, started, deadline, kind).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
-                Ok(None) => failures = 0,
-                // At the deadline, a database that could not be reached is the answer, not
-                // a lock held by someone else (contention, a deadlock victim, a busy SQLite
-                // file, still means "held"); the error says a retry can help. One more try
-                // at once if the attempt failed fast: the connection that broke was closed,
-                // and a pooled one that died while idle (closed by the server or a proxy)
-                // should not make the answer. (A pool whose idle connections all died can
-                // still answer with the error once per dead connection.) An attempt that
-                // failed slowly (the pool's wait for a connection) is not made twice.
+                Ok(None) => {
+                    failures = 0;
+                    None
+                }
+                // At the deadline, one more try at once if the attempt failed fast on its
+                // connection: the connection that broke was closed, and a pooled one that
+                // died while idle (closed by the server or a proxy) should not make the
+                // answer. (A pool whose idle connections all died can still answer with the
+                // error once per dead connection.) An attempt that failed slowly (the wait for
+                // a connection) is not made twice.
                 Err(e @ Error::Connection { .. }) if deadline.has_passed() => {
                     if reconnected || started.elapsed() >= QUICK_FAILURE {
                         return Err(e);
@@ -254,16 +260,19 @@ impl SqlMutex {
                     failures = failures.saturating_add(1);
                     if worth_a_warning(failures) {
                         // A database that stays down must not look like a lock held for
-                        // ever (review L6).
+                        // ever.
                         tracing::warn!(lock = %name, error = %e, failures, "acquire keeps failing; still retrying");
                     } else {
                         tracing::debug!(lock = %name, error = %e, "acquire attempt failed; retrying");
                     }
+                    // Contention (a lock wait that ran out, a deadlock victim, a busy SQLite
+                    // file) is the database's answer that the lock is held.
+                    (!error::answered_busy(&e)).then_some(e)
                 }
                 Err(e) => return Err(e),
-            }
+            };
             if deadline.has_passed() {
-                return Ok(None);
+                return unanswered.map_or(Ok(None), Err);
             }
             if wakeup.is_none() {
                 wakeup = self.inner.wakeup(name);
@@ -399,7 +408,9 @@ impl SqlMutex {
         // The statements that may take the lock, and the undo that frees it if this future
         // is dropped, run on one connection: a dropped statement still runs to its end on the
         // server (or SQLite's worker), and the undo must come after it, never before.
-        let conn = Arc::new(tokio::sync::Mutex::new(attempt.connection().await?));
+        let conn = Arc::new(tokio::sync::Mutex::new(
+            attempt.connection_by(deadline).await?,
+        ));
         // The lease runs from the claim, not from the wait for a pooled connection (which may
         // take seconds under load: a lease counted from before it could end on arrival).
         let started = Instant::now().max(started);
@@ -422,6 +433,9 @@ impl SqlMutex {
             }
             Err(e) => {
                 // The statement may have taken the lock: undo now, before the next attempt.
+                // Its connection goes back first: on a pool of one, the undo's would
+                // otherwise wait for it.
+                drop(conn);
                 undo.run().await;
                 return Err(e);
             }
@@ -498,7 +512,10 @@ impl Undo {
     /// Undoes after a failed statement (which has ended), on a fresh connection: the
     /// attempt's own may be the reason it failed.
     async fn run(&mut self) {
-        if let Some((a, _)) = self.0.take() {
+        if let Some((a, conn)) = self.0.take() {
+            // The attempt's connection is not waited for (it ended its statement), nor kept
+            // while the undo waits for one.
+            drop(conn);
             let r = match a.inner.strategy {
                 Strategy::UniqueInsert => a.unique_release().await,
                 Strategy::Optimistic => a.optimistic_release(None).await,

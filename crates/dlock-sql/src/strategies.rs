@@ -62,6 +62,30 @@ impl Attempt {
         self.inner.pool.acquire().await.map_err(self.err("connect"))
     }
 
+    /// A connection of the provider's pool for an attempt's statements, waiting for one until
+    /// `deadline`, with a grace to open one (so that even a zero wait makes its attempt). A
+    /// pool that gives none by then (a database that does not answer its connects, or a pool
+    /// busy with other statements) is a retryable [`Error::Connection`], never a lock held by
+    /// someone else.
+    pub(crate) async fn connection_by(&self, deadline: Deadline) -> Result<Conn> {
+        let Some(d) = deadline.instant() else {
+            return self.connection().await;
+        };
+        match tokio::time::timeout_at(d.max(from_now(CONNECT_GRACE)), self.inner.pool.acquire())
+            .await
+        {
+            Ok(conn) => conn.map_err(self.err("connect")),
+            Err(_) => Err(Error::no_answer(
+                self.inner.backend,
+                format!(
+                    "no connection to the database for {:?} within the wait and a \
+                     {CONNECT_GRACE:?} grace to open one",
+                    self.name.as_str()
+                ),
+            )),
+        }
+    }
+
     // ------------------------------------------------------------ unique-insert
 
     /// INSERT the hold; on a duplicate, take an expired row over with a conditional UPDATE.
@@ -351,23 +375,28 @@ impl Attempt {
             } else {
                 Error::Connection {
                     backend: self.inner.backend,
-                    message: "opening a connection for a for-update lock timed out".into(),
+                    message: format!(
+                        "opening a connection for a {} lock timed out",
+                        self.inner.strategy
+                    ),
                     source: None,
                 }
             }
         };
         let pooled = match deadline.instant() {
-            // No deadline: wait as long as it takes, also for a connection (review: an
-            // unbounded acquire must not fail because the pool is busy), and say so: a
-            // wait that never ends must not look like a lock held for ever.
+            // No deadline: wait as long as it takes, also for a connection (an unbounded
+            // acquire must not fail because the pool is busy), and say so, whatever the
+            // cause (a full pool, or a database that does not answer), ever more rarely (the
+            // 1st, 2nd, 4th, 8th … wait that ran out): a wait that never ends must not look
+            // like a lock held for ever.
             None => {
                 let mut waits = 0u32;
                 loop {
                     match lock_pool.acquire().await {
                         Err(sqlx::Error::PoolTimedOut) => {
                             waits = waits.saturating_add(1);
-                            if lock_pool.all_in_use() && (waits == 1 || waits.is_power_of_two()) {
-                                tracing::warn!(lock = %self.name, error = %exhausted(), "still waiting for a connection");
+                            if waits.is_power_of_two() {
+                                tracing::warn!(lock = %self.name, error = %timed_out(), waits, "still waiting for a connection");
                             }
                         }
                         other => break other,
@@ -1217,11 +1246,11 @@ impl Pinned {
     }
 
     fn get(&mut self) -> Result<&mut Conn> {
-        // A connection closed after a failed ROLLBACK (a reset): a new attempt gets another.
-        self.conn.as_mut().ok_or_else(|| Error::Backend {
+        // A connection closed after a failed ROLLBACK (a reset): the database could not be
+        // asked on it, and a new attempt gets another.
+        self.conn.as_mut().ok_or_else(|| Error::Connection {
             backend: self.backend,
             message: "the connection of this acquisition broke".into(),
-            retryable: true,
             source: None,
         })
     }

@@ -127,6 +127,24 @@ impl SqlFactory {
         }
     }
 
+    /// A provider through a proxy the case can cut (`None` for SQLite, a file).
+    async fn proxied(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        if self.is_sqlite() {
+            return None;
+        }
+        Some(
+            async {
+                let port = if self.is_postgres() { 5432 } else { 3306 };
+                let (cut, url) = ProxyPartition::start(&self.url, port).await?;
+                let p = self.provider(&url).await?;
+                self.providers.lock().unwrap().push(p.clone());
+                let p: DynLockProvider = Arc::new(p);
+                Ok((p, Box::new(cut) as Box<dyn Partition>))
+            }
+            .await,
+        )
+    }
+
     fn is_sqlite(&self) -> bool {
         self.url.starts_with("sqlite:")
     }
@@ -308,22 +326,19 @@ impl Factory for SqlFactory {
         Ok(Arc::new(p))
     }
 
-    /// MySQL through a proxy; a SQLite file cannot be cut off.
+    /// MySQL and PostgreSQL through a proxy; a SQLite file cannot be cut off.
     async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
-        if self.is_sqlite() {
-            return None;
-        }
-        Some(
-            async {
-                let port = if self.is_postgres() { 5432 } else { 3306 };
-                let (cut, url) = ProxyPartition::start(&self.url, port).await?;
-                let p = self.provider(&url).await?;
-                self.providers.lock().unwrap().push(p.clone());
-                let p: DynLockProvider = Arc::new(p);
-                Ok((p, Box::new(cut) as Box<dyn Partition>))
-            }
-            .await,
-        )
+        self.proxied().await
+    }
+
+    /// The same: the factory's URL shortens nothing (no lease, timeout or session setting;
+    /// `pool=48` only makes room for the cases' many holds), so the holds take the default
+    /// 30 s watchdog lease and, for-update and advisory, the server-side lease that follows
+    /// it, as deployed.
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        self.proxied().await
     }
 
     fn short_lease(&self) -> Duration {

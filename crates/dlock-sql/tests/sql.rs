@@ -888,7 +888,9 @@ async fn sqlite_path_with_a_space_and_an_accent() {
 
 /// Issue 11 item 5: `try_acquire(0)` is bounded by its wait (plus the handle's 2 s grace)
 /// even when SQLite's write lock is taken by someone else and the pool is the application's
-/// own (sqlx's busy timeout: 5 s), and the attempt cut off leaves nothing behind.
+/// own (sqlx's busy timeout: 5 s), and the attempt cut off leaves nothing behind. The file
+/// could not be asked about the lock in that time (its write lock is the application's, not a
+/// dlock holder's): the answer is a retryable error, not "held".
 #[tokio::test]
 async fn try_acquire_zero_is_bounded_while_sqlite_is_write_locked() {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
@@ -913,7 +915,7 @@ async fn try_acquire_zero_is_bounded_while_sqlite_is_write_locked() {
     let r = lock.try_acquire(Duration::ZERO).await;
     let took = started.elapsed();
     assert!(
-        matches!(r, Ok(None)),
+        matches!(&r, Err(e) if e.is_retryable()),
         "try_acquire(0) while write-locked: {r:?}"
     );
     // The grace is 2 s; the busy timeout 5 s.
@@ -2740,4 +2742,313 @@ async fn the_release_listener_outlives_the_servers_idle_timeout() {
         Ok(pid),
         "the listening session was ended by the server's idle timeout"
     );
+}
+
+/// A database that does not answer (a silent network: its connections stay open, nothing
+/// flows either way) is a retryable error, never a lock held by someone else.
+mod a_silent_database {
+    use super::*;
+    use dlock_conformance::{Partition, ProxyPartition};
+    use dlock_core::backend::CALL_GRACE;
+
+    /// How long a provider waits for a connection past an acquisition's deadline (the grace
+    /// that lets even a zero wait open one).
+    const CONNECT_GRACE: Duration = Duration::from_secs(1);
+
+    /// Every strategy of the configured servers: (URL, the server's default port, label).
+    fn servers() -> Vec<(String, u16, String)> {
+        let mut out = Vec::new();
+        if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
+            for s in ["unique-insert", "optimistic", "for-update"] {
+                let url = with_query(&mysql, &format!("strategy={s}&table={}", prefix(s)));
+                out.push((url, 3306, format!("mysql/{s}")));
+            }
+        }
+        if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
+            for s in ["unique-insert", "optimistic", "for-update", "advisory"] {
+                let url = with_query(&pg, &format!("strategy={s}&table={}", prefix(s)));
+                out.push((url, 5432, format!("postgres/{s}")));
+            }
+        }
+        out
+    }
+
+    /// Runs `case` on every server and strategy at once (each case waits out silences of its
+    /// own), and fails with the first case that failed.
+    async fn on_every_server<F, Fut>(case: F)
+    where
+        F: Fn(String, u16, String) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let mut cases = tokio::task::JoinSet::new();
+        for (url, port, label) in servers() {
+            cases.spawn(case(url, port, label));
+        }
+        while let Some(done) = cases.join_next().await {
+            if let Err(e) = done {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
+
+    /// `try_acquire(wait)` through a silent network, whether the lock is free or held by
+    /// another client, returns a retryable error within the wait, the handle's cut-off
+    /// ([`CALL_GRACE`]) and a slack; the lock works again once the network is back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_through_a_silent_network_is_an_error_not_a_held_lock() {
+        on_every_server(|url, port, label| async move {
+            let (cut, proxied) = ProxyPartition::start(&url, port).await.unwrap();
+            let p = SqlProvider::connect(&proxied).await.unwrap();
+            let other = SqlProvider::connect(&url).await.unwrap();
+            let name = Names::new().name("silent");
+            let lock = p.lock(&name, LockOptions::default()).unwrap();
+            // The line works first: its connections are open when it goes silent.
+            let g = lock.try_acquire(Duration::from_secs(5)).await.unwrap();
+            g.expect("a new name is free").release().await.unwrap();
+            for held in [false, true] {
+                let holder = if held {
+                    let l = other.lock(&name, LockOptions::default()).unwrap();
+                    let g = l.try_acquire(Duration::from_secs(5)).await.unwrap();
+                    Some(g.expect("free for the other client"))
+                } else {
+                    None
+                };
+                let state = if held {
+                    "held by another client"
+                } else {
+                    "free"
+                };
+                cut.set_partitioned(true);
+                for wait in [Duration::ZERO, Duration::from_secs(1)] {
+                    let limit = wait + CALL_GRACE + Duration::from_secs(3);
+                    let what = format!("{label}: try_acquire({wait:?}) through a silent network");
+                    match must(limit, &what, lock.try_acquire(wait)).await {
+                        Err(e) => assert!(e.is_retryable(), "{what} ({state}): {e}"),
+                        Ok(None) => panic!("{what}: taken for a lock held by someone ({state})"),
+                        Ok(Some(_)) => panic!("{what}: granted ({state})"),
+                    }
+                }
+                cut.set_partitioned(false);
+                if let Some(g) = holder {
+                    g.release().await.unwrap();
+                }
+            }
+            // The attempts cut off are undone (or their connections closed) once the
+            // network is back: the lock is free again.
+            let what = format!("{label}: the lock once the network is back");
+            let g = must(
+                Duration::from_secs(30),
+                &what,
+                lock.try_acquire(Duration::from_secs(25)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            g.unwrap_or_else(|| panic!("{what}: still held"))
+                .release()
+                .await
+                .unwrap();
+        })
+        .await;
+    }
+
+    /// An attempt that has to wait for a connection on a silent network (the pool's only
+    /// connection is stuck in a statement nobody answers, or a new one cannot be opened)
+    /// gives up at its deadline, after a grace to open one, with a retryable
+    /// `Error::Connection` of its own: it does not wait for the pool's own timeout (10 s), to
+    /// be cut off by the handle ([`CALL_GRACE`] past the deadline). The row strategies run on
+    /// a pool of one connection; the pinned ones open a connection for each attempt whose
+    /// connection closed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_for_a_connection_ends_at_the_deadline() {
+        on_every_server(|url, port, label| async move {
+            let pinned = label.ends_with("for-update") || label.ends_with("advisory");
+            let url = if pinned {
+                url
+            } else {
+                with_query(&url, "pool=1")
+            };
+            let (cut, proxied) = ProxyPartition::start(&url, port).await.unwrap();
+            let p = SqlProvider::connect(&proxied).await.unwrap();
+            let name = Names::new().name("silent-pool");
+            let lock = p.lock(&name, LockOptions::default()).unwrap();
+            let g = lock.try_acquire(Duration::from_secs(5)).await.unwrap();
+            g.expect("a new name is free").release().await.unwrap();
+            cut.set_partitioned(true);
+            // Cut off by the handle: its connection stays in the statement (or the undo after
+            // it), or is closed.
+            let first = lock.try_acquire(Duration::ZERO).await;
+            assert!(first.is_err(), "{label}: {first:?}");
+            for wait in [Duration::ZERO, Duration::from_secs(1)] {
+                let started = Instant::now();
+                let r = lock.try_acquire(wait).await;
+                let took = started.elapsed();
+                let what = format!("{label}: try_acquire({wait:?}) waiting for a connection");
+                match r {
+                    Err(e @ dlock_core::Error::Connection { .. }) => assert!(
+                        took < wait + CONNECT_GRACE + Duration::from_millis(500),
+                        "{what}: answered after {took:?}, not at its deadline and connect \
+                         grace: {e}"
+                    ),
+                    other => panic!("{what}: {other:?} after {took:?}"),
+                }
+            }
+            cut.set_partitioned(false);
+        })
+        .await;
+    }
+}
+
+/// A database that refuses writes (a read-only server, session or transaction: a replica, a
+/// primary demoted by a failover, a hot standby) is a clear error that names the cause and
+/// says that retrying cannot help, at once, for `try_acquire` and for `acquire()` alike: never
+/// a lock held by someone else, never a wait for ever.
+mod a_database_that_refuses_writes {
+    use super::*;
+
+    /// Asks for a new name through `provider`, whose statements now run in a read-only
+    /// session, and checks the answer: a non-retryable error naming `cause`.
+    async fn refused(label: &str, provider: &SqlProvider, cause: &str) {
+        let name = Names::new().name("read-only");
+        let lock = provider.lock(&name, LockOptions::default()).unwrap();
+        let tries = [
+            ("try_acquire(2 s)", lock.try_acquire(Duration::from_secs(2))),
+            (
+                "acquire()",
+                Box::pin(async { lock.acquire().await.map(Some) }),
+            ),
+        ];
+        for (call, fut) in tries {
+            let what = format!("{label}: {call} in a read-only session");
+            match must(Duration::from_secs(10), &what, fut).await {
+                Err(e) => {
+                    let message = e.to_string();
+                    assert!(!e.is_retryable(), "{what}: retryable: {message}");
+                    assert!(
+                        message.contains("refuses writes") && message.contains(cause),
+                        "{what}: the error does not name the cause ({cause}): {message}"
+                    );
+                }
+                Ok(None) => panic!("{what}: taken for a lock held by someone"),
+                Ok(Some(_)) => panic!("{what}: granted"),
+            }
+        }
+    }
+
+    /// MariaDB/MySQL: a provider on the application's pool (one connection), whose session is
+    /// then made read-only (`SET SESSION TRANSACTION READ ONLY`; the server's `read_only` is
+    /// global, and would refuse the other tests' writes too).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_mysql_session() {
+        let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+            return;
+        };
+        for strategy in [
+            Strategy::UniqueInsert,
+            Strategy::Optimistic,
+            Strategy::ForUpdate,
+        ] {
+            let label = format!("mysql/{strategy}");
+            let app = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect(mysql.split('?').next().unwrap())
+                .await
+                .unwrap();
+            let table = prefix(&strategy.to_string());
+            let provider = SqlProvider::from_mysql_pool(app.clone(), strategy, &table, 2)
+                .await
+                .unwrap();
+            let mut c = app.acquire().await.unwrap();
+            sqlx::Executor::execute(&mut *c, "SET SESSION TRANSACTION READ ONLY")
+                .await
+                .unwrap();
+            drop(c);
+            refused(&label, &provider, "transaction_read_only").await;
+        }
+    }
+
+    /// SQLite: a provider on a file opened read-only (`mode=ro`, as a read-only mount or
+    /// permissions would) cannot record its strategy, and says why at once.
+    #[tokio::test]
+    async fn a_read_only_sqlite_file() {
+        let (url, path) = sqlite_url("unique-insert");
+        let writable = SqlProvider::connect(&url).await.unwrap();
+        drop(writable);
+        let started = Instant::now();
+        let refused = SqlProvider::connect(&format!("{url}&mode=ro")).await;
+        remove_sqlite(&path);
+        match refused {
+            Err(e) => {
+                let message = e.to_string();
+                assert!(!e.is_retryable(), "retryable: {message}");
+                assert!(
+                    message.contains("refuses writes") && message.contains("mode=ro"),
+                    "the error does not name the cause: {message}"
+                );
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "retried a refusal for {:?}",
+                    started.elapsed()
+                );
+            }
+            Ok(_) => panic!("a provider on a read-only file connected"),
+        }
+    }
+
+    /// PostgreSQL: a provider on the application's pool (one connection), whose session then
+    /// sets `default_transaction_read_only` (what a role or database setting, or a hot
+    /// standby, gives every session); and a provider whose connections have it from the
+    /// start, which cannot even create its tables.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_postgres_session() {
+        let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+            return;
+        };
+        let base = pg.split('?').next().unwrap();
+        for strategy in [
+            Strategy::UniqueInsert,
+            Strategy::Optimistic,
+            Strategy::ForUpdate,
+            Strategy::Advisory,
+        ] {
+            let label = format!("postgres/{strategy}");
+            let app = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(base)
+                .await
+                .unwrap();
+            let table = prefix(&strategy.to_string());
+            let provider = SqlProvider::from_pg_pool(app.clone(), strategy, &table, 2)
+                .await
+                .unwrap();
+            let mut c = app.acquire().await.unwrap();
+            sqlx::Executor::execute(&mut *c, "SET SESSION default_transaction_read_only = on")
+                .await
+                .unwrap();
+            drop(c);
+            refused(&label, &provider, "default_transaction_read_only").await;
+        }
+        let url = with_query(
+            &pg,
+            "strategy=unique-insert&table=dlock_unique_insert\
+             &options=-c%20default_transaction_read_only%3Don",
+        );
+        let started = Instant::now();
+        match SqlProvider::connect(&url).await {
+            Err(e) => {
+                let message = e.to_string();
+                assert!(!e.is_retryable(), "connect: retryable: {message}");
+                assert!(
+                    message.contains("refuses writes")
+                        && message.contains("default_transaction_read_only"),
+                    "connect: the error does not name the cause: {message}"
+                );
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "connect: retried a refusal for {:?}",
+                    started.elapsed()
+                );
+            }
+            Ok(_) => panic!("a provider on read-only sessions connected"),
+        }
+    }
 }

@@ -33,9 +33,11 @@ impl Drop for Stopped {
 /// `acquire()` returns, by at least 1 % of the lease (less a scheduling tolerance). The
 /// margins are recorded for `docs/guarantees.md`.
 ///
-/// A connection-bound hold (SQL `for-update`, advisory) lives as long as its connection on the
-/// server, which a silent network keeps open: nobody else is granted the lock then, and the
-/// run proves the holder stops but not the order; it is recorded as inconclusive.
+/// A connection-bound hold (SQL `for-update`, advisory) ends on the server with its session,
+/// which the server ends a lease after the last statement that reached it (its idle
+/// timeouts), whatever the silent network keeps open. A store that kept such a hold for as
+/// long as a silent connection lived would grant nobody else: the run would prove that the
+/// holder stops but not the order, and is recorded as inconclusive.
 pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
     let Some(partitionable) = f.connect_partitionable_as_deployed().await else {
         return skip(
