@@ -27,54 +27,6 @@ const RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest pause between two failed renewal attempts.
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// Places the keeper of a hold just granted on `runtime`: waiting in the runtime's starter
-/// until a sixth of its lease has passed, or spawned at once if the runtime is shutting down
-/// (which drops it, and it reports the loss). Call it under the hold's keeper lock, so the
-/// starter cannot start it before it is in place.
-pub(crate) fn place(runtime: &Handle, shared: &Arc<Shared>) -> Task {
-    let at = later(shared.granted, shared.lease.ttl() / 6);
-    let weak: std::sync::Weak<dyn Startable> = Arc::downgrade(shared) as _;
-    match starter::enqueue_keeper(runtime, at, weak) {
-        Some(waiting) => Task::Waiting(waiting),
-        None => spawn(runtime, shared),
-    }
-}
-
-/// Spawns the keeper now if it still waits for its start: an end moved before the keeper's
-/// start (a shortened fixed lease) must not wait for that start.
-pub(crate) fn start_now(shared: &Arc<Shared>) {
-    let mut keeper = shared.keeper.lock();
-    if let Some(runtime) = &shared.runtime
-        && keeper.as_ref().is_some_and(Task::is_waiting)
-        && !shared.keeper_disarmed()
-    {
-        *keeper = Some(spawn(runtime, shared));
-    }
-}
-
-impl Startable for Shared {
-    fn start(self: Arc<Self>, key: Key) {
-        let mut keeper = self.keeper.lock();
-        if let Some(runtime) = &self.runtime
-            && keeper.as_ref().is_some_and(|k| k.waits_as(key))
-            && !self.keeper_disarmed()
-        {
-            *keeper = Some(spawn(runtime, &self));
-        }
-    }
-
-    fn never_started(&self) {
-        self.keeper_stopped();
-    }
-}
-
-/// The keeper of `shared`, spawned on `runtime`.
-fn spawn(runtime: &Handle, shared: &Arc<Shared>) -> Task {
-    Task::Running(AbortOnDropHandle::new(
-        runtime.spawn(keep(Arc::clone(shared))),
-    ))
-}
-
 /// Reports the loss if the keeper is dropped before it was disarmed (runtime shutdown, panic),
 /// even if it was never polled.
 struct Armed(Arc<Shared>);
@@ -196,4 +148,52 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
             }
         }
     }
+}
+
+/// Places the keeper of a hold just granted on `runtime`: waiting in the runtime's starter
+/// until a sixth of its lease has passed, or spawned at once if the runtime is shutting down
+/// (which drops it, and it reports the loss). Call it under the hold's keeper lock, so the
+/// starter cannot start it before it is in place.
+pub(crate) fn place(runtime: &Handle, shared: &Arc<Shared>) -> Task {
+    let at = later(shared.granted, shared.lease.ttl() / 6);
+    let weak: std::sync::Weak<dyn Startable> = Arc::downgrade(shared) as _;
+    match starter::enqueue_keeper(runtime, at, weak) {
+        Some(waiting) => Task::Waiting(waiting),
+        None => spawn(runtime, shared),
+    }
+}
+
+/// Spawns the keeper now if it still waits for its start: an end moved before the keeper's
+/// start (a shortened fixed lease) must not wait for that start.
+pub(crate) fn start_now(shared: &Arc<Shared>) {
+    let mut keeper = shared.keeper.lock();
+    if let Some(runtime) = &shared.runtime
+        && keeper.as_ref().is_some_and(Task::is_waiting)
+        && !shared.keeper_disarmed()
+    {
+        *keeper = Some(spawn(runtime, shared));
+    }
+}
+
+impl Startable for Shared {
+    fn start(self: Arc<Self>, key: Key) {
+        let mut keeper = self.keeper.lock();
+        if let Some(runtime) = &self.runtime
+            && keeper.as_ref().is_some_and(|k| k.waits_as(key))
+            && !self.keeper_disarmed()
+        {
+            *keeper = Some(spawn(runtime, &self));
+        }
+    }
+
+    fn never_started(&self) {
+        self.keeper_stopped();
+    }
+}
+
+/// The keeper of `shared`, spawned on `runtime`.
+fn spawn(runtime: &Handle, shared: &Arc<Shared>) -> Task {
+    Task::Running(AbortOnDropHandle::new(
+        runtime.spawn(keep(Arc::clone(shared))),
+    ))
 }
