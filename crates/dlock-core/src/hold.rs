@@ -224,9 +224,9 @@ struct HorizonInner {
 
 impl Horizon {
     /// A horizon at `at`; a hold found past it is lost with `reason`. How far ahead of now
-    /// `at` lies is the span of one answer, of which the drift allowance is taken (a
-    /// session's timeout, not the hold's lease: a lease of an hour in a session of ten
-    /// seconds is vouched for ten seconds less 1 % of them at a time).
+    /// `at` lies is the span one answer vouches for: the drift allowance taken off the
+    /// horizon is the hold's (a part of its lease) but never more than a quarter of that span
+    /// (a lease of an hour in a session of ten seconds is vouched for 7.5 s at a time).
     pub fn new(at: Instant, reason: LossReason) -> Self {
         let span = at.saturating_duration_since(Instant::now());
         Self {

@@ -27,8 +27,8 @@ use crate::trace::{self, Who};
 /// State shared by every guard of one hold (re-entrant guards share it) and its lease keeper.
 ///
 /// The hold is vouched for until the earlier of its lease end (counted from the send time of
-/// the request that granted or last renewed it) and its session's [`Horizon`], each less its
-/// drift allowance (a part of its own span: the lease, or the session's timeout): past that
+/// the request that granted or last renewed it) and its session's [`Horizon`], each less the
+/// drift allowance (a part of the lease, at most a quarter of the session's span): past that
 /// moment the store may have given the lock to someone else, so [`check`](Self::check) marks
 /// the hold lost, whether or not anyone else noticed.
 pub(crate) struct Shared {
@@ -137,7 +137,12 @@ impl Shared {
         let by_lease = earlier(self.lease_end(), drift.of(ttl));
         match &self.horizon {
             Some(h) => {
-                let by_horizon = earlier(h.at(), drift.of(h.span().min(ttl)));
+                // The lease's allowance, as for a lease store, but never more than a quarter of
+                // the session's span (a lease of an hour in a session of ten seconds is not
+                // lost on arrival), nor less than the allowance of that span.
+                let span = h.span();
+                let allowance = drift.of(ttl).min(span / 4).max(drift.of(span.min(ttl)));
+                let by_horizon = earlier(h.at(), allowance);
                 if by_horizon < by_lease {
                     (by_horizon, h.reason())
                 } else {
