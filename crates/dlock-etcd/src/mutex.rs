@@ -11,7 +11,7 @@ use dlock_core::backend::{
     Backoff, Deadline, Hold, HoldSignal, NewHold, RawLock, Request, from_now, later,
 };
 use dlock_core::{
-    Error, FencingToken, Lease, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
+    Error, FencingToken, LockGuard, LockKind, LockName, LockOptions, Result, async_trait,
 };
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -21,8 +21,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::BACKEND;
-use crate::error::{from_etcd, is_transient};
-use crate::session::{Claim, RETRY_MAX, RETRY_MIN, Session};
+use crate::error::{from_etcd, is_lease_gone, is_transient};
+use crate::session::{Claim, RETRY_MAX, RETRY_MIN, Session, worth_a_warning};
 
 /// A mutex handle: the etcd lock name (`{prefix}{escaped name}`) it contends for.
 #[derive(Debug)]
@@ -79,21 +79,24 @@ impl Undo {
         self.claim.take()
     }
 
-    /// The wait ended without the lock: deletes the key before returning, so a caller that
-    /// tries again at once (or another handle of this provider) does not find it queued. Cut
-    /// off (the core's grace after the deadline), the drop deletes it in the background.
-    async fn give_up(mut self) -> Result<Option<LockGuard>> {
+    /// The wait ended without the lock: deletes the key before returning `outcome`, so a
+    /// caller that tries again at once (or another handle of this provider) does not find it
+    /// queued. A key of a lease that is no longer live is not deleted: it goes with its lease,
+    /// which nobody keeps alive any more. Cut off (the core's grace after the deadline), or if
+    /// the delete fails, the drop deletes the key in the background; a failed delete is then
+    /// the answer instead of "held" (`Ok(None)`).
+    async fn give_up(mut self, outcome: Result<Option<LockGuard>>) -> Result<Option<LockGuard>> {
         if let Some(put) = self.put.take() {
             let _ = put.await;
         }
         if let Some(claim) = &self.claim
+            && self.session.lease_now() == Some(claim.lease)
             && let Err(e) = delete_key(&self.session, &claim.key, None).await
         {
-            // The drop goes on deleting it in the background.
-            return Err(e);
+            return outcome.and(Err(e));
         }
         self.claim = None;
-        Ok(None)
+        outcome
     }
 }
 
@@ -418,6 +421,42 @@ async fn look_at_key(
     })
 }
 
+/// The failures of one acquisition since etcd last answered it. At the deadline the last one
+/// is the answer: nothing said the lock is held. An acquisition that goes on failing (one
+/// without a deadline retries for as long as it takes) says so now and then as a warning.
+struct Failing<'a> {
+    name: &'a LockName,
+    last: Option<Error>,
+    count: u32,
+}
+
+impl<'a> Failing<'a> {
+    fn new(name: &'a LockName) -> Self {
+        Self {
+            name,
+            last: None,
+            count: 0,
+        }
+    }
+
+    /// A call failed in a way a retry may fix.
+    fn failed(&mut self, e: Error) {
+        self.count = self.count.saturating_add(1);
+        if worth_a_warning(self.count) {
+            tracing::warn!(lock = %self.name, error = %e, failures = self.count, "etcd: acquire keeps failing; still retrying");
+        } else {
+            tracing::debug!(lock = %self.name, error = %e, "etcd: an acquire's call failed; retrying");
+        }
+        self.last = Some(e);
+    }
+
+    /// etcd answered.
+    fn answered(&mut self) {
+        self.last = None;
+        self.count = 0;
+    }
+}
+
 /// One acquisition: wait for this provider's turn on the name, then contend on etcd.
 pub(crate) async fn acquire(
     session: &Arc<Session>,
@@ -433,9 +472,20 @@ pub(crate) async fn acquire(
         put: None,
     };
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    let mut failing = Failing::new(name);
     'lease: loop {
-        let Some(lease) = deadline.run(session.lease()).await else {
-            return undo.give_up().await;
+        let lease = match deadline.run(session.lease()).await {
+            Some(Ok(lease)) => lease,
+            Some(Err(refused)) => return undo.give_up(Err(refused)).await,
+            None => {
+                // No lease at the deadline: the store did not grant one, so nothing said the
+                // lock is held.
+                let e = session
+                    .grant_failure()
+                    .or(failing.last.take())
+                    .unwrap_or_else(|| session.no_lease());
+                return undo.give_up(Err(e)).await;
+            }
         };
         // Claimed (and so undone) before the put: a put whose answer is lost is still undone.
         // A retry under the same lease keeps its key (a put that went through is found as
@@ -459,11 +509,22 @@ pub(crate) async fn acquire(
         };
         undo.put = None;
         let (created, mut seen) = match entered {
-            Ok(r) => r,
-            Err(e)
-                if (is_transient(&e) || crate::error::is_lease_gone(&e))
-                    && !deadline.has_passed() =>
-            {
+            Ok(r) => {
+                failing.answered();
+                r
+            }
+            Err(e) if is_transient(&e) || is_lease_gone(&e) => {
+                // A lease gone is a retry with the next lease (the session noted its end).
+                let e = Error::Backend {
+                    backend: BACKEND,
+                    message: format!("put {key}: {e}"),
+                    retryable: true,
+                    source: Some(e.into()),
+                };
+                if deadline.has_passed() {
+                    return Err(e);
+                }
+                failing.failed(e);
                 backoff.wait().await;
                 continue 'lease;
             }
@@ -487,15 +548,26 @@ pub(crate) async fn acquire(
                 )));
             }
             if deadline.has_passed() {
-                return undo.give_up().await;
+                // "Held" only if etcd answered the last look (`seen` is its answer); else the
+                // last failure since it answered (the key is deleted in the background).
+                return match failing.last.take() {
+                    None => undo.give_up(Ok(None)).await,
+                    Some(e) => Err(e),
+                };
             }
+            // Cut off at the deadline, the wait goes on to one more look: a watch can be
+            // silent on a connection that died, so only a look says the lock is still held.
             match deadline
                 .run(wait_for_predecessor(session, &range, seen.mine))
                 .await
             {
-                None => return undo.give_up().await,
-                Some(Ok(())) => {}
-                Some(Err(e)) if is_transient(&e) => backoff.wait().await,
+                None | Some(Ok(())) => {}
+                Some(Err(e)) if is_transient(&e) => {
+                    failing.failed(from_etcd(&format!("wait for the lock {lock_name}"), e));
+                    if !deadline.has_passed() {
+                        backoff.wait().await;
+                    }
+                }
                 Some(Err(e)) => {
                     return Err(from_etcd(&format!("wait for the lock {lock_name}"), e));
                 }
@@ -503,11 +575,15 @@ pub(crate) async fn acquire(
             sent = Instant::now();
             seen = match look(session, &key, &range).await {
                 Ok(l) => {
+                    failing.answered();
                     backoff.reset();
                     l
                 }
-                Err(e) if is_transient(&e) && !deadline.has_passed() => {
-                    backoff.wait().await;
+                Err(e) if is_transient(&e) => {
+                    failing.failed(from_etcd(&format!("look at the lock {lock_name}"), e));
+                    if !deadline.has_passed() {
+                        backoff.wait().await;
+                    }
                     continue;
                 }
                 Err(e) => return Err(from_etcd(&format!("look at the lock {lock_name}"), e)),
@@ -529,14 +605,11 @@ fn grant(
 ) -> LockGuard {
     let claim = undo.disarm();
     let signal = HoldSignal::new();
-    let registration = session.register(lease, &signal);
-    // The key lives as long as the provider's lease: the client vouches for it no longer
-    // than that lease's time-to-live from when it was last kept alive, even if the lock's
-    // own lease is longer (a process paused past the time-to-live must not find its guard
-    // held on waking). A watchdog lease is cut to the time-to-live, so it is renewed (each
-    // renewal keeps the etcd lease alive, see `extend`) well within it.
-    let lease_opt = vouched_lease(session, options.lease);
-    let sent = vouched_from(session, lease, lease_opt, sent);
+    // The key lives as long as the provider's lease: the guard vouches for it no longer than
+    // that lease's horizon (the last keep-alive the server answered, from its send, plus the
+    // time-to-live it answered with), whatever the lock's own lease, so a process paused or
+    // cut off past the time-to-live does not find its guard held.
+    let (registration, horizon) = session.register(lease, &signal);
     let hold = EtcdHold {
         session: Arc::clone(session),
         name: name.clone(),
@@ -544,7 +617,7 @@ fn grant(
         rev,
         lease,
         registration,
-        end: Mutex::new(later(sent, lease_opt.ttl())),
+        end: Mutex::new(later(sent, options.lease.ttl())),
         claim: Mutex::new(claim),
         released: std::sync::atomic::AtomicBool::new(false),
     };
@@ -555,39 +628,13 @@ fn grant(
             LockKind::Mutex,
             name.clone(),
             token,
-            lease_opt,
+            options.lease,
             sent,
             Arc::new(hold),
         )
-        .with_signal(signal),
+        .with_signal(signal)
+        .with_horizon(horizon),
     )
-}
-
-/// The lease a hold is vouched for with: a watchdog lease no longer than the provider's
-/// etcd lease's time-to-live; a fixed lease as asked (its end is the caller's; a process
-/// paused past the etcd time-to-live may still find it unexpired on waking: see the crate
-/// docs).
-fn vouched_lease(session: &Session, lease: Lease) -> Lease {
-    if lease.is_watchdog() {
-        Lease::watchdog(lease.ttl().min(session.config.lease_ttl))
-    } else {
-        lease
-    }
-}
-
-/// Where a fresh hold's lease counts from, so that it ends no later than the server can end
-/// the provider's lease: `sent`, or earlier if the last keep-alive of that lease (at `kept`)
-/// was so long ago that `kept + time-to-live` comes before `sent + lease`. A fixed lease
-/// longer than the time-to-live counts from `sent` (its end is the caller's).
-fn vouched_from(session: &Session, lease: i64, hold_lease: Lease, sent: Instant) -> Instant {
-    let etcd_ttl = session.config.lease_ttl;
-    let Some(spare) = etcd_ttl.checked_sub(hold_lease.ttl()) else {
-        return sent;
-    };
-    match session.kept_at(lease) {
-        Some(kept) => later(kept, spare).min(sent),
-        None => sent,
-    }
 }
 
 /// One hold: the key, its create revision (the token) and the lease it lives in.
@@ -655,11 +702,11 @@ impl Hold for EtcdHold {
             return Err(Error::lock_lost(&self.name));
         }
         let sent = Instant::now();
-        // The key is only as alive as the provider's lease: keep that alive first, so the
-        // server holds it at least its time-to-live from `sent`, which the new end does not
-        // pass for a watchdog lease (cut to the time-to-live at the grant). Then the key's
-        // compare says whether the hold lives: it is the authority, not the keep-alive's
-        // answer (a keep-alive may fail, or come back empty, while the lease lives).
+        // The key is only as alive as the provider's lease: keep that alive first, so its
+        // horizon (which bounds the hold, whatever its new end) moves on from `sent`. Then
+        // the key's compare says whether the hold lives: it is the authority, not the
+        // keep-alive's answer (a keep-alive may fail, or come back empty, while the lease
+        // lives).
         let until = later(sent, ttl.min(self.session.config.lease_ttl));
         let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {

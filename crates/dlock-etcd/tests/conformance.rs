@@ -34,6 +34,21 @@ impl EtcdFactory {
         Client::connect(&self.config.endpoints, None).await.unwrap()
     }
 
+    /// A client through a proxy of its own in front of the first member, with the store's
+    /// prefix; `query` (`""` or `?…`) is added to its URL.
+    async fn behind_proxy(&self, query: &str) -> Result<(DynLockProvider, Box<dyn Partition>)> {
+        let first = format!("etcd://{}", self.config.endpoints[0]);
+        let (cut, proxied) = ProxyPartition::start(&first, DEFAULT_PORT).await?;
+        let cfg = EtcdConfig::from_url(proxied.trim_end_matches('/'))?;
+        let url = format!(
+            "etcd://{}/{}{query}",
+            cfg.endpoints[0],
+            self.config.prefix.trim_end_matches('/'),
+        );
+        let p: DynLockProvider = Arc::new(EtcdProvider::connect(&url).await?);
+        Ok((p, Box::new(cut) as Box<dyn Partition>))
+    }
+
     /// The key range of lock `name`.
     fn range(&self, name: &str) -> String {
         format!("{}/", self.config.etcd_lock_name(name).unwrap())
@@ -54,21 +69,16 @@ impl Factory for EtcdFactory {
     /// the cut-off holder's keys go well within the case's wait.
     async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
         Some(
-            async {
-                let first = format!("etcd://{}", self.config.endpoints[0]);
-                let (cut, proxied) = ProxyPartition::start(&first, DEFAULT_PORT).await?;
-                let cfg = EtcdConfig::from_url(proxied.trim_end_matches('/'))?;
-                let url = format!(
-                    "etcd://{}/{}?ttl_s={}",
-                    cfg.endpoints[0],
-                    self.config.prefix.trim_end_matches('/'),
-                    CUT_TTL.as_secs()
-                );
-                let p: DynLockProvider = Arc::new(EtcdProvider::connect(&url).await?);
-                Ok((p, Box::new(cut) as Box<dyn Partition>))
-            }
-            .await,
+            self.behind_proxy(&format!("?ttl_s={}", CUT_TTL.as_secs()))
+                .await,
         )
+    }
+
+    /// Through a proxy in front of the first member, with the default lease time-to-live.
+    async fn connect_partitionable_as_deployed(
+        &self,
+    ) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
+        Some(self.behind_proxy("").await)
     }
 
     fn holder_timeout(&self) -> Duration {

@@ -3,9 +3,13 @@
 //! - interop with etcd's own lock: `etcdctl lock` (Debian's etcd-client) and dlock exclude
 //!   each other both ways, and a dlock waiter wakes when the `etcdctl` holder exits;
 //! - a holder process frozen with SIGSTOP past its lease's time-to-live loses the lock, another
-//!   process acquires within the time-to-live + 2 s, and the holder is told once it runs again;
+//!   process acquires within the time-to-live + 2 s, and the holder is told once it runs again,
+//!   with the default watchdog lease or a fixed lease far longer than the time-to-live;
 //! - the leader of the 3-member cluster killed (SIGKILL) under contention: never two unlost
-//!   holders at once, tokens strictly growing, every contender goes on after the election.
+//!   holders at once, tokens strictly growing, every contender goes on after the election;
+//! - a holder whose network goes silent, with the default settings, is told before anyone
+//!   else gets its lock, and a try through a silent network is an error, never "held";
+//! - a full database (etcd's NOSPACE alarm) is an error that no retry hides.
 //!
 //! The frozen holder is this test binary run again (`worker_process`, which does nothing
 //! unless `DLOCK_WORKER` is set), so it is a real process with its own client and lease.
@@ -16,10 +20,11 @@ use std::time::Duration;
 
 use dlock_conformance::contention::Contention;
 use dlock_conformance::tls::{free_port, make_certificates, openssl};
-use dlock_conformance::{Names, eventually, must, service_url};
-use dlock_core::{DynLock, LockOptions, LockProvider, LossReason};
-use dlock_etcd::etcd_client::{Client, GetOptions};
-use dlock_etcd::{EtcdConfig, EtcdProvider};
+use dlock_conformance::{Names, Partition, ProxyPartition, eventually, must, service_url};
+use dlock_core::backend::CALL_GRACE;
+use dlock_core::{DriftAllowance, DynLock, Error, Lease, LockOptions, LockProvider, LossReason};
+use dlock_etcd::etcd_client::{AlarmAction, AlarmOptions, AlarmType, Client, GetOptions};
+use dlock_etcd::{DEFAULT_LEASE_TTL, DEFAULT_PORT, EtcdConfig, EtcdProvider};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::Instant;
@@ -352,10 +357,158 @@ async fn streams_outlive_the_call_time_limit() {
     );
 }
 
+// ------------------------------------------------------------------ a silent network
+
+/// A provider whose connection to the first member of `url` goes through a
+/// [`ProxyPartition`] of its own; `query` (`""` or `?…`) is added to its URL.
+async fn behind_partition(url: &str, query: &str) -> (ProxyPartition, EtcdProvider) {
+    let first = format!("etcd://{}", EtcdConfig::from_url(url).unwrap().endpoints[0]);
+    let (cut, proxied) = ProxyPartition::start(&first, DEFAULT_PORT).await.unwrap();
+    let p = EtcdProvider::connect(&format!("{}{query}", proxied.trim_end_matches('/')))
+        .await
+        .unwrap();
+    (cut, p)
+}
+
+/// `later - earlier` with its sign, for messages.
+fn signed(earlier: Instant, later: Instant) -> String {
+    match later.checked_duration_since(earlier) {
+        Some(d) => format!("+{d:?}"),
+        None => format!("-{:?}", earlier - later),
+    }
+}
+
+/// A holder with the default settings (the provider's 10 s etcd lease, the lock's 30 s
+/// watchdog lease) whose network goes silent: nothing it sends arrives, nothing comes back,
+/// and its connection stays open. Its guard's `lost()` resolves, as `SessionTimedOut` (no
+/// answer moved its horizon), strictly before another client's `acquire()` returns, by at
+/// least the drift allowance of the horizon (1 % of the 10 s it spans, plus 5 ms) less what
+/// a loaded machine may add to a timer: the guard stops at its horizon (the send of the last
+/// keep-alive the server answered, plus the time-to-live the server answered with) less that
+/// allowance, and the server ends the etcd lease no sooner than that keep-alive's arrival
+/// plus the time-to-live (and then within its revoke loop's 500 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_holder_is_told_before_anyone_else_gets_the_lock() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    // Timed to the millisecond: no process-killing test beside it.
+    let _serial = SERIAL.lock().await;
+    let (cut, holder) = behind_partition(&url, "").await;
+    assert_eq!(holder.config().lease_ttl, DEFAULT_LEASE_TTL);
+    let other = EtcdProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("silent-holder");
+    let lock_name = other.config().etcd_lock_name(&name).unwrap();
+    let g = hold(&holder, &name).await;
+    let lost = g.lost();
+    let lost = tokio::spawn(async move {
+        lost.await;
+        Instant::now()
+    });
+    let lock = other.lock(&name, LockOptions::default()).unwrap();
+    let waiter = tokio::spawn(async move {
+        let got = lock.acquire().await;
+        (Instant::now(), got)
+    });
+    await_queued(&url, &lock_name, 2, "the other client waits").await;
+
+    cut.set_partitioned(true);
+    let silent = Instant::now();
+    let bound = DEFAULT_LEASE_TTL + Duration::from_secs(5);
+    let lost_at = must(bound, "the silent holder is told", lost)
+        .await
+        .unwrap();
+    let (granted_at, got) = must(bound, "the other client gets the lock", waiter)
+        .await
+        .unwrap();
+    let taken = got.unwrap();
+    eprintln!(
+        "network silent at 0: holder told at {}, other client granted at {}; margin {}",
+        signed(silent, lost_at),
+        signed(silent, granted_at),
+        signed(lost_at, granted_at),
+    );
+    assert!(
+        lost_at < granted_at,
+        "the lock passed on {} before its silent holder was told",
+        signed(granted_at, lost_at)
+    );
+    let allowance = DriftAllowance::DEFAULT.of(DEFAULT_LEASE_TTL);
+    let least = allowance.saturating_sub(Duration::from_millis(50));
+    assert!(
+        granted_at - lost_at >= least,
+        "the silent holder was told only {} before the lock passed on (allowance {allowance:?})",
+        signed(lost_at, granted_at)
+    );
+    assert_eq!(g.loss_reason(), Some(LossReason::SessionTimedOut));
+    assert!(!g.is_held());
+    cut.set_partitioned(false);
+    taken.release().await.unwrap();
+}
+
+/// A client whose network went silent cannot tell whether a lock is held: `try_acquire`
+/// returns a retryable error, never `Ok(None)` ("held by someone"; here nobody holds the
+/// lock), both while its etcd lease may still live (its put is never answered) and once the
+/// lease has ended (no new one can be granted). An `acquire()` made while the network is
+/// silent gets the lock once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_through_a_silent_network_is_an_error_not_held() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let ttl = FROZEN_TTL;
+    let (cut, p) = behind_partition(&url, &format!("?ttl_s={}", ttl.as_secs())).await;
+    let lock = p
+        .lock(&Names::new().name("silent-try"), LockOptions::default())
+        .unwrap();
+    let wait = Duration::from_millis(500);
+    let bound = wait + CALL_GRACE + Duration::from_secs(3);
+    let no_answer = |got: Result<Option<dlock_core::LockGuard>, Error>, when: &str| match got {
+        Err(e) => {
+            eprintln!("{when}: {e}");
+            assert!(e.is_retryable(), "{when}: {e:?}");
+        }
+        Ok(None) => panic!("{when}: Ok(None), \"held\", from a store that did not answer"),
+        Ok(Some(_)) => panic!("{when}: acquired through a silent network"),
+    };
+    cut.set_partitioned(true);
+    let got = must(
+        bound,
+        "a try while the lease may live",
+        lock.try_acquire(wait),
+    )
+    .await;
+    no_answer(got, "while the lease may live");
+    eventually(ttl * 3, "the provider's lease ends", || async {
+        match p.lease_id() {
+            None => Ok(()),
+            Some(l) => Err(l),
+        }
+    })
+    .await;
+    let got = must(bound, "a try once the lease ended", lock.try_acquire(wait)).await;
+    no_answer(got, "once the lease ended");
+
+    let waiter = tokio::spawn({
+        let lock = std::sync::Arc::clone(&lock);
+        async move { lock.acquire().await }
+    });
+    cut.set_partitioned(false);
+    let g = must(
+        ttl * 3 + Duration::from_secs(5),
+        "an acquire once the network is back",
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    g.release().await.unwrap();
+}
+
 // ------------------------------------------------------------------ the frozen holder
 
 /// The worker side, run in a child process: takes the lock (with the default 30 s watchdog
-/// lease), says HELD, then says LOST (with the reason) when its hold is reported lost. A line
+/// lease, or a fixed lease of `DLOCK_WORKER_FIXED_S` seconds), says HELD, then says LOST (with the reason) when its hold is reported lost. A line
 /// on its stdin makes a plain thread answer `VOUCHED true|false` (`is_held()`) at once: the
 /// first thing the process does when it runs again after a freeze, before its runtime has
 /// heard from the server.
@@ -367,8 +520,14 @@ async fn worker_process() {
     assert_eq!(mode, "hold", "unknown worker mode");
     let url = std::env::var("DLOCK_WORKER_URL").unwrap();
     let name = std::env::var("DLOCK_WORKER_NAME").unwrap();
+    let options = match std::env::var("DLOCK_WORKER_FIXED_S") {
+        Ok(secs) => {
+            LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(secs.parse().unwrap())))
+        }
+        Err(_) => LockOptions::default(),
+    };
     let p = EtcdProvider::connect(&url).await.unwrap();
-    let g = hold(&p, &name).await;
+    let g = p.lock(&name, options).unwrap().acquire().await.unwrap();
     println!("HELD {}", g.fencing_token());
     let g = std::sync::Arc::new(g);
     let probe = std::sync::Arc::clone(&g);
@@ -390,6 +549,20 @@ async fn worker_process() {
 /// time-to-live + 2 s, and the holder, resumed, is told its hold is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_holder_process_loses_the_lock_within_its_ttl() {
+    frozen_holder(None).await;
+}
+
+/// As above for a hold with a fixed lease of 60 s, far longer than the 2 s etcd lease that
+/// keeps its key: the resumed holder does not vouch for it either (the lease's horizon
+/// bounds every hold, not only watchdog ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_holder_of_a_long_fixed_lease_loses_the_lock_within_its_ttl() {
+    frozen_holder(Some(Duration::from_secs(60))).await;
+}
+
+/// A worker process holds a lock (a fixed lease of `fixed`, or the default watchdog lease)
+/// with a 2 s etcd lease and is frozen: see the tests above.
+async fn frozen_holder(fixed: Option<Duration>) {
     let Some(url) = service_url("DLOCK_ETCD_URL") else {
         return;
     };
@@ -397,18 +570,21 @@ async fn frozen_holder_process_loses_the_lock_within_its_ttl() {
     let name = Names::new().name("sigstop");
     let sep = if url.contains('?') { '&' } else { '?' };
     let worker_url = format!("{url}{sep}ttl_s={}", FROZEN_TTL.as_secs());
-    let mut worker = Proc::spawn(
-        Command::new(std::env::current_exe().unwrap())
-            .args([
-                "worker_process",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("DLOCK_WORKER", "hold")
-            .env("DLOCK_WORKER_URL", &worker_url)
-            .env("DLOCK_WORKER_NAME", &name),
-    );
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "worker_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DLOCK_WORKER", "hold")
+        .env("DLOCK_WORKER_URL", &worker_url)
+        .env("DLOCK_WORKER_NAME", &name);
+    if let Some(fixed) = fixed {
+        command.env("DLOCK_WORKER_FIXED_S", fixed.as_secs().to_string());
+    }
+    let mut worker = Proc::spawn(&mut command);
     let held = worker
         .line(Duration::from_secs(20), "the worker holds the lock", |l| {
             l.contains("HELD ")
@@ -438,7 +614,7 @@ async fn frozen_holder_process_loses_the_lock_within_its_ttl() {
     assert!(g.fencing_token().get() > worker_token);
 
     // Resumed, the holder does not vouch for its hold, even before it hears from the server
-    // (its lock's 30 s lease is longer than the etcd lease that kept its key), ...
+    // (its lock's lease is longer than the etcd lease that kept its key), ...
     let stdin = worker.child.stdin.as_mut().unwrap();
     stdin.write_all(b"check\n").await.unwrap();
     stdin.flush().await.unwrap();
@@ -464,10 +640,10 @@ async fn frozen_holder_process_loses_the_lock_within_its_ttl() {
         vouched.ends_with("VOUCHED false"),
         "the frozen holder vouched for a lock another process holds: {vouched}"
     );
-    // Whichever notices first: its client-side lease ran out while it was stopped
-    // (`LeaseEnded`), or the server says the etcd lease is gone (`SessionExpired`).
+    // Whichever notices first: its horizon passed while it was stopped (`SessionTimedOut`),
+    // or the server says the etcd lease is gone (`SessionExpired`).
     assert!(
-        [LossReason::LeaseEnded, LossReason::SessionExpired]
+        [LossReason::SessionTimedOut, LossReason::SessionExpired]
             .iter()
             .any(|r| lost.contains(&format!("{:?}", Some(r)))),
         "{lost}"
@@ -1032,4 +1208,107 @@ async fn a_key_whose_delete_failed_is_deleted_later() {
     .unwrap();
     g.release().await.unwrap();
     drop(alice);
+}
+
+// ------------------------------------------------------------------ a store that refuses writes
+
+/// The member's NOSPACE alarm (`database space exceeded`), raised through the alarm API as
+/// etcd raises it at its quota (`true`) or disarmed (`false`).
+async fn set_nospace(admin: &mut Client, raised: bool) {
+    let member = admin.status().await.unwrap().header().unwrap().member_id();
+    let mut options = AlarmOptions::new();
+    options.with_member(member);
+    let action = if raised {
+        AlarmAction::Activate
+    } else {
+        AlarmAction::Deactivate
+    };
+    admin
+        .alarm(action, AlarmType::Nospace, Some(options))
+        .await
+        .unwrap();
+}
+
+/// A member whose database is full (the NOSPACE alarm) refuses every write and every lease
+/// grant until an operator frees space and disarms the alarm: no retry helps. `acquire()`
+/// returns at once with an error that is not retryable and names the cause, whether the
+/// provider's lease lives (its put is refused) or must be replaced (the grant is refused);
+/// so does connecting. Keep-alives go on meanwhile, and once the alarm is disarmed the lock
+/// is taken as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_database_is_an_error_no_retry_hides() {
+    if service_url("DLOCK_ETCD_URL").is_none() {
+        return;
+    }
+    let member = PrivateMember::start("nospace", &[], |_| {});
+    member.await_serving().await;
+    let url = format!("etcd://{}", member.endpoint());
+    let p = EtcdProvider::connect(&url).await.unwrap();
+    let lock = p
+        .lock(&Names::new().name("nospace"), LockOptions::default())
+        .unwrap();
+    let mut admin = Client::connect([member.endpoint()], None).await.unwrap();
+    let refused = |got: Result<(), Error>, what: &str| {
+        let e = got.expect_err(what);
+        eprintln!("{what}: {e}");
+        assert!(!e.is_retryable(), "{what}: retryable: {e:?}");
+        assert!(
+            e.to_string().contains("database space exceeded"),
+            "{what}: {e}"
+        );
+    };
+    set_nospace(&mut admin, true).await;
+
+    let got = must(
+        Duration::from_secs(5),
+        "an acquire on a full database",
+        lock.acquire(),
+    )
+    .await;
+    refused(got.map(drop), "the put");
+    let got = must(
+        Duration::from_secs(5),
+        "a try on a full database",
+        lock.try_acquire(Duration::from_secs(1)),
+    )
+    .await;
+    refused(got.map(drop), "the put of a try");
+
+    let lease = p.lease_id().unwrap();
+    admin.lease_revoke(lease).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the provider sees its lease gone",
+        || async {
+            match p.lease_id() {
+                Some(l) if l == lease => Err(l),
+                _ => Ok(()),
+            }
+        },
+    )
+    .await;
+    let got = must(
+        Duration::from_secs(5),
+        "an acquire waiting for a new lease",
+        lock.acquire(),
+    )
+    .await;
+    refused(got.map(drop), "the grant");
+    let got = must(
+        Duration::from_secs(5),
+        "connecting to a full database",
+        EtcdProvider::connect(&url),
+    )
+    .await;
+    refused(got.map(drop), "connecting");
+
+    set_nospace(&mut admin, false).await;
+    let g = must(
+        Duration::from_secs(10),
+        "an acquire once the alarm is disarmed",
+        lock.acquire(),
+    )
+    .await
+    .unwrap();
+    g.release().await.unwrap();
 }
