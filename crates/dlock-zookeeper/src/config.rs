@@ -210,7 +210,7 @@ impl ZkConfig {
 
     /// The store id: `zk://hosts/chroot`, without credentials or query, with the hosts
     /// sorted, so that two spellings of one ensemble are one store (MultiLock orders its
-    /// members by store: review L5).
+    /// members by store).
     pub fn store_id(&self) -> String {
         let mut hosts = self.hosts.clone();
         hosts.sort();
@@ -280,8 +280,8 @@ fn parse_chroot(path: &str) -> std::result::Result<String, String> {
     Ok(trimmed.to_owned())
 }
 
-/// A positive number of milliseconds that fits the protocol's 32-bit field (review L5: a
-/// larger one used to wrap silently).
+/// A positive number of milliseconds that fits the protocol's 32-bit field (a larger one
+/// would wrap).
 fn positive_ms(key: &str, value: &str) -> Result<Duration> {
     value
         .parse::<u64>()

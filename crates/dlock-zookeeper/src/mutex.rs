@@ -3,66 +3,58 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::{Deadline, RawLock, Request};
-use dlock_core::{LockGuard, LockKind, LockName, LockOptions, Result, async_trait};
+use dlock_core::backend::{RawLock, Request};
+use dlock_core::{LockGuard, LockKind, Result, async_trait};
 
-use crate::hold::{Apart, LOCK_MARKERS, NodeUndo, Recipe, Role, contend, grant, persist};
+use crate::contend::{Recipe, Role, acquire, persist};
+use crate::kinds::{Apart, LOCK_MARKERS};
 use crate::nodes::LOCK;
 use crate::session::Session;
 
-/// One `InterProcessMutex` acquisition at `path`: create `_c_{uuid}-lock-{seq}`, hold when
-/// first among every lock node of the name (mutex, read and write nodes alike), else watch the
-/// predecessor.
-pub(crate) async fn acquire_mutex(
-    session: &Arc<Session>,
-    name: &LockName,
-    path: &str,
-    options: &LockOptions,
-    deadline: Deadline,
-) -> Result<Option<LockGuard>> {
-    let mut undo = NodeUndo::new(session);
-    let recipe = Recipe {
-        name,
-        dir: path,
-        marker: LOCK,
-        markers: LOCK_MARKERS,
-        role: Role::Exclusive,
-        apart: Apart::FromSemaphore,
-    };
-    Ok(contend(session, recipe, deadline, &mut undo)
-        .await?
-        .map(|created| {
-            grant(
-                session,
-                name,
-                LockKind::Mutex,
-                &created,
-                options.lease,
-                &mut undo,
-            )
-        }))
+/// The raw mutex of a [`ZkProvider`](crate::ZkProvider): Curator's `InterProcessMutex`
+/// layout. A `reentrant(false)` handle uses it too, so every mutex of a name excludes every
+/// other (Curator's non-reentrant `InterProcessSemaphoreMutex`, a one-lease semaphore, is a
+/// semaphore to dlock).
+///
+/// One acquisition at `path` creates `_c_{uuid}-lock-{seq}` and holds when first among every
+/// lock node of the name (mutex, read and write nodes alike), else watches the predecessor.
+#[derive(Debug)]
+pub struct ZkMutex {
+    session: Arc<Session>,
+    path: String,
 }
 
-/// A mutex: Curator's `InterProcessMutex` layout. A `reentrant(false)` handle uses it too,
-/// so every mutex of a name excludes every other (Curator's non-reentrant
-/// `InterProcessSemaphoreMutex`, a one-lease semaphore, is a semaphore to dlock).
-#[derive(Debug)]
-pub(crate) struct ZkMutex {
-    pub(crate) session: Arc<Session>,
-    pub(crate) path: String,
+impl ZkMutex {
+    /// The mutex whose nodes live under `path`.
+    pub(crate) fn new(session: &Arc<Session>, path: String) -> Self {
+        Self {
+            session: Arc::clone(session),
+            path,
+        }
+    }
 }
 
 #[async_trait]
 impl RawLock for ZkMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        persist(req.name, req.deadline, || {
-            acquire_mutex(
+        let recipe = Recipe {
+            name: req.name,
+            dir: &self.path,
+            marker: LOCK,
+            markers: LOCK_MARKERS,
+            role: Role::Exclusive,
+            apart: Apart::FromSemaphore,
+        };
+        persist(req.name, req.deadline, || async {
+            let granted = acquire(
                 &self.session,
-                req.name,
-                &self.path,
-                req.options,
+                recipe,
+                LockKind::Mutex,
+                req.options.lease,
                 req.deadline,
             )
+            .await?;
+            Ok(granted.map(|(guard, _)| guard))
         })
         .await
     }

@@ -40,7 +40,7 @@ pub(crate) fn forbidden_char(c: char) -> bool {
 /// - a later segment that a recipe of the lock above it would read as its own (`locks` and
 ///   `leases`, a semaphore's directories, and names like `lock-0000000001` that parse as
 ///   contender nodes) gets one character escaped, so that no name shares a path with another
-///   lock's internals (review M4): `x/locks` lives at `x/%6Cocks`, and `x/lock-0000000001` at
+///   lock's internals: `x/locks` lives at `x/%6Cocks`, and `x/lock-0000000001` at
 ///   `x/lock-%30000000001`.
 fn push_segment(out: &mut String, segment: &str, reserved_root: bool, nested: bool) {
     if segment.is_empty() {
@@ -112,8 +112,7 @@ pub(crate) fn protected_prefix() -> String {
 /// The sequence of a node of the given kind: the text after the last `marker`, ZooKeeper's
 /// `%010d` of the parent's counter (10 or more characters: digits, or a `-` and digits once the
 /// counter has overflowed); `None` if `node` is not such a node (e.g. the container of a nested
-/// lock name). Negative sequences are contenders too, sorted as text like Curator sorts them
-/// (review M5: they used to be invisible, so dlock ignored a Curator holder with one).
+/// lock name). Negative sequences are contenders too, sorted as text as Curator sorts them.
 pub(crate) fn sequence<'a>(node: &'a str, marker: &str) -> Option<&'a str> {
     let at = node.rfind(marker)?;
     let text = &node[at + marker.len()..];
@@ -202,6 +201,8 @@ pub fn is_recipe_node(node: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn path(name: &str) -> String {
@@ -237,7 +238,7 @@ mod tests {
         assert_eq!(path("x/zookeeper"), "/x/zookeeper");
     }
 
-    /// Review M4: no name's path is another lock's internals.
+    /// No name's path is another lock's internals.
     #[test]
     fn names_never_land_in_recipe_internals() {
         assert_eq!(path("x/locks"), "/x/%6Cocks");
@@ -257,6 +258,22 @@ mod tests {
             let p = path(n);
             let last = p.rsplit('/').next().unwrap();
             assert!(!is_recipe_node(last), "{n:?} -> {p:?}");
+        }
+    }
+
+    /// Maps `name`, and checks that no name in `seen` had its path and that the path is one
+    /// ZooKeeper accepts.
+    fn map_once(seen: &mut HashMap<String, String>, name: &str) {
+        let p = path(name);
+        if let Some(prev) = seen.insert(p.clone(), name.to_owned()) {
+            panic!("{prev:?} and {name:?} both map to {p:?}");
+        }
+        for seg in p[1..].split('/') {
+            assert!(
+                !seg.is_empty() && seg != "." && seg != "..",
+                "{name:?} -> {p:?}"
+            );
+            assert!(!seg.chars().any(forbidden_char), "{name:?} -> {p:?}");
         }
     }
 
@@ -300,47 +317,26 @@ mod tests {
             "locks",
             "lock-0000000001",
         ];
-        let mut seen = std::collections::HashMap::new();
+        let mut seen = HashMap::new();
         for n in names {
-            let p = path(n);
-            if let Some(prev) = seen.insert(p.clone(), n) {
-                panic!("{prev:?} and {n:?} both map to {p:?}");
-            }
-            // Every path is one ZooKeeper accepts.
-            for seg in p[1..].split('/') {
-                assert!(
-                    !seg.is_empty() && seg != "." && seg != "..",
-                    "{n:?} -> {p:?}"
-                );
-                assert!(!seg.chars().any(forbidden_char), "{n:?} -> {p:?}");
-            }
+            map_once(&mut seen, n);
         }
     }
 
-    /// Review T8: every name over an alphabet of the characters the mapping treats specially
+    /// Every name over an alphabet of the characters the mapping treats specially
     /// (separators, escapes, dots, recipe words), up to five characters: no two share a path,
     /// and every path is one ZooKeeper accepts.
     #[test]
     fn mapping_is_injective_exhaustively() {
         let alphabet = ['a', '/', '%', '.', '2', 'E', 'l', '-', '0'];
         let mut names = vec![String::new()];
-        let mut seen = std::collections::HashMap::new();
+        let mut seen = HashMap::new();
         for _ in 0..5 {
             let mut longer = Vec::new();
             for n in &names {
                 for c in alphabet {
                     let name = format!("{n}{c}");
-                    let p = path(&name);
-                    if let Some(prev) = seen.insert(p.clone(), name.clone()) {
-                        panic!("{prev:?} and {name:?} both map to {p:?}");
-                    }
-                    for seg in p[1..].split('/') {
-                        assert!(
-                            !seg.is_empty() && seg != "." && seg != "..",
-                            "{name:?} -> {p:?}"
-                        );
-                        assert!(!seg.chars().any(forbidden_char), "{name:?} -> {p:?}");
-                    }
+                    map_once(&mut seen, &name);
                     longer.push(name);
                 }
             }

@@ -1,57 +1,82 @@
 //! The read-write lock: Curator's `InterProcessReadWriteLock` layout, with a downgrade that
 //! stays correct after the write is released (the CURATOR-621 fix of Curator 5.5).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use dlock_core::backend::{Deadline, RawReadWriteLock, Request};
+use dlock_core::backend::{Deadline, Mutex, RawReadWriteLock, Request};
 use dlock_core::{LockGuard, LockKind, LockName, LockOptions, Result, async_trait};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use crate::contend::{Recipe, Role, acquire, persist};
+use crate::create::Created;
 use crate::error::from_zk;
-use crate::hold::{Apart, Created, LOCK_MARKERS, NodeUndo, Recipe, Role, contend, grant, persist};
+use crate::hold::grant;
+use crate::kinds::{Apart, LOCK_MARKERS};
 use crate::nodes::{self, READ, WRITE};
 use crate::session::Session;
+use crate::undo::{self, Armed};
 
-/// A read-write lock.
+/// The raw read-write lock of a [`ZkProvider`](crate::ZkProvider): Curator's
+/// `InterProcessReadWriteLock` layout, `__READ__` and `__WRIT__` nodes queued with the name's
+/// mutex nodes (which count as writers).
 #[derive(Debug)]
-pub(crate) struct ZkReadWrite {
-    pub(crate) session: Arc<Session>,
-    pub(crate) path: String,
+pub struct ZkReadWrite {
+    session: Arc<Session>,
+    path: String,
     /// This owner's current write node, for downgrades.
-    pub(crate) write_node: Mutex<Option<WriteNode>>,
+    write_node: Mutex<Option<WriteNode>>,
 }
 
 /// The write node a downgrade reads under.
 #[derive(Debug, Clone)]
-pub(crate) struct WriteNode {
+struct WriteNode {
     seq: String,
     path: String,
     czxid: i64,
 }
 
 impl ZkReadWrite {
-    /// Readers and writers queue with the name's mutex nodes, which count as writers.
-    fn recipe<'a>(&'a self, name: &'a LockName, marker: &'static str, role: Role) -> Recipe<'a> {
-        Recipe {
+    /// The read-write lock whose nodes live under `path`.
+    pub(crate) fn new(session: &Arc<Session>, path: String) -> Self {
+        Self {
+            session: Arc::clone(session),
+            path,
+            write_node: Mutex::new(None),
+        }
+    }
+
+    /// One attempt for a node with `marker` in `role`, granted as `kind`. Readers and writers
+    /// queue with the name's mutex nodes, which count as writers.
+    async fn contend(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        marker: &'static str,
+        role: Role,
+        kind: LockKind,
+        deadline: Deadline,
+    ) -> Result<Option<(LockGuard, Created)>> {
+        let recipe = Recipe {
             name,
             dir: &self.path,
             marker,
             markers: LOCK_MARKERS,
             role,
             apart: Apart::FromSemaphore,
-        }
+        };
+        acquire(&self.session, recipe, kind, options.lease, deadline).await
     }
 
     /// A read hold for the owner of the write hold: a plain EPHEMERAL node
     /// `_c_{uuid}-__READ__{writer's sequence}`, which sorts at the writer's place, so that
     /// after the write is released no writer queued behind it gets in while this read lasts.
     ///
-    /// The write node must still exist once the read node does (review H1): a writer queued
-    /// behind it is only granted after seeing it deleted, and so then sees this read node too.
-    /// If it is gone (released by another task of this owner, or expired meanwhile), the read
-    /// node is removed and `None` says: contend as a plain reader. The read's fencing token is
-    /// the write's (review M2): a writer queued behind the write has a later one.
+    /// The write node must still exist once the read node does: a writer queued behind it is
+    /// only granted after seeing it deleted, and so then sees this read node too. If it is
+    /// gone (released by another task of this owner, or expired meanwhile), the read node is
+    /// removed and `None` says: contend as a plain reader. The read's fencing token is the
+    /// write's: a writer queued behind the write has a later one.
     async fn downgrade(
         &self,
         name: &LockName,
@@ -59,10 +84,10 @@ impl ZkReadWrite {
         write: &WriteNode,
     ) -> Result<Option<LockGuard>> {
         let writer_seq = &write.seq;
-        let mut undo = NodeUndo::new(&self.session);
+        let mut undo = undo::node_undo(&self.session);
         let node = format!("{}{READ}{writer_seq}", nodes::protected_prefix());
         let path = format!("{}/{node}", self.path);
-        undo.creating_exact(&path);
+        undo.arm(Armed::Created(path.clone()));
         let sent = Instant::now();
         // The session the read node is created on; if it expires meanwhile, the grant below
         // is lost on arrival (a false loss at worst, never a hold on a dead session).
@@ -86,11 +111,11 @@ impl ZkReadWrite {
         {
             Ok(Some(_)) => {}
             Ok(None) => {
-                undo.undo_now().await;
+                undo.run_now().await;
                 return Ok(None);
             }
             Err(e) => {
-                undo.undo_now().await;
+                undo.run_now().await;
                 return Err(from_zk(&format!("check {}", write.path), e));
             }
         }
@@ -120,10 +145,7 @@ impl ZkReadWrite {
         deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
         let write = if downgrade {
-            self.write_node
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
+            self.write_node.lock().clone()
         } else {
             None
         };
@@ -132,24 +154,10 @@ impl ZkReadWrite {
         {
             return Ok(Some(guard));
         }
-        let mut undo = NodeUndo::new(&self.session);
-        let granted = contend(
-            &self.session,
-            self.recipe(name, READ, Role::Reader),
-            deadline,
-            &mut undo,
-        )
-        .await?;
-        Ok(granted.map(|c| {
-            grant(
-                &self.session,
-                name,
-                LockKind::Read,
-                &c,
-                options.lease,
-                &mut undo,
-            )
-        }))
+        let granted = self
+            .contend(name, options, READ, Role::Reader, LockKind::Read, deadline)
+            .await?;
+        Ok(granted.map(|(guard, _)| guard))
     }
 
     async fn write_remote(
@@ -158,31 +166,23 @@ impl ZkReadWrite {
         options: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
-        let mut undo = NodeUndo::new(&self.session);
-        let granted = contend(
-            &self.session,
-            self.recipe(name, WRITE, Role::Exclusive),
-            deadline,
-            &mut undo,
-        )
-        .await?;
-        Ok(granted.map(|c| {
-            *self
-                .write_node
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(WriteNode {
-                seq: c.seq.clone(),
-                path: c.path.clone(),
-                czxid: c.czxid,
-            });
-            grant(
-                &self.session,
+        let granted = self
+            .contend(
                 name,
+                options,
+                WRITE,
+                Role::Exclusive,
                 LockKind::Write,
-                &c,
-                options.lease,
-                &mut undo,
+                deadline,
             )
+            .await?;
+        Ok(granted.map(|(guard, created)| {
+            *self.write_node.lock() = Some(WriteNode {
+                seq: created.seq,
+                path: created.path,
+                czxid: created.czxid,
+            });
+            guard
         }))
     }
 }

@@ -7,12 +7,14 @@ use dlock_core::{Error, LockGuard, LockKind, LockName, LockOptions, Result, asyn
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use crate::contend::{Recipe, Role, by_deadline, contend, give_up, persist};
+use crate::create::create_protected;
 use crate::error::{from_zk, unexpected};
-use crate::hold::{
-    Apart, NodeUndo, Recipe, Role, by_deadline, contend, create_protected, give_up, grant, persist,
-};
+use crate::hold::grant;
+use crate::kinds::Apart;
 use crate::nodes::{self, LEASE, LEASES, LOCK, LOCKS};
 use crate::session::Session;
+use crate::undo;
 
 /// How many times a lease is created anew after it vanished while waiting.
 const RECREATES: usize = 5;
@@ -25,11 +27,11 @@ const RECREATES: usize = 5;
 /// If our lease vanishes while we wait (an expired session, an operator deleting nodes), the
 /// internal mutex is released and the whole acquisition starts over, as Curator does: a lease
 /// re-created without the mutex could wait beside another waiter's, and with one permit the
-/// two would wait for each other for good (review M1).
+/// two would wait for each other for good.
 ///
 /// The internal mutex's node is also what keeps a semaphore and a lock of one name apart: it
 /// is created before anything else, and the name's node is listed right behind it.
-pub(crate) async fn acquire_lease(
+async fn acquire_lease(
     session: &Arc<Session>,
     name: &LockName,
     path: &str,
@@ -40,7 +42,7 @@ pub(crate) async fn acquire_lease(
     let locks = format!("{path}/{LOCKS}");
     let leases = format!("{path}/{LEASES}");
     for _ in 0..RECREATES {
-        let mut internal = NodeUndo::new(session);
+        let mut internal = undo::node_undo(session);
         let recipe = Recipe {
             name,
             dir: &locks,
@@ -63,22 +65,22 @@ pub(crate) async fn acquire_lease(
         );
         match taken.await {
             Ok(Taken::Granted(guard)) => {
-                internal.undo_now().await;
+                internal.run_now().await;
                 return Ok(Some(guard));
             }
             Ok(Taken::TimedOut) => {
                 give_up(session, &mut internal, &locks).await?;
                 return Ok(None);
             }
-            Ok(Taken::Vanished) => internal.undo_now().await,
+            Ok(Taken::Vanished) => internal.run_now().await,
             // A refusal leaves the internal mutex free before it is returned; a server that
             // did not answer is not waited for.
             Err(e @ Error::Connection { .. }) => {
-                internal.undo_in_background();
+                undo::in_background(session, &mut internal);
                 return Err(e);
             }
             Err(e) => {
-                internal.undo_now().await;
+                internal.run_now().await;
                 return Err(e);
             }
         }
@@ -107,7 +109,7 @@ async fn take_lease(
     agree_on_permits(session, leases, permits).await?;
     let data = permits_data(permits);
     let permits = usize::try_from(permits).unwrap_or(usize::MAX);
-    let mut undo = NodeUndo::new(session);
+    let mut undo = undo::node_undo(session);
     let mut ours = create_protected(session, leases, LEASE, &data, &mut undo).await?;
     loop {
         let listed = Instant::now();
@@ -123,11 +125,7 @@ async fn take_lease(
             undo.disarm();
             return Ok(Taken::Vanished);
         }
-        let count = children
-            .iter()
-            .filter(|c| nodes::sequence(c, LEASE).is_some())
-            .count();
-        if count <= permits {
+        if lease_count(&children) <= permits {
             ours.granted = listed;
             return Ok(Taken::Granted(grant(
                 session,
@@ -144,6 +142,15 @@ async fn take_lease(
         }
         session.woken();
     }
+}
+
+/// How many of `children` (of the `leases` node) are leases: each holds a permit until it is
+/// deleted.
+fn lease_count(children: &[String]) -> usize {
+    children
+        .iter()
+        .filter(|c| nodes::sequence(c, LEASE).is_some())
+        .count()
 }
 
 /// What a dlock lease node holds: the permit count its handle counts with. Curator writes other
@@ -166,12 +173,9 @@ fn read_permits(data: &[u8]) -> Option<u32> {
 /// count gets `InvalidArgument`. Runs under the internal mutex, so the leases listed are the
 /// holders' (each checked on its way in): the first dlock lease found speaks for all.
 async fn agree_on_permits(session: &Session, leases: &str, permits: u32) -> Result<()> {
-    let children = match session.retrying(|| session.children(leases)).await {
-        Ok(c) => c,
-        Err(zk::Error::NoNode) => return Ok(()),
-        Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
-    };
-    for child in children
+    for child in session
+        .list(leases)
+        .await?
         .iter()
         .filter(|c| nodes::sequence(c, LEASE).is_some())
     {
@@ -198,11 +202,23 @@ async fn agree_on_permits(session: &Session, leases: &str, permits: u32) -> Resu
     Ok(())
 }
 
-/// A semaphore.
+/// The raw semaphore of a [`ZkProvider`](crate::ZkProvider): Curator's
+/// `InterProcessSemaphoreV2` layout, lease nodes under `leases` taken one at a time under the
+/// internal mutex at `locks`.
 #[derive(Debug)]
-pub(crate) struct ZkSemaphore {
-    pub(crate) session: Arc<Session>,
-    pub(crate) path: String,
+pub struct ZkSemaphore {
+    session: Arc<Session>,
+    path: String,
+}
+
+impl ZkSemaphore {
+    /// The semaphore whose nodes live under `path`.
+    pub(crate) fn new(session: &Arc<Session>, path: String) -> Self {
+        Self {
+            session: Arc::clone(session),
+            path,
+        }
+    }
 }
 
 #[async_trait]
@@ -225,19 +241,7 @@ impl RawSemaphore for ZkSemaphore {
     /// (a leaked hold's node goes at its lease end, a dead holder's with its session).
     async fn available(&self, _name: &LockName, permits: u32) -> Result<u32> {
         let leases = format!("{}/{LEASES}", self.path);
-        let children = match self
-            .session
-            .retrying(|| self.session.children(&leases))
-            .await
-        {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => return Ok(permits),
-            Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
-        };
-        let taken = children
-            .iter()
-            .filter(|c| nodes::sequence(c, LEASE).is_some())
-            .count();
+        let taken = lease_count(&self.session.list(&leases).await?);
         Ok(permits.saturating_sub(u32::try_from(taken).unwrap_or(u32::MAX)))
     }
 }

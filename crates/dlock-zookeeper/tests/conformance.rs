@@ -1,12 +1,16 @@
 //! The conformance suite against a real ZooKeeper (`DLOCK_ZK_URL`, from `scripts/services up`).
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service_url};
 use dlock_core::{DynLockProvider, Result};
 use dlock_zookeeper::zookeeper_client as zk;
-use dlock_zookeeper::{ZkConfig, ZkProvider, is_recipe_node};
+use dlock_zookeeper::{ZkConfig, ZkProvider};
+
+use crate::support::{admin, recipe_children};
 
 struct ZkFactory {
     url: String,
@@ -21,13 +25,6 @@ impl ZkFactory {
         })
     }
 
-    /// A separate session for the test's own calls.
-    async fn admin(&self) -> zk::Client {
-        zk::Client::connect(&self.config.connect_string())
-            .await
-            .unwrap()
-    }
-
     /// Every lock, read, write and lease node of `name` (full paths).
     async fn recipe_nodes(&self, admin: &zk::Client, name: &str) -> Vec<String> {
         let path = self.config.lock_path(name).unwrap();
@@ -37,16 +34,8 @@ impl ZkFactory {
             format!("{path}/locks"),
             format!("{path}/leases"),
         ] {
-            match admin.list_children(&dir).await {
-                Ok(children) => found.extend(
-                    children
-                        .into_iter()
-                        .filter(|c| is_recipe_node(c))
-                        .map(|c| format!("{dir}/{c}")),
-                ),
-                Err(zk::Error::NoNode) => {}
-                Err(e) => panic!("list {dir}: {e}"),
-            }
+            let children = recipe_children(admin, &dir).await;
+            found.extend(children.into_iter().map(|c| format!("{dir}/{c}")));
         }
         found
     }
@@ -97,7 +86,7 @@ impl Factory for ZkFactory {
     }
 
     async fn force_expire(&self, name: &str) -> Option<Result<()>> {
-        let admin = self.admin().await;
+        let admin = admin(&self.url).await;
         for node in self.recipe_nodes(&admin, name).await {
             match admin.delete(&node, None).await {
                 Ok(()) | Err(zk::Error::NoNode) => {}
@@ -108,7 +97,7 @@ impl Factory for ZkFactory {
     }
 
     async fn residue(&self, name: &str) -> Option<Result<usize>> {
-        let admin = self.admin().await;
+        let admin = admin(&self.url).await;
         Some(Ok(self.recipe_nodes(&admin, name).await.len()))
     }
 }

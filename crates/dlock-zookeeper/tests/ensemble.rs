@@ -9,16 +9,17 @@
 //! contenders go on after the election. The killed servers are restarted with
 //! `scripts/services up zk-ensemble` (also when the test fails). The two cases take turns.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
+
 use std::time::Duration;
 
 use dlock_conformance::contention::Contention;
 use dlock_conformance::{Names, eventually, must, service_url};
 use dlock_core::{DynLock, Error, LockOptions, LockProvider};
 use dlock_zookeeper::{ZkConfig, ZkProvider};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
+
+use crate::support::ensemble::{Restore, a_leader_among, kill_server, modes, port_of, server_pid};
 
 const CONTENDERS: usize = 4;
 /// Long enough that the sessions outlive the election, short enough to matter.
@@ -44,160 +45,6 @@ const AFTER_FAILOVER: Duration = Duration::from_secs(3);
 /// Acquisitions every contender must make once the new leader serves.
 const PROGRESS_AFTER: usize = 3;
 
-// ------------------------------------------------------------------ the ensemble
-
-/// Sends `srvr` to `host` and returns the `Mode:` it reports (`None` if it does not serve).
-async fn mode(host: &str) -> Option<String> {
-    let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
-    stream.write_all(b"srvr").await.ok()?;
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(3), stream.read_to_string(&mut out))
-        .await
-        .ok()?
-        .ok()?;
-    out.lines()
-        .find_map(|l| l.strip_prefix("Mode:"))
-        .map(|m| m.trim().to_owned())
-}
-
-/// The modes of all servers, in `hosts` order.
-async fn modes(hosts: &[String]) -> Vec<Option<String>> {
-    let mut out = Vec::new();
-    for h in hosts {
-        out.push(mode(h).await);
-    }
-    out
-}
-
-fn port_of(host: &str) -> &str {
-    host.rsplit(':').next().unwrap_or(host)
-}
-
-/// Whether process `pid` runs the zk-ensemble server of `port` (its command line names the
-/// config `scripts/services` wrote for that port).
-fn runs_server(pid: u32, port: &str) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let zombie = stat
-        .rsplit_once(") ")
-        .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X'));
-    !zombie
-        && String::from_utf8_lossy(&cmdline)
-            .replace('\0', " ")
-            .contains(&format!("zk-ensemble/{port}/zoo.cfg"))
-}
-
-/// The pid of the server `scripts/services` started for client port `port`: from its pid file
-/// `<state dir>/zk-ensemble/<port>/zk.pid`, else by its config path (`pgrep -f`).
-fn server_pid(port: &str) -> Option<u32> {
-    let state_dir = std::env::var_os("DLOCK_SERVICES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("dlock-services"));
-    let pidfile = state_dir.join(format!("zk-ensemble/{port}/zk.pid"));
-    let from_file = std::fs::read_to_string(pidfile)
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .filter(|pid| runs_server(*pid, port));
-    from_file.or_else(|| {
-        let out = Command::new("pgrep")
-            .args(["-f", &format!("zk-ensemble/{port}/zoo.cfg")])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.trim().parse::<u32>().ok())
-            .find(|pid| runs_server(*pid, port))
-    })
-}
-
-/// Restores the ensemble with `scripts/services up zk-ensemble` when dropped, so a failing
-/// test leaves it whole too.
-struct Restore {
-    armed: bool,
-}
-
-impl Restore {
-    fn run() -> Result<(), String> {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let out = Command::new(root.join("scripts/services"))
-            .args(["up", "zk-ensemble"])
-            .current_dir(&root)
-            .env("DLOCK_SERVICES_TIMEOUT", "20")
-            .output()
-            .map_err(|e| format!("cannot run scripts/services: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "scripts/services up zk-ensemble failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    }
-
-    fn now(mut self) {
-        self.armed = false;
-        if let Err(e) = Self::run() {
-            panic!("{e}");
-        }
-    }
-}
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        if self.armed
-            && let Err(e) = Self::run()
-        {
-            eprintln!("{e}");
-        }
-    }
-}
-
-/// The lock's contender nodes and their owners, and each contender's session and holds.
-async fn diagnose(providers: &[ZkProvider], name: &str) -> String {
-    let p = &providers[0];
-    let path = p.lock_path(name).unwrap();
-    let client = p.client();
-    let mut out = format!("path {path}:");
-    match client.list_children(&path).await {
-        Ok(children) => {
-            for c in children {
-                let owner = match client.check_stat(&format!("{path}/{c}")).await {
-                    Ok(Some(stat)) => format!("{:#x}", stat.ephemeral_owner),
-                    other => format!("{other:?}"),
-                };
-                out += &format!(" {c} (owner {owner})");
-            }
-        }
-        Err(e) => out += &format!(" list failed: {e}"),
-    }
-    for (i, p) in providers.iter().enumerate() {
-        out += &format!(
-            "; contender {i}: session {:#x}, {} live holds, {:?}",
-            p.session_id(),
-            p.live_holds(),
-            p.stats()
-        );
-    }
-    out
-}
-
-fn skip_or_panic(why: &str) {
-    let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-    if require
-        .split(',')
-        .any(|r| r.trim() == "all" || r.trim().eq_ignore_ascii_case("zk_ensemble"))
-    {
-        panic!("{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping");
-    }
-    eprintln!("skipped: {why}");
-}
-
-// ------------------------------------------------------------------ the test
-
 /// Kill the leader under contention: no two holders at once, tokens strictly increasing,
 /// progress after the election.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -205,12 +52,12 @@ async fn leader_killed_during_contention() {
     run(Fault::KillLeader).await;
 }
 
-/// Review item 6: the quorum is lost for longer than the session timeout, so every session
-/// expires during the election (the client gives its session up once it has heard nothing
-/// for the timeout). A holder of another name is told its hold is lost (SessionTimedOut, at
-/// its session's horizon) before the ensemble is back; once it is, a new session takes that name (the old session's
-/// node goes when the new leader expires it), no two holders overlap, tokens only grow, and
-/// every contender acquires again.
+/// The quorum is lost for longer than the session timeout, so every session expires during
+/// the election (the client gives its session up once it has heard nothing for the timeout).
+/// A holder of another name is told its hold is lost (SessionTimedOut, at its session's
+/// horizon) before the ensemble is back; once it is, a new session takes that name (the old
+/// session's node goes when the new leader expires it), no two holders overlap, tokens only
+/// grow, and every contender acquires again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn quorum_lost_past_the_session_timeout() {
     run(Fault::LoseQuorum).await;
@@ -232,40 +79,6 @@ async fn run(fault: Fault) {
         failover(url, fault),
     )
     .await;
-}
-
-/// Sends SIGKILL to `pid` and waits until `host` no longer accepts connections.
-async fn kill_server(host: &str, pid: u32) {
-    let status = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -KILL {pid} failed");
-    eventually(Duration::from_secs(5), "the killed server is gone", || {
-        let host = host.to_owned();
-        async move {
-            match tokio::net::TcpStream::connect(&host).await {
-                Err(_) => Ok(()),
-                Ok(_) => Err("still accepting connections"),
-            }
-        }
-    })
-    .await;
-}
-
-/// Waits until one of `hosts` leads, and returns it.
-async fn a_leader_among(hosts: &[String], what: &str) -> String {
-    eventually(Duration::from_secs(20), what, || {
-        let hosts = hosts.to_vec();
-        async move {
-            let m = modes(&hosts).await;
-            match m.iter().position(|m| m.as_deref() == Some("leader")) {
-                Some(i) => Ok(hosts[i].clone()),
-                None => Err(m),
-            }
-        }
-    })
-    .await
 }
 
 async fn failover(url: String, fault: Fault) {
@@ -299,10 +112,13 @@ async fn failover(url: String, fault: Fault) {
     .await;
     let leader_port = port_of(&leader).to_owned();
     let Some(leader_pid) = server_pid(&leader_port) else {
-        skip_or_panic(&format!(
-            "the leader on {leader} was not started by scripts/services (no pid file or \
-             process for zk-ensemble/{leader_port}), so it cannot be killed"
-        ));
+        support::skip(
+            &format!(
+                "the leader on {leader} was not started by scripts/services (no pid file or \
+                 process for zk-ensemble/{leader_port}), so it cannot be killed"
+            ),
+            "zk_ensemble",
+        );
         return;
     };
 
@@ -364,7 +180,7 @@ async fn failover(url: String, fault: Fault) {
 
     // SIGKILL the leader (and a follower); from here on, the ensemble is restored however the
     // test ends.
-    let mut restore = Some(Restore { armed: true });
+    let mut restore = Some(Restore::armed());
     let killed_at = Instant::now();
     kill_server(&leader, leader_pid).await;
     let others: Vec<String> = hosts.iter().filter(|h| **h != leader).cloned().collect();
@@ -476,4 +292,33 @@ async fn failover(url: String, fault: Fault) {
         report.after(elected_at) >= CONTENDERS * PROGRESS_AFTER,
         "progress after the failover"
     );
+}
+
+/// The lock's contender nodes and their owners, and each contender's session and holds.
+async fn diagnose(providers: &[ZkProvider], name: &str) -> String {
+    let p = &providers[0];
+    let path = p.lock_path(name).unwrap();
+    let client = p.client();
+    let mut out = format!("path {path}:");
+    match client.list_children(&path).await {
+        Ok(children) => {
+            for c in children {
+                let owner = match client.check_stat(&format!("{path}/{c}")).await {
+                    Ok(Some(stat)) => format!("{:#x}", stat.ephemeral_owner),
+                    other => format!("{other:?}"),
+                };
+                out += &format!(" {c} (owner {owner})");
+            }
+        }
+        Err(e) => out += &format!(" list failed: {e}"),
+    }
+    for (i, p) in providers.iter().enumerate() {
+        out += &format!(
+            "; contender {i}: session {:#x}, {} live holds, {:?}",
+            p.session_id(),
+            p.live_holds(),
+            p.stats()
+        );
+    }
+    out
 }

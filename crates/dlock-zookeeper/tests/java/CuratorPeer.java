@@ -1,4 +1,4 @@
-// A Curator 5.4 peer for dlock-zookeeper's interop tests (tests/zookeeper.rs compiles and runs it).
+// A Curator 5.4 peer for dlock-zookeeper's interop tests (tests/support/curator.rs compiles and runs it).
 //
 //   java CuratorPeer <connect> mutex|semmutex|read|write|semaphore <path> <hold ms> [tryacquire <ms>] [permits <n>]
 //

@@ -1,0 +1,231 @@
+//! The server calls of the recipes, counted by kind, each telling the session's horizon how it
+//! ended.
+//!
+//! Each call takes the send time just before calling the client, which sends the request then
+//! (not when the future is polled).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use super::Session;
+
+type ZkResult<T> = std::result::Result<T, zk::Error>;
+
+/// Server calls made by one provider, by kind; see [`ZkProvider::stats`](crate::ZkProvider::stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkStats {
+    /// `create` calls (lock, lease and parent nodes).
+    pub creates: u64,
+    /// `delete` calls.
+    pub deletes: u64,
+    /// `getChildren` calls (with or without a watch).
+    pub get_children: u64,
+    /// `getData` calls (the waiters' watches on their predecessors).
+    pub get_data: u64,
+    /// `exists` calls (lease renewals and `extend`).
+    pub exists: u64,
+    /// Waiters woken by a watch: with no herd, one per handoff.
+    pub wakeups: u64,
+    /// Sessions opened: one at connect, and one after each expiry.
+    pub sessions: u64,
+    /// Probes: `exists("/")` calls that keep the session's horizon moving while holds are live
+    /// and nothing else was heard from the server for a quarter of the session timeout. Not
+    /// part of [`calls`](Self::calls), which counts the recipes' own calls.
+    pub probes: u64,
+}
+
+impl ZkStats {
+    /// All server calls of the recipes (wake-ups and probes are not counted).
+    pub fn calls(&self) -> u64 {
+        self.creates + self.deletes + self.get_children + self.get_data + self.exists
+    }
+}
+
+/// The counters behind [`ZkStats`].
+#[derive(Default)]
+pub(super) struct Counters {
+    creates: AtomicU64,
+    deletes: AtomicU64,
+    get_children: AtomicU64,
+    get_data: AtomicU64,
+    exists: AtomicU64,
+    wakeups: AtomicU64,
+    sessions: AtomicU64,
+    probes: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// A session was opened.
+    pub(super) fn opened(&self) {
+        bump(&self.sessions);
+    }
+
+    /// A probe was sent.
+    pub(super) fn probed(&self) {
+        bump(&self.probes);
+    }
+}
+
+/// One call on the way: the client it went through and when it was sent.
+struct Call<'s> {
+    session: &'s Session,
+    client: zk::Client,
+    sent: Instant,
+}
+
+impl Call<'_> {
+    /// Records how the call ended (see [`Session::heard`]) and passes its result on.
+    fn ended<T>(&self, result: ZkResult<T>) -> ZkResult<T> {
+        self.session.heard(&self.client, self.sent, &result);
+        result
+    }
+}
+
+impl Session {
+    /// Takes the client and the send time for a call about to be made.
+    fn call(&self) -> Call<'_> {
+        let client = self.client();
+        Call {
+            session: self,
+            client,
+            sent: Instant::now(),
+        }
+    }
+
+    /// The calls made so far.
+    pub(crate) fn stats(&self) -> ZkStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ZkStats {
+            creates: get(&c.creates),
+            deletes: get(&c.deletes),
+            get_children: get(&c.get_children),
+            get_data: get(&c.get_data),
+            exists: get(&c.exists),
+            wakeups: get(&c.wakeups),
+            sessions: get(&c.sessions),
+            probes: get(&c.probes),
+        }
+    }
+
+    /// A waiter was woken by its watch.
+    pub(crate) fn woken(&self) {
+        bump(&self.counters.wakeups);
+    }
+
+    /// Creates `path` with no data, with the open ACL.
+    pub(crate) async fn create(
+        &self,
+        path: &str,
+        mode: zk::CreateMode,
+    ) -> ZkResult<(zk::Stat, zk::CreateSequence)> {
+        self.create_with(path, &[], mode).await
+    }
+
+    /// Creates `path` holding `data`, with the open ACL.
+    pub(crate) async fn create_with(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: zk::CreateMode,
+    ) -> ZkResult<(zk::Stat, zk::CreateSequence)> {
+        let options = mode.with_acls(zk::Acls::anyone_all());
+        bump(&self.counters.creates);
+        let call = self.call();
+        call.ended(call.client.create(path, data, &options).await)
+    }
+
+    /// Creates `path` and lists the children of each of `dirs` in one round trip: every
+    /// request is sent before any answer is read (the client sends a request when the call is
+    /// made, not when its future is polled), and the server answers a session's requests in
+    /// the order they were sent, so each listing sees what the create made, and sees it after
+    /// the listings before it.
+    pub(crate) async fn create_and_list(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: zk::CreateMode,
+        dirs: &[&str],
+    ) -> (
+        ZkResult<(zk::Stat, zk::CreateSequence)>,
+        Vec<ZkResult<Vec<String>>>,
+    ) {
+        let options = mode.with_acls(zk::Acls::anyone_all());
+        bump(&self.counters.creates);
+        let call = self.call();
+        let created = call.client.create(path, data, &options);
+        let listings: Vec<_> = dirs
+            .iter()
+            .map(|dir| {
+                bump(&self.counters.get_children);
+                call.client.list_children(dir)
+            })
+            .collect();
+        let created = call.ended(created.await);
+        let mut listed = Vec::with_capacity(listings.len());
+        for listing in listings {
+            listed.push(call.ended(listing.await));
+        }
+        (created, listed)
+    }
+
+    /// The data of `path`.
+    pub(crate) async fn data(&self, path: &str) -> ZkResult<Vec<u8>> {
+        bump(&self.counters.get_data);
+        let call = self.call();
+        Ok(call.ended(call.client.get_data(path).await)?.0)
+    }
+
+    /// Deletes `path`, whatever its version.
+    pub(crate) async fn delete(&self, path: &str) -> ZkResult<()> {
+        bump(&self.counters.deletes);
+        let call = self.call();
+        call.ended(call.client.delete(path, None).await)
+    }
+
+    /// Brings the server this client talks to up to date with the leader (ZooKeeper's
+    /// `sync`), before a read that must see our own earlier writes. Not counted: it reads
+    /// and writes nothing.
+    pub(crate) async fn sync(&self, path: &str) -> ZkResult<()> {
+        let call = self.call();
+        call.ended(call.client.sync(path).await)
+    }
+
+    /// The children of `path`.
+    pub(crate) async fn children(&self, path: &str) -> ZkResult<Vec<String>> {
+        bump(&self.counters.get_children);
+        let call = self.call();
+        call.ended(call.client.list_children(path).await)
+    }
+
+    /// The children of `path`, and a watch that fires when they change.
+    pub(crate) async fn children_watch(
+        &self,
+        path: &str,
+    ) -> ZkResult<(Vec<String>, zk::OneshotWatcher)> {
+        bump(&self.counters.get_children);
+        let call = self.call();
+        call.ended(call.client.list_and_watch_children(path).await)
+    }
+
+    /// A watch that fires when `path` changes or goes.
+    pub(crate) async fn data_watch(&self, path: &str) -> ZkResult<zk::OneshotWatcher> {
+        bump(&self.counters.get_data);
+        let call = self.call();
+        Ok(call.ended(call.client.get_and_watch_data(path).await)?.2)
+    }
+
+    /// The stat of `path`, `None` if there is no such node.
+    pub(crate) async fn exists(&self, path: &str) -> ZkResult<Option<zk::Stat>> {
+        bump(&self.counters.exists);
+        let call = self.call();
+        call.ended(call.client.check_stat(path).await)
+    }
+}

@@ -1,0 +1,18 @@
+//! ZooKeeper-specific tests against the server at `DLOCK_ZK_URL` (and, where a test needs
+//! one, a private server or a Curator 5.4 peer), one module per behaviour. The rigs they share
+//! are in `tests/support`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod curator;
+mod kinds;
+mod layout;
+mod names;
+mod read_write;
+mod release;
+mod restart;
+mod round_trips;
+mod semaphore;
+mod sessions;
+mod silence;

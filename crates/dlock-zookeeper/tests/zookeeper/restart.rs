@@ -1,0 +1,84 @@
+//! A server restart within the session timeout: holds are suspended meanwhile, never lost.
+
+use std::time::Duration;
+
+use dlock_conformance::{Names, eventually, must};
+use dlock_core::{LockOptions, LockProvider};
+use dlock_zookeeper::zookeeper_client as zk;
+
+use crate::support::server::PrivateZk;
+use crate::support::{LIMIT, ZERO, hold, provider, url};
+
+/// The server stops and comes back within the session timeout: the hold is suspended
+/// meanwhile (`is_held()` false), then held again, never lost, and still excludes others.
+#[tokio::test(flavor = "multi_thread")]
+async fn server_restart_within_session_timeout_keeps_the_hold() {
+    if url().is_none() {
+        return;
+    }
+    let Some(mut server) = PrivateZk::start().await else {
+        return;
+    };
+    let url = server.url("?session_timeout_ms=20000");
+    let (a, b) = (provider(&url).await, provider(&url).await);
+    let name = Names::new().name("restart");
+    let g = hold(&a, &name).await;
+    assert!(g.is_held());
+    server.kill();
+    eventually(LIMIT, "the hold is suspended", || async {
+        match g.state() {
+            dlock_core::HoldState::Suspended => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    assert!(!g.is_held(), "is_held() is false while suspended");
+    server.spawn().await;
+    eventually(
+        Duration::from_secs(20),
+        "the hold is vouched for again",
+        || async {
+            match g.state() {
+                dlock_core::HoldState::Held => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    // The other client is back too before it asks: a store that does not answer is an error,
+    // not a held lock.
+    eventually(
+        Duration::from_secs(20),
+        "the other client reconnected",
+        || async {
+            match b.client().state() {
+                zk::SessionState::SyncConnected => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    // Every call is bounded, so a hang names its step.
+    let lb = b.lock(&name, LockOptions::default()).unwrap();
+    let busy = must(
+        LIMIT * 2,
+        "try_acquire(0) after the restart",
+        lb.try_acquire(ZERO),
+    )
+    .await;
+    assert!(busy.unwrap().is_none(), "the hold survived the restart");
+    must(LIMIT * 2, "release after the restart", g.release())
+        .await
+        .unwrap();
+    let g2 = must(
+        LIMIT * 2,
+        "acquire after the release",
+        lb.try_acquire(LIMIT),
+    )
+    .await
+    .unwrap()
+    .expect("free after release");
+    must(LIMIT * 2, "the second release", g2.release())
+        .await
+        .unwrap();
+}

@@ -1,0 +1,87 @@
+//! The semaphore's waiters: one whose nodes vanish starts over without deadlocking another.
+
+use dlock_conformance::{Names, eventually, must};
+use dlock_core::{LockOptions, LockProvider};
+
+use crate::support::{LIMIT, admin, provider, recipe_children, url};
+
+/// A one-permit semaphore waiter whose nodes vanish while it waits (an operator unsticking
+/// the name, an expired session) starts over under the internal mutex: a lease re-created
+/// without it could queue beside a second waiter's, and once the holder left both would wait
+/// for each other for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn semaphore_waiter_whose_nodes_vanish_does_not_deadlock() {
+    let Some(url) = url() else { return };
+    let (h, a, b) = (
+        provider(&url).await,
+        provider(&url).await,
+        provider(&url).await,
+    );
+    let admin = admin(&url).await;
+    let name = Names::new().name("sem-vanish");
+    let path = h.lock_path(&name).unwrap();
+    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let opts = LockOptions::default();
+    let held = h
+        .semaphore(&name, 1, opts)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let sa = a.semaphore(&name, 1, opts).unwrap();
+    let first = tokio::spawn(async move {
+        let g = sa.acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    eventually(
+        LIMIT,
+        "the waiter holds the internal mutex and waits",
+        || async {
+            let (l, s) = (
+                recipe_children(&admin, &locks).await,
+                recipe_children(&admin, &leases).await,
+            );
+            if l.len() == 1 && s.len() == 2 {
+                Ok(())
+            } else {
+                Err((l, s))
+            }
+        },
+    )
+    .await;
+    // Delete the waiter's nodes: its internal-mutex node and its (newer) lease.
+    for node in recipe_children(&admin, &locks).await {
+        admin
+            .delete(&format!("{locks}/{node}"), None)
+            .await
+            .unwrap();
+    }
+    let mut lease_nodes = recipe_children(&admin, &leases).await;
+    lease_nodes.sort_by_key(|n| n[n.len() - 10..].to_owned());
+    let newest = lease_nodes.pop().unwrap();
+    admin
+        .delete(&format!("{leases}/{newest}"), None)
+        .await
+        .unwrap();
+    eventually(LIMIT, "the waiter is back with a new lease", || async {
+        let s = recipe_children(&admin, &leases).await;
+        if s.len() == 2 && !s.contains(&newest) {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    let sb = b.semaphore(&name, 1, opts).unwrap();
+    let second = tokio::spawn(async move {
+        let g = sb.acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    held.release().await.unwrap();
+    must(LIMIT, "the first waiter gets the permit", first)
+        .await
+        .unwrap();
+    must(LIMIT, "the second waiter gets the permit", second)
+        .await
+        .unwrap();
+}
