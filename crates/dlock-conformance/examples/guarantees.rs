@@ -105,7 +105,7 @@ const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
     (
         "ZooKeeper",
         "holds survive a server restart within the session timeout, suspended meanwhile \
-         (tests/zookeeper.rs)",
+         (tests/zookeeper/restart.rs)",
         "a killed leader keeps exclusion and raises tokens (tests/ensemble.rs)",
         "a partitioned holder is lost; others get in when its session expires \
          (`renewal_outage_longer_than_the_lease_reports_loss`)",
