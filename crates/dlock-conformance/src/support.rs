@@ -4,6 +4,8 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+use dlock_core::LossReason;
+use dlock_core::backend::Mutex;
 use tokio::time::Instant;
 
 /// Fresh lock names under a namespace no other case (or run) uses.
@@ -81,6 +83,36 @@ where
     }
 }
 
+/// A probe of what can make a live holder lose a watchdog hold however correct the backend (a
+/// stalled runtime, a slow store), and the rule by which it excuses such a loss.
+pub(crate) trait ExplainsALoss {
+    /// Whether a loss for `reason` can be what this probe watches doing its job.
+    fn may_excuse(&self, reason: Option<LossReason>) -> bool;
+
+    /// The worst this probe saw within `window` before now (a stall, a wait for an answer).
+    fn worst_seen(&self, window: Duration) -> Duration;
+
+    /// Why a loss for `reason` of a hold with `lease` proves nothing, `worst` having been seen.
+    fn why(&self, worst: Duration, lease: Duration, reason: Option<LossReason>) -> String;
+
+    /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
+    /// a loss this probe may excuse, while it saw half the lease or more within the last two
+    /// leases. Says so when it is: the run then proves nothing about keeping a live hold.
+    fn explains_a_loss(&self, what: &str, lease: Duration, reason: Option<LossReason>) -> bool {
+        if !self.may_excuse(reason) {
+            return false;
+        }
+        let worst = self.worst_seen(lease * 2);
+        let excused = worst >= lease / 2;
+        if excused {
+            let why = self.why(worst, lease, reason);
+            eprintln!("{what}: {why}");
+            crate::record::inconclusive_by_chance(why);
+        }
+        excused
+    }
+}
+
 /// How long the runtime kept a task from running, watched while a case waits: a task that
 /// wakes every [`StallProbe::TICK`] and keeps each time it overslept by more than
 /// [`StallProbe::NOTED`], with when that ended.
@@ -91,7 +123,7 @@ where
 /// lease doing its job, not a failure. A case that asserts a live holder keeps its hold asks
 /// the probe whether the holder was live before it fails.
 pub(crate) struct StallProbe {
-    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+    seen: std::sync::Arc<Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -111,7 +143,7 @@ impl StallProbe {
 
     /// Starts watching the current runtime.
     pub(crate) fn start() -> Self {
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen {
+        let seen = std::sync::Arc::new(Mutex::new(Seen {
             last_wake: Instant::now(),
             stalls: Vec::new(),
         }));
@@ -124,9 +156,7 @@ impl StallProbe {
                 let over = now
                     .saturating_duration_since(before)
                     .saturating_sub(Self::TICK);
-                let mut seen = mine
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut seen = mine.lock();
                 seen.last_wake = now;
                 if over >= Self::NOTED {
                     seen.stalls.push((now, over));
@@ -156,43 +186,32 @@ impl StallProbe {
         combine: fn(Duration, Duration) -> Duration,
     ) -> Duration {
         let now = Instant::now();
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = self.seen.lock();
         let ongoing = now
             .saturating_duration_since(seen.last_wake)
             .saturating_sub(Self::TICK);
         within(&seen.stalls, now, window, ongoing, combine)
     }
+}
 
-    /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
-    /// the lease ended without a renewal (`LeaseEnded`: no renewal had failed, the keeper
-    /// did not get one through in time) and the runtime stalled for half the lease or more
-    /// within the last two leases. Says so when it is: the run then proves nothing about
-    /// keeping a live hold. A renewal the store refused (`RenewalFailed`) or a hold it took
-    /// away (`Gone`) is never excused.
-    pub(crate) fn explains_a_loss(
-        &self,
-        what: &str,
-        lease: Duration,
-        reason: Option<dlock_core::LossReason>,
-    ) -> bool {
-        if reason != Some(dlock_core::LossReason::LeaseEnded) {
-            return false;
-        }
-        let worst = self.worst_within(lease * 2);
-        let stalled = worst >= lease / 2;
-        if stalled {
-            let why = format!(
-                "the runtime stalled {worst:?}, half the {lease:?} lease or more: its watchdog \
-                 could not renew in time, so the loss is the lease doing its job and this run \
-                 proves nothing about keeping a live hold"
-            );
-            eprintln!("{what}: {why}");
-            crate::record::inconclusive_by_chance(why);
-        }
-        stalled
+impl ExplainsALoss for StallProbe {
+    /// Only a lease that ended without a renewal (`LeaseEnded`: no renewal had failed, the
+    /// keeper did not get one through in time). A renewal the store refused (`RenewalFailed`)
+    /// or a hold it took away (`Gone`) is never excused.
+    fn may_excuse(&self, reason: Option<LossReason>) -> bool {
+        reason == Some(LossReason::LeaseEnded)
+    }
+
+    fn worst_seen(&self, window: Duration) -> Duration {
+        self.worst_within(window)
+    }
+
+    fn why(&self, worst: Duration, lease: Duration, _: Option<LossReason>) -> String {
+        format!(
+            "the runtime stalled {worst:?}, half the {lease:?} lease or more: its watchdog \
+             could not renew in time, so the loss is the lease doing its job and this run \
+             proves nothing about keeping a live hold"
+        )
     }
 }
 
@@ -228,7 +247,7 @@ impl Drop for StallProbe {
 /// [`StallProbe`]). The tries go through another client's own connection, so a client that
 /// fails to renew while the store answers others in time is still caught.
 pub(crate) struct StoreProbe {
-    seen: std::sync::Arc<std::sync::Mutex<Answers>>,
+    seen: std::sync::Arc<Mutex<Answers>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -250,17 +269,14 @@ impl StoreProbe {
 
     /// Starts trying `lock` (a handle of another client than the holder's).
     pub(crate) fn start(lock: dlock_core::DynLock) -> Self {
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Answers {
+        let seen = std::sync::Arc::new(Mutex::new(Answers {
             asked: None,
             slow: Vec::new(),
             answered: 0,
         }));
         let mine = std::sync::Arc::clone(&seen);
         let task = tokio::spawn(async move {
-            let answers = || {
-                mine.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-            };
+            let answers = || mine.lock();
             // A first try that is not timed: a client's first call also connects, loads
             // scripts or reads a cluster's slots, which is not the store being slow.
             if let Ok(Some(g)) = lock.try_acquire(Duration::ZERO).await {
@@ -293,44 +309,35 @@ impl StoreProbe {
     /// The slowest answer that came within `window` before now, or is still awaited.
     pub(crate) fn slowest_within(&self, window: Duration) -> Duration {
         let now = Instant::now();
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = self.seen.lock();
         let ongoing = seen
             .asked
             .map_or(Duration::ZERO, |asked| now.saturating_duration_since(asked));
         within(&seen.slow, now, window, ongoing, Duration::max)
     }
+}
 
-    /// Whether a loss for `reason` of a watchdog hold with `lease` is the lease doing its job:
-    /// the lease ended without a renewal (`LeaseEnded`) or with renewals that did not get
-    /// through in time (`RenewalFailed`), while the store took half the lease or more to
-    /// answer another client within the last two leases. Says so when it is. A hold the store
-    /// took away (`Gone`) is never excused, nor a loss while the store answered in time.
-    pub(crate) fn explains_a_loss(
-        &self,
-        what: &str,
-        lease: Duration,
-        reason: Option<dlock_core::LossReason>,
-    ) -> bool {
-        use dlock_core::LossReason::{LeaseEnded, RenewalFailed};
-        if !matches!(reason, Some(LeaseEnded | RenewalFailed)) {
-            return false;
-        }
-        let slowest = self.slowest_within(lease * 2);
-        let slow = slowest >= lease / 2;
-        if slow {
-            let why = format!(
-                "the store took {slowest:?} to answer another client, half the {lease:?} \
-                 lease or more: the watchdog could not renew in time, so the loss \
-                 ({reason:?}) is the lease doing its job and this run proves nothing about \
-                 keeping a live hold"
-            );
-            eprintln!("{what}: {why}");
-            crate::record::inconclusive_by_chance(why);
-        }
-        slow
+impl ExplainsALoss for StoreProbe {
+    /// A lease that ended without a renewal (`LeaseEnded`) or with renewals that did not get
+    /// through in time (`RenewalFailed`). A hold the store took away (`Gone`) is never
+    /// excused.
+    fn may_excuse(&self, reason: Option<LossReason>) -> bool {
+        matches!(
+            reason,
+            Some(LossReason::LeaseEnded | LossReason::RenewalFailed)
+        )
+    }
+
+    fn worst_seen(&self, window: Duration) -> Duration {
+        self.slowest_within(window)
+    }
+
+    fn why(&self, slowest: Duration, lease: Duration, reason: Option<LossReason>) -> String {
+        format!(
+            "the store took {slowest:?} to answer another client, half the {lease:?} lease or \
+             more: the watchdog could not renew in time, so the loss ({reason:?}) is the lease \
+             doing its job and this run proves nothing about keeping a live hold"
+        )
     }
 }
 
@@ -361,10 +368,7 @@ mod tests {
             Duration::from_secs(5),
             "the probe keeps the stall",
             || async {
-                let seen = probe
-                    .seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let seen = probe.seen.lock();
                 if seen.stalls.is_empty() {
                     Err(())
                 } else {
@@ -462,11 +466,7 @@ mod tests {
             Duration::from_secs(5),
             "the probe has asked a few times",
             || async {
-                let answered = quick
-                    .seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .answered;
+                let answered = quick.seen.lock().answered;
                 if answered >= 3 { Ok(()) } else { Err(()) }
             },
         )

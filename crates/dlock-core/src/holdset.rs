@@ -188,6 +188,8 @@ impl<T> Drop for Registration<T> {
 
 impl<T> fmt::Debug for Registration<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registration").field("id", &self.id).finish()
+        f.debug_struct("Registration")
+            .field("id", &self.id)
+            .finish()
     }
 }

@@ -5,15 +5,16 @@ use std::time::Duration;
 use dlock_core::{LockOptions, MultiLock};
 
 use super::{
-    ZERO, assert_busy, caps, client, cuts, lock, lock_with, release, residue_is, residue_reaches,
-    rw, sem, short_watchdog, take, unsupported, until_free,
+    ZERO, assert_busy, assert_cut_off, clients, clients_if, cuts, granted_within, lock, lock_with,
+    release, residue_is, residue_reaches, rw, sem, short_watchdog, take, take_permit, take_read,
+    take_write, until_free,
 };
 use crate::Factory;
-use crate::support::{Names, must};
+use crate::support::Names;
 
 /// A waiter whose acquire future is dropped leaves no queue entry and never takes the lock.
 pub async fn cancelled_waiter_leaves_nothing(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("cancel");
     let g = take(f, &lock(&a, &name)).await;
     let lb = lock(&b, &name);
@@ -31,7 +32,7 @@ pub async fn cancelled_waiter_leaves_nothing(f: &impl Factory) {
 /// Acquire futures dropped at many different moments (free and held lock) leave nothing
 /// behind: the lock ends up free and the store empty.
 pub async fn cancel_at_every_point_leaves_nothing(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("cancel-points");
     let la = lock(&a, &name);
     let lb = lock(&b, &name);
@@ -40,8 +41,7 @@ pub async fn cancel_at_every_point_leaves_nothing(f: &impl Factory) {
         let _ = tokio::time::timeout(cut, la.acquire()).await;
         // On a held lock: must lose.
         let g = take(f, &lb).await;
-        let r = tokio::time::timeout(cut, la.acquire()).await;
-        assert!(!matches!(r, Ok(Ok(_))), "acquired a held lock");
+        assert_cut_off(cut, la.acquire(), "acquired a held lock").await;
         release(g).await;
     }
     until_free(f, &lb, ZERO, "free after cancelled acquires").await;
@@ -51,10 +51,9 @@ pub async fn cancel_at_every_point_leaves_nothing(f: &impl Factory) {
 /// Fair waiters cancelled while queued, and at many points of their acquisition, leave no
 /// queue entry: the queue is back to the holder alone, and a newcomer is not blocked later.
 pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
-    if !caps(&a).fair {
-        return unsupported(f, "no fair locks");
-    }
+    let Some([a, b, c]) = clients_if(f, |c| c.fair, "no fair locks").await else {
+        return;
+    };
     let name = Names::new().name("cancel-fair");
     let opts = LockOptions::new().with_fair(true);
     let holder = take(f, &lock_with(&a, &name, opts)).await;
@@ -72,145 +71,87 @@ pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
     );
     residue_is(f, &name, 1, "the cancelled fair waiter left the queue").await;
     for cut in cuts() {
-        let r = tokio::time::timeout(cut, lb.acquire()).await;
-        assert!(
-            !matches!(r, Ok(Ok(_))),
-            "a fair waiter acquired a held lock"
-        );
+        assert_cut_off(cut, lb.acquire(), "a fair waiter acquired a held lock").await;
     }
     residue_is(f, &name, 1, "only the holder after cancelled fair waiters").await;
     release(holder).await;
     residue_is(f, &name, 0, "nothing after the release").await;
-    let g = must(
-        f.slack(),
-        "a newcomer after cancelled fair waiters",
-        lock_with(&c, &name, opts).try_acquire(f.slack()),
-    )
-    .await
-    .unwrap()
-    .expect("no cancelled waiter blocks the queue");
-    release(g).await;
+    let newcomer = lock_with(&c, &name, opts);
+    let what = "a newcomer after cancelled fair waiters: no cancelled waiter blocks the queue";
+    release(granted_within(f.slack(), what, newcomer.try_acquire(f.slack())).await).await;
 }
 
 /// Readers and writers cancelled while a writer holds, and writers cancelled while a reader
 /// holds, leave nothing behind.
 pub async fn cancelled_readers_and_writers_leave_nothing(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
-    if !caps(&a).read_write {
-        return unsupported(f, "no read-write locks");
-    }
+    let Some([a, b, c]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+        return;
+    };
     let name = Names::new().name("cancel-rw");
-    let writer = rw(&a, &name)
-        .try_write(f.slack())
-        .await
-        .unwrap()
-        .expect("the writer");
+    let writer = take_write(f, &rw(&a, &name), "the writer").await;
     let other = rw(&b, &name);
     for cut in cuts() {
-        let r = tokio::time::timeout(cut, other.read()).await;
-        assert!(!matches!(r, Ok(Ok(_))), "a reader got in beside a writer");
-        let r = tokio::time::timeout(cut, other.write()).await;
-        assert!(!matches!(r, Ok(Ok(_))), "a writer got in beside a writer");
+        assert_cut_off(cut, other.read(), "a reader got in beside a writer").await;
+        assert_cut_off(cut, other.write(), "a writer got in beside a writer").await;
     }
-    residue_is(
-        f,
-        &name,
-        1,
-        "only the writer after cancelled readers and writers",
-    )
-    .await;
+    let what = "only the writer after cancelled readers and writers";
+    residue_is(f, &name, 1, what).await;
     release(writer).await;
     residue_is(f, &name, 0, "nothing after the writer's release").await;
-    let reader = rw(&a, &name)
-        .try_read(f.slack())
-        .await
-        .unwrap()
-        .expect("the reader");
+    let reader = take_read(f, &rw(&a, &name), "the reader").await;
     for cut in cuts() {
-        let r = tokio::time::timeout(cut, other.write()).await;
-        assert!(!matches!(r, Ok(Ok(_))), "a writer got in beside a reader");
+        assert_cut_off(cut, other.write(), "a writer got in beside a reader").await;
     }
     residue_is(f, &name, 1, "only the reader after cancelled writers").await;
     release(reader).await;
     residue_is(f, &name, 0, "nothing after the reader's release").await;
-    let w = rw(&c, &name)
-        .try_write(f.slack())
-        .await
-        .unwrap()
-        .expect("nothing blocks a writer now");
-    release(w).await;
+    release(take_write(f, &rw(&c, &name), "nothing blocks a writer now").await).await;
 }
 
 /// Semaphore waiters cancelled while every permit is held leave nothing behind and take no
 /// permit.
 pub async fn cancelled_semaphore_waiters_leave_nothing(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
-    if !caps(&a).semaphore {
-        return unsupported(f, "no semaphores");
-    }
+    let Some([a, b, c]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+        return;
+    };
     let name = Names::new().name("cancel-sem");
     let opts = LockOptions::default();
-    let held = sem(&a, &name, 1, opts)
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("the permit");
+    let held = take_permit(f, &sem(&a, &name, 1, opts), "the permit").await;
     let waiter = sem(&b, &name, 1, opts);
     for cut in cuts() {
-        let r = tokio::time::timeout(cut, waiter.acquire()).await;
-        assert!(!matches!(r, Ok(Ok(_))), "a second permit of one");
+        assert_cut_off(cut, waiter.acquire(), "a second permit of one").await;
     }
-    residue_is(
-        f,
-        &name,
-        1,
-        "only the holder's permit after cancelled waiters",
-    )
-    .await;
+    let what = "only the holder's permit after cancelled waiters";
+    residue_is(f, &name, 1, what).await;
     release(held).await;
     residue_is(f, &name, 0, "nothing after the release").await;
-    let p = sem(&c, &name, 1, opts)
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("the permit is free: no cancelled waiter took it");
-    release(p).await;
+    let last = sem(&c, &name, 1, opts);
+    let what = "the permit is free: no cancelled waiter took it";
+    release(take_permit(f, &last, what).await).await;
 }
 
 /// A MultiLock cancelled while it waits for a busy member gives back the members it took.
 pub async fn cancelled_multilock_leaves_nothing(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let names = Names::new();
     let (n1, n2) = (names.name("m1"), names.name("m2"));
     let blocker = take(f, &lock(&b, &n2)).await;
     let multi = MultiLock::new(vec![lock(&a, &n1), lock(&a, &n2)]).unwrap();
     for cut in cuts() {
-        let r = tokio::time::timeout(cut, multi.acquire()).await;
-        assert!(!matches!(r, Ok(Ok(_))), "a MultiLock got a held member");
+        assert_cut_off(cut, multi.acquire(), "a MultiLock got a held member").await;
     }
-    residue_is(
-        f,
-        &n1,
-        0,
-        "the cancelled MultiLock gave its first member back",
-    )
-    .await;
+    let what = "the cancelled MultiLock gave its first member back";
+    residue_is(f, &n1, 0, what).await;
     residue_is(f, &n2, 1, "only the blocker holds the second member").await;
     release(blocker).await;
-    let all = must(
-        f.slack(),
-        "the MultiLock after the blocker left",
-        multi.try_acquire(f.slack()),
-    )
-    .await
-    .unwrap()
-    .expect("both free");
+    let what = "the MultiLock after the blocker left: both free";
+    let all = granted_within(f.slack(), what, multi.try_acquire(f.slack())).await;
     all.release().await.unwrap();
 }
 
 /// A dropped guard is released in the background, soon.
 pub async fn dropped_guard_is_released_in_background(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("dropped");
     let g = take(f, &lock(&a, &name)).await;
     drop(g);
@@ -221,7 +162,7 @@ pub async fn dropped_guard_is_released_in_background(f: &impl Factory) {
 /// finishes in the background: the lock comes free, and the hold is not reported lost (a
 /// release sent twice would be answered "not yours").
 pub async fn a_cancelled_release_finishes_and_is_no_loss(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("cancel-release");
     let la = lock(&a, &name);
     let lb = lock(&b, &name);
@@ -242,10 +183,9 @@ pub async fn a_cancelled_release_finishes_and_is_no_loss(f: &impl Factory) {
 /// A released hold is never reported lost: a `lost()` future that outlives a clean release
 /// stays pending past the old lease end.
 pub async fn lost_never_resolves_after_a_clean_release(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).watchdog {
-        return unsupported(f, "no watchdog leases");
-    }
+    let Some([a]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+        return;
+    };
     let g = take(
         f,
         &lock_with(&a, &Names::new().name("released"), short_watchdog(f)),
@@ -264,7 +204,7 @@ pub async fn lost_never_resolves_after_a_clean_release(f: &impl Factory) {
 /// A guard dropped on a thread with no runtime is released in the background on the runtime
 /// the hold was taken on: the lock comes free without waiting for the lease.
 pub async fn a_guard_dropped_off_runtime_is_released(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("dropped-off-runtime");
     let g = take(f, &lock(&a, &name)).await;
     std::thread::spawn(move || drop(g))

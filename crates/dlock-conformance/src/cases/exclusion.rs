@@ -8,13 +8,13 @@ use dlock_core::LockGuard;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::{ZERO, assert_busy, client, is_free, lock, release, take};
+use super::{ZERO, assert_busy, client, clients, is_free, lock, release, take};
 use crate::Factory;
 use crate::support::{Names, must};
 
 /// Exclusion: a second handle, in this client or another, cannot take a held lock.
 pub async fn try_acquire_excludes_other_handles(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("x");
     let g = take(f, &lock(&a, &name)).await;
     assert!(g.is_held());
@@ -119,7 +119,7 @@ pub async fn concurrent_try_acquire_has_one_winner(f: &impl Factory) {
 
 /// A released lock can be taken again, by the same handle and by another.
 pub async fn release_then_reacquire(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("again");
     let la = lock(&a, &name);
     for _ in 0..3 {
@@ -132,7 +132,7 @@ pub async fn release_then_reacquire(f: &impl Factory) {
 
 /// Holding one name does not block another.
 pub async fn independent_names_do_not_interfere(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let names = Names::new();
     let g = take(f, &lock(&a, &names.name("one"))).await;
     release(take(f, &lock(&b, &names.name("two"))).await).await;

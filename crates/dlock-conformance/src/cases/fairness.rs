@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
-use dlock_core::{Error, LockOptions};
+use dlock_core::LockOptions;
 use futures::future::join_all;
 
 use super::{
-    ZERO, caps, client, lock_with, not_applicable, release, residue_is, take, unsupported,
+    ZERO, assert_unsupported, caps, client, clients_if, lock_with, not_applicable, release,
+    residue_is, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -15,10 +16,9 @@ use crate::support::{Names, must};
 /// barge past them.
 pub async fn fair_lock_grants_in_waiting_order(f: &impl Factory) {
     const WAITERS: usize = 8;
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).fair {
-        return unsupported(f, "no fair locks");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.fair, "no fair locks").await else {
+        return;
+    };
     let name = Names::new().name("fair");
     let opts = LockOptions::new().with_fair(true);
     let holder = take(f, &lock_with(&a, &name, opts)).await;
@@ -62,11 +62,7 @@ pub async fn fair_option_rejected_when_unsupported(f: &impl Factory) {
     if caps(&a).fair {
         return not_applicable(f, "fair locks are supported");
     }
-    let err = a
-        .lock(
-            &Names::new().name("unfair"),
-            LockOptions::new().with_fair(true),
-        )
-        .expect_err("fair(true) must be rejected");
-    assert!(matches!(err, Error::Unsupported { .. }), "got {err:?}");
+    let fair = LockOptions::new().with_fair(true);
+    let made = a.lock(&Names::new().name("unfair"), fair);
+    assert_unsupported(made, "fair(true) must be rejected");
 }

@@ -2,7 +2,7 @@
 
 use dlock_core::{Error, LockKind};
 
-use super::{client, lock, release, residue_is, take};
+use super::{clients, lock, release, residue_is, take};
 use crate::Factory;
 use crate::support::Names;
 
@@ -10,7 +10,7 @@ use crate::support::Names;
 /// mutex hold, its holder, the holder's token where the store records it) without disturbing
 /// the holder; and a bad name as `InvalidName`.
 pub async fn describe_reports_the_holder(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("described");
     let free = a
         .describe(&name)

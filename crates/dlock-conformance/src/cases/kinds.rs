@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dlock_core::{DynLockProvider, Error, LockGuard, LockOptions};
 
-use super::{caps, client, lock, release, rw, sem, unsupported};
+use super::{caps, clients, clients_if, lock, release, rw, sem};
 use crate::Factory;
 use crate::support::{Names, must};
 
@@ -47,7 +47,7 @@ async fn try_kind(
 /// (non-retryable `InvalidArgument`), never be granted beside it. A request that waited is
 /// granted once the first hold is released.
 async fn exclude(f: &impl Factory, first: Kind, second: Kind) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name(&format!("{first:?}-{second:?}").to_lowercase());
     let held = match must(
         f.slack() * 2,
@@ -96,10 +96,9 @@ async fn exclude(f: &impl Factory, first: Kind, second: Kind) {
 /// A mutex and a read-write lock on one name exclude each other, both ways: a writer or a
 /// reader is never granted beside a mutex holder, nor a mutex beside them.
 pub async fn a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).read_write {
-        return unsupported(f, "no read-write locks");
-    }
+    let Some([_a]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+        return;
+    };
     for (first, second) in [
         (Kind::Mutex, Kind::Write),
         (Kind::Write, Kind::Mutex),
@@ -112,10 +111,9 @@ pub async fn a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other(f: &im
 
 /// A lock (mutex or write) and a semaphore on one name exclude each other, both ways.
 pub async fn a_lock_and_a_semaphore_on_one_name_exclude_each_other(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).semaphore {
-        return unsupported(f, "no semaphores");
-    }
+    let Some([a]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+        return;
+    };
     exclude(f, Kind::Mutex, Kind::Permit).await;
     exclude(f, Kind::Permit, Kind::Mutex).await;
     if caps(&a).read_write {

@@ -7,35 +7,26 @@ use dlock_core::{Error, Lease, LockOptions, LossReason};
 use tokio::time::Instant;
 
 use super::{
-    ZERO, assert_busy, caps, client, fixed, lock, lock_with, release, short_watchdog, skip, take,
-    unsupported, until_free,
+    ZERO, acquired, assert_busy, assert_lock_lost, caps, client, clients, clients_if,
+    cuttable_clients, dropped_behind_the_back, expiry_wait, fixed, granted_within, lease_wait,
+    lock, lock_with, on_a_runtime_of_its_own, release, require, short_watchdog, take, until_free,
 };
 use crate::Factory;
 use crate::record::inconclusive_by_chance;
-use crate::support::{Names, StallProbe, StoreProbe, must};
+use crate::support::{ExplainsALoss, Names, StallProbe, StoreProbe, must};
 
 /// A fixed lease runs out, another takes the lock, and the old guard's release is
 /// `LockLost` and does not disturb the new holder.
 pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let name = Names::new().name("takeover");
     let old = take(f, &lock_with(&a, &name, fixed(f))).await;
-    must(f.short_lease() + f.slack(), "fixed lease end", old.lost()).await;
+    must(lease_wait(f), "fixed lease end", old.lost()).await;
     let lb = lock(&b, &name);
-    let new = must(f.holder_timeout() + f.slack() * 2, "takeover", lb.acquire())
-        .await
-        .unwrap();
-    let err = old
-        .release()
-        .await
-        .expect_err("release after takeover must fail");
-    assert!(
-        matches!(err, Error::LockLost { .. }),
-        "expected LockLost, got {err:?}"
-    );
+    let new = acquired(expiry_wait(f), "takeover", lb.acquire()).await;
+    assert_lock_lost(old.release().await, "release after takeover must fail");
     assert!(new.is_held());
     assert_busy(&lock(&a, &name), "the new holder must be undisturbed").await;
     release(new).await;
@@ -45,26 +36,18 @@ pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
 /// old guard, whose keeper has not noticed yet (a 30 s watchdog lease), releases: the store
 /// itself must refuse (`LockLost`) and leave the new holder alone.
 pub async fn stale_release_reaches_the_store(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
+    let [a, b, c] = clients(f).await;
     let name = Names::new().name("stale-release");
     let old = take(f, &lock(&a, &name)).await;
-    match f.force_expire(&name).await {
-        None => return skip(f, "the factory cannot drop a hold behind its holder's back"),
-        Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
+    if !dropped_behind_the_back(f, &name).await {
+        return;
     }
-    let new = must(
-        f.slack(),
-        "takeover after the store dropped the hold",
-        lock(&b, &name).try_acquire(f.slack()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("acquire: {e}"))
-    .expect("the lock is free once the store dropped the hold");
-    let err = old
-        .release()
-        .await
-        .expect_err("the store must refuse a release by the old owner");
-    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    let what = "takeover after the store dropped the hold: the lock is free once it did";
+    let new = granted_within(f.slack(), what, lock(&b, &name).try_acquire(f.slack())).await;
+    assert_lock_lost(
+        old.release().await,
+        "the store must refuse a release by the old owner",
+    );
     assert!(new.is_held(), "the new holder was disturbed");
     assert_busy(&lock(&c, &name), "the new holder must keep excluding").await;
     release(new).await;
@@ -72,30 +55,21 @@ pub async fn stale_release_reaches_the_store(f: &impl Factory) {
 
 /// As [`stale_release_reaches_the_store`], for `extend` on a long fixed lease.
 pub async fn stale_extend_reaches_the_store(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a, b, c]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let name = Names::new().name("stale-extend");
     let long = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
     let old = take(f, &lock_with(&a, &name, long)).await;
-    match f.force_expire(&name).await {
-        None => return skip(f, "the factory cannot drop a hold behind its holder's back"),
-        Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
+    if !dropped_behind_the_back(f, &name).await {
+        return;
     }
-    let new = must(
-        f.slack(),
-        "takeover after the store dropped the hold",
-        lock(&b, &name).try_acquire(f.slack()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("acquire: {e}"))
-    .expect("the lock is free once the store dropped the hold");
-    let err = old
-        .extend(Duration::from_secs(60))
-        .await
-        .expect_err("the store must refuse an extend by the old owner");
-    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    let what = "takeover after the store dropped the hold: the lock is free once it did";
+    let new = granted_within(f.slack(), what, lock(&b, &name).try_acquire(f.slack())).await;
+    assert_lock_lost(
+        old.extend(Duration::from_secs(60)).await,
+        "the store must refuse an extend by the old owner",
+    );
     assert!(!old.is_held(), "a refused extend means the hold is lost");
     assert!(new.is_held(), "the new holder was disturbed");
     assert_busy(&lock(&c, &name), "the new holder must keep excluding").await;
@@ -105,30 +79,23 @@ pub async fn stale_extend_reaches_the_store(f: &impl Factory) {
 /// A holder that dies (stops renewing without releasing) frees the lock within its lease
 /// (some backends free it at once: a dead connection ends a row lock).
 pub async fn abandoned_hold_expires(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).watchdog {
-        return unsupported(f, "no watchdog leases");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+        return;
+    };
     let name = Names::new().name("abandoned");
-    let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
-    let _token = g.leak();
+    let _token = take(f, &lock_with(&a, &name, short_watchdog(f)))
+        .await
+        .leak();
     let lb = lock(&b, &name);
-    let got = must(
-        f.holder_timeout() + f.slack() * 2,
-        "abandoned lock frees itself",
-        lb.acquire(),
-    )
-    .await
-    .unwrap();
+    let got = acquired(expiry_wait(f), "abandoned lock frees itself", lb.acquire()).await;
     release(got).await;
 }
 
 /// The watchdog keeps a live holder's lock well past its TTL.
 pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).watchdog {
-        return unsupported(f, "no watchdog leases");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+        return;
+    };
     let name = Names::new().name("watchdog");
     // Keeping a hold is promised to a live holder: a runtime stalled for most of the lease (a
     // stress run on two cores saw one) loses it, as it should.
@@ -178,10 +145,9 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
 /// waits for the lock looks like this), unless the runtime was kept from running for half
 /// the lease or more meanwhile (a stall probe); then the case says so and checks the rest.
 pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let name = Names::new().name("fixed");
     let lease = f.short_lease();
     let stalls = StallProbe::start();
@@ -272,10 +238,9 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
 /// and on a loaded machine a short lease can run out between the acquire and the extend (a
 /// loss the contract calls for, not the case under test).
 pub async fn extend_keeps_fixed_lease(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let name = Names::new().name("extend");
     let lease = f.short_lease();
     let first = LockOptions::new().with_lease(Lease::Fixed(lease * 3));
@@ -316,25 +281,19 @@ pub async fn extend_keeps_fixed_lease(f: &impl Factory) {
 
 /// `extend` after the hold was lost is `LockLost`.
 pub async fn extend_after_loss_is_lock_lost(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let g = take(f, &lock_with(&a, &Names::new().name("late"), fixed(f))).await;
-    must(f.short_lease() + f.slack(), "fixed lease end", g.lost()).await;
-    let err = g
-        .extend(f.short_lease())
-        .await
-        .expect_err("extend after loss");
-    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    must(lease_wait(f), "fixed lease end", g.lost()).await;
+    assert_lock_lost(g.extend(f.short_lease()).await, "extend after loss");
 }
 
 /// `extend` is for fixed leases; on a watchdog lease it is an invalid argument.
 pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).watchdog {
-        return unsupported(f, "no watchdog leases");
-    }
+    let Some([a]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+        return;
+    };
     let g = take(f, &lock(&a, &Names::new().name("wd-extend"))).await;
     let err = g
         .extend(Duration::from_secs(1))
@@ -347,30 +306,20 @@ pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
 
 /// A hold removed behind the holder's back is reported lost, within one renewal period.
 pub async fn forced_expiry_reports_loss(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).loss_detection {
-        return unsupported(f, "no loss detection");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.loss_detection, "no loss detection").await else {
+        return;
+    };
     let name = Names::new().name("forced");
     let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
-    match f.force_expire(&name).await {
-        None => return skip(f, "the factory cannot force expiry"),
-        Some(r) => r.unwrap_or_else(|e| panic!("force_expire: {e}")),
+    if !dropped_behind_the_back(f, &name).await {
+        return;
     }
-    must(
-        f.short_lease() + f.slack(),
-        "lost() after forced expiry",
-        g.lost(),
-    )
-    .await;
+    must(lease_wait(f), "lost() after forced expiry", g.lost()).await;
     assert!(!g.is_held());
     assert!(g.loss_reason().is_some(), "a loss without a reason");
     let lb = lock(&b, &name);
-    let g2 = must(f.slack(), "acquire after forced expiry", lb.acquire())
-        .await
-        .unwrap();
-    let err = g.release().await.expect_err("release of a lost hold");
-    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    let g2 = acquired(f.slack(), "acquire after forced expiry", lb.acquire()).await;
+    assert_lock_lost(g.release().await, "release of a lost hold");
     assert!(g2.is_held());
     release(g2).await;
 }
@@ -379,19 +328,18 @@ pub async fn forced_expiry_reports_loss(f: &impl Factory) {
 /// the loss by the lease end, others get the lock once the store lets the hold go, and after
 /// the outage the old guard's release is `LockLost`.
 pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory) {
-    let Some(partitionable) = f.connect_partitionable().await else {
-        return skip(f, "the factory cannot cut one client off the store");
+    let Some((p, cut, b)) = cuttable_clients(f).await else {
+        return;
     };
-    let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
-    let b = client(f).await;
-    if !caps(&p).watchdog || !caps(&p).loss_detection {
-        return unsupported(f, "no watchdog leases with loss detection");
+    let offered = caps(&p).watchdog && caps(&p).loss_detection;
+    if !require(f, offered, "no watchdog leases with loss detection") {
+        return;
     }
     let name = Names::new().name("outage");
     let g = take(f, &lock_with(&p, &name, short_watchdog(f))).await;
     cut.set_partitioned(true);
     must(
-        f.short_lease() + f.slack(),
+        lease_wait(f),
         "lost() by the end of the lease during the outage",
         g.lost(),
     )
@@ -411,19 +359,14 @@ pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory)
         "lost for an unexpected reason: {reason:?}"
     );
     let other = lock(&b, &name);
-    let got = must(
-        f.holder_timeout() + f.slack() * 2,
+    let got = acquired(
+        expiry_wait(f),
         "another client gets the lock after the partitioned holder's lease",
         other.acquire(),
     )
-    .await
-    .unwrap_or_else(|e| panic!("acquire: {e}"));
+    .await;
     cut.set_partitioned(false);
-    let err = g
-        .release()
-        .await
-        .expect_err("release of a hold lost in an outage");
-    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    assert_lock_lost(g.release().await, "release of a hold lost in an outage");
     assert!(got.is_held());
     release(got).await;
 }
@@ -432,76 +375,52 @@ pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory)
 /// lease keeper never runs again): `is_held()` is false once the lease end has passed, and says
 /// why.
 pub async fn is_held_is_false_at_the_lease_end_on_a_stalled_runtime(f: &impl Factory) {
-    let probe = client(f).await;
-    if !caps(&probe).watchdog {
-        return unsupported(f, "no watchdog leases");
-    }
+    let Some([probe]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+        return;
+    };
     drop(probe);
     let name = Names::new().name("stalled");
     let lease = f.short_lease();
-    let (held, reason, released) = std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            // Everything of this client runs on `rt`, which runs only inside `block_on`.
-            let (p, g) = rt.block_on(async {
-                let p = client(f).await;
-                let g = take(f, &lock_with(&p, &name, short_watchdog(f))).await;
-                assert!(g.is_held());
-                (p, g)
-            });
-            // The stall itself (the fault this case injects, not a wait for an event): the
-            // runtime does not run for one and a half leases.
-            std::thread::sleep(lease.saturating_add(lease / 2));
-            let held = g.is_held();
-            let reason = g.loss_reason();
-            let released = rt.block_on(g.release());
-            drop(p);
-            (held, reason, released)
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    let (held, reason, released) = on_a_runtime_of_its_own(|rt| {
+        // Everything of this client runs on `rt`, which runs only inside `block_on`.
+        let (p, g) = rt.block_on(async {
+            let p = client(f).await;
+            let g = take(f, &lock_with(&p, &name, short_watchdog(f))).await;
+            assert!(g.is_held());
+            (p, g)
+        });
+        // The stall itself (the fault this case injects, not a wait for an event): the
+        // runtime does not run for one and a half leases.
+        std::thread::sleep(lease.saturating_add(lease / 2));
+        let held = g.is_held();
+        let reason = g.loss_reason();
+        let released = rt.block_on(g.release());
+        drop(p);
+        (held, reason, released)
     });
     assert!(
         !held,
         "is_held() was true after the lease end on a stalled runtime"
     );
     assert_eq!(reason, Some(LossReason::LeaseEnded));
-    assert!(
-        matches!(released, Err(Error::LockLost { .. })),
-        "release after the lease end: {released:?}"
-    );
+    assert_lock_lost(released, "release after the lease end");
 }
 
 /// The runtime the hold was taken on is shut down while the guard lives on: the keeper dies
 /// with it and the guard reports the loss instead of claiming a hold nobody renews.
 pub async fn keeper_runtime_dropped_reports_loss(f: &impl Factory) {
     let name = Names::new().name("orphan");
-    let (held, reason, guard, provider) = std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let (p, g) = rt.block_on(async {
-                let p = client(f).await;
-                let g = take(f, &lock(&p, &name)).await;
-                (p, g)
-            });
-            drop(rt);
-            (g.is_held(), g.loss_reason(), g, p)
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    let (held, reason, guard, provider) = on_a_runtime_of_its_own(|rt| {
+        let (p, g) = rt.block_on(async {
+            let p = client(f).await;
+            let g = take(f, &lock(&p, &name)).await;
+            (p, g)
+        });
+        drop(rt);
+        (g.is_held(), g.loss_reason(), g, p)
     });
     assert!(!held, "is_held() after the keeper's runtime was shut down");
     assert_eq!(reason, Some(LossReason::KeeperStopped));
-    let err = guard
-        .release()
-        .await
-        .expect_err("release of an orphaned hold");
-    assert!(matches!(err, Error::LockLost { .. }), "got {err:?}");
+    assert_lock_lost(guard.release().await, "release of an orphaned hold");
     drop(provider);
 }

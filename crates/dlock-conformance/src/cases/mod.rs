@@ -34,16 +34,19 @@ pub use self::silence::*;
 pub use self::time::*;
 pub use self::waiting::*;
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::time::Duration;
 
 use dlock_core::{
     Capabilities, DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error, Lease,
     LockGuard, LockOptions,
 };
+use tokio::task::JoinHandle;
 
-use crate::Factory;
 use crate::record::{Outcome, note};
-use crate::support::eventually;
+use crate::support::{eventually, must};
+use crate::{Factory, Partition};
 
 const ZERO: Duration = Duration::ZERO;
 
@@ -54,14 +57,77 @@ async fn client(f: &impl Factory) -> DynLockProvider {
     }
 }
 
+/// `N` clients of the backend under test, connected one after another.
+async fn clients<const N: usize>(f: &impl Factory) -> [DynLockProvider; N] {
+    let mut all = Vec::with_capacity(N);
+    for _ in 0..N {
+        all.push(client(f).await);
+    }
+    match all.try_into() {
+        Ok(all) => all,
+        Err(_) => unreachable!("{N} clients were connected"),
+    }
+}
+
+/// `N` clients, if the backend offers what the case tests (`offered`, asked of the first
+/// client's capabilities); otherwise `None`, and the case is noted [`unsupported`] for `why`.
+async fn clients_if<const N: usize>(
+    f: &impl Factory,
+    offered: impl FnOnce(&Capabilities) -> bool,
+    why: &str,
+) -> Option<[DynLockProvider; N]> {
+    let all: [DynLockProvider; N] = clients(f).await;
+    let offered = all.first().is_some_and(|p| offered(&caps(p)));
+    require(f, offered, why).then_some(all)
+}
+
+/// A client the case can cut off the store, with its cut ([`Factory::connect_partitionable`]),
+/// and another client; `None` where the factory cannot cut a client off (the case is then noted
+/// skipped, and the caller returns).
+async fn cuttable_clients(
+    f: &impl Factory,
+) -> Option<(DynLockProvider, Box<dyn Partition>, DynLockProvider)> {
+    let Some(partitionable) = f.connect_partitionable().await else {
+        skip(f, "the factory cannot cut one client off the store");
+        return None;
+    };
+    let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
+    Some((p, cut, client(f).await))
+}
+
 fn caps(p: &DynLockProvider) -> Capabilities {
     p.capabilities()
+}
+
+/// Whether the backend offers what the case tests (`offered`); if not, the case is noted
+/// [`unsupported`] for `why`, and the caller returns.
+fn require(f: &impl Factory, offered: bool, why: &str) -> bool {
+    if !offered {
+        unsupported(f, why);
+    }
+    offered
 }
 
 /// The case cannot run here: the factory lacks a hook it needs.
 fn skip(f: &impl Factory, why: &str) {
     eprintln!("skipped for {}: {why}", f.label());
     note(Outcome::Skipped(why.to_string()));
+}
+
+/// Has the store drop the hold on `name` behind its holder's back
+/// ([`Factory::force_expire`]). False where the factory cannot: the case is then noted
+/// skipped, and the caller returns.
+async fn dropped_behind_the_back(f: &impl Factory, name: &str) -> bool {
+    match f.force_expire(name).await {
+        None => {
+            skip(f, "the factory cannot drop a hold behind its holder's back");
+            false
+        }
+        Some(r) => {
+            r.unwrap_or_else(|e| panic!("force_expire: {e}"));
+            true
+        }
+    }
 }
 
 /// The backend does not offer what the case tests.
@@ -97,6 +163,23 @@ fn sem(p: &DynLockProvider, name: &str, permits: u32, opts: LockOptions) -> DynS
         .unwrap_or_else(|e| panic!("semaphore: {e}"))
 }
 
+/// The errors with which `p` refuses a handle of each kind it offers on `name` with `options`:
+/// a mutex, and a read-write lock and a two-permit semaphore where the backend has them. A
+/// handle handed out instead fails the case with `why` (what is wrong with the request).
+fn refusals(p: &DynLockProvider, name: &str, options: LockOptions, why: &str) -> Vec<Error> {
+    let c = caps(p);
+    let mut errors = vec![p.lock(name, options).expect_err(why)];
+    if c.read_write {
+        let e = p.read_write_lock(name, options);
+        errors.push(e.expect_err(&format!("rw: {why}")));
+    }
+    if c.semaphore {
+        let e = p.semaphore(name, 2, options);
+        errors.push(e.expect_err(&format!("semaphore: {why}")));
+    }
+    errors
+}
+
 /// Takes a lock that must be free (or become free within twice the slack).
 async fn take(f: &impl Factory, l: &DynLock) -> LockGuard {
     let limit = f.slack() * 2;
@@ -105,6 +188,117 @@ async fn take(f: &impl Factory, l: &DynLock) -> LockGuard {
         Ok(None) => panic!("{:?} was not free", l.name()),
         Err(e) => panic!("acquire {:?} failed: {e}", l.name()),
     }
+}
+
+/// The guard of a try that must have been granted; fails the case with `what` if the try
+/// failed or was not granted.
+fn granted<G>(got: Result<Option<G>, Error>, what: &str) -> G {
+    match got {
+        Ok(Some(g)) => g,
+        Ok(None) => panic!("{what}: not granted"),
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// The guard of a try that must be granted within `limit`; fails the case with `what` if the
+/// try fails, is not granted, or takes longer.
+async fn granted_within<G>(
+    limit: Duration,
+    what: &str,
+    got: impl Future<Output = Result<Option<G>, Error>>,
+) -> G {
+    granted(must(limit, what, got).await, what)
+}
+
+/// Takes a read hold that must be free within the factory's slack.
+async fn take_read(f: &impl Factory, l: &DynReadWriteLock, what: &str) -> LockGuard {
+    granted(l.try_read(f.slack()).await, what)
+}
+
+/// Takes a write hold that must be free within the factory's slack.
+async fn take_write(f: &impl Factory, l: &DynReadWriteLock, what: &str) -> LockGuard {
+    granted(l.try_write(f.slack()).await, what)
+}
+
+/// Takes a permit that must be free within the factory's slack.
+async fn take_permit(f: &impl Factory, s: &DynSemaphore, what: &str) -> LockGuard {
+    granted(s.try_acquire(f.slack()).await, what)
+}
+
+/// Asserts that a try (of any kind) got nothing, as it must while `why`; an error fails the
+/// case too.
+fn assert_not_granted(got: Result<Option<LockGuard>, Error>, why: &str) {
+    match got {
+        Ok(None) => {}
+        Ok(Some(g)) => panic!("{why}: granted {:?}", g.name()),
+        Err(e) => panic!("{why}: {e}"),
+    }
+}
+
+/// The output of a spawned task; a panic in the task fails the case with the task's own
+/// message.
+async fn joined<T>(task: JoinHandle<T>) -> T {
+    task.await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+/// What an acquisition (of any kind) got, within `limit`; fails the case with `what` if it
+/// failed or took longer.
+async fn acquired<G>(
+    limit: Duration,
+    what: &str,
+    acquire: impl Future<Output = Result<G, Error>>,
+) -> G {
+    must(limit, what, acquire)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Spawns `wait` (a waiter for a held lock) and returns its task once it has waited
+/// `for_at_least`; fails the case with `why` if it ended before.
+async fn waiting<T>(
+    for_at_least: Duration,
+    why: &str,
+    wait: impl Future<Output = T> + Send + 'static,
+) -> JoinHandle<T>
+where
+    T: Debug + Send + 'static,
+{
+    let mut task = tokio::spawn(wait);
+    let early = tokio::time::timeout(for_at_least, &mut task).await;
+    assert!(early.is_err(), "{why}: {early:?}");
+    task
+}
+
+/// Asserts that a call on a hold that is gone failed with `LockLost`: `what` (the call, and
+/// why it must fail) names it in the failure.
+fn assert_lock_lost<T: Debug>(r: Result<T, Error>, what: &str) {
+    match r {
+        Err(Error::LockLost { .. }) => {}
+        Err(e) => panic!("{what}: expected LockLost, got {e:?}"),
+        Ok(v) => panic!("{what}: expected LockLost, got Ok({v:?})"),
+    }
+}
+
+/// Asserts that a request for something the backend does not offer failed with
+/// `Unsupported`: `what` (the request) names it in the failure.
+fn assert_unsupported<T: Debug>(r: Result<T, Error>, what: &str) {
+    match r {
+        Err(Error::Unsupported { .. }) => {}
+        Err(e) => panic!("{what}: expected Unsupported, got {e:?}"),
+        Ok(v) => panic!("{what}: expected Unsupported, got Ok({v:?})"),
+    }
+}
+
+/// How long a case waits for a short lease to run out: the lease and the factory's slack.
+fn lease_wait(f: &impl Factory) -> Duration {
+    f.short_lease() + f.slack()
+}
+
+/// How long a case waits for a lock whose holder died (or lost it) to come to another client:
+/// the factory's holder timeout, and twice its slack.
+fn expiry_wait(f: &impl Factory) -> Duration {
+    f.holder_timeout() + f.slack() * 2
 }
 
 /// Whether `name` is free for a new handle of `p`. A zero-wait try that gets nothing is checked
@@ -204,6 +398,34 @@ fn fixed(f: &impl Factory) -> LockOptions {
 
 fn short_watchdog(f: &impl Factory) -> LockOptions {
     LockOptions::new().with_lease(Lease::watchdog(f.short_lease()))
+}
+
+/// Asserts that an acquisition cut off after `cut` did not get its hold, as it must while
+/// `why`.
+async fn assert_cut_off<G>(
+    cut: Duration,
+    acquire: impl Future<Output = Result<G, Error>>,
+    why: &str,
+) {
+    let r = tokio::time::timeout(cut, acquire).await;
+    assert!(!matches!(r, Ok(Ok(_))), "{why}");
+}
+
+/// Runs `work` on a thread of its own, with a runtime of its own that runs only inside
+/// `block_on` (one thread): for a case that stalls or shuts down the runtime a hold was taken
+/// on. A panic in `work` fails the case with its own message.
+fn on_a_runtime_of_its_own<T: Send>(work: impl FnOnce(tokio::runtime::Runtime) -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("a runtime of its own: {e}"));
+            work(rt)
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
 }
 
 /// Cut points for cancellation: 0 µs to about 80 ms, denser at the start.

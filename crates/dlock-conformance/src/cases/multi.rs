@@ -1,10 +1,10 @@
 //! MultiLock: all or nothing, over any mix of members.
 
-use dlock_core::{Error, Lease, LockOptions, Member, MultiLock};
+use dlock_core::{Capabilities, Error, Lease, LockOptions, Member, MultiLock};
 
 use super::{
-    ZERO, assert_busy, caps, client, is_free, lock, lock_with, release, rw, sem, skip, take,
-    unsupported,
+    ZERO, acquired, assert_busy, assert_not_granted, caps, client, clients, clients_if, is_free,
+    lock, lock_with, release, rw, sem, skip, take, take_permit, take_read, take_write,
 };
 use crate::Factory;
 use crate::support::{Names, eventually, must};
@@ -12,7 +12,7 @@ use crate::support::{Names, eventually, must};
 /// If one member is busy, a MultiLock takes none: the members taken before it are rolled
 /// back.
 pub async fn multilock_is_all_or_nothing(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let names = Names::new();
     let (n1, n2, n3) = (names.name("m1"), names.name("m2"), names.name("m3"));
     // The busy member sorts last, so the two before it are taken and must be rolled back.
@@ -37,7 +37,7 @@ pub async fn multilock_is_all_or_nothing(f: &impl Factory) {
 
 /// Two MultiLocks over the same names given in opposite orders never deadlock.
 pub async fn multilock_opposite_orders_do_not_deadlock(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let names = Names::new();
     let (n1, n2) = (names.name("d1"), names.name("d2"));
     let m1 = MultiLock::new(vec![lock(&a, &n1), lock(&a, &n2)]).unwrap();
@@ -61,13 +61,11 @@ pub async fn multilock_opposite_orders_do_not_deadlock(f: &impl Factory) {
 
 /// Releasing a MultiGuard frees every lock.
 pub async fn multilock_releases_everything(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let names = Names::new();
     let ns: Vec<String> = (0..4).map(|i| names.name(&format!("r{i}"))).collect();
     let multi = MultiLock::new(ns.iter().map(|n| lock(&a, n)).collect::<Vec<_>>()).unwrap();
-    let g = must(f.slack(), "MultiLock acquire", multi.acquire())
-        .await
-        .unwrap();
+    let g = acquired(f.slack(), "MultiLock acquire", multi.acquire()).await;
     assert!(g.is_held());
     let tokens = g.fencing_tokens();
     assert_eq!(tokens.len(), 4);
@@ -93,11 +91,11 @@ pub async fn multilock_rejects_duplicates(f: &impl Factory) {
 /// A MultiLock over a mutex, a read hold and a semaphore permit takes all three: the mutex
 /// and the permit exclude, the read shares with readers and excludes writers.
 pub async fn multilock_mixes_reads_and_permits(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    let c = caps(&a);
-    if !c.read_write || !c.semaphore {
-        return unsupported(f, "no read-write locks and semaphores to mix");
-    }
+    let need = |c: &Capabilities| c.read_write && c.semaphore;
+    let Some([a, b]) = clients_if(f, need, "no read-write locks and semaphores to mix").await
+    else {
+        return;
+    };
     let names = Names::new();
     let (nl, nr, ns) = (
         names.name("mix-lock"),
@@ -111,53 +109,33 @@ pub async fn multilock_mixes_reads_and_permits(f: &impl Factory) {
         Member::permit(sem(&a, &ns, 1, opts)),
     ])
     .unwrap();
-    let g = must(f.slack(), "a mixed MultiLock", multi.acquire())
-        .await
-        .unwrap_or_else(|e| panic!("mixed MultiLock: {e}"));
+    let g = acquired(f.slack(), "a mixed MultiLock", multi.acquire()).await;
     assert!(g.is_held());
     assert_busy(&lock(&b, &nl), "the MultiLock holds the mutex").await;
     let other = rw(&b, &nr);
-    assert!(
-        other.try_write(ZERO).await.unwrap().is_none(),
-        "a writer beside the MultiLock's read"
+    assert_not_granted(
+        other.try_write(ZERO).await,
+        "a writer beside the MultiLock's read",
     );
-    let r = other
-        .try_read(f.slack())
-        .await
-        .unwrap()
-        .expect("readers share");
-    release(r).await;
-    assert!(
-        sem(&b, &ns, 1, opts)
-            .try_acquire(ZERO)
-            .await
-            .unwrap()
-            .is_none(),
-        "the MultiLock holds the only permit"
+    release(take_read(f, &other, "readers share").await).await;
+    let permit = sem(&b, &ns, 1, opts);
+    assert_not_granted(
+        permit.try_acquire(ZERO).await,
+        "the MultiLock holds the only permit",
     );
     g.release().await.unwrap();
     assert!(is_free(f, &b, &nl).await, "the mutex after release");
-    let w = other
-        .try_write(f.slack())
-        .await
-        .unwrap()
-        .expect("the write after release");
-    release(w).await;
-    let p = sem(&b, &ns, 1, opts)
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("the permit after release");
-    release(p).await;
+    release(take_write(f, &other, "the write after release").await).await;
+    let permit = sem(&b, &ns, 1, opts);
+    release(take_permit(f, &permit, "the permit after release").await).await;
 }
 
 /// A member with a fixed lease runs out while the MultiLock waits for a later member: the
 /// MultiLock checks every member before it returns, rolls back, and says `LockLost`.
 pub async fn multilock_rechecks_members_before_returning(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let names = Names::new();
     let (n1, n2) = (names.name("a-first"), names.name("b-second"));
     let lease = f.short_lease();
@@ -227,26 +205,20 @@ pub async fn multilock_rechecks_members_before_returning(f: &impl Factory) {
 
 /// A member fails with an error (not a timeout): the members taken before it are rolled back.
 pub async fn multilock_rolls_back_after_an_error(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let c = caps(&a);
     let names = Names::new();
     let (n1, n2) = (names.name("a-taken"), names.name("b-fails"));
     let (failing, keep) = if c.read_write {
         // A handle that holds the read side and asks for the write side: WouldDeadlock.
         let handle = rw(&a, &n2);
-        let read = handle.try_read(f.slack()).await.unwrap().expect("the read");
+        let read = take_read(f, &handle, "the read").await;
         (Member::write(handle), Some(read))
     } else if c.semaphore {
         // A handle that disagrees on the permit count while a permit is held.
-        let held = sem(&b, &n2, 2, LockOptions::default())
-            .try_acquire(f.slack())
-            .await
-            .unwrap()
-            .expect("a permit");
-        (
-            Member::permit(sem(&a, &n2, 3, LockOptions::default())),
-            Some(held),
-        )
+        let opts = LockOptions::default();
+        let held = take_permit(f, &sem(&b, &n2, 2, opts), "a permit").await;
+        (Member::permit(sem(&a, &n2, 3, opts)), Some(held))
     } else {
         return skip(
             f,

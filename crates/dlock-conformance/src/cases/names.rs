@@ -4,15 +4,32 @@ use std::time::Duration;
 
 use dlock_core::{DriftAllowance, Error, Lease, LockName, LockOptions};
 
-use super::{ZERO, assert_busy, caps, client, lock, not_applicable, release, take};
+use super::{
+    ZERO, assert_busy, assert_unsupported, caps, client, clients, lock, not_applicable, refusals,
+    release, take,
+};
 use crate::Factory;
 use crate::support::Names;
+
+/// Holds a fresh name ending in each of `suffixes`, all at once, through one client, each one
+/// excluding another client; then releases them.
+async fn held_at_once(f: &impl Factory, suffixes: &[&str]) {
+    let [a, b] = clients(f).await;
+    let names = Names::new();
+    let mut guards = Vec::new();
+    for s in suffixes {
+        let name = names.name(s);
+        guards.push(take(f, &lock(&a, &name)).await);
+        assert_busy(&lock(&b, &name), "it is held").await;
+    }
+    for g in guards {
+        release(g).await;
+    }
+}
 
 /// Names are exact: case, punctuation, wildcards, brackets, unicode and prefixes all make
 /// different locks, and each one excludes itself (all are held at once).
 pub async fn names_are_exact_and_case_sensitive(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    let names = Names::new();
     let suffixes = [
         "Key",
         "key",
@@ -49,37 +66,19 @@ pub async fn names_are_exact_and_case_sensitive(f: &impl Factory) {
         "lock-",
         "_c_",
     ];
-    let mut guards = Vec::new();
-    for s in suffixes {
-        let name = names.name(s);
-        guards.push(take(f, &lock(&a, &name)).await);
-        assert_busy(&lock(&b, &name), "it is held").await;
-    }
-    for g in guards {
-        release(g).await;
-    }
+    held_at_once(f, &suffixes).await;
 }
 
 /// Names that differ only by trailing or leading spaces (the classic padded-collation pitfall)
 /// are different locks, held at once.
 pub async fn names_differing_by_a_trailing_space_are_distinct(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    let names = Names::new();
     let suffixes = ["pad", "pad ", "pad  ", " pad", "pad\u{a0}"];
-    let mut guards = Vec::new();
-    for s in suffixes {
-        let name = names.name(s);
-        guards.push(take(f, &lock(&a, &name)).await);
-        assert_busy(&lock(&b, &name), "it is held").await;
-    }
-    for g in guards {
-        release(g).await;
-    }
+    held_at_once(f, &suffixes).await;
 }
 
 /// A name of exactly 255 bytes works; 256 bytes is rejected before any I/O.
 pub async fn longest_name_works(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let prefix = Names::new().name("");
     let name = format!("{prefix}{}", "n".repeat(LockName::MAX_LEN - prefix.len()));
     assert_eq!(name.len(), 255);
@@ -97,7 +96,6 @@ pub async fn longest_name_works(f: &impl Factory) {
 /// primitive.
 pub async fn bad_names_are_rejected(f: &impl Factory) {
     let a = client(f).await;
-    let c = caps(&a);
     let long = "x".repeat(256);
     for bad in [
         "",
@@ -107,19 +105,7 @@ pub async fn bad_names_are_rejected(f: &impl Factory) {
         "\u{1b}[31m",
         long.as_str(),
     ] {
-        let opts = LockOptions::default();
-        let e = a.lock(bad, opts).expect_err("lock with a bad name");
-        assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
-        if c.read_write {
-            let e = a
-                .read_write_lock(bad, opts)
-                .expect_err("rw with a bad name");
-            assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
-        }
-        if c.semaphore {
-            let e = a
-                .semaphore(bad, 2, opts)
-                .expect_err("semaphore with a bad name");
+        for e in refusals(&a, bad, LockOptions::default(), "a bad name") {
             assert!(matches!(e, Error::InvalidName { .. }), "{bad:?}: {e:?}");
         }
     }
@@ -163,17 +149,14 @@ pub async fn missing_primitives_are_unsupported(f: &impl Factory) {
         return not_applicable(f, "read-write locks and semaphores are supported");
     }
     let name = Names::new().name("missing");
+    let opts = LockOptions::default();
     if !c.read_write {
-        let e = a
-            .read_write_lock(&name, LockOptions::default())
-            .expect_err("read_write_lock without the capability");
-        assert!(matches!(e, Error::Unsupported { .. }), "got {e:?}");
+        let made = a.read_write_lock(&name, opts);
+        assert_unsupported(made, "read_write_lock without the capability");
     }
     if !c.semaphore {
-        let e = a
-            .semaphore(&name, 2, LockOptions::default())
-            .expect_err("semaphore without the capability");
-        assert!(matches!(e, Error::Unsupported { .. }), "got {e:?}");
+        let made = a.semaphore(&name, 2, opts);
+        assert_unsupported(made, "semaphore without the capability");
     }
 }
 

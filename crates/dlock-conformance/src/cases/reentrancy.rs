@@ -8,7 +8,8 @@ use std::time::Duration;
 use dlock_core::LockOptions;
 
 use super::{
-    ZERO, assert_busy, caps, client, is_free, lock, lock_with, release, take, unsupported,
+    ZERO, acquired, assert_busy, caps, client, clients, clients_if, is_free, lock, lock_with,
+    release, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -20,13 +21,12 @@ fn reentrant() -> LockOptions {
 
 /// The owner re-acquires at once and gets the same token.
 pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).reentrant {
-        return unsupported(f, "no reentrant locks");
-    }
+    let Some([a]) = clients_if(f, |c| c.reentrant, "no reentrant locks").await else {
+        return;
+    };
     let l = lock_with(&a, &Names::new().name("re"), reentrant());
     let g1 = take(f, &l).await;
-    let g2 = must(f.slack(), "re-entry", l.acquire()).await.unwrap();
+    let g2 = acquired(f.slack(), "re-entry", l.acquire()).await;
     let g3 = l
         .try_acquire(ZERO)
         .await
@@ -41,10 +41,9 @@ pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
 
 /// The lock is free for others only when the owner's last guard is released.
 pub async fn reentrant_lock_freed_by_last_guard(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).reentrant {
-        return unsupported(f, "no reentrant locks");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.reentrant, "no reentrant locks").await else {
+        return;
+    };
     let name = Names::new().name("count");
     let l = lock_with(&a, &name, reentrant());
     let other = lock(&b, &name);
@@ -112,7 +111,7 @@ pub async fn tasks_sharing_a_handle_exclude_each_other(f: &impl Factory) {
 /// gets in until both guards are released; a clone of the handle in a third task waits
 /// for them like anyone else.
 pub async fn explicit_reentry_hands_the_hold_to_another_task(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("handed");
     let l = lock(&a, &name);
     let g = take(f, &l).await;
@@ -153,15 +152,11 @@ pub async fn explicit_reentry_hands_the_hold_to_another_task(f: &impl Factory) {
 
 /// `reentrant(false)`: the same handle waits for itself.
 pub async fn non_reentrant_waits_for_itself(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).non_reentrant {
-        return unsupported(f, "no non-reentrant locks");
-    }
-    let l = lock_with(
-        &a,
-        &Names::new().name("nr"),
-        LockOptions::new().with_reentrant(false),
-    );
+    let Some([a]) = clients_if(f, |c| c.non_reentrant, "no non-reentrant locks").await else {
+        return;
+    };
+    let not_reentrant = LockOptions::new().with_reentrant(false);
+    let l = lock_with(&a, &Names::new().name("nr"), not_reentrant);
     let g = take(f, &l).await;
     let second = l.try_acquire(Duration::from_millis(200)).await.unwrap();
     assert!(second.is_none(), "a non-reentrant lock must not re-enter");

@@ -2,44 +2,33 @@
 
 use std::collections::BTreeSet;
 
-use dlock_core::{Error, LockGuard, LockOptions};
+use dlock_core::{Capabilities, Error, LockGuard, LockOptions};
 
-use super::{ZERO, caps, client, release, sem, short_watchdog, unsupported};
+use super::{
+    ZERO, acquired, assert_not_granted, caps, clients_if, expiry_wait, granted_within, release,
+    sem, short_watchdog, take_permit,
+};
 use crate::Factory;
 use crate::support::{Names, must};
 
 /// At most `permits` holders; a released permit lets the next one in.
 pub async fn semaphore_limits_holders(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).semaphore {
-        return unsupported(f, "no semaphores");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+        return;
+    };
     let name = Names::new().name("sem");
     let opts = LockOptions::default();
     let mut held = Vec::new();
     for i in 0..3 {
         let s = sem(if i % 2 == 0 { &a } else { &b }, &name, 3, opts);
-        held.push(
-            s.try_acquire(f.slack())
-                .await
-                .unwrap()
-                .expect("a free permit"),
-        );
+        held.push(take_permit(f, &s, "a free permit").await);
     }
     let fourth = sem(&b, &name, 3, opts);
-    assert!(
-        fourth.try_acquire(ZERO).await.unwrap().is_none(),
-        "a 4th permit of 3"
-    );
+    assert_not_granted(fourth.try_acquire(ZERO).await, "a 4th permit of 3");
     let tokens: BTreeSet<_> = held.iter().map(LockGuard::fencing_token).collect();
     assert_eq!(tokens.len(), 3, "each permit has its own token");
     release(held.pop().unwrap()).await;
-    let g = fourth
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("the freed permit");
-    release(g).await;
+    release(take_permit(f, &fourth, "the freed permit").await).await;
     for g in held {
         release(g).await;
     }
@@ -47,51 +36,31 @@ pub async fn semaphore_limits_holders(f: &impl Factory) {
 
 /// Every acquisition takes a permit, even through the same handle.
 pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).semaphore {
-        return unsupported(f, "no semaphores");
-    }
-    let s = sem(
-        &a,
-        &Names::new().name("sem-same"),
-        2,
-        LockOptions::default(),
-    );
-    let g1 = s.try_acquire(f.slack()).await.unwrap().expect("permit 1");
-    let g2 = s.try_acquire(f.slack()).await.unwrap().expect("permit 2");
-    assert!(
-        s.try_acquire(ZERO).await.unwrap().is_none(),
-        "a 3rd permit of 2"
-    );
+    let Some([a]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+        return;
+    };
+    let name = Names::new().name("sem-same");
+    let s = sem(&a, &name, 2, LockOptions::default());
+    let g1 = take_permit(f, &s, "permit 1").await;
+    let g2 = take_permit(f, &s, "permit 2").await;
+    assert_not_granted(s.try_acquire(ZERO).await, "a 3rd permit of 2");
     release(g1).await;
     release(g2).await;
 }
 
 /// A permit whose holder died comes back after its lease.
 pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).semaphore || !caps(&a).watchdog {
-        return unsupported(f, "no semaphores with watchdog leases");
-    }
+    let need = |c: &Capabilities| c.semaphore && c.watchdog;
+    let Some([a, b]) = clients_if(f, need, "no semaphores with watchdog leases").await else {
+        return;
+    };
     let name = Names::new().name("sem-dead");
-    let g = sem(&a, &name, 1, short_watchdog(f))
-        .try_acquire(f.slack())
+    let _ = take_permit(f, &sem(&a, &name, 1, short_watchdog(f)), "the permit")
         .await
-        .unwrap()
-        .expect("the permit");
-    let _ = g.leak();
+        .leak();
     let s = sem(&b, &name, 1, LockOptions::default());
-    assert!(
-        s.try_acquire(ZERO).await.unwrap().is_none(),
-        "the dead holder's lease runs"
-    );
-    let g = must(
-        f.holder_timeout() + f.slack() * 2,
-        "the permit comes back",
-        s.acquire(),
-    )
-    .await
-    .unwrap();
+    assert_not_granted(s.try_acquire(ZERO).await, "the dead holder's lease runs");
+    let g = acquired(expiry_wait(f), "the permit comes back", s.acquire()).await;
     release(g).await;
 }
 
@@ -100,18 +69,12 @@ pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
 /// handle enforcing its own limit); handles that agree go on, and once every permit is back
 /// the count may change.
 pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).semaphore {
-        return unsupported(f, "no semaphores");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+        return;
+    };
     let name = Names::new().name("sem-count");
     let opts = LockOptions::default();
-    let three = sem(&a, &name, 3, opts);
-    let held = three
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("a permit of 3");
+    let held = take_permit(f, &sem(&a, &name, 3, opts), "a permit of 3").await;
     for (permits, wait) in [(5, ZERO), (1, ZERO), (5, f.slack())] {
         let other = sem(&b, &name, permits, opts);
         let e = must(
@@ -126,32 +89,21 @@ pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
             "{permits} permits: {e:?}"
         );
     }
-    let agreeing = sem(&b, &name, 3, opts)
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("a handle that agrees on 3");
+    let agreeing = take_permit(f, &sem(&b, &name, 3, opts), "a handle that agrees on 3").await;
     release(agreeing).await;
     release(held).await;
-    let g = must(
-        f.slack(),
-        "a new count once every permit is back",
-        sem(&b, &name, 5, opts).try_acquire(f.slack()),
-    )
-    .await
-    .unwrap()
-    .expect("a free semaphore with a new count");
-    release(g).await;
+    let five = sem(&b, &name, 5, opts);
+    let what = "a free semaphore with a new count once every permit is back";
+    release(granted_within(f.slack(), what, five.try_acquire(f.slack())).await).await;
 }
 
 /// `available()` counts free permits as the store does: all at first, one fewer per holder
 /// (of any handle), one more per release, and a leaked permit whose fixed lease ended counts as
 /// free although nobody released it.
 pub async fn semaphore_counts_available_permits(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
-    if !caps(&a).semaphore {
-        return unsupported(f, "no semaphores");
-    }
+    let Some([a, b]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+        return;
+    };
     let name = Names::new().name("sem-available");
     let s = sem(&a, &name, 3, LockOptions::default());
     let other = sem(&b, &name, 3, LockOptions::default());
@@ -160,23 +112,14 @@ pub async fn semaphore_counts_available_permits(f: &impl Factory) {
         async move { s.available().await.expect("available()") }
     };
     assert_eq!(free(&s).await, 3, "a fresh semaphore");
-    let g1 = s.try_acquire(f.slack()).await.unwrap().expect("permit 1");
-    let g2 = other
-        .try_acquire(f.slack())
-        .await
-        .unwrap()
-        .expect("permit 2");
+    let g1 = take_permit(f, &s, "permit 1").await;
+    let g2 = take_permit(f, &other, "permit 2").await;
     assert_eq!(free(&s).await, 1, "two of three taken");
     assert_eq!(free(&other).await, 1, "the same count from another client");
     release(g1).await;
     assert_eq!(free(&s).await, 2, "one returned");
     if caps(&a).fixed_lease {
-        let ending = sem(&a, &name, 3, super::fixed(f));
-        let g3 = ending
-            .try_acquire(f.slack())
-            .await
-            .unwrap()
-            .expect("permit 3");
+        let g3 = take_permit(f, &sem(&a, &name, 3, super::fixed(f)), "permit 3").await;
         assert_eq!(free(&s).await, 1);
         // Leaked, as by a crashed holder: nobody releases it, so only the store's own
         // reckoning of the ended lease can make it free.

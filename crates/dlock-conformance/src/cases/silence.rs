@@ -9,7 +9,10 @@ use dlock_core::backend::{CALL_GRACE, Mutex};
 use dlock_core::{DistributedLockExt, DriftAllowance, Lease, LockOptions};
 use tokio::time::Instant;
 
-use super::{ZERO, assert_busy, caps, client, lock, lock_with, release, skip, take, unsupported};
+use super::{
+    ZERO, assert_busy, caps, client, cuttable_clients, lock, lock_with, release, require, skip,
+    take, unsupported,
+};
 use crate::Factory;
 use crate::record::{Outcome, measure, note};
 use crate::support::{Names, must};
@@ -183,13 +186,12 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
 /// `lost()` resolves (a drift allowance of a third of the lease, here) while the store still
 /// keeps the hold, never after it freed the lock.
 pub async fn a_partitioned_holders_loss_comes_before_the_store_frees_the_lock(f: &impl Factory) {
-    let Some(partitionable) = f.connect_partitionable().await else {
-        return skip(f, "the factory cannot cut one client off the store");
+    let Some((p, cut, b)) = cuttable_clients(f).await else {
+        return;
     };
-    let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
-    let b = client(f).await;
-    if !caps(&p).fixed_lease || !caps(&p).loss_detection {
-        return unsupported(f, "no fixed leases with loss detection");
+    let offered = caps(&p).fixed_lease && caps(&p).loss_detection;
+    if !require(f, offered, "no fixed leases with loss detection") {
+        return;
     }
     let name = Names::new().name("before-free");
     let lease = f.short_lease();
@@ -213,11 +215,9 @@ pub async fn a_partitioned_holders_loss_comes_before_the_store_frees_the_lock(f:
 /// lock is free or held by another client, `try_acquire(wait)` through the silent line
 /// returns a retryable error by `wait` plus [`CALL_GRACE`] and the factory's slack.
 pub async fn a_silent_store_is_an_error_not_a_held_lock(f: &impl Factory) {
-    let Some(partitionable) = f.connect_partitionable().await else {
-        return skip(f, "the factory cannot cut one client off the store");
+    let Some((p, cut, b)) = cuttable_clients(f).await else {
+        return;
     };
-    let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
-    let b = client(f).await;
     let name = Names::new().name("silent-store");
     let l = lock(&p, &name);
     // The line works first: the connections exist when it goes silent.

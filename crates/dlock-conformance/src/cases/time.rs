@@ -3,44 +3,57 @@
 use std::time::Duration;
 
 use dlock_core::backend::later;
-use dlock_core::{Error, Lease, LockOptions, LossReason, MultiLock};
+use dlock_core::{DynLockProvider, Error, Lease, LockGuard, LockOptions, LossReason, MultiLock};
 use tokio::time::Instant;
 
 use super::{
-    ZERO, assert_busy, caps, client, fixed, lock, lock_with, release, residue_is, rw, sem,
-    short_watchdog, take, unsupported, until_free,
+    ZERO, acquired, assert_busy, caps, client, clients, clients_if, fixed, granted_within, joined,
+    lock, lock_with, refusals, release, residue_is, rw, sem, short_watchdog, take, until_free,
+    waiting,
 };
 use crate::Factory;
-use crate::support::{Names, StallProbe, StoreProbe, must};
+use crate::support::{ExplainsALoss, Names, StallProbe, StoreProbe, must};
+
+/// A hold granted after a long wait: a lock held through the first client, and a waiter for it
+/// through the second, with `options` (a lease of the factory's short lease), that must still
+/// wait after twice that lease; then `at_release` is called, the holder releases, and the
+/// waiter must get the lock within the slack. The waiter's guard, and what `at_release` gave.
+async fn after_a_long_wait<T>(
+    f: &impl Factory,
+    [a, b]: [&DynLockProvider; 2],
+    name: &str,
+    options: LockOptions,
+    at_release: impl FnOnce() -> T,
+) -> (LockGuard, T) {
+    let holder = take(f, &lock(a, name)).await;
+    let lb = lock_with(b, name, options);
+    let wait = async move { lb.acquire().await };
+    let waiter = waiting(f.short_lease() * 2, "the waiter did not wait", wait).await;
+    let at = at_release();
+    release(holder).await;
+    let g = acquired(f.slack(), "the waiter after the release", joined(waiter)).await;
+    (g, at)
+}
 
 /// A waiter that waited twice its own (watchdog) lease before the holder let go holds a live
 /// lock: held on arrival, and kept by its watchdog for three more leases.
 pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
-    if !caps(&a).watchdog {
-        return unsupported(f, "no watchdog leases");
-    }
+    let Some([a, b, c]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+        return;
+    };
     let name = Names::new().name("long-wait");
-    let lease = f.short_lease();
-    let holder = take(f, &lock(&a, &name)).await;
-    let lb = lock_with(&b, &name, short_watchdog(f));
-    let mut waiter = tokio::spawn(async move { lb.acquire().await });
-    let early = tokio::time::timeout(lease * 2, &mut waiter).await;
-    assert!(early.is_err(), "the waiter did not wait: {early:?}");
-    // From here the waiter's watchdog must keep a live hold: a runtime stalled for most of the
-    // lease loses it, as it should (see `watchdog_keeps_hold_past_three_ttls`).
-    let probe = StallProbe::start();
-    release(holder).await;
-    let g = must(f.slack(), "the waiter after the release", waiter)
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        .unwrap_or_else(|e| panic!("acquire: {e}"));
+    // The stall probe starts at the release: from there the waiter's watchdog must keep a live
+    // hold, and a runtime stalled for most of the lease loses it, as it should (see
+    // `watchdog_keeps_hold_past_three_ttls`).
+    let watchdog = short_watchdog(f);
+    let (g, probe) = after_a_long_wait(f, [&a, &b], &name, watchdog, StallProbe::start).await;
     let what = "waiter_longer_than_its_lease_keeps_it";
     assert!(
         g.is_held(),
         "lost on arrival ({:?}): the lease was counted from the start of the wait",
         g.loss_reason()
     );
+    let lease = f.short_lease();
     let store = StoreProbe::start(lock(&c, &name));
     let lost = tokio::time::timeout(lease * 3, g.lost()).await;
     if lost.is_ok()
@@ -68,23 +81,12 @@ pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
 /// seen, which a slow machine only makes later (a stress run saw the guard half a lease
 /// after the grant, and "not lost within half a lease of seeing it" ran past its end).
 pub async fn waiter_longer_than_its_fixed_lease_keeps_it(f: &impl Factory) {
-    let (a, b, c) = (client(f).await, client(f).await, client(f).await);
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a, b, c]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     let name = Names::new().name("long-wait-fixed");
+    let (g, releasing) = after_a_long_wait(f, [&a, &b], &name, fixed(f), Instant::now).await;
     let lease = f.short_lease();
-    let holder = take(f, &lock(&a, &name)).await;
-    let lb = lock_with(&b, &name, fixed(f));
-    let mut waiter = tokio::spawn(async move { lb.acquire().await });
-    let early = tokio::time::timeout(lease * 2, &mut waiter).await;
-    assert!(early.is_err(), "the waiter did not wait: {early:?}");
-    let releasing = Instant::now();
-    release(holder).await;
-    let g = must(f.slack(), "the waiter after the release", waiter)
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        .unwrap_or_else(|e| panic!("acquire: {e}"));
     if g.remaining() > lease / 2 {
         assert_busy(&lock(&c, &name), "the fixed lease runs").await;
     }
@@ -131,22 +133,15 @@ pub async fn try_acquire_max_on_a_free_lock(f: &impl Factory) {
     }
     if c.semaphore {
         let s = sem(&a, &names.name("max-sem"), 2, LockOptions::default());
-        let p = must(
-            f.slack(),
-            "semaphore try_acquire(MAX)",
-            s.try_acquire(Duration::MAX),
-        )
-        .await
-        .unwrap()
-        .expect("a free permit");
-        release(p).await;
+        let what = "semaphore try_acquire(MAX): a free permit";
+        release(granted_within(f.slack(), what, s.try_acquire(Duration::MAX)).await).await;
     }
 }
 
 /// `try_acquire(Duration::MAX)` on a held lock waits (as `acquire` does) until the holder
 /// releases; cancelled meanwhile, it leaves nothing behind.
 pub async fn try_acquire_max_on_a_held_lock_waits(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("max-held");
     let holder = take(f, &lock(&a, &name)).await;
     let lb = lock(&b, &name);
@@ -156,24 +151,26 @@ pub async fn try_acquire_max_on_a_held_lock_waits(f: &impl Factory) {
         cancelled.is_err(),
         "try_acquire(MAX) on a held lock answered: {cancelled:?}"
     );
-    residue_is(
-        f,
-        &name,
-        1,
-        "only the holder after a cancelled try_acquire(MAX)",
-    )
-    .await;
+    let what = "only the holder after a cancelled try_acquire(MAX)";
+    residue_is(f, &name, 1, what).await;
     let lb2 = lock(&b, &name);
-    let mut waiter = tokio::spawn(async move { lb2.try_acquire(Duration::MAX).await });
-    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
-    assert!(early.is_err(), "try_acquire(MAX) did not wait: {early:?}");
+    let wait = async move { lb2.try_acquire(Duration::MAX).await };
+    let why = "try_acquire(MAX) did not wait";
+    let waiter = waiting(Duration::from_millis(300), why, wait).await;
     release(holder).await;
-    let g = must(f.slack(), "try_acquire(MAX) after the release", waiter)
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        .unwrap_or_else(|e| panic!("try_acquire(MAX): {e}"))
-        .expect("try_acquire(MAX) waits as long as it takes");
-    release(g).await;
+    let what = "try_acquire(MAX) after the release: it waits as long as it takes";
+    release(granted_within(f.slack(), what, joined(waiter)).await).await;
+}
+
+/// Asserts that a hold on a huge lease is vouched for well ahead (more than a second), with no
+/// overflow: to the lease end on a lease store, to the session's horizon on a session store
+/// (ZooKeeper, etcd).
+fn assert_vouched_well_ahead(g: &LockGuard) {
+    assert!(
+        g.remaining() > Duration::from_secs(1),
+        "remaining {:?}",
+        g.remaining()
+    );
 }
 
 /// Leases over [`Lease::MAX`] (`Duration::MAX` among them) are `InvalidArgument` for every
@@ -190,24 +187,7 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
         Lease::watchdog(over),
     ] {
         let opts = LockOptions::new().with_lease(lease);
-        let e = a.lock(&name, opts).expect_err("a lease over Lease::MAX");
-        assert!(
-            matches!(e, Error::InvalidArgument { .. }),
-            "{lease:?}: {e:?}"
-        );
-        if c.read_write {
-            let e = a
-                .read_write_lock(&name, opts)
-                .expect_err("rw: a lease over Lease::MAX");
-            assert!(
-                matches!(e, Error::InvalidArgument { .. }),
-                "{lease:?}: {e:?}"
-            );
-        }
-        if c.semaphore {
-            let e = a
-                .semaphore(&name, 2, opts)
-                .expect_err("semaphore: a lease over Lease::MAX");
+        for e in refusals(&a, &name, opts, "a lease over Lease::MAX") {
             assert!(
                 matches!(e, Error::InvalidArgument { .. }),
                 "{lease:?}: {e:?}"
@@ -218,13 +198,7 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
         let opts = LockOptions::new().with_lease(Lease::Fixed(Lease::MAX));
         let g = take(f, &lock_with(&a, &name, opts)).await;
         assert!(g.is_held());
-        // Vouched for to the lease end on a lease store, to the session's horizon on a
-        // session store (ZooKeeper, etcd): either way well ahead, with no overflow.
-        assert!(
-            g.remaining() > Duration::from_secs(1),
-            "remaining {:?}",
-            g.remaining()
-        );
+        assert_vouched_well_ahead(&g);
         release(g).await;
     }
 }
@@ -232,10 +206,9 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
 /// `extend(Duration::MAX)` is `InvalidArgument` and leaves the hold as it was;
 /// `extend(Lease::MAX)` works.
 pub async fn extend_by_huge_durations_never_panics(f: &impl Factory) {
-    let a = client(f).await;
-    if !caps(&a).fixed_lease {
-        return unsupported(f, "no fixed leases");
-    }
+    let Some([a]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+        return;
+    };
     // A long lease: a short one could end on a loaded machine before the extends reach the
     // store, and the case is about the arguments, not the lease's end.
     let long = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
@@ -247,18 +220,14 @@ pub async fn extend_by_huge_durations_never_panics(f: &impl Factory) {
         .await
         .unwrap_or_else(|e| panic!("extend(Lease::MAX): {e}"));
     assert!(g.is_held(), "extend(Lease::MAX) lost the hold");
-    assert!(
-        g.remaining() > Duration::from_secs(1),
-        "remaining {:?}",
-        g.remaining()
-    );
+    assert_vouched_well_ahead(&g);
     release(g).await;
 }
 
 /// A MultiLock's `try_acquire(Duration::MAX)`: the locks when they are free; waits (and leaves
 /// nothing when cancelled) when one is held.
 pub async fn multilock_with_huge_waits(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let names = Names::new();
     let (n1, n2) = (names.name("m1"), names.name("m2"));
     let multi = MultiLock::new(vec![lock(&a, &n1), lock(&a, &n2)]).unwrap();

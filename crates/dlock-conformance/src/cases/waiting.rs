@@ -8,13 +8,13 @@ use dlock_core::backend::CALL_GRACE;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::{ZERO, assert_busy, client, lock, release, take};
+use super::{ZERO, acquired, assert_busy, client, clients, joined, lock, release, take, waiting};
 use crate::Factory;
 use crate::support::{Names, must};
 
 /// `try_acquire(0)` on a held lock answers without waiting.
 pub async fn try_acquire_zero_does_not_wait(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("zero");
     let g = take(f, &lock(&a, &name)).await;
     let lb = lock(&b, &name);
@@ -76,7 +76,7 @@ pub async fn try_acquire_zero_on_first_use_is_bounded(f: &impl Factory) {
 /// `try_acquire(wait)` on a held lock returns `None` after about `wait`, no later than
 /// `wait` plus the slack.
 pub async fn try_acquire_returns_within_wait(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("bounded");
     let g = take(f, &lock(&a, &name)).await;
     let lb = lock(&b, &name);
@@ -95,21 +95,15 @@ pub async fn try_acquire_returns_within_wait(f: &impl Factory) {
 /// A waiter waits while the lock is held (it is still pending 300 ms later) and gets the lock
 /// once the holder releases it.
 pub async fn waiter_gets_lock_after_release(f: &impl Factory) {
-    let (a, b) = (client(f).await, client(f).await);
+    let [a, b] = clients(f).await;
     let name = Names::new().name("handoff");
     let g = take(f, &lock(&a, &name)).await;
     let lb = lock(&b, &name);
-    let mut waiter = tokio::spawn(async move { lb.acquire().await });
-    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter).await;
-    assert!(
-        early.is_err(),
-        "the waiter must wait while the lock is held, got {early:?}"
-    );
+    let why = "the waiter must wait while the lock is held";
+    let wait = async move { lb.acquire().await };
+    let waiter = waiting(Duration::from_millis(300), why, wait).await;
     release(g).await;
-    let got = must(f.slack(), "waiter after release", waiter).await;
-    let g2 = got
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        .unwrap_or_else(|e| panic!("acquire: {e}"));
+    let g2 = acquired(f.slack(), "waiter after release", joined(waiter)).await;
     assert!(g2.is_held());
     release(g2).await;
 }
