@@ -144,6 +144,10 @@ impl std::fmt::Debug for SentinelAuth {
 /// The port Sentinels listen on unless the URL says otherwise.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
+/// Redisson's default fair-lock wait: how long a queued waiter has to take its turn before
+/// the others skip it.
+pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(300);
+
 /// With the `serde` feature: read from the URL (a string), checked exactly as
 /// [`RedisConfig::from_url`] checks it, so an unknown parameter fails the load.
 #[cfg(feature = "serde")]
@@ -163,7 +167,7 @@ impl RedisConfig {
     pub fn from_url(url: &str) -> Result<Self> {
         let (url, mut sentinel) = split_sentinel(url)?;
         let parsed = RedactedUrl::parse(&url)?;
-        if !crate::SCHEMES.contains(&parsed.scheme()) {
+        if !crate::provider::SCHEMES.contains(&parsed.scheme()) {
             return Err(Error::config(format!(
                 "the redis backend takes redis://, rediss:// or redis+sentinel:// URLs, not {}://",
                 parsed.scheme()
@@ -174,7 +178,7 @@ impl RedisConfig {
         }
         let mut cluster = false;
         let mut response_timeout = Duration::from_secs(5);
-        let mut fair_wait = crate::DEFAULT_FAIR_WAIT;
+        let mut fair_wait = DEFAULT_FAIR_WAIT;
         let mut wait_replicas = 0;
         let mut pubsub = PubSubMode::Auto;
         let mut sentinel_username = None;
@@ -318,7 +322,7 @@ impl RedisConfig {
             url,
             cluster: false,
             response_timeout: Duration::from_secs(5),
-            fair_wait: crate::DEFAULT_FAIR_WAIT,
+            fair_wait: DEFAULT_FAIR_WAIT,
             wait_replicas: 0,
             pubsub: PubSubMode::Auto,
             sentinel: None,

@@ -2,9 +2,10 @@
 //! and one RESP3 connection for subscriptions. Both reconnect by themselves.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::backend::Mutex;
 use dlock_core::{Error, Result, TlsFiles};
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -13,11 +14,12 @@ use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
-    PushInfo, PushKind, RedisError, Script, ScriptInvocation, ServerErrorKind, ToRedisArgs, Value,
+    PushInfo, PushKind, RedisError, ScriptInvocation, ServerErrorKind, Value,
 };
 use redis::{ClientTlsConfig, TlsCertificates};
 use tokio::time::Instant;
 
+use crate::call::{Call, ms};
 use crate::config::{PubSubMode, RedisConfig, SentinelConfig};
 use crate::error::{Reach, from_redis, from_redis_on};
 
@@ -67,7 +69,7 @@ macro_rules! on_conn {
 pub(crate) struct Sentinelled {
     resolver: tokio::sync::Mutex<Resolver>,
     /// The current master's manager, and how many times the master moved.
-    current: std::sync::Mutex<(u64, ConnectionManager)>,
+    current: Mutex<(u64, ConnectionManager)>,
     manager: ConnectionManagerConfig,
     timeout: Duration,
     /// Told when the master moved (the subscription connection: its waiters re-subscribe and
@@ -140,7 +142,7 @@ impl Sentinelled {
             .await
             .map_err(|_| {
                 dlock_core::Error::connection(
-                    crate::BACKEND,
+                    crate::provider::BACKEND,
                     format!("{what}: no Sentinel named the master within {timeout:?}"),
                     std::io::Error::from(std::io::ErrorKind::TimedOut),
                 )
@@ -157,7 +159,7 @@ impl Sentinelled {
                 master,
                 asked: Instant::now(),
             }),
-            current: std::sync::Mutex::new((0, conn)),
+            current: Mutex::new((0, conn)),
             manager,
             timeout,
             on_move: push,
@@ -165,10 +167,7 @@ impl Sentinelled {
     }
 
     fn current(&self) -> (u64, ConnectionManager) {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.current.lock().clone()
     }
 
     /// After a failed command: if the error says the master may have moved (the connection
@@ -216,7 +215,7 @@ impl Sentinelled {
         };
         tracing::warn!(from = %resolver.master, to = %master, "redis sentinel: the master moved");
         resolver.master = master;
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = (generation + 1, conn);
+        *self.current.lock() = (generation + 1, conn);
         if let Some(tell) = &self.on_move {
             let _ = tell.send(PushInfo {
                 kind: PushKind::Disconnection,
@@ -245,10 +244,9 @@ impl Conn {
         // Dead peers are noticed even on a connection that only listens (the subscription
         // connection): keepalive probes after 15 s of silence, and on Linux a connection whose
         // data stays unacknowledged past twice the response timeout is dropped, so the
-        // connection manager reconnects (review H4: a half-open connection used to be trusted
-        // for good).
+        // connection manager reconnects instead of trusting a half-open connection.
         // TCP_NODELAY: a multiplexed connection under concurrency must not wait for delayed
-        // ACKs (redis-rs leaves Nagle on; review L14).
+        // ACKs (redis-rs leaves Nagle on).
         // An application's own client keeps its keepalive and user timeout if it set them.
         let own = info.tcp_settings().clone();
         let mut tcp = own.clone().set_nodelay(true);
@@ -388,38 +386,36 @@ impl Conn {
         matches!(self, Self::Cluster(_, true))
     }
 
-    /// Runs a script and `WAIT replicas timeout` in one pipeline: how many replicas
-    /// acknowledged the script's writes. One pipeline is one write on one connection, so a
-    /// reconnect (or, with Sentinel, a move to a new master) cannot fall between the two and
-    /// make `WAIT` count a fresh connection's writes (none) instead of the script's.
-    pub(crate) async fn script_then_wait(
+    /// Sends a call and `WAIT replicas timeout` in one pipeline: the reply, and how many
+    /// replicas acknowledged the call's writes. One pipeline is one write on one connection,
+    /// so a reconnect (or, with Sentinel, a move to a new master) cannot fall between the two
+    /// and make `WAIT` count a fresh connection's writes (none) instead of the call's.
+    pub(crate) async fn call_then_wait(
         &self,
-        what: &str,
-        script: &Script,
-        keys: &[&str],
-        args: &[&[u8]],
+        call: &Call<'_>,
         replicas: u32,
         timeout: Duration,
     ) -> Result<(Value, u32)> {
         if self.is_cluster() {
             return Err(dlock_core::Error::unsupported(
-                crate::BACKEND,
+                crate::provider::BACKEND,
                 "wait_replicas on a Redis Cluster",
             ));
         }
-        let ms = u64::try_from(timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let what = call.what;
         let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(script.get_hash()).arg(keys.len());
-        for key in keys {
-            evalsha.arg(*key);
+        evalsha.arg(call.script.get_hash()).arg(call.keys.len());
+        for key in &call.keys {
+            evalsha.arg(key.as_ref());
         }
-        for arg in args {
-            evalsha.arg(*arg);
+        for arg in &call.args {
+            evalsha.arg(arg.as_ref());
         }
         let mut pipe = redis::pipe();
-        pipe.add_command(evalsha).cmd("WAIT").arg(replicas).arg(ms);
+        pipe.add_command(evalsha)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(ms(timeout));
         let mut loaded = false;
         loop {
             let result: redis::RedisResult<(Value, u32)> =
@@ -430,7 +426,7 @@ impl Conn {
                 // The script did not run (the server does not know it yet): load it, once.
                 Err(e) if !loaded && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     loaded = true;
-                    let invocation = script.prepare_invoke();
+                    let invocation = call.script.prepare_invoke();
                     let load: redis::RedisResult<String> =
                         on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
                             invocation.load_async(&mut c).await
@@ -452,24 +448,38 @@ impl Conn {
         result.map(|_| ()).map_err(|e| from_redis("ping", e))
     }
 
-    pub(crate) async fn subscribe(&self, channel: impl ToRedisArgs) -> Result<()> {
-        let sharded = self.sharded();
-        let result = on_conn!(self, |c| c.subscribe(&channel).await, |c| if sharded {
-            c.ssubscribe(&channel).await
-        } else {
-            c.subscribe(&channel).await
-        });
-        result.map_err(|e| from_redis("subscribe", e))
+    /// Subscribes to `channel` (SSUBSCRIBE where wake-ups use sharded pub/sub).
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<()> {
+        self.subscription(channel, true).await
     }
 
-    pub(crate) async fn unsubscribe(&self, channel: impl ToRedisArgs) -> Result<()> {
+    /// Unsubscribes from `channel` (SUNSUBSCRIBE where wake-ups use sharded pub/sub).
+    pub(crate) async fn unsubscribe(&self, channel: &str) -> Result<()> {
+        self.subscription(channel, false).await
+    }
+
+    async fn subscription(&self, channel: &str, subscribe: bool) -> Result<()> {
         let sharded = self.sharded();
-        let result = on_conn!(self, |c| c.unsubscribe(&channel).await, |c| if sharded {
-            c.sunsubscribe(&channel).await
+        let result = on_conn!(
+            self,
+            |c| if subscribe {
+                c.subscribe(channel).await
+            } else {
+                c.unsubscribe(channel).await
+            },
+            |c| match (subscribe, sharded) {
+                (true, true) => c.ssubscribe(channel).await,
+                (true, false) => c.subscribe(channel).await,
+                (false, true) => c.sunsubscribe(channel).await,
+                (false, false) => c.unsubscribe(channel).await,
+            }
+        );
+        let what = if subscribe {
+            "subscribe"
         } else {
-            c.unsubscribe(&channel).await
-        });
-        result.map_err(|e| from_redis("unsubscribe", e))
+            "unsubscribe"
+        };
+        result.map_err(|e| from_redis(what, e))
     }
 }
 
@@ -489,4 +499,14 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>> {
             }),
         root_cert: tls.read_ca()?,
     }))
+}
+
+/// The text of a reply item (a key type, a field, a message).
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
 }

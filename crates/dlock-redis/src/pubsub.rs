@@ -7,16 +7,18 @@
 //! gave up before trying passes the wake-up on, so no release is lost.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 
 use dlock_core::Result;
-use redis::{PushInfo, PushKind, Value};
+use dlock_core::backend::Mutex;
+use redis::{PushInfo, PushKind};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
 use crate::config::RedisConfig;
-use crate::conn::Conn;
+use crate::conn::{Conn, text};
 
 /// Redisson's unlock message: wakes one waiter.
 pub(crate) const UNLOCK: &str = "0";
@@ -71,7 +73,7 @@ struct Registry {
 
 impl Registry {
     fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+        self.channels.lock()
     }
 
     /// Called by the connection for every pushed message.
@@ -82,7 +84,7 @@ impl Registry {
                 let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
                     return;
                 };
-                let (Some(channel), Some(payload)) = (text(channel), text(payload)) else {
+                let (Some(channel), Some(payload)) = (text(&channel), text(&payload)) else {
                     return;
                 };
                 self.delivered.fetch_add(1, Ordering::Relaxed);
@@ -123,15 +125,6 @@ fn wake_unsignalled(waiters: &[Waiter], count: usize) {
         .filter(|w| !w.signalled.load(Ordering::SeqCst))
         .take(count)
         .for_each(Waiter::wake);
-}
-
-fn text(v: Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b).ok(),
-        Value::SimpleString(s) => Some(s),
-        Value::Int(i) => Some(i.to_string()),
-        _ => None,
-    }
 }
 
 /// The shared subscription connection and its waiter registry.
@@ -211,7 +204,6 @@ impl Subscriptions {
                 id,
                 notify: Arc::clone(&waiter.notify),
                 signalled: Arc::clone(&waiter.signalled),
-                trying: AtomicBool::new(false),
             };
             let chan = channels.entry(channel.to_owned()).or_default();
             chan.kind = kind;
@@ -226,8 +218,8 @@ impl Subscriptions {
     /// with a short timer and tries again.
     ///
     /// The SUBSCRIBE waits at most [`SUBSCRIBE_WAIT`]: right after a restart its answer can
-    /// be lost in the client (seen: a SUBSCRIBE on the reconnected connection answered only
-    /// by the 5 s response timeout), and every release meanwhile would go unheard.
+    /// be lost in the client (a SUBSCRIBE on the reconnected connection may be answered only
+    /// by the response timeout), and every release meanwhile would go unheard.
     async fn ensure_subscribed(&self, channel: &str) -> Subscribed {
         // Always under `ops`: an UNSUBSCRIBE of this channel may be in flight (its last waiter
         // just left), and its flag is only cleared when it completes. Checking the flag outside
@@ -321,9 +313,8 @@ pub(crate) struct Listener {
     channel: String,
     id: u64,
     notify: Arc<Notify>,
+    /// Woken and not yet acting on it: set by a message, cleared when an attempt begins.
     signalled: Arc<AtomicBool>,
-    /// Between [`Listener::consumed`] and [`Listener::tried`].
-    trying: AtomicBool,
 }
 
 impl Listener {
@@ -349,18 +340,45 @@ impl Listener {
         self.subs.ensure_subscribed(&self.channel).await
     }
 
-    /// Marks a wake-up as used: call right before the attempt it leads to (a wake-up that
-    /// comes during the attempt then stays for the next wait). Until [`tried`](Self::tried),
-    /// the listener counts as acting on it: dropped meanwhile (the acquisition cancelled), it
-    /// passes a wake-up on to the next waiter.
-    pub(crate) fn consumed(&self) {
-        self.trying.store(true, Ordering::SeqCst);
-        self.signalled.store(false, Ordering::SeqCst);
+    /// Runs one attempt to take what the channel announces, with the wake-up that led to it
+    /// used up as the attempt begins: a wake-up that comes during the attempt stays for the
+    /// next [`wait`](Self::wait). If the attempt is dropped before it ends (the acquisition
+    /// was cancelled), the wake-up it was acting on is given back, and the listener's drop
+    /// passes it on to the next waiter.
+    pub(crate) async fn attempt<F: Future>(&self, attempt: F) -> F::Output {
+        let trying = Trying::begin(self);
+        let output = attempt.await;
+        trying.end();
+        output
+    }
+}
+
+/// One attempt of a [`Listener`] in progress, acting on the wake-up it used up; dropped before
+/// [`end`](Self::end), it gives that wake-up back.
+struct Trying<'a> {
+    listener: &'a Listener,
+    ended: bool,
+}
+
+impl<'a> Trying<'a> {
+    fn begin(listener: &'a Listener) -> Self {
+        listener.signalled.store(false, Ordering::SeqCst);
+        Self {
+            listener,
+            ended: false,
+        }
     }
 
-    /// The attempt after [`consumed`](Self::consumed) has completed.
-    pub(crate) fn tried(&self) {
-        self.trying.store(false, Ordering::SeqCst);
+    fn end(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for Trying<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.listener.signalled.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -372,9 +390,10 @@ impl Drop for Listener {
                 return;
             };
             chan.waiters.retain(|w| w.id != self.id);
-            // A wake-up we received but did not act on (or were acting on when dropped)
-            // belongs to the next waiter; one too many costs that waiter one try.
-            if self.signalled.load(Ordering::SeqCst) || self.trying.load(Ordering::SeqCst) {
+            // A wake-up we received but did not act on (or were acting on when dropped, which
+            // the attempt gave back) belongs to the next waiter; one too many costs that
+            // waiter one try.
+            if self.signalled.load(Ordering::SeqCst) {
                 wake_unsignalled(&chan.waiters, 1);
             }
             chan.waiters.is_empty()
@@ -382,5 +401,71 @@ impl Drop for Listener {
         if idle && let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(Arc::clone(&self.subs).unsubscribe_if_idle(self.channel.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redis::Value;
+
+    use super::*;
+
+    /// Two listeners on a fresh channel of the server at `DLOCK_REDIS_URL`, the first woken by
+    /// an unlock message; `None` (skip) without a server.
+    async fn first_woken() -> Option<(Arc<Subscriptions>, Listener, Listener)> {
+        let url = dlock_conformance::service_url("DLOCK_REDIS_URL")?;
+        let subs = Subscriptions::connect(&RedisConfig::from_url(&url).unwrap())
+            .await
+            .unwrap();
+        let channel = format!("dlock-test-{}", uuid::Uuid::new_v4().simple());
+        let first = subs.listen(&channel, ChannelKind::Lock).await.unwrap();
+        let second = subs.listen(&channel, ChannelKind::Lock).await.unwrap();
+        subs.registry.dispatch(PushInfo {
+            kind: PushKind::Message,
+            data: vec![
+                Value::BulkString(channel.into_bytes()),
+                Value::BulkString(UNLOCK.as_bytes().to_vec()),
+            ],
+        });
+        Some((subs, first, second))
+    }
+
+    /// Whether `listener` is woken within a short while.
+    async fn woken(listener: &Listener) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), listener.wait(None))
+            .await
+            .is_ok()
+    }
+
+    /// A waiter whose attempt is cancelled while it acts on a wake-up passes the wake-up on
+    /// when it leaves: the release it was trying to take is not lost to the next waiter.
+    #[tokio::test]
+    async fn a_cancelled_attempt_passes_its_wake_up_on() {
+        let Some((_subs, first, second)) = first_woken().await else {
+            return;
+        };
+        let cancelled = first.attempt(std::future::pending::<()>());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), cancelled)
+                .await
+                .is_err()
+        );
+        assert!(!woken(&second).await, "woken before the first one left");
+        drop(first);
+        assert!(woken(&second).await, "the wake-up was lost");
+    }
+
+    /// A waiter whose attempt ended has used its wake-up: when it leaves, the next waiter is
+    /// not woken for nothing.
+    #[tokio::test]
+    async fn an_ended_attempt_uses_its_wake_up() {
+        let Some((_subs, first, second)) = first_woken().await else {
+            return;
+        };
+        first.attempt(async {}).await;
+        drop(first);
+        assert!(!woken(&second).await, "woken for nothing");
     }
 }

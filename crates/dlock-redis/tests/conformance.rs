@@ -9,6 +9,10 @@ use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service
 use dlock_core::{DynLockProvider, Result};
 use dlock_redis::RedisProvider;
 
+mod support;
+
+use support::patient;
+
 struct RedisFactory {
     url: String,
     kind: Kind,
@@ -19,19 +23,6 @@ enum Kind {
     Single,
     Cluster,
     Sentinel,
-}
-
-/// The test's own connection: redis-rs's defaults (an answer within 500 ms, a connection
-/// within 1 s) fail the test's observations on a loaded machine (found by a run beside
-/// `scripts/stress`); the library's own default, 5 s, is used instead.
-async fn patient(client: &redis::Client) -> redis::aio::MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(std::time::Duration::from_secs(5)))
-        .set_connection_timeout(Some(std::time::Duration::from_secs(5)));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .unwrap()
 }
 
 /// A plain connection for the test's own commands, to a server or a cluster.

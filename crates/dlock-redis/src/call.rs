@@ -1,0 +1,185 @@
+//! One script call of an acquisition or a hold (the script, its keys and its arguments), how
+//! it is sent (alone, or in one pipeline with `WAIT` for the replicas), and what its reply
+//! means.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use dlock_core::{Error, LockName, Result};
+use redis::{Script, ScriptInvocation, Value};
+
+use crate::conn::text;
+use crate::error::{other_kind, unexpected};
+use crate::provider::{BACKEND, Inner};
+
+/// A script with its keys and arguments, ready to send.
+#[derive(Debug)]
+pub(crate) struct Call<'a> {
+    /// What the call does, for errors (`acquire`, `release read`).
+    pub(crate) what: &'static str,
+    pub(crate) script: &'static Script,
+    pub(crate) keys: Vec<Cow<'a, str>>,
+    pub(crate) args: Vec<Cow<'a, [u8]>>,
+}
+
+impl<'a> Call<'a> {
+    /// A call of `script` without keys or arguments yet.
+    pub(crate) fn new(what: &'static str, script: &'static Script) -> Self {
+        Self {
+            what,
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// Adds the next key (`KEYS[n]`).
+    pub(crate) fn key(mut self, key: impl Into<Cow<'a, str>>) -> Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    /// Adds the next argument (`ARGV[n]`).
+    pub(crate) fn arg(mut self, arg: impl Into<Cow<'a, [u8]>>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Adds a number as the next argument, in decimal.
+    pub(crate) fn num(self, n: u64) -> Self {
+        self.arg(n.to_string().into_bytes())
+    }
+
+    /// The invocation that sends the call (EVALSHA, loading the script on NOSCRIPT).
+    pub(crate) fn invocation(&self) -> ScriptInvocation<'static> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key.as_ref());
+        }
+        for arg in &self.args {
+            invocation.arg(arg.as_ref());
+        }
+        invocation
+    }
+}
+
+/// Milliseconds of `d` for a script argument: at least 1, so no duration reads as "none".
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Inner {
+    /// Sends a call and returns its reply.
+    pub(crate) async fn call(&self, call: &Call<'_>) -> Result<Value> {
+        self.conn.script(call.what, &call.invocation()).await
+    }
+
+    /// Sends a call; with `?wait_replicas=N`, in one pipeline with `WAIT`. Returns the reply
+    /// and how many replicas acknowledged it (0 when not waiting).
+    pub(crate) async fn call_then_wait(&self, call: &Call<'_>) -> Result<(Value, u32)> {
+        let want = self.wait_replicas;
+        if want == 0 {
+            return Ok((self.call(call).await?, 0));
+        }
+        self.conn
+            .call_then_wait(call, want, self.wait_timeout)
+            .await
+    }
+
+    /// Sends a call whose writes must reach the replicas: with `?wait_replicas=N` it fails
+    /// (retryable) unless N replicas acknowledged it. A lease the replicas have not seen
+    /// extended is not extended, so a failover cannot cut a hold shorter than its holder
+    /// believes; a holder whose replicas stay away is lost at its lease end.
+    pub(crate) async fn call_replicated(&self, call: &Call<'_>, name: &LockName) -> Result<Value> {
+        let want = self.wait_replicas;
+        let (reply, acked) = self.call_then_wait(call).await?;
+        if acked < want {
+            return Err(Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{} of {name:?}: only {acked} of {want} replicas acknowledged it within {:?}",
+                    call.what, self.wait_timeout
+                ),
+                retryable: true,
+                source: None,
+            });
+        }
+        Ok(reply)
+    }
+}
+
+/// The answer of one acquire script.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// Granted with this fencing token; `acked` replicas acknowledged the grant (0 when not
+    /// waiting for replicas).
+    Granted { token: u64, acked: u32 },
+    /// Not granted; retry after this long at the latest (`None`: only when woken).
+    Busy(Option<Duration>),
+    /// This acquisition already holds: the script ran before (a re-sent call) and its token
+    /// is lost. Give the hold back and try again.
+    Repeated,
+}
+
+/// Reads the `{-6, type}` reply of a script that found another kind's key at the name: the
+/// error to return, or `None` for any other reply. `lock` says whether the request was for a
+/// lock (else a permit).
+pub(crate) fn read_other_kind(reply: &Value, name: &str, lock: bool) -> Option<Error> {
+    match reply {
+        Value::Array(items) if items.len() == 2 && items[0] == Value::Int(-6) => {
+            let key_type = text(&items[1]).unwrap_or_else(|| "key of another type".into());
+            Some(other_kind(name, &key_type, lock))
+        }
+        _ => None,
+    }
+}
+
+/// Reads an acquire script's `{-1, token}` / `{pttl, -1}` reply; `acked` is how many replicas
+/// acknowledged the call.
+pub(crate) fn read_attempt(reply: Value, acked: u32) -> Result<Attempt> {
+    let pair = match &reply {
+        Value::Array(items) if items.len() == 2 => (&items[0], &items[1]),
+        _ => return Err(unexpected("acquire", &reply)),
+    };
+    match pair {
+        (Value::Int(-1), Value::Int(token)) if *token >= 0 => u64::try_from(*token)
+            .map(|token| Attempt::Granted { token, acked })
+            .map_err(|_| unexpected("acquire token", &reply)),
+        // -2: the key vanished between the checks: try again at once.
+        (Value::Int(-2), _) => Ok(Attempt::Busy(Some(Duration::ZERO))),
+        // -3: a semaphore in use with another number of permits.
+        (Value::Int(-3), Value::Int(size)) => Err(Error::invalid_argument(
+            "permits",
+            format!(
+                "the semaphore is in use with {size} permits; this handle counts a different \
+                 number (handles must agree while any permit is held)"
+            ),
+        )),
+        (Value::Int(pttl), _) if *pttl >= 0 => Ok(Attempt::Busy(Some(Duration::from_millis(
+            u64::try_from(*pttl).unwrap_or(0),
+        )))),
+        (Value::Int(-5), _) => Ok(Attempt::Repeated),
+        // -1: a holder without expiry (a foreign client's key); -4: no permit free and none
+        // expiring (held without expiry). Only a message can help: wake on messages only.
+        (Value::Int(-4 | -1), _) => Ok(Attempt::Busy(None)),
+        _ => Err(unexpected("acquire", &reply)),
+    }
+}
+
+/// Reads a release script's reply: `Ok(false)` when the hold was not ours (any more).
+pub(crate) fn read_released(reply: Value) -> Result<bool> {
+    match reply {
+        Value::Nil => Ok(false),
+        Value::Int(_) => Ok(true),
+        other => Err(unexpected("release", other)),
+    }
+}
+
+/// Reads the `1` / `0` reply of a renewal or a check: whether the hold is ours.
+pub(crate) fn read_held(what: &str, reply: Value) -> Result<bool> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(unexpected(what, other)),
+    }
+}

@@ -1,0 +1,72 @@
+//! What differs between the primitives. Each is a [`Primitive`]: a small value (a mutex, a
+//! fair mutex, a read or write hold, a permit) that names the scripts its acquisition and its
+//! hold call, with which keys, and the channel its waiters listen on. One wait loop
+//! ([`Acquisition`](crate::acquire::Acquisition)) and one hold
+//! ([`RedisHold`](crate::hold::RedisHold)) serve them all.
+
+use std::fmt;
+use std::sync::Arc;
+
+use dlock_core::LockKind;
+
+use crate::call::Call;
+use crate::keys::Keys;
+use crate::pubsub::ChannelKind;
+use crate::scripts;
+
+/// Who holds, and where: what every call of one acquisition names.
+#[derive(Debug)]
+pub(crate) struct Holder {
+    /// The lock's keys, shared by every acquisition of its handle.
+    pub(crate) keys: Arc<Keys>,
+    /// The acquisition's own hash field, `<client uuid>:<hold id>` (Redisson's
+    /// `<client uuid>:<thread id>`).
+    pub(crate) field: String,
+    /// The lease, in milliseconds.
+    pub(crate) lease_ms: u64,
+    /// The command a release announces itself with: `spublish` on a cluster with sharded
+    /// pub/sub, else `publish`.
+    pub(crate) publish: &'static str,
+}
+
+/// One kind of hold: the calls of its acquisition and its hold, and its waiters' channel.
+pub(crate) trait Primitive: fmt::Debug + Send + Sync + 'static {
+    /// What a hold of this primitive is.
+    const KIND: LockKind;
+
+    /// One try to acquire. `queue`: a fair waiter that cannot take the lock takes a place in
+    /// the queue (a try without wait does not).
+    fn acquire_call<'a>(&'a self, h: &'a Holder, queue: bool) -> Call<'a>;
+
+    /// The release; its reply is read by [`read_released`](crate::call::read_released).
+    fn release_call<'a>(&'a self, h: &'a Holder) -> Call<'a>;
+
+    /// The renewal for `ttl_ms`; its reply is read by [`read_held`](crate::call::read_held).
+    /// By default, that of a hold that is one field of the name's hash (a mutex, fair or
+    /// write hold).
+    fn renew_call<'a>(&'a self, h: &'a Holder, ttl_ms: u64) -> Call<'a> {
+        Call::new("renew", &scripts::mutex::RENEW)
+            .key(&h.keys.name)
+            .num(ttl_ms)
+            .arg(h.field.as_bytes())
+    }
+
+    /// Whether the store still has the hold (changes nothing); read as a renewal. By
+    /// default, whether the hold's field is in the name's hash.
+    fn held_call<'a>(&'a self, h: &'a Holder) -> Call<'a> {
+        Call::new("check hold", &scripts::HELD)
+            .key(&h.keys.name)
+            .arg(h.field.as_bytes())
+            .arg(b"hash".as_slice())
+    }
+
+    /// How a waiter leaves the queue it may have joined, if this primitive queues its
+    /// waiters (the fair mutex). By default it queues none: `None`.
+    fn leave_call<'a>(&'a self, h: &'a Holder) -> Option<Call<'a>> {
+        let _ = h;
+        None
+    }
+
+    /// The channel a waiter listens on, and what its messages mean.
+    fn channel(&self, h: &Holder) -> (String, ChannelKind);
+}
