@@ -326,8 +326,8 @@ mod tests {
 
     use super::*;
 
-    /// Review: `with_lease_ttl(Duration::MAX)` overflowed (a panic in debug builds, the 2 s
-    /// minimum in release builds); a time-to-live set in the public field was never checked.
+    /// A time-to-live out of etcd's range is clamped by `with_lease_ttl` (without overflow,
+    /// however long) and refused by `check` when set in the public field.
     #[test]
     fn lease_ttls_out_of_range_are_clamped_or_refused() {
         let c = EtcdConfig::from_url("etcd://h").unwrap();

@@ -7,9 +7,14 @@
 
 mod config;
 mod error;
+mod hold;
+mod keepalive;
+mod keys;
 mod mutex;
 mod provider;
 mod session;
+mod stats;
+mod wait;
 
 use std::time::Duration;
 
@@ -18,7 +23,7 @@ pub use crate::config::{
     MIN_LEASE_TTL,
 };
 pub use crate::provider::EtcdProvider;
-pub use crate::session::EtcdStats;
+pub use crate::stats::EtcdStats;
 /// The client library, for [`EtcdProvider::from_client`] and [`EtcdProvider::client`].
 pub use etcd_client;
 

@@ -1,19 +1,20 @@
-//! The provider: connecting, handles by name, and `describe`.
+//! The provider: connecting, the raw mutex by name, and `describe`.
 
 use std::fmt;
 use std::sync::Arc;
 
-use dlock_core::backend::{HandleInfo, Lock};
-use dlock_core::{
-    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, Error, LockKind, LockName, LockOptions,
-    LockProvider, LockStatus, Result,
-};
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+#[cfg(doc)]
+use dlock_core::{Error, LockProvider};
+
+use dlock_core::backend::{NoPrimitive, ProviderMeta, RawProvider};
+use dlock_core::{Capabilities, LockKind, LockName, LockOptions, LockStatus, Result};
 
 use crate::config::EtcdConfig;
 use crate::error::from_etcd;
+use crate::keys::{first_created, range};
 use crate::mutex::EtcdMutex;
-use crate::session::{EtcdStats, Session};
+use crate::session::Session;
+use crate::stats::EtcdStats;
 use crate::{BACKEND, MIN_LEASE};
 
 /// A client of one etcd cluster: one lease shared by every handle it creates. Cloning is
@@ -21,6 +22,7 @@ use crate::{BACKEND, MIN_LEASE};
 #[derive(Clone)]
 pub struct EtcdProvider {
     session: Arc<Session>,
+    meta: ProviderMeta,
 }
 
 impl fmt::Debug for EtcdProvider {
@@ -55,9 +57,7 @@ impl EtcdProvider {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
-        Ok(Self {
-            session: Session::connect(config).await?,
-        })
+        Ok(Self::over(Session::connect(config).await?))
     }
 
     /// A provider on a client the application already has (its endpoints, credentials and
@@ -68,9 +68,18 @@ impl EtcdProvider {
     ///
     /// [`Error::Connection`] or [`Error::Backend`] if the lease cannot be granted.
     pub async fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Result<Self> {
-        Ok(Self {
-            session: Session::start(config, client).await?,
-        })
+        Ok(Self::over(Session::start(config, client).await?))
+    }
+
+    fn over(session: Arc<Session>) -> Self {
+        let mut caps = Capabilities::all(BACKEND);
+        caps.read_write = false;
+        caps.semaphore = false;
+        caps.min_lease = MIN_LEASE;
+        Self {
+            meta: ProviderMeta::new(caps, Arc::clone(&session.store_id)),
+            session,
+        }
     }
 
     /// The configuration this provider was opened with.
@@ -98,67 +107,35 @@ impl EtcdProvider {
     pub fn live_holds(&self) -> usize {
         self.session.live_holds()
     }
-
-    fn info(&self, name: LockName, options: LockOptions) -> HandleInfo {
-        HandleInfo::new(BACKEND, self.session.store_id.as_str(), name, options)
-    }
 }
 
 #[dlock_core::async_trait]
-impl LockProvider for EtcdProvider {
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::all(BACKEND);
-        caps.read_write = false;
-        caps.semaphore = false;
-        caps.min_lease = MIN_LEASE;
-        caps
+impl RawProvider for EtcdProvider {
+    type Mutex = EtcdMutex;
+    type ReadWrite = NoPrimitive;
+    type Semaphore = NoPrimitive;
+
+    fn meta(&self) -> &ProviderMeta {
+        &self.meta
     }
 
-    fn store_id(&self) -> &str {
-        &self.session.store_id
-    }
-
-    fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock> {
-        let name = LockName::new(name)?;
-        self.capabilities().check(&options)?;
-        let raw = EtcdMutex {
+    fn raw_lock(&self, name: &LockName, _options: &LockOptions) -> Result<EtcdMutex> {
+        Ok(EtcdMutex {
             session: Arc::clone(&self.session),
-            lock_name: self.session.config.lock_name(&name),
-        };
-        Ok(Arc::new(Lock::new(self.info(name, options), raw)))
-    }
-
-    fn read_write_lock(&self, name: &str, _options: LockOptions) -> Result<DynReadWriteLock> {
-        LockName::new(name)?;
-        Err(Error::unsupported(
-            BACKEND,
-            "read-write locks (etcd's lock recipe has no shared mode; not built yet)",
-        ))
-    }
-
-    fn semaphore(&self, name: &str, _permits: u32, _options: LockOptions) -> Result<DynSemaphore> {
-        LockName::new(name)?;
-        Err(Error::unsupported(
-            BACKEND,
-            "semaphores (etcd has no semaphore recipe of its own; not built yet)",
-        ))
+            lock_name: self.session.config.lock_name(name),
+        })
     }
 
     /// The holder is the key with the lowest create revision under the lock's name; its
     /// create revision is its fencing token. No remaining time: holds live as long as their
     /// provider's lease.
-    async fn describe(&self, name: &str) -> Result<LockStatus> {
-        let name = LockName::new(name)?;
-        let range = format!("{}/", self.session.config.lock_name(&name));
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        self.session.count_get();
+    async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {
+        let range = range(&self.session.config.lock_name(name));
+        self.session.counters.get();
         let resp = self
             .session
             .client()
-            .get(range.as_str(), Some(options))
+            .get(range.as_str(), Some(first_created()))
             .await
             .map_err(|e| from_etcd(&format!("read {range}"), e))?;
         let Some(holder) = resp.kvs().first() else {

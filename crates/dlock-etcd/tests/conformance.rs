@@ -1,17 +1,17 @@
 //! The conformance suite against a real etcd: one member (`DLOCK_ETCD_URL`) and a 3-member
 //! cluster (`DLOCK_ETCD_CLUSTER_URL`), both from `scripts/services up etcd etcd-cluster`.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_conformance::{Factory, Partition, ProxyPartition, async_trait, service_url};
+use dlock_conformance::{Factory, Partition, async_trait, service_url};
 use dlock_core::{DynLockProvider, Result};
 use dlock_etcd::etcd_client::{Client, DeleteOptions, GetOptions};
-use dlock_etcd::{DEFAULT_PORT, EtcdConfig, EtcdProvider};
+use dlock_etcd::{EtcdConfig, EtcdProvider};
 
-/// The lease time-to-live of the clients a case cuts off: the server lets their keys go
-/// this long after their last keep-alive.
-const CUT_TTL: Duration = Duration::from_secs(2);
+use crate::support::{SHORT_TTL, behind_partition, with_ttl};
 
 /// Clients of one etcd store (a member or a cluster) for the suite.
 struct EtcdFactory {
@@ -37,16 +37,8 @@ impl EtcdFactory {
     /// A client through a proxy of its own in front of the first member, with the store's
     /// prefix; `query` (`""` or `?…`) is added to its URL.
     async fn behind_proxy(&self, query: &str) -> Result<(DynLockProvider, Box<dyn Partition>)> {
-        let first = format!("etcd://{}", self.config.endpoints[0]);
-        let (cut, proxied) = ProxyPartition::start(&first, DEFAULT_PORT).await?;
-        let cfg = EtcdConfig::from_url(proxied.trim_end_matches('/'))?;
-        let url = format!(
-            "etcd://{}/{}{query}",
-            cfg.endpoints[0],
-            self.config.prefix.trim_end_matches('/'),
-        );
-        let p: DynLockProvider = Arc::new(EtcdProvider::connect(&url).await?);
-        Ok((p, Box::new(cut) as Box<dyn Partition>))
+        let (cut, p) = behind_partition(&self.url, query).await?;
+        Ok((Arc::new(p), Box::new(cut)))
     }
 
     /// The key range of lock `name`.
@@ -68,10 +60,7 @@ impl Factory for EtcdFactory {
     /// Through a proxy in front of the first member, with a 2 s lease, so the server lets
     /// the cut-off holder's keys go well within the case's wait.
     async fn connect_partitionable(&self) -> Option<Result<(DynLockProvider, Box<dyn Partition>)>> {
-        Some(
-            self.behind_proxy(&format!("?ttl_s={}", CUT_TTL.as_secs()))
-                .await,
-        )
+        Some(self.behind_proxy(&with_ttl("", SHORT_TTL)).await)
     }
 
     /// Through a proxy in front of the first member, with the default lease time-to-live.
@@ -82,7 +71,7 @@ impl Factory for EtcdFactory {
     }
 
     fn holder_timeout(&self) -> Duration {
-        CUT_TTL
+        SHORT_TTL
     }
 
     async fn force_expire(&self, name: &str) -> Option<Result<()>> {

@@ -1,8 +1,9 @@
 //! `memory://` URLs and the process-wide registry of named stores.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
+use dlock_core::backend::Mutex;
 use dlock_core::{Error, RedactedUrl, Result};
 
 use crate::store::Store;
@@ -15,7 +16,7 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Store>>> {
 }
 
 pub(crate) fn named(name: &str) -> Arc<Store> {
-    let mut stores = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut stores = registry().lock();
     Arc::clone(stores.entry(name.to_owned()).or_default())
 }
 

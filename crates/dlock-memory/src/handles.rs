@@ -3,44 +3,71 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::{RawLock, RawReadWriteLock, RawSemaphore, Request};
+use dlock_core::backend::{Mutex, RawLock, RawReadWriteLock, RawSemaphore, Request};
 use dlock_core::{LockGuard, LockName, Result, async_trait};
 
 use crate::store::{Kind, Link, Mode, Store, Want};
 
-/// A mutex: every acquisition is a holder of its own.
-#[derive(Debug)]
-pub(crate) struct MemoryMutex {
+/// A provider's way to the store: the store, over the provider's link to it.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
     pub(crate) store: Arc<Store>,
     pub(crate) link: Arc<Link>,
+}
+
+impl Client {
+    /// One acquisition on the store for holder `owner`: a hold of `kind` in `mode`, with the
+    /// request's fairness and lease, waiting until its deadline.
+    async fn acquire(
+        &self,
+        req: &Request<'_>,
+        owner: u64,
+        kind: Kind,
+        mode: Mode,
+    ) -> Result<Option<LockGuard>> {
+        let want = Want {
+            owner,
+            kind,
+            mode,
+            fair: req.options.fair,
+            lease: req.options.lease,
+        };
+        self.store
+            .acquire(&self.link, req.name, want, req.deadline)
+            .await
+    }
+
+    /// A holder of its own.
+    fn new_owner(&self) -> u64 {
+        self.store.next_id()
+    }
+}
+
+/// The raw mutex: every acquisition is a holder of its own.
+#[derive(Debug)]
+pub struct MemoryMutex {
+    pub(crate) client: Client,
 }
 
 #[async_trait]
 impl RawLock for MemoryMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        let want = Want {
-            owner: self.store.next_id(),
-            kind: Kind::Mutex,
-            mode: Mode::Exclusive,
-            fair: req.options.fair,
-            lease: req.options.lease,
-        };
-        self.store
-            .acquire(&self.link, Kind::Mutex, req.name, want, req.deadline)
+        let owner = self.client.new_owner();
+        self.client
+            .acquire(req, owner, Kind::Mutex, Mode::Exclusive)
             .await
     }
 }
 
-/// A read-write lock: every acquisition is a holder of its own, except a downgrade, a read
-/// that shares the owner of the caller's write hold, so the store grants it beside that write
-/// (and beside nothing else exclusive).
+/// The raw read-write lock: every acquisition is a holder of its own, except a downgrade, a
+/// read that shares the owner of the caller's write hold, so the store grants it beside that
+/// write (and beside nothing else exclusive).
 #[derive(Debug)]
-pub(crate) struct MemoryReadWrite {
-    pub(crate) store: Arc<Store>,
-    pub(crate) link: Arc<Link>,
+pub struct MemoryReadWrite {
+    pub(crate) client: Client,
     /// The owner of the latest write hold taken through this handle: the caller's, when the
     /// core asks for a downgrade (one write at most exists on a name).
-    pub(crate) write_owner: dlock_core::backend::Mutex<Option<u64>>,
+    pub(crate) write_owner: Mutex<Option<u64>>,
 }
 
 #[async_trait]
@@ -51,13 +78,18 @@ impl RawReadWriteLock for MemoryReadWrite {
         let owner = downgrade
             .then(|| *self.write_owner.lock())
             .flatten()
-            .unwrap_or_else(|| self.store.next_id());
-        self.acquire(req, owner, Mode::Shared).await
+            .unwrap_or_else(|| self.client.new_owner());
+        self.client
+            .acquire(req, owner, Kind::ReadWrite, Mode::Shared)
+            .await
     }
 
     async fn write(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        let owner = self.store.next_id();
-        let guard = self.acquire(req, owner, Mode::Exclusive).await?;
+        let owner = self.client.new_owner();
+        let guard = self
+            .client
+            .acquire(req, owner, Kind::ReadWrite, Mode::Exclusive)
+            .await?;
         if guard.is_some() {
             *self.write_owner.lock() = Some(owner);
         }
@@ -65,49 +97,25 @@ impl RawReadWriteLock for MemoryReadWrite {
     }
 }
 
-impl MemoryReadWrite {
-    async fn acquire(
-        &self,
-        req: &Request<'_>,
-        owner: u64,
-        mode: Mode,
-    ) -> Result<Option<LockGuard>> {
-        let want = Want {
-            owner,
-            kind: Kind::ReadWrite,
-            mode,
-            fair: req.options.fair,
-            lease: req.options.lease,
-        };
-        self.store
-            .acquire(&self.link, Kind::ReadWrite, req.name, want, req.deadline)
-            .await
-    }
-}
-
-/// A semaphore: every acquisition takes a permit of its own.
+/// The raw semaphore: every acquisition takes a permit of its own.
 #[derive(Debug)]
-pub(crate) struct MemorySemaphore {
-    pub(crate) store: Arc<Store>,
-    pub(crate) link: Arc<Link>,
+pub struct MemorySemaphore {
+    pub(crate) client: Client,
 }
 
 #[async_trait]
 impl RawSemaphore for MemorySemaphore {
     async fn acquire(&self, req: &Request<'_>, permits: u32) -> Result<Option<LockGuard>> {
-        let want = Want {
-            owner: self.store.next_id(),
-            kind: Kind::Semaphore,
-            mode: Mode::Permit(permits),
-            fair: req.options.fair,
-            lease: req.options.lease,
-        };
-        self.store
-            .acquire(&self.link, Kind::Semaphore, req.name, want, req.deadline)
+        let owner = self.client.new_owner();
+        self.client
+            .acquire(req, owner, Kind::Semaphore, Mode::Permit(permits))
             .await
     }
 
     async fn available(&self, name: &LockName, permits: u32) -> Result<u32> {
-        self.store.available(&self.link, name, permits).await
+        self.client
+            .store
+            .available(&self.client.link, name, permits)
+            .await
     }
 }

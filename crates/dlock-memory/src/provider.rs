@@ -3,14 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{HandleInfo, Lock, ReadWriteLock, Semaphore};
-use dlock_core::{
-    Capabilities, DynLock, DynReadWriteLock, DynSemaphore, LockName, LockOptions, LockProvider,
-    LockStatus, Result, async_trait,
-};
+use dlock_core::backend::{Mutex, ProviderMeta, RawProvider};
+use dlock_core::{Capabilities, LockName, LockOptions, LockStatus, Result, async_trait};
 
 use crate::config;
-use crate::handles::{MemoryMutex, MemoryReadWrite, MemorySemaphore};
+use crate::handles::{Client, MemoryMutex, MemoryReadWrite, MemorySemaphore};
 use crate::store::{Link, Store};
 use crate::{BACKEND, MIN_LEASE};
 
@@ -21,8 +18,8 @@ use crate::{BACKEND, MIN_LEASE};
 #[derive(Debug, Clone)]
 pub struct MemoryProvider {
     store: Arc<Store>,
-    store_id: Arc<str>,
     link: Arc<Link>,
+    meta: ProviderMeta,
 }
 
 impl Default for MemoryProvider {
@@ -46,10 +43,12 @@ impl MemoryProvider {
     }
 
     fn over(store: Arc<Store>, store_id: String) -> Self {
+        let mut caps = Capabilities::all(BACKEND);
+        caps.min_lease = MIN_LEASE;
         Self {
             store,
-            store_id: store_id.into(),
             link: Arc::default(),
+            meta: ProviderMeta::new(caps, store_id),
         }
     }
 
@@ -65,15 +64,11 @@ impl MemoryProvider {
         })
     }
 
-    fn info(&self, name: &str, options: LockOptions) -> Result<HandleInfo> {
-        let name = LockName::new(name)?;
-        self.capabilities().check(&options)?;
-        Ok(HandleInfo::new(
-            BACKEND,
-            Arc::clone(&self.store_id),
-            name,
-            options,
-        ))
+    fn client(&self) -> Client {
+        Client {
+            store: Arc::clone(&self.store),
+            link: Arc::clone(&self.link),
+        }
     }
 
     // ---- hooks for tests ----
@@ -137,49 +132,40 @@ impl MemoryProvider {
 }
 
 #[async_trait]
-impl LockProvider for MemoryProvider {
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::all(BACKEND);
-        caps.min_lease = MIN_LEASE;
-        caps
+impl RawProvider for MemoryProvider {
+    type Mutex = MemoryMutex;
+    type ReadWrite = MemoryReadWrite;
+    type Semaphore = MemorySemaphore;
+
+    fn meta(&self) -> &ProviderMeta {
+        &self.meta
     }
 
-    fn store_id(&self) -> &str {
-        &self.store_id
+    fn raw_lock(&self, _name: &LockName, _options: &LockOptions) -> Result<MemoryMutex> {
+        Ok(MemoryMutex {
+            client: self.client(),
+        })
     }
 
-    fn lock(&self, name: &str, options: LockOptions) -> Result<DynLock> {
-        let raw = MemoryMutex {
-            store: Arc::clone(&self.store),
-            link: Arc::clone(&self.link),
-        };
-        Ok(Arc::new(Lock::new(self.info(name, options)?, raw)))
+    fn raw_read_write(&self, _name: &LockName, _options: &LockOptions) -> Result<MemoryReadWrite> {
+        Ok(MemoryReadWrite {
+            client: self.client(),
+            write_owner: Mutex::new(None),
+        })
     }
 
-    fn read_write_lock(&self, name: &str, options: LockOptions) -> Result<DynReadWriteLock> {
-        let raw = MemoryReadWrite {
-            store: Arc::clone(&self.store),
-            link: Arc::clone(&self.link),
-            write_owner: dlock_core::backend::Mutex::new(None),
-        };
-        Ok(Arc::new(ReadWriteLock::new(self.info(name, options)?, raw)))
+    fn raw_semaphore(
+        &self,
+        _name: &LockName,
+        _permits: u32,
+        _options: &LockOptions,
+    ) -> Result<MemorySemaphore> {
+        Ok(MemorySemaphore {
+            client: self.client(),
+        })
     }
 
-    fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore> {
-        self.capabilities().check_permits(permits)?;
-        let raw = MemorySemaphore {
-            store: Arc::clone(&self.store),
-            link: Arc::clone(&self.link),
-        };
-        Ok(Arc::new(Semaphore::new(
-            self.info(name, options)?,
-            permits,
-            raw,
-        )))
-    }
-
-    async fn describe(&self, name: &str) -> Result<LockStatus> {
-        let name = LockName::new(name)?;
+    async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {
         self.store.reachable(&self.link)?;
         Ok(self.store.describe(name.as_str()))
     }

@@ -1,11 +1,11 @@
 //! The in-process store: holds, waiters, fencing counters, and the fault hooks.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, Hold, HoldSignal, NewHold, later};
+use dlock_core::backend::{Deadline, Hold, HoldSignal, Mutex, NewHold, later};
 use dlock_core::{
     Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
@@ -250,10 +250,6 @@ pub(crate) struct Store {
     ids: AtomicU64,
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn unreachable_store(why: &str) -> Error {
     Error::Connection {
         backend: BACKEND,
@@ -272,7 +268,7 @@ impl Store {
         if link.cut.load(Ordering::SeqCst) {
             return Err(unreachable_store("this client is partitioned from it"));
         }
-        if lock(&self.state).faults.unavailable {
+        if self.state.lock().faults.unavailable {
             return Err(unreachable_store("simulated outage"));
         }
         Ok(())
@@ -280,28 +276,28 @@ impl Store {
 
     /// Simulates the round trip to a server: the configured latency, then the outage checks.
     async fn round_trip(&self, link: &Link) -> Result<()> {
-        let latency = lock(&self.state).faults.latency;
+        let latency = self.state.lock().faults.latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
         self.reachable(link)
     }
 
-    /// Acquires `want`, a hold of `kind`, on `name`, waiting until `deadline`.
+    /// Acquires `want` on `name`, waiting until `deadline`.
     ///
     /// Cancel safe: the grant and the guard are made under one lock with no await between, and
     /// a waiter's queue entry is removed when its future is dropped.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         link: &Arc<Link>,
-        kind: Kind,
         name: &LockName,
         want: Want,
         deadline: Deadline,
     ) -> Result<Option<LockGuard>> {
+        let kind = want.kind;
         let called = Instant::now();
         if let Err(e) = self.round_trip(link).await {
-            if lock(&self.state).faults.broken(Sabotage::SilenceIsHeld) {
+            if self.state.lock().faults.broken(Sabotage::SilenceIsHeld) {
                 return Ok(None);
             }
             return Err(e);
@@ -310,7 +306,7 @@ impl Store {
         let mut queued: Option<QueueTicket> = None;
         loop {
             let (wake, next_expiry) = {
-                let mut state = lock(&self.state);
+                let mut state = self.state.lock();
                 let now = Instant::now();
                 let State {
                     entries,
@@ -455,7 +451,7 @@ impl Store {
     }
 
     fn release(&self, key: &LockName, id: u64) -> Result<()> {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let now = Instant::now();
         let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
         let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
@@ -486,7 +482,7 @@ impl Store {
     }
 
     fn extend(&self, key: &LockName, id: u64, ttl: Duration) -> Result<()> {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         if state.faults.fail_renewals || state.faults.broken(Sabotage::NoRenewal) {
             return Err(Error::Connection {
                 backend: BACKEND,
@@ -514,18 +510,33 @@ impl Store {
 
     // ---- hooks ----
 
+    /// Ends every hold on `name` now (all primitives): their guards report the loss.
     pub(crate) fn force_expire(&self, name: &str) -> usize {
-        let mut state = lock(&self.state);
+        self.end_holds(name, Some(LossReason::Forced))
+    }
+
+    /// Removes every hold on `name` without telling the holders, like an operator deleting
+    /// keys behind their backs: they find out when they next talk to the store.
+    pub(crate) fn drop_holds(&self, name: &str) -> usize {
+        self.end_holds(name, None)
+    }
+
+    /// Ends every hold on `name`, telling each holder of its loss with `told` (`None`: not
+    /// at all), and wakes the waiters. Returns how many holds ended.
+    fn end_holds(&self, name: &str, told: Option<LossReason>) -> usize {
+        let mut state = self.state.lock();
         let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
-        let mut expired = 0;
+        let mut ended = 0;
         let State {
             entries, tokens, ..
         } = &mut *state;
         entries.retain(|key, entry| {
             if key.as_str() == name {
                 for h in entry.holds.drain(..) {
-                    h.signal.mark_lost(LossReason::Forced);
-                    expired += 1;
+                    if let Some(reason) = told {
+                        h.signal.mark_lost(reason);
+                    }
+                    ended += 1;
                 }
                 entry.permits = None;
                 entry.wake();
@@ -536,38 +547,13 @@ impl Store {
             }
             keep
         });
-        expired
-    }
-
-    /// Removes every hold on `name` without telling the holders, like an operator deleting
-    /// keys behind their backs: they find out when they next talk to the store.
-    pub(crate) fn drop_holds(&self, name: &str) -> usize {
-        let mut state = lock(&self.state);
-        let restart_tokens = state.faults.broken(Sabotage::TokensRestart);
-        let mut dropped = 0;
-        let State {
-            entries, tokens, ..
-        } = &mut *state;
-        entries.retain(|key, entry| {
-            if key.as_str() == name {
-                dropped += entry.holds.len();
-                entry.holds.clear();
-                entry.permits = None;
-                entry.wake();
-            }
-            let keep = !entry.is_empty();
-            if !keep && restart_tokens {
-                *tokens = 0;
-            }
-            keep
-        });
-        dropped
+        ended
     }
 
     /// What the store holds for `name` and the last token issued for it while it was in use
     /// (the store keeps no record of a name nobody holds or waits for).
     pub(crate) fn describe(&self, name: &str) -> dlock_core::LockStatus {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let now = Instant::now();
         let Some(entry) = state.entries.iter_mut().find(|(n, _)| n.as_str() == name) else {
             return dlock_core::LockStatus::free(None);
@@ -600,7 +586,7 @@ impl Store {
         permits: u32,
     ) -> Result<u32> {
         self.round_trip(link).await?;
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let Some(entry) = state.entries.get_mut(name) else {
             return Ok(permits);
         };
@@ -616,7 +602,7 @@ impl Store {
     }
 
     pub(crate) fn count(&self, name: &str) -> (usize, usize) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let now = Instant::now();
         let mut counts = (0, 0);
         for (n, entry) in &mut state.entries {
@@ -632,20 +618,20 @@ impl Store {
     }
 
     pub(crate) fn set_latency(&self, latency: Duration) {
-        lock(&self.state).faults.latency = latency;
+        self.state.lock().faults.latency = latency;
     }
 
     pub(crate) fn set_fail_renewals(&self, fail: bool) {
-        lock(&self.state).faults.fail_renewals = fail;
+        self.state.lock().faults.fail_renewals = fail;
     }
 
     pub(crate) fn set_unavailable(&self, unavailable: bool) {
-        lock(&self.state).faults.unavailable = unavailable;
+        self.state.lock().faults.unavailable = unavailable;
     }
 
     #[cfg_attr(not(feature = "sabotage"), allow(dead_code))]
     pub(crate) fn sabotage(&self, s: Sabotage) {
-        lock(&self.state).faults.sabotage.push(s);
+        self.state.lock().faults.sabotage.push(s);
     }
 }
 
@@ -672,7 +658,7 @@ impl Drop for QueueTicket {
         if !self.armed {
             return;
         }
-        let mut state = lock(&self.store.state);
+        let mut state = self.store.state.lock();
         if state.faults.broken(Sabotage::CancelLeavesWaiter) {
             return;
         }
@@ -699,13 +685,16 @@ struct MemoryHold {
 impl Hold for MemoryHold {
     async fn release(&self) -> Result<()> {
         self.store.round_trip(&self.link).await?;
-        if lock(&self.store.state)
+        if self
+            .store
+            .state
+            .lock()
             .faults
             .broken(Sabotage::ReleaseIgnored)
         {
             return Ok(());
         }
-        if lock(&self.store.state).faults.broken(Sabotage::LateRelease) {
+        if self.store.state.lock().faults.broken(Sabotage::LateRelease) {
             let (store, key, id) = (Arc::clone(&self.store), self.key.clone(), self.id);
             // The delay is the fault itself (a store that frees a released lock a second
             // late), not a wait for an event: nothing is awaited on it.

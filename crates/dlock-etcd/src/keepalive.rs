@@ -1,0 +1,193 @@
+//! Where the provider's lease is renewed: the background task that keeps it alive every third
+//! of its time-to-live, the one keep-alive a hold's renewal makes, and the grant of a new
+//! lease once the old one has ended.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use dlock_core::backend::{Backoff, later};
+use dlock_core::{Error, LossReason, Result};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::BACKEND;
+use crate::error::is_lease_gone;
+use crate::session::{RETRY_MAX, RETRY_MIN, Session, seconds, worth_a_warning};
+
+/// What one keep-alive round found.
+enum Round {
+    /// The server extended the lease by this time-to-live.
+    Kept(Duration),
+    /// The server says the lease is gone (expired or revoked).
+    Gone,
+    /// No answer: the call failed or timed out.
+    Failed,
+}
+
+impl Session {
+    /// One keep-alive of lease `lease` now, on a stream of its own, answered by `until`:
+    /// `Ok(true)` if the server kept it (its horizon moves on from this call's send time),
+    /// `Ok(false)` if the server says it is gone.
+    pub(crate) async fn keep_now(&self, lease: i64, until: Instant) -> Result<bool> {
+        let sent = Instant::now();
+        let mut keeper = None;
+        let mut client = self.client();
+        match keep_once(&mut keeper, &mut client, lease, until).await {
+            Round::Kept(ttl) => {
+                self.record_kept(lease, sent, ttl);
+                Ok(true)
+            }
+            Round::Gone => Ok(false),
+            Round::Failed => Err(Error::Backend {
+                backend: BACKEND,
+                message: format!("keeping lease {lease:x} alive on {} failed", self.store_id),
+                retryable: true,
+                source: None,
+            }),
+        }
+    }
+}
+
+/// One keep-alive of `lease` on `keeper`'s stream (opened first if there is none), answered
+/// by `until`. A stream that failed is dropped, for the next round to open a new one.
+async fn keep_once(
+    keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    client: &mut Client,
+    lease: i64,
+    until: Instant,
+) -> Round {
+    let round = async {
+        if keeper.is_none() {
+            *keeper = Some(client.lease_keep_alive(lease).await?);
+        }
+        let Some((k, stream)) = keeper.as_mut() else {
+            return Ok(None);
+        };
+        k.keep_alive().await?;
+        stream.message().await
+    };
+    match timeout_at(until, round).await {
+        Ok(Ok(Some(resp))) if resp.ttl() > 0 => Round::Kept(seconds(resp.ttl())),
+        Ok(Ok(Some(_))) => Round::Gone,
+        Ok(Err(e)) if is_lease_gone(&e) => Round::Gone,
+        _ => {
+            // A stream that failed once is not trusted again.
+            *keeper = None;
+            Round::Failed
+        }
+    }
+}
+
+/// A new lease for the acquires to come, as soon as the server grants one; its time-to-live
+/// counts from when its grant was sent, not from the answer. Each failure is published for
+/// the acquires waiting for the lease (one that no retry helps ends their wait), and an
+/// outage that goes on is logged as a warning now and then.
+async fn regrant(s: &Session, backoff: &mut Backoff) -> i64 {
+    let mut failures = 0u32;
+    loop {
+        let granting = Instant::now();
+        match s.grant().await {
+            Ok((l, ttl)) => {
+                s.lease_granted(l, granting, ttl);
+                return l;
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                if worth_a_warning(failures) || (failures == 1 && !e.is_retryable()) {
+                    tracing::warn!(store = %s.store_id, error = %e, failures, "etcd: no new lease can be granted; acquires wait or fail; retrying");
+                } else {
+                    tracing::debug!(error = %e, "etcd: granting a new lease failed; retrying");
+                }
+                s.grant_failed(&e);
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
+/// Keeps the session's lease alive every third of its time-to-live. While keep-alives fail
+/// the holds are suspended; once the lease's horizon has passed (the send of the last
+/// keep-alive the server answered, plus the time-to-live it answered with), or the server
+/// says the lease is gone, every hold is lost and a new lease is granted for later acquires.
+/// (The holds' guards stop vouching for them a drift allowance before the horizon by
+/// themselves.)
+pub(crate) async fn keep_alive(session: Weak<Session>, mut lease: i64) {
+    let (period, mut client) = match session.upgrade() {
+        Some(s) => (s.config.lease_ttl / 3, s.client()),
+        None => return,
+    };
+    let mut keeper = None;
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    // The horizon of the lease until a round finds it: a lease no longer recorded has ended.
+    let mut horizon = Instant::now();
+    loop {
+        // The session's horizon is the one truth of when the lease was last kept alive: the
+        // holds' renewals keep it alive too (`keep_now`), not only this task.
+        match session.upgrade() {
+            Some(s) => horizon = s.horizon_of(lease).map_or(horizon, |h| h.at()),
+            None => return,
+        }
+        let sent = Instant::now();
+        // A round never outlasts the lease: the loss is reported when the lease ends.
+        let until = later(sent, period).min(horizon);
+        let round = keep_once(&mut keeper, &mut client, lease, until).await;
+        let Some(s) = session.upgrade() else { return };
+        let expired = match round {
+            Round::Kept(ttl) => {
+                s.record_kept(lease, sent, ttl);
+                s.set_suspended(false);
+                backoff.reset();
+                false
+            }
+            Round::Gone => true,
+            Round::Failed => {
+                s.set_suspended(true);
+                let horizon = s.horizon_of(lease).map_or(horizon, |h| h.at());
+                Instant::now() >= horizon
+            }
+        };
+        if expired {
+            s.lease_ended(lease, LossReason::SessionExpired);
+            keeper = None;
+            lease = regrant(&s, &mut backoff).await;
+            continue;
+        }
+        drop(s);
+        match round {
+            Round::Kept(_) => sleep_until(later(sent, period)).await,
+            _ => {
+                let pause = backoff.next_pause();
+                sleep_until(later(Instant::now(), pause).min(horizon)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dlock_core::backend::from_now;
+
+    use crate::session::test_session;
+
+    /// A keep-alive on a stream of its own (a renewal's, or the provider's after its stream
+    /// failed) for a lease the server no longer has says "gone", not "no answer": the client
+    /// library turns that stream's first answer, a time-to-live of 0, into an error of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fresh_keep_alive_stream_finds_a_revoked_lease_gone() -> Result<(), String> {
+        let Some(started) = test_session().await else {
+            return Ok(());
+        };
+        let (session, lease) = started?;
+        let revoked = session.client().lease_revoke(lease).await;
+        revoked.map_err(|e| e.to_string())?;
+        match session
+            .keep_now(lease, from_now(Duration::from_secs(10)))
+            .await
+        {
+            Ok(false) => Ok(()),
+            other => Err(format!("a keep-alive of a revoked lease: {other:?}")),
+        }
+    }
+}

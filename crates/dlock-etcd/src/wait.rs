@@ -1,0 +1,277 @@
+//! A waiter's wait for its predecessor: a watch of the one key created just before its own
+//! (a release wakes one waiter, no herd), with looks of its own while etcd may hold the
+//! watch's events back.
+
+use std::time::Duration;
+
+use dlock_core::backend::later;
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions};
+use tokio::time::Instant;
+
+use crate::session::Session;
+
+/// How long after its creation a waiter's watch may be held back by etcd: one that starts
+/// "now" is registered at the revision etcd read just before, so a write committed in between
+/// puts it in the store's unsynced group, which etcd catches up every 100 ms (its
+/// `syncWatchersLoop`; longer when it has more than 512 such watches to catch up). A
+/// margin above the usual 100 ms.
+const UNSYNCED_FOR: Duration = Duration::from_millis(150);
+
+/// How often a waiter looks at its predecessor itself while its watch may be held back: a
+/// delete held back then costs a handoff this long at most instead of etcd's 100 ms, and
+/// looking more often shortens no wait while its reads cost throughput.
+const LOOK_EVERY: Duration = Duration::from_millis(10);
+
+/// Waits until the key created just before `mine` in `range` is deleted (at once if there is
+/// none). Only that one key is watched: a release wakes one waiter.
+///
+/// The watch starts at the store's current revision, not at the revision of the read: etcd
+/// serves a watch that starts in the past from its "unsynced" group, which it catches up
+/// only every 100 ms, so under contention (other contenders' writes moving the revision on)
+/// each handoff would wait up to 100 ms. A delete between the read and the watch is caught
+/// by looking at the key again once the watch exists, whenever the store moved on meanwhile.
+///
+/// Even a watch that starts "now" lands in that group when a write commits while etcd
+/// registers it (etcd reads the revision first): its delete then typically arrives up to
+/// 100 ms late, although the key is gone (another watcher saw it at once). So for the first [`UNSYNCED_FOR`] after its watch was
+/// created the waiter also looks at the key every [`LOOK_EVERY`], unless a look proves the
+/// watch was not held back; from then on the watch alone wakes it.
+pub(crate) async fn wait_for_predecessor(
+    session: &Session,
+    range: &str,
+    mine: i64,
+) -> Result<(), etcd_client::Error> {
+    session.counters.get();
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_max_create_revision(mine - 1)
+        .with_limit(1);
+    let mut client = session.client();
+    let resp = client.get(range, Some(options)).await?;
+    let Some(before) = resp.kvs().first() else {
+        return Ok(());
+    };
+    let watched = Watched {
+        key: before.key().to_vec(),
+        created: before.create_revision(),
+        read_at: resp.header().map_or(0, |h| h.revision()),
+    };
+    session.counters.watch();
+    let mut stream = client
+        .watch(
+            watched.key.clone(),
+            Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
+        )
+        .await?;
+    await_delete(session, &mut client, &mut stream, &watched, UNSYNCED_FOR).await
+}
+
+/// The key a waiter watches: its name, its create revision, and the revision it was read at.
+struct Watched {
+    key: Vec<u8>,
+    created: i64,
+    read_at: i64,
+}
+
+/// What came first while a look was due: the watch's next message, or the look.
+enum Next {
+    Message(Result<Option<etcd_client::WatchResponse>, etcd_client::Error>),
+    Looked(Result<Seen, etcd_client::Error>),
+}
+
+/// What a look at the watched key found.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// The key is gone (or is another key of the same name now).
+    gone: bool,
+    /// The store's revision when it was read (`None`: the answer had no header).
+    revision: Option<i64>,
+}
+
+/// Waits on `stream` (a watch of `watched`) until the key is deleted. For `unsynced_for`
+/// after the watch was created (while etcd may hold its events back) it also looks at the
+/// key [`LOOK_EVERY`] after the last look, racing the watch: a look that fails, or is slow,
+/// holds nothing back and ends nothing (the watch goes on). The one look made when the watch
+/// is created (if the store moved on since the read), which alone can see a delete made
+/// before the watch, is not raced, and its failure ends the wait as a watch's does. A look
+/// that finds the store still at the revision the watch was created at proves the watch was
+/// never held back (no write committed while etcd registered it), and ends the looking.
+async fn await_delete(
+    session: &Session,
+    client: &mut etcd_client::Client,
+    stream: &mut etcd_client::WatchStream,
+    watched: &Watched,
+    unsynced_for: Duration,
+) -> Result<(), etcd_client::Error> {
+    // The end of the looking, and the revision the watch was created at (if etcd said), once
+    // it was.
+    let mut window: Option<(Instant, Option<i64>)> = None;
+    // When to look at the key next.
+    let mut look_at: Option<Instant> = None;
+    let next_look = |window: Option<(Instant, Option<i64>)>| {
+        let (until, _) = window?;
+        Some(later(Instant::now(), LOOK_EVERY)).filter(|at| *at < until)
+    };
+    loop {
+        let next = match look_at {
+            Some(at) => {
+                let look = async {
+                    tokio::time::sleep_until(at).await;
+                    look_at_key(session, client, watched).await
+                };
+                tokio::select! {
+                    // Cancel safe: the stream keeps what it has read, and a look dropped
+                    // half-way is a read nobody waits for.
+                    m = stream.message() => Next::Message(m),
+                    seen = look => Next::Looked(seen),
+                }
+            }
+            None => Next::Message(stream.message().await),
+        };
+        let message = match next {
+            Next::Looked(Ok(seen)) if seen.gone => return Ok(()),
+            Next::Looked(Ok(seen)) if window.is_some_and(|(_, from)| unchanged(seen, from)) => {
+                look_at = None;
+                continue;
+            }
+            Next::Looked(Ok(_)) => {
+                look_at = next_look(window);
+                continue;
+            }
+            Next::Looked(Err(e)) => {
+                tracing::debug!(error = %e, "etcd: a waiter's look at its predecessor failed; the watch goes on");
+                look_at = next_look(window);
+                continue;
+            }
+            Next::Message(m) => m,
+        };
+        let Some(resp) = message? else {
+            return Err(etcd_client::Error::WatchError(
+                "the watch stream ended".into(),
+            ));
+        };
+        if resp.canceled() {
+            // The watch was refused: look again.
+            return Ok(());
+        }
+        if resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete)
+        {
+            session.counters.wakeup();
+            return Ok(());
+        }
+        if resp.created() {
+            // etcd's header here is the revision it read right before registering the watch.
+            let watched_from = resp.header().map(|h| h.revision());
+            window = Some((later(Instant::now(), unsynced_for), watched_from));
+            look_at = next_look(window);
+            // The store moved on between the read and the watch: the predecessor may have
+            // gone (or left and come back behind us) in between.
+            if watched_from.is_none_or(|from| from > watched.read_at) {
+                let seen = look_at_key(session, client, watched).await?;
+                if seen.gone {
+                    return Ok(());
+                }
+                if unchanged(seen, watched_from) {
+                    look_at = None;
+                }
+            }
+        }
+    }
+}
+
+/// Whether a look found the store at the revision a watch was created at: no write came in
+/// between, so etcd registered the watch at the store's revision and never held it back.
+fn unchanged(seen: Seen, watched_from: Option<i64>) -> bool {
+    seen.revision.is_some() && seen.revision == watched_from
+}
+
+/// Reads the key a waiter watches. The read must stay linearizable (etcd's default): a look
+/// that found the store at the watch's revision proves that no write came in between only
+/// if it saw every write committed before it was sent.
+async fn look_at_key(
+    session: &Session,
+    client: &mut etcd_client::Client,
+    watched: &Watched,
+) -> Result<Seen, etcd_client::Error> {
+    session.counters.get();
+    let now = client.get(watched.key.as_slice(), None).await?;
+    Ok(Seen {
+        gone: now.kvs().first().map(|kv| kv.create_revision()) != Some(watched.created),
+        revision: now.header().map(|h| h.revision()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use etcd_client::PutOptions;
+
+    use super::*;
+    use crate::session::test_session;
+
+    /// A waiter whose watch holds the delete back (as etcd's unsynced group does, typically
+    /// for up to 100 ms) still sees its predecessor go, by looking at it: here the watch is of
+    /// another key, which never changes, and the read the waiter started from is taken as the
+    /// newest (so the check when the watch is created does not look), so only the waiter's
+    /// looks can end the wait. The predecessor lives in a lease of its own, which ends it if
+    /// the test stops half-way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_sees_its_predecessor_go_while_its_watch_is_silent() -> Result<(), String> {
+        let Some(started) = test_session().await else {
+            return Ok(());
+        };
+        let (session, lease) = started?;
+        let etcd = |e: etcd_client::Error| e.to_string();
+        let mut client = session.client();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let base = format!("dlock-test/silent-watch/{}-{nanos}", std::process::id());
+        let key = format!("{base}/predecessor");
+        let put = client
+            .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .map_err(etcd)?;
+        let created = put.header().map_or(0, |h| h.revision());
+        let mut stream = client
+            .watch(
+                format!("{base}/silent"),
+                Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
+            )
+            .await
+            .map_err(etcd)?;
+        // Gone before the waiter starts: only a look can tell it.
+        client.delete(key.as_str(), None).await.map_err(etcd)?;
+        let watched = Watched {
+            key: key.clone().into_bytes(),
+            created,
+            read_at: i64::MAX,
+        };
+        let waiter = {
+            let (session, mut client) = (Arc::clone(&session), session.client());
+            tokio::spawn(async move {
+                // Looks for as long as the test runs.
+                let window = Duration::from_secs(3600);
+                await_delete(&session, &mut client, &mut stream, &watched, window).await
+            })
+        };
+        let woke = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        drop(client.lease_revoke(lease).await);
+        let woke =
+            woke.map_err(|_| "the waiter did not see its predecessor go within 10 s".to_string())?;
+        woke.map_err(|e| e.to_string())?.map_err(etcd)?;
+        let stats = session.stats();
+        if stats.wakeups != 0 || stats.gets == 0 {
+            return Err(format!(
+                "the waiter should have woken by its own look, not by a watch event: {stats:?}"
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,132 @@
+//! The leader of the 3-member cluster of `scripts/services` killed (SIGKILL) under
+//! contention: never two unlost holders at once, tokens strictly growing, every contender
+//! goes on after the election.
+
+use std::time::Duration;
+
+use dlock_conformance::contention::Contention;
+use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_core::{DynLock, LockOptions, LockProvider};
+use dlock_etcd::{EtcdConfig, EtcdProvider};
+use tokio::time::Instant;
+
+use crate::support::SERIAL;
+use crate::support::cluster::{Restore, leader_among, member_pid};
+
+const CONTENDERS: usize = 4;
+/// Acquisitions every contender must make before the kill, and after the election.
+const PROGRESS: usize = 3;
+
+/// The leader of the 3-member cluster killed while 4 contenders fight over one name: no two
+/// unlost holders at once, tokens strictly increasing, every contender gets in again after
+/// the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_killed_during_contention() {
+    let Some(url) = service_url("DLOCK_ETCD_CLUSTER_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    must(
+        Duration::from_secs(120),
+        "the failover scenario",
+        failover(url),
+    )
+    .await;
+}
+
+async fn failover(url: String) {
+    let endpoints = EtcdConfig::from_url(&url).unwrap().endpoints;
+    assert!(endpoints.len() >= 3, "{url} names fewer than 3 members");
+    let leader = eventually(Duration::from_secs(10), "the cluster has a leader", || {
+        leader_among(&endpoints)
+    })
+    .await;
+    let leader_port = leader.rsplit(':').next().unwrap().to_owned();
+    let Some(pid) = member_pid(&leader_port) else {
+        let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+        let why = format!(
+            "the leader {leader} was not started by scripts/services (no etcd/{leader_port}/etcd.pid), \
+             so it cannot be killed"
+        );
+        assert!(
+            require.is_empty(),
+            "{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    };
+
+    let name = Names::new().name("failover");
+    let mut providers = Vec::new();
+    let mut locks: Vec<DynLock> = Vec::new();
+    for _ in 0..CONTENDERS {
+        let p = must(
+            Duration::from_secs(10),
+            "connect",
+            EtcdProvider::connect(&url),
+        )
+        .await
+        .unwrap();
+        locks.push(p.lock(&name, LockOptions::default()).unwrap());
+        providers.push(p);
+    }
+    let diagnose = || async {
+        providers
+            .iter()
+            .map(|p| format!("{:?} lease {:?}", p.stats(), p.lease_id()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let run = Contention::start(locks);
+    let t0 = Instant::now();
+    run.await_progress(
+        t0,
+        PROGRESS,
+        Duration::from_secs(10),
+        "every contender gets in",
+        diagnose,
+    )
+    .await;
+
+    let restore = Restore;
+    let killed_at = Instant::now();
+    let ok = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -KILL {pid}");
+    let others: Vec<String> = endpoints
+        .iter()
+        .filter(|e| **e != leader)
+        .cloned()
+        .collect();
+    let new_leader = eventually(
+        Duration::from_secs(20),
+        "the survivors elect a leader",
+        || leader_among(&others),
+    )
+    .await;
+    let elected_at = Instant::now();
+    eprintln!(
+        "killed the leader {leader} (pid {pid}); {new_leader} leads after {:?}",
+        elected_at - killed_at
+    );
+    run.await_progress(
+        elected_at,
+        PROGRESS,
+        Duration::from_secs(30),
+        "every contender acquires after the election",
+        diagnose,
+    )
+    .await;
+    let report = run.stop(Duration::from_secs(20)).await;
+    drop(restore);
+    report.print("etcd leader killed");
+    report.check();
+    assert!(
+        report.records.iter().any(|r| r.start < killed_at),
+        "acquisitions before the kill"
+    );
+    assert!(report.after(elected_at) >= CONTENDERS * PROGRESS);
+}

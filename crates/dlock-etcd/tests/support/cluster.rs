@@ -1,0 +1,80 @@
+//! The 3-member cluster of `scripts/services` (`DLOCK_ETCD_CLUSTER_URL`), for a test that
+//! kills a member: which member leads, its process, and the cluster brought back whole.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dlock_etcd::etcd_client::Client;
+
+/// The pid `scripts/services` recorded for the cluster member with client port `port`, if
+/// that process still runs that member (its command line names the member's data dir).
+pub(crate) fn member_pid(port: &str) -> Option<u32> {
+    let state_dir = std::env::var_os("DLOCK_SERVICES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("dlock-services"));
+    let pid: u32 = std::fs::read_to_string(state_dir.join(format!("etcd/{port}/etcd.pid")))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    String::from_utf8_lossy(&cmdline)
+        .contains(&format!("etcd/{port}/data"))
+        .then_some(pid)
+}
+
+/// Which of `endpoints` leads, asking each member itself.
+pub(crate) async fn leader_among(endpoints: &[String]) -> Result<String, String> {
+    let mut seen = Vec::new();
+    for e in endpoints {
+        let status = async {
+            let mut c = Client::connect([e.as_str()], None).await.ok()?;
+            tokio::time::timeout(Duration::from_secs(2), c.status())
+                .await
+                .ok()?
+                .ok()
+        }
+        .await;
+        match status {
+            Some(s) if s.header().map(|h| h.member_id()) == Some(s.leader()) => {
+                return Ok(e.clone());
+            }
+            Some(_) => seen.push(format!("{e}: follower")),
+            None => seen.push(format!("{e}: no answer")),
+        }
+    }
+    Err(seen.join(", "))
+}
+
+/// Brings the cluster back whole (`scripts/services up etcd-cluster` restarts a member that
+/// is down) when dropped, so a failing test leaves it whole too.
+pub(crate) struct Restore;
+
+impl Restore {
+    fn run() -> Result<(), String> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = std::process::Command::new(root.join("scripts/services"))
+            .args(["up", "etcd-cluster"])
+            .current_dir(&root)
+            .env("DLOCK_SERVICES_TIMEOUT", "30")
+            .output()
+            .map_err(|e| format!("cannot run scripts/services: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "scripts/services up etcd-cluster failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if let Err(e) = Self::run() {
+            eprintln!("{e}");
+        }
+    }
+}
