@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use crate::BACKEND;
 use crate::error::from_etcd;
 use crate::keys::{self, KeyUndo, Pending, delete_key};
-use crate::session::{RETRY_MAX, RETRY_MIN, Session};
+use crate::retry::{RETRY_MAX, RETRY_MIN};
+use crate::session::Session;
 
 /// The guard of the key `key` of lease `lease`, created at revision `rev` (its token) by the
 /// request sent at `sent`: the acquisition's undo hands the key to the hold.

@@ -1,18 +1,73 @@
-//! Where the provider's lease is renewed: the background task that keeps it alive every third
-//! of its time-to-live, the one keep-alive a hold's renewal makes, and the grant of a new
-//! lease once the old one has ended.
+//! Where the provider's lease is granted and renewed: the connection and first grant, the
+//! background task that keeps it alive every third of its time-to-live, the one keep-alive a
+//! hold's renewal makes, and the grant of a new lease once the old one has ended.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{Backoff, later};
 use dlock_core::{Error, LossReason, Result};
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::BACKEND;
-use crate::error::is_lease_gone;
-use crate::session::{RETRY_MAX, RETRY_MIN, Session, seconds, worth_a_warning};
+use crate::config::{EtcdConfig, EtcdTls};
+use crate::error::{from_etcd, is_lease_gone};
+use crate::retry::{RETRY_MAX, RETRY_MIN, seconds, worth_a_warning};
+use crate::session::Session;
+
+/// Connects, grants the lease and starts the task that keeps it alive (it stops when the
+/// session is dropped).
+pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
+    // A call unanswered for the lease's time-to-live is of no use any more (a partition,
+    // a frozen member whose connection stays open): it ends with an error, retried where
+    // that is safe, instead of waiting for the kernel to give the connection up.
+    let mut options = ConnectOptions::new().with_timeout(config.lease_ttl);
+    if let Some(t) = config.connect_timeout {
+        options = options.with_connect_timeout(t);
+    }
+    if let Some((user, password)) = config.user() {
+        // A token ends (a JWT's time-to-live, a simple token when its member restarts):
+        // the client logs in again instead of failing every call from then on.
+        options = options
+            .with_user(user.clone(), password.clone())
+            .with_auto_token_refresh(true);
+    }
+    if let Some(tls) = &config.tls {
+        options = options.with_tls(tls_options(tls)?);
+    }
+    let store = config.store_id();
+    let client = Client::connect(&config.endpoints, Some(options))
+        .await
+        .map_err(|e| from_etcd(&format!("connect to {store}"), e))?;
+    start(config, client).await
+}
+
+/// A session over a client the application already has: grants its lease and starts the
+/// task that keeps it alive.
+pub(crate) async fn start(config: EtcdConfig, client: Client) -> Result<Arc<Session>> {
+    let session = Arc::new(Session::new(config, client));
+    session.config.check()?;
+    let sent = Instant::now();
+    let (lease, ttl) = session.grant().await?;
+    session.lease_granted(lease, sent, ttl);
+    tokio::spawn(keep_alive(Arc::downgrade(&session), lease));
+    Ok(session)
+}
+
+/// The client's TLS settings from `tls`: the files read now, so a missing or unreadable one
+/// is a [`Error::Config`] naming it.
+fn tls_options(tls: &EtcdTls) -> Result<etcd_client::TlsOptions> {
+    let mut options = etcd_client::TlsOptions::new();
+    options = match tls.read_ca()? {
+        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(ca)),
+        None => options.with_webpki_roots(),
+    };
+    if let Some((cert, key)) = tls.read_identity()? {
+        options = options.identity(etcd_client::Identity::from_pem(cert, key));
+    }
+    Ok(options)
+}
 
 /// What one keep-alive round found.
 enum Round {
@@ -163,13 +218,30 @@ pub(crate) async fn keep_alive(session: Weak<Session>, mut lease: i64) {
     }
 }
 
+/// For unit tests against the etcd member at `DLOCK_ETCD_URL` (`None` without one): a
+/// session, and a lease of 60 s granted beside it, of the test's own.
+#[cfg(test)]
+pub(crate) async fn test_session() -> Option<Result<(Arc<Session>, i64), String>> {
+    let url = dlock_conformance::service_url("DLOCK_ETCD_URL")?;
+    Some(
+        async {
+            let config = EtcdConfig::from_url(&url).map_err(|e| e.to_string())?;
+            let session = connect(config).await.map_err(|e| e.to_string())?;
+            let lease = session.client().lease_grant(60, None).await;
+            let lease = lease.map_err(|e| e.to_string())?.id();
+            Ok((session, lease))
+        }
+        .await,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use dlock_core::backend::from_now;
 
-    use crate::session::test_session;
+    use super::test_session;
 
     /// A keep-alive on a stream of its own (a renewal's, or the provider's after its stream
     /// failed) for a lease the server no longer has says "gone", not "no answer": the client

@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::{from_etcd, is_transient};
-use crate::session::{Claim, RETRY_MAX, RETRY_MIN, Session};
+use crate::retry::{RETRY_MAX, RETRY_MIN};
+use crate::session::{Claim, Session};
 
 /// The key range of lock name `lock_name`: `{lock_name}/`, as etcd's lock has it.
 pub(crate) fn range(lock_name: &str) -> String {

@@ -12,6 +12,7 @@ mod keepalive;
 mod keys;
 mod mutex;
 mod provider;
+mod retry;
 mod session;
 mod stats;
 mod wait;

@@ -14,7 +14,8 @@ use crate::BACKEND;
 use crate::error::{from_etcd, is_lease_gone, is_transient};
 use crate::hold::grant;
 use crate::keys::{self, Pending, delete_key, enter, give_up, look, put_answer, range};
-use crate::session::{RETRY_MAX, RETRY_MIN, Session, worth_a_warning};
+use crate::retry::{RETRY_MAX, RETRY_MIN, worth_a_warning};
+use crate::session::Session;
 use crate::wait::wait_for_predecessor;
 
 /// The raw mutex of one name: the etcd lock name (`{prefix}{escaped name}`) it contends for.

@@ -57,7 +57,7 @@ impl EtcdProvider {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
-        Ok(Self::over(Session::connect(config).await?))
+        Ok(Self::over(crate::keepalive::connect(config).await?))
     }
 
     /// A provider on a client the application already has (its endpoints, credentials and
@@ -68,7 +68,7 @@ impl EtcdProvider {
     ///
     /// [`Error::Connection`] or [`Error::Backend`] if the lease cannot be granted.
     pub async fn from_client(client: etcd_client::Client, config: EtcdConfig) -> Result<Self> {
-        Ok(Self::over(Session::start(config, client).await?))
+        Ok(Self::over(crate::keepalive::start(config, client).await?))
     }
 
     fn over(session: Arc<Session>) -> Self {

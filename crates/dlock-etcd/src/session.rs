@@ -1,6 +1,6 @@
 //! The provider's client and its one lease: every lock key of the provider is attached to it,
-//! a background task keeps it alive (`keepalive.rs`), and its end reports every hold taken
-//! under it lost.
+//! and its end reports every hold taken under it lost. `keepalive.rs` grants it and keeps it
+//! alive.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,31 +9,15 @@ use std::time::Duration;
 
 use dlock_core::backend::{HoldSet, HoldSignal, Horizon, Mutex, Registration, later};
 use dlock_core::{Error, LossReason, Result};
-use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
+use etcd_client::{Client, Txn, TxnResponse};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::BACKEND;
-use crate::config::{EtcdConfig, EtcdTls};
+use crate::config::EtcdConfig;
 use crate::error::{from_etcd, is_lease_gone};
-use crate::keepalive::keep_alive;
+use crate::retry::seconds;
 use crate::stats::{Counters, EtcdStats};
-
-/// First pause before a retry of a failed call; doubles up to [`RETRY_MAX`].
-pub(crate) const RETRY_MIN: Duration = Duration::from_millis(20);
-pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// Whether the `failures`-th failure in a row of one retry loop is logged as a warning: the
-/// 5th, then the 10th, 20th, 40th … (fewer as an outage goes on); the others are debug lines.
-pub(crate) fn worth_a_warning(failures: u32) -> bool {
-    failures == 5
-        || (failures >= 10 && failures.is_multiple_of(10) && (failures / 10).is_power_of_two())
-}
-
-/// A time-to-live in etcd's unit (seconds), as a duration (none if not positive).
-pub(crate) fn seconds(ttl: i64) -> Duration {
-    Duration::from_secs(u64::try_from(ttl).unwrap_or(0))
-}
 
 /// The provider's lease as acquires see it.
 #[derive(Clone, Debug)]
@@ -130,51 +114,11 @@ impl Drop for Session {
     }
 }
 
-/// The client's TLS settings from `tls`: the files read now, so a missing or unreadable one
-/// is a [`Error::Config`] naming it.
-fn tls_options(tls: &EtcdTls) -> Result<etcd_client::TlsOptions> {
-    let mut options = etcd_client::TlsOptions::new();
-    options = match tls.read_ca()? {
-        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(ca)),
-        None => options.with_webpki_roots(),
-    };
-    if let Some((cert, key)) = tls.read_identity()? {
-        options = options.identity(etcd_client::Identity::from_pem(cert, key));
-    }
-    Ok(options)
-}
-
 impl Session {
-    /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
-    /// session is dropped).
-    pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Self>> {
-        // A call unanswered for the lease's time-to-live is of no use any more (a partition,
-        // a frozen member whose connection stays open): it ends with an error, retried where
-        // that is safe, instead of waiting for the kernel to give the connection up.
-        let mut options = ConnectOptions::new().with_timeout(config.lease_ttl);
-        if let Some(t) = config.connect_timeout {
-            options = options.with_connect_timeout(t);
-        }
-        if let Some((user, password)) = config.user() {
-            // A token ends (a JWT's time-to-live, a simple token when its member restarts):
-            // the client logs in again instead of failing every call from then on.
-            options = options
-                .with_user(user.clone(), password.clone())
-                .with_auto_token_refresh(true);
-        }
-        if let Some(tls) = &config.tls {
-            options = options.with_tls(tls_options(tls)?);
-        }
-        let store = config.store_id();
-        let client = Client::connect(&config.endpoints, Some(options))
-            .await
-            .map_err(|e| from_etcd(&format!("connect to {store}"), e))?;
-        Self::start(config, client).await
-    }
-
-    /// Uses a client the application already has.
-    pub(crate) async fn start(config: EtcdConfig, client: Client) -> Result<Arc<Self>> {
-        let session = Arc::new(Self {
+    /// A session over `client` with no lease yet: [`crate::keepalive::start`] grants it and
+    /// keeps it alive.
+    pub(crate) fn new(config: EtcdConfig, client: Client) -> Self {
+        Self {
             store_id: config.store_id().into(),
             client,
             lease: watch::channel(LeaseState::Granting(None)).0,
@@ -184,13 +128,7 @@ impl Session {
             horizon: Mutex::new(None),
             counters: Counters::default(),
             config,
-        });
-        session.config.check()?;
-        let sent = Instant::now();
-        let (lease, ttl) = session.grant().await?;
-        session.lease_granted(lease, sent, ttl);
-        tokio::spawn(keep_alive(Arc::downgrade(&session), lease));
-        Ok(session)
+        }
     }
 
     /// A new lease, and the time-to-live the server granted it (etcd raises one below its
@@ -392,23 +330,6 @@ impl Session {
     pub(crate) fn stats(&self) -> EtcdStats {
         self.counters.stats()
     }
-}
-
-/// For unit tests against the etcd member at `DLOCK_ETCD_URL` (`None` without one): a
-/// session, and a lease of 60 s granted beside it, of the test's own.
-#[cfg(test)]
-pub(crate) async fn test_session() -> Option<Result<(Arc<Session>, i64), String>> {
-    let url = dlock_conformance::service_url("DLOCK_ETCD_URL")?;
-    Some(
-        async {
-            let config = EtcdConfig::from_url(&url).map_err(|e| e.to_string())?;
-            let session = Session::connect(config).await.map_err(|e| e.to_string())?;
-            let lease = session.client().lease_grant(60, None).await;
-            let lease = lease.map_err(|e| e.to_string())?.id();
-            Ok((session, lease))
-        }
-        .await,
-    )
 }
 
 /// A contender's key, reserved in its provider until dropped (after the key was deleted).

@@ -212,7 +212,7 @@ mod tests {
     use etcd_client::PutOptions;
 
     use super::*;
-    use crate::session::test_session;
+    use crate::keepalive::test_session;
 
     /// A waiter whose watch holds the delete back (as etcd's unsynced group does, typically
     /// for up to 100 ms) still sees its predecessor go, by looking at it: here the watch is of
