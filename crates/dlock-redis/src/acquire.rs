@@ -7,26 +7,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, Deadline, Request, UndoOnDrop};
-use dlock_core::{Error, Lease, LockGuard, LockKind, LockName, Result};
+use dlock_core::backend::{Backoff, Deadline, UndoOnDrop};
+use dlock_core::{Error, LockGuard, LockKind, LockName, Result};
 use tokio::time::Instant;
 
-use crate::call::{Attempt, ms, read_attempt, read_other_kind};
+use crate::call::{Attempt, read_attempt, read_other_kind};
+use crate::consts::{BACKEND, OUTAGE_PAUSE_MAX};
 use crate::hold::RedisHold;
-use crate::keys::Keys;
-use crate::primitive::{Holder, Primitive};
-use crate::provider::{BACKEND, Inner};
+use crate::primitive::{Acquisition, Primitive};
 use crate::pubsub::Subscribed;
-
-/// One acquisition of a primitive `P` by a holder of its own.
-#[derive(Debug)]
-pub(crate) struct Acquisition<P> {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) name: LockName,
-    pub(crate) holder: Holder,
-    pub(crate) lease: Lease,
-    pub(crate) primitive: P,
-}
 
 /// What an acquisition may have left on the store until it becomes a guard: itself (a queue
 /// entry, or a hold granted by a call whose answer was lost), undone in the background if
@@ -41,10 +30,6 @@ const RETRIES: usize = 2;
 /// Longest sleep without a message: when the holder's key has no expiry, and the cap on every
 /// other wait (so a lost wake-up message costs at most this long).
 const NO_TTL_RECHECK: Duration = Duration::from_secs(5);
-
-/// The longest pause between two tries of a waiter while the server is away (a restart, a
-/// failover): once it is back, every waiter tries within this long.
-pub(crate) const OUTAGE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 impl<P: Primitive> Acquisition<P> {
     /// Acquires, waiting until `deadline`.
@@ -138,27 +123,6 @@ impl<P: Primitive> Acquisition<P> {
                 None => {}
             }
         }
-    }
-
-    /// A new acquisition of `primitive` on the lock `keys` names, as a holder of its own.
-    pub(crate) fn new(
-        inner: &Arc<Inner>,
-        keys: &Arc<Keys>,
-        req: &Request<'_>,
-        primitive: P,
-    ) -> Arc<Self> {
-        Arc::new(Self {
-            inner: Arc::clone(inner),
-            name: req.name.clone(),
-            holder: Holder {
-                keys: Arc::clone(keys),
-                field: inner.next_field(),
-                lease_ms: ms(req.options.lease.ttl()),
-                publish: inner.publish(),
-            },
-            lease: req.options.lease,
-            primitive,
-        })
     }
 
     /// One try; `queue` lets a fair waiter take its place in the queue.

@@ -1,16 +1,14 @@
-//! One script call of an acquisition or a hold (the script, its keys and its arguments), how
-//! it is sent (alone, or in one pipeline with `WAIT` for the replicas), and what its reply
-//! means.
+//! One script call of an acquisition or a hold (the script, its keys and its arguments), and
+//! what its reply means. The provider's shared state sends it (alone, or in one pipeline with
+//! `WAIT` for the replicas).
 
 use std::borrow::Cow;
 use std::time::Duration;
 
-use dlock_core::{Error, LockName, Result};
+use dlock_core::{Error, Result};
 use redis::{Script, ScriptInvocation, Value};
 
-use crate::conn::text;
 use crate::error::{other_kind, unexpected};
-use crate::provider::{BACKEND, Inner};
 
 /// A script with its keys and arguments, ready to send.
 #[derive(Debug)]
@@ -66,46 +64,6 @@ impl<'a> Call<'a> {
 /// Milliseconds of `d` for a script argument: at least 1, so no duration reads as "none".
 pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-impl Inner {
-    /// Sends a call and returns its reply.
-    pub(crate) async fn call(&self, call: &Call<'_>) -> Result<Value> {
-        self.conn.script(call.what, &call.invocation()).await
-    }
-
-    /// Sends a call; with `?wait_replicas=N`, in one pipeline with `WAIT`. Returns the reply
-    /// and how many replicas acknowledged it (0 when not waiting).
-    pub(crate) async fn call_then_wait(&self, call: &Call<'_>) -> Result<(Value, u32)> {
-        let want = self.wait_replicas;
-        if want == 0 {
-            return Ok((self.call(call).await?, 0));
-        }
-        self.conn
-            .call_then_wait(call, want, self.wait_timeout)
-            .await
-    }
-
-    /// Sends a call whose writes must reach the replicas: with `?wait_replicas=N` it fails
-    /// (retryable) unless N replicas acknowledged it. A lease the replicas have not seen
-    /// extended is not extended, so a failover cannot cut a hold shorter than its holder
-    /// believes; a holder whose replicas stay away is lost at its lease end.
-    pub(crate) async fn call_replicated(&self, call: &Call<'_>, name: &LockName) -> Result<Value> {
-        let want = self.wait_replicas;
-        let (reply, acked) = self.call_then_wait(call).await?;
-        if acked < want {
-            return Err(Error::Backend {
-                backend: BACKEND,
-                message: format!(
-                    "{} of {name:?}: only {acked} of {want} replicas acknowledged it within {:?}",
-                    call.what, self.wait_timeout
-                ),
-                retryable: true,
-                source: None,
-            });
-        }
-        Ok(reply)
-    }
 }
 
 /// The answer of one acquire script.
@@ -181,5 +139,15 @@ pub(crate) fn read_held(what: &str, reply: Value) -> Result<bool> {
         Value::Int(1) => Ok(true),
         Value::Int(0) => Ok(false),
         other => Err(unexpected(what, other)),
+    }
+}
+
+/// The text of a reply item (a key type, a field, a message).
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
     }
 }

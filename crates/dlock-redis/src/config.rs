@@ -167,7 +167,7 @@ impl RedisConfig {
     pub fn from_url(url: &str) -> Result<Self> {
         let (url, mut sentinel) = split_sentinel(url)?;
         let parsed = RedactedUrl::parse(&url)?;
-        if !crate::provider::SCHEMES.contains(&parsed.scheme()) {
+        if !crate::consts::SCHEMES.contains(&parsed.scheme()) {
             return Err(Error::config(format!(
                 "the redis backend takes redis://, rediss:// or redis+sentinel:// URLs, not {}://",
                 parsed.scheme()

@@ -142,7 +142,7 @@ impl Sentinelled {
             .await
             .map_err(|_| {
                 dlock_core::Error::connection(
-                    crate::provider::BACKEND,
+                    crate::consts::BACKEND,
                     format!("{what}: no Sentinel named the master within {timeout:?}"),
                     std::io::Error::from(std::io::ErrorKind::TimedOut),
                 )
@@ -398,7 +398,7 @@ impl Conn {
     ) -> Result<(Value, u32)> {
         if self.is_cluster() {
             return Err(dlock_core::Error::unsupported(
-                crate::provider::BACKEND,
+                crate::consts::BACKEND,
                 "wait_replicas on a Redis Cluster",
             ));
         }
@@ -499,14 +499,4 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>> {
             }),
         root_cert: tls.read_ca()?,
     }))
-}
-
-/// The text of a reply item (a key type, a field, a message).
-pub(crate) fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        _ => None,
-    }
 }

@@ -3,7 +3,7 @@
 use dlock_core::Error;
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
-use crate::provider::BACKEND;
+use crate::consts::BACKEND;
 
 /// What a connection reaches, as far as an error's meaning depends on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,11 +8,10 @@ use dlock_core::backend::{Hold, HoldSignal, Mutex, NewHold, Registration};
 use dlock_core::{Error, FencingToken, LockGuard, LockName, Result, async_trait};
 use tokio::time::Instant;
 
-use crate::acquire::Acquisition;
 use crate::call::{ms, read_held, read_released};
+use crate::consts::BACKEND;
 use crate::holds::Checked;
-use crate::primitive::Primitive;
-use crate::provider::BACKEND;
+use crate::primitive::{Acquisition, Primitive};
 
 /// The backend side of a Redis hold.
 #[derive(Debug)]

@@ -5,29 +5,37 @@
     deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
 )]
 
-// The provider and what its handles share.
+// The ground: the backend's constants, its configuration, errors, keys and scripts.
 mod config;
-mod conn;
+mod consts;
 mod error;
-mod holds;
-mod provider;
-mod pubsub;
-
-// The primitives, one engine under them, and the scripts and keys they use.
-mod acquire;
-mod call;
-mod hold;
 mod keys;
+mod scripts;
+
+// A script call, the two connections it goes through, the live holds, and what the handles of
+// one provider share.
+mod call;
+mod conn;
+mod holds;
+mod pubsub;
+mod shared;
+
+// The primitives: what differs between them, one hold and one wait loop under them all.
+mod acquire;
+mod hold;
 mod mutex;
 mod primitive;
 mod rwlock;
-mod scripts;
 mod semaphore;
+
+// The provider, which builds the primitives.
+mod provider;
 
 pub use crate::config::{
     DEFAULT_FAIR_WAIT, DEFAULT_SENTINEL_PORT, PubSubMode, RedisConfig, SentinelConfig,
 };
-pub use crate::provider::{MIN_LEASE, RedisProvider, SCHEMES};
+pub use crate::consts::{MIN_LEASE, SCHEMES};
+pub use crate::provider::RedisProvider;
 
 #[doc(hidden)]
 pub use crate::mutex::raw;

@@ -8,13 +8,12 @@ use std::sync::Arc;
 use dlock_core::backend::{RawLock, Request};
 use dlock_core::{LockGuard, LockKind, Result, async_trait};
 
-use crate::acquire::Acquisition;
 use crate::call::Call;
 use crate::keys::Keys;
-use crate::primitive::{Holder, Primitive};
-use crate::provider::Inner;
+use crate::primitive::{Acquisition, Holder, Primitive};
 use crate::pubsub::{self, ChannelKind};
 use crate::scripts::mutex::{FAIR_LEAVE, FAIR_LOCK, FAIR_TRY, FAIR_UNLOCK, LOCK, UNLOCK};
+use crate::shared::Inner;
 
 /// A mutex (Redisson `RLock` / `RFencedLock`, or `RFairLock` when fair).
 #[derive(Debug)]

@@ -1,18 +1,20 @@
 //! What differs between the primitives. Each is a [`Primitive`]: a small value (a mutex, a
 //! fair mutex, a read or write hold, a permit) that names the scripts its acquisition and its
-//! hold call, with which keys, and the channel its waiters listen on. One wait loop
-//! ([`Acquisition`](crate::acquire::Acquisition)) and one hold
-//! ([`RedisHold`](crate::hold::RedisHold)) serve them all.
+//! hold call, with which keys, and the channel its waiters listen on. One [`Acquisition`] of
+//! any of them is driven by one wait loop ([`acquire`](crate::acquire)) and, granted, held by
+//! one hold ([`RedisHold`](crate::hold::RedisHold)).
 
 use std::fmt;
 use std::sync::Arc;
 
-use dlock_core::LockKind;
+use dlock_core::backend::Request;
+use dlock_core::{Lease, LockKind, LockName};
 
-use crate::call::Call;
+use crate::call::{Call, ms};
 use crate::keys::Keys;
 use crate::pubsub::ChannelKind;
 use crate::scripts;
+use crate::shared::Inner;
 
 /// Who holds, and where: what every call of one acquisition names.
 #[derive(Debug)]
@@ -69,4 +71,38 @@ pub(crate) trait Primitive: fmt::Debug + Send + Sync + 'static {
 
     /// The channel a waiter listens on, and what its messages mean.
     fn channel(&self, h: &Holder) -> (String, ChannelKind);
+}
+
+/// One acquisition of a primitive `P` by a holder of its own. Its wait loop is in
+/// [`acquire`](crate::acquire); its release and renewal are in [`hold`](crate::hold).
+#[derive(Debug)]
+pub(crate) struct Acquisition<P> {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) name: LockName,
+    pub(crate) holder: Holder,
+    pub(crate) lease: Lease,
+    pub(crate) primitive: P,
+}
+
+impl<P: Primitive> Acquisition<P> {
+    /// A new acquisition of `primitive` on the lock `keys` names, as a holder of its own.
+    pub(crate) fn new(
+        inner: &Arc<Inner>,
+        keys: &Arc<Keys>,
+        req: &Request<'_>,
+        primitive: P,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::clone(inner),
+            name: req.name.clone(),
+            holder: Holder {
+                keys: Arc::clone(keys),
+                field: inner.next_field(),
+                lease_ms: ms(req.options.lease.ttl()),
+                publish: inner.publish(),
+            },
+            lease: req.options.lease,
+            primitive,
+        })
+    }
 }

@@ -3,33 +3,24 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dlock_core::backend::{Mutex, ProviderMeta, RawProvider};
 use dlock_core::{Capabilities, Error, LockKind, LockName, LockOptions, LockStatus, Result};
 use redis::Value;
 
-use crate::call::Call;
+use crate::call::{Call, text};
 use crate::config::{PubSubMode, RedisConfig};
-use crate::conn::{Conn, text};
+use crate::conn::Conn;
+use crate::consts::{BACKEND, MIN_LEASE};
 use crate::error::unexpected;
-use crate::holds::{Holds, watch_disconnects};
 use crate::keys::{Keys, bookkeeping_key, hash_tag};
 use crate::mutex::RedisMutex;
 use crate::pubsub::Subscriptions;
 use crate::rwlock::RedisReadWrite;
 use crate::scripts::DESCRIBE;
 use crate::semaphore::RedisSemaphore;
-
-/// The URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+sentinel"];
-
-pub(crate) const BACKEND: &str = "redis";
-
-/// The shortest lease this backend accepts (Redis expires keys with millisecond precision;
-/// shorter leases would expire before a renewal could reach the server).
-pub const MIN_LEASE: Duration = Duration::from_millis(30);
+use crate::shared::{Inner, watch_disconnects};
 
 /// A client of one Redis server or cluster: two connections (commands, subscriptions) shared
 /// by every handle it creates. Cloning is cheap.
@@ -38,54 +29,9 @@ pub struct RedisProvider {
     inner: Arc<Inner>,
 }
 
-/// What the handles of one provider share.
-pub(crate) struct Inner {
-    pub(crate) conn: Conn,
-    pub(crate) subs: Arc<Subscriptions>,
-    /// Redisson's client id: a fresh v4 UUID per client.
-    pub(crate) client_id: String,
-    pub(crate) meta: ProviderMeta,
-    pub(crate) fair_wait: Duration,
-    /// Replicas that must acknowledge a grant (`?wait_replicas=`), and how long to wait.
-    pub(crate) wait_replicas: u32,
-    pub(crate) wait_timeout: Duration,
-    /// Every live hold of this provider, checked after a disconnection.
-    pub(crate) holds: Holds,
-    /// The last hold id given out, for hash fields.
-    hold_ids: AtomicU64,
-}
-
-impl fmt::Debug for Inner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisProvider")
-            .field("store", &self.meta.store_id)
-            .field("client_id", &self.client_id)
-            .finish()
-    }
-}
-
 impl fmt::Debug for RedisProvider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self.inner, f)
-    }
-}
-
-impl Inner {
-    /// A fresh hash field for one hold: `<client uuid>:<hold id>` (Redisson's
-    /// `<client uuid>:<thread id>`).
-    pub(crate) fn next_field(&self) -> String {
-        let id = self.hold_ids.fetch_add(1, Ordering::Relaxed) + 1;
-        format!("{}:{id}", self.client_id)
-    }
-
-    /// The command releases announce themselves with: `spublish` where wake-ups use sharded
-    /// pub/sub, else `publish`.
-    pub(crate) fn publish(&self) -> &'static str {
-        if self.conn.sharded() {
-            "spublish"
-        } else {
-            "publish"
-        }
     }
 }
 
@@ -134,17 +80,8 @@ impl RedisProvider {
         let disconnects = subs.disconnects();
         let mut capabilities = Capabilities::all(BACKEND);
         capabilities.min_lease = MIN_LEASE;
-        let inner = Arc::new(Inner {
-            conn,
-            subs,
-            client_id: uuid::Uuid::new_v4().to_string(),
-            meta: ProviderMeta::new(capabilities, config.store_id()),
-            fair_wait: config.fair_wait,
-            wait_replicas: config.wait_replicas,
-            wait_timeout: config.response_timeout / 2,
-            holds: Holds::new(),
-            hold_ids: AtomicU64::new(0),
-        });
+        let meta = ProviderMeta::new(capabilities, config.store_id());
+        let inner = Arc::new(Inner::new(conn, subs, meta, &config));
         tokio::spawn(watch_disconnects(Arc::downgrade(&inner), disconnects));
         Ok(Self { inner })
     }

@@ -17,8 +17,9 @@ use redis::{PushInfo, PushKind};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
+use crate::call::text;
 use crate::config::RedisConfig;
-use crate::conn::{Conn, text};
+use crate::conn::Conn;
 
 /// Redisson's unlock message: wakes one waiter.
 pub(crate) const UNLOCK: &str = "0";

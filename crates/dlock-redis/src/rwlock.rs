@@ -8,13 +8,12 @@ use std::sync::Arc;
 use dlock_core::backend::{Mutex, RawReadWriteLock, Request};
 use dlock_core::{LockGuard, LockKind, Result, async_trait};
 
-use crate::acquire::Acquisition;
 use crate::call::Call;
 use crate::keys::Keys;
-use crate::primitive::{Holder, Primitive};
-use crate::provider::Inner;
+use crate::primitive::{Acquisition, Holder, Primitive};
 use crate::pubsub::{self, ChannelKind};
 use crate::scripts::rwlock::{READ_LOCK, READ_RENEW, READ_UNLOCK, WRITE_LOCK, WRITE_UNLOCK};
+use crate::shared::Inner;
 
 /// A read-write lock (Redisson `RReadWriteLock` layout).
 #[derive(Debug)]

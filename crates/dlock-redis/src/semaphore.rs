@@ -9,15 +9,14 @@ use dlock_core::backend::{RawSemaphore, Request};
 use dlock_core::{LockGuard, LockKind, LockName, Result, async_trait};
 use redis::Value;
 
-use crate::acquire::Acquisition;
 use crate::call::{Call, read_other_kind};
 use crate::error::unexpected;
 use crate::keys::Keys;
-use crate::primitive::{Holder, Primitive};
-use crate::provider::Inner;
+use crate::primitive::{Acquisition, Holder, Primitive};
 use crate::pubsub::ChannelKind;
 use crate::scripts::HELD;
 use crate::scripts::semaphore::{SEM_ACQUIRE, SEM_AVAILABLE, SEM_RELEASE, SEM_RENEW};
+use crate::shared::Inner;
 
 /// A semaphore (Redisson `RPermitExpirableSemaphore` layout).
 #[derive(Debug)]
