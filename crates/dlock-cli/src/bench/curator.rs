@@ -10,7 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Row, WORKLOAD_LIMIT, Workload, finish, uuid_like};
+use super::measure::{finish, uuid_like};
+use super::{Row, WORKLOAD_LIMIT, Workload};
 
 /// The backend column of the Curator rows.
 pub(super) const LABEL: &str = "curator (java)";
@@ -318,7 +319,7 @@ mod tests {
             from_json: None,
             baseline: None,
         };
-        let (targets, _) = super::super::targets(&opts);
+        let (targets, _) = super::super::targets::targets(&opts);
         let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
         assert_eq!(labels, ["memory", "zk", LABEL, "redis"]);
         assert!(targets[2].curator && targets[2].url == "zk://h:1/c");

@@ -6,16 +6,14 @@
 //! costs at the least; dlock's rows add those promises on top.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
-use std::time::Instant;
 
-use super::{Row, Workload, fill_latency, finish, histogram, out_of_time, us};
-
-/// The backend column of the sqlx rows.
-pub(super) const LABEL: &str = "sqlx PgAdvisoryLock";
+use super::measure::{fill_handoff, fill_latency, finish, histogram, out_of_time, us};
+use super::targets::SQLX_PG as LABEL;
+use super::{Row, Workload};
 
 /// One row per requested workload of W1 and W3 against the PostgreSQL of `url`; a row's
 /// `skipped` starts with `error:` when the run failed.
@@ -26,6 +24,12 @@ pub(super) async fn rows(
     cycles: u64,
     limit: Option<Duration>,
 ) -> Vec<Row> {
+    let run = Run {
+        url,
+        ns,
+        cycles,
+        limit,
+    };
     let mut rows = Vec::new();
     for w in workloads {
         let mut row = Row {
@@ -34,8 +38,8 @@ pub(super) async fn rows(
             ..Row::default()
         };
         let ran = match w {
-            Workload::W1 => uncontended(url, ns, cycles, limit, &mut row).await,
-            Workload::W3 => handoff(url, ns, cycles, limit, &mut row).await,
+            Workload::W1 => uncontended(&run, &mut row).await,
+            Workload::W3 => handoff(&run, &mut row).await,
             _ => continue,
         };
         if let Err(e) = ran {
@@ -44,6 +48,15 @@ pub(super) async fn rows(
         rows.push(row);
     }
     rows
+}
+
+/// What every workload of the target runs against: the server, the prefix of its names, the
+/// cycles (W1's count) and `--duration`.
+struct Run<'a> {
+    url: &'a str,
+    ns: &'a str,
+    cycles: u64,
+    limit: Option<Duration>,
 }
 
 async fn pool(url: &str, size: u32) -> Result<sqlx::PgPool, String> {
@@ -60,13 +73,8 @@ fn failed(what: &'static str) -> impl Fn(sqlx::Error) -> String {
 }
 
 /// W1: acquire + release on one connection, 200 warm-up cycles first.
-async fn uncontended(
-    url: &str,
-    ns: &str,
-    cycles: u64,
-    limit: Option<Duration>,
-    row: &mut Row,
-) -> Result<(), String> {
+async fn uncontended(run: &Run<'_>, row: &mut Row) -> Result<(), String> {
+    let (url, ns, cycles, limit) = (run.url, run.ns, run.cycles, run.limit);
     let pool = pool(url, 1).await?;
     let mut conn = pool.acquire().await.map_err(failed("connect"))?;
     let lock = PgAdvisoryLock::new(format!("{ns}/sqlx-w1"));
@@ -93,13 +101,8 @@ async fn uncontended(
 
 /// W3: two connections hand the lock back and forth; the time from the holder's release
 /// returning to the waiter's acquire returning.
-async fn handoff(
-    url: &str,
-    ns: &str,
-    cycles: u64,
-    limit: Option<Duration>,
-    row: &mut Row,
-) -> Result<(), String> {
+async fn handoff(run: &Run<'_>, row: &mut Row) -> Result<(), String> {
+    let (url, ns, cycles, limit) = (run.url, run.ns, run.cycles, run.limit);
     let handoffs = (cycles / 4).max(2);
     // Two sessions hand the lock back and forth; a third watches the waiter queue.
     let pool = pool(url, 3).await?;
@@ -145,10 +148,7 @@ async fn handoff(
     }
     lock.force_release(holder).await.map_err(failed("unlock"))?;
     finish(row, n, started.elapsed());
-    if !h.is_empty() {
-        row.handoff_p50_us = Some(h.value_at_quantile(0.5));
-        row.handoff_p99_us = Some(h.value_at_quantile(0.99));
-    }
+    fill_handoff(row, &h);
     drop((waiter, observer));
     pool.close().await;
     Ok(())

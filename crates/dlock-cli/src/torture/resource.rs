@@ -8,8 +8,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use dlock::backend::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::task::AbortOnDropHandle;
@@ -75,7 +76,7 @@ impl Resource {
 
     /// What it saw so far.
     pub(crate) fn ledger(&self) -> Ledger {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = self.state.lock();
         let mut ledger = state.ledger.clone();
         ledger.fenced = state
             .fenced
@@ -99,7 +100,7 @@ async fn serve(socket: TcpStream, state: Arc<Mutex<State>>) {
 }
 
 fn answer(line: &str, state: &Mutex<State>) -> String {
-    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut state = state.lock();
     let words: Vec<&str> = line.split(' ').collect();
     let number = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
     match (words.first().copied(), words.get(1)) {

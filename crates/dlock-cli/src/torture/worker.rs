@@ -13,8 +13,9 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
 use super::history::{HoldKind, WorkerEvent, now_ns};
+use super::plan::Rng;
 use super::resource::Client;
-use super::{Primitive, Rng, Sabotage};
+use super::{Primitive, Sabotage};
 use crate::{exit, parse_duration};
 
 /// Options of the hidden `dlock torture-worker` (started by `dlock torture`).

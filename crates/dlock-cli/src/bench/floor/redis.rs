@@ -1,0 +1,67 @@
+//! Redis's floor: the two EVALSHA of dlock's acquire and release scripts, on one multiplexed
+//! connection.
+
+use super::{Job, Timed, err, timed_since};
+
+/// The floor's cycles on the Redis of the job's URL, on the name `<ns>/floor`.
+pub(super) async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
+    let (url, ns, start) = (job.url, job.ns, job.start);
+    let client = redis::Client::open(url).map_err(|e| err("redis", "connect", e))?;
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| err("redis", "connect", e))?;
+    let name = format!("{ns}/floor");
+    let token = format!("redisson_lock_token:{{{name}}}");
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    let (lock, unlock) = (
+        dlock_redis::raw::lock_script(),
+        dlock_redis::raw::unlock_script(),
+    );
+    let cycle = |c: &mut redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        let (name, token, channel) = (name.clone(), token.clone(), channel.clone());
+        async move {
+            let _: redis::Value = lock
+                .key(&name)
+                .key(&token)
+                .arg(30_000)
+                .arg("f:1")
+                .invoke_async(&mut c)
+                .await?;
+            let _: redis::Value = unlock
+                .key(&name)
+                .key(&channel)
+                .arg(0)
+                .arg(30_000)
+                .arg("f:1")
+                .arg("publish")
+                .invoke_async(&mut c)
+                .await?;
+            Ok::<_, redis::RedisError>(())
+        }
+    };
+    cycle(&mut c)
+        .await
+        .map_err(|e| err("redis", "warm-up", e))?;
+    let started = start.go().await;
+    for _ in 0..job.cycles {
+        cycle(&mut c).await.map_err(|e| err("redis", "cycle", e))?;
+    }
+    Ok(timed_since(started))
+}
+
+/// The clients the Redis of `url` counts, less the one asking.
+pub(super) async fn connections(url: &str) -> Option<i64> {
+    let client = redis::Client::open(url).ok()?;
+    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse::<i64>().ok())
+        .map(|n| n - 1) // ourselves
+}

@@ -1,0 +1,180 @@
+//! The stores a run measures: those of `--url`, or by default the embedded SQLite, memory://
+//! and every store the environment names, each followed by its peer targets (Curator beside
+//! ZooKeeper, sqlx's own advisory lock beside PostgreSQL's).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dlock::DynLockProvider;
+
+use super::{BenchOpts, curator};
+
+/// A store under test.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    pub(super) label: String,
+    pub(super) url: String,
+    /// Test only: each client gets its own private store, so nothing is excluded (the
+    /// benchmark's exclusion checker must see violations).
+    pub(super) broken: bool,
+    /// The workloads run through Apache Curator (Java) against the ZooKeeper of `url`, which
+    /// is empty when no zk:// store is configured (the rows then say so).
+    pub(super) curator: bool,
+    /// W1 and W3 through sqlx's own `PgAdvisoryLock` against the PostgreSQL of `url`.
+    pub(super) sqlx_pg: bool,
+}
+
+/// The backend column of the sqlx `PgAdvisoryLock` rows.
+pub(super) const SQLX_PG: &str = "sqlx PgAdvisoryLock";
+
+impl Target {
+    /// A store measured through dlock (`broken://`: the test's store without exclusion).
+    fn store(url: String) -> Self {
+        let broken = url == "broken://";
+        Self {
+            label: if broken {
+                "broken (test)".into()
+            } else {
+                label_of(&url)
+            },
+            url,
+            broken,
+            curator: false,
+            sqlx_pg: false,
+        }
+    }
+
+    /// The peer target `label` (Curator's or sqlx's lock) against the server of `url`.
+    fn peer(label: &str, url: String) -> Self {
+        Self {
+            label: label.into(),
+            url,
+            broken: false,
+            curator: label == curator::LABEL,
+            sqlx_pg: label == SQLX_PG,
+        }
+    }
+
+    /// A new client of the store: its own connections (a private store if `broken`).
+    pub(super) async fn client(&self) -> dlock::Result<DynLockProvider> {
+        if self.broken {
+            return Ok(Arc::new(dlock::memory::MemoryProvider::new()));
+        }
+        Ok(Arc::clone(dlock::connect(&self.url).await?.provider()))
+    }
+}
+
+/// The backend column of a store's rows: its scheme, and a SQL store's strategy.
+fn label_of(url: &str) -> String {
+    let scheme = url.split("://").next().unwrap_or("?");
+    let strategy = url
+        .split_once("strategy=")
+        .map(|(_, s)| s.split('&').next().unwrap_or(s).to_owned());
+    match scheme {
+        "mysql" | "mariadb" | "sqlite" | "postgres" | "postgresql" => {
+            let scheme = if scheme == "postgresql" {
+                "postgres"
+            } else {
+                scheme
+            };
+            format!(
+                "{scheme}/{}",
+                strategy.unwrap_or_else(|| "unique-insert".into())
+            )
+        }
+        "redis" | "rediss" if url.contains("cluster=true") => "redis-cluster".into(),
+        other => other.to_owned(),
+    }
+}
+
+/// The targets of a run, in order, and the scratch SQLite file of the default list (to remove
+/// at the end).
+pub(super) fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
+    let mut urls = opts.urls.clone();
+    let mut scratch = None;
+    if urls.is_empty() {
+        let file = std::env::temp_dir().join(format!("dlock-bench-{}.db", std::process::id()));
+        urls.push(format!("sqlite://{}", file.display()));
+        // One set of tables serves one strategy: optimistic gets its own prefix.
+        urls.push(format!(
+            "sqlite://{}?strategy=optimistic&table=dlock_optimistic",
+            file.display()
+        ));
+        scratch = Some(file);
+        // A named store: every client of the benchmark must share it.
+        urls.push("memory://dlock-bench".into());
+        for var in ["DLOCK_REDIS_URL", "DLOCK_ZK_URL", "DLOCK_ETCD_URL"] {
+            if var == "DLOCK_ETCD_URL" && !cfg!(feature = "etcd") {
+                // Not compiled in (it needs protoc to build): `--features etcd` adds it.
+                continue;
+            }
+            if let Ok(url) = std::env::var(var) {
+                urls.push(url);
+            } else if var == "DLOCK_ZK_URL" {
+                // Curator's place in the list: its rows say why they were skipped.
+                urls.push(CURATOR_WITHOUT_ZK.into());
+            }
+        }
+        for var in ["DLOCK_MYSQL_URL", "DLOCK_POSTGRES_URL"] {
+            let Ok(url) = std::env::var(var) else {
+                continue;
+            };
+            // One set of tables serves one strategy: each gets its own prefix.
+            let advisory = (var == "DLOCK_POSTGRES_URL").then_some(("advisory", "dlock_advisory"));
+            for (s, table) in [
+                ("unique-insert", "dlock"),
+                ("optimistic", "dlock_optimistic"),
+                ("for-update", "dlock_for_update"),
+            ]
+            .into_iter()
+            .chain(advisory)
+            {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                urls.push(format!("{url}{sep}strategy={s}&table={table}&pool=64"));
+            }
+        }
+    }
+    let mut targets = Vec::new();
+    for url in urls {
+        if url == CURATOR_WITHOUT_ZK {
+            targets.push(Target::peer(curator::LABEL, String::new()));
+            continue;
+        }
+        let zk = url.starts_with("zk://");
+        // sqlx's own advisory lock beside dlock's, on the same server.
+        let advisory = cfg!(feature = "postgres")
+            && url.starts_with("postgres")
+            && url.contains("strategy=advisory");
+        targets.push(Target::store(url.clone()));
+        if zk {
+            targets.push(Target::peer(curator::LABEL, url));
+        } else if advisory {
+            targets.push(Target::peer(SQLX_PG, url));
+        }
+    }
+    (targets, scratch)
+}
+
+/// Placeholder in the default URL list for the Curator target when DLOCK_ZK_URL is unset.
+const CURATOR_WITHOUT_ZK: &str = "curator-without-zk";
+
+#[cfg(test)]
+mod tests {
+    use super::label_of;
+
+    #[test]
+    fn labels_name_the_backend_and_strategy() {
+        assert_eq!(label_of("sqlite:///tmp/x.db"), "sqlite/unique-insert");
+        assert_eq!(
+            label_of("mysql://u@h/db?strategy=for-update&pool=64"),
+            "mysql/for-update"
+        );
+        assert_eq!(
+            label_of("postgresql://u@h/db?pool=64&strategy=optimistic"),
+            "postgres/optimistic"
+        );
+        assert_eq!(label_of("postgres://u@h/db"), "postgres/unique-insert");
+        assert_eq!(label_of("redis://h:7000/?cluster=true"), "redis-cluster");
+        assert_eq!(label_of("zk://h:2181"), "zk");
+    }
+}

@@ -1,0 +1,413 @@
+//! The workloads W1-W6 (described in `docs/benchmarks.md`) against one store through dlock,
+//! each filling one [`Row`]; W1 and W4 set against the store's floor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dlock::backend::Mutex;
+use dlock::{Lease, LockOptions};
+
+use super::floor::{self, Floor};
+use super::measure::{
+    cpu_per_cycle, cpu_time, fill_handoff, fill_latency, finish, histogram, namespace, out_of_time,
+    rss_kib, us,
+};
+use super::targets::Target;
+use super::{BenchOpts, Row, Workload};
+
+/// W1 runs its cycles in this many blocks, each followed by as many cycles of its floor.
+const W1_BLOCKS: u64 = 8;
+
+/// Runs one workload against `target`: its row, or the error that ended it.
+pub(super) async fn run_workload(
+    target: &Target,
+    workload: Workload,
+    opts: &BenchOpts,
+) -> dlock::Result<Row> {
+    let mut row = Row {
+        backend: target.label.clone(),
+        workload: format!("{workload:?}"),
+        ..Row::default()
+    };
+    let ns = namespace();
+    match workload {
+        Workload::W1 => uncontended(target, &ns, opts, &mut row).await?,
+        Workload::W2 | Workload::W2F | Workload::W4 => {
+            contended(target, workload, &ns, opts, &mut row).await?;
+        }
+        Workload::W3 => handoff(target, &ns, opts, &mut row).await?,
+        Workload::W5 => fairness(target, &ns, &mut row).await?,
+        Workload::W6 => scale(target, &ns, opts, &mut row).await?,
+    }
+    Ok(row)
+}
+
+/// W1: one client acquires and releases one name, after a warm-up, in blocks that take turns
+/// with blocks of the floor's cycles.
+async fn uncontended(
+    target: &Target,
+    ns: &str,
+    opts: &BenchOpts,
+    row: &mut Row,
+) -> dlock::Result<()> {
+    let limit = opts.duration;
+    let p = target.client().await?;
+    let lock = p.lock(&format!("{ns}/w1"), LockOptions::default())?;
+    for _ in 0..200.min(opts.cycles) {
+        lock.acquire().await?.release().await?;
+    }
+    let mut h = histogram()?;
+    // dlock and its floor take turns, a block of cycles at a time, so that a slow
+    // spell of the server (a checkpoint, a disk's flushes, another process) falls on
+    // both alike instead of on whichever ran then.
+    let block = (opts.cycles / W1_BLOCKS).max(1);
+    let (mut n, mut spent, mut cpu) = (0, Duration::ZERO, Some(Duration::ZERO));
+    let mut floor = (!target.broken).then_some(FloorSum::ZERO);
+    // for-update: also the row lock alone, to show what its fence costs.
+    let mut lock_floor = (!target.broken).then_some(FloorSum::ZERO);
+    while n < opts.cycles && limit.is_none_or(|l| spent < l) {
+        let before = cpu_time();
+        let started = Instant::now();
+        let mut done = 0;
+        let left = limit.map(|l| l.saturating_sub(spent));
+        while done < block && n < opts.cycles && !out_of_time(started, left) {
+            let t = Instant::now();
+            lock.acquire().await?.release().await?;
+            let _ = h.record(us(t.elapsed()));
+            done += 1;
+            n += 1;
+        }
+        spent = spent.saturating_add(started.elapsed());
+        cpu = cpu
+            .zip(cpu_time().zip(before))
+            .and_then(|(sum, (now, before))| sum.checked_add(now.checked_sub(before)?));
+        add_floor(&mut floor, target, done, ns, Floor::Cycle).await?;
+        add_floor(&mut lock_floor, target, done, ns, Floor::LockOnly).await?;
+    }
+    finish(row, n, spent);
+    row.cpu_us_per_cycle = cpu.and_then(|c| (n > 0).then(|| c.as_secs_f64() * 1e6 / n as f64));
+    fill_latency(row, &h);
+    if let Some((rate, cpu)) = floor.and_then(FloorSum::rates) {
+        row.floor_cycles_per_sec = Some(rate);
+        row.ratio_to_floor = Some(row.cycles_per_sec / rate);
+        row.floor_cpu_us_per_cycle = cpu;
+    }
+    if let Some((rate, _)) = lock_floor.and_then(FloorSum::rates) {
+        row.lock_floor_cycles_per_sec = Some(rate);
+        row.ratio_to_lock_floor = Some(row.cycles_per_sec / rate);
+    }
+    Ok(())
+}
+
+/// Adds a block of `done` cycles of `target`'s floor of kind `kind` to `sum` (cycles,
+/// seconds); a store without that floor sets `sum` to `None`.
+async fn add_floor(
+    sum: &mut Option<FloorSum>,
+    target: &Target,
+    done: u64,
+    ns: &str,
+    kind: Floor,
+) -> dlock::Result<()> {
+    if let Some(s) = sum.as_mut() {
+        match floor::cycles_per_sec(&target.url, done.max(1), ns, kind).await? {
+            Some(m) => {
+                s.cycles += done.max(1);
+                s.secs += done.max(1) as f64 / m.rate;
+                s.cpu = s.cpu.zip(m.cpu).and_then(|(a, b)| a.checked_add(b));
+            }
+            None => *sum = None,
+        }
+    }
+    Ok(())
+}
+
+/// A W1 floor's blocks so far: cycles, seconds, CPU time.
+#[derive(Clone, Copy)]
+struct FloorSum {
+    cycles: u64,
+    secs: f64,
+    cpu: Option<Duration>,
+}
+
+impl FloorSum {
+    const ZERO: Self = Self {
+        cycles: 0,
+        secs: 0.0,
+        cpu: Some(Duration::ZERO),
+    };
+
+    /// Cycles per second and CPU microseconds per cycle; `None` if no time was measured.
+    fn rates(self) -> Option<(f64, Option<f64>)> {
+        (self.secs > 0.0 && self.cycles > 0).then(|| {
+            (
+                self.cycles as f64 / self.secs,
+                self.cpu.map(|c| c.as_secs_f64() * 1e6 / self.cycles as f64),
+            )
+        })
+    }
+}
+
+/// W2, W2F, W4: 8 clients, each with a share of twice W1's cycles; on one name (W2, W2F with
+/// the fair lock) the critical section checks exclusion and counts owner switches, on a name
+/// each (W4) it is set against the floor of 8 clients.
+async fn contended(
+    target: &Target,
+    workload: Workload,
+    ns: &str,
+    opts: &BenchOpts,
+    row: &mut Row,
+) -> dlock::Result<()> {
+    let limit = opts.duration;
+    let one_name = workload != Workload::W4;
+    let fair = workload == Workload::W2F;
+    let total = opts.cycles * 2;
+    let per = total / 8;
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicU64::new(0));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    // The worker that held last (8: nobody yet), and how often the holder changed.
+    let last = Arc::new(AtomicU64::new(8));
+    let switches = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(target.client().await?);
+    }
+    if fair && !clients.iter().all(|c| c.capabilities().fair) {
+        row.skipped = Some("no fair locks".into());
+        return Ok(());
+    }
+    // Every handle is made before any worker starts: a worker waits for all the
+    // others (below), so none may be missing.
+    let mut workers = Vec::new();
+    for (i, p) in clients.into_iter().enumerate() {
+        let name = if one_name {
+            format!("{ns}/w2")
+        } else {
+            format!("{ns}/w4/{i}")
+        };
+        let lock = p.lock(&name, LockOptions::default().with_fair(fair))?;
+        workers.push((i, p, lock, histogram()?));
+    }
+    let cpu = cpu_time();
+    let started = Instant::now();
+    // Every worker starts its cycles once all are spawned: on a fast store the first
+    // one would otherwise run many cycles alone (no contention, no owner switch)
+    // before the last one is spawned. Nothing a worker does before it waits can fail.
+    let together = Arc::new(tokio::sync::Barrier::new(workers.len()));
+    for (i, p, lock, mut h) in workers {
+        let (counter, inside, overlaps, last, switches) = (
+            Arc::clone(&counter),
+            Arc::clone(&inside),
+            Arc::clone(&overlaps),
+            Arc::clone(&last),
+            Arc::clone(&switches),
+        );
+        let me = i as u64;
+        let together = Arc::clone(&together);
+        tasks.push(tokio::spawn(async move {
+            let _client = p; // its connections live as long as the worker
+            together.wait().await;
+            let mut done = 0u64;
+            while done < per && !out_of_time(started, limit) {
+                let t = Instant::now();
+                let g = lock.acquire().await?;
+                let _ = h.record(us(t.elapsed()));
+                // On one name, the critical section checks exclusion and counts the
+                // owner switches; W4's names are each worker's own, so it does
+                // nothing its floor does not.
+                if one_name {
+                    if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if last.swap(me, Ordering::SeqCst) != me {
+                        switches.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                }
+                g.release().await?;
+                done += 1;
+            }
+            Ok::<_, dlock::Error>((h, done))
+        }));
+    }
+    let mut h = histogram()?;
+    let mut done = 0;
+    for t in tasks {
+        let (th, n) = t
+            .await
+            .map_err(|e| dlock::Error::config(format!("worker panicked: {e}")))??;
+        let _ = h.add(&th);
+        done += n;
+    }
+    finish(row, done, started.elapsed());
+    row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
+    fill_latency(row, &h);
+    row.max_wait_ms = Some(h.max() as f64 / 1000.0);
+    if one_name {
+        let lost = done.saturating_sub(counter.load(Ordering::SeqCst));
+        row.violations = overlaps.load(Ordering::SeqCst) + lost;
+        // The first grant is no switch (nobody held before it).
+        let switched = switches.load(Ordering::SeqCst).saturating_sub(1);
+        row.owner_switch_pct = Some(100.0 * switched as f64 / done.saturating_sub(1).max(1) as f64);
+    } else if !target.broken
+        && let Some(floor) = floor::concurrent_cycles_per_sec(&target.url, per, ns).await?
+    {
+        row.floor_cycles_per_sec = Some(floor);
+        row.ratio_to_floor = Some(row.cycles_per_sec / floor);
+    }
+    Ok(())
+}
+
+/// W3: two clients pass the lock back and forth; a handoff is the time from the holder's
+/// release returning to the waiter's acquire returning.
+async fn handoff(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dlock::Result<()> {
+    let handoffs = (opts.cycles / 4).max(2);
+    let name = format!("{ns}/w3");
+    let a = target.client().await?.lock(&name, LockOptions::default())?;
+    let b = target.client().await?.lock(&name, LockOptions::default())?;
+    let mut h = histogram()?;
+    let mut held = a.acquire().await?;
+    let mut holder_is_a = true;
+    let started = Instant::now();
+    let mut n = 0;
+    while n < handoffs && !out_of_time(started, opts.duration) {
+        let waiter = if holder_is_a {
+            Arc::clone(&b)
+        } else {
+            Arc::clone(&a)
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
+        let task = tokio::spawn(async move {
+            let g = waiter.acquire().await;
+            (g, Instant::now(), rx.await.ok())
+        });
+        // Let the waiter reach the store before the release.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        held.release().await?;
+        let released = Instant::now();
+        let _ = tx.send(released);
+        let (g, acquired, _) = task
+            .await
+            .map_err(|e| dlock::Error::config(format!("waiter panicked: {e}")))?;
+        held = g?;
+        let _ = h.record(us(acquired.saturating_duration_since(released)));
+        holder_is_a = !holder_is_a;
+        n += 1;
+    }
+    held.release().await?;
+    finish(row, n, started.elapsed());
+    fill_handoff(row, &h);
+    Ok(())
+}
+
+/// W5: 8 waiters queue in a known order on a fair lock; how many are served out of order.
+async fn fairness(target: &Target, ns: &str, row: &mut Row) -> dlock::Result<()> {
+    let p = target.client().await?;
+    if !p.capabilities().fair {
+        row.skipped = Some("no fair locks".into());
+        return Ok(());
+    }
+    let name = format!("{ns}/w5");
+    let opts = LockOptions::new().with_fair(true);
+    let holder = p.lock(&name, opts)?.acquire().await?;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for i in 0..8u64 {
+        let lock = target.client().await?.lock(&name, opts)?;
+        let order = Arc::clone(&order);
+        tasks.push(tokio::spawn(async move {
+            let asked = Instant::now();
+            let g = lock.acquire().await?;
+            let waited = asked.elapsed();
+            order.lock().push(i);
+            g.release().await?;
+            Ok::<_, dlock::Error>(waited)
+        }));
+        // Queue them one after the other.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    holder.release().await?;
+    let mut h = histogram()?;
+    let mut waits = Vec::new();
+    for t in tasks {
+        let w = t
+            .await
+            .map_err(|e| dlock::Error::config(format!("waiter panicked: {e}")))??;
+        let _ = h.record(us(w));
+        waits.push(w);
+    }
+    let order = order.lock().clone();
+    finish(row, order.len() as u64, started.elapsed());
+    fill_latency(row, &h);
+    row.out_of_order = Some(
+        order
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| *i as u64 != **v)
+            .count() as u64,
+    );
+    if let (Some(min), Some(max)) = (waits.iter().min(), waits.iter().max()) {
+        row.wait_spread_ms = Some((*max - *min).as_secs_f64() * 1000.0);
+    }
+    Ok(())
+}
+
+/// W6: one client holds 1,000 locks at once, then releases them.
+async fn scale(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dlock::Result<()> {
+    let count = opts.cycles.clamp(2, 1000);
+    let before_conn = floor::server_connections(&target.url).await;
+    let rss_before = rss_kib();
+    let p = target.client().await?;
+    let lease = LockOptions::new().with_lease(Lease::watchdog(Duration::from_secs(30)));
+    let started = Instant::now();
+    let mut h = histogram()?;
+    let mut guards = Vec::with_capacity(usize::try_from(count).unwrap_or(1000));
+    for i in 0..count {
+        let t = Instant::now();
+        // Bounded: a backend whose holds pin a resource (for-update: a connection each) may
+        // not manage 1,000 at once; that is a finding, not a hang.
+        match p
+            .lock(&format!("{ns}/w6/{i}"), lease)?
+            .try_acquire(Duration::from_secs(5))
+            .await
+        {
+            Ok(Some(g)) => guards.push(g),
+            Ok(None) => {
+                row.skipped = Some(format!(
+                    "held {i} locks at once, then waited 5 s in vain for one more (each hold pins a resource: size the pool)"
+                ));
+                break;
+            }
+            // The store's own word for its limit (for-update: the pool is exhausted) ends
+            // the workload with what it managed, as the bounded wait does.
+            Err(e) if !e.is_retryable() && i > 0 => {
+                row.skipped = Some(format!("held {i} locks at once, then: {e}"));
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+        let _ = h.record(us(t.elapsed()));
+    }
+    let count = guards.len() as u64;
+    let during_conn = floor::server_connections(&target.url).await;
+    row.memory_kib = match (rss_before, rss_kib()) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    row.server_connections = match (before_conn, during_conn) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    for g in guards {
+        g.release().await?;
+    }
+    finish(row, count, started.elapsed());
+    fill_latency(row, &h);
+    Ok(())
+}

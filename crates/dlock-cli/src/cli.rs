@@ -1,0 +1,154 @@
+//! The command line: the subcommands and their options as clap reads them, and the run of one.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{BenchOpts, RunOpts, StatusOpts, TortureOpts, TortureWorkerOpts};
+
+/// dlock: distributed locks from the shell.
+///
+/// The store is chosen by URL: `--url`, else `DLOCK_URL`, else the embedded SQLite file in your
+/// state directory (`$XDG_STATE_HOME/dlock/locks.db`), which needs no server.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Show the library's tracing on stderr: -v info, -vv debug, -vvv trace (RUST_LOG, when
+    /// set, decides instead).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// Sends the library's tracing to stderr, as `-v` or `RUST_LOG` asks (nothing otherwise).
+    pub fn init_tracing(&self) {
+        let filter = match std::env::var("RUST_LOG") {
+            Ok(spec) if !spec.trim().is_empty() => tracing_subscriber::EnvFilter::new(spec),
+            _ => {
+                let level = match self.verbose {
+                    0 => return,
+                    1 => "info",
+                    2 => "debug",
+                    _ => "trace",
+                };
+                let crates = [
+                    "dlock",
+                    "dlock_core",
+                    "dlock_cli",
+                    "dlock_memory",
+                    "dlock_redis",
+                    "dlock_zookeeper",
+                    "dlock_sql",
+                    "dlock_proxy",
+                ];
+                let spec: Vec<String> = crates.iter().map(|c| format!("{c}={level}")).collect();
+                tracing_subscriber::EnvFilter::new(format!("warn,{}", spec.join(",")))
+            }
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock (like flock(1), across machines).
+    ///
+    /// The command gets the fencing token in DLOCK_FENCING_TOKEN and the lock name in DLOCK_NAME.
+    /// The lease is renewed while it runs. If the lock is about to end (its renewals fail, its
+    /// session is cut off), the command's process group gets SIGTERM --kill-after before the
+    /// end and SIGKILL at the end, before anyone else can hold the lock; a hold found gone
+    /// gets SIGKILL at once.
+    ///
+    /// dlock exits with the command's status; 75 if the store answered that the lock is held
+    /// and it was not had in time (-E to change); 76 if the lock was lost, or about to end,
+    /// while the command ran (also when the loss is found only at the release after the
+    /// command exited); 69 if the store could not be reached or did not answer (an error, not
+    /// "held by someone"); 78 for a bad URL, name or duration, or a --kill-after not shorter
+    /// than the hold; 127 if the command is not found.
+    Run(RunOpts),
+    /// Show whether a lock is held, by whom, for how long, and its last fencing token.
+    Status(StatusOpts),
+    /// Compare backends: run the benchmark workloads against one or more stores.
+    Bench(BenchOpts),
+    /// Attack a store: worker processes contend while faults are injected (partitions,
+    /// pauses past the lease, kills, resets, latency), then a checker proves the contract
+    /// held: fenced writes in token order, every overlap explained by a fault and reported to
+    /// its holder, progress after every fault. Exits 1 on a violation.
+    Torture(TortureOpts),
+    /// One worker process of `dlock torture` (started by it).
+    #[command(hide = true)]
+    TortureWorker(TortureWorkerOpts),
+    /// The reaper of `dlock run` (started by it): leads the process group the command joins,
+    /// and kills it if that dlock dies without saying it is done.
+    #[command(hide = true)]
+    Reap,
+}
+
+/// The store to use.
+#[derive(Debug, Clone, Args)]
+pub struct StoreOpts {
+    /// The store's URL (redis://, zk://, mysql://, sqlite://, memory://). Default: the
+    /// embedded SQLite file.
+    #[arg(long, env = "DLOCK_URL", value_name = "URL", hide_env_values = true)]
+    pub url: Option<String>,
+}
+
+impl StoreOpts {
+    /// The URL to use.
+    pub fn url(&self) -> String {
+        self.url.clone().unwrap_or_else(dlock::default_url)
+    }
+}
+
+/// Parses a duration: `500ms`, `2s`, `1m30s`, `1h`, or a plain number of seconds.
+///
+/// # Errors
+///
+/// A message saying what is wrong, for clap to print.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && (0.0..1e9).contains(&secs) {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("{text:?} is not a duration in range"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 500ms, 10s, 2m"))
+}
+
+/// Runs the command line and returns the process's exit status.
+pub async fn run(cli: Cli) -> u8 {
+    match cli.command {
+        Command::Run(opts) => crate::run::run(opts).await,
+        Command::Status(opts) => crate::status::status(opts).await,
+        Command::Bench(opts) => crate::bench::bench(opts).await,
+        Command::Torture(opts) => crate::torture::torture(opts).await,
+        Command::TortureWorker(opts) => crate::torture::worker(opts).await,
+        Command::Reap => crate::run::reap().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        for bad in ["", "-1", "soon", "10 parsecs", "1e99", "NaN"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

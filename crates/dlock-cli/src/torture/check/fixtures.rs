@@ -1,0 +1,103 @@
+//! Histories for the checks' tests: one worker event or fault per call, on the name `n`.
+
+use std::time::Duration;
+
+use super::{Report, check};
+use crate::torture::history::{FaultKind, FaultRecord, HoldKind, Stamped, WorkerEvent};
+use crate::torture::resource::Ledger;
+
+/// One second, in the history's nanoseconds.
+pub(super) const S: u64 = 1_000_000_000;
+
+/// Worker `worker` is granted its hold `hold` of the mutex `n` at `t`, with `token`.
+pub(super) fn grant(worker: u32, hold: u64, t: u64, token: u64) -> Stamped {
+    granted(worker, hold, t, token, HoldKind::Mutex)
+}
+
+/// As [`grant`], a permit of the semaphore `n`.
+pub(super) fn permit(worker: u32, hold: u64, t: u64, token: u64) -> Stamped {
+    granted(worker, hold, t, token, HoldKind::Permit)
+}
+
+fn granted(worker: u32, hold: u64, t: u64, token: u64, kind: HoldKind) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Grant {
+            t,
+            hold,
+            name: "n".into(),
+            kind,
+            token,
+        },
+    }
+}
+
+/// The critical section of the hold ends at `t`.
+pub(super) fn exit(worker: u32, hold: u64, t: u64) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Exit { t, hold },
+    }
+}
+
+/// The release of the hold answered at `t`.
+pub(super) fn released(worker: u32, hold: u64, t: u64, ok: bool) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Release { t, hold, ok },
+    }
+}
+
+/// The guard of the hold reported it lost at `t` (reason `test`).
+pub(super) fn lost(worker: u32, hold: u64, t: u64) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Lost {
+            t,
+            hold,
+            name: "n".into(),
+            reason: "test".into(),
+        },
+    }
+}
+
+/// A fault of `kind` on `worker` from `start` until it healed at `end`.
+pub(super) fn fault(kind: FaultKind, worker: u32, start: u64, end: u64) -> FaultRecord {
+    FaultRecord {
+        kind,
+        worker,
+        start,
+        end,
+    }
+}
+
+/// Checks a 100 s run of a store whose holds outlive their connections, with a 2 s lease.
+pub(super) fn run(history: &[Stamped], faults: &[FaultRecord]) -> Report {
+    run_on(history, faults, false)
+}
+
+/// As [`run`], on a store whose holds live in their connections if `connection_bound`.
+pub(super) fn run_on(
+    history: &[Stamped],
+    faults: &[FaultRecord],
+    connection_bound: bool,
+) -> Report {
+    check(
+        history,
+        faults,
+        &Ledger::default(),
+        (0, 100 * S),
+        Duration::from_secs(2),
+        Duration::from_secs(2),
+        connection_bound,
+    )
+}
+
+/// Asserts that one of the report's violations says `needle`.
+pub(super) fn assert_violation(r: &Report, needle: &str) {
+    assert!(
+        r.violations.iter().any(|v| v.contains(needle)),
+        "{:?}",
+        r.violations
+    );
+}

@@ -1,0 +1,187 @@
+//! The history model the checks read: every hold rebuilt from its worker's events, with the
+//! run's faults, ledger and bounds beside it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::torture::history::{FaultKind, FaultRecord, HoldKind, Stamped, WorkerEvent};
+use crate::torture::resource::Ledger;
+
+/// One hold, rebuilt from its worker's events.
+#[derive(Debug, Clone)]
+pub(super) struct Hold {
+    pub(super) worker: u32,
+    pub(super) name: String,
+    pub(super) kind: HoldKind,
+    pub(super) token: u64,
+    pub(super) grant: u64,
+    /// Its worker's event before the grant (the acquisition ran after it).
+    pub(super) since: u64,
+    /// When its critical section ended (its worker's death, or the run's end, if it never
+    /// said).
+    pub(super) end: u64,
+    /// When its guard reported it lost, and why (the first report).
+    pub(super) lost: Option<(u64, String)>,
+}
+
+/// A run as the checks see it.
+pub(super) struct Run<'a> {
+    /// Every hold, in grant order.
+    pub(super) holds: Vec<Hold>,
+    /// Every worker event, as the workers wrote them.
+    pub(super) history: &'a [Stamped],
+    /// Every fault, as it was applied.
+    pub(super) faults: &'a [FaultRecord],
+    /// What the shared resource accepted and counted.
+    pub(super) ledger: &'a Ledger,
+    /// When the attack began.
+    pub(super) start: u64,
+    /// When the attack ended.
+    pub(super) end: u64,
+    /// The longest a healed fault may keep every worker from a grant.
+    pub(super) liveness_bound: Duration,
+    /// Whether a hold lives in its connection, so that a reset can cost it
+    /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)).
+    pub(super) connection_bound: bool,
+}
+
+impl<'a> Run<'a> {
+    /// Rebuilds every hold from its worker's events.
+    pub(super) fn rebuild(
+        history: &'a [Stamped],
+        faults: &'a [FaultRecord],
+        ledger: &'a Ledger,
+        (start, end): (u64, u64),
+        liveness_bound: Duration,
+        connection_bound: bool,
+    ) -> Self {
+        Self {
+            holds: holds(history, faults, end, connection_bound),
+            history,
+            faults,
+            ledger,
+            start,
+            end,
+            liveness_bound,
+            connection_bound,
+        }
+    }
+
+    /// The faults that hit `worker` and can cost it a hold on this store.
+    pub(super) fn costly_faults_on(&self, worker: u32) -> impl Iterator<Item = &'a FaultRecord> {
+        let connection_bound = self.connection_bound;
+        self.faults
+            .iter()
+            .filter(move |f| f.hits(worker) && f.kind.can_cost_a_hold(connection_bound))
+    }
+
+    /// The holds `keep` keeps, grouped by name, each group in grant order.
+    pub(super) fn by_name(&self, keep: impl Fn(&Hold) -> bool) -> BTreeMap<&str, Vec<&Hold>> {
+        let mut by_name: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+        for h in self.holds.iter().filter(|h| keep(h)) {
+            by_name.entry(&h.name).or_default().push(h);
+        }
+        by_name
+    }
+}
+
+/// Every hold, rebuilt from its worker's events, in grant order.
+fn holds(
+    history: &[Stamped],
+    faults: &[FaultRecord],
+    end: u64,
+    connection_bound: bool,
+) -> Vec<Hold> {
+    let killed: HashMap<u32, u64> = faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::Kill)
+        .map(|f| (f.worker, f.start))
+        .collect();
+    let mut last_seen: HashMap<u32, u64> = HashMap::new();
+    let mut open: HashMap<(u32, u64), Hold> = HashMap::new();
+    let mut done = Vec::new();
+    let mut ended: HashMap<(u32, u64), usize> = HashMap::new();
+    for s in history {
+        let w = s.worker;
+        match &s.event {
+            WorkerEvent::Grant {
+                t,
+                hold,
+                name,
+                kind,
+                token,
+            } => {
+                open.insert(
+                    (w, *hold),
+                    Hold {
+                        worker: w,
+                        name: name.clone(),
+                        kind: *kind,
+                        token: *token,
+                        grant: *t,
+                        since: last_seen.get(&w).copied().unwrap_or(0),
+                        end: *t,
+                        lost: None,
+                    },
+                );
+            }
+            WorkerEvent::Lost {
+                t, hold, reason, ..
+            } => {
+                if let Some(h) = open.get_mut(&(w, *hold)) {
+                    h.lost.get_or_insert((*t, reason.clone()));
+                }
+            }
+            WorkerEvent::Exit { t, hold } => {
+                if let Some(mut h) = open.remove(&(w, *hold)) {
+                    h.end = *t;
+                    ended.insert((w, *hold), done.len());
+                    done.push(h);
+                }
+            }
+            // On a connection-bound store, a release that fails (`LockLost`) tells the holder,
+            // after its critical section, that someone else may have had the lock: a hold
+            // whose connection was reset moments before its release cannot be told sooner
+            // than its connection check. Elsewhere the loss must come through `lost()`.
+            WorkerEvent::Release { t, hold, ok: false } if connection_bound => {
+                if let Some(&i) = ended.get(&(w, *hold)) {
+                    done[i]
+                        .lost
+                        .get_or_insert((*t, "its release failed".to_owned()));
+                }
+            }
+            _ => {}
+        }
+        let t = event_time(&s.event);
+        let seen = last_seen.entry(w).or_default();
+        *seen = (*seen).max(t);
+    }
+    // Holds that never ended: their worker was killed (the hold lasts until its death) or
+    // the run ended first.
+    for ((w, _), mut h) in open {
+        h.end = killed.get(&w).copied().unwrap_or(end);
+        done.push(h);
+    }
+    done.sort_by_key(|h| (h.grant, h.worker));
+    done
+}
+
+/// When a worker stamped `e`.
+pub(super) fn event_time(e: &WorkerEvent) -> u64 {
+    match e {
+        WorkerEvent::Start { t, .. }
+        | WorkerEvent::Grant { t, .. }
+        | WorkerEvent::Fenced { t, .. }
+        | WorkerEvent::Lost { t, .. }
+        | WorkerEvent::Exit { t, .. }
+        | WorkerEvent::Release { t, .. }
+        | WorkerEvent::LostBeforeUse { t, .. }
+        | WorkerEvent::Error { t, .. }
+        | WorkerEvent::Stop { t } => *t,
+    }
+}
+
+/// Nanoseconds as milliseconds, for messages.
+pub(super) fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}

@@ -1,0 +1,115 @@
+//! The store under attack, read from its URL: which servers a worker's proxies stand in front
+//! of, and which faults can hit it.
+
+use super::TortureOpts;
+use super::history::FaultKind;
+
+/// Whether a store's clients learn the data servers' addresses from the servers (a Redis
+/// Cluster, a Sentinel group), past any proxy: such a store gets the process faults and
+/// restarts only. Read from the parsed URL, as the Redis backend reads it.
+pub(super) fn learns_addresses(url: &str) -> bool {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return false;
+    };
+    match parsed.scheme() {
+        "redis+sentinel" | "rediss+sentinel" => true,
+        "redis" | "rediss" => parsed
+            .query_pairs()
+            .any(|(k, v)| k == "cluster" && matches!(&*v, "true" | "1" | "yes")),
+        _ => false,
+    }
+}
+
+/// A URL split around its host list: the head, the `host:port`s, the rest ([`hosts`]).
+pub(super) type Split = (String, Vec<String>, String);
+
+/// The proxy split of `url` (`None`: no proxies) and the requested faults that can hit it.
+pub(super) fn applicable(opts: &TortureOpts, url: &str) -> (Option<Split>, Vec<FaultKind>) {
+    let split = hosts(url).filter(|_| !learns_addresses(url));
+    let kinds = opts
+        .faults
+        .iter()
+        .copied()
+        .filter(|k| split.is_some() || !k.needs_proxy())
+        .collect();
+    (split, kinds)
+}
+
+/// Splits `scheme://[userinfo@]host:port[,host:port...][/rest]` into the head before the
+/// hosts, the host:port list (with the scheme's default port filled in) and the rest.
+fn hosts(url: &str) -> Option<Split> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hostlist) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let default = match scheme {
+        "redis" | "rediss" => 6379,
+        "mysql" | "mariadb" => 3306,
+        "zk" => 2181,
+        "postgres" | "postgresql" => 5432,
+        "etcd" | "etcds" => 2379,
+        _ => return None,
+    };
+    let hosts = hostlist
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            let has_port = h.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']'));
+            if has_port {
+                h.to_owned()
+            } else {
+                format!("{h}:{default}")
+            }
+        })
+        .collect();
+    Some((format!("{scheme}://{userinfo}"), hosts, tail.to_owned()))
+}
+
+/// A store of its own for worker `i` (the no-exclusion sabotage of an embedded store).
+pub(super) fn private_store(url: &str, i: u32) -> String {
+    match url.split_once('?') {
+        Some((path, query)) => format!("{path}.w{i}?{query}"),
+        None => format!("{url}.w{i}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_into_proxyable_hosts() {
+        let (head, list, tail) = hosts("mysql://u:p@db.example/app?strategy=x").unwrap();
+        assert_eq!(head, "mysql://u:p@");
+        assert_eq!(list, ["db.example:3306"]);
+        assert_eq!(tail, "/app?strategy=x");
+        let (_, list, tail) = hosts("zk://a:1,b,[::1]:3/chroot").unwrap();
+        assert_eq!(list, ["a:1", "b:2181", "[::1]:3"]);
+        assert_eq!(tail, "/chroot");
+        assert!(hosts("sqlite:///tmp/x.db").is_none());
+        assert!(hosts("redis://h").is_some_and(|(_, l, _)| l == ["h:6379"]));
+    }
+
+    #[test]
+    fn clusters_and_sentinel_groups_are_read_from_the_url() {
+        for url in [
+            "redis://h:7000?cluster=true",
+            "redis://h:7000/?cluster=1",
+            "rediss://h:7000?timeout_ms=5&cluster=yes",
+            "redis+sentinel://s1,s2/master",
+        ] {
+            assert!(learns_addresses(url), "{url}");
+        }
+        for url in [
+            "redis://h:7000?cluster=false",
+            "mysql://u:p@sentinel-db/app",
+            "redis://u:cluster=true@h",
+            "zk://sentinel:2181",
+        ] {
+            assert!(!learns_addresses(url), "{url}");
+        }
+    }
+}
