@@ -814,11 +814,9 @@ fn killed_dlock_takes_its_command_along() {
 }
 
 /// A dlock killed the moment its command starts still takes the command along. The command
-/// kills its dlock as its first act, after starting a grandchild. dlock used to start its
-/// reaper only after the command, so a dlock killed in between left the command running
-/// without the lock (a stress run saw `killed_dlock_takes_its_command_along` fail so; this
-/// case left a grandchild alive in 2 of 40 tries on an idle machine). The reaper now starts
-/// first, and the command joins its process group.
+/// kills its dlock as its first act, after starting a grandchild: the reaper must be in
+/// place before the command runs (the command joins the reaper's process group), or a dlock
+/// killed in between leaves the command running without the lock.
 #[test]
 fn a_dlock_killed_as_its_command_starts_takes_the_command_along() {
     let scratch = Scratch::new();

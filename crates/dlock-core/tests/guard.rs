@@ -370,9 +370,9 @@ fn a_lease_end_seen_by_the_guard_first_still_cleans_up() {
 }
 
 /// A hold released before its first renewal is due costs no task: its keeper waits in the
-/// runtime's starter, which spawns it only a sixth of the lease after the grant. (Each hold
-/// used to spawn a keeper at once, and abort it at the release: two wake-ups of a worker
-/// thread per lock cycle.)
+/// runtime's starter, which spawns it only a sixth of the lease after the grant (a keeper
+/// spawned at the grant and aborted at the release would cost two wake-ups of a worker
+/// thread per lock cycle).
 #[tokio::test]
 async fn holds_released_before_their_first_renewal_cost_no_task() -> Result<()> {
     let tasks = || {
