@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use dlock_core::backend::percent_decode;
 use dlock_core::{Error, RedactedUrl, Result};
 
 /// The database family.
@@ -277,7 +278,7 @@ impl SqlConfig {
             .split('?')
             .next()
             .unwrap_or_default();
-        percent_decode(encoded).map(Into::into).ok_or_else(|| {
+        decode_path(encoded).map(Into::into).ok_or_else(|| {
             Error::config(format!(
                 "the SQLite path {encoded:?} is not valid UTF-8 once decoded"
             ))
@@ -312,30 +313,25 @@ impl SqlConfig {
     }
 }
 
-/// Decodes `%XX` escapes (as URLs encode a path); `None` if the result is not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
+/// Decodes the `%XX` escapes of a SQLite path as sqlx's driver does: a `%` that starts no
+/// escape is a `%` (the core's decoder refuses it, so it is spelled `%25` first); `None` if
+/// the result is not UTF-8.
+fn decode_path(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied(),
-            bytes.get(i + 2).copied(),
-        ) {
-            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
-                let value = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
-                out.push(u8::try_from(value).unwrap_or(b'?'));
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
+    let escape = |i: usize| {
+        bytes
+            .get(i + 1..i + 3)
+            .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    };
+    let mut spelled = String::with_capacity(text.len());
+    for (i, c) in text.char_indices() {
+        if c == '%' && !escape(i) {
+            spelled.push_str("%25");
+        } else {
+            spelled.push(c);
         }
     }
-    String::from_utf8(out).ok()
+    percent_decode(&spelled)
 }
 
 /// The advisory strategy is PostgreSQL's.
@@ -441,19 +437,19 @@ mod tests {
 
 #[cfg(test)]
 mod decode_tests {
-    use super::percent_decode;
+    use super::decode_path;
 
     #[test]
     fn percent_decoding_matches_the_driver() {
         assert_eq!(
-            percent_decode("/home/Jane%20Doe/x.db").unwrap(),
+            decode_path("/home/Jane%20Doe/x.db").unwrap(),
             "/home/Jane Doe/x.db"
         );
         assert_eq!(
-            percent_decode("/home/jos%C3%A9/x.db").unwrap(),
+            decode_path("/home/jos%C3%A9/x.db").unwrap(),
             "/home/josé/x.db"
         );
-        assert_eq!(percent_decode("/a%2/b%zz%").unwrap(), "/a%2/b%zz%");
-        assert!(percent_decode("/bad%FF").is_none());
+        assert_eq!(decode_path("/a%2/b%zz%").unwrap(), "/a%2/b%zz%");
+        assert!(decode_path("/bad%FF").is_none());
     }
 }

@@ -11,15 +11,14 @@ mod error;
 mod handles;
 #[cfg(feature = "sqlite")]
 mod mounts;
-#[cfg(feature = "postgres")]
-mod notify;
+mod pinned;
 mod provider;
 pub mod raw;
 mod sql;
-mod strategies;
+mod strategy;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod transaction;
-mod wake;
+mod wait;
 
 pub use crate::config::{Dialect, SqlConfig, Strategy};
 pub(crate) use crate::provider::Inner;

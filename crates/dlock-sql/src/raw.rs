@@ -19,7 +19,7 @@
 //! ```
 
 use crate::Dialect;
-use crate::sql::{AdvisoryMode, Statements};
+use crate::sql::{AdvisoryMode, AdvisorySql, OptimisticSql, RowLockSql, Tables, UniqueInsertSql};
 
 /// The origin a raw release names in its notification (no provider's: no waiter of a
 /// provider takes it for its own).
@@ -29,7 +29,11 @@ const ORIGIN: &str = "00";
 /// table prefix, with PostgreSQL's numbered placeholders where it needs them.
 #[derive(Debug, Clone)]
 pub struct Cycle {
-    sql: Statements,
+    dialect: Dialect,
+    unique: UniqueInsertSql,
+    optimistic: OptimisticSql,
+    advisory: AdvisorySql,
+    rows: RowLockSql,
 }
 
 impl Cycle {
@@ -43,8 +47,18 @@ impl Cycle {
     /// into the statements as it is.
     pub fn new(dialect: Dialect, table: &str) -> dlock_core::Result<Self> {
         crate::config::check_table(table)?;
+        let tables = Tables {
+            dialect,
+            prefix: table,
+            mariadb: false,
+            origin: ORIGIN,
+        };
         Ok(Self {
-            sql: Statements::new(dialect, table, false, ORIGIN),
+            dialect,
+            unique: UniqueInsertSql::new(tables),
+            optimistic: OptimisticSql::new(tables),
+            advisory: AdvisorySql::new(tables),
+            rows: RowLockSql::new(tables),
         })
     }
 
@@ -53,7 +67,7 @@ impl Cycle {
     /// [`unlock_row`](Self::unlock_row)) and READ COMMITTED; none on PostgreSQL, whose
     /// [`lock_row`](Self::lock_row) opens the transaction itself.
     pub fn lock_session(&self) -> &'static [&'static str] {
-        match self.sql.dialect {
+        match self.dialect {
             #[cfg(feature = "mysql")]
             Dialect::MySql => crate::db::MYSQL_LOCKS,
             _ => &[],
@@ -64,48 +78,48 @@ impl Cycle {
     /// milliseconds; on PostgreSQL and SQLite it returns the row's id (MySQL gives it as the
     /// last insert id).
     pub fn insert_hold(&self) -> &str {
-        &self.sql.insert_hold
+        &self.unique.insert_hold
     }
 
     /// unique-insert's release: deletes the hold (on PostgreSQL it notifies the waiters of the
     /// name). Binds the name and the owner.
     pub fn delete_hold(&self) -> &str {
-        &self.sql.delete_hold
+        &self.unique.delete_hold
     }
 
     /// optimistic: creates the row of a name's versions at `version` (nothing if it exists).
     /// Binds the name and the version.
     pub fn insert_version(&self) -> &str {
-        &self.sql.insert_version
+        &self.optimistic.insert_version
     }
 
     /// optimistic: the version of a name. Binds the name.
     pub fn select_version(&self) -> &str {
-        &self.sql.select_version
+        &self.optimistic.select_version
     }
 
     /// optimistic's acquire: claims the version after the one last seen. Binds the owner, the
     /// lease in milliseconds, the name and the version last seen; on PostgreSQL and SQLite it
     /// returns the new version (MySQL gives it as the last insert id).
     pub fn claim_version(&self) -> &str {
-        &self.sql.claim_version
+        &self.optimistic.claim_version
     }
 
     /// optimistic's release (on PostgreSQL it notifies the waiters of the name). Binds the
     /// name, the owner and the version claimed.
     pub fn release_version(&self) -> &str {
-        &self.sql.release_version
+        &self.optimistic.release_version
     }
 
     /// advisory (PostgreSQL): gives a name its advisory key (nothing if it has one). Binds the
     /// name.
     pub fn advisory_new_key(&self) -> &str {
-        &self.sql.advisory_new_key
+        &self.advisory.new_key
     }
 
     /// advisory (PostgreSQL): the advisory key of a name (an `INTEGER`). Binds the name.
     pub fn advisory_key(&self) -> &str {
-        &self.sql.advisory_key
+        &self.advisory.key
     }
 
     /// advisory's acquire (PostgreSQL), without waiting: the exclusive lock of a key, its
@@ -113,19 +127,19 @@ impl Cycle {
     /// the lease in seconds (both `BIGINT`); returns the token (NULL while the lock is busy),
     /// the lease set (NULL while busy) and the session's backend pid.
     pub fn advisory_lock(&self) -> &str {
-        &self.sql.advisory_try[AdvisoryMode::Exclusive.index()]
+        &self.advisory.try_lock[AdvisoryMode::Exclusive.index()]
     }
 
     /// advisory's release (PostgreSQL): unlocks the key and resets the session for the pool.
     /// Binds the key (`BIGINT`).
     pub fn advisory_unlock(&self) -> &str {
-        &self.sql.advisory_unlock[AdvisoryMode::Exclusive.index()]
+        &self.advisory.unlock[AdvisoryMode::Exclusive.index()]
     }
 
     /// for-update: creates the row a name's holders lock (nothing if it exists). Binds the
     /// name.
     pub fn insert_row(&self) -> &str {
-        &self.sql.insert_row
+        &self.rows.insert_row
     }
 
     /// for-update's acquire, in one round trip of several statements (send it unprepared):
@@ -133,7 +147,7 @@ impl Cycle {
     /// transaction), then the row of `name` locked without waiting, answering the session's
     /// id and (PostgreSQL) the id of the transaction that holds the row.
     pub fn lock_row(&self, name: &[u8], lease_secs: i64) -> String {
-        self.sql.lock_row_first_try(name, lease_secs)
+        self.rows.lock_row_first_try(name, lease_secs)
     }
 
     /// for-update's fencing token, taken on another connection and committed there.
@@ -143,9 +157,9 @@ impl Cycle {
     /// runs, binding the name, the transaction id and the session id that
     /// [`lock_row`](Self::lock_row) answered; returns the token.
     pub fn next_fence(&self) -> &str {
-        match self.sql.dialect {
-            Dialect::Postgres => &self.sql.next_fence_held,
-            _ => &self.sql.next_fence,
+        match self.dialect {
+            Dialect::Postgres => &self.rows.next_fence_held,
+            _ => &self.rows.next_fence,
         }
     }
 
@@ -153,13 +167,13 @@ impl Cycle {
     /// holding connection after the fence (binds the seconds), which proves the connection
     /// and its row lock alive. `None` on PostgreSQL, whose fence statement proves it.
     pub fn confirm_lease(&self) -> Option<&str> {
-        (self.sql.dialect != Dialect::Postgres).then_some(self.sql.hold_timeout.as_str())
+        (self.dialect != Dialect::Postgres).then_some(self.rows.hold_timeout.as_str())
     }
 
     /// for-update's release, one round trip (send it unprepared): ends the transaction,
     /// which frees the row, and on MySQL puts the session's default idle timeout back.
     pub fn unlock_row(&self) -> String {
-        match &self.sql.reset_hold_timeout {
+        match &self.rows.reset_hold_timeout {
             Some(reset) => format!("{reset}; ROLLBACK"),
             None => "ROLLBACK".to_owned(),
         }
@@ -173,9 +187,14 @@ mod tests {
     #[test]
     fn the_cycle_is_the_providers_statements() -> dlock_core::Result<()> {
         let pg = Cycle::new(Dialect::Postgres, "t")?;
-        let theirs = Statements::new(Dialect::Postgres, "t", false, ORIGIN);
-        assert_eq!(pg.insert_hold(), theirs.insert_hold);
-        assert_eq!(pg.next_fence(), theirs.next_fence_held);
+        let tables = Tables {
+            dialect: Dialect::Postgres,
+            prefix: "t",
+            mariadb: false,
+            origin: ORIGIN,
+        };
+        assert_eq!(pg.insert_hold(), UniqueInsertSql::new(tables).insert_hold);
+        assert_eq!(pg.next_fence(), RowLockSql::new(tables).next_fence_held);
         assert!(pg.confirm_lease().is_none());
         assert!(pg.advisory_lock().contains("pg_try_advisory_lock("));
         assert!(pg.advisory_unlock().contains("pg_advisory_unlock("));

@@ -1,318 +1,464 @@
-//! Every statement dlock runs, per dialect. Lock names and owners are bound parameters; only
-//! the validated table prefix is formatted in, with one exception: the for-update first try
-//! ([`Statements::lock_row_first_try`]) sends several statements in one round trip, which
+//! Every statement dlock runs, per dialect, grouped by the strategy that runs it: each
+//! strategy owns its group ([`UniqueInsertSql`], [`OptimisticSql`], [`RowLockSql`],
+//! [`AdvisorySql`]), the pinned strategies share [`SessionSql`], and the provider's set-up
+//! runs [`SchemaSql`]. Lock names and owners are bound parameters; only the validated table
+//! prefix is formatted in, with one exception: the for-update first try
+//! ([`RowLockSql::lock_row_first_try`]) sends several statements in one round trip, which
 //! cannot take parameters, so the name goes in as hexadecimal digits (and the lease as a
 //! number), which no name can break out of.
 
 use crate::config::Dialect;
 
-/// The DDL and statements of one provider.
-#[derive(Debug, Clone)]
-pub(crate) struct Statements {
+/// What the statements of one provider are written for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tables<'a> {
+    /// The database family.
     pub(crate) dialect: Dialect,
-    pub(crate) ddl: Vec<String>,
-    // unique-insert
-    pub(crate) insert_hold: String,
-    pub(crate) take_over_hold: String,
-    pub(crate) select_hold_token: String,
-    pub(crate) delete_hold: String,
-    pub(crate) renew_hold: String,
-    // optimistic
-    pub(crate) claim_version: String,
-    pub(crate) select_version: String,
-    pub(crate) insert_version: String,
-    pub(crate) release_version: String,
-    pub(crate) release_version_by_owner: String,
-    pub(crate) renew_version: String,
-    /// A new seed: a number never handed out before for these tables (an AUTO_INCREMENT
-    /// row, deleted again at once; the counter is kept across deletes and restarts).
-    pub(crate) new_seed: String,
-    pub(crate) drop_seed: String,
-    /// Moves a free row to the versions of a new seed (`?`: the new version).
-    pub(crate) reseed_version: String,
-    /// Whether the row is at version `?` and free (`?`: name, version).
-    pub(crate) version_free: String,
-    /// The highest version of the tables (0 if none).
-    pub(crate) max_version: String,
-    /// MariaDB rather than MySQL (MySQL dialect only).
+    /// The prefix of dlock's tables (checked: it goes into the statements as it is).
+    pub(crate) prefix: &'a str,
+    /// MariaDB rather than MySQL (MySQL dialect only): picks MariaDB's spelling where MySQL's
+    /// differs.
     pub(crate) mariadb: bool,
-    // advisory (PostgreSQL)
-    /// The key of a name (`?`: name).
-    pub(crate) advisory_key: String,
-    /// Gives a name its key if it has none (`?`: name).
-    pub(crate) advisory_new_key: String,
-    /// Tries the lock without waiting (`$1`: key, `$2`: lease in seconds); if granted, in
-    /// the same statement, takes the next fencing token and sets the server-side lease:
-    /// (token or NULL, lease set or NULL, the backend's pid). Per [`AdvisoryMode`].
-    pub(crate) advisory_try: [String; 2],
-    /// Sets the wait and the server-side lease before a waiting try (`?`: wait, lease).
-    pub(crate) advisory_wait: String,
-    /// Waits for the lock (`$1`: key) and takes the next fencing token in the same
-    /// statement: (token or NULL, the backend's pid). Per [`AdvisoryMode`].
-    pub(crate) advisory_lock: [String; 2],
-    /// Releases the lock (`?`: key) and puts the session back as the pool gave it: whether
-    /// this session held the lock. Per [`AdvisoryMode`].
-    pub(crate) advisory_unlock: [String; 2],
-    /// Releases the lock (`?`: key) and leaves the session as it is, for a session that
-    /// still holds another lock of the same name (a downgraded read beside its write):
-    /// whether this session held the lock. Per [`AdvisoryMode`].
-    pub(crate) advisory_unlock_one: [String; 2],
-    /// Sets how long a statement of a session may wait for a lock (`?`: milliseconds).
-    pub(crate) advisory_lock_timeout: String,
-    /// The server-side lease of a held advisory lock (`?`: seconds).
-    pub(crate) advisory_hold_timeout: String,
-    /// The session back to what the pool gave (no server-side lease, the pool's lock wait).
-    pub(crate) advisory_reset: String,
-    /// How many locks are held on the key (`?`: key), and how many of them are shared; and
-    /// the key's last token (`?`: name).
-    pub(crate) advisory_holders: String,
-    pub(crate) advisory_token: String,
-    // for-update
-    pub(crate) insert_row: String,
-    pub(crate) row_exists: String,
-    pub(crate) lock_row: String,
-    pub(crate) lock_row_nowait: String,
-    pub(crate) lock_wait_timeout: String,
-    pub(crate) connection_id: String,
-    /// The server-side lease of a held for-update row (`?`: seconds). On PostgreSQL it is
-    /// local to the hold's transaction, so COMMIT or ROLLBACK takes it back.
-    pub(crate) hold_timeout: String,
-    /// What gives a for-update connection the server's default idle timeout back before it
-    /// returns to the pool; `None` where the lease is local to the transaction (PostgreSQL).
-    pub(crate) reset_hold_timeout: Option<String>,
-    pub(crate) next_fence: String,
-    /// PostgreSQL: the next fencing token of a name (`$1`: name), taken only while the
-    /// transaction that holds its row (`$2`: its id, `txid_current()`) is still in progress
-    /// on the session that took it (`$3`: `pg_backend_pid()`); no row otherwise. Empty
-    /// elsewhere: MySQL confirms the hold on its own connection after `next_fence`.
-    pub(crate) next_fence_held: String,
-    // inspection
-    pub(crate) describe_hold: String,
-    pub(crate) describe_version: String,
-    pub(crate) describe_fence: String,
-    /// For-update: whether the row is locked, learned with a shared lock that does not wait
-    /// (it fails at once if a holder has the row), never by taking the lock.
-    pub(crate) row_locked: String,
-    // the tables' strategy
+    /// Where this process's releases come from, named in their notifications
+    /// ([`crate::wait::registry::origin`]).
+    pub(crate) origin: &'a str,
+}
+
+impl Tables<'_> {
+    /// `sql` as the dialect takes it: PostgreSQL numbers its placeholders (`?` becomes `$1`,
+    /// `$2`, …; no statement here has a `?` inside a string literal).
+    fn stmt(&self, sql: impl Into<String>) -> String {
+        let sql = sql.into();
+        if self.dialect != Dialect::Postgres {
+            return sql;
+        }
+        let mut out = String::with_capacity(sql.len() + 8);
+        let mut n = 0;
+        for c in sql.chars() {
+            if c == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// The database clock, in milliseconds since the epoch.
+    fn now(&self) -> &'static str {
+        match self.dialect {
+            Dialect::MySql => "CAST(ROUND(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000) AS SIGNED)",
+            Dialect::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+            // clock_timestamp(), not now(): now() is the start of the transaction.
+            Dialect::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        }
+    }
+
+    /// An INSERT that does nothing where the key exists: the words before the table, and
+    /// those after the values.
+    fn insert_ignore(&self) -> (&'static str, &'static str) {
+        match self.dialect {
+            Dialect::MySql => ("INSERT IGNORE INTO", ""),
+            Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
+            Dialect::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
+        }
+    }
+
+    /// A release statement that also announces the release on PostgreSQL: the rows it
+    /// changed `NOTIFY` the provider's channel with their names in hex (any name, in any
+    /// database encoding; sent when the statement commits), then `/` and the release's
+    /// origin (hex digits); its row count is still the number of rows released. Elsewhere the
+    /// statement as it is.
+    fn notifying(&self, release: String) -> String {
+        if self.dialect != Dialect::Postgres {
+            return release;
+        }
+        let (t, origin) = (self.prefix, self.origin);
+        format!(
+            "WITH released AS ({release} RETURNING name) \
+             SELECT pg_notify('{t}_release', encode(name, 'hex') || '/{origin}') FROM released"
+        )
+    }
+}
+
+/// The tables, and the strategy they serve.
+#[derive(Debug, Clone)]
+pub(crate) struct SchemaSql {
+    /// Creates the tables (and PostgreSQL's advisory key sequence) where missing.
+    pub(crate) ddl: Vec<String>,
     /// Records a strategy for the tables if none is recorded yet (`?`: the strategy).
     pub(crate) claim_strategy: String,
     /// The strategy recorded for the tables.
     pub(crate) read_strategy: String,
 }
 
-/// The first key of dlock's PostgreSQL advisory locks (`pg_advisory_lock(space, key)`): the
-/// two-integer form, in a space of its own ("dloc"), apart from the single-bigint keys that
-/// applications and tools (sqlx's migrations, for one) use.
-pub(crate) const ADVISORY_SPACE: i32 = 0x646c_6f63;
-
-/// The two modes of a PostgreSQL advisory lock: a mutex and a read-write lock's write side
-/// take it exclusive, a read side shared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AdvisoryMode {
-    Exclusive,
-    Shared,
-}
-
-impl AdvisoryMode {
-    /// The index of the mode's statement in the `advisory_*` arrays of [`Statements`].
-    pub(crate) const fn index(self) -> usize {
-        match self {
-            Self::Exclusive => 0,
-            Self::Shared => 1,
+impl SchemaSql {
+    pub(crate) fn new(s: Tables<'_>) -> Self {
+        let t = s.prefix;
+        let (insert_ignore, ignore_suffix) = s.insert_ignore();
+        Self {
+            ddl: ddl(s.dialect, t),
+            claim_strategy: s.stmt(format!(
+                "{insert_ignore} {t}_meta (name, value) VALUES ('strategy', ?){ignore_suffix}"
+            )),
+            read_strategy: s.stmt(format!(
+                "SELECT value FROM {t}_meta WHERE name = 'strategy'"
+            )),
         }
-    }
-
-    /// The suffix of the mode's advisory lock functions (`pg_advisory_lock_shared`).
-    const fn suffix(self) -> &'static str {
-        match self {
-            Self::Exclusive => "",
-            Self::Shared => "_shared",
-        }
-    }
-
-    /// A statement for each mode, in [`index`](Self::index) order.
-    fn both(statement: impl Fn(&str) -> String) -> [String; 2] {
-        [
-            statement(Self::Exclusive.suffix()),
-            statement(Self::Shared.suffix()),
-        ]
     }
 }
 
-/// The database clock, in milliseconds since the epoch.
-fn now(dialect: Dialect) -> &'static str {
+/// The DDL of dlock's tables on `dialect`, named `<t>_…`.
+fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
     match dialect {
-        Dialect::MySql => "CAST(ROUND(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000) AS SIGNED)",
-        Dialect::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
-        // clock_timestamp(), not now(): now() is the start of the transaction.
-        Dialect::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        Dialect::MySql => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_meta (\
+                 name VARCHAR(64) NOT NULL PRIMARY KEY, \
+                 value VARCHAR(64) NOT NULL) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_holds (\
+                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                 id BIGINT NOT NULL AUTO_INCREMENT UNIQUE, \
+                 owner VARCHAR(64) NOT NULL, \
+                 holds INT NOT NULL, \
+                 takeovers BIGINT NOT NULL DEFAULT 0, \
+                 expires_at BIGINT NOT NULL) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_versions (\
+                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                 owner VARCHAR(64) NOT NULL DEFAULT '', \
+                 holds INT NOT NULL DEFAULT 0, \
+                 version BIGINT NOT NULL DEFAULT 0, \
+                 expires_at BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_seeds (\
+                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_rows (\
+                 name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_fence (\
+                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                 token BIGINT NOT NULL) ENGINE=InnoDB"
+            ),
+        ],
+        Dialect::Sqlite => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_meta (\
+                 name TEXT NOT NULL PRIMARY KEY, \
+                 value TEXT NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_holds (\
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, \
+                 name BLOB NOT NULL UNIQUE, \
+                 owner TEXT NOT NULL, \
+                 holds INTEGER NOT NULL, \
+                 takeovers INTEGER NOT NULL DEFAULT 0, \
+                 expires_at INTEGER NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_versions (\
+                 name BLOB NOT NULL PRIMARY KEY, \
+                 owner TEXT NOT NULL DEFAULT '', \
+                 holds INTEGER NOT NULL DEFAULT 0, \
+                 version INTEGER NOT NULL DEFAULT 0, \
+                 expires_at INTEGER NOT NULL DEFAULT 0)"
+            ),
+            // AUTOINCREMENT: ids are never reused, even after the largest is deleted.
+            format!("CREATE TABLE IF NOT EXISTS {t}_seeds (id INTEGER PRIMARY KEY AUTOINCREMENT)"),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_fence (\
+                 name BLOB NOT NULL PRIMARY KEY, \
+                 token INTEGER NOT NULL)"
+            ),
+        ],
+        Dialect::Postgres => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_meta (\
+                 name TEXT NOT NULL PRIMARY KEY, \
+                 value TEXT NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_holds (\
+                 name BYTEA NOT NULL PRIMARY KEY, \
+                 id BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, \
+                 owner TEXT NOT NULL, \
+                 holds INT NOT NULL, \
+                 takeovers BIGINT NOT NULL DEFAULT 0, \
+                 expires_at BIGINT NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_versions (\
+                 name BYTEA NOT NULL PRIMARY KEY, \
+                 owner TEXT NOT NULL DEFAULT '', \
+                 holds INT NOT NULL DEFAULT 0, \
+                 version BIGINT NOT NULL DEFAULT 0, \
+                 expires_at BIGINT NOT NULL DEFAULT 0)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_seeds (\
+                 id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY)"
+            ),
+            format!("CREATE TABLE IF NOT EXISTS {t}_rows (name BYTEA NOT NULL PRIMARY KEY)"),
+            // Advisory locks: each name gets its own key once, from one sequence for the
+            // whole database (advisory locks are per database, so two table prefixes must
+            // not hand out the same key); never a hash, so two names never share one.
+            "CREATE SEQUENCE IF NOT EXISTS dlock_advisory_keys AS INTEGER".to_owned(),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_names (\
+                 name BYTEA NOT NULL PRIMARY KEY, \
+                 id INTEGER NOT NULL UNIQUE DEFAULT nextval('dlock_advisory_keys'), \
+                 token BIGINT NOT NULL DEFAULT 0)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_fence (\
+                 name BYTEA NOT NULL PRIMARY KEY, \
+                 token BIGINT NOT NULL)"
+            ),
+        ],
     }
 }
 
-/// A release statement that also announces the release on PostgreSQL: the rows it changed
-/// `NOTIFY` the provider's channel with their names in hex (any name, in any database
-/// encoding; sent when the statement commits), then `/` and the release's `origin` (hex
-/// digits, [`crate::wake::origin`]); its row count is still the number of rows released.
-/// Elsewhere the statement as it is.
-fn notifying(dialect: Dialect, t: &str, origin: &str, release: String) -> String {
-    if dialect != Dialect::Postgres {
-        return release;
-    }
-    format!(
-        "WITH released AS ({release} RETURNING name) \
-         SELECT pg_notify('{t}_release', encode(name, 'hex') || '/{origin}') FROM released"
-    )
+/// unique-insert: one row per held lock.
+#[derive(Debug, Clone)]
+pub(crate) struct UniqueInsertSql {
+    /// Inserts the hold (`?`: name, owner, lease in ms); on PostgreSQL and SQLite returns its
+    /// id (MySQL gives it as the last insert id).
+    pub(crate) insert_hold: String,
+    /// Takes an expired hold over (`?`: owner, lease in ms, name).
+    pub(crate) take_over_hold: String,
+    /// The id and takeovers of an owner's hold (`?`: name, owner).
+    pub(crate) select_hold_token: String,
+    /// Deletes an owner's hold, announcing the release on PostgreSQL (`?`: name, owner).
+    pub(crate) delete_hold: String,
+    /// Renews an owner's hold (`?`: lease in ms, name, owner).
+    pub(crate) renew_hold: String,
+    /// The owner, id, takeovers and milliseconds left of a name's hold (`?`: name).
+    pub(crate) describe_hold: String,
 }
 
-/// The digits of a name in [`Statements::lock_row_first_try`].
+impl UniqueInsertSql {
+    pub(crate) fn new(s: Tables<'_>) -> Self {
+        let (t, now) = (s.prefix, s.now());
+        Self {
+            insert_hold: s.stmt(format!(
+                "INSERT INTO {t}_holds (name, owner, holds, takeovers, expires_at) \
+                 VALUES (?, ?, 1, 0, {now} + ?){}",
+                match s.dialect {
+                    Dialect::MySql => "",
+                    Dialect::Sqlite | Dialect::Postgres => " RETURNING id",
+                }
+            )),
+            take_over_hold: s.stmt(format!(
+                "UPDATE {t}_holds SET owner = ?, holds = 1, takeovers = takeovers + 1, \
+                 expires_at = {now} + ? WHERE name = ? AND expires_at <= {now}"
+            )),
+            select_hold_token: s.stmt(format!(
+                "SELECT id, takeovers FROM {t}_holds WHERE name = ? AND owner = ?"
+            )),
+            delete_hold: s.stmt(s.notifying(format!(
+                "DELETE FROM {t}_holds WHERE name = ? AND owner = ?"
+            ))),
+            renew_hold: s.stmt(format!(
+                "UPDATE {t}_holds SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
+            )),
+            describe_hold: s.stmt(format!(
+                "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"
+            )),
+        }
+    }
+}
+
+/// optimistic: one row per name that stays, claimed by its version.
+#[derive(Debug, Clone)]
+pub(crate) struct OptimisticSql {
+    /// Claims the version after one last seen (`?`: owner, lease in ms, name, version); on
+    /// PostgreSQL and SQLite returns the new version (MySQL gives it as the last insert id).
+    pub(crate) claim_version: String,
+    /// The version of a name (`?`: name).
+    pub(crate) select_version: String,
+    /// Creates a name's row at a version (`?`: name, version), nothing if it exists.
+    pub(crate) insert_version: String,
+    /// Frees an owner's claim of a version, announcing it on PostgreSQL (`?`: name, owner,
+    /// version).
+    pub(crate) release_version: String,
+    /// Frees an owner's claim of any version, announcing it on PostgreSQL (`?`: name, owner).
+    pub(crate) release_version_by_owner: String,
+    /// Renews an owner's claim (`?`: lease in ms, name, owner, version).
+    pub(crate) renew_version: String,
+    /// A new seed: a number never handed out before for these tables (an AUTO_INCREMENT
+    /// row, deleted again at once; the counter is kept across deletes and restarts).
+    pub(crate) new_seed: String,
+    /// Deletes a seed's row (`?`: the seed).
+    pub(crate) drop_seed: String,
+    /// Moves a free row to the versions of a new seed (`?`: the new version, name, version).
+    pub(crate) reseed_version: String,
+    /// Whether the row is at version `?` and free (`?`: name, version).
+    pub(crate) version_free: String,
+    /// The highest version of the tables (0 if none).
+    pub(crate) max_version: String,
+    /// The owner, version and milliseconds left of a name's row (`?`: name).
+    pub(crate) describe_version: String,
+}
+
+impl OptimisticSql {
+    pub(crate) fn new(s: Tables<'_>) -> Self {
+        let (t, now) = (s.prefix, s.now());
+        let (insert_ignore, ignore_suffix) = s.insert_ignore();
+        let claim_version = match s.dialect {
+            // LAST_INSERT_ID(expr) hands the new version back with the UPDATE's answer.
+            Dialect::MySql => format!(
+                "UPDATE {t}_versions SET owner = ?, holds = 1, \
+                 version = LAST_INSERT_ID(version + 1), expires_at = {now} + ? \
+                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
+            ),
+            Dialect::Sqlite | Dialect::Postgres => format!(
+                "UPDATE {t}_versions SET owner = ?, holds = 1, version = version + 1, \
+                 expires_at = {now} + ? \
+                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now}) \
+                 RETURNING version"
+            ),
+        };
+        Self {
+            claim_version: s.stmt(claim_version),
+            select_version: s.stmt(format!("SELECT version FROM {t}_versions WHERE name = ?")),
+            insert_version: s.stmt(format!(
+                "{insert_ignore} {t}_versions (name, version) VALUES (?, ?){ignore_suffix}"
+            )),
+            release_version: s.stmt(s.notifying(format!(
+                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
+                 WHERE name = ? AND owner = ? AND version = ?"
+            ))),
+            release_version_by_owner: s.stmt(s.notifying(format!(
+                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
+                 WHERE name = ? AND owner = ?"
+            ))),
+            renew_version: s.stmt(format!(
+                "UPDATE {t}_versions SET expires_at = {now} + ? \
+                 WHERE name = ? AND owner = ? AND version = ?"
+            )),
+            new_seed: match s.dialect {
+                Dialect::MySql => format!("INSERT INTO {t}_seeds () VALUES ()"),
+                Dialect::Sqlite | Dialect::Postgres => {
+                    format!("INSERT INTO {t}_seeds DEFAULT VALUES RETURNING id")
+                }
+            },
+            drop_seed: s.stmt(format!("DELETE FROM {t}_seeds WHERE id = ?")),
+            reseed_version: s.stmt(format!(
+                "UPDATE {t}_versions SET version = ? \
+                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
+            )),
+            version_free: s.stmt(format!(
+                "SELECT 1 FROM {t}_versions \
+                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
+            )),
+            max_version: format!("SELECT COALESCE(MAX(version), 0) FROM {t}_versions"),
+            describe_version: s.stmt(format!(
+                "SELECT owner, version, expires_at - {now} FROM {t}_versions WHERE name = ?"
+            )),
+        }
+    }
+}
+
+/// The session of a pinned connection (for-update, advisory): its id on the server, and the
+/// end of a session from another connection.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionSql {
+    dialect: Dialect,
+    /// The session's id on the server (MySQL's connection id, PostgreSQL's backend pid).
+    pub(crate) connection_id: String,
+}
+
+impl SessionSql {
+    pub(crate) fn new(dialect: Dialect) -> Self {
+        Self {
+            dialect,
+            connection_id: format!("SELECT {}", session_id(dialect)),
+        }
+    }
+
+    /// Ends server connection `id`, whatever it is doing (a cancelled lock wait's session,
+    /// which its client closes anyway). Not only its statement: a statement's cancel that
+    /// reaches the server before the statement itself (the client sent it, then dropped the
+    /// wait) finds the session idle and is lost, and the statement then waits its whole lock
+    /// timeout on a session nobody reads. Connection ids are not reused that soon (MySQL
+    /// counts up; a PostgreSQL pid comes back only after the kernel's pid range wraps).
+    pub(crate) fn kill_connection(&self, id: u64) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("SELECT pg_terminate_backend({id})"),
+            _ => format!("KILL CONNECTION {id}"),
+        }
+    }
+}
+
+/// The expression of a session's id on the server.
+fn session_id(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => "pg_backend_pid()::BIGINT",
+        _ => "CONNECTION_ID()",
+    }
+}
+
+/// The digits of a name in [`RowLockSql::lock_row_first_try`].
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-/// PostgreSQL numbers its placeholders: `?` becomes `$1`, `$2`, … (no statement here has a
-/// `?` inside a string literal).
-fn numbered(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// for-update: the row of a name, locked by a transaction, and its fencing tokens.
+#[derive(Debug, Clone)]
+pub(crate) struct RowLockSql {
+    pub(crate) dialect: Dialect,
+    /// MariaDB rather than MySQL (MySQL dialect only), for a lock in the caller's
+    /// transaction.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) mariadb: bool,
+    /// Creates a name's row (`?`: name), nothing if it exists.
+    pub(crate) insert_row: String,
+    /// Whether a name's row exists, read without locking (`?`: name).
+    pub(crate) row_exists: String,
+    /// Locks a name's row, waiting (`?`: name): the session's id, and on PostgreSQL the id
+    /// of the transaction that holds the row (for `next_fence_held`).
+    pub(crate) lock_row: String,
+    /// As `lock_row`, without waiting.
+    pub(crate) lock_row_nowait: String,
+    /// Sets the wait and the server-side lease before a waiting try (`?`: wait in seconds,
+    /// lease in seconds); on PostgreSQL it answers the session's id in its third column.
+    pub(crate) lock_wait_timeout: String,
+    /// The server-side lease of a held for-update row (`?`: seconds). On PostgreSQL it is
+    /// local to the hold's transaction, so COMMIT or ROLLBACK takes it back.
+    pub(crate) hold_timeout: String,
+    /// What gives a for-update connection the server's default idle timeout back before it
+    /// returns to the pool; `None` where the lease is local to the transaction (PostgreSQL).
+    pub(crate) reset_hold_timeout: Option<String>,
+    /// The next fencing token of a name, committed on its own (`?`: name).
+    pub(crate) next_fence: String,
+    /// PostgreSQL: the next fencing token of a name (`$1`: name), taken only while the
+    /// transaction that holds its row (`$2`: its id, `txid_current()`) is still in progress
+    /// on the session that took it (`$3`: `pg_backend_pid()`); no row otherwise. Empty
+    /// elsewhere: MySQL confirms the hold on its own connection after `next_fence`.
+    pub(crate) next_fence_held: String,
+    /// The last fencing token of a name (`?`: name).
+    pub(crate) describe_fence: String,
+    /// Whether the row is locked, learned with a shared lock that does not wait (it fails at
+    /// once if a holder has the row), never by taking the lock (`?`: name).
+    pub(crate) row_locked: String,
 }
 
-impl Statements {
-    /// `mariadb` picks MariaDB's spelling where MySQL's differs.
-    pub(crate) fn new(dialect: Dialect, t: &str, mariadb: bool, origin: &str) -> Self {
-        let now = now(dialect);
-        let ddl = match dialect {
-            Dialect::MySql => vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_meta (\
-                     name VARCHAR(64) NOT NULL PRIMARY KEY, \
-                     value VARCHAR(64) NOT NULL) ENGINE=InnoDB"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_holds (\
-                     name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                     id BIGINT NOT NULL AUTO_INCREMENT UNIQUE, \
-                     owner VARCHAR(64) NOT NULL, \
-                     holds INT NOT NULL, \
-                     takeovers BIGINT NOT NULL DEFAULT 0, \
-                     expires_at BIGINT NOT NULL) ENGINE=InnoDB"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_versions (\
-                     name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                     owner VARCHAR(64) NOT NULL DEFAULT '', \
-                     holds INT NOT NULL DEFAULT 0, \
-                     version BIGINT NOT NULL DEFAULT 0, \
-                     expires_at BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_seeds (\
-                     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_rows (\
-                     name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=InnoDB"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_fence (\
-                     name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                     token BIGINT NOT NULL) ENGINE=InnoDB"
-                ),
-            ],
-            Dialect::Sqlite => vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_meta (\
-                     name TEXT NOT NULL PRIMARY KEY, \
-                     value TEXT NOT NULL)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_holds (\
-                     id INTEGER PRIMARY KEY AUTOINCREMENT, \
-                     name BLOB NOT NULL UNIQUE, \
-                     owner TEXT NOT NULL, \
-                     holds INTEGER NOT NULL, \
-                     takeovers INTEGER NOT NULL DEFAULT 0, \
-                     expires_at INTEGER NOT NULL)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_versions (\
-                     name BLOB NOT NULL PRIMARY KEY, \
-                     owner TEXT NOT NULL DEFAULT '', \
-                     holds INTEGER NOT NULL DEFAULT 0, \
-                     version INTEGER NOT NULL DEFAULT 0, \
-                     expires_at INTEGER NOT NULL DEFAULT 0)"
-                ),
-                // AUTOINCREMENT: ids are never reused, even after the largest is deleted.
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_seeds (id INTEGER PRIMARY KEY AUTOINCREMENT)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_fence (\
-                     name BLOB NOT NULL PRIMARY KEY, \
-                     token INTEGER NOT NULL)"
-                ),
-            ],
-            Dialect::Postgres => vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_meta (\
-                     name TEXT NOT NULL PRIMARY KEY, \
-                     value TEXT NOT NULL)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_holds (\
-                     name BYTEA NOT NULL PRIMARY KEY, \
-                     id BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, \
-                     owner TEXT NOT NULL, \
-                     holds INT NOT NULL, \
-                     takeovers BIGINT NOT NULL DEFAULT 0, \
-                     expires_at BIGINT NOT NULL)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_versions (\
-                     name BYTEA NOT NULL PRIMARY KEY, \
-                     owner TEXT NOT NULL DEFAULT '', \
-                     holds INT NOT NULL DEFAULT 0, \
-                     version BIGINT NOT NULL DEFAULT 0, \
-                     expires_at BIGINT NOT NULL DEFAULT 0)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_seeds (\
-                     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY)"
-                ),
-                format!("CREATE TABLE IF NOT EXISTS {t}_rows (name BYTEA NOT NULL PRIMARY KEY)"),
-                // Advisory locks: each name gets its own key once, from one sequence for the
-                // whole database (advisory locks are per database, so two table prefixes must
-                // not hand out the same key); never a hash, so two names never share one.
-                "CREATE SEQUENCE IF NOT EXISTS dlock_advisory_keys AS INTEGER".to_owned(),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_names (\
-                     name BYTEA NOT NULL PRIMARY KEY, \
-                     id INTEGER NOT NULL UNIQUE DEFAULT nextval('dlock_advisory_keys'), \
-                     token BIGINT NOT NULL DEFAULT 0)"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t}_fence (\
-                     name BYTEA NOT NULL PRIMARY KEY, \
-                     token BIGINT NOT NULL)"
-                ),
-            ],
-        };
-        let (insert_ignore, ignore_suffix) = match dialect {
-            Dialect::MySql => ("INSERT IGNORE INTO", ""),
-            Dialect::Sqlite => ("INSERT OR IGNORE INTO", ""),
-            Dialect::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
-        };
-        let (transaction_id, next_fence_held) = match dialect {
-            // The proof that the holder held the row when its token was taken (review M5),
-            // in the statement that takes the token, without another round trip on the
-            // holder's connection:
+impl RowLockSql {
+    pub(crate) fn new(s: Tables<'_>) -> Self {
+        let t = s.prefix;
+        let (insert_ignore, ignore_suffix) = s.insert_ignore();
+        let (transaction_id, next_fence_held) = match s.dialect {
+            // The proof that the holder held the row when its token was taken, in the
+            // statement that takes the token, without another round trip on the holder's
+            // connection:
             // - txid_status says whether the transaction that holds the row lock still runs:
             //   "in progress" until its end is recorded, which comes before its row lock is
             //   given to anyone else. It is asked again in DO UPDATE, after the wait for the
@@ -334,293 +480,84 @@ impl Statements {
             ),
             _ => ("0", String::new()),
         };
-        let (claim_version, next_fence) = match dialect {
-            Dialect::MySql => (
-                // LAST_INSERT_ID(expr) hands the new version back with the UPDATE's answer.
-                format!(
-                    "UPDATE {t}_versions SET owner = ?, holds = 1, \
-                     version = LAST_INSERT_ID(version + 1), expires_at = {now} + ? \
-                     WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
-                ),
-                format!(
-                    "INSERT INTO {t}_fence (name, token) VALUES (?, LAST_INSERT_ID(1)) \
-                     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
-                ),
+        let next_fence = match s.dialect {
+            Dialect::MySql => format!(
+                "INSERT INTO {t}_fence (name, token) VALUES (?, LAST_INSERT_ID(1)) \
+                 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
             ),
-            Dialect::Sqlite | Dialect::Postgres => (
-                format!(
-                    "UPDATE {t}_versions SET owner = ?, holds = 1, version = version + 1, \
-                     expires_at = {now} + ? \
-                     WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now}) \
-                     RETURNING version"
-                ),
-                format!(
-                    "INSERT INTO {t}_fence (name, token) VALUES (?, 1) \
-                     ON CONFLICT(name) DO UPDATE SET token = {t}_fence.token + 1 RETURNING token"
-                ),
+            Dialect::Sqlite | Dialect::Postgres => format!(
+                "INSERT INTO {t}_fence (name, token) VALUES (?, 1) \
+                 ON CONFLICT(name) DO UPDATE SET token = {t}_fence.token + 1 RETURNING token"
             ),
         };
-        let (connection_id, lock_wait_timeout, hold_timeout, reset_hold_timeout, share_nowait) =
-            match dialect {
-                Dialect::Postgres => (
-                    "pg_backend_pid()::BIGINT",
-                    // lock_timeout bounds the wait; idle_in_transaction_session_timeout is
-                    // the server-side lease (a session idle in its transaction that long is
-                    // ended, which frees the row). Both are local to the row lock's
-                    // transaction (run after its BEGIN), so its end takes them back, and the
-                    // session returns to the pool as it came.
-                    // Both take milliseconds up to 2^31 - 1 (24.8 days). The session's id
-                    // comes with them, for the killer of the wait that follows.
-                    "SELECT set_config('lock_timeout', \
-                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true), \
-                     set_config('idle_in_transaction_session_timeout', \
-                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true), \
-                     pg_backend_pid()::BIGINT",
-                    "SELECT set_config('idle_in_transaction_session_timeout', \
-                     LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true)",
-                    None,
-                    "FOR SHARE NOWAIT",
+        let (lock_wait_timeout, hold_timeout, reset_hold_timeout, share_nowait) = match s.dialect {
+            Dialect::Postgres => (
+                // lock_timeout bounds the wait; idle_in_transaction_session_timeout is the
+                // server-side lease (a session idle in its transaction that long is ended,
+                // which frees the row). Both are local to the row lock's transaction (run
+                // after its BEGIN), so its end takes them back, and the session returns to
+                // the pool as it came. Both take milliseconds up to 2^31 - 1 (24.8 days).
+                // The session's id comes with them, for the killer of the wait that follows.
+                "SELECT set_config('lock_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true), \
+                 set_config('idle_in_transaction_session_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true), \
+                 pg_backend_pid()::BIGINT",
+                "SELECT set_config('idle_in_transaction_session_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, true)",
+                None,
+                "FOR SHARE NOWAIT",
+            ),
+            _ => (
+                "SET SESSION innodb_lock_wait_timeout = ?, wait_timeout = ?",
+                // The server-side lease of a for-update hold: the server closes a connection
+                // idle this long, which rolls back and frees the row (a paused or cut-off
+                // holder).
+                "SET SESSION wait_timeout = ?",
+                Some("SET SESSION wait_timeout = DEFAULT"),
+                if s.mariadb {
+                    "LOCK IN SHARE MODE NOWAIT"
+                } else {
+                    "FOR SHARE NOWAIT"
+                },
+            ),
+        };
+        let connection_id = session_id(s.dialect);
+        Self {
+            dialect: s.dialect,
+            mariadb: s.mariadb,
+            insert_row: s.stmt(match (s.dialect, s.mariadb) {
+                // A duplicate key waits for a shared lock on the row, which a holder's
+                // `FOR UPDATE` keeps: at most a second here (an answer of "busy"), whatever
+                // the pool's sessions say, so that racers creating a new name's row answer
+                // within the 2 s a call may run past its wait.
+                (Dialect::MySql, true) => format!(
+                    "SET STATEMENT innodb_lock_wait_timeout = 1 FOR \
+                     INSERT IGNORE INTO {t}_rows (name) VALUES (?)"
                 ),
-                _ => (
-                    "CONNECTION_ID()",
-                    "SET SESSION innodb_lock_wait_timeout = ?, wait_timeout = ?",
-                    // The server-side lease of a for-update hold: the server closes a
-                    // connection idle this long, which rolls back and frees the row (a paused
-                    // or cut-off holder).
-                    "SET SESSION wait_timeout = ?",
-                    Some("SET SESSION wait_timeout = DEFAULT"),
-                    if mariadb {
-                        "LOCK IN SHARE MODE NOWAIT"
-                    } else {
-                        "FOR SHARE NOWAIT"
-                    },
+                (Dialect::MySql, false) => format!(
+                    "INSERT /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ IGNORE INTO \
+                     {t}_rows (name) VALUES (?)"
                 ),
-            };
-        let statements = Self {
-            dialect,
-            ddl,
-            insert_hold: format!(
-                "INSERT INTO {t}_holds (name, owner, holds, takeovers, expires_at) \
-                 VALUES (?, ?, 1, 0, {now} + ?){}",
-                match dialect {
-                    Dialect::MySql => "",
-                    Dialect::Sqlite | Dialect::Postgres => " RETURNING id",
-                }
-            ),
-            take_over_hold: format!(
-                "UPDATE {t}_holds SET owner = ?, holds = 1, takeovers = takeovers + 1, \
-                 expires_at = {now} + ? WHERE name = ? AND expires_at <= {now}"
-            ),
-            select_hold_token: format!(
-                "SELECT id, takeovers FROM {t}_holds WHERE name = ? AND owner = ?"
-            ),
-            delete_hold: notifying(
-                dialect,
-                t,
-                origin,
-                format!("DELETE FROM {t}_holds WHERE name = ? AND owner = ?"),
-            ),
-            renew_hold: format!(
-                "UPDATE {t}_holds SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
-            ),
-            claim_version,
-            select_version: format!("SELECT version FROM {t}_versions WHERE name = ?"),
-            insert_version: format!(
-                "{insert_ignore} {t}_versions (name, version) VALUES (?, ?){ignore_suffix}"
-            ),
-            release_version: notifying(
-                dialect,
-                t,
-                origin,
-                format!(
-                    "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
-                     WHERE name = ? AND owner = ? AND version = ?"
-                ),
-            ),
-            release_version_by_owner: notifying(
-                dialect,
-                t,
-                origin,
-                format!(
-                    "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
-                     WHERE name = ? AND owner = ?"
-                ),
-            ),
-            renew_version: format!(
-                "UPDATE {t}_versions SET expires_at = {now} + ? \
-                 WHERE name = ? AND owner = ? AND version = ?"
-            ),
-            new_seed: match dialect {
-                Dialect::MySql => format!("INSERT INTO {t}_seeds () VALUES ()"),
-                Dialect::Sqlite | Dialect::Postgres => {
-                    format!("INSERT INTO {t}_seeds DEFAULT VALUES RETURNING id")
-                }
-            },
-            drop_seed: format!("DELETE FROM {t}_seeds WHERE id = ?"),
-            reseed_version: format!(
-                "UPDATE {t}_versions SET version = ? \
-                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
-            ),
-            version_free: format!(
-                "SELECT 1 FROM {t}_versions \
-                 WHERE name = ? AND version = ? AND (owner = '' OR expires_at <= {now})"
-            ),
-            max_version: format!("SELECT COALESCE(MAX(version), 0) FROM {t}_versions"),
-            mariadb,
-            advisory_key: format!("SELECT id FROM {t}_names WHERE name = ?"),
-            advisory_new_key: format!(
-                "INSERT INTO {t}_names (name) VALUES (?) ON CONFLICT (name) DO NOTHING"
-            ),
-            // The token is taken in the granting statement, by the session that holds the
-            // lock: a token is never issued to a session that does not hold it (for-update
-            // needs a confirmation after its fence for that), and an uncontended acquire is
-            // one round trip.
-            advisory_try: AdvisoryMode::both(|m| {
-                format!(
-                    "WITH g AS MATERIALIZED \
-                 (SELECT pg_try_advisory_lock{m}({ADVISORY_SPACE}, $1::INTEGER) AS got), \
-                 f AS (UPDATE {t}_names SET token = token + 1 \
-                 WHERE id = $1::INTEGER AND (SELECT got FROM g) RETURNING token) \
-                 SELECT (SELECT token FROM f), \
-                 CASE WHEN (SELECT got FROM g) THEN set_config('idle_session_timeout', \
-                 LEAST($2::BIGINT * 1000, 2147483647)::TEXT, false) END, \
-                 pg_backend_pid()::BIGINT"
-                )
+                _ => format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
             }),
-            advisory_wait: "SELECT set_config('lock_timeout', \
-                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false), \
-                 set_config('idle_session_timeout', \
-                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
-                .to_owned(),
-            advisory_lock: AdvisoryMode::both(|m| {
-                format!(
-                    "WITH g AS MATERIALIZED \
-                 (SELECT pg_advisory_lock{m}({ADVISORY_SPACE}, $1::INTEGER)::TEXT AS got), \
-                 f AS (UPDATE {t}_names SET token = token + 1 \
-                 WHERE id = $1::INTEGER AND EXISTS (SELECT 1 FROM g) RETURNING token) \
-                 SELECT (SELECT token FROM f), pg_backend_pid()::BIGINT"
-                )
-            }),
-            advisory_unlock: AdvisoryMode::both(|m| {
-                format!(
-                    "SELECT pg_advisory_unlock{m}({ADVISORY_SPACE}, ?::INTEGER)::INTEGER, \
-                 pg_advisory_unlock_all()::TEXT, \
-                 set_config('idle_session_timeout', '0', false), \
-                 set_config('lock_timeout', '5s', false)"
-                )
-            }),
-            advisory_unlock_one: AdvisoryMode::both(|m| {
-                format!("SELECT pg_advisory_unlock{m}({ADVISORY_SPACE}, ?::INTEGER)::INTEGER")
-            }),
-            advisory_lock_timeout: "SELECT set_config('lock_timeout', \
-                 LEAST(?::BIGINT, 2147483647)::TEXT, false)"
-                .to_owned(),
-            advisory_hold_timeout: "SELECT set_config('idle_session_timeout', \
-                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)"
-                .to_owned(),
-            // unlock_all: a session of the lock pool goes back to it holding nothing, whatever
-            // a failed statement may have left.
-            advisory_reset: "SELECT pg_advisory_unlock_all()::TEXT, \
-                 set_config('idle_session_timeout', '0', false), \
-                 set_config('lock_timeout', '5s', false)"
-                .to_owned(),
-            advisory_holders: format!(
-                "SELECT COUNT(*), COUNT(*) FILTER (WHERE mode = 'ShareLock') \
-                 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                 AND classid = {ADVISORY_SPACE} AND objid = (?::INTEGER)::OID AND objsubid = 2 \
-                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            ),
-            advisory_token: format!("SELECT token FROM {t}_names WHERE name = ?"),
-            insert_row: format!("{insert_ignore} {t}_rows (name) VALUES (?){ignore_suffix}"),
-            row_exists: format!("SELECT 1 FROM {t}_rows WHERE name = ?"),
-            // The session's id, and on PostgreSQL the id of the transaction that holds the
-            // row (for `next_fence_held`).
-            lock_row: format!(
+            row_exists: s.stmt(format!("SELECT 1 FROM {t}_rows WHERE name = ?")),
+            lock_row: s.stmt(format!(
                 "SELECT {connection_id}, {transaction_id} FROM {t}_rows WHERE name = ? FOR UPDATE"
-            ),
-            lock_row_nowait: format!(
+            )),
+            lock_row_nowait: s.stmt(format!(
                 "SELECT {connection_id}, {transaction_id} FROM {t}_rows \
                  WHERE name = ? FOR UPDATE NOWAIT"
-            ),
-            lock_wait_timeout: lock_wait_timeout.to_owned(),
-            connection_id: format!("SELECT {connection_id}"),
-            hold_timeout: hold_timeout.to_owned(),
+            )),
+            lock_wait_timeout: s.stmt(lock_wait_timeout),
+            hold_timeout: s.stmt(hold_timeout),
             reset_hold_timeout: reset_hold_timeout.map(str::to_owned),
+            next_fence: s.stmt(next_fence),
             next_fence_held,
-            next_fence,
-
-            describe_hold: format!(
-                "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"
-            ),
-            describe_version: format!(
-                "SELECT owner, version, expires_at - {now} FROM {t}_versions WHERE name = ?"
-            ),
-            describe_fence: format!("SELECT token FROM {t}_fence WHERE name = ?"),
-            row_locked: format!("SELECT 1 FROM {t}_rows WHERE name = ? {share_nowait}"),
-            claim_strategy: format!(
-                "{insert_ignore} {t}_meta (name, value) VALUES ('strategy', ?){ignore_suffix}"
-            ),
-            read_strategy: format!("SELECT value FROM {t}_meta WHERE name = 'strategy'"),
-        };
-        if dialect == Dialect::Postgres {
-            statements.numbered()
-        } else {
-            statements
-        }
-    }
-
-    /// Every statement with PostgreSQL's numbered placeholders.
-    fn numbered(self) -> Self {
-        let n = |s: String| numbered(&s);
-        Self {
-            dialect: self.dialect,
-            ddl: self.ddl,
-            insert_hold: n(self.insert_hold),
-            take_over_hold: n(self.take_over_hold),
-            select_hold_token: n(self.select_hold_token),
-            delete_hold: n(self.delete_hold),
-            renew_hold: n(self.renew_hold),
-            claim_version: n(self.claim_version),
-            select_version: n(self.select_version),
-            insert_version: n(self.insert_version),
-            release_version: n(self.release_version),
-            release_version_by_owner: n(self.release_version_by_owner),
-            renew_version: n(self.renew_version),
-            new_seed: self.new_seed,
-            drop_seed: n(self.drop_seed),
-            reseed_version: n(self.reseed_version),
-            version_free: n(self.version_free),
-            max_version: self.max_version,
-            mariadb: self.mariadb,
-            advisory_key: n(self.advisory_key),
-            advisory_new_key: n(self.advisory_new_key),
-            advisory_try: self.advisory_try.map(n),
-            advisory_wait: n(self.advisory_wait),
-            advisory_lock: self.advisory_lock.map(n),
-            advisory_unlock: self.advisory_unlock.map(n),
-            advisory_unlock_one: self.advisory_unlock_one.map(n),
-            advisory_lock_timeout: n(self.advisory_lock_timeout),
-            advisory_hold_timeout: n(self.advisory_hold_timeout),
-            advisory_reset: self.advisory_reset,
-            advisory_holders: n(self.advisory_holders),
-            advisory_token: n(self.advisory_token),
-            insert_row: n(self.insert_row),
-            row_exists: n(self.row_exists),
-            lock_row: n(self.lock_row),
-            lock_row_nowait: n(self.lock_row_nowait),
-            lock_wait_timeout: n(self.lock_wait_timeout),
-            connection_id: self.connection_id,
-            hold_timeout: n(self.hold_timeout),
-            reset_hold_timeout: self.reset_hold_timeout,
-            next_fence: n(self.next_fence),
-            next_fence_held: n(self.next_fence_held),
-
-            describe_hold: n(self.describe_hold),
-            describe_version: n(self.describe_version),
-            describe_fence: n(self.describe_fence),
-            row_locked: n(self.row_locked),
-            claim_strategy: n(self.claim_strategy),
-            read_strategy: self.read_strategy,
+            describe_fence: s.stmt(format!("SELECT token FROM {t}_fence WHERE name = ?")),
+            row_locked: s.stmt(format!(
+                "SELECT 1 FROM {t}_rows WHERE name = ? {share_nowait}"
+            )),
         }
     }
 
@@ -650,17 +587,200 @@ impl Statements {
             }
         }
     }
+}
 
-    /// Ends server connection `id`, whatever it is doing (a cancelled lock wait's session,
-    /// which its client closes anyway). Not only its statement: a statement's cancel that
-    /// reaches the server before the statement itself (the client sent it, then dropped the
-    /// wait) finds the session idle and is lost, and the statement then waits its whole lock
-    /// timeout on a session nobody reads. Connection ids are not reused that soon (MySQL
-    /// counts up; a PostgreSQL pid comes back only after the kernel's pid range wraps).
-    pub(crate) fn kill_connection(&self, id: u64) -> String {
-        match self.dialect {
-            Dialect::Postgres => format!("SELECT pg_terminate_backend({id})"),
-            _ => format!("KILL CONNECTION {id}"),
+/// The first key of dlock's PostgreSQL advisory locks (`pg_advisory_lock(space, key)`): the
+/// two-integer form, in a space of its own ("dloc"), apart from the single-bigint keys that
+/// applications and tools (sqlx's migrations, for one) use.
+pub(crate) const ADVISORY_SPACE: i32 = 0x646c_6f63;
+
+/// The two modes of a PostgreSQL advisory lock: a mutex and a read-write lock's write side
+/// take it exclusive, a read side shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AdvisoryMode {
+    Exclusive,
+    Shared,
+}
+
+impl AdvisoryMode {
+    /// The index of the mode's statement in the per-mode arrays of [`AdvisorySql`].
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Self::Exclusive => 0,
+            Self::Shared => 1,
         }
+    }
+
+    /// The suffix of the mode's advisory lock functions (`pg_advisory_lock_shared`).
+    const fn suffix(self) -> &'static str {
+        match self {
+            Self::Exclusive => "",
+            Self::Shared => "_shared",
+        }
+    }
+
+    /// A statement for each mode, in [`index`](Self::index) order.
+    fn both(statement: impl Fn(&str) -> String) -> [String; 2] {
+        [
+            statement(Self::Exclusive.suffix()),
+            statement(Self::Shared.suffix()),
+        ]
+    }
+}
+
+/// advisory (PostgreSQL): a session's advisory lock on the key a name is given once.
+#[derive(Debug, Clone)]
+pub(crate) struct AdvisorySql {
+    /// The key of a name (`?`: name).
+    pub(crate) key: String,
+    /// Gives a name its key if it has none (`?`: name).
+    pub(crate) new_key: String,
+    /// Tries the lock without waiting (`$1`: key, `$2`: lease in seconds); if granted, in
+    /// the same statement, takes the next fencing token and sets the server-side lease:
+    /// (token or NULL, lease set or NULL, the backend's pid). Per [`AdvisoryMode`].
+    pub(crate) try_lock: [String; 2],
+    /// Sets the wait and the server-side lease before a waiting try (`?`: wait, lease).
+    pub(crate) wait: String,
+    /// Waits for the lock (`$1`: key) and takes the next fencing token in the same
+    /// statement: (token or NULL, the backend's pid). Per [`AdvisoryMode`].
+    pub(crate) lock: [String; 2],
+    /// Releases the lock (`?`: key) and puts the session back as the pool gave it: whether
+    /// this session held the lock. Per [`AdvisoryMode`].
+    pub(crate) unlock: [String; 2],
+    /// Releases the lock (`?`: key) and leaves the session as it is, for a session that
+    /// still holds another lock of the same name (a downgraded read beside its write):
+    /// whether this session held the lock. Per [`AdvisoryMode`].
+    pub(crate) unlock_one: [String; 2],
+    /// Sets how long a statement of a session may wait for a lock (`?`: milliseconds).
+    pub(crate) lock_timeout: String,
+    /// The server-side lease of a held advisory lock (`?`: seconds).
+    pub(crate) hold_timeout: String,
+    /// The session back to what the pool gave (no server-side lease, the pool's lock wait).
+    pub(crate) reset: String,
+    /// How many locks are held on the key (`?`: key), and how many of them are shared.
+    pub(crate) holders: String,
+    /// The key's last token (`?`: name).
+    pub(crate) token: String,
+}
+
+impl AdvisorySql {
+    pub(crate) fn new(s: Tables<'_>) -> Self {
+        let t = s.prefix;
+        Self {
+            key: s.stmt(format!("SELECT id FROM {t}_names WHERE name = ?")),
+            new_key: s.stmt(format!(
+                "INSERT INTO {t}_names (name) VALUES (?) ON CONFLICT (name) DO NOTHING"
+            )),
+            // The token is taken in the granting statement, by the session that holds the
+            // lock: a token is never issued to a session that does not hold it (for-update
+            // needs a confirmation after its fence for that), and an uncontended acquire is
+            // one round trip.
+            try_lock: AdvisoryMode::both(|m| {
+                format!(
+                    "WITH g AS MATERIALIZED \
+                 (SELECT pg_try_advisory_lock{m}({ADVISORY_SPACE}, $1::INTEGER) AS got), \
+                 f AS (UPDATE {t}_names SET token = token + 1 \
+                 WHERE id = $1::INTEGER AND (SELECT got FROM g) RETURNING token) \
+                 SELECT (SELECT token FROM f), \
+                 CASE WHEN (SELECT got FROM g) THEN set_config('idle_session_timeout', \
+                 LEAST($2::BIGINT * 1000, 2147483647)::TEXT, false) END, \
+                 pg_backend_pid()::BIGINT"
+                )
+            }),
+            wait: s.stmt(
+                "SELECT set_config('lock_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false), \
+                 set_config('idle_session_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)",
+            ),
+            lock: AdvisoryMode::both(|m| {
+                format!(
+                    "WITH g AS MATERIALIZED \
+                 (SELECT pg_advisory_lock{m}({ADVISORY_SPACE}, $1::INTEGER)::TEXT AS got), \
+                 f AS (UPDATE {t}_names SET token = token + 1 \
+                 WHERE id = $1::INTEGER AND EXISTS (SELECT 1 FROM g) RETURNING token) \
+                 SELECT (SELECT token FROM f), pg_backend_pid()::BIGINT"
+                )
+            }),
+            unlock: AdvisoryMode::both(|m| {
+                s.stmt(format!(
+                    "SELECT pg_advisory_unlock{m}({ADVISORY_SPACE}, ?::INTEGER)::INTEGER, \
+                 pg_advisory_unlock_all()::TEXT, \
+                 set_config('idle_session_timeout', '0', false), \
+                 set_config('lock_timeout', '5s', false)"
+                ))
+            }),
+            unlock_one: AdvisoryMode::both(|m| {
+                s.stmt(format!(
+                    "SELECT pg_advisory_unlock{m}({ADVISORY_SPACE}, ?::INTEGER)::INTEGER"
+                ))
+            }),
+            lock_timeout: s.stmt(
+                "SELECT set_config('lock_timeout', \
+                 LEAST(?::BIGINT, 2147483647)::TEXT, false)",
+            ),
+            hold_timeout: s.stmt(
+                "SELECT set_config('idle_session_timeout', \
+                 LEAST(?::BIGINT * 1000, 2147483647)::TEXT, false)",
+            ),
+            // unlock_all: a session of the lock pool goes back to it holding nothing, whatever
+            // a failed statement may have left.
+            reset: "SELECT pg_advisory_unlock_all()::TEXT, \
+                 set_config('idle_session_timeout', '0', false), \
+                 set_config('lock_timeout', '5s', false)"
+                .to_owned(),
+            holders: s.stmt(format!(
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE mode = 'ShareLock') \
+                 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = {ADVISORY_SPACE} AND objid = (?::INTEGER)::OID AND objsubid = 2 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )),
+            token: s.stmt(format!("SELECT token FROM {t}_names WHERE name = ?")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tables(dialect: Dialect, mariadb: bool) -> Tables<'static> {
+        Tables {
+            dialect,
+            prefix: "dlock_t",
+            mariadb,
+            origin: "o",
+        }
+    }
+
+    /// The for-update first try is not prepared: the name goes in as hexadecimal digits, so
+    /// no name (quotes, backslashes, comment marks, any byte) can end its literal.
+    #[test]
+    fn a_first_try_spells_the_name_in_hex_digits() {
+        let name = "a'; DROP TABLE t; -- \\ \" é";
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        let pg = RowLockSql::new(tables(Dialect::Postgres, false));
+        let batch = pg.lock_row_first_try(name.as_bytes(), 30);
+        assert_eq!(
+            batch,
+            format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 30000; \
+                 SELECT pg_backend_pid()::BIGINT, txid_current() FROM dlock_t_rows \
+                 WHERE name = decode('{hex}', 'hex') FOR UPDATE NOWAIT"
+            )
+        );
+        let my = RowLockSql::new(tables(Dialect::MySql, true));
+        assert_eq!(
+            my.lock_row_first_try(name.as_bytes(), 31_536_000),
+            format!(
+                "SET SESSION wait_timeout = 31536000; SELECT CONNECTION_ID(), 0 \
+                 FROM dlock_t_rows WHERE name = X'{hex}' FOR UPDATE NOWAIT"
+            )
+        );
+        // The longest lease still fits PostgreSQL's milliseconds.
+        assert!(
+            pg.lock_row_first_try(b"n", 31_536_000)
+                .contains("idle_in_transaction_session_timeout = 2147483647;")
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! For-update locks taken inside a transaction the caller owns: the lock and the data commit
 //! or roll back together.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{Error, FencingToken, LockName, Result};
@@ -9,12 +10,12 @@ use sqlx::MySqlConnection;
 #[cfg(feature = "postgres")]
 use sqlx::PgConnection;
 
-use crate::db::query;
+use crate::db::{On, query};
 use crate::error::{Meaning, from_sqlx, meaning};
-use crate::strategies::Attempt;
 #[cfg(feature = "mysql")]
-use crate::strategies::server_seconds;
-use crate::{Dialect, Inner, SqlProvider, Strategy};
+use crate::pinned::server_seconds;
+use crate::strategy::ForUpdate;
+use crate::{Dialect, SqlProvider};
 
 /// A for-update lock held by the caller's transaction (see [`SqlProvider::lock_in`]).
 ///
@@ -83,7 +84,7 @@ impl SqlProvider {
     /// # Errors
     ///
     /// [`Error::Unsupported`] unless the provider is MySQL/MariaDB with `for-update` (for
-    /// PostgreSQL see [`lock_in_pg`](Self::lock_in_pg));
+    /// PostgreSQL see `lock_in_pg`, feature `postgres`);
     /// [`Error::InvalidArgument`] if `conn` has no open transaction (the row lock would end
     /// with the statement) or `name` is not a valid lock name; [`Error::Backend`] or
     /// [`Error::Connection`] for a failed statement (the transaction may then be unusable, as
@@ -97,9 +98,8 @@ impl SqlProvider {
         wait: Duration,
     ) -> Result<Option<TxLock>> {
         let name = LockName::new(name)?;
-        let inner = &self.inner;
-        in_transaction_supported(inner, Dialect::MySql)?;
-        let backend = inner.backend;
+        let fu = self.in_transaction_supported(Dialect::MySql)?;
+        let backend = fu.inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         // sqlx's own count of the transactions it opened on the connection, and on MariaDB the
         // server's word too (`@@in_transaction`, which MySQL lacks): a deadlock or an implicit
@@ -108,7 +108,7 @@ impl SqlProvider {
         if !sqlx::Connection::is_in_transaction(&*conn) {
             return Err(not_in_transaction());
         }
-        let session = query(if inner.sql.mariadb {
+        let session = query(if fu.sql.mariadb {
             "SELECT @@innodb_lock_wait_timeout, @@in_transaction"
         } else {
             "SELECT @@innodb_lock_wait_timeout, 1"
@@ -123,12 +123,11 @@ impl SqlProvider {
         // The row must exist before the transaction reads it: a locking read of a missing row
         // takes a gap lock, which would block its creation until the transaction ends. It is
         // created outside the transaction (committed at once, so other holders see it).
-        inner.create_row(&name).await?;
-        let key = name.as_str().as_bytes();
+        fu.create_row(&name).await?;
         let statement = if wait.is_zero() {
-            &inner.sql.lock_row_nowait
+            &fu.sql.lock_row_nowait
         } else {
-            &inner.sql.lock_row
+            &fu.sql.lock_row
         };
         if !wait.is_zero() {
             query("SET SESSION innodb_lock_wait_timeout = ?")
@@ -137,12 +136,7 @@ impl SqlProvider {
                 .await
                 .map_err(err("set the lock wait"))?;
         }
-        let locked = match query(statement).bind(key).fetch_optional(&mut *conn).await {
-            Ok(Some(_)) => Ok(true),
-            Ok(None) => Err(vanished(backend, &name)),
-            Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
-            Err(e) => Err(from_sqlx(backend, "lock", e)),
-        };
+        let locked = lock_row(backend, &name, statement, &mut *conn).await;
         if !wait.is_zero() {
             query("SET SESSION innodb_lock_wait_timeout = ?")
                 .bind(previous)
@@ -153,7 +147,7 @@ impl SqlProvider {
         if !locked? {
             return Ok(None);
         }
-        fenced(inner, name).await.map(Some)
+        fenced(&fu, name).await.map(Some)
     }
 
     /// Takes the `for-update` lock `name` inside the caller's open PostgreSQL transaction,
@@ -203,15 +197,14 @@ impl SqlProvider {
     ) -> Result<Option<TxLock>> {
         use sqlx::Connection;
         let name = LockName::new(name)?;
-        let inner = &self.inner;
-        in_transaction_supported(inner, Dialect::Postgres)?;
+        let fu = self.in_transaction_supported(Dialect::Postgres)?;
         if !conn.is_in_transaction() {
             return Err(not_in_transaction());
         }
-        let backend = inner.backend;
+        let backend = fu.inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         // As on MySQL: the row exists before the transaction reads it, committed at once.
-        inner.create_row(&name).await?;
+        fu.create_row(&name).await?;
         let previous: String = query("SELECT current_setting('lock_timeout')")
             .fetch_one(&mut *conn)
             .await
@@ -222,7 +215,7 @@ impl SqlProvider {
             .await
             .map_err(err("open a savepoint"))?;
         let statement = if wait.is_zero() {
-            &inner.sql.lock_row_nowait
+            &fu.sql.lock_row_nowait
         } else {
             let ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
             query("SELECT set_config('lock_timeout', LEAST($1, 2147483647)::TEXT, true)")
@@ -230,18 +223,9 @@ impl SqlProvider {
                 .execute(&mut *conn)
                 .await
                 .map_err(err("set the lock wait"))?;
-            &inner.sql.lock_row
+            &fu.sql.lock_row
         };
-        let locked = match query(statement)
-            .bind(name.as_str().as_bytes())
-            .fetch_optional(&mut *conn)
-            .await
-        {
-            Ok(Some(_)) => Ok(true),
-            Ok(None) => Err(vanished(backend, &name)),
-            Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
-            Err(e) => Err(from_sqlx(backend, "lock", e)),
-        };
+        let locked = lock_row(backend, &name, statement, &mut *conn).await;
         if matches!(locked, Ok(true)) {
             // Granted: releasing the savepoint keeps the row lock with the transaction; the
             // lock wait goes back to what it was.
@@ -265,22 +249,24 @@ impl SqlProvider {
         if !locked? {
             return Ok(None);
         }
-        fenced(inner, name).await.map(Some)
+        fenced(&fu, name).await.map(Some)
     }
-}
 
-/// The provider can lock inside a caller's transaction on `dialect`.
-fn in_transaction_supported(inner: &Inner, dialect: Dialect) -> Result<()> {
-    if inner.strategy != Strategy::ForUpdate || inner.dialect != dialect {
-        return Err(Error::unsupported(
-            inner.backend,
-            format!(
-                "locks in the caller's transaction without the for-update strategy on {dialect:?} \
-                 (connect with ?strategy=for-update)"
-            ),
-        ));
+    /// The provider's for-update strategy, if it can lock inside a caller's transaction on
+    /// `dialect`.
+    fn in_transaction_supported(&self, dialect: Dialect) -> Result<Arc<ForUpdate>> {
+        let inner = &self.inner;
+        match Arc::clone(&self.strategy).for_update() {
+            Some(fu) if inner.dialect == dialect => Ok(fu),
+            _ => Err(Error::unsupported(
+                inner.backend,
+                format!(
+                    "locks in the caller's transaction without the for-update strategy on \
+                     {dialect:?} (connect with ?strategy=for-update)"
+                ),
+            )),
+        }
     }
-    Ok(())
 }
 
 fn not_in_transaction() -> Error {
@@ -289,6 +275,26 @@ fn not_in_transaction() -> Error {
         "lock_in needs a connection inside a transaction (pool.begin()): without one the row \
          lock would end with its statement",
     )
+}
+
+/// Locks `name`'s row with `statement` on the caller's connection: whether it was granted
+/// (`false`: busy at the end of the wait).
+async fn lock_row<'c>(
+    backend: &'static str,
+    name: &LockName,
+    statement: &str,
+    conn: impl Into<On<'c>>,
+) -> Result<bool> {
+    match query(statement)
+        .bind(name.as_str().as_bytes())
+        .fetch_optional(conn)
+        .await
+    {
+        Ok(Some(_)) => Ok(true),
+        Ok(None) => Err(vanished(backend, name)),
+        Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
+        Err(e) => Err(from_sqlx(backend, "lock", e)),
+    }
 }
 
 fn vanished(backend: &'static str, name: &LockName) -> Error {
@@ -301,14 +307,8 @@ fn vanished(backend: &'static str, name: &LockName) -> Error {
 }
 
 /// The transaction holds `name`'s row: its fencing token, committed on its own.
-async fn fenced(inner: &std::sync::Arc<Inner>, name: LockName) -> Result<TxLock> {
-    let attempt = Attempt {
-        inner: std::sync::Arc::clone(inner),
-        name: name.clone(),
-        owner: String::new(),
-        lease: Duration::ZERO,
-    };
-    let token = attempt.next_fence().await?;
+async fn fenced(fu: &ForUpdate, name: LockName) -> Result<TxLock> {
+    let token = fu.next_fence(&name).await?;
     Ok(TxLock {
         name,
         token: FencingToken::new(token),

@@ -11,6 +11,9 @@ use dlock_core::{DynLockProvider, Result};
 use dlock_sql::SqlProvider;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
+use support::{prefix, with_query};
+
+mod support;
 
 struct SqlFactory {
     url: String,
@@ -26,22 +29,8 @@ struct TempFile(std::path::PathBuf);
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
-        }
+        support::remove_sqlite(&self.0);
     }
-}
-
-/// The table prefix of `strategy`'s cases: one set of tables serves one strategy (a provider
-/// with another is refused), and the three share one test database.
-fn prefix(strategy: &str) -> String {
-    format!("dlock_{}", strategy.replace('-', "_"))
-}
-
-/// `url` with `pairs` added to its query string (review L11: a configured URL may have one).
-fn with_query(url: &str, pairs: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{pairs}")
 }
 
 impl SqlFactory {
@@ -155,20 +144,7 @@ impl SqlFactory {
 
     /// `sql` with PostgreSQL's numbered placeholders where needed.
     fn q(&self, sql: &str) -> String {
-        if !self.is_postgres() {
-            return sql.to_owned();
-        }
-        let mut n = 0;
-        sql.chars()
-            .map(|c| {
-                if c == '?' {
-                    n += 1;
-                    format!("${n}")
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect()
+        support::q(&self.url, sql)
     }
 
     async fn admin(&self) -> AnyPool {

@@ -1,6 +1,6 @@
 //! An application that registered its own sqlx `Any` drivers can still use dlock: the
-//! library uses the typed drivers and never touches the process-wide `Any` registry (it used
-//! to call `install_default_drivers()`, which panics once other drivers are installed).
+//! library uses the typed drivers and never touches the process-wide `Any` registry (where
+//! `install_default_drivers()` panics once other drivers are installed).
 //!
 //! A test binary of its own: the registry is global to the process.
 

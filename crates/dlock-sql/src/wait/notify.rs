@@ -7,18 +7,18 @@
 //! connection, or a holder that died (its row expires, nobody notifies), costs at most one
 //! pause. A notification wakes one waiter of the name (a mutex has one winner); the others
 //! keep their places until the next one. Releases made in this process wake their waiters
-//! directly too ([`crate::wake`]), without the round trip through the server.
+//! directly too ([`registry`](super::registry)), without the round trip through the server.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, later};
+use dlock_core::backend::{Backoff, Mutex, later};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::wake;
+use super::registry as wake;
 
 /// How long a provider goes on listening after the last waiter of its tables in this process
 /// stopped waiting. A listening session is sent every release on the tables, waited for or
@@ -33,11 +33,11 @@ pub(crate) fn channel(table: &str) -> String {
 }
 
 /// The listening task of one provider, and what it received; the waiters it wakes are in
-/// [`crate::wake`], under the provider's store id.
+/// [`registry`](super::registry), under the provider's store id.
 #[derive(Debug)]
 pub(crate) struct Wakeups {
     store: String,
-    /// Where this process's releases on the store come from ([`wake::origin`]).
+    /// Where this process's releases on the store come from ([`origin`](super::registry::origin)).
     origin: String,
     /// Notifications received (for tests and diagnostics).
     received: AtomicU64,
@@ -81,9 +81,8 @@ impl Wakeups {
     ///
     /// Not before: every release on the channel is sent to every session listening on it,
     /// so a provider that listened from the start would make the server deliver, and its
-    /// client read and drop, every release of every other client, waited for or not (eight
-    /// providers cycling on their own names made half the cycles of the same statements
-    /// without listeners).
+    /// client read and drop, every release of every other client, waited for or not, at a
+    /// cost to every lock cycle of every provider on the tables.
     pub(crate) fn new(
         options: PgConnectOptions,
         channel: String,
@@ -111,7 +110,7 @@ impl Wakeups {
     /// waiter of the store to look again once it listens. Outside a tokio runtime nothing
     /// starts (the next wait in one starts it).
     pub(crate) fn listen(self: &Arc<Self>) {
-        let mut state = self.state();
+        let mut state = self.state.lock();
         state.last_wait = Instant::now();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -127,14 +126,10 @@ impl Wakeups {
         drop(runtime.spawn(run(running, idle, self.stop.subscribe())));
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Whether a listening task runs (for tests).
     #[cfg(test)]
     fn started(&self) -> bool {
-        self.state().idle.is_none()
+        self.state.lock().idle.is_none()
     }
 
     /// Stops listening if no waiter of the store waits in this process and none waited for
@@ -146,7 +141,7 @@ impl Wakeups {
     /// waiter is seen here and the task goes on, or its `listen` comes after this and starts
     /// a new task.
     fn retire(&self, idle: &Idle) -> Option<Instant> {
-        let mut state = self.state();
+        let mut state = self.state.lock();
         let now = Instant::now();
         let again = if wake::has_waiters(&self.store) {
             later(now, (self.idle_after / 8).max(Duration::from_millis(10)))
@@ -206,7 +201,7 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let (Some(idle), Some(w)) = (self.idle.take(), self.wakeups.upgrade()) {
-            let mut state = w.state();
+            let mut state = w.state.lock();
             if state.idle.is_none() {
                 state.idle = Some(idle);
             }
@@ -365,7 +360,7 @@ mod tests {
     use sqlx::postgres::{PgConnectOptions, PgPool};
 
     use super::{Wakeups, from_hex, released_elsewhere};
-    use crate::wake;
+    use crate::wait::registry as wake;
 
     /// The idle period of the tests' listeners.
     const IDLE: Duration = Duration::from_secs(1);
@@ -404,8 +399,7 @@ mod tests {
     /// A provider listens while a waiter of its tables waits, also two idle periods long,
     /// and while short waits keep coming (each over before the task looks); stops listening
     /// (its session gone from the server) once nobody has waited for its idle period; and
-    /// listens again at the next wait, reading what another client announces. The old
-    /// listener never stopped.
+    /// listens again at the next wait, reading what another client announces.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_listener_stops_without_waiters_and_starts_again_with_one() -> Result<(), String> {
         let Some(url) = dlock_conformance::service_url("DLOCK_POSTGRES_URL") else {

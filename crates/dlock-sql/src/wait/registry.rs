@@ -13,7 +13,9 @@
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Weak};
+
+use dlock_core::backend::Mutex;
 
 use tokio::sync::Notify;
 
@@ -21,10 +23,6 @@ use tokio::sync::Notify;
 type Names = HashMap<String, Weak<Notify>>;
 
 static WAITERS: LazyLock<Mutex<HashMap<String, Names>>> = LazyLock::new(Mutex::default);
-
-fn waiters() -> MutexGuard<'static, HashMap<String, Names>> {
-    WAITERS.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A waiter's place in the registry, held while it waits: the wake-up of its name, shared
 /// with the other waiters of the name in this process. The last one to leave removes the
@@ -50,7 +48,7 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        let mut stores = waiters();
+        let mut stores = WAITERS.lock();
         // Counted under the registry's lock, which `register` also takes to share it: no
         // waiter can join between the count and the removal.
         if Arc::strong_count(&self.notify) > 1 {
@@ -67,7 +65,7 @@ impl Drop for Waiting {
 
 /// Registers a waiter of `name` in `store`; it keeps the returned place while it waits.
 pub(crate) fn register(store: &str, name: &str) -> Waiting {
-    let mut stores = waiters();
+    let mut stores = WAITERS.lock();
     let names = match stores.get_mut(store) {
         Some(names) => names,
         None => stores.entry(store.to_owned()).or_default(),
@@ -96,7 +94,8 @@ pub(crate) fn register(store: &str, name: &str) -> Waiting {
 /// queue behind them); `None` if it has none, without registering anything: an uncontended
 /// acquire costs one lookup.
 pub(crate) fn join(store: &str, name: &str) -> Option<Waiting> {
-    let notify = waiters()
+    let notify = WAITERS
+        .lock()
         .get(store)
         .and_then(|names| names.get(name))
         .and_then(Weak::upgrade)?;
@@ -110,7 +109,8 @@ pub(crate) fn join(store: &str, name: &str) -> Option<Waiting> {
 /// Wakes one waiter of `name` in `store` (a mutex has one winner; the others keep waiting).
 /// With none waiting at this moment, the next one to wait wakes at once.
 pub(crate) fn wake(store: &str, name: &str) {
-    let notify = waiters()
+    let notify = WAITERS
+        .lock()
         .get(store)
         .and_then(|names| names.get(name))
         .and_then(Weak::upgrade);
@@ -122,7 +122,8 @@ pub(crate) fn wake(store: &str, name: &str) {
 /// Wakes one waiter of every name in `store` (after releases may have been missed).
 #[cfg(feature = "postgres")]
 pub(crate) fn wake_all(store: &str) {
-    let live: Vec<Arc<Notify>> = waiters()
+    let live: Vec<Arc<Notify>> = WAITERS
+        .lock()
         .get(store)
         .map(|names| names.values().filter_map(Weak::upgrade).collect())
         .unwrap_or_default();
@@ -135,7 +136,8 @@ pub(crate) fn wake_all(store: &str) {
 /// releases while one does).
 #[cfg(feature = "postgres")]
 pub(crate) fn has_waiters(store: &str) -> bool {
-    waiters()
+    WAITERS
+        .lock()
         .get(store)
         .is_some_and(|names| names.values().any(|w| w.strong_count() > 0))
 }
@@ -191,7 +193,7 @@ mod tests {
             "nobody waits: nothing to join"
         );
         assert!(
-            !super::waiters().contains_key("store-d"),
+            !super::WAITERS.lock().contains_key("store-d"),
             "and nothing registered"
         );
         let first = register("store-d", "n");
@@ -204,18 +206,18 @@ mod tests {
         let (a, b) = (register("store-c", "gone"), register("store-c", "gone"));
         drop(a);
         assert!(
-            super::waiters().contains_key("store-c"),
+            super::WAITERS.lock().contains_key("store-c"),
             "one waiter is left"
         );
         drop(b);
-        assert!(!super::waiters().contains_key("store-c"));
+        assert!(!super::WAITERS.lock().contains_key("store-c"));
         // Nobody to wake: nothing is kept for a later waiter either.
         wake("store-c", "gone");
         assert!(!register("store-c", "gone").has_company());
     }
 
-    /// A release wakes the waiters of its name in this process (the old code left them to
-    /// their next poll, and this case waited in vain).
+    /// A release wakes the waiters of its name in this process at once, not at their next
+    /// poll.
     #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_release_wakes_the_waiters_of_its_name() {

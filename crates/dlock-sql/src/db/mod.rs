@@ -1,0 +1,36 @@
+//! The two drivers behind one small private interface: typed sqlx pools and connections (no
+//! `Any`, so no process-wide driver registry to collide with the application's), statements
+//! with bound arguments, and rows read by position.
+//!
+//! The strategies write each statement once (`query(sql).bind(..).execute(on)`); this module
+//! turns it into the driver's own typed query. A statement runs on a pool, a pooled connection
+//! or a bare connection (the application's transaction).
+//!
+//! - [`pool`](mod@pool): sqlx's pool of one driver, the connections checked out of it, and the clean ones
+//!   kept warm in front of it;
+//! - [`query`](mod@query): statements, their arguments, and the rows and counts they answer;
+//! - [`open`](mod@open): the pools of a provider made from a URL, with each pool's session settings.
+#![cfg_attr(
+    not(any(feature = "mysql", feature = "sqlite")),
+    allow(
+        dead_code,
+        unused_imports,
+        unused_variables,
+        unreachable_code,
+        clippy::needless_pass_by_value
+    )
+)]
+
+mod open;
+mod pool;
+mod query;
+
+#[cfg(feature = "postgres")]
+pub(crate) use open::pg_pool;
+#[cfg(feature = "mysql")]
+pub(crate) use open::{MYSQL_LOCKS, mysql_pool};
+pub(crate) use open::{SETUP_PATIENCE, connect, setup_pauses};
+pub(crate) use pool::{Conn, Driver, Pool};
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) use query::On;
+pub(crate) use query::{Row, query};

@@ -1,0 +1,220 @@
+//! Opening the pools of a provider made from a URL, and the session settings of each.
+
+use std::time::Duration;
+
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+use sqlx::Executor;
+
+use super::pool::{Driver, Pool};
+use crate::config::{Dialect, SqlConfig};
+
+/// Opens the provider's pools for `config`: the statements' pool and, for `for-update`, the
+/// pool of connections that hold row locks (autocommit off).
+pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), sqlx::Error> {
+    match config.dialect {
+        #[cfg(feature = "mysql")]
+        Dialect::MySql => {
+            let options = mysql_options(config)?;
+            let pool = mysql_pool(config.pool, options.clone(), MYSQL_STATEMENTS).await?;
+            let lock_pool = if config.strategy.pins_connections() {
+                Some(mysql_pool(config.pool, options, MYSQL_LOCKS).await?)
+            } else {
+                None
+            };
+            Ok((pool, lock_pool))
+        }
+        #[cfg(feature = "sqlite")]
+        Dialect::Sqlite => {
+            let options = sqlite_options(config)?;
+            crate::mounts::warn_if_shared(options.get_filename());
+            // Several processes opening one new file at once race to switch it to WAL (the
+            // first connection does): SQLite answers the loser BUSY at once, without its busy
+            // timeout. Opening again finds the file in WAL mode.
+            let give_up = dlock_core::backend::from_now(SETUP_PATIENCE);
+            let mut pause = setup_pauses();
+            loop {
+                let opened = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(config.pool)
+                    .test_before_acquire(false)
+                    .acquire_timeout(POOL_WAIT)
+                    .connect_with(options.clone())
+                    .await;
+                match opened {
+                    Ok(pool) => return Ok((Pool::ours(Driver::Sqlite(pool)), None)),
+                    Err(sqlx::Error::Database(db))
+                        if crate::error::sqlite_busy(db.as_ref())
+                            && tokio::time::Instant::now() < give_up =>
+                    {
+                        tracing::debug!(error = %db, "opening the SQLite file: trying again");
+                        tokio::time::sleep(pause.next_pause()).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => {
+            use sqlx::ConnectOptions;
+            let options = sqlx::postgres::PgConnectOptions::from_url(config.url.expose())?;
+            let pool = pg_pool(config.pool, options.clone(), "2s").await?;
+            let lock_pool = if config.strategy.pins_connections() {
+                Some(pg_pool(config.pool, options, "5s").await?)
+            } else {
+                None
+            };
+            Ok((pool, lock_pool))
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(sqlx::Error::Configuration(
+            format!(
+                "dlock-sql was built without the driver for {:?}",
+                config.dialect
+            )
+            .into(),
+        )),
+    }
+}
+
+/// How long opening a database and setting up dlock's tables may retry a busy database.
+pub(crate) const SETUP_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The pauses between two tries of a setup step on a busy database.
+pub(crate) fn setup_pauses() -> dlock_core::backend::Backoff {
+    dlock_core::backend::Backoff::new(Duration::from_millis(5), Duration::from_millis(200))
+}
+
+/// How long a statement waits for a pooled connection before the pool reports itself busy.
+const POOL_WAIT: Duration = Duration::from_secs(10);
+
+/// The driver's options for a `mysql://` (or `mariadb://`) URL: the URL's own, with the
+/// session time zone pinned to UTC (the lease arithmetic reads the server's clock through
+/// `UNIX_TIMESTAMP`, which a local zone would shift around a daylight-saving change).
+#[cfg(feature = "mysql")]
+fn mysql_options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    Ok(
+        sqlx::mysql::MySqlConnectOptions::from_url(config.url.expose())?
+            .timezone(Some("+00:00".to_owned())),
+    )
+}
+
+/// The statements' pool: short statements only; one that waits on a row lock longer than
+/// 1 s is answered as busy and retried by the caller, so that a try with no wait answers
+/// within the 2 s the core lets a call run past its wait (racers creating a new name's row
+/// wait on the winner's row lock).
+#[cfg(feature = "mysql")]
+const MYSQL_STATEMENTS: &[&str] = &["SET SESSION innodb_lock_wait_timeout = 1"];
+
+/// The for-update pool: connections with autocommit off, one per held or waiting lock. Every
+/// `SELECT … FOR UPDATE` opens a transaction that the release ends (ROLLBACK); a blocked one
+/// gives up after 5 s and is tried again.
+///
+/// READ COMMITTED, so that a transaction locks its row and nothing else: under the default
+/// REPEATABLE READ, a try on a name without a row yet locked the gap where the row goes, and
+/// an acquirer that stopped right after that try (paused, cut off) kept every new name
+/// sorting next to it from being created until the server dropped it (hours).
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_LOCKS: &[&str] = &[
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET autocommit = 0",
+    "SET SESSION innodb_lock_wait_timeout = 5",
+];
+
+/// A MySQL pool whose connections run `session` when they open. No ping before a checkout: a
+/// dead connection shows as a statement error, which is retried (and for a hold, reported as
+/// a loss). sqlx 0.8 still pings every connection on its way back to the pool,
+/// off the statement's path; an attempt runs all its statements on one checkout, so that is
+/// one ping per attempt.
+#[cfg(feature = "mysql")]
+pub(crate) async fn mysql_pool(
+    size: u32,
+    options: sqlx::mysql::MySqlConnectOptions,
+    session: &'static [&'static str],
+) -> Result<Pool, sqlx::Error> {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(POOL_WAIT)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                for statement in session {
+                    conn.execute(*statement).await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await?;
+    Ok(Pool::ours(Driver::MySql(pool)))
+}
+
+/// A PostgreSQL pool whose statements give up on a row lock after `lock_timeout` (they are
+/// retried; the for-update pool sets its own bound per wait).
+#[cfg(feature = "postgres")]
+pub(crate) async fn pg_pool(
+    size: u32,
+    options: sqlx::postgres::PgConnectOptions,
+    lock_timeout: &'static str,
+) -> Result<Pool, sqlx::Error> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(POOL_WAIT)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                conn.execute(format!("SET lock_timeout = '{lock_timeout}'").as_str())
+                    .await?;
+                // A database or role that defaults to repeatable read would answer a waiter
+                // granted behind another with a serialization error.
+                conn.execute(
+                    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await?;
+    Ok(Pool::ours(Driver::Postgres(pool)))
+}
+
+/// The driver's options for a `sqlite://` URL: the file by its path (never re-parsed as a
+/// URL, so any directory name works), WAL, the busy timeout, and the driver parameters the
+/// URL names.
+#[cfg(feature = "sqlite")]
+fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    let bad = |key: &str, value: &str, expected: &str| {
+        sqlx::Error::Configuration(format!("{key}={value:?}: expected {expected}").into())
+    };
+    let path = config
+        .sqlite_path()
+        .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+    let mut options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(config.busy_timeout)
+        .synchronous(if config.durable {
+            SqliteSynchronous::Full
+        } else {
+            SqliteSynchronous::Normal
+        });
+    for (key, value) in config.url.expose().query_pairs() {
+        options = match (&*key, &*value) {
+            ("mode", "rwc") => options.create_if_missing(true),
+            ("mode", "rw") => options.create_if_missing(false),
+            ("mode", "ro") => options.create_if_missing(false).read_only(true),
+            ("mode", v) => return Err(bad("mode", v, "rwc, rw or ro")),
+            ("cache", "shared") => options.shared_cache(true),
+            ("cache", "private") => options.shared_cache(false),
+            ("cache", v) => return Err(bad("cache", v, "shared or private")),
+            ("immutable", "true" | "1") => options.immutable(true),
+            ("immutable", "false" | "0") => options.immutable(false),
+            ("immutable", v) => return Err(bad("immutable", v, "true or false")),
+            ("vfs", v) => options.vfs(v.to_owned()),
+            (k, v) => return Err(bad(k, v, "no such SQLite parameter")),
+        };
+    }
+    Ok(options)
+}

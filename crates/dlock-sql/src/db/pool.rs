@@ -1,0 +1,536 @@
+//! The pools behind the statements: sqlx's typed pool of one driver, and the few clean
+//! connections dlock keeps warm in front of it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_core::backend::Mutex;
+use sqlx::Executor;
+use sqlx::pool::PoolConnection;
+
+#[cfg(feature = "mysql")]
+use sqlx::mysql::{MySql, MySqlPool};
+#[cfg(feature = "postgres")]
+use sqlx::postgres::{PgPool, Postgres};
+#[cfg(feature = "sqlite")]
+use sqlx::sqlite::{Sqlite, SqlitePool};
+
+use super::query::{Exec, Row};
+
+/// A connection pool of one driver, with the few clean connections dlock keeps warm in
+/// front of it (on the pools dlock opened itself).
+///
+/// sqlx 0.8 pings every connection its pool takes back, a round trip in a task of its own:
+/// a lock cycle that gives back two connections costs two round trips more than its
+/// statements. A connection whose statements all succeeded is instead kept (at most
+/// [`WARM_MAX`], by [`Conn::done`]) for dlock's next statement on the pool. One idle longer
+/// than [`WARM_IDLE`], or out of sqlx's pool longer than [`WARM_LIFETIME`], goes back to sqlx
+/// after all (which pings it in its own task and applies its idle and lifetime limits), and a
+/// pool that was closed serves none. A warm connection is never pinged on the caller's path: a
+/// ping cancelled with its caller leaves MySQL's answer unread on the connection, which the
+/// next statement would take for its own. Like sqlx's idle connections (dlock does not test
+/// them before use), a warm one may have been closed by the server: the statement that finds
+/// it dead gives the pool's other warm connections back to sqlx, and the caller retries on a
+/// fresh one (an acquisition does so once at its deadline). Nobody waits behind a kept connection:
+/// one is kept only while no caller of [`Pool::acquire`] waits in sqlx's queue, and every
+/// statement dlock runs on the pool goes through [`Pool::acquire`]. An application's own pool
+/// (`from_*_pool`) gets no cache: its other users wait in sqlx's queue, where dlock cannot see
+/// them.
+#[derive(Clone, Debug)]
+pub(crate) struct Pool {
+    driver: Driver,
+    warm: Option<Arc<Warm>>,
+}
+
+/// The sqlx pool of one driver.
+#[derive(Clone, Debug)]
+pub(crate) enum Driver {
+    /// MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(MySqlPool),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(SqlitePool),
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(PgPool),
+}
+
+/// A connection checked out of a [`Pool`]; it goes back to sqlx when dropped, or to the
+/// pool's warm connections through [`done`](Conn::done).
+#[derive(Debug)]
+pub(crate) struct Conn {
+    raw: Raw,
+    warm: Option<Arc<Warm>>,
+    /// When it came out of sqlx's pool.
+    out: Instant,
+}
+
+/// A connection of sqlx's pool.
+#[derive(Debug)]
+enum Raw {
+    #[cfg(feature = "mysql")]
+    MySql(PoolConnection<MySql>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(PoolConnection<Sqlite>),
+    #[cfg(feature = "postgres")]
+    Postgres(PoolConnection<Postgres>),
+}
+
+/// The most connections a pool keeps warm: a lock cycle uses one at a time; the second
+/// serves a renewal or a fence that comes meanwhile.
+const WARM_MAX: usize = 2;
+
+/// A warm connection idle longer than this goes back to sqlx (by the next caller, or by the
+/// pool's reaper task, which looks every 5 s while it keeps any): a lock renewed at least
+/// every 5 s keeps its connection; a quieter application's connections are pinged by sqlx
+/// (in the background) and closed after its idle limit.
+const WARM_IDLE: Duration = Duration::from_secs(5);
+
+/// A connection out of sqlx's pool longer than this goes back to it when done, so that its
+/// `max_lifetime` still applies to a provider busy enough to keep one warm for ever.
+const WARM_LIFETIME: Duration = Duration::from_secs(60);
+
+/// A warm connection.
+#[derive(Debug)]
+struct Kept {
+    raw: Raw,
+    /// When it came out of sqlx's pool.
+    out: Instant,
+    /// When it was kept.
+    kept: Instant,
+}
+
+/// The connections a [`Pool`] keeps warm, and the callers waiting in sqlx's queue.
+#[derive(Debug)]
+pub(crate) struct Warm {
+    driver: Driver,
+    state: Mutex<WarmState>,
+}
+
+#[derive(Debug, Default)]
+struct WarmState {
+    /// Clean connections, the newest last.
+    idle: Vec<Kept>,
+    /// Callers of [`Pool::acquire`] waiting in sqlx's queue.
+    waiting: usize,
+    /// Whether a reaper task is running.
+    reaping: bool,
+}
+
+impl Warm {
+    /// Keeps a clean connection, unless somebody waits in sqlx's queue (it goes there), the
+    /// cache is full or the pool was closed.
+    fn keep(self: &Arc<Self>, raw: Raw, out: Instant) {
+        let (refused, reaper) = {
+            let mut state = self.state.lock();
+            if state.waiting == 0
+                && state.idle.len() < WARM_MAX
+                && out.elapsed() < WARM_LIFETIME
+                && !self.driver.is_closed()
+            {
+                state.idle.push(Kept {
+                    raw,
+                    out,
+                    kept: Instant::now(),
+                });
+                (None, !std::mem::replace(&mut state.reaping, true))
+            } else {
+                (Some(raw), false)
+            }
+        };
+        drop(refused);
+        if reaper {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(reap(Reaping {
+                    warm: Arc::downgrade(self),
+                    ended: false,
+                }))),
+                Err(_) => self.state.lock().reaping = false,
+            }
+        }
+    }
+
+    /// Gives every kept connection back to sqlx (which pings it and closes a dead one): one
+    /// of them died, and the others may have died with it (a restarted server).
+    fn purge(&self) {
+        let idle = std::mem::take(&mut self.state.lock().idle);
+        drop(idle);
+    }
+}
+
+/// The reaper of a pool's warm connections: every [`WARM_IDLE`], gives those idle that long
+/// back to sqlx; ends when none is kept (the next one kept starts another) or the pool is
+/// gone.
+async fn reap(mut reaping: Reaping) {
+    loop {
+        tokio::time::sleep(WARM_IDLE).await;
+        let Some(warm) = reaping.warm.upgrade() else {
+            return;
+        };
+        let (stale, done) = {
+            let mut state = warm.state.lock();
+            let (stale, fresh): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut state.idle)
+                .into_iter()
+                .partition(|kept| kept.kept.elapsed() >= WARM_IDLE);
+            state.idle = fresh;
+            if state.idle.is_empty() {
+                state.reaping = false;
+            }
+            (stale, !state.reaping)
+        };
+        drop(stale);
+        if done {
+            reaping.ended = true;
+            return;
+        }
+    }
+}
+
+/// A running reaper: dropped before it ended on its own (its runtime shut down), it lets the
+/// next connection kept start another.
+struct Reaping {
+    warm: std::sync::Weak<Warm>,
+    /// Ended on its own, having said so under the lock.
+    ended: bool,
+}
+
+impl Drop for Reaping {
+    fn drop(&mut self) {
+        if !self.ended
+            && let Some(warm) = self.warm.upgrade()
+        {
+            warm.state.lock().reaping = false;
+        }
+    }
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut self.state.lock().idle);
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Outside a runtime sqlx cannot take a connection back (its drop spawns a task,
+            // and panics without a runtime): the pool is going away, so the connections are
+            // closed with it, without a goodbye.
+            for kept in idle {
+                kept.raw.detach();
+            }
+        }
+    }
+}
+
+/// Counts a caller of [`Pool::acquire`] as waiting in sqlx's queue while it lives.
+struct Waiting<'w>(&'w Warm);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        state.waiting = state.waiting.saturating_sub(1);
+    }
+}
+
+impl Driver {
+    async fn acquire(&self) -> Result<Raw, sqlx::Error> {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.acquire().await.map(Raw::MySql),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.acquire().await.map(Raw::Sqlite),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.acquire().await.map(Raw::Postgres),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.is_closed(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref p) => p.is_closed(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.is_closed(),
+        }
+    }
+}
+
+impl Pool {
+    /// A pool dlock opened: it keeps its clean connections warm.
+    pub(crate) fn ours(driver: Driver) -> Self {
+        Self {
+            warm: Some(Arc::new(Warm {
+                driver: driver.clone(),
+                state: Mutex::default(),
+            })),
+            driver,
+        }
+    }
+
+    /// The application's pool: every connection goes back to it.
+    pub(crate) fn theirs(driver: Driver) -> Self {
+        Self { driver, warm: None }
+    }
+
+    /// The sqlx pool.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// A connection for a few statements in a row: a warm one if the pool keeps one, else
+    /// one of sqlx's.
+    pub(crate) async fn acquire(&self) -> Result<Conn, sqlx::Error> {
+        let from_sqlx = |raw, warm: Option<Arc<Warm>>| Conn {
+            raw,
+            warm,
+            out: Instant::now(),
+        };
+        let Some(warm) = &self.warm else {
+            return Ok(from_sqlx(self.driver.acquire().await?, None));
+        };
+        let (kept, stale) = {
+            let mut state = warm.state.lock();
+            match state.idle.pop() {
+                Some(kept) if kept.kept.elapsed() < WARM_IDLE && !self.driver.is_closed() => {
+                    (Some(kept), Vec::new())
+                }
+                newest => {
+                    // Nothing to serve (the newest is idle too long, so are the others, or
+                    // the pool was closed): every kept connection goes back to sqlx. Counted
+                    // as waiting under the same lock that keeps connections: a connection
+                    // done from now on goes to sqlx's queue, where this caller waits.
+                    let mut stale = std::mem::take(&mut state.idle);
+                    stale.extend(newest);
+                    state.waiting = state.waiting.saturating_add(1);
+                    (None, stale)
+                }
+            }
+        };
+        drop(stale);
+        match kept {
+            Some(kept) => Ok(Conn {
+                raw: kept.raw,
+                warm: Some(Arc::clone(warm)),
+                out: kept.out,
+            }),
+            None => {
+                let _waiting = Waiting(warm);
+                let raw = self.driver.acquire().await?;
+                Ok(from_sqlx(raw, Some(Arc::clone(warm))))
+            }
+        }
+    }
+
+    /// The most connections the pool opens.
+    pub(crate) fn max_connections(&self) -> u32 {
+        match self.driver {
+            #[cfg(feature = "mysql")]
+            Driver::MySql(ref p) => p.options().get_max_connections(),
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(ref p) => p.options().get_max_connections(),
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(ref p) => p.options().get_max_connections(),
+        }
+    }
+
+    /// Whether every connection the pool may open is open and checked out: the pool is
+    /// exhausted, not merely slow to open a connection. A warm connection is not in use.
+    pub(crate) fn all_in_use(&self) -> bool {
+        let (size, idle): (u32, usize) = match self.driver {
+            #[cfg(feature = "mysql")]
+            Driver::MySql(ref p) => (p.size(), p.num_idle()),
+            #[cfg(feature = "sqlite")]
+            Driver::Sqlite(ref p) => (p.size(), p.num_idle()),
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(ref p) => (p.size(), p.num_idle()),
+        };
+        let warm = self.warm.as_ref().map_or(0, |w| w.state.lock().idle.len());
+        size >= self.max_connections() && idle == 0 && warm == 0
+    }
+
+    /// Runs statements without arguments or preparation (DDL).
+    pub(crate) async fn raw(&self, sql: &str) -> Result<(), sqlx::Error> {
+        let mut conn = self.acquire().await?;
+        let r = match conn.exec() {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
+            #[cfg(feature = "mysql")]
+            Exec::MySql(c) => c.execute(sql).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            Exec::Sqlite(c) => c.execute(sql).await.map(drop),
+            #[cfg(feature = "postgres")]
+            Exec::Postgres(c) => c.execute(sql).await.map(drop),
+        };
+        conn.after(r)
+    }
+}
+
+impl Raw {
+    async fn ping(&mut self) -> Result<(), sqlx::Error> {
+        use sqlx::Connection;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref mut c) => c.ping().await,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref mut c) => c.ping().await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref mut c) => c.ping().await,
+        }
+    }
+
+    fn close_on_drop(&mut self) {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref mut c) => c.close_on_drop(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref mut c) => c.close_on_drop(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref mut c) => c.close_on_drop(),
+        }
+    }
+
+    /// Takes the connection out of sqlx's pool and drops it (no runtime needed).
+    fn detach(self) {
+        match self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(c) => drop(c.detach()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(c) => drop(c.detach()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(c) => drop(c.detach()),
+        }
+    }
+}
+
+impl Conn {
+    /// Whether the connection answers.
+    pub(crate) async fn ping(&mut self) -> Result<(), sqlx::Error> {
+        self.raw.ping().await
+    }
+
+    /// Runs statements without arguments or preparation, several in one round trip, and
+    /// returns the rows of all of them (the server stops at the first that fails).
+    pub(crate) async fn batch(&mut self, sql: &str) -> Result<Vec<Row>, sqlx::Error> {
+        let rows = match self.exec() {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
+            #[cfg(feature = "mysql")]
+            Exec::MySql(c) => c
+                .fetch_all(sql)
+                .await
+                .map(|rows| rows.into_iter().map(Row::MySql).collect()),
+            #[cfg(feature = "sqlite")]
+            Exec::Sqlite(c) => c
+                .fetch_all(sql)
+                .await
+                .map(|rows| rows.into_iter().map(Row::Sqlite).collect()),
+            #[cfg(feature = "postgres")]
+            Exec::Postgres(c) => c
+                .fetch_all(sql)
+                .await
+                .map(|rows| rows.into_iter().map(Row::Postgres).collect()),
+        };
+        self.check(rows)
+    }
+
+    /// The bare connection, for a statement.
+    pub(super) fn exec(&mut self) -> Exec<'_> {
+        match self.raw {
+            #[cfg(feature = "mysql")]
+            Raw::MySql(ref mut c) => Exec::MySql(c),
+            #[cfg(feature = "sqlite")]
+            Raw::Sqlite(ref mut c) => Exec::Sqlite(c),
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(ref mut c) => Exec::Postgres(c),
+        }
+    }
+
+    /// Closes the connection when it is dropped, instead of returning it to the pool.
+    pub(crate) fn close_on_drop(&mut self) {
+        self.warm = None;
+        self.raw.close_on_drop();
+    }
+
+    /// The connection is clean (its statements all succeeded, no transaction is open): it may
+    /// serve dlock's next statement on its pool without going back to sqlx. Dropping it
+    /// instead gives it back to sqlx.
+    pub(crate) fn done(mut self) {
+        if let Some(warm) = self.warm.take() {
+            warm.keep(self.raw, self.out);
+        }
+    }
+
+    /// After the one statement of this connection: kept warm if it succeeded (see
+    /// [`check`](Self::check) for a failure). Passes the result on.
+    pub(super) fn after<T>(mut self, r: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        let r = self.check(r);
+        if r.is_ok() {
+            self.done();
+        }
+        r
+    }
+
+    /// After a statement on this connection: if it failed because the connection is gone,
+    /// the pool's warm connections are given back to sqlx (they may have gone with it, as
+    /// when the server restarted), and this one is not kept. Passes the result on.
+    pub(super) fn check<T>(&mut self, r: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if let Err(e) = &r
+            && crate::error::connection_lost(e)
+            && let Some(warm) = self.warm.take()
+        {
+            warm.purge();
+        }
+        r
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use crate::db::query;
+
+    /// A pool left alone gives its warm connection back to sqlx (whose idle limit then
+    /// applies), and its reaper ends. Fails without the reaper: the connection stays out.
+    #[tokio::test]
+    async fn a_quiet_pool_gives_its_warm_connections_back() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let path =
+            std::env::temp_dir().join(format!("dlock-warm-{}.db", uuid::Uuid::new_v4().simple()));
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options)
+            .await?;
+        let pool = Pool::ours(Driver::Sqlite(sqlite.clone()));
+        query("SELECT 1").execute(&pool).await?;
+        assert_eq!((sqlite.size(), sqlite.num_idle()), (1, 0), "kept warm");
+        dlock_conformance::eventually(
+            Duration::from_secs(20),
+            "the reaper gives the warm connection back to sqlx",
+            || async {
+                match sqlite.num_idle() {
+                    1 => Ok(()),
+                    n => Err(n),
+                }
+            },
+        )
+        .await;
+        let warm = pool.warm.as_ref().ok_or("our pool keeps no connections")?;
+        dlock_conformance::eventually(Duration::from_secs(10), "the reaper ends", || async {
+            let state = warm.state.lock();
+            if state.reaping || !state.idle.is_empty() {
+                Err((state.reaping, state.idle.len()))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+        drop(pool);
+        sqlite.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,372 @@
+//! Statements with bound arguments, run on a pool, a pooled connection or a bare
+//! connection, and the rows and counts they answer, read by position.
+
+use sqlx::{Database, Encode, Type};
+
+#[cfg(feature = "mysql")]
+use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
+#[cfg(feature = "postgres")]
+use sqlx::postgres::{PgConnection, PgRow, Postgres};
+#[cfg(feature = "sqlite")]
+use sqlx::sqlite::{Sqlite, SqliteConnection, SqliteRow};
+
+use super::pool::{Conn, Pool};
+
+/// Where a statement runs.
+pub(crate) enum On<'c> {
+    /// On a connection of the pool, for this statement only.
+    Pool(&'c Pool),
+    /// On a connection checked out of a [`Pool`].
+    Conn(&'c mut Conn),
+    /// On a bare connection (the application's transaction).
+    Exec(Exec<'c>),
+}
+
+/// A bare connection of one driver.
+pub(crate) enum Exec<'c> {
+    #[cfg(feature = "mysql")]
+    MySql(&'c mut MySqlConnection),
+    #[cfg(feature = "sqlite")]
+    Sqlite(&'c mut SqliteConnection),
+    #[cfg(feature = "postgres")]
+    Postgres(&'c mut PgConnection),
+    /// Without a driver there is no connection.
+    #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+    Unused(std::marker::PhantomData<&'c ()>, std::convert::Infallible),
+}
+
+impl<'c> From<&'c Pool> for On<'c> {
+    fn from(pool: &'c Pool) -> Self {
+        On::Pool(pool)
+    }
+}
+
+impl<'c> From<&'c mut Conn> for On<'c> {
+    fn from(conn: &'c mut Conn) -> Self {
+        On::Conn(conn)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<'c> From<&'c mut MySqlConnection> for On<'c> {
+    fn from(conn: &'c mut MySqlConnection) -> Self {
+        On::Exec(Exec::MySql(conn))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<'c> From<&'c mut PgConnection> for On<'c> {
+    fn from(conn: &'c mut PgConnection) -> Self {
+        On::Exec(Exec::Postgres(conn))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl<'c> From<&'c mut SqliteConnection> for On<'c> {
+    fn from(conn: &'c mut SqliteConnection) -> Self {
+        On::Exec(Exec::Sqlite(conn))
+    }
+}
+
+/// Whether `v` is a value that decodes as `Other` and not as `i64` (NULL is neither).
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+fn only<DB, Other>(v: &<DB as sqlx::Database>::ValueRef<'_>) -> bool
+where
+    DB: sqlx::Database,
+    i64: sqlx::Type<DB>,
+    Other: sqlx::Type<DB>,
+{
+    use sqlx::ValueRef as _;
+    if v.is_null() {
+        return false;
+    }
+    let ty = v.type_info();
+    !<i64 as sqlx::Type<DB>>::compatible(&ty) && Other::compatible(&ty)
+}
+
+/// A bound argument.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg<'a> {
+    Bytes(&'a [u8]),
+    Text(&'a str),
+    Int(i64),
+}
+
+impl<'a> From<&'a [u8]> for Arg<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Arg::Bytes(v)
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(v)
+    }
+}
+
+/// What a statement that returns no rows did.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Done {
+    /// Rows changed.
+    pub(crate) rows_affected: u64,
+    /// MySQL's `LAST_INSERT_ID()` after the statement (`None` on SQLite, which answers with
+    /// `RETURNING` instead).
+    pub(crate) last_insert_id: Option<u64>,
+}
+
+/// A row of a result, read by column position.
+pub(crate) enum Row {
+    #[cfg(feature = "mysql")]
+    MySql(MySqlRow),
+    #[cfg(feature = "sqlite")]
+    Sqlite(SqliteRow),
+    #[cfg(feature = "postgres")]
+    Postgres(PgRow),
+}
+
+impl Row {
+    /// An integer column (MySQL's unsigned ones too, such as `CONNECTION_ID()`, if they fit).
+    ///
+    /// The width is chosen from the column's type, not by trying one and falling back: a
+    /// failed `try_get` builds an error with a formatted message, which the hot path (the
+    /// answer of PostgreSQL's advisory unlock, an `int4`, every cycle) must not pay for.
+    pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
+        use sqlx::Row as _;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => {
+                if r.try_get_raw(i).is_ok_and(|v| only::<sqlx::MySql, u64>(&v)) {
+                    let v = r.try_get::<u64, _>(i)?;
+                    i64::try_from(v).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+                } else {
+                    r.try_get::<i64, _>(i)
+                }
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get::<i64, _>(i),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => {
+                if r.try_get_raw(i)
+                    .is_ok_and(|v| only::<sqlx::Postgres, i32>(&v))
+                {
+                    r.try_get::<i32, _>(i).map(i64::from)
+                } else {
+                    r.try_get::<i64, _>(i)
+                }
+            }
+        }
+    }
+
+    /// Whether column `i` is NULL.
+    pub(crate) fn is_null(&self, i: usize) -> Result<bool, sqlx::Error> {
+        use sqlx::{Row as _, ValueRef as _};
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
+        }
+    }
+
+    /// A text column.
+    pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+        use sqlx::Row as _;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => r.try_get::<String, _>(i),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get::<String, _>(i),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => r.try_get::<String, _>(i),
+        }
+    }
+}
+
+/// A statement and its arguments.
+#[must_use]
+pub(crate) struct Query<'a> {
+    sql: &'a str,
+    args: Vec<Arg<'a>>,
+}
+
+/// A statement with `?` placeholders, to [`bind`](Query::bind) and run.
+pub(crate) fn query(sql: &str) -> Query<'_> {
+    Query {
+        sql,
+        args: Vec::new(),
+    }
+}
+
+/// The driver's typed query for `sql` with `args` bound.
+fn typed<'q, DB>(
+    sql: &'q str,
+    args: &[Arg<'q>],
+) -> sqlx::query::Query<'q, DB, <DB as Database>::Arguments<'q>>
+where
+    DB: Database,
+    &'q [u8]: Encode<'q, DB> + Type<DB>,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+{
+    let mut q = sqlx::query::<DB>(sql);
+    for arg in args {
+        q = match *arg {
+            Arg::Bytes(v) => q.bind(v),
+            Arg::Text(v) => q.bind(v),
+            Arg::Int(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+impl<'a> Query<'a> {
+    /// Binds the next `?`.
+    pub(crate) fn bind(mut self, arg: impl Into<Arg<'a>>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Runs a statement that returns no rows.
+    pub(crate) async fn execute(self, on: impl Into<On<'_>>) -> Result<Done, sqlx::Error> {
+        match on.into() {
+            On::Pool(pool) => {
+                let mut conn = pool.acquire().await?;
+                let r = self.execute_on(conn.exec()).await;
+                match conn.after(r) {
+                    Err(e) if crate::error::connection_lost(&e) => {
+                        // See `fetch_optional`.
+                        let mut conn = pool.acquire().await?;
+                        let r = self.execute_on(conn.exec()).await;
+                        conn.after(r)
+                    }
+                    r => r,
+                }
+            }
+            On::Conn(conn) => {
+                let r = self.execute_on(conn.exec()).await;
+                conn.check(r)
+            }
+            On::Exec(exec) => self.execute_on(exec).await,
+        }
+    }
+
+    async fn execute_on(&self, on: Exec<'_>) -> Result<Done, sqlx::Error> {
+        match on {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
+            #[cfg(feature = "mysql")]
+            Exec::MySql(c) => typed::<MySql>(self.sql, &self.args)
+                .execute(c)
+                .await
+                .map(mysql_done),
+            #[cfg(feature = "sqlite")]
+            Exec::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
+                .execute(c)
+                .await
+                .map(sqlite_done),
+            #[cfg(feature = "postgres")]
+            Exec::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
+                .execute(c)
+                .await
+                .map(pg_done),
+        }
+    }
+
+    /// Runs a query that returns at most one row.
+    pub(crate) async fn fetch_optional(
+        self,
+        on: impl Into<On<'_>>,
+    ) -> Result<Option<Row>, sqlx::Error> {
+        match on.into() {
+            On::Pool(pool) => {
+                let mut conn = pool.acquire().await?;
+                let r = self.fetch_optional_on(conn.exec()).await;
+                match conn.after(r) {
+                    // The connection was gone (closed by the server or a proxy while it sat
+                    // idle, say): once more, on another. The statements dlock runs on its
+                    // pool may run twice (renewals, row creation and reads are idempotent; a
+                    // fence taken twice skips a token, and tokens only rise).
+                    Err(e) if crate::error::connection_lost(&e) => {
+                        let mut conn = pool.acquire().await?;
+                        let r = self.fetch_optional_on(conn.exec()).await;
+                        conn.after(r)
+                    }
+                    r => r,
+                }
+            }
+            On::Conn(conn) => {
+                let r = self.fetch_optional_on(conn.exec()).await;
+                conn.check(r)
+            }
+            On::Exec(exec) => self.fetch_optional_on(exec).await,
+        }
+    }
+
+    async fn fetch_optional_on(&self, on: Exec<'_>) -> Result<Option<Row>, sqlx::Error> {
+        match on {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
+            #[cfg(feature = "mysql")]
+            Exec::MySql(c) => typed::<MySql>(self.sql, &self.args)
+                .fetch_optional(c)
+                .await
+                .map(|r| r.map(Row::MySql)),
+            #[cfg(feature = "sqlite")]
+            Exec::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
+                .fetch_optional(c)
+                .await
+                .map(|r| r.map(Row::Sqlite)),
+            #[cfg(feature = "postgres")]
+            Exec::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
+                .fetch_optional(c)
+                .await
+                .map(|r| r.map(Row::Postgres)),
+        }
+    }
+
+    /// Runs a query that returns exactly one row.
+    pub(crate) async fn fetch_one(self, on: impl Into<On<'_>>) -> Result<Row, sqlx::Error> {
+        self.fetch_optional(on)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_done(r: sqlx::mysql::MySqlQueryResult) -> Done {
+    Done {
+        rows_affected: r.rows_affected(),
+        // 0: the statement produced no id (every id dlock asks for is at least 1).
+        last_insert_id: Some(r.last_insert_id()).filter(|id| *id != 0),
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn pg_done(r: sqlx::postgres::PgQueryResult) -> Done {
+    Done {
+        rows_affected: r.rows_affected(),
+        last_insert_id: None,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_done(r: sqlx::sqlite::SqliteQueryResult) -> Done {
+    Done {
+        rows_affected: r.rows_affected(),
+        last_insert_id: None,
+    }
+}

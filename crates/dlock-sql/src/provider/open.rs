@@ -1,0 +1,534 @@
+//! Making a provider: from a URL or the application's own pool, its pools opened, the
+//! server checked, dlock's tables created and claimed for one strategy.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use dlock_core::backend::ProviderMeta;
+use dlock_core::{Capabilities, Error, Result};
+
+use super::{Inner, MIN_LEASE, SqlProvider};
+use crate::config::{self, Dialect, SqlConfig, Strategy};
+use crate::db::{self, Pool, query};
+use crate::error::{self, from_sqlx};
+#[cfg(feature = "sqlite")]
+use crate::mounts;
+use crate::sql::{SchemaSql, Tables};
+use crate::strategy;
+#[cfg(feature = "postgres")]
+use crate::wait::notify;
+use crate::wait::{WakeSources, registry};
+
+impl SqlProvider {
+    /// Connects to the database a `mysql://`, `mariadb://` or `sqlite://` URL names and creates
+    /// dlock's tables if they are missing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a bad URL, [`Error::Unsupported`] for `for-update` on SQLite,
+    /// [`Error::Connection`] if the database cannot be reached (the message never shows the
+    /// password), [`Error::Backend`] if the tables cannot be created.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(SqlConfig::from_url(url)?).await
+    }
+
+    /// Connects with an explicit configuration.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(config: SqlConfig) -> Result<Self> {
+        let backend = backend_name(config.dialect);
+        let enabled = match config.dialect {
+            Dialect::MySql => cfg!(feature = "mysql"),
+            Dialect::Sqlite => cfg!(feature = "sqlite"),
+            Dialect::Postgres => cfg!(feature = "postgres"),
+        };
+        if !enabled {
+            return Err(Error::config(format!(
+                "dlock-sql was built without its `{backend}` feature"
+            )));
+        }
+        config::check_table(&config.table)?;
+        if config.dialect == Dialect::Sqlite && config.strategy == Strategy::ForUpdate {
+            return Err(Error::unsupported("sqlite", "the for-update strategy"));
+        }
+        if config.dialect == Dialect::Sqlite {
+            create_parent_dir(&config)?;
+        }
+        let what = format!("connect to {}", config.url);
+        let (pool, lock_pool) = db::connect(&config)
+            .await
+            .map_err(|e| from_sqlx(backend, &what, e))?;
+        Self::start(
+            pool,
+            lock_pool,
+            config.dialect,
+            config.strategy,
+            &config.table,
+            config.store_id(),
+        )
+        .await
+    }
+
+    /// A provider on a MySQL/MariaDB pool the application already has (see
+    /// [`from_sqlite_pool`](Self::from_sqlite_pool) for SQLite), with dlock's tables named
+    /// `<table>_…`; they are created if missing.
+    ///
+    /// The statements of `unique-insert` and `optimistic` run on the pool's connections, so a
+    /// lock costs no connection of its own. `for-update` pins a connection per held or waiting
+    /// lock, with autocommit off: those come from a second pool of `lock_pool_size`
+    /// connections that dlock opens with the same connect options (your pool's connections
+    /// are never left with a transaction open). Leases are computed on the server's clock in
+    /// the session's time zone: keep sqlx's default, UTC.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await.expect("pool");
+    /// let locks = SqlProvider::from_mysql_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a bad table prefix, [`Error::Connection`] if the second pool
+    /// cannot connect, [`Error::Backend`] if the tables cannot be created.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn from_mysql_pool(
+        pool: sqlx::MySqlPool,
+        strategy: Strategy,
+        table: &str,
+        lock_pool_size: u32,
+    ) -> Result<Self> {
+        config::check_table(table)?;
+        let options = (*pool.connect_options()).clone();
+        let store = server_store(
+            "mysql",
+            (options.get_host(), options.get_port()),
+            options.get_database(),
+            table,
+            strategy,
+        );
+        let size = lock_pool_size.max(1);
+        let lock_pool = lock_pool(strategy, "mysql", || {
+            db::mysql_pool(size, options, db::MYSQL_LOCKS)
+        })
+        .await?;
+        Self::start(
+            Pool::theirs(db::Driver::MySql(pool)),
+            lock_pool,
+            Dialect::MySql,
+            strategy,
+            table,
+            store,
+        )
+        .await
+    }
+
+    /// A provider on a SQLite pool the application already has, with dlock's tables named
+    /// `<table>_…`; they are created if missing. `for-update` is not offered on SQLite.
+    ///
+    /// dlock's statements wait for SQLite's write lock as long as the pool's `busy_timeout`
+    /// allows (sqlx's default: 5 s). The database is switched to WAL mode, as dlock does for
+    /// the files it opens by URL (a setting the file keeps): in sqlx's default rollback-journal
+    /// mode a reader blocks every writer, and renewals of short leases failed under load.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    /// let options = SqliteConnectOptions::new().filename("app.db").create_if_missing(true);
+    /// let pool = SqlitePool::connect_with(options).await.expect("pool");
+    /// let locks = SqlProvider::from_sqlite_pool(pool, Strategy::Optimistic, "dlock").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a bad table prefix, [`Error::Unsupported`] for `for-update`,
+    /// [`Error::Backend`] if the tables cannot be created.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub async fn from_sqlite_pool(
+        pool: sqlx::SqlitePool,
+        strategy: Strategy,
+        table: &str,
+    ) -> Result<Self> {
+        config::check_table(table)?;
+        if strategy == Strategy::ForUpdate {
+            return Err(Error::unsupported("sqlite", "the for-update strategy"));
+        }
+        mounts::warn_if_shared(pool.connect_options().get_filename());
+        let store = format!(
+            "sqlite://{}#{table}/{strategy}",
+            pool.connect_options().get_filename().display()
+        );
+        let pool = Pool::theirs(db::Driver::Sqlite(pool));
+        setup(
+            &pool,
+            "sqlite",
+            "switch the database to WAL mode",
+            "PRAGMA journal_mode = WAL",
+        )
+        .await?;
+        Self::start(pool, None, Dialect::Sqlite, strategy, table, store).await
+    }
+
+    /// A provider on a PostgreSQL pool the application already has, with dlock's tables named
+    /// `<table>_…`; they are created if missing. As [`from_mysql_pool`](Self::from_mysql_pool):
+    /// `for-update` opens a second pool of `lock_pool_size` connections with the same options.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_core::Result<()> {
+    /// use dlock_sql::{SqlProvider, Strategy};
+    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await.expect("pool");
+    /// let locks = SqlProvider::from_pg_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`from_mysql_pool`](Self::from_mysql_pool).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn from_pg_pool(
+        pool: sqlx::PgPool,
+        strategy: Strategy,
+        table: &str,
+        lock_pool_size: u32,
+    ) -> Result<Self> {
+        config::check_table(table)?;
+        let options = (*pool.connect_options()).clone();
+        let store = server_store(
+            "postgres",
+            (options.get_host(), options.get_port()),
+            options.get_database(),
+            table,
+            strategy,
+        );
+        let size = lock_pool_size.max(1);
+        let lock_pool =
+            lock_pool(strategy, "postgres", || db::pg_pool(size, options, "5s")).await?;
+        Self::start(
+            Pool::theirs(db::Driver::Postgres(pool)),
+            lock_pool,
+            Dialect::Postgres,
+            strategy,
+            table,
+            store,
+        )
+        .await
+    }
+
+    /// Creates the tables and the provider around its pools.
+    async fn start(
+        pool: Pool,
+        lock_pool: Option<Pool>,
+        dialect: Dialect,
+        kind: Strategy,
+        table: &str,
+        store_id: String,
+    ) -> Result<Self> {
+        let backend = backend_name(dialect);
+        config::check_advisory(dialect, kind)?;
+        if kind == Strategy::Advisory {
+            check_advisory_server(&pool).await?;
+        }
+        let mariadb = match dialect {
+            Dialect::MySql => {
+                let row = query("SELECT VERSION()")
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(|e| from_sqlx(backend, "read the server version", e))?;
+                let version = row
+                    .text(0)
+                    .map_err(|e| from_sqlx(backend, "read the server version", e))?;
+                check_server_version(&version)?
+            }
+            Dialect::Sqlite | Dialect::Postgres => false,
+        };
+        let origin = registry::origin(&store_id);
+        let tables = Tables {
+            dialect,
+            prefix: table,
+            mariadb,
+            origin: &origin,
+        };
+        let schema = SchemaSql::new(tables);
+        for ddl in &schema.ddl {
+            setup(&pool, backend, "create dlock's tables", ddl).await?;
+        }
+        check_strategy(&pool, &schema, backend, kind, table).await?;
+        let polls = !kind.pins_connections();
+        let wakes = WakeSources::new(&store_id, polls);
+        // Releases of the polling strategies are announced on PostgreSQL (the pinned
+        // strategies' waiters wait on the server's lock itself).
+        #[cfg(feature = "postgres")]
+        let wakes = wakes.with_listener(match pool.driver() {
+            db::Driver::Postgres(p) if polls => Some(notify::Wakeups::new(
+                (*p.connect_options()).clone(),
+                notify::channel(table),
+                store_id.clone(),
+                notify::LISTEN_IDLE,
+            )),
+            _ => None,
+        });
+        let mut caps = Capabilities::all(backend);
+        caps.fair = false;
+        // Readers share an advisory lock on PostgreSQL; the row strategies have one holder
+        // per row.
+        caps.read_write = kind == Strategy::Advisory;
+        caps.semaphore = false;
+        caps.connection_bound = kind.pins_connections();
+        caps.min_lease = MIN_LEASE;
+        let meta = ProviderMeta::new(caps, store_id.as_str());
+        let inner = Arc::new(Inner {
+            pool,
+            lock_pool,
+            dialect,
+            strategy: kind,
+            backend,
+            client_id: uuid::Uuid::new_v4().to_string(),
+            ids: AtomicU64::new(0),
+            store_id,
+            wakes,
+        });
+        let strategy = strategy::build(kind, &inner, tables);
+        strategy.prepare().await?;
+        Ok(Self {
+            inner,
+            strategy,
+            meta,
+        })
+    }
+}
+
+/// The store id of a provider on the application's pool of a server at `host`: the server
+/// without credentials, the table prefix and the strategy (as a URL's, [`SqlConfig`]'s).
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+fn server_store(
+    scheme: &str,
+    (host, port): (&str, u16),
+    database: Option<&str>,
+    table: &str,
+    strategy: Strategy,
+) -> String {
+    let database = database.unwrap_or_default();
+    format!("{scheme}://{host}:{port}/{database}#{table}/{strategy}")
+}
+
+/// The lock pool of a provider on the application's pool: opened by `open` for the
+/// strategies that pin a connection per lock, none for the others.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+async fn lock_pool<F, Fut>(
+    strategy: Strategy,
+    backend: &'static str,
+    open: F,
+) -> Result<Option<Pool>>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<Pool, sqlx::Error>>,
+{
+    if !strategy.pins_connections() {
+        return Ok(None);
+    }
+    open()
+        .await
+        .map(Some)
+        .map_err(|e| from_sqlx(backend, "open the for-update pool", e))
+}
+
+/// Creates the directory of a SQLite file (the driver creates the file, not its directory).
+fn create_parent_dir(config: &SqlConfig) -> Result<()> {
+    let path = config.sqlite_path()?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Config {
+            message: format!(
+                "cannot create the directory {} for the SQLite file: {e}",
+                dir.display()
+            ),
+            source: Some(Box::new(e)),
+        })?;
+    }
+    Ok(())
+}
+
+/// Refuses a server on which fencing tokens could go backwards; says whether it is MariaDB.
+///
+/// The tokens come from `AUTO_INCREMENT` counters and counter rows: a server that resets
+/// `AUTO_INCREMENT` on restart (MySQL before 8.0, MariaDB before 10.2.4) could hand out a
+/// token twice, and `for-update` needs `NOWAIT` (MySQL 8.0, MariaDB 10.3).
+fn check_server_version(version: &str) -> Result<bool> {
+    let mariadb = version.contains("MariaDB");
+    // MariaDB may prefix its version with "5.5.5-" for old replication clients.
+    let numbers = if mariadb {
+        version.strip_prefix("5.5.5-").unwrap_or(version)
+    } else {
+        version
+    };
+    let mut parts = numbers
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    let (floor, name) = if mariadb {
+        ((10, 3), "MariaDB 10.3")
+    } else {
+        ((8, 0), "MySQL 8.0")
+    };
+    if (major, minor) < floor {
+        return Err(Error::unsupported(
+            "mysql",
+            format!(
+                "server version {version:?}: dlock needs {name} or later (older servers reset \
+                 AUTO_INCREMENT on restart, so fencing tokens could repeat)"
+            ),
+        ));
+    }
+    Ok(mariadb)
+}
+
+/// The advisory strategy's server-side lease is `idle_session_timeout`, which PostgreSQL 14
+/// brought: an older server is refused (a paused holder would keep its lock for ever).
+async fn check_advisory_server(pool: &Pool) -> Result<()> {
+    let err = |e| from_sqlx("postgres", "read the server version", e);
+    let version = query("SELECT current_setting('server_version_num')::BIGINT")
+        .fetch_one(pool)
+        .await
+        .and_then(|row| row.int(0))
+        .map_err(err)?;
+    if version < 140_000 {
+        return Err(Error::unsupported(
+            "postgres",
+            format!(
+                "the advisory strategy on server version {version}: it needs PostgreSQL 14 or \
+                 later (idle_session_timeout is the lease); use for-update"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The backend name errors and handles carry.
+fn backend_name(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::MySql => "mysql",
+        Dialect::Sqlite => "sqlite",
+        Dialect::Postgres => "postgres",
+    }
+}
+
+/// Records `strategy` for the tables `<table>_…` if none is recorded, and refuses a provider
+/// whose strategy differs from the recorded one: two strategies on one set of tables keep
+/// their holds in different tables, so they would not exclude each other.
+async fn check_strategy(
+    pool: &Pool,
+    sql: &SchemaSql,
+    backend: &'static str,
+    strategy: Strategy,
+    table: &str,
+) -> Result<()> {
+    let give_up = dlock_core::backend::from_now(db::SETUP_PATIENCE);
+    let mut pause = db::setup_pauses();
+    let wanted = strategy.to_string();
+    loop {
+        let claimed = query(&sql.claim_strategy)
+            .bind(wanted.as_str())
+            .execute(pool)
+            .await;
+        let recorded = match claimed {
+            Ok(_) => query(&sql.read_strategy).fetch_optional(pool).await,
+            Err(e) => Err(e),
+        };
+        let recorded = match recorded {
+            Ok(Some(row)) => row
+                .text(0)
+                .map_err(|e| from_sqlx(backend, "read the tables' strategy", e))?,
+            Ok(None) => {
+                return Err(Error::Backend {
+                    backend,
+                    message: format!("{table}_meta has no strategy after recording one"),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            Err(e) => {
+                let e = from_sqlx(backend, "record the tables' strategy", e);
+                if !e.is_retryable() || tokio::time::Instant::now() >= give_up {
+                    return Err(e);
+                }
+                tokio::time::sleep(pause.next_pause()).await;
+                continue;
+            }
+        };
+        if recorded == wanted {
+            return Ok(());
+        }
+        return Err(Error::config(format!(
+            "the tables {table}_… serve the {recorded} strategy, and this provider asks for \
+             {wanted}: two strategies on one set of tables do not exclude each other. Use \
+             ?strategy={recorded} like the others, or another ?table= prefix"
+        )));
+    }
+}
+
+/// Runs one statement that sets up dlock's tables, again while the database answers that it
+/// is busy (for `db::SETUP_PATIENCE`) or that the table appeared meanwhile (twice):
+/// - several applications opening one new SQLite file at once race to switch it to WAL and
+///   create the tables; in rollback-journal mode SQLite answers a lock upgrade that would
+///   deadlock with `SQLITE_BUSY` at once, without waiting for its busy timeout;
+/// - two providers creating one PostgreSQL table at once: one of them fails on the catalog's
+///   unique index although the statement says IF NOT EXISTS. The next try sees the table.
+async fn setup(pool: &Pool, backend: &'static str, what: &str, sql: &str) -> Result<()> {
+    let give_up = dlock_core::backend::from_now(db::SETUP_PATIENCE);
+    let mut pause = db::setup_pauses();
+    let mut duplicates = 0;
+    loop {
+        let e = match pool.raw(sql).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        // Another application creating the same tables at this moment: the next try finds them.
+        let duplicate = error::created_meanwhile(&e);
+        let e = from_sqlx(backend, what, e);
+        let again = if duplicate {
+            duplicates += 1;
+            duplicates < 3
+        } else {
+            e.is_retryable() && tokio::time::Instant::now() < give_up
+        };
+        if !again {
+            return Err(e);
+        }
+        tracing::debug!(error = %e, "setting up dlock's tables: trying again");
+        tokio::time::sleep(pause.next_pause()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_server_version;
+
+    #[test]
+    fn servers_that_could_repeat_tokens_are_refused() {
+        assert!(check_server_version("10.11.19-MariaDB-0+deb12u1").unwrap());
+        assert!(!check_server_version("8.0.36").unwrap());
+        assert!(!check_server_version("8.4.0-commercial").unwrap());
+        assert!(check_server_version("5.5.5-10.3.39-MariaDB").unwrap());
+        for old in [
+            "5.7.44-log",
+            "10.2.44-MariaDB",
+            "5.5.5-10.1.48-MariaDB",
+            "garbage",
+        ] {
+            let e = check_server_version(old).unwrap_err();
+            assert!(
+                matches!(e, dlock_core::Error::Unsupported { .. }),
+                "{old}: {e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! What the row strategies (unique-insert, optimistic) share: an attempt runs its statements
+//! on one connection of the provider's pool, with an undo armed while they may have taken
+//! the lock, and the hold is an owner-checked row with a lease, released and renewed by
+//! statements on the pool.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::backend::{Deadline, Hold, UndoOnDrop, from_now};
+use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
+use tokio::time::Instant;
+
+use super::{Attempt, CONNECT_GRACE, Grant, LockStrategy};
+use crate::Inner;
+use crate::db::Conn;
+use crate::error::from_sqlx;
+
+/// A strategy whose lock is a row with an owner and a lease, taken by a few statements on one
+/// connection.
+#[async_trait]
+pub(crate) trait RowStrategy: fmt::Debug + Send + Sync + 'static {
+    /// The provider's database.
+    fn inner(&self) -> &Inner;
+
+    /// The statements that may take the lock for `a` on `conn`: the token if they did,
+    /// `None` if the lock is held.
+    async fn claim(&self, a: &Attempt, conn: &mut Conn) -> Result<Option<u64>>;
+
+    /// Frees `a`'s hold on `conn`: the one of `token`, or (`None`, an undo) whatever `a`'s
+    /// owner holds. Whether a hold was freed.
+    async fn free_on(&self, a: &Attempt, conn: &mut Conn, token: Option<u64>) -> Result<bool>;
+
+    /// Makes `a`'s hold of `token` last `ttl` from now: whether it is still `a`'s.
+    async fn renew(&self, a: &Attempt, token: u64, ttl: Duration) -> Result<bool>;
+
+    /// What the row of `name` says (see [`LockStrategy::describe`]).
+    async fn describe(&self, name: &LockName) -> Result<LockStatus>;
+
+    /// See [`LockStrategy::prepare`].
+    async fn prepare(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A row strategy tries once per attempt; the wait loop polls.
+#[async_trait]
+impl<S: RowStrategy> LockStrategy for S {
+    async fn try_lock(
+        self: Arc<Self>,
+        attempt: Attempt,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        acquire(self, attempt, deadline).await
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockStatus> {
+        RowStrategy::describe(self, name).await
+    }
+
+    async fn prepare(&self) -> Result<()> {
+        RowStrategy::prepare(self).await
+    }
+}
+
+/// The hold of a row strategy: `attempt`'s owner holds the row with `token`.
+#[derive(Debug)]
+pub(crate) struct RowHold<S> {
+    strategy: Arc<S>,
+    attempt: Attempt,
+    token: u64,
+}
+
+#[async_trait]
+impl<S: RowStrategy> Hold for RowHold<S> {
+    async fn release(&self) -> Result<()> {
+        let freed = retry_once(|| free(&*self.strategy, &self.attempt, Some(self.token))).await?;
+        if freed {
+            Ok(())
+        } else {
+            Err(Error::lock_lost(&self.attempt.name))
+        }
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<()> {
+        if self.strategy.renew(&self.attempt, self.token, ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::lock_lost(&self.attempt.name))
+        }
+    }
+}
+
+/// One attempt of a row strategy. While a statement that may grant the lock is in flight, an
+/// undo is armed that frees the hold in the background if this future is dropped: holds are
+/// owner-checked and each attempt has its own owner, so the undo touches nothing else.
+async fn acquire<S: RowStrategy>(
+    strategy: Arc<S>,
+    attempt: Attempt,
+    deadline: Deadline,
+) -> Result<Option<Grant>> {
+    // The statements that may take the lock, and the undo that frees it if this future is
+    // dropped, run on one connection: a dropped statement still runs to its end on the
+    // server (or SQLite's worker), and the undo must come after it, never before.
+    let conn = connection_by(strategy.inner(), &attempt.name, deadline).await?;
+    let conn = Arc::new(tokio::sync::Mutex::new(conn));
+    // The lease runs from the claim, not from the wait for a pooled connection (which may
+    // take seconds under load: a lease counted from before it could end on arrival).
+    let sent = Instant::now();
+    let attempt = Arc::new(attempt);
+    let mut undo = UndoOnDrop::new(undo::<S>);
+    undo.arm(Pending {
+        strategy: Arc::clone(&strategy),
+        attempt: Arc::clone(&attempt),
+        conn: Some(Arc::clone(&conn)),
+    });
+    let got = {
+        let mut c = conn.lock().await;
+        strategy.claim(&attempt, &mut c).await
+    };
+    let token = match got {
+        Ok(Some(token)) => token,
+        Ok(None) => {
+            undo.disarm();
+            done(conn);
+            return Ok(None);
+        }
+        Err(e) => {
+            // The statement may have taken the lock: undo now, before the next attempt, on a
+            // fresh connection (the attempt's own may be the reason it failed). Its
+            // connection goes back first: on a pool of one, the undo's would otherwise wait
+            // for it.
+            drop(conn);
+            if let Some(pending) = undo.state_mut() {
+                pending.conn = None;
+            }
+            undo.run_now().await;
+            return Err(e);
+        }
+    };
+    undo.disarm();
+    done(conn);
+    let attempt = Arc::try_unwrap(attempt).map_err(|_| shared_attempt(strategy.inner()))?;
+    Ok(Some(Grant {
+        hold: Arc::new(RowHold {
+            strategy,
+            attempt,
+            token,
+        }),
+        token,
+        sent,
+        signal: None,
+    }))
+}
+
+/// What an attempt in flight may have taken, for its undo.
+struct Pending<S> {
+    strategy: Arc<S>,
+    attempt: Arc<Attempt>,
+    /// The connection the attempt's statements ran on, shared with the attempt: the undo of
+    /// a dropped attempt runs on it, after them. `None`: the statements failed (and ended),
+    /// and the undo runs on a fresh connection.
+    conn: Option<Shared>,
+}
+
+/// The connection of one attempt, shared with its undo.
+type Shared = Arc<tokio::sync::Mutex<Conn>>;
+
+/// Frees whatever an attempt may have taken. A failure is logged: the hold's lease ends it.
+async fn undo<S: RowStrategy>(p: Pending<S>) {
+    let (s, a) = (&*p.strategy, &*p.attempt);
+    match p.conn {
+        Some(conn) => {
+            let mut c = conn.lock().await;
+            if let Err(e) = free_on(s, a, &mut c, None).await {
+                tracing::warn!(lock = %a.name, error = %e, "undo of an interrupted acquisition failed; its lease ends it");
+            }
+        }
+        None => {
+            if let Err(e) = free(s, a, None).await {
+                tracing::warn!(lock = %a.name, error = %e, "undo of a failed acquisition failed; its lease ends it");
+            }
+        }
+    }
+}
+
+/// Frees `a`'s hold (see [`RowStrategy::free_on`]) on a connection of the pool.
+async fn free<S: RowStrategy>(s: &S, a: &Attempt, token: Option<u64>) -> Result<bool> {
+    let mut conn = connection(s.inner()).await?;
+    let freed = free_on(s, a, &mut conn, token).await?;
+    conn.done();
+    Ok(freed)
+}
+
+/// Frees `a`'s hold on `conn`; if that freed the lock, wakes a waiter of this process.
+async fn free_on<S: RowStrategy>(
+    s: &S,
+    a: &Attempt,
+    conn: &mut Conn,
+    token: Option<u64>,
+) -> Result<bool> {
+    let freed = s.free_on(a, conn, token).await?;
+    if freed {
+        s.inner().released(&a.name);
+    }
+    Ok(freed)
+}
+
+/// A connection of the provider's pool for a few statements in a row.
+pub(crate) async fn connection(inner: &Inner) -> Result<Conn> {
+    inner
+        .pool
+        .acquire()
+        .await
+        .map_err(|e| from_sqlx(inner.backend, "connect", e))
+}
+
+/// A connection of the provider's pool for an attempt's statements on `name`, waiting for
+/// one until `deadline`, with a grace to open one (so that even a zero wait makes its
+/// attempt). A pool that gives none by then (a database that does not answer its connects,
+/// or a pool busy with other statements) is a retryable [`Error::Connection`], never a lock
+/// held by someone else.
+async fn connection_by(inner: &Inner, name: &LockName, deadline: Deadline) -> Result<Conn> {
+    let Some(d) = deadline.instant() else {
+        return connection(inner).await;
+    };
+    match tokio::time::timeout_at(d.max(from_now(CONNECT_GRACE)), inner.pool.acquire()).await {
+        Ok(conn) => conn.map_err(|e| from_sqlx(inner.backend, "connect", e)),
+        Err(_) => Err(Error::no_answer(
+            inner.backend,
+            format!(
+                "no connection to the database for {:?} within the wait and a \
+                 {CONNECT_GRACE:?} grace to open one",
+                name.as_str()
+            ),
+        )),
+    }
+}
+
+/// Hands the connection of an attempt whose statements all succeeded back for the next
+/// statement (see [`Conn::done`]); still shared (it cannot be, once the undo is gone), it
+/// goes back to sqlx when the last owner drops it.
+fn done(conn: Shared) {
+    if let Ok(conn) = Arc::try_unwrap(conn) {
+        conn.into_inner().done();
+    }
+}
+
+fn shared_attempt(inner: &Inner) -> Error {
+    Error::Backend {
+        backend: inner.backend,
+        message: "an attempt was still shared when it became a hold".into(),
+        retryable: true,
+        source: None,
+    }
+}
+
+/// Runs an owner-checked call, once more after a retryable failure (a dropped connection
+/// fails the first call on it). "Not ours" on the second try may mean the first one did it.
+async fn retry_once<F, Fut>(call: F) -> Result<bool>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    match call().await {
+        Err(e) if e.is_retryable() => call().await.map(|_| true),
+        other => other,
+    }
+}

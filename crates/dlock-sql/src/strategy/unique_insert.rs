@@ -1,0 +1,182 @@
+//! unique-insert: one row per held lock. The INSERT that wins holds it; an expired row is
+//! taken over by a conditional UPDATE. Waiters poll, woken by releases.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
+
+use super::rows::RowStrategy;
+use super::{Attempt, TAKEOVER_BITS, missing_id, ms, read_row, status};
+use crate::Inner;
+use crate::config::Dialect;
+use crate::db::{Conn, query};
+use crate::error::{Meaning, meaning};
+use crate::sql::{Tables, UniqueInsertSql};
+
+/// The unique-insert strategy of one provider.
+#[derive(Debug)]
+pub(crate) struct UniqueInsert {
+    inner: Arc<Inner>,
+    sql: UniqueInsertSql,
+}
+
+impl UniqueInsert {
+    pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
+        Self {
+            inner,
+            sql: UniqueInsertSql::new(tables),
+        }
+    }
+
+    /// A token from row `id` and its `takeovers`; an id too large to shift is an error,
+    /// never a silently truncated token.
+    fn token(&self, a: &Attempt, id: i64, takeovers: i64) -> Result<u64> {
+        unique_insert_token(id, takeovers).ok_or_else(|| Error::Backend {
+            backend: self.inner.backend,
+            message: format!(
+                "the row id {id} of lock {:?} no longer fits a fencing token",
+                a.name
+            ),
+            retryable: false,
+            source: None,
+        })
+    }
+}
+
+#[async_trait]
+impl RowStrategy for UniqueInsert {
+    fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// INSERT the hold; on a duplicate, take an expired row over with a conditional UPDATE.
+    async fn claim(&self, a: &Attempt, conn: &mut Conn) -> Result<Option<u64>> {
+        let s = &self.sql;
+        let insert = query(&s.insert_hold)
+            .bind(a.key())
+            .bind(&a.owner)
+            .bind(ms(a.ttl()));
+        // MySQL hands the AUTO_INCREMENT id back with the INSERT; SQLite through RETURNING.
+        let inserted = match self.inner.dialect {
+            Dialect::MySql => insert
+                .execute(&mut *conn)
+                .await
+                .map(|done| done.last_insert_id.and_then(|id| i64::try_from(id).ok())),
+            Dialect::Sqlite | Dialect::Postgres => insert
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.int(0))
+                .map(Some),
+        };
+        match inserted {
+            Ok(Some(id)) => return self.token(a, id, 0).map(Some),
+            Ok(None) => return Err(missing_id(self.inner.backend, &a.name)),
+            Err(e) if meaning(&e) == Meaning::Duplicate => {}
+            Err(e) => return Err(self.inner.err("acquire")(e)),
+        }
+        let taken = query(&s.take_over_hold)
+            .bind(&a.owner)
+            .bind(ms(a.ttl()))
+            .bind(a.key())
+            .execute(&mut *conn)
+            .await
+            .map_err(self.inner.err("take over"))?;
+        if taken.rows_affected != 1 {
+            return Ok(None);
+        }
+        let row = query(&s.select_hold_token)
+            .bind(a.key())
+            .bind(&a.owner)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(self.inner.err("read the token"))?;
+        let Some(row) = row else {
+            // Taken over from us already (our lease was shorter than the round trip).
+            return Ok(None);
+        };
+        let id = row.int(0).map_err(self.inner.err("read the token"))?;
+        let takeovers = row.int(1).map_err(self.inner.err("read the token"))?;
+        if takeovers >= 1 << TAKEOVER_BITS {
+            // The row's token space is used up. The attempt's undo deletes the row (it is
+            // ours now) and the retry inserts a new one, whose larger id gives larger tokens.
+            return Err(Error::Backend {
+                backend: self.inner.backend,
+                message: format!(
+                    "lock {:?} was taken over 2^20 times without a release; starting a new row",
+                    a.name
+                ),
+                retryable: true,
+                source: None,
+            });
+        }
+        self.token(a, id, takeovers).map(Some)
+    }
+
+    async fn free_on(&self, a: &Attempt, conn: &mut Conn, _token: Option<u64>) -> Result<bool> {
+        let done = query(&self.sql.delete_hold)
+            .bind(a.key())
+            .bind(&a.owner)
+            .execute(&mut *conn)
+            .await
+            .map_err(self.inner.err("release"))?;
+        Ok(done.rows_affected == 1)
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockStatus> {
+        let err = self.inner.err("describe");
+        let row = read_row(&self.inner, &self.sql.describe_hold, name, "describe").await?;
+        let Some(row) = row else {
+            return Ok(LockStatus::free(None));
+        };
+        let owner = row.text(0).map_err(err)?;
+        let id = row.int(1).map_err(err)?;
+        let takeovers = row.int(2).map_err(err)?;
+        let left = row.int(3).map_err(err)?;
+        // A row out of tokens has none to show (its next holder starts a new row), never a
+        // truncated one.
+        let token = unique_insert_token(id, takeovers);
+        Ok(status(left > 0, Some(owner), left, token))
+    }
+
+    async fn renew(&self, a: &Attempt, _token: u64, ttl: Duration) -> Result<bool> {
+        let done = query(&self.sql.renew_hold)
+            .bind(ms(ttl))
+            .bind(a.key())
+            .bind(&a.owner)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(self.inner.err("renew"))?;
+        Ok(done.rows_affected == 1)
+    }
+}
+
+/// A unique-insert token from a row's id and takeovers, `None` if they do not fit (an id of
+/// 2^44 or more, takeovers of 2^20 or more, or a negative value).
+pub(crate) fn unique_insert_token(id: i64, takeovers: i64) -> Option<u64> {
+    let id = u64::try_from(id).ok()?;
+    let takeovers = u64::try_from(takeovers).ok()?;
+    if id >= 1 << (64 - TAKEOVER_BITS) || takeovers >= 1 << TAKEOVER_BITS {
+        return None;
+    }
+    Some((id << TAKEOVER_BITS) | takeovers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_insert_tokens_never_truncate() {
+        assert_eq!(unique_insert_token(1, 0), Some(1 << 20));
+        assert_eq!(unique_insert_token(3, 5), Some((3 << 20) | 5));
+        assert_eq!(
+            unique_insert_token((1 << 44) - 1, (1 << 20) - 1),
+            Some(u64::MAX)
+        );
+        assert_eq!(unique_insert_token(1 << 44, 0), None);
+        assert_eq!(unique_insert_token(1, 1 << 20), None);
+        assert_eq!(unique_insert_token(-1, 0), None);
+        assert_eq!(unique_insert_token(1, -1), None);
+    }
+}

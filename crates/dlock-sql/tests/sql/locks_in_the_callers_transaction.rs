@@ -1,0 +1,329 @@
+//! Locks taken inside a transaction the application owns (`lock_in`, `lock_in_pg`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_conformance::{Names, must, service_url};
+use dlock_core::{LockOptions, LockProvider};
+use dlock_sql::{SqlProvider, Strategy};
+
+use crate::support::*;
+
+/// A for-update lock taken inside the application's own transaction (`lock_in`) and a plain
+/// for-update holder exclude each other; the lock ends with the transaction (commit or
+/// rollback); its token is above every earlier holder's and never repeats after a rollback;
+/// a connection outside a transaction is refused, as is a provider of another strategy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let plain = SqlProvider::connect(&for_update(&mysql)).await.unwrap();
+    let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
+    let locks =
+        SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+            .await
+            .unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS dlock_test_fenced \
+         (id VARBINARY(255) NOT NULL PRIMARY KEY, fence BIGINT NOT NULL) ENGINE=InnoDB",
+    )
+    .execute(&app)
+    .await
+    .unwrap();
+    let name = Names::new().name("in-tx");
+    let plain_lock = plain.lock(&name, LockOptions::default()).unwrap();
+
+    // The transaction holds it: a plain holder cannot take it, and gets it at the commit.
+    let mut tx = app.begin().await.unwrap();
+    let session_wait: u64 = sqlx::query_scalar("SELECT @@innodb_lock_wait_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let held = locks
+        .lock_in(&mut tx, &name, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    assert_eq!(held.name().as_str(), name);
+    assert!(
+        plain_lock
+            .try_acquire(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the transaction holds the lock"
+    );
+    sqlx::query("INSERT INTO dlock_test_fenced (id, fence) VALUES (?, ?)")
+        .bind(name.as_bytes())
+        .bind(held.token().get())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let waiter = {
+        let lock = Arc::clone(&plain_lock);
+        tokio::spawn(async move { lock.try_acquire(Duration::from_secs(20)).await })
+    };
+    tx.commit().await.unwrap();
+    let g = must(Duration::from_secs(25), "the plain waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted once the transaction committed");
+    assert!(g.fencing_token() > held.token());
+    let stored: i64 = sqlx::query_scalar("SELECT fence FROM dlock_test_fenced WHERE id = ?")
+        .bind(name.as_bytes())
+        .fetch_one(&app)
+        .await
+        .unwrap();
+    assert_eq!(u64::try_from(stored).unwrap(), held.token().get());
+
+    // The plain holder holds it: the transaction does not get it, waiting or not, and the
+    // session's lock wait is put back afterwards.
+    let mut tx = app.begin().await.unwrap();
+    assert!(
+        locks
+            .lock_in(&mut tx, &name, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        locks
+            .lock_in(&mut tx, &name, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let after: u64 = sqlx::query_scalar("SELECT @@innodb_lock_wait_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        after, session_wait,
+        "the session's lock wait was not put back"
+    );
+    tx.rollback().await.unwrap();
+    let last_plain = g.fencing_token();
+    g.release().await.unwrap();
+
+    // A rollback ends the lock too; the token it had is never handed out again.
+    let mut tx = app.begin().await.unwrap();
+    let again = locks
+        .lock_in(&mut tx, &name, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(again.token() > last_plain);
+    tx.rollback().await.unwrap();
+    let g = plain_lock
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free after the rollback");
+    assert!(g.fencing_token() > again.token());
+    g.release().await.unwrap();
+
+    // Outside a transaction the row lock would end with its statement: refused.
+    let mut conn = app.acquire().await.unwrap();
+    let e = locks
+        .lock_in(&mut conn, &name, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, dlock_core::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+    drop(conn);
+    // Another strategy on the for-update tables is refused; on its own tables it cannot lock
+    // in a transaction.
+    let refused = SqlProvider::from_mysql_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("for-update"),
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, dlock_core::Error::Config { .. }),
+        "{refused}"
+    );
+    let other = SqlProvider::from_mysql_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("unique-insert"),
+        1,
+    )
+    .await
+    .unwrap();
+    let mut tx = app.begin().await.unwrap();
+    let e = other
+        .lock_in(&mut tx, &name, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock_core::Error::Unsupported { .. }), "{e}");
+    tx.rollback().await.unwrap();
+    sqlx::query("DELETE FROM dlock_test_fenced WHERE id = ?")
+        .bind(name.as_bytes())
+        .execute(&app)
+        .await
+        .unwrap();
+}
+
+/// A PostgreSQL for-update lock in the caller's transaction excludes plain
+/// holders and is excluded by them; a busy lock leaves the transaction usable (PostgreSQL
+/// aborts a transaction whose statement failed), and the session's lock wait is put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let plain = SqlProvider::connect(&for_update(&pg)).await.unwrap();
+    let app = sqlx::PgPool::connect(&pg).await.unwrap();
+    let locks =
+        SqlProvider::from_pg_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+            .await
+            .unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS dlock_test_fenced (id BYTEA PRIMARY KEY, fence BIGINT NOT NULL)",
+    )
+    .execute(&app)
+    .await
+    .ok();
+    let name = Names::new().name("in-pg-tx");
+    let plain_lock = plain.lock(&name, LockOptions::default()).unwrap();
+
+    // The transaction holds it: a plain holder cannot take it, and gets it at the commit.
+    let mut tx = app.begin().await.unwrap();
+    let held = locks
+        .lock_in_pg(&mut tx, &name, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("a free lock");
+    assert!(
+        plain_lock
+            .try_acquire(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the transaction holds the lock"
+    );
+    sqlx::query("INSERT INTO dlock_test_fenced (id, fence) VALUES ($1, $2)")
+        .bind(name.as_bytes())
+        .bind(i64::try_from(held.token().get()).unwrap())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let waiter = {
+        let lock = Arc::clone(&plain_lock);
+        tokio::spawn(async move { lock.try_acquire(Duration::from_secs(20)).await })
+    };
+    tx.commit().await.unwrap();
+    let g = must(Duration::from_secs(25), "the plain waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted once the transaction committed");
+    assert!(g.fencing_token() > held.token());
+    let stored: i64 = sqlx::query_scalar("SELECT fence FROM dlock_test_fenced WHERE id = $1")
+        .bind(name.as_bytes())
+        .fetch_one(&app)
+        .await
+        .unwrap();
+    assert_eq!(u64::try_from(stored).unwrap(), held.token().get());
+
+    // The plain holder holds it: the transaction does not get it, waiting or not, and stays
+    // usable, with its lock wait as it was.
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '7s'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    for wait in [Duration::ZERO, Duration::from_millis(300)] {
+        assert!(
+            locks
+                .lock_in_pg(&mut tx, &name, wait)
+                .await
+                .unwrap()
+                .is_none(),
+            "held by the plain holder (wait {wait:?})"
+        );
+    }
+    let after: String = sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("the transaction is still usable");
+    assert_eq!(after, "7s", "the transaction's lock wait was not put back");
+    tx.rollback().await.unwrap();
+    let last_plain = g.fencing_token();
+    g.release().await.unwrap();
+
+    // A rollback ends the lock too; granted after a wait, the lock wait is put back.
+    let mut tx = app.begin().await.unwrap();
+    let again = locks
+        .lock_in_pg(&mut tx, &name, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(again.token() > last_plain);
+    let after: String = sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(after, "0", "the session's lock wait was not put back");
+    tx.rollback().await.unwrap();
+    let g = plain_lock
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free after the rollback");
+    assert!(g.fencing_token() > again.token());
+    g.release().await.unwrap();
+
+    // Outside a transaction, or on another strategy: refused.
+    let mut conn = app.acquire().await.unwrap();
+    let e = locks
+        .lock_in_pg(&mut conn, &name, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, dlock_core::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+    drop(conn);
+    // Another strategy on the for-update tables is refused; on its own tables it cannot lock
+    // in a transaction.
+    let refused = SqlProvider::from_pg_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("for-update"),
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, dlock_core::Error::Config { .. }),
+        "{refused}"
+    );
+    let other = SqlProvider::from_pg_pool(
+        app.clone(),
+        Strategy::UniqueInsert,
+        &prefix("unique-insert"),
+        1,
+    )
+    .await
+    .unwrap();
+    let mut tx = app.begin().await.unwrap();
+    let e = other
+        .lock_in_pg(&mut tx, &name, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock_core::Error::Unsupported { .. }), "{e}");
+    tx.rollback().await.unwrap();
+    sqlx::query("DELETE FROM dlock_test_fenced WHERE id = $1")
+        .bind(name.as_bytes())
+        .execute(&app)
+        .await
+        .unwrap();
+}

@@ -1,0 +1,170 @@
+//! Opening a database and setting up dlock's tables: paths, several applications at once, one
+//! strategy per set of tables.
+
+use dlock_conformance::service_url;
+use dlock_core::{LockOptions, LockProvider};
+use dlock_sql::{SqlProvider, Strategy};
+
+use crate::support::*;
+
+/// A SQLite file under a directory with a space and a non-ASCII character (a home
+/// directory like `/home/Jane Doe` or `/home/josé`): dlock creates that directory, not its
+/// percent-encoded spelling, and the store works.
+#[tokio::test]
+async fn sqlite_path_with_a_space_and_an_accent() {
+    let root = std::env::temp_dir().join(format!("dlock {} josé", uuid::Uuid::new_v4().simple()));
+    let file = root.join("state dir").join("locks.db");
+    let p = SqlProvider::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    let g = p
+        .lock("spaced", LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    assert!(file.exists(), "no file at {}", file.display());
+    let encoded = root.to_string_lossy().replace(' ', "%20");
+    assert!(!std::path::Path::new(&encoded).exists(), "made {encoded}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Several applications opening one new SQLite file at once, on their own pools or by URL, all
+/// get a provider: creating the tables and switching to WAL race in rollback-journal mode, where
+/// SQLite answers a lock upgrade that would deadlock with `SQLITE_BUSY` at once, without its
+/// busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_opening_one_new_sqlite_file_at_once_all_connect() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    for round in 0..200 {
+        let file =
+            std::env::temp_dir().join(format!("dlock-race-{}.db", uuid::Uuid::new_v4().simple()));
+        let opens = (0..12).map(|i| {
+            let file = file.clone();
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    // By URL, with dlock's own pool.
+                    return SqlProvider::connect(&format!("sqlite://{}", file.display()))
+                        .await
+                        .map_err(|e| sqlx::Error::Protocol(e.to_string()));
+                }
+                let options = SqliteConnectOptions::new()
+                    .filename(&file)
+                    .create_if_missing(true);
+                let pool = SqlitePool::connect_with(options).await?;
+                SqlProvider::from_sqlite_pool(pool, Strategy::UniqueInsert, "dlock")
+                    .await
+                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))
+            })
+        });
+        let opens: Vec<_> = opens.collect();
+        for open in opens {
+            if let Err(e) = open.await.unwrap() {
+                panic!("round {round}: an application could not open the new file: {e}");
+            }
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+        }
+    }
+}
+
+/// Several applications starting at once on a server where dlock's tables do not exist yet
+/// all get a provider. PostgreSQL's `CREATE TABLE IF NOT EXISTS` is not safe against itself:
+/// two sessions that both find the table missing both create it, and the later one fails with
+/// "relation ... already exists" or a unique violation in the catalog (two test shards
+/// creating the for-update tables at once, say). MySQL's is, and is checked the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_creating_one_new_set_of_tables_at_once_all_connect() {
+    let mut servers = Vec::new();
+    servers.extend(
+        service_url("DLOCK_MYSQL_URL")
+            .map(|u| (u, &["unique-insert", "optimistic", "for-update"][..])),
+    );
+    servers.extend(service_url("DLOCK_POSTGRES_URL").map(|u| {
+        (
+            u,
+            &["unique-insert", "optimistic", "for-update", "advisory"][..],
+        )
+    }));
+    for (base, strategies) in servers {
+        let db = admin(&base).await;
+        for strategy in strategies {
+            for round in 0..10 {
+                let table = format!(
+                    "dlock_race_{}",
+                    &uuid::Uuid::new_v4().simple().to_string()[..12]
+                );
+                let url = with_query(&base, &format!("strategy={strategy}&table={table}"));
+                let opens: Vec<_> = (0..8)
+                    .map(|_| {
+                        let url = url.clone();
+                        tokio::spawn(async move { SqlProvider::connect(&url).await })
+                    })
+                    .collect();
+                let mut failed = None;
+                for open in opens {
+                    if let Err(e) = open.await.unwrap() {
+                        failed.get_or_insert(e);
+                    }
+                }
+                for suffix in [
+                    "meta", "holds", "versions", "seeds", "rows", "names", "fence",
+                ] {
+                    sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{suffix}"))
+                        .execute(&db)
+                        .await
+                        .unwrap();
+                }
+                if let Some(e) = failed {
+                    panic!(
+                        "{strategy} on {}, round {round}: an application could not create or open the new tables: {e}",
+                        base.split('@').next_back().unwrap_or("")
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Two strategies on one set of tables keep their holds in different tables and would not
+/// exclude each other; the tables record the strategy that first used them, and a provider
+/// asking for another is refused with a Config error that says what to do. The same
+/// strategy, or another prefix, is fine.
+#[tokio::test]
+async fn two_strategies_on_one_set_of_tables_are_refused() {
+    let (sqlite, path) = sqlite_url("unique-insert");
+    let mut bases = vec![sqlite.replace("?strategy=unique-insert", "")];
+    bases.extend(service_url("DLOCK_MYSQL_URL"));
+    bases.extend(service_url("DLOCK_POSTGRES_URL"));
+    for base in bases {
+        let url = |s: &str, t: &str| with_query(&base, &format!("strategy={s}&table={t}"));
+        let first = SqlProvider::connect(&url("unique-insert", "dlock_mixed"))
+            .await
+            .unwrap();
+        for other in ["optimistic", "for-update"] {
+            if other == "for-update" && base.starts_with("sqlite") {
+                continue;
+            }
+            match SqlProvider::connect(&url(other, "dlock_mixed")).await {
+                Err(dlock_core::Error::Config { message, .. }) => {
+                    assert!(
+                        message.contains("unique-insert") && message.contains(other),
+                        "{base}: {message}"
+                    );
+                }
+                Err(e) => panic!("{base}: {other} on unique-insert's tables: {e}"),
+                Ok(_) => panic!("{base}: {other} on unique-insert's tables was accepted"),
+            }
+        }
+        SqlProvider::connect(&url("unique-insert", "dlock_mixed"))
+            .await
+            .expect("the same strategy again");
+        SqlProvider::connect(&url("optimistic", "dlock_mixed_other"))
+            .await
+            .expect("another strategy on its own tables");
+        drop(first);
+    }
+    remove_sqlite(&path);
+}

@@ -1,0 +1,143 @@
+//! What reaches the server: the round trips of a cycle, names as given, no claim left by a
+//! cancelled statement.
+
+use std::time::Duration;
+
+use dlock_conformance::{Names, eventually};
+use dlock_core::{LockOptions, LockProvider};
+use dlock_sql::SqlProvider;
+use sqlx::Row;
+
+use crate::support::*;
+
+/// An uncontended unique-insert acquire + release is one INSERT and one DELETE; optimistic is
+/// one UPDATE each way once the version is known. Counted per statement this test's provider
+/// sends (a current-thread runtime, so every statement of the provider runs on this thread).
+/// MySQL/MariaDB only: sqlx runs SQLite statements on a worker thread of its own.
+#[tokio::test]
+async fn uncontended_round_trips() {
+    let statements = Statements::installed();
+    statements.watch_this_thread();
+    let mysql = targets(&["unique-insert", "optimistic"])
+        .into_iter()
+        .filter(|(_, label, _)| label.starts_with("mysql/"));
+    for (url, label, _) in mysql {
+        let expect = if label.ends_with("unique-insert") {
+            [("INSERT", 10), ("DELETE", 10), ("UPDATE", 0), ("SELECT", 0)]
+        } else {
+            [("INSERT", 0), ("DELETE", 0), ("UPDATE", 20), ("SELECT", 0)]
+        };
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let lock = p
+            .lock(&Names::new().name("rtt"), LockOptions::default())
+            .unwrap();
+        lock.acquire().await.unwrap().release().await.unwrap(); // creates rows, learns the version
+        statements.take();
+        for _ in 0..10 {
+            lock.acquire().await.unwrap().release().await.unwrap();
+        }
+        let sent = statements.take();
+        for (verb, want) in expect {
+            let got = sent.get(verb).copied().unwrap_or(0);
+            assert_eq!(
+                got, want,
+                "{label}: {verb} statements for 10 cycles; all: {sent:?}"
+            );
+        }
+    }
+}
+
+/// Names with quotes, backslashes, LIKE wildcards, emoji and 255 bytes are stored as given;
+/// 256 bytes is rejected before any SQL runs.
+#[tokio::test]
+async fn awkward_names_round_trip() {
+    let (url, path) = sqlite_url("unique-insert");
+    let p = SqlProvider::connect(&url).await.unwrap();
+    let long = "n".repeat(255);
+    for name in [
+        "it's",
+        "back\\slash",
+        "100%",
+        "a_b",
+        "🔒 emoji",
+        "\"q\"",
+        long.as_str(),
+    ] {
+        let g = p
+            .lock(name, LockOptions::default())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let status = p.describe(name).await.unwrap();
+        assert!(status.is_held(), "{name}");
+        g.release().await.unwrap();
+    }
+    let e = p
+        .lock(&"n".repeat(256), LockOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, dlock_core::Error::InvalidName { .. }));
+    eventually(Duration::from_secs(1), "file exists", || async {
+        if path.exists() {
+            Ok(())
+        } else {
+            Err("no file")
+        }
+    })
+    .await;
+    remove_sqlite(&path);
+}
+
+/// An acquire dropped while its claim statement is still running must not leave a claim
+/// behind. The claim is held up by a write transaction of the test's own, so the drop lands
+/// mid-statement every time; the statement then finishes after the drop. The undo runs on the
+/// claim's connection, after it: on another connection it could run before the claim and
+/// leave the "free" lock claimed for a whole lease. The case waits until the claim has run
+/// (the row's version moved) and then requires it undone.
+#[tokio::test]
+async fn optimistic_acquire_cancelled_mid_statement_leaves_no_claim() {
+    let (url, path) = sqlite_url("optimistic");
+    let a = SqlProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("cancel-mid-statement");
+    // First use: the row exists and its version is cached, so the next acquire's first
+    // statement is the claim itself.
+    let lock = a.lock(&name, LockOptions::default()).unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let version = || async {
+        let row = sqlx::query("SELECT owner, version FROM dlock_versions WHERE name = ?")
+            .bind(name.as_bytes())
+            .fetch_one(&admin(&url).await)
+            .await
+            .unwrap();
+        (
+            row.try_get::<String, _>(0).unwrap(),
+            row.try_get::<i64, _>(1).unwrap(),
+        )
+    };
+    let (_, before) = version().await;
+
+    let blocker = admin(&url).await;
+    let mut tx = blocker.begin().await.unwrap();
+    sqlx::query("INSERT INTO dlock_fence (name, token) VALUES ('blocker', 1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The claim waits for the blocker's write lock (busy timeout 5 s) until the drop.
+    let r = tokio::time::timeout(Duration::from_millis(300), lock.acquire()).await;
+    assert!(r.is_err(), "the acquire got through the blocker");
+    tx.rollback().await.unwrap();
+    blocker.close().await;
+
+    eventually(
+        Duration::from_secs(5),
+        "the cancelled claim ran and was undone",
+        || async {
+            match version().await {
+                (owner, v) if v > before && owner.is_empty() => Ok(()),
+                seen => Err(seen),
+            }
+        },
+    )
+    .await;
+    remove_sqlite(&path);
+}
