@@ -5,6 +5,7 @@
     deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
 )]
 
+mod attempt;
 mod config;
 mod db;
 mod error;

@@ -8,7 +8,8 @@
 //!
 //! - [`pool`](mod@pool): sqlx's pool of one driver, the connections checked out of it, and the clean ones
 //!   kept warm in front of it;
-//! - [`query`](mod@query): statements, their arguments, and the rows and counts they answer;
+//! - [`query`](mod@query): statements, their arguments, and the counts they answer;
+//! - [`row`](mod@row): a bare connection of one driver and a row read by position;
 //! - [`open`](mod@open): the pools of a provider made from a URL, with each pool's session settings.
 #![cfg_attr(
     not(any(feature = "mysql", feature = "sqlite")),
@@ -24,6 +25,7 @@
 mod open;
 mod pool;
 mod query;
+mod row;
 
 #[cfg(feature = "postgres")]
 pub(crate) use open::pg_pool;
@@ -33,4 +35,5 @@ pub(crate) use open::{SETUP_PATIENCE, connect, setup_pauses};
 pub(crate) use pool::{Conn, Driver, Pool};
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) use query::On;
-pub(crate) use query::{Row, query};
+pub(crate) use query::query;
+pub(crate) use row::Row;

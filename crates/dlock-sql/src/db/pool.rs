@@ -15,7 +15,7 @@ use sqlx::postgres::{PgPool, Postgres};
 #[cfg(feature = "sqlite")]
 use sqlx::sqlite::{Sqlite, SqlitePool};
 
-use super::query::{Exec, Row};
+use super::row::{Exec, Row};
 
 /// A connection pool of one driver, with the few clean connections dlock keeps warm in
 /// front of it (on the pools dlock opened itself).
@@ -486,7 +486,6 @@ impl Conn {
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
-    use crate::db::query;
 
     /// A pool left alone gives its warm connection back to sqlx (whose idle limit then
     /// applies), and its reaper ends. Fails without the reaper: the connection stays out.
@@ -503,7 +502,7 @@ mod tests {
             .connect_with(options)
             .await?;
         let pool = Pool::ours(Driver::Sqlite(sqlite.clone()));
-        query("SELECT 1").execute(&pool).await?;
+        pool.raw("SELECT 1").await?;
         assert_eq!((sqlite.size(), sqlite.num_idle()), (1, 0), "kept warm");
         dlock_conformance::eventually(
             Duration::from_secs(20),

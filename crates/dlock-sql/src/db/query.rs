@@ -4,13 +4,14 @@
 use sqlx::{Database, Encode, Type};
 
 #[cfg(feature = "mysql")]
-use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
+use sqlx::mysql::{MySql, MySqlConnection};
 #[cfg(feature = "postgres")]
-use sqlx::postgres::{PgConnection, PgRow, Postgres};
+use sqlx::postgres::{PgConnection, Postgres};
 #[cfg(feature = "sqlite")]
-use sqlx::sqlite::{Sqlite, SqliteConnection, SqliteRow};
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::pool::{Conn, Pool};
+use super::row::{Exec, Row};
 
 /// Where a statement runs.
 pub(crate) enum On<'c> {
@@ -20,19 +21,6 @@ pub(crate) enum On<'c> {
     Conn(&'c mut Conn),
     /// On a bare connection (the application's transaction).
     Exec(Exec<'c>),
-}
-
-/// A bare connection of one driver.
-pub(crate) enum Exec<'c> {
-    #[cfg(feature = "mysql")]
-    MySql(&'c mut MySqlConnection),
-    #[cfg(feature = "sqlite")]
-    Sqlite(&'c mut SqliteConnection),
-    #[cfg(feature = "postgres")]
-    Postgres(&'c mut PgConnection),
-    /// Without a driver there is no connection.
-    #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
-    Unused(std::marker::PhantomData<&'c ()>, std::convert::Infallible),
 }
 
 impl<'c> From<&'c Pool> for On<'c> {
@@ -66,22 +54,6 @@ impl<'c> From<&'c mut SqliteConnection> for On<'c> {
     fn from(conn: &'c mut SqliteConnection) -> Self {
         On::Exec(Exec::Sqlite(conn))
     }
-}
-
-/// Whether `v` is a value that decodes as `Other` and not as `i64` (NULL is neither).
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-fn only<DB, Other>(v: &<DB as sqlx::Database>::ValueRef<'_>) -> bool
-where
-    DB: sqlx::Database,
-    i64: sqlx::Type<DB>,
-    Other: sqlx::Type<DB>,
-{
-    use sqlx::ValueRef as _;
-    if v.is_null() {
-        return false;
-    }
-    let ty = v.type_info();
-    !<i64 as sqlx::Type<DB>>::compatible(&ty) && Other::compatible(&ty)
 }
 
 /// A bound argument.
@@ -124,76 +96,6 @@ pub(crate) struct Done {
     /// MySQL's `LAST_INSERT_ID()` after the statement (`None` on SQLite, which answers with
     /// `RETURNING` instead).
     pub(crate) last_insert_id: Option<u64>,
-}
-
-/// A row of a result, read by column position.
-pub(crate) enum Row {
-    #[cfg(feature = "mysql")]
-    MySql(MySqlRow),
-    #[cfg(feature = "sqlite")]
-    Sqlite(SqliteRow),
-    #[cfg(feature = "postgres")]
-    Postgres(PgRow),
-}
-
-impl Row {
-    /// An integer column (MySQL's unsigned ones too, such as `CONNECTION_ID()`, if they fit).
-    ///
-    /// The width is chosen from the column's type, not by trying one and falling back: a
-    /// failed `try_get` builds an error with a formatted message, which the hot path (the
-    /// answer of PostgreSQL's advisory unlock, an `int4`, every cycle) must not pay for.
-    pub(crate) fn int(&self, i: usize) -> Result<i64, sqlx::Error> {
-        use sqlx::Row as _;
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref r) => {
-                if r.try_get_raw(i).is_ok_and(|v| only::<sqlx::MySql, u64>(&v)) {
-                    let v = r.try_get::<u64, _>(i)?;
-                    i64::try_from(v).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-                } else {
-                    r.try_get::<i64, _>(i)
-                }
-            }
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref r) => r.try_get::<i64, _>(i),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref r) => {
-                if r.try_get_raw(i)
-                    .is_ok_and(|v| only::<sqlx::Postgres, i32>(&v))
-                {
-                    r.try_get::<i32, _>(i).map(i64::from)
-                } else {
-                    r.try_get::<i64, _>(i)
-                }
-            }
-        }
-    }
-
-    /// Whether column `i` is NULL.
-    pub(crate) fn is_null(&self, i: usize) -> Result<bool, sqlx::Error> {
-        use sqlx::{Row as _, ValueRef as _};
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
-        }
-    }
-
-    /// A text column.
-    pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
-        use sqlx::Row as _;
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref r) => r.try_get::<String, _>(i),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(ref r) => r.try_get::<String, _>(i),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref r) => r.try_get::<String, _>(i),
-        }
-    }
 }
 
 /// A statement and its arguments.

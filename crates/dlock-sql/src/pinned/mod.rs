@@ -18,10 +18,10 @@ use dlock_core::{Error, LockName, Result};
 use tokio::time::Instant;
 
 use crate::Inner;
+use crate::attempt::CONNECT_GRACE;
 use crate::db::query;
 use crate::error::from_sqlx;
 use crate::sql::SessionSql;
-use crate::strategy::CONNECT_GRACE;
 
 pub(crate) mod conn;
 pub(crate) mod hold;
@@ -31,7 +31,7 @@ pub(crate) use conn::{ClosedUnlessReturned, HoldingConnection, Pinned};
 pub(crate) use hold::{Held, PinnedHold, Release};
 pub(crate) use session::{FixedEnd, Session};
 
-use crate::strategy::Attempt;
+use crate::attempt::Attempt;
 use session::Membership;
 
 /// What a pinned strategy keeps for its connections and holds, whatever its lock: its

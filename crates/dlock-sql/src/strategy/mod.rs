@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{Deadline, Hold, HoldSignal, Mutex};
-use dlock_core::{Error, Lease, LockKind, LockName, LockStatus, Result, async_trait};
+use dlock_core::{Error, LockKind, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
 use crate::Inner;
@@ -38,6 +38,7 @@ pub(crate) mod optimistic;
 pub(crate) mod rows;
 pub(crate) mod unique_insert;
 
+pub(crate) use crate::attempt::{Attempt, CONNECT_GRACE};
 pub(crate) use advisory::Advisory;
 pub(crate) use for_update::ForUpdate;
 
@@ -47,9 +48,6 @@ pub(crate) use for_update::ForUpdate;
 /// AUTO_INCREMENT number) in the high bits and the claims since the row got it in the low
 /// bits.
 pub(crate) const TAKEOVER_BITS: u32 = 20;
-
-/// How long even a zero-wait attempt may take to get a connection from the pool.
-pub(crate) const CONNECT_GRACE: Duration = Duration::from_secs(1);
 
 /// One way of keeping locks in the database.
 #[async_trait]
@@ -104,35 +102,6 @@ pub(crate) fn build(
         Strategy::Optimistic => Arc::new(optimistic::Optimistic::new(inner, tables)),
         Strategy::ForUpdate => Arc::new(ForUpdate::new(inner, tables)),
         Strategy::Advisory => Arc::new(Advisory::new(inner, tables)),
-    }
-}
-
-/// One acquisition by one owner.
-#[derive(Debug)]
-pub(crate) struct Attempt {
-    pub(crate) name: LockName,
-    pub(crate) owner: String,
-    pub(crate) lease: Lease,
-}
-
-impl Attempt {
-    /// An acquisition of `name` by a new owner of `inner`.
-    pub(crate) fn new(inner: &Inner, name: &LockName, lease: Lease) -> Self {
-        Self {
-            name: name.clone(),
-            owner: inner.next_owner(),
-            lease,
-        }
-    }
-
-    /// The name as the tables store it.
-    pub(crate) fn key(&self) -> &[u8] {
-        self.name.as_str().as_bytes()
-    }
-
-    /// The lease's length.
-    pub(crate) fn ttl(&self) -> Duration {
-        self.lease.ttl()
     }
 }
 
