@@ -101,7 +101,8 @@ pub enum Sabotage {
     FreeEarly,
     /// Queue a fair downgrade (a read beside the owner's own write) behind waiting writers.
     DowngradeQueued,
-    /// Let a fair request in ahead of the waiters queued before it.
+    /// Let a fair request in ahead of the waiters queued before it, and wake the newest
+    /// waiters first.
     Unfair,
     /// Answer a release with success and keep the hold until its lease ends.
     ReleaseIgnored,
@@ -136,6 +137,8 @@ struct Entry {
     last_token: Option<u64>,
     /// Sabotaged ([`Sabotage::KindsApart`]): each kind ignores the holds of the others.
     apart: bool,
+    /// Sabotaged ([`Sabotage::Unfair`]): a release wakes the newest waiters first.
+    unfair: bool,
 }
 
 impl Entry {
@@ -199,7 +202,12 @@ impl Entry {
     fn wake(&self) {
         let mut granted: Vec<(u64, Kind, Mode)> = Vec::new();
         let mut blocked = false;
-        for w in &self.waiters {
+        let order: Box<dyn Iterator<Item = &Waiter>> = if self.unfair {
+            Box::new(self.waiters.iter().rev())
+        } else {
+            Box::new(self.waiters.iter())
+        };
+        for w in order {
             let can = self.compatible(&w.want, &granted) && !(w.want.fair && blocked);
             if can {
                 w.wake.notify_one();
@@ -315,6 +323,7 @@ impl Store {
                 } = &mut *state;
                 let entry = entries.entry(key.clone()).or_insert_with(|| Entry {
                     apart: faults.broken(Sabotage::KindsApart),
+                    unfair: faults.broken(Sabotage::Unfair),
                     ..Entry::default()
                 });
                 if entry.prune(now) {
