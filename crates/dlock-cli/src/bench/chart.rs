@@ -110,6 +110,8 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
     let series = |w: &'static str, f: fn(&Row) -> f64| -> Vec<f64> {
         backends.iter().map(|b| value(b, w, f)).collect()
     };
+    // One metric for each of two workloads, each series labelled with its workload.
+    let by_workload = |ws: [&'static str; 2], f: fn(&Row) -> f64| ws.map(|w| (w, series(w, f)));
     bars(
         &middle,
         "W1 cycle latency p50 / p99 (ms)",
@@ -123,19 +125,13 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
         &cpu_area,
         "client CPU per cycle (µs): W1, W4",
         &backends,
-        &[
-            ("W1", series("W1", |r| r.cpu_us_per_cycle.unwrap_or(0.0))),
-            ("W4", series("W4", |r| r.cpu_us_per_cycle.unwrap_or(0.0))),
-        ],
+        &by_workload(["W1", "W4"], |r| r.cpu_us_per_cycle.unwrap_or(0.0)),
     )?;
     bars(
         &switch_area,
         "W2 owner switches (%): unfair, fair",
         &backends,
-        &[
-            ("W2", series("W2", |r| r.owner_switch_pct.unwrap_or(0.0))),
-            ("W2F", series("W2F", |r| r.owner_switch_pct.unwrap_or(0.0))),
-        ],
+        &by_workload(["W2", "W2F"], |r| r.owner_switch_pct.unwrap_or(0.0)),
     )?;
     root.present()?;
     Ok(())

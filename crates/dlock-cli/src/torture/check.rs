@@ -162,13 +162,7 @@ mod tests {
 
     #[test]
     fn clean_handoffs_pass() {
-        let h = [
-            grant(1, 1, S, 1),
-            exit(1, 1, 2 * S),
-            grant(2, 1, 3 * S, 2),
-            exit(2, 1, 4 * S),
-        ];
-        let r = run(&h, &[]);
+        let r = run(&handoff(1, 2), &[]);
         assert!(r.violations.is_empty(), "{:?}", r.violations);
         assert_eq!(r.holds, 2);
     }

@@ -64,6 +64,11 @@ fn emit(event: &WorkerEvent) {
     }
 }
 
+/// Reports an error of this worker, stamped now.
+fn emit_error(what: String) {
+    emit(&WorkerEvent::Error { t: now_ns(), what });
+}
+
 /// Asks the kernel to SIGKILL this worker when the coordinator dies, so that a coordinator
 /// killed outright (SIGKILL, a stopped stress run) leaves no worker behind. A running worker
 /// would stop anyway when its stdin closes; this is for the one the coordinator had SIGSTOPped,
@@ -74,10 +79,7 @@ fn emit(event: &WorkerEvent) {
 fn die_with_the_coordinator() {
     #[cfg(target_os = "linux")]
     if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
-        emit(&WorkerEvent::Error {
-            t: now_ns(),
-            what: format!("PR_SET_PDEATHSIG: {e}"),
-        });
+        emit_error(format!("PR_SET_PDEATHSIG: {e}"));
     }
 }
 
@@ -95,20 +97,14 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
     let locks = match dlock::connect(&opts.url).await {
         Ok(l) => l,
         Err(e) => {
-            emit(&WorkerEvent::Error {
-                t: now_ns(),
-                what: format!("connect: {e}"),
-            });
+            emit_error(format!("connect: {e}"));
             return exit::UNAVAILABLE;
         }
     };
     let mut resource = match Client::connect(&opts.resource).await {
         Ok(c) => c,
         Err(e) => {
-            emit(&WorkerEvent::Error {
-                t: now_ns(),
-                what: format!("resource: {e}"),
-            });
+            emit_error(format!("resource: {e}"));
             return exit::SOFTWARE;
         }
     };
@@ -128,10 +124,7 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
             Ok(Some(h)) => h,
             Ok(None) => continue,
             Err(e) => {
-                emit(&WorkerEvent::Error {
-                    t: now_ns(),
-                    what: e.to_string(),
-                });
+                emit_error(e.to_string());
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }

@@ -40,6 +40,17 @@ pub(super) fn exit(worker: u32, hold: u64, t: u64) -> Stamped {
     }
 }
 
+/// Worker 1 holds the mutex `n` from 1 s to 2 s, then worker 2 from 3 s to 4 s, granted with
+/// `first` and `second`.
+pub(super) fn handoff(first: u64, second: u64) -> [Stamped; 4] {
+    [
+        grant(1, 1, S, first),
+        exit(1, 1, 2 * S),
+        grant(2, 1, 3 * S, second),
+        exit(2, 1, 4 * S),
+    ]
+}
+
 /// The release of the hold answered at `t`.
 pub(super) fn released(worker: u32, hold: u64, t: u64, ok: bool) -> Stamped {
     Stamped {

@@ -65,13 +65,7 @@ mod tests {
 
     #[test]
     fn repeated_and_backward_tokens_are_violations() {
-        let h = [
-            grant(1, 1, S, 5),
-            exit(1, 1, 2 * S),
-            grant(2, 1, 3 * S, 5),
-            exit(2, 1, 4 * S),
-        ];
-        let r = run(&h, &[]);
+        let r = run(&handoff(5, 5), &[]);
         assert_violation(&r, "issued twice");
         assert!(r.fenced_violations >= 1);
     }
