@@ -61,7 +61,7 @@ use dlock_core::{DynLockProvider, Result};
 
 pub use crate::proxy::ProxyPartition;
 pub use crate::record::{Outcome, run};
-pub use crate::support::{Names, eventually, must};
+pub use crate::support::{Names, eventually, must, refuses_urls};
 pub use async_trait::async_trait;
 
 /// Cuts one client off its store and back: a fault-injecting proxy in front of the server, or

@@ -48,6 +48,20 @@ pub async fn must<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) 
     }
 }
 
+/// Checks that `parse` (a backend's `from_url`) refuses each of `urls` with a configuration
+/// error whose message never shows the password `secret` the URLs carry.
+pub fn refuses_urls<T>(parse: impl Fn(&str) -> dlock_core::Result<T>, urls: &[&str]) {
+    for url in urls {
+        match parse(url) {
+            Ok(_) => panic!("{url}: accepted"),
+            Err(e) => {
+                assert!(matches!(e, dlock_core::Error::Config { .. }), "{url}: {e}");
+                assert!(!e.to_string().contains("secret"), "{url}: {e}");
+            }
+        }
+    }
+}
+
 /// How long past its limit the check running at the limit may take before it counts as hung.
 const CHECK_GRACE: Duration = Duration::from_secs(10);
 

@@ -84,6 +84,9 @@ pub use async_trait::async_trait;
 /// # Ok(()) }
 /// ```
 pub mod backend {
+    #[cfg(feature = "serde")]
+    #[doc(inline)]
+    pub use crate::deserialize_from_url;
     pub use crate::finish::{Finish, finish_if_dropped};
     pub use crate::handles::{
         CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore, ReadWriteLock,

@@ -147,6 +147,29 @@ where
     parse(&url).map_err(serde::de::Error::custom)
 }
 
+/// Implements `serde::Deserialize` for a backend's configuration type with
+/// [`deserialize_url`](crate::backend::deserialize_url) and the type's own
+/// `from_url(&str) -> Result<Self>`: the value is the URL as a string, checked exactly as
+/// `from_url` checks it. The calling crate depends on `serde` and invokes the macro under its
+/// own `serde` feature, so the impl exists exactly when that feature is on.
+#[cfg(feature = "serde")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! deserialize_from_url {
+    ($config:ident) => {
+        #[doc = "With the `serde` feature: read from the URL (a string), checked exactly as"]
+        #[doc = concat!("[`", stringify!($config), "::from_url`] checks it, so an unknown")]
+        #[doc = "parameter fails the load."]
+        impl<'de> ::serde::Deserialize<'de> for $config {
+            fn deserialize<D: ::serde::Deserializer<'de>>(
+                d: D,
+            ) -> ::std::result::Result<Self, D::Error> {
+                $crate::backend::deserialize_url(d, Self::from_url)
+            }
+        }
+    };
+}
+
 /// Decodes the `%XX` escapes of a URL part (a user, a password, a path); `None` if an escape
 /// is malformed or the result is not UTF-8, so a backend refuses such a URL instead of
 /// guessing.
@@ -302,31 +325,59 @@ fn redact_query(text: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The password of the user part and of every query parameter that names one, in text
+    /// that parses as a URL or not.
     #[test]
-    fn redacts_password_parameters() {
-        assert_eq!(
-            redact("redis+sentinel://:p@h/m?sentinel_password=s3&timeout_ms=5#f"),
-            "redis+sentinel://:***@h/m?sentinel_password=***&timeout_ms=5#f"
-        );
-        assert_eq!(redact("x://h/?Password=a&b=c"), "x://h/?Password=***&b=c");
-        assert_eq!(redact("x://h/?flag&b=c"), "x://h/?flag&b=c");
-        assert_eq!(
-            redact("x://h/?sentinel%5Fpassword=a"),
-            "x://h/?sentinel%5Fpassword=***"
-        );
+    fn redacts_passwords_in_text_and_parameters() {
+        for (text, shown) in [
+            (
+                "redis+sentinel://:p@h/m?sentinel_password=s3&timeout_ms=5#f",
+                "redis+sentinel://:***@h/m?sentinel_password=***&timeout_ms=5#f",
+            ),
+            ("x://h/?Password=a&b=c", "x://h/?Password=***&b=c"),
+            ("x://h/?flag&b=c", "x://h/?flag&b=c"),
+            (
+                "x://h/?sentinel%5Fpassword=a",
+                "x://h/?sentinel%5Fpassword=***",
+            ),
+            ("mysql://u:p@h:3306/db?x=1", "mysql://u:***@h:3306/db?x=1"),
+            ("redis://:pw@h", "redis://:***@h"),
+            ("redis://h:6379", "redis://h:6379"),
+            ("not a url", "not a url"),
+            ("zk://a:1,b:2/chroot", "zk://a:1,b:2/chroot"),
+            ("x://u:p@w@h/", "x://u:***@h/"),
+        ] {
+            assert_eq!(redact(text), shown, "{text}");
+        }
     }
 
+    /// What a backend's `serde` feature adds: the URL read through the type's `from_url`, its
+    /// refusals told without the password.
+    #[cfg(feature = "serde")]
     #[test]
-    fn redacts_passwords_in_text() {
-        assert_eq!(
-            redact("mysql://u:p@h:3306/db?x=1"),
-            "mysql://u:***@h:3306/db?x=1"
+    fn configs_deserialize_through_from_url() {
+        use serde::de::Deserialize;
+        use serde::de::value::{Error as DeError, StrDeserializer};
+
+        #[derive(Debug)]
+        struct Config(RedactedUrl);
+
+        impl Config {
+            fn from_url(url: &str) -> Result<Self> {
+                RedactedUrl::parse(url).map(Self)
+            }
+        }
+
+        crate::deserialize_from_url!(Config);
+
+        let read = |text| Config::deserialize(StrDeserializer::<DeError>::new(text));
+        let config = read("redis://u:secret@h").unwrap();
+        assert_eq!(config.0.expose().password(), Some("secret"));
+        let refused = read("redis://u:secret@[bad/").unwrap_err().to_string();
+        assert!(
+            refused.contains("malformed URL") && !refused.contains("secret"),
+            "{refused}"
         );
-        assert_eq!(redact("redis://:pw@h"), "redis://:***@h");
-        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
-        assert_eq!(redact("not a url"), "not a url");
-        assert_eq!(redact("zk://a:1,b:2/chroot"), "zk://a:1,b:2/chroot");
-        assert_eq!(redact("x://u:p@w@h/"), "x://u:***@h/");
     }
 
     #[test]

@@ -59,14 +59,8 @@ pub struct EtcdConfig {
 /// ask for one (`--client-cert-auth`); the policy of every backend ([`TlsFiles`]).
 pub type EtcdTls = TlsFiles;
 
-/// With the `serde` feature: read from the URL (a string), checked exactly as
-/// [`EtcdConfig::from_url`] checks it, so an unknown parameter fails the load.
 #[cfg(feature = "serde")]
-impl<'de> serde::Deserialize<'de> for EtcdConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        dlock_core::backend::deserialize_url(d, Self::from_url)
-    }
-}
+dlock_core::backend::deserialize_from_url!(EtcdConfig);
 
 /// A configuration error of a part, said of the whole URL.
 fn rephrase(e: Error, bad: &impl Fn(&str) -> Error) -> Error {

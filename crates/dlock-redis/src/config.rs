@@ -148,14 +148,8 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// the others skip it.
 pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(300);
 
-/// With the `serde` feature: read from the URL (a string), checked exactly as
-/// [`RedisConfig::from_url`] checks it, so an unknown parameter fails the load.
 #[cfg(feature = "serde")]
-impl<'de> serde::Deserialize<'de> for RedisConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        dlock_core::backend::deserialize_url(d, Self::from_url)
-    }
-}
+dlock_core::backend::deserialize_from_url!(RedisConfig);
 
 impl RedisConfig {
     /// Parses a `redis://` or `rediss://` URL.
@@ -546,22 +540,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_sentinel_urls_without_leaking_the_password() {
-        for bad in [
-            "redis+sentinel://:secret@h1,h2",
-            "redis+sentinel://:secret@h1,h2/",
-            "redis+sentinel://:secret@h1,,h2/m",
-            "redis+sentinel://:secret@h1:0/m",
-            "redis+sentinel://:secret@h1/m/x",
-            "redis+sentinel://:secret@h1/m a",
-            "redis+sentinel://:secret@/m",
-            "redis+sentinel://:secret@h1/m?cluster=true",
-            "redis+sentinel://:secret@h1/m?sentinel=x",
-            "rediss+sentinel://:secret@h1/m",
-        ] {
-            let e = RedisConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
-            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
-        }
+        dlock_conformance::refuses_urls(
+            RedisConfig::from_url,
+            &[
+                "redis+sentinel://:secret@h1,h2",
+                "redis+sentinel://:secret@h1,h2/",
+                "redis+sentinel://:secret@h1,,h2/m",
+                "redis+sentinel://:secret@h1:0/m",
+                "redis+sentinel://:secret@h1/m/x",
+                "redis+sentinel://:secret@h1/m a",
+                "redis+sentinel://:secret@/m",
+                "redis+sentinel://:secret@h1/m?cluster=true",
+                "redis+sentinel://:secret@h1/m?sentinel=x",
+                "rediss+sentinel://:secret@h1/m",
+            ],
+        );
     }
 
     #[test]
@@ -582,22 +575,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_urls_without_leaking_the_password() {
-        for bad in [
-            "http://127.0.0.1",
-            "redis://",
-            "redis://:secret@h?cluster=maybe",
-            "redis://:secret@h?timeout_ms=0",
-            "redis://:secret@h?protocol=resp2",
-            "redis://:secret@h?clustr=true",
-            "redis://:secret@h?cluster=true&pubsub=shard",
-            // Sharded pub/sub is a cluster's: a single server would not hear Redisson.
-            "redis://:secret@h?pubsub=sharded",
-            "redis://:secret@[::1",
-        ] {
-            let e = RedisConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
-            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
-        }
+        dlock_conformance::refuses_urls(
+            RedisConfig::from_url,
+            &[
+                "http://127.0.0.1",
+                "redis://",
+                "redis://:secret@h?cluster=maybe",
+                "redis://:secret@h?timeout_ms=0",
+                "redis://:secret@h?protocol=resp2",
+                "redis://:secret@h?clustr=true",
+                "redis://:secret@h?cluster=true&pubsub=shard",
+                // Sharded pub/sub is a cluster's: a single server would not hear Redisson.
+                "redis://:secret@h?pubsub=sharded",
+                "redis://:secret@[::1",
+            ],
+        );
     }
 
     /// `ca_file`, `cert_file` and `key_file` belong to `rediss://`, the last two together;
@@ -673,13 +665,12 @@ mod tests {
             !shown.contains("cret") && !shown.contains("master-pw"),
             "{shown}"
         );
-        for bad in [
-            "redis://h?sentinel_password=secret",
-            "redis+sentinel://h/m?sentinel_username=sen",
-        ] {
-            let e = RedisConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
-            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
-        }
+        dlock_conformance::refuses_urls(
+            RedisConfig::from_url,
+            &[
+                "redis://h?sentinel_password=secret",
+                "redis+sentinel://h/m?sentinel_username=sen",
+            ],
+        );
     }
 }

@@ -40,6 +40,15 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// Every strategy, for reading one by its name: a strategy missing here cannot be named
+    /// in a URL.
+    const ALL: [Self; 4] = [
+        Self::UniqueInsert,
+        Self::Optimistic,
+        Self::ForUpdate,
+        Self::Advisory,
+    ];
+
     /// The name used in URLs (`?strategy=`).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -66,17 +75,15 @@ impl fmt::Display for Strategy {
 impl FromStr for Strategy {
     type Err = Error;
 
+    /// The strategy whose [`as_str`](Strategy::as_str) is `s`.
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "unique-insert" => Ok(Self::UniqueInsert),
-            "optimistic" => Ok(Self::Optimistic),
-            "for-update" => Ok(Self::ForUpdate),
-            "advisory" => Ok(Self::Advisory),
-            other => Err(Error::config(format!(
-                "unknown strategy {other:?}: expected unique-insert, optimistic, for-update or \
+        let named = Self::ALL.into_iter().find(|k| k.as_str() == s);
+        named.ok_or_else(|| {
+            Error::config(format!(
+                "unknown strategy {s:?}: expected unique-insert, optimistic, for-update or \
                  advisory (PostgreSQL)"
-            ))),
-        }
+            ))
+        })
     }
 }
 
@@ -152,14 +159,8 @@ fn driver_parameter(dialect: Dialect, key: &str) -> bool {
     driver_parameters(dialect).contains(&key)
 }
 
-/// With the `serde` feature: read from the URL (a string), checked exactly as
-/// [`SqlConfig::from_url`] checks it, so an unknown parameter fails the load.
 #[cfg(feature = "serde")]
-impl<'de> serde::Deserialize<'de> for SqlConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        dlock_core::backend::deserialize_url(d, Self::from_url)
-    }
-}
+dlock_core::backend::deserialize_from_url!(SqlConfig);
 
 impl SqlConfig {
     /// Parses a `mysql://`, `mariadb://`, `postgres://` (`postgresql://`) or `sqlite://` URL.
@@ -409,25 +410,32 @@ mod tests {
     }
 
     #[test]
-    fn rejects_bad_urls() {
-        for bad in [
-            "oracle://u:secret@h/db",
-            "mysql://u:secret@h/db?strategy=gets",
-            "mysql://u:secret@h/db?table=x;drop",
-            "mysql://u:secret@h/db?table=",
-            "postgres://u:secret@h/db?table=1locks",
-            "mysql://u:secret@h/db?pool=0",
-            "mysql://u:secret@h/db?stratgey=for-update",
-            "sqlite://x.db?ssl-mode=disabled",
-            "sqlite://x.db?synchronous=off",
-            "mysql://u:secret@h/db?synchronous=full",
-            "mysql://u:secret@h/db?timezone=%2B01:00",
-            "sqlite://",
-        ] {
-            let e = SqlConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
-            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+    fn strategies_are_read_by_their_names() {
+        for strategy in Strategy::ALL {
+            assert_eq!(strategy.as_str().parse::<Strategy>().unwrap(), strategy);
         }
+        assert!("Optimistic".parse::<Strategy>().is_err());
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        dlock_conformance::refuses_urls(
+            SqlConfig::from_url,
+            &[
+                "oracle://u:secret@h/db",
+                "mysql://u:secret@h/db?strategy=gets",
+                "mysql://u:secret@h/db?table=x;drop",
+                "mysql://u:secret@h/db?table=",
+                "postgres://u:secret@h/db?table=1locks",
+                "mysql://u:secret@h/db?pool=0",
+                "mysql://u:secret@h/db?stratgey=for-update",
+                "sqlite://x.db?ssl-mode=disabled",
+                "sqlite://x.db?synchronous=off",
+                "mysql://u:secret@h/db?synchronous=full",
+                "mysql://u:secret@h/db?timezone=%2B01:00",
+                "sqlite://",
+            ],
+        );
         let e = SqlConfig::from_url("mysql://u@h/db?stratgey=for-update").unwrap_err();
         assert!(e.to_string().contains("strategy, table, pool"), "{e}");
         let e = SqlConfig::from_url("sqlite://x.db?strategy=for-update").unwrap_err();

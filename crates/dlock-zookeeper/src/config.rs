@@ -57,14 +57,8 @@ impl PartialEq for OwnConnector {
 
 impl Eq for OwnConnector {}
 
-/// With the `serde` feature: read from the URL (a string), checked exactly as
-/// [`ZkConfig::from_url`] checks it, so an unknown parameter fails the load.
 #[cfg(feature = "serde")]
-impl<'de> serde::Deserialize<'de> for ZkConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        dlock_core::backend::deserialize_url(d, Self::from_url)
-    }
-}
+dlock_core::backend::deserialize_from_url!(ZkConfig);
 
 impl ZkConfig {
     /// Parses a `zk://` URL.
@@ -349,31 +343,30 @@ mod tests {
 
     #[test]
     fn rejects_bad_urls_without_leaking_the_password() {
-        for bad in [
-            "redis://127.0.0.1",
-            "127.0.0.1:2181",
-            "zk://",
-            "zk://u:secret@",
-            "zk://u:secret@h:notaport",
-            "zk://u:secret@h:0",
-            "zk://u:secret@h:70000",
-            "zk://u:secret@h,,k",
-            "zk://u:secret@h//x",
-            "zk://u:secret@h/a/../b",
-            "zk://u:secret@h/a/./b",
-            "zk://u:secret@h/\u{e000}",
-            "zk://u:secret@h?session_timeout_ms=0",
-            "zk://u:secret@h?session_timeout_ms=soon",
-            "zk://u:secret@h?colour=blue",
-            "zk://u:secret@h#frag",
-            "zk://u:secret@[::1",
-            "zk://nocolon@h",
-            "zk://:secret@h",
-            "zk://u:%zz@h",
-        ] {
-            let e = ZkConfig::from_url(bad).unwrap_err();
-            assert!(matches!(e, Error::Config { .. }), "{bad}: {e}");
-            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
-        }
+        dlock_conformance::refuses_urls(
+            ZkConfig::from_url,
+            &[
+                "redis://127.0.0.1",
+                "127.0.0.1:2181",
+                "zk://",
+                "zk://u:secret@",
+                "zk://u:secret@h:notaport",
+                "zk://u:secret@h:0",
+                "zk://u:secret@h:70000",
+                "zk://u:secret@h,,k",
+                "zk://u:secret@h//x",
+                "zk://u:secret@h/a/../b",
+                "zk://u:secret@h/a/./b",
+                "zk://u:secret@h/\u{e000}",
+                "zk://u:secret@h?session_timeout_ms=0",
+                "zk://u:secret@h?session_timeout_ms=soon",
+                "zk://u:secret@h?colour=blue",
+                "zk://u:secret@h#frag",
+                "zk://u:secret@[::1",
+                "zk://nocolon@h",
+                "zk://:secret@h",
+                "zk://u:%zz@h",
+            ],
+        );
     }
 }
