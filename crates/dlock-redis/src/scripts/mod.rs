@@ -36,6 +36,33 @@ pub(crate) mod semaphore;
 pub(crate) const SERVER_NOW: &str = "(function() local t = redis.call('TIME') \
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end)()";
 
+/// The check of the key's type that opens the hash kinds' acquire scripts, before anything
+/// changes: a semaphore's counter (or any key but a hash) at the name is another kind in use,
+/// answered `{-6, type}`. Leaves the type in `kind`.
+pub(crate) const HASH_KIND: &str = r"
+local kind = redis.call('type', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return {-6, kind}
+end
+";
+
+/// An acquire script's idempotence check: the acquisition's own field (`ARGV[2]`) already in
+/// the hash means the script ran before for this very acquisition, answered `{-5, -1}`.
+pub(crate) const RAN_BEFORE: &str = r"if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  return {-5, -1}
+end
+";
+
+/// The release of one hold count of the field `ARGV[3]` (a mutex, fair or write hold), in
+/// the unlock scripts: while counts are left, the hash gets the lease `ARGV[2]` again and the
+/// script answers 0 (still held). Leaves the count in `left`.
+pub(crate) const RELEASE_ONE: &str = r"local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if left > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+";
+
 /// Whether a hold is still in the store, after a disconnection. KEYS: the lock's hash (or a
 /// semaphore's timeouts set). ARGV: the hold's field (or permit id), `zset` for a permit.
 pub(crate) static HELD: LazyLock<Script> = LazyLock::new(|| {

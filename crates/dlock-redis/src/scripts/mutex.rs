@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::SERVER_NOW;
+use super::{HASH_KIND, RELEASE_ONE, SERVER_NOW};
 
 /// Mutex acquire. KEYS: name, token. ARGV: lease ms, field.
 pub(crate) static LOCK: LazyLock<Script> = LazyLock::new(|| {
@@ -32,21 +32,16 @@ return {redis.call('pttl', KEYS[1]), -1}
 /// Mutex unlock. KEYS: name, channel. ARGV: message, lease ms, field,
 /// publish command.
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
         r"
 if redis.call('type', KEYS[1])['ok'] ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return nil
 end
-local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
-if left > 0 then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 0
-end
-redis.call('del', KEYS[1])
+{RELEASE_ONE}redis.call('del', KEYS[1])
 redis.call(ARGV[4], KEYS[2], ARGV[1])
 return 1
-",
-    )
+"
+    ))
 });
 
 /// Renewal of a mutex, fair lock or write hold. KEYS: name. ARGV: lease ms, field.
@@ -80,16 +75,6 @@ while true do
 end
 ";
 
-/// The fair lock's check of the key's type, first in its acquire scripts (before the sweep
-/// changes anything): a semaphore's counter (or any key but a hash) at the name is another
-/// kind in use.
-const FAIR_KIND: &str = r"
-local kind = redis.call('type', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'hash' then
-  return {-6, kind}
-end
-";
-
 /// The fair lock's grant when the lock is free and the queue empty or headed by us; shared
 /// by both acquire scripts. Uses `ARGV[3]` as the per-waiter wait.
 const FAIR_GRANT: &str = r"
@@ -120,7 +105,7 @@ end
 pub(crate) static FAIR_LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
-{FAIR_KIND}{FAIR_SWEEP}{FAIR_GRANT}
+{HASH_KIND}{FAIR_SWEEP}{FAIR_GRANT}
 if redis.call('zscore', KEYS[3], ARGV[2]) ~= false then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
@@ -152,7 +137,7 @@ return {{ttl, -1}}
 pub(crate) static FAIR_TRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
-{FAIR_KIND}{FAIR_SWEEP}{FAIR_GRANT}
+{HASH_KIND}{FAIR_SWEEP}{FAIR_GRANT}
 return {{math.max(0, redis.call('pttl', KEYS[1])), -1}}
 "
     ))
@@ -202,12 +187,7 @@ if kind ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   end
   return nil
 end
-local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
-if left > 0 then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 0
-end
-redis.call('del', KEYS[1])
+{RELEASE_ONE}redis.call('del', KEYS[1])
 local next = redis.call('lindex', KEYS[2], 0)
 if next ~= false then
   redis.call(ARGV[5], KEYS[4] .. ':' .. next, ARGV[1])

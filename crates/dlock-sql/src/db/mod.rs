@@ -33,7 +33,5 @@ pub(crate) use open::pg_pool;
 pub(crate) use open::{MYSQL_LOCKS, mysql_pool};
 pub(crate) use open::{SETUP_PATIENCE, connect, setup_pauses};
 pub(crate) use pool::{Conn, Driver, Pool};
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-pub(crate) use query::On;
-pub(crate) use query::query;
+pub(crate) use query::{On, Query, query};
 pub(crate) use row::Row;

@@ -33,10 +33,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
             let give_up = dlock_core::backend::from_now(SETUP_PATIENCE);
             let mut pause = setup_pauses();
             loop {
-                let opened = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(config.pool)
-                    .test_before_acquire(false)
-                    .acquire_timeout(POOL_WAIT)
+                let opened = pool_options::<sqlx::Sqlite>(config.pool)
                     .connect_with(options.clone())
                     .await;
                 match opened {
@@ -86,6 +83,17 @@ pub(crate) fn setup_pauses() -> dlock_core::backend::Backoff {
 /// How long a statement waits for a pooled connection before the pool reports itself busy.
 const POOL_WAIT: Duration = Duration::from_secs(10);
 
+/// The options every pool of `size` connections shares, whatever its driver: no ping before a
+/// checkout (a dead connection shows as a statement error, which is retried), and
+/// [`POOL_WAIT`] for a connection.
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+fn pool_options<DB: sqlx::Database>(size: u32) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(POOL_WAIT)
+}
+
 /// The driver's options for a `mysql://` (or `mariadb://`) URL: the URL's own, with the
 /// session time zone pinned to UTC (the lease arithmetic reads the server's clock through
 /// `UNIX_TIMESTAMP`, which a local zone would shift around a daylight-saving change).
@@ -131,10 +139,7 @@ pub(crate) async fn mysql_pool(
     options: sqlx::mysql::MySqlConnectOptions,
     session: &'static [&'static str],
 ) -> Result<Pool, sqlx::Error> {
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(size)
-        .test_before_acquire(false)
-        .acquire_timeout(POOL_WAIT)
+    let pool = pool_options::<sqlx::MySql>(size)
         .after_connect(move |conn, _| {
             Box::pin(async move {
                 for statement in session {
@@ -156,10 +161,7 @@ pub(crate) async fn pg_pool(
     options: sqlx::postgres::PgConnectOptions,
     lock_timeout: &'static str,
 ) -> Result<Pool, sqlx::Error> {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(size)
-        .test_before_acquire(false)
-        .acquire_timeout(POOL_WAIT)
+    let pool = pool_options::<sqlx::Postgres>(size)
         .after_connect(move |conn, _| {
             Box::pin(async move {
                 conn.execute(format!("SET lock_timeout = '{lock_timeout}'").as_str())

@@ -133,9 +133,15 @@ pub(crate) async fn read_row(
 
 /// The driver gave no id where the statement always produces one.
 pub(crate) fn missing_id(backend: &'static str, name: &LockName) -> Error {
+    unusable(backend, format!("the database returned no id for {name:?}"))
+}
+
+/// The database answered with what dlock cannot use (a missing id, a number past what a
+/// fencing token holds): a backend error that trying again does not mend.
+pub(crate) fn unusable(backend: &'static str, message: impl fmt::Display) -> Error {
     Error::Backend {
         backend,
-        message: format!("the database returned no id for {name:?}"),
+        message: message.to_string(),
         retryable: false,
         source: None,
     }

@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
+use dlock_core::{LockName, LockStatus, Result, async_trait};
 
-use super::rows::RowStrategy;
-use super::{Attempt, NameCache, TAKEOVER_BITS, missing_id, ms, read_row, status};
+use super::rows::{RowStrategy, changed, described, own_row};
+use super::{Attempt, NameCache, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
 use crate::config::Dialect;
 use crate::db::{Conn, query};
@@ -122,11 +122,11 @@ impl Optimistic {
                 let done = q.execute(&mut *conn).await.map_err(err)?;
                 done.last_insert_id
                     .and_then(|id| i64::try_from(id).ok())
-                    .ok_or_else(|| Error::Backend {
-                        backend: self.inner.backend,
-                        message: "the database returned no id for a new seed".into(),
-                        retryable: false,
-                        source: None,
+                    .ok_or_else(|| {
+                        unusable(
+                            self.inner.backend,
+                            "the database returned no id for a new seed",
+                        )
                     })?
             }
             Dialect::Sqlite | Dialect::Postgres => {
@@ -150,25 +150,23 @@ impl Optimistic {
     async fn seed_above(&self, conn: &mut Conn, floor: i64) -> Result<i64> {
         for _ in 0..MAX_MINTS {
             let seed = self.mint_seed(conn).await?;
-            let first = seeded(seed).ok_or_else(|| Error::Backend {
-                backend: self.inner.backend,
-                message: format!("the seed {seed} no longer fits a fencing token"),
-                retryable: false,
-                source: None,
+            let first = seeded(seed).ok_or_else(|| {
+                unusable(
+                    self.inner.backend,
+                    format!("the seed {seed} no longer fits a fencing token"),
+                )
             })?;
             if first > floor {
                 return Ok(first);
             }
         }
-        Err(Error::Backend {
-            backend: self.inner.backend,
-            message: format!(
+        Err(unusable(
+            self.inner.backend,
+            format!(
                 "{MAX_MINTS} seeds minted without passing version {floor}: the version was set \
                  by hand far above what dlock hands out"
             ),
-            retryable: false,
-            source: None,
-        })
+        ))
     }
 }
 
@@ -220,36 +218,19 @@ impl RowStrategy for Optimistic {
 
     async fn free_on(&self, a: &Attempt, conn: &mut Conn, token: Option<u64>) -> Result<bool> {
         let s = &self.sql;
-        let done = match token {
-            Some(v) => {
-                query(&s.release_version)
-                    .bind(a.key())
-                    .bind(&a.owner)
-                    .bind(i64::try_from(v).unwrap_or(i64::MAX))
-                    .execute(&mut *conn)
-                    .await
-            }
-            None => {
-                query(&s.release_version_by_owner)
-                    .bind(a.key())
-                    .bind(&a.owner)
-                    .execute(&mut *conn)
-                    .await
-            }
-        }
-        .map_err(self.inner.err("release"))?;
-        Ok(done.rows_affected == 1)
+        let statement = match token {
+            Some(_) => &s.release_version,
+            None => &s.release_version_by_owner,
+        };
+        let release = own_row(statement, None, a, token);
+        changed(&self.inner, release, conn, "release").await
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
-        let err = self.inner.err("describe");
-        let row = read_row(&self.inner, &self.sql.describe_version, name, "describe").await?;
-        let Some(row) = row else {
+        let row = described(&self.inner, &self.sql.describe_version, name).await?;
+        let Some((owner, [version, left])) = row else {
             return Ok(LockStatus::free(None));
         };
-        let owner = row.text(0).map_err(err)?;
-        let version = row.int(1).map_err(err)?;
-        let left = row.int(2).map_err(err)?;
         let held = !owner.is_empty() && left > 0;
         Ok(status(
             held,
@@ -278,15 +259,8 @@ impl RowStrategy for Optimistic {
     }
 
     async fn renew(&self, a: &Attempt, version: u64, ttl: Duration) -> Result<bool> {
-        let done = query(&self.sql.renew_version)
-            .bind(ms(ttl))
-            .bind(a.key())
-            .bind(&a.owner)
-            .bind(i64::try_from(version).unwrap_or(i64::MAX))
-            .execute(&self.inner.pool)
-            .await
-            .map_err(self.inner.err("renew"))?;
-        Ok(done.rows_affected == 1)
+        let renew = own_row(&self.sql.renew_version, Some(ttl), a, Some(version));
+        changed(&self.inner, renew, &self.inner.pool, "renew").await
     }
 }
 

@@ -11,9 +11,9 @@ use dlock_core::backend::{Deadline, Hold, UndoOnDrop, from_now};
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
-use super::{Attempt, CONNECT_GRACE, Grant, LockStrategy};
+use super::{Attempt, CONNECT_GRACE, Grant, LockStrategy, ms, read_row};
 use crate::Inner;
-use crate::db::Conn;
+use crate::db::{Conn, On, Query, query};
 use crate::error::from_sqlx;
 
 /// A strategy whose lock is a row with an owner and a lease, taken by a few statements on one
@@ -204,6 +204,57 @@ async fn free_on<S: RowStrategy>(
         s.inner().released(&a.name);
     }
     Ok(freed)
+}
+
+/// `sql`, an owner-checked statement about `a`'s row (a release, a renewal), with its
+/// arguments: the lease `ttl` first where it sets one, then the name and the owner, then the
+/// `version` the owner must hold where the row has versions.
+pub(crate) fn own_row<'a>(
+    sql: &'a str,
+    ttl: Option<Duration>,
+    a: &'a Attempt,
+    version: Option<u64>,
+) -> Query<'a> {
+    let mut q = query(sql);
+    if let Some(ttl) = ttl {
+        q = q.bind(ms(ttl));
+    }
+    q = q.bind(a.key()).bind(&a.owner);
+    if let Some(version) = version {
+        q = q.bind(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+    q
+}
+
+/// Runs `q`, a statement from [`own_row`], on `on`: whether it changed the row (it was still
+/// the owner's). A failure is an error about `what`.
+pub(crate) async fn changed(
+    inner: &Inner,
+    q: Query<'_>,
+    on: impl Into<On<'_>>,
+    what: &'static str,
+) -> Result<bool> {
+    let done = q.execute(on).await.map_err(inner.err(what))?;
+    Ok(done.rows_affected == 1)
+}
+
+/// What `statement` (see [`RowStrategy::describe`]) reads about `name` on the pool: the
+/// owner in its first column and the `N` integers after it; `None` without a row.
+pub(crate) async fn described<const N: usize>(
+    inner: &Inner,
+    statement: &str,
+    name: &LockName,
+) -> Result<Option<(String, [i64; N])>> {
+    let Some(row) = read_row(inner, statement, name, "describe").await? else {
+        return Ok(None);
+    };
+    let err = inner.err("describe");
+    let owner = row.text(0).map_err(err)?;
+    let mut ints = [0; N];
+    for (i, v) in ints.iter_mut().enumerate() {
+        *v = row.int(i + 1).map_err(err)?;
+    }
+    Ok(Some((owner, ints)))
 }
 
 /// A connection of the provider's pool for a few statements in a row.

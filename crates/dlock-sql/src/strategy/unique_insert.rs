@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 
-use super::rows::RowStrategy;
-use super::{Attempt, TAKEOVER_BITS, missing_id, ms, read_row, status};
+use super::rows::{RowStrategy, changed, described, own_row};
+use super::{Attempt, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
 use crate::config::Dialect;
 use crate::db::{Conn, query};
@@ -32,14 +32,14 @@ impl UniqueInsert {
     /// A token from row `id` and its `takeovers`; an id too large to shift is an error,
     /// never a silently truncated token.
     fn token(&self, a: &Attempt, id: i64, takeovers: i64) -> Result<u64> {
-        unique_insert_token(id, takeovers).ok_or_else(|| Error::Backend {
-            backend: self.inner.backend,
-            message: format!(
-                "the row id {id} of lock {:?} no longer fits a fencing token",
-                a.name
-            ),
-            retryable: false,
-            source: None,
+        unique_insert_token(id, takeovers).ok_or_else(|| {
+            unusable(
+                self.inner.backend,
+                format!(
+                    "the row id {id} of lock {:?} no longer fits a fencing token",
+                    a.name
+                ),
+            )
         })
     }
 }
@@ -114,25 +114,15 @@ impl RowStrategy for UniqueInsert {
     }
 
     async fn free_on(&self, a: &Attempt, conn: &mut Conn, _token: Option<u64>) -> Result<bool> {
-        let done = query(&self.sql.delete_hold)
-            .bind(a.key())
-            .bind(&a.owner)
-            .execute(&mut *conn)
-            .await
-            .map_err(self.inner.err("release"))?;
-        Ok(done.rows_affected == 1)
+        let release = own_row(&self.sql.delete_hold, None, a, None);
+        changed(&self.inner, release, conn, "release").await
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
-        let err = self.inner.err("describe");
-        let row = read_row(&self.inner, &self.sql.describe_hold, name, "describe").await?;
-        let Some(row) = row else {
+        let row = described(&self.inner, &self.sql.describe_hold, name).await?;
+        let Some((owner, [id, takeovers, left])) = row else {
             return Ok(LockStatus::free(None));
         };
-        let owner = row.text(0).map_err(err)?;
-        let id = row.int(1).map_err(err)?;
-        let takeovers = row.int(2).map_err(err)?;
-        let left = row.int(3).map_err(err)?;
         // A row out of tokens has none to show (its next holder starts a new row), never a
         // truncated one.
         let token = unique_insert_token(id, takeovers);
@@ -140,14 +130,8 @@ impl RowStrategy for UniqueInsert {
     }
 
     async fn renew(&self, a: &Attempt, _token: u64, ttl: Duration) -> Result<bool> {
-        let done = query(&self.sql.renew_hold)
-            .bind(ms(ttl))
-            .bind(a.key())
-            .bind(&a.owner)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(self.inner.err("renew"))?;
-        Ok(done.rows_affected == 1)
+        let renew = own_row(&self.sql.renew_hold, Some(ttl), a, None);
+        changed(&self.inner, renew, &self.inner.pool, "renew").await
     }
 }
 

@@ -373,6 +373,20 @@ mod tests {
         move |e| format!("{what}: {e}")
     }
 
+    /// Waits (up to [`LIMIT`]) until the count `look` returns reaches `at_least`; `look` is
+    /// called on every check.
+    async fn counted(what: &str, at_least: u64, look: impl Fn() -> u64) {
+        eventually(LIMIT, what, async || {
+            let count = look();
+            if count >= at_least {
+                Ok(())
+            } else {
+                Err(count)
+            }
+        })
+        .await;
+    }
+
     /// The test's server, and its connection options with `app` as the application name
     /// (which finds the listener's sessions in `pg_stat_activity`).
     async fn server(url: &str, app: &str) -> Result<(PgPool, PgConnectOptions), String> {
@@ -427,32 +441,16 @@ mod tests {
                 .execute(&server)
                 .await
                 .map_err(failed("notify"))?;
-            eventually(
-                LIMIT,
-                &format!("round {round}: the release announced"),
-                async || {
-                    if w.received() > before {
-                        Ok(())
-                    } else {
-                        Err(w.received())
-                    }
-                },
-            )
-            .await;
+            let announced = format!("round {round}: the release announced");
+            counted(&announced, before + 1, || w.received()).await;
             if round == 0 {
                 // A wait two idle periods long keeps it listening, on the same session: the
                 // task looks an idle period after the wait began, then every eighth of one.
                 let looked = w.kept();
-                eventually(
-                    LIMIT,
+                counted(
                     "two idle periods of looks during a wait",
-                    async || {
-                        if w.kept() >= looked + 9 {
-                            Ok(())
-                        } else {
-                            Err(w.kept())
-                        }
-                    },
+                    looked + 9,
+                    || w.kept(),
                 )
                 .await;
                 let kept = eventually(LIMIT, "listening during a long wait", listening).await;
@@ -462,14 +460,10 @@ mod tests {
                 // most 200 ms, a fifth of the idle period): the task looks an idle period
                 // after the last one, finds a newer one, and goes on.
                 let looked = w.kept();
-                eventually(LIMIT, "two looks between short waits", async || {
+                counted("two looks between short waits", looked + 2, || {
                     drop(wake::register(&store, "n"));
                     w.listen();
-                    if w.kept() >= looked + 2 {
-                        Ok(())
-                    } else {
-                        Err(w.kept())
-                    }
+                    w.kept()
                 })
                 .await;
                 let kept = eventually(LIMIT, "listening between short waits", listening).await;

@@ -24,14 +24,20 @@ fn for_update(provider: &crate::SqlProvider) -> Arc<ForUpdate> {
         .expect("a for-update provider")
 }
 
+/// A for-update provider on the database at `url`, on tables named `table`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn provider_on(url: &str, table: &str) -> crate::SqlProvider {
+    crate::SqlProvider::connect(&format!("{url}?strategy=for-update&table={table}"))
+        .await
+        .expect("provider")
+}
+
 /// A PostgreSQL for-update provider on tables of its own and a new name, or `None`
 /// without a server; and the helpers of the fence cases below.
 #[cfg(feature = "postgres")]
 async fn pg_for_update(table: &str) -> Option<(crate::SqlProvider, LockName)> {
     let url = dlock_conformance::service_url("DLOCK_POSTGRES_URL")?;
-    let provider = crate::SqlProvider::connect(&format!("{url}?strategy=for-update&table={table}"))
-        .await
-        .expect("provider");
+    let provider = provider_on(&url, table).await;
     let name = LockName::new(format!("{table}/{}", uuid::Uuid::new_v4())).expect("name");
     Some((provider, name))
 }
@@ -63,6 +69,18 @@ async fn pg_fence(
     for_update(provider).fence_held(a, granted, || lease).await
 }
 
+/// A holder of `name` through `provider` that is granted the lock, takes its fencing token
+/// and frees the lock again: the token.
+#[cfg(feature = "postgres")]
+async fn pg_fenced_hold(provider: &crate::SqlProvider, name: &LockName, lease: Duration) -> u64 {
+    let (a, mut granted) = pg_grant(provider, name, lease).await;
+    let token = pg_fence(provider, &a, &mut granted, lease)
+        .await
+        .expect("fence");
+    granted.conn.free(None).await.expect("free");
+    token
+}
+
 /// The fault: ends server session `pid`, and waits (up to 10 s, on the server) until it
 /// is gone, so its transaction is over. PostgreSQL 14+.
 #[cfg(feature = "postgres")]
@@ -85,19 +103,14 @@ async fn pg_terminate(provider: &crate::SqlProvider, pid: i64) {
 /// the end of the terminated session.)
 #[cfg(feature = "postgres")]
 #[tokio::test]
-async fn a_grant_whose_connection_ended_gets_no_fencing_token()
--> Result<(), Box<dyn std::error::Error>> {
+async fn a_grant_whose_connection_ended_gets_no_fencing_token() {
     let Some((provider, name)) = pg_for_update("dlock_fence_held").await else {
-        return Ok(());
+        return;
     };
     let lease = Duration::from_secs(30);
 
     // A live grant gets its token.
-    let (a, mut granted) = pg_grant(&provider, &name, lease).await;
-    let first = pg_fence(&provider, &a, &mut granted, lease)
-        .await
-        .expect("fence");
-    granted.conn.free(None).await?;
+    let first = pg_fenced_hold(&provider, &name, lease).await;
 
     // The granted connection is ended before the token is taken.
     let (b, mut granted) = pg_grant(&provider, &name, lease).await;
@@ -113,13 +126,8 @@ async fn a_grant_whose_connection_ended_gets_no_fencing_token()
     );
 
     // The next holder gets the next token: the refused grant took none.
-    let (c, mut granted) = pg_grant(&provider, &name, lease).await;
-    let next = pg_fence(&provider, &c, &mut granted, lease)
-        .await
-        .expect("fence");
+    let next = pg_fenced_hold(&provider, &name, lease).await;
     assert_eq!(next, first + 1);
-    granted.conn.free(None).await?;
-    Ok(())
 }
 
 /// The check of the holder at the start of the token's statement can go stale while that
@@ -130,19 +138,14 @@ async fn a_grant_whose_connection_ended_gets_no_fencing_token()
 /// the second check the statement hands out a token above the real holder's.
 #[cfg(feature = "postgres")]
 #[tokio::test]
-async fn a_holder_that_ends_while_its_token_waits_gets_none()
--> Result<(), Box<dyn std::error::Error>> {
+async fn a_holder_that_ends_while_its_token_waits_gets_none() {
     let Some((provider, name)) = pg_for_update("dlock_fence_wait").await else {
-        return Ok(());
+        return;
     };
     let inner = &provider.inner;
     let lease = Duration::from_secs(30);
     // The name's fence row exists.
-    let (a, mut granted) = pg_grant(&provider, &name, lease).await;
-    pg_fence(&provider, &a, &mut granted, lease)
-        .await
-        .expect("fence");
-    granted.conn.free(None).await?;
+    pg_fenced_hold(&provider, &name, lease).await;
 
     // Another token being taken holds the fence row.
     let mut blocker = inner.pool.acquire().await.expect("connection");
@@ -211,7 +214,6 @@ async fn a_holder_that_ends_while_its_token_waits_gets_none()
         "a holder that ended while its token waited got the token {got:?}"
     );
     drop(granted);
-    Ok(())
 }
 
 /// The kill of a dropped waiter may reach the server before the waiting statement does
@@ -223,10 +225,7 @@ async fn a_holder_that_ends_while_its_token_waits_gets_none()
 async fn a_kill_before_its_statement_still_stops_it(url: &str, set_lock_wait: &str) {
     use dlock_core::{LockOptions, LockProvider};
 
-    let provider =
-        crate::SqlProvider::connect(&format!("{url}?strategy=for-update&table=dlock_kill_first"))
-            .await
-            .expect("provider");
+    let provider = provider_on(url, "dlock_kill_first").await;
     let inner = &provider.inner;
     let name = format!("kill-first/{}", uuid::Uuid::new_v4());
     let holder = provider
@@ -306,10 +305,7 @@ async fn a_stalled_first_try_blocks_no_other_new_name() {
     let Some(url) = dlock_conformance::service_url("DLOCK_MYSQL_URL") else {
         return;
     };
-    let provider =
-        crate::SqlProvider::connect(&format!("{url}?strategy=for-update&table=dlock_stalled"))
-            .await
-            .expect("provider");
+    let provider = provider_on(&url, "dlock_stalled").await;
     let inner = &provider.inner;
     let prefix = format!("stalled/{}", uuid::Uuid::new_v4());
     // The stalled acquirer: its first try on a name without a row, on a connection of the
