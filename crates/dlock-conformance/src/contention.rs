@@ -22,7 +22,9 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
+
+use dlock_core::backend::Mutex;
 use std::time::Duration;
 
 use dlock_core::{DynLock, Error, HoldState};
@@ -61,7 +63,7 @@ struct Shared {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 /// Contenders running on one lock name, one task per lock handle.

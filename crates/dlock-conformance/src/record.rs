@@ -2,7 +2,9 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use dlock_core::backend::Mutex;
 
 use crate::Factory;
 
@@ -49,7 +51,7 @@ tokio::task_local! {
 /// Notes that the running case ends without testing anything (called by the cases).
 pub(crate) fn note(outcome: Outcome) {
     let _ = CURRENT.try_with(|c| {
-        *c.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+        *c.outcome.lock() = Some(outcome);
     });
 }
 
@@ -66,10 +68,7 @@ pub(crate) const RUNS: usize = 3;
 /// Records a figure the case measured (a margin, a delay), for `docs/guarantees.md`.
 pub(crate) fn measure(what: &str, value: impl fmt::Display) {
     let _ = CURRENT.try_with(|c| {
-        c.measured
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(format!("measured: {what}: {value}"));
+        c.measured.lock().push(format!("measured: {what}: {value}"));
     });
 }
 
@@ -97,12 +96,7 @@ where
         }
         eprintln!("{case}: inconclusive by chance; running it again");
     }
-    let outcome = current
-        .outcome
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
-        .unwrap_or(Outcome::Passed);
+    let outcome = current.outcome.lock().take().unwrap_or(Outcome::Passed);
     let Some(dir) = std::env::var_os("DLOCK_RESULTS_DIR") else {
         return;
     };
@@ -113,12 +107,7 @@ where
         .collect();
     let dir = std::path::Path::new(&dir).join(folder);
     let mut text = format!("{label}\n{outcome}\n");
-    for line in current
-        .measured
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-    {
+    for line in current.measured.lock().iter() {
         text.push_str(line);
         text.push('\n');
     }

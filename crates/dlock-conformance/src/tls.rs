@@ -122,10 +122,9 @@ pub fn free_port() -> std::io::Result<u16> {
     use std::hash::{BuildHasher, RandomState};
     // Never the same port twice in one process: nothing listens on it between two calls
     // (`(free_port(), free_port())`), so the bind alone would not tell.
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    static GIVEN: dlock_core::backend::Mutex<Vec<u16>> =
+        dlock_core::backend::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock();
     let random = RandomState::new();
     let port = (0u64..6_000 * 4)
         .map(|n| 20_000 + u16::try_from(random.hash_one(n) % 6_000).unwrap_or(0))
