@@ -170,3 +170,36 @@ impl RawProvider for MemoryProvider {
         Ok(self.store.describe(name.as_str()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use dlock_core::{LockOptions, LockProvider};
+
+    use super::MemoryProvider;
+
+    /// A store keeps nothing for a name once its holds are gone, however many names it saw,
+    /// and one counter still gives every name rising tokens: per-entity names (one per order,
+    /// one per user) cost no memory after use.
+    #[tokio::test]
+    async fn a_store_keeps_nothing_for_names_no_longer_held() {
+        let p = MemoryProvider::new();
+        let mut last = 0;
+        for i in 0..500 {
+            let lock = p
+                .lock(&format!("order/{i}"), LockOptions::default())
+                .unwrap();
+            for _ in 0..2 {
+                let g = lock.acquire().await.unwrap();
+                let token = g.fencing_token().get();
+                assert!(token > last, "token {token} after {last}");
+                last = token;
+                g.release().await.unwrap();
+            }
+        }
+        assert_eq!(
+            p.store.names_kept(),
+            0,
+            "names kept after their holds ended"
+        );
+    }
+}

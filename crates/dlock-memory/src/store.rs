@@ -610,6 +610,12 @@ impl Store {
         Ok(permits.saturating_sub(u32::try_from(taken).unwrap_or(u32::MAX)))
     }
 
+    /// How many names the store keeps anything for (holds, waiters, a recorded permit count).
+    #[cfg(test)]
+    pub(crate) fn names_kept(&self) -> usize {
+        self.state.lock().entries.len()
+    }
+
     pub(crate) fn count(&self, name: &str) -> (usize, usize) {
         let mut state = self.state.lock();
         let now = Instant::now();
