@@ -58,6 +58,16 @@ pub enum Sabotage {
     RepeatTokens,
     /// Workers ignore the loss signal: they stay in their critical section and never say.
     NoLoss,
+    /// The store gives a stalled holder's lock away early: workers take holds with a watchdog
+    /// lease of a quarter of `--lease`, so a paused holder's hold ends long before the lease
+    /// the checker was told of, while nothing else is wrong.
+    ShortLease,
+    /// Workers report a loss half a lease after their guard did, staying in their critical
+    /// section meanwhile.
+    LateLoss,
+    /// A dead holder's hold is never freed: workers take holds with a fixed lease of an hour,
+    /// so the names a killed worker held are never granted again.
+    Leak,
 }
 
 /// Options of `dlock torture`.

@@ -1,6 +1,7 @@
 //! `dlock torture` end to end: an honest store passes, and the checker catches a lock without
-//! exclusion, a lock whose tokens repeat, and a lock that never reports a loss; bad input gets
-//! a clear error and exit code; nothing is left running.
+//! exclusion, a lock whose tokens repeat, a lock that never reports a loss, one that frees a
+//! stalled holder's lock early, one that reports a loss late and one that never frees a dead
+//! holder's lock; bad input gets a clear error and exit code; nothing is left running.
 
 use std::process::{Command, Output, Stdio};
 
@@ -63,23 +64,24 @@ fn processes_with(needle: &str) -> Vec<String> {
 
 /// A run's short SQLite attack with the given sabotage (if any): its output.
 fn attack(scratch: &Scratch, seed: &str, sabotage: Option<&str>) -> Output {
+    let more = ["--duration", "10s", "--names", "2", "--faults", "pause"];
+    attack_with(scratch, seed, sabotage, &more)
+}
+
+/// An attack of 4 workers with a 1 s lease, its length, names and faults in `more`.
+fn attack_with(scratch: &Scratch, seed: &str, sabotage: Option<&str>, more: &[&str]) -> Output {
     let url = scratch.url();
     let mut args = vec![
         "--url",
         &url,
         "--processes",
         "4",
-        "--duration",
-        "10s",
         "--lease",
         "1s",
-        "--names",
-        "2",
-        "--faults",
-        "pause",
         "--seed",
         seed,
     ];
+    args.extend(more);
     if let Some(s) = sabotage {
         args.extend(["--sabotage", s]);
     }
@@ -225,6 +227,48 @@ fn a_lock_that_never_reports_loss_is_caught() {
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("never told"), "{all}");
+}
+
+/// A store that frees a paused holder's lock a quarter lease after its last renewal, long
+/// before the lease: the pause explains none of the overlaps, since it began too short a
+/// time before the newer grant.
+#[test]
+fn a_store_that_frees_a_stalled_holder_early_is_caught() {
+    let scratch = Scratch::new();
+    let out = attack(&scratch, "404", Some("short-lease"));
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("cannot have cost it its hold"), "{all}");
+}
+
+/// A holder that reports its loss half a lease after its guard did, past the pause's end.
+#[test]
+fn a_holder_told_late_is_caught() {
+    let scratch = Scratch::new();
+    let out = attack(&scratch, "505", Some("late-loss"));
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("told late"), "{all}");
+}
+
+/// A killed holder's names are never granted again, while the other names still are.
+#[test]
+fn a_name_never_granted_again_is_caught() {
+    let scratch = Scratch::new();
+    let more = [
+        "--faults",
+        "kill",
+        "--primitives",
+        "mutex",
+        "--names",
+        "3",
+        "--duration",
+        "12s",
+    ];
+    let out = attack_with(&scratch, "606", Some("leak"), &more);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("was not granted again"), "{all}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use super::history::{FaultRecord, now_ns};
 use super::plan::schedule;
 use super::report::{StoreReport, write_history};
 use super::resource::Resource;
-use super::store::{applicable, learns_addresses, private_store};
+use super::store::{applicable, durable, learns_addresses, private_store};
 use super::{Primitive, Sabotage, TortureOpts, check};
 use crate::exit;
 
@@ -138,15 +138,13 @@ pub(super) async fn attack(
     }
     let history = std::mem::take(&mut *crew.history.lock());
     let ledger = resource.ledger();
-    let report = check::check(
-        &history,
-        &faults,
-        &ledger,
-        (start, end),
-        opts.lease,
-        Duration::from_secs(2),
-        caps.connection_bound,
-    );
+    let terms = check::Terms {
+        lease: opts.lease,
+        slack: Duration::from_secs(2),
+        connection_bound: caps.connection_bound,
+        durable: durable(url),
+    };
+    let report = check::check(&history, &faults, &ledger, (start, end), terms);
     if let Some(out) = history_out {
         write_history(out, &history, &faults, &ledger.accepted);
     }

@@ -10,11 +10,12 @@
 //! - [`tokens`]: no token was issued twice for a name, and they rose in grant order.
 //! - [`overlaps`]: two holders inside a critical section of one name at once (or more than the
 //!   semaphore's permits) is a violation unless a fault that can cost a hold (a pause, a kill,
-//!   a partition, a one-way cut, delayed replies) hit the older holder first, and that holder
-//!   was told (its guard reported the loss); how long after the overlap began it was told is
-//!   kept.
+//!   a partition, a one-way cut, delayed replies; a restart only of a store that forgets its
+//!   holds) hit the older holder and outlasted what its hold was vouched for (an unexplained
+//!   overlap otherwise), and that holder was told (its guard reported the loss) by a deadline
+//!   ("told late" otherwise); how long after the overlap began it was told is kept, by fault.
 //! - [`liveness`]: after every fault healed, some worker acquired within the lease plus a
-//!   slack.
+//!   slack, and every name the fault's worker held was granted again.
 //!
 //! A new check is a module with a `check(&Run, &mut Report)` function, listed in [`CHECKS`].
 
@@ -44,6 +45,21 @@ const CHECKS: [fn(&Run<'_>, &mut Report); 4] = [
     liveness::check,
 ];
 
+/// What the checker knows of the store and of the workers' settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms {
+    /// The workers' watchdog lease (renewed every third of it).
+    pub(crate) lease: Duration,
+    /// What a healed fault may take, beyond the lease, until a worker is granted again.
+    pub(crate) slack: Duration,
+    /// Whether a hold lives in its connection, so that a reset can cost it
+    /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)).
+    pub(crate) connection_bound: bool,
+    /// Whether the store keeps its holds across a restart of its server: on such a store a
+    /// restart explains no overlap.
+    pub(crate) durable: bool,
+}
+
 /// What a run showed.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Report {
@@ -65,6 +81,9 @@ pub(crate) struct Report {
     pub(crate) overlaps_explained: u64,
     /// Overlaps nothing explains (must be 0), counted once per overlapped hold.
     pub(crate) overlaps_unexplained: u64,
+    /// Overlapped holders a fault explains, told of their loss after the deadline (must be
+    /// 0): the newer grant plus the drift allowance, for a pause its end plus a slack.
+    pub(crate) told_late: u64,
     /// Updates of the unfenced counter lost to overlaps (what fencing saved).
     pub(crate) unfenced_lost_updates: u64,
     /// Holds whose guard reported a loss.
@@ -78,30 +97,25 @@ pub(crate) struct Report {
     /// The longest time, after an overlap began, until the older holder was told (ms;
     /// negative: told before).
     pub(crate) worst_report_delay_ms: Option<i64>,
+    /// [`worst_report_delay_ms`](Self::worst_report_delay_ms) by the kind of the fault that
+    /// explained the overlap: a pause's is its length past the lease, the others' at most the
+    /// drift allowance.
+    pub(crate) worst_report_delay_by_fault_ms: BTreeMap<String, i64>,
     /// The longest time from a fault's healing to the next grant (ms).
     pub(crate) worst_recovery_ms: Option<u64>,
     /// Every violation, in words.
     pub(crate) violations: Vec<String>,
 }
 
-/// Checks a run. `start`/`end` bound it; `lease` and `slack` set the liveness bound.
+/// Checks a run. `start`/`end` bound it; `terms` say what the store and the workers promise.
 pub(crate) fn check(
     history: &[Stamped],
     faults: &[FaultRecord],
     ledger: &Ledger,
     (start, end): (u64, u64),
-    lease: Duration,
-    slack: Duration,
-    connection_bound: bool,
+    terms: Terms,
 ) -> Report {
-    let run = Run::rebuild(
-        history,
-        faults,
-        ledger,
-        (start, end),
-        lease + slack,
-        connection_bound,
-    );
+    let run = Run::rebuild(history, faults, ledger, (start, end), terms);
     let mut report = Report::default();
     tally(&run, &mut report);
     for check in CHECKS {

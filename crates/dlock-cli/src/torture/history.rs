@@ -142,12 +142,14 @@ impl FaultKind {
 
     /// Whether a holder hit by it may legitimately be overlapped (its hold may end without it
     /// knowing at once). A reset costs a hold only where the hold lives in its connection
-    /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)).
-    pub(crate) fn can_cost_a_hold(self, connection_bound: bool) -> bool {
+    /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)); a restart
+    /// only where the store is not `durable` (it forgets its holds when its server restarts).
+    pub(crate) fn can_cost_a_hold(self, connection_bound: bool, durable: bool) -> bool {
         match self {
             Self::Latency => false,
             Self::Reset => connection_bound,
-            _ => true,
+            Self::Restart => !durable,
+            Self::Pause | Self::Kill | Self::Partition | Self::OneWay | Self::Delay => true,
         }
     }
 }

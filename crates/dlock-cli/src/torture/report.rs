@@ -75,9 +75,11 @@ impl StoreReport {
             rep.late_grants_explained
         );
         say!(
-            "  overlaps: {} explained by a fault, {} unexplained; {} unfenced updates lost",
+            "  overlaps: {} explained by a fault, {} unexplained, {} told late; {} unfenced \
+             updates lost",
             rep.overlaps_explained,
             rep.overlaps_unexplained,
+            rep.told_late,
             rep.unfenced_lost_updates
         );
         let reasons: Vec<String> = rep
@@ -102,8 +104,17 @@ impl StoreReport {
                     rep.lost_before_use
                 )
             },
-            rep.worst_report_delay_ms
-                .map_or("-".to_string(), |d| format!("{d} ms")),
+            match rep.worst_report_delay_ms {
+                None => "-".to_string(),
+                Some(d) => {
+                    let by: Vec<String> = rep
+                        .worst_report_delay_by_fault_ms
+                        .iter()
+                        .map(|(kind, d)| format!("{kind}: {d} ms"))
+                        .collect();
+                    format!("{d} ms ({})", by.join(", "))
+                }
+            },
             rep.worst_recovery_ms
                 .map_or("-".to_string(), |d| format!("{d} ms"))
         );

@@ -20,6 +20,28 @@ pub(super) fn learns_addresses(url: &str) -> bool {
     }
 }
 
+/// Whether the store at `url` keeps its holds when its server restarts (a crash, a
+/// failover): MariaDB/MySQL, SQLite, ZooKeeper and etcd write every change to disk before
+/// they answer. Redis is taken as not: it keeps nothing across a crash without AOF, as
+/// `scripts/services` starts it, and a Sentinel failover promotes a replica that was copied
+/// asynchronously; whether a given server has AOF on is not in its URL. Nor is PostgreSQL:
+/// `scripts/services` starts it with `synchronous_commit=off`, so a crash may lose the last
+/// commits (a grant among them). A memory store lives in its process. On a durable store a
+/// restart explains no overlap.
+pub(super) fn durable(url: &str) -> bool {
+    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
+    !matches!(
+        scheme,
+        "redis"
+            | "rediss"
+            | "redis+sentinel"
+            | "rediss+sentinel"
+            | "memory"
+            | "postgres"
+            | "postgresql"
+    )
+}
+
 /// A URL split around its host list: the head, the `host:port`s, the rest ([`hosts`]).
 pub(super) type Split = (String, Vec<String>, String);
 
@@ -91,6 +113,27 @@ mod tests {
         assert_eq!(tail, "/chroot");
         assert!(hosts("sqlite:///tmp/x.db").is_none());
         assert!(hosts("redis://h").is_some_and(|(_, l, _)| l == ["h:6379"]));
+    }
+
+    #[test]
+    fn only_redis_postgres_and_memory_stores_may_forget_holds_in_a_restart() {
+        for url in [
+            "redis://h",
+            "rediss://h",
+            "redis+sentinel://s/m",
+            "memory://",
+            "postgres://h/db",
+        ] {
+            assert!(!durable(url), "{url}");
+        }
+        for url in [
+            "sqlite:///tmp/x.db",
+            "mysql://u:p@h/db",
+            "zk://h:2181",
+            "etcd://h:2379",
+        ] {
+            assert!(durable(url), "{url}");
+        }
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct TortureWorkerOpts {
     sabotage: Option<Sabotage>,
 }
 
+/// The lease of the [`Sabotage::Leak`] holds: longer than any run.
+const LEAKED_LEASE: Duration = Duration::from_secs(3600);
+
 /// Semaphores of the run count this many permits.
 pub(crate) const PERMITS: u32 = 2;
 
@@ -203,7 +206,12 @@ async fn acquire(
     };
     let i = rng.below(opts.names.max(1));
     let p = &opts.prefix;
-    let options = LockOptions::new().with_lease(Lease::watchdog(opts.lease));
+    let lease = match opts.sabotage {
+        Some(Sabotage::ShortLease) => Lease::watchdog(opts.lease / 4),
+        Some(Sabotage::Leak) => Lease::Fixed(LEAKED_LEASE),
+        _ => Lease::watchdog(opts.lease),
+    };
+    let options = LockOptions::new().with_lease(lease);
     let wait = opts.lease * 2;
     let one = |name: String, kind: HoldKind, g: Option<LockGuard>| {
         g.map(|g| Held {
@@ -275,7 +283,13 @@ async fn critical_section(
     let hold = opts.hold.as_millis().max(4) as u64;
     let half = Duration::from_millis((hold / 4 + rng.below(hold * 3 / 4)) / 2);
     let watch_loss = opts.sabotage != Some(Sabotage::NoLoss);
-    if watch_loss && let Watched::Lost = lost_during(guards, half).await {
+    // How long after its guard a loss is reported: at once, unless sabotaged.
+    let late = if opts.sabotage == Some(Sabotage::LateLoss) {
+        opts.lease / 2
+    } else {
+        Duration::ZERO
+    };
+    if watch_loss && let Watched::Lost = lost_during(guards, half, late).await {
         return now_ns();
     }
     if !watch_loss {
@@ -302,7 +316,7 @@ async fn critical_section(
         tokio::time::sleep(half).await;
         return now_ns();
     }
-    match lost_during(guards, half).await {
+    match lost_during(guards, half, late).await {
         Watched::Held { checked_at } => checked_at,
         Watched::Lost => now_ns(),
     }
@@ -316,8 +330,13 @@ enum Watched {
     Lost,
 }
 
-/// Waits `d`, or until a hold is lost (reporting every hold lost by then).
-async fn lost_during(guards: &[(u64, String, HoldKind, LockGuard, u64)], d: Duration) -> Watched {
+/// Waits `d`, or until a hold is lost (reporting every hold lost by then, `late` after its
+/// guard said so: zero but for [`Sabotage::LateLoss`]).
+async fn lost_during(
+    guards: &[(u64, String, HoldKind, LockGuard, u64)],
+    d: Duration,
+    late: Duration,
+) -> Watched {
     let losses: Vec<_> = guards.iter().map(|g| Box::pin(g.3.lost())).collect();
     // A loss wins over the timer when both are due (after a pause, say).
     let lost = tokio::select! {
@@ -330,6 +349,7 @@ async fn lost_during(guards: &[(u64, String, HoldKind, LockGuard, u64)], d: Dura
     // first, so "held at `checked_at`" is what the check proves.
     let checked_at = now_ns();
     if lost || guards.iter().any(|g| !g.3.is_held()) {
+        tokio::time::sleep(late).await;
         report_losses(guards);
         return Watched::Lost;
     }

@@ -45,8 +45,8 @@ pub(super) fn check(run: &Run<'_>, report: &mut Report) {
 mod tests {
     use std::time::Duration;
 
-    use super::super::check;
-    use super::super::fixtures::assert_violation;
+    use super::super::fixtures::{TERMS, assert_violation};
+    use super::super::{Terms, check};
     use crate::torture::history::Accepted;
     use crate::torture::resource::Ledger;
 
@@ -62,15 +62,12 @@ mod tests {
             });
         }
         ledger.fenced.insert("n".into(), 1);
-        let r = check(
-            &[],
-            &[],
-            &ledger,
-            (0, 0),
-            Duration::ZERO,
-            Duration::ZERO,
-            false,
-        );
+        let terms = Terms {
+            lease: Duration::ZERO,
+            slack: Duration::ZERO,
+            ..TERMS
+        };
+        let r = check(&[], &[], &ledger, (0, 0), terms);
         assert_violation(&r, "lost fenced update");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Report, check};
+use super::{Report, Terms, check};
 use crate::torture::history::{FaultKind, FaultRecord, HoldKind, Stamped, WorkerEvent};
 use crate::torture::resource::Ledger;
 
@@ -30,6 +30,17 @@ fn granted(worker: u32, hold: u64, t: u64, token: u64, kind: HoldKind) -> Stampe
             token,
         },
     }
+}
+
+/// `event` (a grant or a loss) on the name `name` instead of `n`.
+pub(super) fn on(name: &str, mut event: Stamped) -> Stamped {
+    match &mut event.event {
+        WorkerEvent::Grant { name: n, .. } | WorkerEvent::Lost { name: n, .. } => {
+            name.clone_into(n);
+        }
+        _ => {}
+    }
+    event
 }
 
 /// The critical section of the hold ends at `t`.
@@ -82,6 +93,15 @@ pub(super) fn fault(kind: FaultKind, worker: u32, start: u64, end: u64) -> Fault
     }
 }
 
+/// The terms of the checks' tests: a 2 s lease, a 2 s liveness slack, holds that outlive
+/// their connections, a durable store.
+pub(super) const TERMS: Terms = Terms {
+    lease: Duration::from_secs(2),
+    slack: Duration::from_secs(2),
+    connection_bound: false,
+    durable: true,
+};
+
 /// Checks a 100 s run of a store whose holds outlive their connections, with a 2 s lease.
 pub(super) fn run(history: &[Stamped], faults: &[FaultRecord]) -> Report {
     run_on(history, faults, false)
@@ -93,15 +113,19 @@ pub(super) fn run_on(
     faults: &[FaultRecord],
     connection_bound: bool,
 ) -> Report {
-    check(
+    run_with(
         history,
         faults,
-        &Ledger::default(),
-        (0, 100 * S),
-        Duration::from_secs(2),
-        Duration::from_secs(2),
-        connection_bound,
+        Terms {
+            connection_bound,
+            ..TERMS
+        },
     )
+}
+
+/// As [`run`], on a store with the given terms.
+pub(super) fn run_with(history: &[Stamped], faults: &[FaultRecord], terms: Terms) -> Report {
+    check(history, faults, &Ledger::default(), (0, 100 * S), terms)
 }
 
 /// Asserts that one of the report's violations says `needle`.

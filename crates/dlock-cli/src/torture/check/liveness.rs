@@ -1,14 +1,77 @@
 //! Liveness: after every fault healed, some worker acquired within the bound (the lease plus
-//! a slack); a stall's violation says where the time went.
+//! a slack), and every name the fault's worker held while it lasted (until its release
+//! answered, not only in its critical section) was granted again (to anyone) within a longer
+//! bound; a stall's violation says where the time went.
+//!
+//! Per name, the bound adds twice the lease, the longest a worker waits for another name
+//! before it tries again: a name is only granted when some worker asks for it, and the
+//! workers draw their names at random. Generous on purpose: a correct store grants a freed
+//! name to its waiters at once; what it catches is a name that is never given again (a hold
+//! that outlives its dead holder).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Report;
 use super::model::{Run, event_time, ms};
 use crate::torture::history::{FaultRecord, WorkerEvent};
 
-/// Checks that the run made progress at all, and again after each fault healed.
+/// Checks that the run made progress at all, and again after each fault healed, on every
+/// name the fault could leave stuck.
 pub(super) fn check(run: &Run<'_>, report: &mut Report) {
+    overall(run, report);
+    per_name(run, report);
+}
+
+/// Every name that a fault's worker held while the fault lasted is granted again, to anyone,
+/// within the bound after the fault healed (see the module's docs).
+fn per_name(run: &Run<'_>, report: &mut Report) {
+    let bound = run
+        .liveness_bound
+        .saturating_add(run.terms.lease.saturating_mul(2));
+    let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+    let by_name = run.by_name(|_| true);
+    for f in run.faults {
+        let due = f.end.saturating_add(bound_ns);
+        if due > run.end {
+            continue;
+        }
+        let mut judged: BTreeSet<&str> = BTreeSet::new();
+        // Held by the fault's worker while it lasted: granted before it healed, and not yet
+        // released when it began (a worker killed while it released holds on).
+        let held = run.holds.iter().filter(|h| {
+            f.hits(h.worker) && h.grant <= f.end && h.released.unwrap_or(u64::MAX) >= f.start
+        });
+        for h in held {
+            if !judged.insert(h.name.as_str()) {
+                continue;
+            }
+            let next = by_name
+                .get(h.name.as_str())
+                .and_then(|hs| hs.iter().find(|o| o.grant > h.grant))
+                .map(|o| o.grant);
+            let when = match next {
+                Some(g) if g <= due => continue,
+                Some(g) => format!("for {} ms", g.saturating_sub(f.end) / 1_000_000),
+                None => "until the run ended".to_owned(),
+            };
+            report.violations.push(format!(
+                "stuck: {} was not granted again {when} after the {} of {} healed at {:.1} ms \
+                 (bound {} ms); worker {} held it from {:.1} ms, its section ended at {:.1} ms",
+                h.name,
+                f.kind,
+                f.whom(),
+                ms(f.end),
+                bound.as_millis(),
+                h.worker,
+                ms(h.grant),
+                ms(h.end)
+            ));
+        }
+    }
+}
+
+/// Some worker was granted something after each fault healed, within the bound.
+fn overall(run: &Run<'_>, report: &mut Report) {
     let (start, end, bound) = (run.start, run.end, run.liveness_bound);
     let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
     let mut grants: Vec<u64> = run.holds.iter().map(|h| h.grant).collect();
@@ -121,6 +184,47 @@ fn stall(run: &Run<'_>, fault: &FaultRecord, until: u64) -> String {
 mod tests {
     use super::super::fixtures::*;
     use crate::torture::history::{FaultKind, Stamped, WorkerEvent};
+
+    /// A name whose holder was killed and that no one is granted again is stuck, even while
+    /// the other names keep being granted; also when the holder was killed after its
+    /// critical section, before its release answered.
+    #[test]
+    fn a_name_never_granted_again_after_a_fault_is_a_violation() {
+        let kill = fault(FaultKind::Kill, 1, 2 * S, 2 * S + S / 100);
+        let mut h = vec![
+            grant(1, 1, S, 1),
+            on("x", grant(1, 2, S, 1)),
+            exit(1, 2, 2 * S - S / 10),
+        ];
+        for i in 0..20 {
+            let t = 3 * S + i * S;
+            h.push(on("o", grant(2, i + 1, t, i + 1)));
+            h.push(exit(2, i + 1, t + S / 10));
+        }
+        let r = run(&h, std::slice::from_ref(&kill));
+        assert_violation(&r, "n was not granted again until the run ended");
+        assert_violation(&r, "x was not granted again until the run ended");
+        assert!(!r.violations.iter().any(|v| v.contains(" o ")), "{:?}", r);
+        // Released before the kill: the store gave x back, whoever asks for it next.
+        let mut freed = h.clone();
+        freed.insert(3, released(1, 2, 2 * S - S / 20, true));
+        let r = run(&freed, std::slice::from_ref(&kill));
+        assert!(!r.violations.iter().any(|v| v.contains("x was")), "{:?}", r);
+        // Granted again 5 s after the kill (within the lease, the slack and two waits): no
+        // violation; 9 s after it, one.
+        for (after, stuck) in [(5, false), (11, true)] {
+            let mut again = freed.clone();
+            again.push(grant(3, 1, after * S, 2));
+            again.push(exit(3, 1, after * S + S / 10));
+            let r = run(&again, std::slice::from_ref(&kill));
+            assert_eq!(
+                r.violations.iter().any(|v| v.contains("not granted again")),
+                stuck,
+                "{after} s: {:?}",
+                r.violations
+            );
+        }
+    }
 
     #[test]
     fn a_run_stuck_after_a_fault_is_a_violation() {

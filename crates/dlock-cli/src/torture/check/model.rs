@@ -4,8 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use super::Terms;
 use crate::torture::history::{FaultKind, FaultRecord, HoldKind, Stamped, WorkerEvent};
 use crate::torture::resource::Ledger;
+
+/// How late a busy machine may send a watchdog's renewal, beyond the drift allowance: the
+/// renewal's timer fires in a worker process that shares two cores with the store and the
+/// other workers. Generous: a timer is late by a millisecond or two on an idle machine.
+const LATE_RENEWAL: Duration = Duration::from_millis(50);
 
 /// One hold, rebuilt from its worker's events.
 #[derive(Debug, Clone)]
@@ -22,6 +28,9 @@ pub(super) struct Hold {
     pub(super) end: u64,
     /// When its guard reported it lost, and why (the first report).
     pub(super) lost: Option<(u64, String)>,
+    /// When its release answered (`None`: never; its worker died first, or the run ended):
+    /// until then the store may still hold it, after its critical section ended.
+    pub(super) released: Option<u64>,
 }
 
 /// A run as the checks see it.
@@ -40,9 +49,8 @@ pub(super) struct Run<'a> {
     pub(super) end: u64,
     /// The longest a healed fault may keep every worker from a grant.
     pub(super) liveness_bound: Duration,
-    /// Whether a hold lives in its connection, so that a reset can cost it
-    /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)).
-    pub(super) connection_bound: bool,
+    /// What the store and the workers promise.
+    pub(super) terms: Terms,
 }
 
 impl<'a> Run<'a> {
@@ -52,27 +60,53 @@ impl<'a> Run<'a> {
         faults: &'a [FaultRecord],
         ledger: &'a Ledger,
         (start, end): (u64, u64),
-        liveness_bound: Duration,
-        connection_bound: bool,
+        terms: Terms,
     ) -> Self {
         Self {
-            holds: holds(history, faults, end, connection_bound),
+            holds: holds(history, faults, end, terms.connection_bound),
             history,
             faults,
             ledger,
             start,
             end,
-            liveness_bound,
-            connection_bound,
+            liveness_bound: terms.lease.saturating_add(terms.slack),
+            terms,
         }
     }
 
     /// The faults that hit `worker` and can cost it a hold on this store.
     pub(super) fn costly_faults_on(&self, worker: u32) -> impl Iterator<Item = &'a FaultRecord> {
-        let connection_bound = self.connection_bound;
+        let Terms {
+            connection_bound,
+            durable,
+            ..
+        } = self.terms;
         self.faults
             .iter()
-            .filter(move |f| f.hits(worker) && f.kind.can_cost_a_hold(connection_bound))
+            .filter(move |f| f.hits(worker) && f.kind.can_cost_a_hold(connection_bound, durable))
+    }
+
+    /// The core's default drift allowance for the workers' lease (1 % of it plus 5 ms): how
+    /// much earlier than the store's bound a guard stops vouching for its hold, and the slack
+    /// every timing rule of the checker grants on top of its bound.
+    pub(super) fn allowance(&self) -> Duration {
+        (self.terms.lease / 100).saturating_add(Duration::from_millis(5))
+    }
+
+    /// The least time, from the start of a fault that stalled a lease holder, before the
+    /// store may give its hold away: a watchdog renews every third of the lease, so the last
+    /// renewal before the fault was sent at most a third of a lease before it, and the
+    /// store's lease, counted from the moment that renewal reached it, had at least two
+    /// thirds left. The drift allowance and [`LATE_RENEWAL`] are taken off for a renewal that
+    /// its timer sent late. (A ZooKeeper or etcd hold lives in a session pinged or kept alive
+    /// at least as often, with a timeout as long as the lease in the runs this checker is
+    /// given; a session shorter than the lease would need its own bound.)
+    pub(super) fn vouched_after_fault(&self) -> Duration {
+        let lease = self.terms.lease;
+        lease
+            .saturating_sub(lease / 3)
+            .saturating_sub(self.allowance())
+            .saturating_sub(LATE_RENEWAL)
     }
 
     /// The holds `keep` keeps, grouped by name, each group in grant order.
@@ -122,6 +156,7 @@ fn holds(
                         since: last_seen.get(&w).copied().unwrap_or(0),
                         end: *t,
                         lost: None,
+                        released: None,
                     },
                 );
             }
@@ -143,11 +178,14 @@ fn holds(
             // after its critical section, that someone else may have had the lock: a hold
             // whose connection was reset moments before its release cannot be told sooner
             // than its connection check. Elsewhere the loss must come through `lost()`.
-            WorkerEvent::Release { t, hold, ok: false } if connection_bound => {
+            WorkerEvent::Release { t, hold, ok } => {
                 if let Some(&i) = ended.get(&(w, *hold)) {
-                    done[i]
-                        .lost
-                        .get_or_insert((*t, "its release failed".to_owned()));
+                    done[i].released.get_or_insert(*t);
+                    if !ok && connection_bound {
+                        done[i]
+                            .lost
+                            .get_or_insert((*t, "its release failed".to_owned()));
+                    }
                 }
             }
             _ => {}
