@@ -1,8 +1,10 @@
 //! `dlock torture`: many worker processes contend for a few names with every primitive while
 //! faults are injected on a schedule drawn from a seed (proxy faults in front of the store:
-//! partitions, one-way cuts, latency, resets, delayed replies; process faults: SIGSTOP past the
-//! lease, SIGKILL), each hold writes to a shared resource that rejects stale fencing tokens,
-//! and a checker reads the whole history and says whether the contract held.
+//! partitions, one-way cuts, silent networks on a holder, latency, resets, delayed replies;
+//! process faults: SIGSTOP past the lease, SIGKILL; blips well under the lease, a SIGSTOP or a
+//! partition, that must cost no hold), each hold writes to a shared resource that rejects
+//! stale fencing tokens, and a checker reads the whole history and says whether the contract
+//! held.
 //!
 //! For each store, [`attack`](mod@attack) runs the attack: [`store`] reads which faults can
 //! hit it, [`plan`] draws the schedule, [`crew`] starts the [`worker`](mod@worker) processes
@@ -65,6 +67,9 @@ pub enum Sabotage {
     /// Workers report a loss half a lease after their guard did, staying in their critical
     /// section meanwhile.
     LateLoss,
+    /// A fair lock that lets later waiters overtake: workers take their `fair` holds with a
+    /// plain mutex, whose waiters race for each release whatever their order of arrival.
+    Unfair,
     /// A dead holder's hold is never freed: workers take holds with a fixed lease of an hour,
     /// so the names a killed worker held are never granted again.
     Leak,
@@ -89,7 +94,10 @@ pub struct TortureOpts {
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub duration: Duration,
 
-    /// The faults to inject.
+    /// The faults to inject. A fault that may cost a hold (a kill; a pause, partition,
+    /// one-way cut, silent network or delay past the lease) explains an overlap of its holder
+    /// only once it outlasted two thirds of a lease; a blip (0.2-0.5 of a lease) or latency
+    /// explains none.
     #[arg(long, value_delimiter = ',', default_values_t = FaultKind::ALL)]
     pub faults: Vec<FaultKind>,
 
@@ -164,8 +172,8 @@ pub(crate) async fn torture(opts: TortureOpts) -> u8 {
         if applicable(&opts, url).1.is_empty() {
             eprintln!(
                 "dlock: {}: none of the requested faults can hit it (a store without a \
-                 network to attack, a Redis Cluster or a Sentinel group takes pause, kill and \
-                 restart)",
+                 network to attack, a Redis Cluster or a Sentinel group takes pause, \
+                 blip-pause, kill and restart)",
                 dlock::redact(url)
             );
             return exit::CONFIG;

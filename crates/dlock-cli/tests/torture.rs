@@ -436,3 +436,94 @@ fn a_restarted_redis_keeps_its_tokens_only_with_aof() {
         );
     }
 }
+
+/// The Redis of `DLOCK_REDIS_URL`, or `None` (skipped, unless `DLOCK_TEST_REQUIRE` forbids it).
+/// The fair-lock sabotage needs a store with fair locks that several processes share: SQLite
+/// has none, and `memory://` is one process's.
+fn shared_redis() -> Option<String> {
+    dlock_conformance::service_url("DLOCK_REDIS_URL")
+}
+
+/// A fair lock whose later waiters overtake earlier ones (its holds are a plain mutex's): the
+/// checker says "overtaken", while the same attack on the real fair lock passes and judges
+/// pairs of waiters. Only fair holds on two names, held long, so that waiters queue up; resets
+/// (harmless to Redis holds) are the only faults, so that few waits are excused.
+#[test]
+fn a_fair_lock_that_lets_later_waiters_overtake_is_caught() {
+    let Some(url) = shared_redis() else {
+        return;
+    };
+    for sabotage in [None, Some("unfair")] {
+        let mut args = vec![
+            "--url",
+            &url,
+            "--processes",
+            "4",
+            "--duration",
+            "10s",
+            "--lease",
+            "1s",
+            "--hold",
+            "300ms",
+            "--names",
+            "2",
+            "--primitives",
+            "fair",
+            "--faults",
+            "reset",
+            "--seed",
+            "707",
+        ];
+        if let Some(s) = sabotage {
+            args.extend(["--sabotage", s]);
+        }
+        let out = torture(&args);
+        let all = text(&out);
+        assert!(all.contains("pairs of fair waiters checked"), "{all}");
+        if sabotage.is_some() {
+            assert_eq!(out.status.code(), Some(1), "{all}");
+            assert!(all.contains("overtaken"), "{all}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{all}");
+            assert!(!all.contains("overtaken"), "{all}");
+        }
+    }
+    assert!(
+        processes_with("--seed 707").is_empty(),
+        "workers left running"
+    );
+}
+
+/// Blips (SIGSTOPs well under the lease) cost an honest store no hold: a run of them only
+/// passes, and the report counts them by kind.
+#[test]
+fn blips_cost_an_honest_store_no_hold() {
+    let scratch = Scratch::new();
+    let json = format!("{}.json", scratch.0.display());
+    let more = [
+        "--duration",
+        "8s",
+        "--names",
+        "2",
+        "--faults",
+        "blip-pause",
+        "--json",
+        &json,
+    ];
+    let out = attack_with(&scratch, "8128", None, &more);
+    let all = text(&out);
+    let reports: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("no violation"), "{all}");
+    assert!(
+        reports[0]["faults"]["blip-pause"].as_u64().unwrap_or(0) >= 1,
+        "{all}"
+    );
+    assert_eq!(
+        reports[0]["overlaps_unexplained"].as_u64(),
+        Some(0),
+        "{all}"
+    );
+}

@@ -66,7 +66,9 @@ pub(super) async fn attack(
         } else {
             "it has no network to attack"
         };
-        eprintln!("dlock: {shown}: {why}: only process faults (pause, kill) and restarts");
+        eprintln!(
+            "dlock: {shown}: {why}: only process faults (pause, blip-pause, kill) and restarts"
+        );
     }
     let resource = Resource::start().await.map_err(|e| {
         eprintln!("dlock: cannot start the shared resource: {e}");

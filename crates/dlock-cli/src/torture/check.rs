@@ -16,9 +16,12 @@
 //!   ("told late" otherwise); how long after the overlap began it was told is kept, by fault.
 //! - [`liveness`]: after every fault healed, some worker acquired within the lease plus a
 //!   slack, and every name the fault's worker held was granted again.
+//! - [`fairness`]: on a fair lock, no waiter was granted after one that began waiting
+//!   clearly later, unless a fault hit it meanwhile or it had given up ("overtaken").
 //!
 //! A new check is a module with a `check(&Run, &mut Report)` function, listed in [`CHECKS`].
 
+mod fairness;
 mod fencing;
 mod liveness;
 mod model;
@@ -38,11 +41,12 @@ use super::history::{FaultRecord, Stamped, WorkerEvent};
 use super::resource::Ledger;
 
 /// The checks, in the order they add their violations to the report.
-const CHECKS: [fn(&Run<'_>, &mut Report); 4] = [
+const CHECKS: [fn(&Run<'_>, &mut Report); 5] = [
     tokens::check,
     overlaps::check,
     fencing::check,
     liveness::check,
+    fairness::check,
 ];
 
 /// What the checker knows of the store and of the workers' settings.
@@ -101,6 +105,13 @@ pub(crate) struct Report {
     /// explained the overlap: a pause's is its length past the lease, the others' at most the
     /// drift allowance.
     pub(crate) worst_report_delay_by_fault_ms: BTreeMap<String, i64>,
+    /// Pairs of fair waiters judged: one began waiting on a name clearly before the other,
+    /// still waited when the other began, and was granted first or still waited when the
+    /// other was granted.
+    pub(crate) fair_pairs_checked: u64,
+    /// Of those, the pairs whose earlier waiter was overtaken while a fault hit its worker
+    /// (which can cost a waiter its place).
+    pub(crate) fair_overtakes_explained: u64,
     /// The longest time from a fault's healing to the next grant (ms).
     pub(crate) worst_recovery_ms: Option<u64>,
     /// Every violation, in words.

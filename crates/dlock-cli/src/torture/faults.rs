@@ -23,8 +23,9 @@ pub(super) async fn inject(
     let opts = crew.opts;
     let slot_count = slots.len();
     let mut index = planned.slot % slot_count;
-    // Pauses and kills hit a holder when there is one (a waiter otherwise).
-    if matches!(planned.kind, FaultKind::Pause | FaultKind::Kill) {
+    // Pauses, kills, blips and silent networks hit a holder when there is one (a waiter
+    // otherwise).
+    if planned.kind.aims_at_a_holder() {
         let until = from_now(opts.lease);
         loop {
             let holder = {
@@ -59,7 +60,7 @@ pub(super) async fn inject(
         slot.set_fault(Fault::None);
     };
     match planned.kind {
-        FaultKind::Pause => {
+        FaultKind::Pause | FaultKind::BlipPause => {
             if let Some(pid) = slot.pid {
                 let _ = kill(pid, Signal::SIGSTOP);
                 tokio::time::sleep(planned.lasts).await;
@@ -75,7 +76,21 @@ pub(super) async fn inject(
             crew.spawn(slot)?;
             return Ok(record(worker, end));
         }
-        FaultKind::Partition => lasting(slot, Fault::Partition).await,
+        FaultKind::Partition | FaultKind::BlipPartition => {
+            lasting(slot, Fault::Partition).await;
+        }
+        // The proxy's stalls are a silent network: its connections stay open and the bytes
+        // wait in the sockets, both ways (`Partition`) or one way.
+        FaultKind::Silent => {
+            let silence = if planned.both_ways {
+                Fault::Partition
+            } else if planned.upstream {
+                Fault::Upstream
+            } else {
+                Fault::Downstream
+            };
+            lasting(slot, silence).await;
+        }
         FaultKind::OneWay => {
             let way = if planned.upstream {
                 Fault::Upstream

@@ -82,6 +82,19 @@ pub(crate) enum WorkerEvent {
         token: u64,
         reason: String,
     },
+    /// A fair acquisition began: the worker is about to ask the store for `name` and wait up
+    /// to `wait_ms` (its deadline is later than `t + wait_ms`, as its timer starts after this
+    /// stamp). Its outcome is the worker's next event: the `Grant` of `name`, or a `Timeout`
+    /// of `attempt` (an `Error` or a `LostBeforeUse` leaves it unjudged).
+    Enqueue {
+        t: u64,
+        attempt: u64,
+        name: String,
+        kind: HoldKind,
+        wait_ms: u64,
+    },
+    /// The fair acquisition `attempt` gave up: it returned without a hold at `t`.
+    Timeout { t: u64, attempt: u64, name: String },
     /// An acquisition failed with an error (not a timeout).
     Error { t: u64, what: String },
     /// The worker stopped on request.
@@ -118,6 +131,16 @@ pub enum FaultKind {
     /// Restart the store with the command of `--restart-cmd` (it hits every worker at once).
     /// Not in the default set: dlock cannot restart a server it did not start.
     Restart,
+    /// SIGSTOP a worker (preferably a holder) for 0.2-0.5 of a lease, then SIGCONT: well
+    /// inside the two thirds of a lease a store must keep a stalled hold, so it can cost no
+    /// hold, and an overlap during one is unexplained.
+    BlipPause,
+    /// Cut one worker (preferably a holder) off the store both ways for 0.2-0.5 of a lease,
+    /// then heal: like a blip pause, it can cost no hold.
+    BlipPartition,
+    /// A silent network on one worker (preferably a holder) for 1.5-3 leases: its connections
+    /// stay open and nothing flows, both ways or (drawn) one way, then heal.
+    Silent,
 }
 
 /// The worker of a fault that hits every worker (a restart of the store).
@@ -125,7 +148,7 @@ pub(crate) const EVERY_WORKER: u32 = u32::MAX;
 
 impl FaultKind {
     /// Every kind, the default of `--faults`.
-    pub(crate) const ALL: [Self; 7] = [
+    pub(crate) const ALL: [Self; 10] = [
         Self::Pause,
         Self::Kill,
         Self::Partition,
@@ -133,23 +156,45 @@ impl FaultKind {
         Self::Latency,
         Self::Reset,
         Self::Delay,
+        Self::BlipPause,
+        Self::BlipPartition,
+        Self::Silent,
     ];
 
     /// The kinds that need a proxy in front of the store (not possible for SQLite).
     pub(crate) fn needs_proxy(self) -> bool {
-        !matches!(self, Self::Pause | Self::Kill | Self::Restart)
+        !matches!(
+            self,
+            Self::Pause | Self::Kill | Self::Restart | Self::BlipPause
+        )
+    }
+
+    /// Whether it is aimed at a worker that holds something when it begins (at a waiter if
+    /// none holds within a lease): a fault on a holder is the one that tests a hold.
+    pub(crate) fn aims_at_a_holder(self) -> bool {
+        matches!(
+            self,
+            Self::Pause | Self::Kill | Self::BlipPause | Self::BlipPartition | Self::Silent
+        )
     }
 
     /// Whether a holder hit by it may legitimately be overlapped (its hold may end without it
     /// knowing at once). A reset costs a hold only where the hold lives in its connection
     /// ([`Capabilities::connection_bound`](dlock::Capabilities::connection_bound)); a restart
     /// only where the store is not `durable` (it forgets its holds when its server restarts).
+    /// A blip never does: it heals before any store may give a stalled hold away, and a
+    /// connection it leaves open keeps a connection-bound hold.
     pub(crate) fn can_cost_a_hold(self, connection_bound: bool, durable: bool) -> bool {
         match self {
-            Self::Latency => false,
+            Self::Latency | Self::BlipPause | Self::BlipPartition => false,
             Self::Reset => connection_bound,
             Self::Restart => !durable,
-            Self::Pause | Self::Kill | Self::Partition | Self::OneWay | Self::Delay => true,
+            Self::Pause
+            | Self::Kill
+            | Self::Partition
+            | Self::OneWay
+            | Self::Delay
+            | Self::Silent => true,
         }
     }
 }
@@ -165,6 +210,9 @@ impl std::fmt::Display for FaultKind {
             Self::Reset => "reset",
             Self::Delay => "delay",
             Self::Restart => "restart",
+            Self::BlipPause => "blip-pause",
+            Self::BlipPartition => "blip-partition",
+            Self::Silent => "silent",
         })
     }
 }

@@ -46,8 +46,10 @@ pub(super) struct Planned {
     pub(super) lasts: Duration,
     /// The added latency, for `Latency`.
     pub(super) latency: Duration,
-    /// Which way, for `OneWay`.
+    /// Which way, for `OneWay` and a one-way `Silent`.
     pub(super) upstream: bool,
+    /// Whether a `Silent` network is silent both ways (one way, `upstream`'s, otherwise).
+    pub(super) both_ways: bool,
 }
 
 /// The schedule of a run: one fault at a time, every one healed before the next, drawn from
@@ -70,19 +72,31 @@ pub(super) fn schedule(
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
         let slot = rng.below(slots as u64) as usize;
         let lasts = match kind {
-            FaultKind::Pause | FaultKind::Partition | FaultKind::OneWay | FaultKind::Delay => {
-                rng.between(lease * 3 / 2, lease * 3)
-            }
+            FaultKind::Pause
+            | FaultKind::Partition
+            | FaultKind::OneWay
+            | FaultKind::Delay
+            | FaultKind::Silent => rng.between(lease * 3 / 2, lease * 3),
             FaultKind::Latency => rng.between(lease / 2, lease * 2),
+            // At most half a lease: a store keeps a stalled hold for at least two thirds of
+            // one, less the checker's margins for a late renewal (`vouched_after_fault`), so
+            // a blip heals with time to spare for the renewal it held up.
+            FaultKind::BlipPause | FaultKind::BlipPartition => rng.between(lease / 5, lease / 2),
             FaultKind::Reset | FaultKind::Kill | FaultKind::Restart => Duration::ZERO,
         };
+        let latency = Duration::from_millis(50 + rng.below(251));
+        let upstream = rng.below(2) == 0;
+        // Drawn only for a silent network, so that the schedules of the other kinds stay
+        // those their seeds drew before it existed.
+        let both_ways = kind == FaultKind::Silent && rng.below(2) == 0;
         plan.push(Planned {
             at,
             kind,
             slot,
             lasts,
-            latency: Duration::from_millis(50 + rng.below(251)),
-            upstream: rng.below(2) == 0,
+            latency,
+            upstream,
+            both_ways,
         });
         at = at
             .saturating_add(lasts)
@@ -120,5 +134,48 @@ mod tests {
         let c = schedule(8, &opts, &FaultKind::ALL, 4);
         assert_ne!(format!("{a:?}"), format!("{c:?}"));
         assert!(a.iter().all(|p| p.at + p.lasts <= opts.duration));
+    }
+
+    /// Blips last 0.2-0.5 of a lease, a silent network 1.5-3 leases, and silent networks
+    /// are drawn both ways and one way.
+    #[test]
+    fn blips_are_short_and_silent_networks_long() {
+        let kinds = [
+            FaultKind::BlipPause,
+            FaultKind::BlipPartition,
+            FaultKind::Silent,
+        ];
+        let opts = TortureOpts {
+            urls: vec![],
+            processes: 4,
+            duration: Duration::from_secs(600),
+            faults: kinds.to_vec(),
+            restart_cmd: None,
+            seed: Some(7),
+            primitives: vec![Primitive::Mutex],
+            names: 3,
+            lease: Duration::from_secs(2),
+            hold: Duration::from_millis(60),
+            json: None,
+            history: None,
+            sabotage: None,
+        };
+        let plan = schedule(7, &opts, &kinds, 4);
+        for kind in kinds {
+            assert!(plan.iter().any(|p| p.kind == kind), "{kind} never drawn");
+        }
+        for p in &plan {
+            let (low, high) = if p.kind == FaultKind::Silent {
+                (opts.lease * 3 / 2, opts.lease * 3)
+            } else {
+                (opts.lease / 5, opts.lease / 2)
+            };
+            assert!(p.lasts >= low && p.lasts <= high, "{p:?}");
+            assert!(!p.both_ways || p.kind == FaultKind::Silent, "{p:?}");
+        }
+        let silent = plan.iter().filter(|p| p.kind == FaultKind::Silent);
+        assert!(silent.clone().any(|p| p.both_ways));
+        assert!(silent.clone().any(|p| !p.both_ways && p.upstream));
+        assert!(silent.clone().any(|p| !p.both_ways && !p.upstream));
     }
 }

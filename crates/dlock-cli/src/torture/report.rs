@@ -118,6 +118,13 @@ impl StoreReport {
             rep.worst_recovery_ms
                 .map_or("-".to_string(), |d| format!("{d} ms"))
         );
+        if rep.fair_pairs_checked > 0 {
+            say!(
+                "  fairness: {} pairs of fair waiters checked, {} overtakes explained by a fault",
+                rep.fair_pairs_checked,
+                rep.fair_overtakes_explained
+            );
+        }
         say!("  replay: {}", self.command);
         if rep.violations.is_empty() {
             say!("  no violation");

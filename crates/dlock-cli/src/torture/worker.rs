@@ -122,8 +122,9 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
     let mut rng = Rng::new(opts.seed ^ u64::from(opts.id).wrapping_mul(0x9E37_79B9));
     let provider = std::sync::Arc::clone(locks.provider());
     let mut holds = 0u64;
+    let mut attempts = 0u64;
     while !*stop.borrow() {
-        let held = match acquire(&provider, &opts, &mut rng).await {
+        let held = match acquire(&provider, &opts, &mut rng, &mut attempts).await {
             Ok(Some(h)) => h,
             Ok(None) => continue,
             Err(e) => {
@@ -193,10 +194,15 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
     0
 }
 
+/// One acquisition of a primitive drawn from `rng`, waiting up to twice the lease. A fair one
+/// is recorded as it begins (an `Enqueue` with a new id from `attempts`) and, if it returns
+/// without a hold, as it gives up (a `Timeout`), so that the checker can tell who waited
+/// before whom.
 async fn acquire(
     provider: &DynLockProvider,
     opts: &TortureWorkerOpts,
     rng: &mut Rng,
+    attempts: &mut u64,
 ) -> dlock::Result<Option<Held>> {
     let Some(&primitive) = opts
         .primitives
@@ -226,10 +232,28 @@ async fn acquire(
         }
         Primitive::Fair => {
             let name = format!("{p}/f{i}");
+            *attempts += 1;
+            let attempt = *attempts;
+            emit(&WorkerEvent::Enqueue {
+                t: now_ns(),
+                attempt,
+                name: name.clone(),
+                kind: HoldKind::Fair,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            });
+            // Sabotaged, the hold is a plain mutex's: its waiters race for each release.
+            let fair = opts.sabotage != Some(Sabotage::Unfair);
             let g = provider
-                .lock(&name, options.with_fair(true))?
+                .lock(&name, options.with_fair(fair))?
                 .try_acquire(wait)
                 .await?;
+            if g.is_none() {
+                emit(&WorkerEvent::Timeout {
+                    t: now_ns(),
+                    attempt,
+                    name: name.clone(),
+                });
+            }
             one(name, HoldKind::Fair, g)
         }
         Primitive::Rw => {

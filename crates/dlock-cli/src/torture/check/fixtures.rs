@@ -32,6 +32,37 @@ fn granted(worker: u32, hold: u64, t: u64, token: u64, kind: HoldKind) -> Stampe
     }
 }
 
+/// As [`grant`], a hold of the fair mutex `n`.
+pub(super) fn fair_grant(worker: u32, hold: u64, t: u64, token: u64) -> Stamped {
+    granted(worker, hold, t, token, HoldKind::Fair)
+}
+
+/// Worker `worker` begins its fair acquisition `attempt` of `n` at `t`, waiting up to 4 s.
+pub(super) fn enqueue(worker: u32, attempt: u64, t: u64) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Enqueue {
+            t,
+            attempt,
+            name: "n".into(),
+            kind: HoldKind::Fair,
+            wait_ms: 4_000,
+        },
+    }
+}
+
+/// Worker `worker`'s fair acquisition `attempt` of `n` gave up at `t`.
+pub(super) fn timeout(worker: u32, attempt: u64, t: u64) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Timeout {
+            t,
+            attempt,
+            name: "n".into(),
+        },
+    }
+}
+
 /// `event` (a grant or a loss) on the name `name` instead of `n`.
 pub(super) fn on(name: &str, mut event: Stamped) -> Stamped {
     match &mut event.event {

@@ -154,6 +154,8 @@ fn stall(run: &Run<'_>, fault: &FaultRecord, until: u64) -> String {
                 format!("got {name} too late to use ({reason})")
             }
             WorkerEvent::Stop { .. } => "stopped".to_owned(),
+            WorkerEvent::Timeout { name, .. } => format!("gave up waiting for {name}"),
+            WorkerEvent::Enqueue { .. } => continue,
             WorkerEvent::Grant { .. } | WorkerEvent::Fenced { .. } | WorkerEvent::Exit { .. } => {
                 continue;
             }

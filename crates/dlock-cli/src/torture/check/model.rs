@@ -214,6 +214,8 @@ pub(super) fn event_time(e: &WorkerEvent) -> u64 {
         | WorkerEvent::Exit { t, .. }
         | WorkerEvent::Release { t, .. }
         | WorkerEvent::LostBeforeUse { t, .. }
+        | WorkerEvent::Enqueue { t, .. }
+        | WorkerEvent::Timeout { t, .. }
         | WorkerEvent::Error { t, .. }
         | WorkerEvent::Stop { t } => *t,
     }
