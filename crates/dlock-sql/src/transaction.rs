@@ -60,13 +60,13 @@ impl SqlProvider {
     /// session's `innodb_lock_wait_timeout` is set for the wait and put back after it.
     ///
     /// ```no_run
-    /// # async fn demo() -> dlock_core::Result<()> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use dlock_sql::{SqlProvider, Strategy};
-    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await.expect("pool");
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await?;
     /// let locks = SqlProvider::from_mysql_pool(pool.clone(), Strategy::ForUpdate, "dlock", 4).await?;
     ///
-    /// let mut tx = pool.begin().await.expect("begin");
+    /// let mut tx = pool.begin().await?;
     /// if let Some(lock) = locks.lock_in(&mut tx, "invoices/42", Duration::from_secs(5)).await? {
     ///     // A fenced write in the same transaction: it also refuses a token older than the
     ///     // one already stored, should another writer ever bypass the lock.
@@ -74,9 +74,8 @@ impl SqlProvider {
     ///         .bind(lock.token().get())
     ///         .bind(lock.token().get())
     ///         .execute(&mut *tx)
-    ///         .await
-    ///         .expect("update");
-    ///     tx.commit().await.expect("commit"); // the lock ends with the transaction
+    ///         .await?;
+    ///     tx.commit().await?; // the lock ends with the transaction
     /// }
     /// # Ok(()) }
     /// ```
@@ -161,22 +160,21 @@ impl SqlProvider {
     /// transaction usable. The wait is a transaction-local `lock_timeout`, put back after it.
     ///
     /// ```no_run
-    /// # async fn demo() -> dlock_core::Result<()> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use dlock_sql::{SqlProvider, Strategy};
-    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await.expect("pool");
+    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await?;
     /// let locks = SqlProvider::from_pg_pool(pool.clone(), Strategy::ForUpdate, "dlock", 4).await?;
     ///
-    /// let mut tx = pool.begin().await.expect("begin");
+    /// let mut tx = pool.begin().await?;
     /// if let Some(lock) = locks.lock_in_pg(&mut tx, "invoices/42", Duration::from_secs(5)).await? {
     ///     // A fenced write in the same transaction.
-    ///     let token = i64::try_from(lock.token().get()).expect("tokens fit in BIGINT");
+    ///     let token = i64::try_from(lock.token().get())?;
     ///     sqlx::query("UPDATE invoices SET state = 'paid', fence = $1 WHERE id = 42 AND fence < $1")
     ///         .bind(token)
     ///         .execute(&mut *tx)
-    ///         .await
-    ///         .expect("update");
-    ///     tx.commit().await.expect("commit"); // the lock ends with the transaction
+    ///         .await?;
+    ///     tx.commit().await?; // the lock ends with the transaction
     /// }
     /// # Ok(()) }
     /// ```

@@ -112,8 +112,9 @@ impl Pinned {
                 self.return_to_pool();
                 true
             }
-            Some(d) if d - now < Duration::from_secs(1) => {
-                tokio::time::sleep((d - now).min(Duration::from_millis(20))).await;
+            Some(d) if d.saturating_duration_since(now) < Duration::from_secs(1) => {
+                let left = d.saturating_duration_since(now);
+                tokio::time::sleep(left.min(Duration::from_millis(20))).await;
                 false
             }
             _ => false,

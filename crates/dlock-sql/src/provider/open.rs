@@ -83,9 +83,9 @@ impl SqlProvider {
     /// the session's time zone: keep sqlx's default, UTC.
     ///
     /// ```no_run
-    /// # async fn demo() -> dlock_core::Result<()> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use dlock_sql::{SqlProvider, Strategy};
-    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await.expect("pool");
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await?;
     /// let locks = SqlProvider::from_mysql_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
     /// # Ok(()) }
     /// ```
@@ -136,11 +136,11 @@ impl SqlProvider {
     /// mode a reader blocks every writer, and renewals of short leases failed under load.
     ///
     /// ```no_run
-    /// # async fn demo() -> dlock_core::Result<()> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use dlock_sql::{SqlProvider, Strategy};
     /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
     /// let options = SqliteConnectOptions::new().filename("app.db").create_if_missing(true);
-    /// let pool = SqlitePool::connect_with(options).await.expect("pool");
+    /// let pool = SqlitePool::connect_with(options).await?;
     /// let locks = SqlProvider::from_sqlite_pool(pool, Strategy::Optimistic, "dlock").await?;
     /// # Ok(()) }
     /// ```
@@ -181,9 +181,9 @@ impl SqlProvider {
     /// `for-update` opens a second pool of `lock_pool_size` connections with the same options.
     ///
     /// ```no_run
-    /// # async fn demo() -> dlock_core::Result<()> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use dlock_sql::{SqlProvider, Strategy};
-    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await.expect("pool");
+    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await?;
     /// let locks = SqlProvider::from_pg_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
     /// # Ok(()) }
     /// ```
