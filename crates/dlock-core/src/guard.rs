@@ -85,6 +85,12 @@ impl LockGuard {
         self.shared.as_ref()
     }
 
+    /// The hold's state, taken out of the guard without what its drop does.
+    #[cfg(loom)]
+    pub(crate) fn into_shared(mut self) -> Option<Arc<Shared>> {
+        self.shared.take()
+    }
+
     /// Sets the drift allowance from the handle's options (the handles do, after the grant).
     pub(crate) fn set_drift(&self, drift: DriftAllowance) {
         if let Some(shared) = &self.shared {

@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::loss::{LockKind, LossReason};
 use crate::name::{FencingToken, LockName};
 use crate::options::{DriftAllowance, Lease};
+use crate::state::{Phase, SignalState};
 use crate::sync::Mutex;
 use crate::trace::{self, Who};
 
@@ -77,12 +78,11 @@ pub struct HoldSignal {
 
 #[derive(Default)]
 struct SignalInner {
+    /// Cancelled after the state turned lost, never before, never otherwise.
     lost: CancellationToken,
-    reason: OnceLock<LossReason>,
-    suspended: AtomicBool,
-    /// Released on purpose: neither held nor ever lost.
-    released: AtomicBool,
-    /// Told of every change: a suspension, its end, the loss, the release.
+    /// Held, released or lost (each exclusive of the others), and suspended.
+    state: SignalState,
+    /// Told of every change, after it: a suspension, its end, the loss, the release.
     changed: Notify,
     /// Set by the keeper while renewals fail, so a loss seen at the lease end says why.
     renewal_failing: AtomicBool,
@@ -100,7 +100,9 @@ impl HoldSignal {
     /// reason stays. A hold released on purpose is not lost: the call then does nothing.
     /// Returns whether this call marked it.
     pub fn mark_lost(&self, reason: LossReason) -> bool {
-        if self.is_released() || self.inner.reason.set(reason).is_err() {
+        // One transition decides against a concurrent release or loss: only the call that
+        // made it reports the loss.
+        if !self.inner.state.lose(reason) {
             return false;
         }
         trace::lost(self.inner.who.get(), reason);
@@ -111,19 +113,22 @@ impl HoldSignal {
 
     /// Marks the hold suspended (true) or vouched for again (false).
     pub fn set_suspended(&self, suspended: bool) {
-        if self.inner.suspended.swap(suspended, Ordering::SeqCst) != suspended {
+        if self.inner.state.set_suspended(suspended) {
             self.inner.changed.notify_waiters();
         }
     }
 
     /// Whether [`mark_lost`](Self::mark_lost) was called.
     pub fn is_lost(&self) -> bool {
-        self.inner.reason.get().is_some()
+        matches!(self.inner.state.phase(), Phase::Lost(_))
     }
 
     /// Why the hold was lost, once it was.
     pub fn reason(&self) -> Option<LossReason> {
-        self.inner.reason.get().copied()
+        match self.inner.state.phase() {
+            Phase::Lost(reason) => Some(reason),
+            Phase::Held | Phase::Released => None,
+        }
     }
 
     /// The state as far as the signal knows (without the lease end and horizon; see
@@ -131,7 +136,7 @@ impl HoldSignal {
     pub fn state(&self) -> HoldState {
         if self.is_lost() {
             HoldState::Lost
-        } else if self.inner.suspended.load(Ordering::SeqCst) {
+        } else if self.inner.state.is_suspended() {
             HoldState::Suspended
         } else {
             HoldState::Held
@@ -145,13 +150,17 @@ impl HoldSignal {
 
     /// Whether the hold was released on purpose.
     pub(crate) fn is_released(&self) -> bool {
-        self.inner.released.load(Ordering::SeqCst)
+        self.inner.state.is_released()
     }
 
-    /// The hold was released on purpose: it is never reported lost after this.
-    pub(crate) fn set_released(&self) {
-        self.inner.released.store(true, Ordering::SeqCst);
+    /// The hold was released on purpose: it is never reported lost after this. False if it
+    /// was marked lost first: it then stays lost.
+    pub(crate) fn set_released(&self) -> bool {
+        if !self.inner.state.release() {
+            return false;
+        }
         self.inner.changed.notify_waiters();
+        true
     }
 
     /// Wakes the watchers of the hold (its end moved).

@@ -53,15 +53,22 @@ async fn keep_until_lost(shared: &Shared) {
             Lease::Fixed(_) => fixed(shared).await,
         }
     };
-    tokio::select! {
+    let reason = tokio::select! {
         // Someone else (the backend, a store hook, the guard's own check at the end) marked
         // the hold lost: nothing left to keep.
-        () = lost => {}
-        reason = work => {
-            shared.signal.mark_lost(reason);
-        }
+        () = lost => None,
+        reason = work => Some(reason),
+    };
+    after_loss(shared, reason).await;
+}
+
+/// What the keeper does once its hold is lost: reports `reason` (`None`: someone else
+/// reported the loss), then cleans up what may be left on the store, unless the release or
+/// the drop of the last guard claimed that first.
+pub(crate) async fn after_loss(shared: &Shared, reason: Option<LossReason>) {
+    if let Some(reason) = reason {
+        shared.signal.mark_lost(reason);
     }
-    // Whoever saw the loss first, clean up what may be left on the store, once.
     if shared.claim_cleanup() {
         shared.clean_up_after_loss().await;
     }
@@ -169,7 +176,7 @@ pub(crate) fn start_now(shared: &Arc<Shared>) {
     let mut keeper = shared.keeper.lock();
     if let Some(runtime) = &shared.runtime
         && keeper.as_ref().is_some_and(Task::is_waiting)
-        && !shared.keeper_disarmed()
+        && shared.keeper_armed()
     {
         *keeper = Some(spawn(runtime, shared));
     }
@@ -180,7 +187,7 @@ impl Startable for Shared {
         let mut keeper = self.keeper.lock();
         if let Some(runtime) = &self.runtime
             && keeper.as_ref().is_some_and(|k| k.waits_as(key))
-            && !self.keeper_disarmed()
+            && self.keeper_armed()
         {
             *keeper = Some(spawn(runtime, &self));
         }

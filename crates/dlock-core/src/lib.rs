@@ -23,6 +23,11 @@ mod provider;
 mod reentrancy;
 mod shared;
 mod starter;
+#[cfg(not(loom))]
+mod state;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod state;
 mod sync;
 mod time;
 mod tls;

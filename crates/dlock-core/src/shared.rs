@@ -20,6 +20,7 @@ use crate::metrics;
 use crate::name::{FencingToken, LockName};
 use crate::options::{DriftAllowance, Lease};
 use crate::starter::Task;
+use crate::state::{Claim, GuardCount, KeeperArm};
 use crate::sync::Mutex;
 use crate::time::{Deadline, earlier, later};
 use crate::trace::{self, Who};
@@ -53,18 +54,22 @@ pub(crate) struct Shared {
     pub(crate) extended: Notify,
     /// The lease keeper, waiting for its start or running.
     pub(crate) keeper: Mutex<Option<Task>>,
-    /// Set before the keeper is stopped on purpose, so its drop does not report a loss.
-    keeper_disarmed: AtomicBool,
-    /// Whoever cleans up on the store after a loss claims it first, so it is done once, by
-    /// the keeper or by the release, whichever comes first.
-    cleanup_claimed: AtomicBool,
+    /// Disarmed before the keeper is stopped on purpose, so its drop does not report a loss;
+    /// a keeper that stops armed reports one, and a release that comes after it finds the
+    /// hold lost.
+    keeper_arm: KeeperArm,
+    /// Whoever sends the store a release (the release itself, or the clean-up after a loss)
+    /// claims it first, so it is sent once: by the keeper, the release or the drop of the last
+    /// guard, whichever comes first.
+    cleanup: Claim,
     /// The runtime the hold was granted on: background releases go there first.
     pub(crate) runtime: Option<Handle>,
     /// That runtime shut down (the keeper was dropped with it): background work goes to the
     /// current runtime instead.
     runtime_gone: AtomicBool,
-    /// Live guards of this hold; the remote hold is released when it drops to zero.
-    guards: Mutex<usize>,
+    /// Live guards of this hold; the remote hold is released when it drops to zero, and no
+    /// guard joins it after that.
+    guards: GuardCount,
     /// This hold in the `dlock_holds` gauge while it exists.
     _live: metrics::Live,
 }
@@ -94,11 +99,11 @@ impl Shared {
             drift_fixed: AtomicU64::new(nanos(new.drift.fixed())),
             extended: Notify::new(),
             keeper: Mutex::new(None),
-            keeper_disarmed: AtomicBool::new(false),
-            cleanup_claimed: AtomicBool::new(false),
+            keeper_arm: KeeperArm::new(),
+            cleanup: Claim::new(),
             runtime,
             runtime_gone: AtomicBool::new(false),
-            guards: Mutex::new(1),
+            guards: GuardCount::new(1),
             _live: metrics::Live::new(new.backend, new.kind),
         }
     }
@@ -193,42 +198,42 @@ impl Shared {
     /// Adds a guard (re-entry). Fails if the hold is being released, is lost or past its end,
     /// or is suspended: re-entry hands out only holds the backend vouches for.
     pub(crate) fn enter(&self) -> bool {
-        let mut guards = self.guards.lock();
-        if *guards == 0 || !self.is_held() {
-            return false;
-        }
-        *guards += 1;
-        true
+        // The count refuses an entry after the last leave, whatever the check saw.
+        self.guards.is_live() && self.is_held() && self.guards.enter()
     }
 
     /// Whether a guard is live and the hold can be vouched for.
     pub(crate) fn is_live(&self) -> bool {
-        *self.guards.lock() > 0 && self.check()
+        self.guards.is_live() && self.check()
     }
 
-    /// Removes a guard; true if it was the last one, which must release the hold.
+    /// Removes a guard; true if it was the last one, which must release the hold (exactly
+    /// one leave is the last).
     pub(crate) fn leave(&self) -> bool {
-        let mut guards = self.guards.lock();
-        *guards = guards.saturating_sub(1);
-        *guards == 0
+        self.guards.leave()
     }
 
-    /// Disarms and stops the keeper.
-    pub(crate) fn stop_keeper(&self) {
-        self.keeper_disarmed.store(true, Ordering::SeqCst);
+    /// Disarms and stops the keeper. False if the keeper had stopped armed before (its loss
+    /// stands, and is reported here if its keeper has not done so yet).
+    pub(crate) fn stop_keeper(&self) -> bool {
+        let disarmed = self.keeper_arm.disarm();
+        if !disarmed {
+            self.signal.mark_lost(LossReason::KeeperStopped);
+        }
         let stopped = self.keeper.lock().take();
         drop(stopped);
+        disarmed
     }
 
-    /// Whether the keeper was stopped on purpose.
-    pub(crate) fn keeper_disarmed(&self) -> bool {
-        self.keeper_disarmed.load(Ordering::SeqCst)
+    /// Whether the keeper may still start: neither stopped on purpose nor stopped armed.
+    pub(crate) fn keeper_armed(&self) -> bool {
+        self.keeper_arm.is_armed()
     }
 
     /// Called when the keeper stops, or will never start: a keeper that stops while armed
     /// (its runtime shut down, a backend call panicked) reports the loss.
     pub(crate) fn keeper_stopped(&self) {
-        if !self.keeper_disarmed() {
+        if self.keeper_arm.stopped() {
             self.runtime_gone.store(true, Ordering::SeqCst);
             self.signal.mark_lost(LossReason::KeeperStopped);
         }
@@ -258,9 +263,10 @@ impl Shared {
         }
     }
 
-    /// Claims the clean-up after a loss; true for the first caller only.
+    /// Claims the one release sent to the store (the release, or the clean-up after a loss);
+    /// true for the first caller only.
     pub(crate) fn claim_cleanup(&self) -> bool {
-        !self.cleanup_claimed.swap(true, Ordering::SeqCst)
+        self.cleanup.claim()
     }
 
     /// After a loss: what may be left on the store is released, best effort (the release is
@@ -287,8 +293,15 @@ impl Shared {
             }
             return Err(Error::lock_lost(&self.name));
         }
+        // The keeper claimed it first: it saw the loss (and reported it before its claim), and
+        // its clean-up sends the release.
+        if !self.claim_cleanup() {
+            return Err(Error::lock_lost(&self.name));
+        }
         let result = self.hold.release().await;
         let outcome = match &result {
+            // The store released it. A loss reported while the call was in flight (the
+            // backend's own) stands: the hold is then lost, never also released.
             Ok(()) => {
                 self.signal.set_released();
                 "released"
@@ -312,11 +325,9 @@ impl Shared {
     /// was granted on (or, if that one is gone, the current one); nothing without either, and
     /// the lease or session ends the hold.
     pub(crate) fn release_in_background(self: Arc<Self>) {
-        self.stop_keeper();
-        let lost = !self.check();
-        if lost && (self.signal.is_released() || !self.claim_cleanup()) {
+        let Some(lost) = self.background_release() else {
             return;
-        }
+        };
         let home = self
             .runtime
             .clone()
@@ -326,16 +337,28 @@ impl Shared {
         };
         let span = trace::release(self.backend, self.kind, &self.name, true);
         // A runtime that is shutting down refuses new tasks quietly; the lease then ends the hold.
-        runtime.spawn(
-            async move {
-                if lost {
-                    self.clean_up_after_loss().await;
-                } else if let Err(e) = self.release_remote().await {
-                    tracing::warn!(error = %e, "background release failed; the lease will end the hold");
-                }
-            }
-            .instrument(span),
-        );
+        runtime.spawn(async move { self.finish_release(lost).await }.instrument(span));
+    }
+
+    /// What the drop of the last guard decides before it spawns the background release:
+    /// `None` if nothing is left to do (the hold was released, or someone else cleans up after
+    /// its loss), else whether the hold is lost (the clean-up is then claimed).
+    pub(crate) fn background_release(&self) -> Option<bool> {
+        self.stop_keeper();
+        let lost = !self.check();
+        if lost && (self.signal.is_released() || !self.claim_cleanup()) {
+            return None;
+        }
+        Some(lost)
+    }
+
+    /// The background release decided by [`background_release`](Self::background_release).
+    pub(crate) async fn finish_release(&self, lost: bool) {
+        if lost {
+            self.clean_up_after_loss().await;
+        } else if let Err(e) = self.release_remote().await {
+            tracing::warn!(error = %e, "background release failed; the lease will end the hold");
+        }
     }
 }
 
