@@ -31,7 +31,7 @@ use clap::{Args, ValueEnum};
 use self::attack::attack;
 pub use self::history::FaultKind;
 use self::history::now_ns;
-use self::store::applicable;
+use self::store::{applicable, session_override};
 pub use self::worker::TortureWorkerOpts;
 pub(crate) use self::worker::worker;
 use crate::{exit, parse_duration};
@@ -125,8 +125,23 @@ pub struct TortureOpts {
     pub names: u64,
 
     /// The workers' watchdog lease.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    #[arg(long, value_parser = parse_duration, default_value = "2s", conflicts_with = "defaults")]
     pub lease: Duration,
+
+    /// Attack what users run: the workers take their holds with the library's default options
+    /// (a 30 s watchdog lease) on the store's default session (the URL must not set
+    /// `session_timeout_ms` or `ttl_s`), and every fault is scaled to that lease or session.
+    /// Runs must be long (at least four leases; ten minutes is a good start).
+    #[arg(long)]
+    pub defaults: bool,
+
+    /// The clock of the first worker runs at this rate (0.99: 1 % slow; 1.01: 1 % fast), for
+    /// its whole life and each worker that replaces it, through libfaketime (the OS package
+    /// `libfaketime`); faults that aim at a holder pick it when it holds. Within the drift
+    /// allowance (1 % of the lease plus 5 ms) the contract must hold; a clock slower than
+    /// that must be caught.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub clock_rate: Option<f64>,
 
     /// The longest critical section.
     #[arg(long, value_parser = parse_duration, default_value = "60ms")]
@@ -145,9 +160,31 @@ pub struct TortureOpts {
     pub sabotage: Option<Sabotage>,
 }
 
+/// A clock rate: a number from 0.5 to 2.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.5..=2.0).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "{s:?}: expected a rate from 0.5 to 2 (0.99: 1 % slow)"
+        )),
+    }
+}
+
 /// Attacks every store of `--url` in turn; the exit status (1 if the checker found a
 /// violation).
-pub(crate) async fn torture(opts: TortureOpts) -> u8 {
+pub(crate) async fn torture(mut opts: TortureOpts) -> u8 {
+    if opts.defaults {
+        opts.lease = dlock::Lease::DEFAULT_TTL;
+        if opts.duration < opts.lease.saturating_mul(4) {
+            eprintln!(
+                "dlock: --defaults attacks with {} leases: give it --duration of at least {} \
+                 (10m is a good start)",
+                humantime::format_duration(opts.lease),
+                humantime::format_duration(opts.lease.saturating_mul(4))
+            );
+            return exit::CONFIG;
+        }
+    }
     let seed = opts
         .seed
         .unwrap_or_else(|| now_ns() ^ u64::from(std::process::id()));
@@ -169,6 +206,15 @@ pub(crate) async fn torture(opts: TortureOpts) -> u8 {
     // Every store is checked before the first is attacked: a run does not end half-way,
     // its earlier reports lost, on a store no requested fault can hit.
     for url in &opts.urls {
+        if opts.defaults
+            && let Some(key) = session_override(url)
+        {
+            eprintln!(
+                "dlock: {}: --defaults runs the store's default session; the URL sets {key}",
+                dlock::redact(url)
+            );
+            return exit::CONFIG;
+        }
         if applicable(&opts, url).1.is_empty() {
             eprintln!(
                 "dlock: {}: none of the requested faults can hit it (a store without a \

@@ -241,6 +241,26 @@ fn a_store_that_frees_a_stalled_holder_early_is_caught() {
     assert!(all.contains("cannot have cost it its hold"), "{all}");
 }
 
+/// A store that frees a holder's lock early only when its holder stalls for less than the
+/// lease (a quarter lease after its last renewal): blips, which explain no overlap, catch it.
+#[test]
+fn a_store_that_frees_early_only_under_blips_is_caught() {
+    let scratch = Scratch::new();
+    let more = [
+        "--duration",
+        "10s",
+        "--names",
+        "2",
+        "--faults",
+        "blip-pause",
+    ];
+    let out = attack_with(&scratch, "4040", Some("short-lease"), &more);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("unexplained overlap"), "{all}");
+    assert!(all.contains("blip-pause"), "{all}");
+}
+
 /// A holder that reports its loss half a lease after its guard did, past the pause's end.
 #[test]
 fn a_holder_told_late_is_caught() {
@@ -275,7 +295,7 @@ fn a_name_never_granted_again_is_caught() {
 fn bad_input_gets_a_clear_error_and_exit_code() {
     let scratch = Scratch::new();
     let url = scratch.url();
-    let cases: [(&[&str], i32, &str); 9] = [
+    let cases: [(&[&str], i32, &str); 13] = [
         (&["--url", &url, "--faults", "meteor"], 2, "meteor"),
         (&["--url", &url, "--faults", "restart"], 78, "--restart-cmd"),
         (
@@ -296,6 +316,24 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
             "one process",
         ),
         (&["--url", "nonsense"], 78, "nonsense"),
+        (&["--url", &url, "--defaults"], 78, "at least 2m"),
+        (
+            &[
+                "--url",
+                "zk://127.0.0.1:1?session_timeout_ms=2000",
+                "--defaults",
+                "--duration",
+                "10m",
+            ],
+            78,
+            "session_timeout_ms",
+        ),
+        (
+            &["--url", &url, "--defaults", "--lease", "1s"],
+            2,
+            "--lease",
+        ),
+        (&["--url", &url, "--clock-rate", "0.1"], 2, "0.5 to 2"),
         // No fault of the list can hit the second store: refused before the first is
         // attacked (it would otherwise run 30 s, then end without its report).
         (
@@ -525,5 +563,80 @@ fn blips_cost_an_honest_store_no_hold() {
         reports[0]["overlaps_unexplained"].as_u64(),
         Some(0),
         "{all}"
+    );
+}
+
+/// Whether libfaketime is installed (`scripts/services up tools` installs it); `false` means
+/// skipped, unless `DLOCK_TEST_REQUIRE` forbids it.
+fn has_faketime() -> bool {
+    let found = ["x86_64", "aarch64"].iter().any(|arch| {
+        std::path::Path::new(&format!(
+            "/usr/lib/{arch}-linux-gnu/faketime/libfaketimeMT.so.1"
+        ))
+        .exists()
+    });
+    if !found {
+        let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+        assert!(
+            require != "all",
+            "libfaketime is missing but DLOCK_TEST_REQUIRE=all forbids skipping: run \
+             `scripts/services up tools`"
+        );
+        eprintln!("skipped: libfaketime is missing (run `scripts/services up tools`)");
+    }
+    found
+}
+
+/// A holder whose clock runs slow, in a silent network, believes in its hold longer than the
+/// store keeps it: 20 % slow is far beyond the drift allowance (1 % of the lease plus 5 ms),
+/// and the checker catches it; 0.5 % slow is within it, and the same attack passes. Critical
+/// sections longer than the lease, so that the silent network finds the holder inside one.
+#[test]
+fn a_slow_clock_is_caught_beyond_the_drift_allowance_and_safe_within_it() {
+    let Some(url) = shared_redis() else {
+        return;
+    };
+    if !has_faketime() {
+        return;
+    }
+    for (rate, caught) in [("0.8", true), ("0.995", false)] {
+        let args = [
+            "--url",
+            &url,
+            "--processes",
+            "2",
+            "--duration",
+            "20s",
+            "--lease",
+            "1s",
+            "--hold",
+            "1500ms",
+            "--names",
+            "2",
+            "--primitives",
+            "mutex",
+            "--faults",
+            "silent",
+            "--clock-rate",
+            rate,
+            "--seed",
+            "909",
+        ];
+        let out = torture(&args);
+        let all = text(&out);
+        assert!(all.contains(&format!("clock at {rate}")), "{all}");
+        if caught {
+            assert_eq!(out.status.code(), Some(1), "{rate}: {all}");
+            assert!(
+                all.contains("told late") || all.contains("never told"),
+                "{all}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{rate}: {all}");
+        }
+    }
+    assert!(
+        processes_with("--seed 909").is_empty(),
+        "workers left running"
     );
 }

@@ -14,7 +14,7 @@ use super::history::{FaultRecord, now_ns};
 use super::plan::schedule;
 use super::report::{StoreReport, write_history};
 use super::resource::Resource;
-use super::store::{applicable, durable, learns_addresses, private_store};
+use super::store::{applicable, durable, learns_addresses, private_store, span};
 use super::{Primitive, Sabotage, TortureOpts, check};
 use crate::exit;
 
@@ -75,7 +75,8 @@ pub(super) async fn attack(
         exit::SOFTWARE
     })?;
     let prefix = format!("torture/{seed:x}/{:x}", now_ns() % 0xffff_ffff);
-    let mut crew = Crew::new(opts, seed, prefix, &primitives, exe, &resource);
+    let span = span(url, opts.lease);
+    let mut crew = Crew::new(opts, span, seed, prefix, &primitives, exe, &resource);
     let mut slots = Vec::new();
     for i in 0..opts.processes {
         let (proxies, worker_url) = match &split {
@@ -97,17 +98,18 @@ pub(super) async fn attack(
             None => (Vec::new(), url.to_owned()),
         };
         let mut slot = Slot::new(proxies, worker_url);
+        slot.drifts = i == 0 && opts.clock_rate.is_some();
         crew.spawn(&mut slot)?;
         slots.push(slot);
     }
-    let plan = schedule(seed, opts, &kinds, slots.len());
+    let plan = schedule(seed, opts, span, &kinds, slots.len());
     let start = now_ns();
     let started = tokio::time::Instant::now();
     let mut faults: Vec<FaultRecord> = Vec::new();
-    // The store gets at least a lease of calm after each fault has healed, also when the
+    // The store gets at least a span of calm after each fault has healed, also when the
     // fault took longer than planned (a restart command): the liveness check measures
     // recovery after each fault, which a fault that follows at once would hide.
-    let last_calm = later(started, opts.duration.saturating_sub(opts.lease * 2));
+    let last_calm = later(started, opts.duration.saturating_sub(span * 2));
     let mut calm_until = started;
     for planned in &plan {
         let at = later(started, planned.at).max(calm_until);
@@ -118,7 +120,7 @@ pub(super) async fn attack(
         match inject(planned, &mut slots, &mut crew).await {
             Ok(record) => {
                 faults.push(record);
-                calm_until = from_now(opts.lease);
+                calm_until = from_now(span);
             }
             Err(code) => {
                 stop(&mut slots, opts.lease).await;
@@ -142,6 +144,7 @@ pub(super) async fn attack(
     let ledger = resource.ledger();
     let terms = check::Terms {
         lease: opts.lease,
+        span,
         slack: Duration::from_secs(2),
         connection_bound: caps.connection_bound,
         durable: durable(url),
@@ -153,7 +156,7 @@ pub(super) async fn attack(
     Ok(StoreReport::new(
         opts,
         shown,
-        seed,
+        (seed, span),
         &primitives,
         plan.len(),
         report,

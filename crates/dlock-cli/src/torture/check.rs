@@ -54,6 +54,9 @@ const CHECKS: [fn(&Run<'_>, &mut Report); 5] = [
 pub(crate) struct Terms {
     /// The workers' watchdog lease (renewed every third of it).
     pub(crate) lease: Duration,
+    /// How long the store keeps a silent holder's hold, at most: the lease, or the session
+    /// of a session store ([`store::span`](super::store::span)).
+    pub(crate) span: Duration,
     /// What a healed fault may take, beyond the lease, until a worker is granted again.
     pub(crate) slack: Duration,
     /// Whether a hold lives in its connection, so that a reset can cost it

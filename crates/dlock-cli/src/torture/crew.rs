@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use super::history::{Stamped, WorkerEvent};
+use super::history::{Stamped, WorkerEvent, now_ns};
 use super::resource::Resource;
 use super::{Primitive, Sabotage, TortureOpts};
 use crate::exit;
@@ -27,6 +27,8 @@ pub(super) struct Slot {
     pub(super) child: Option<Child>,
     pub(super) worker: u32,
     pub(super) pid: Option<Pid>,
+    /// Whether this slot's workers run on a drifting clock (`--clock-rate`).
+    pub(super) drifts: bool,
     /// The tasks reading what this slot's workers (the current one and those it replaced)
     /// write; each ends at its worker's end of output.
     pub(super) readers: Vec<tokio::task::JoinHandle<()>>,
@@ -41,6 +43,7 @@ impl Slot {
             child: None,
             worker: 0,
             pid: None,
+            drifts: false,
             readers: Vec::new(),
         }
     }
@@ -59,6 +62,8 @@ pub(super) type Shared<T> = Arc<Mutex<T>>;
 /// Starts the workers of one store's attack, each with a new id, and gathers what they say.
 pub(super) struct Crew<'a> {
     pub(super) opts: &'a TortureOpts,
+    /// How long the store keeps a silent holder's hold ([`span`](super::store::span)).
+    pub(super) span: Duration,
     seed: u64,
     prefix: String,
     primitives: &'a [Primitive],
@@ -74,6 +79,7 @@ pub(super) struct Crew<'a> {
 impl<'a> Crew<'a> {
     pub(super) fn new(
         opts: &'a TortureOpts,
+        span: Duration,
         seed: u64,
         prefix: String,
         primitives: &'a [Primitive],
@@ -82,6 +88,7 @@ impl<'a> Crew<'a> {
     ) -> Self {
         Self {
             opts,
+            span,
             seed,
             prefix,
             primitives,
@@ -125,6 +132,24 @@ impl<'a> Crew<'a> {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
+        if opts.defaults {
+            cmd.arg("--defaults");
+        }
+        let drift = opts.clock_rate.filter(|_| slot.drifts);
+        if let Some(rate) = drift {
+            let lib = faketime_lib().ok_or_else(|| {
+                eprintln!(
+                    "dlock: --clock-rate needs libfaketime (the OS package libfaketime): none \
+                     of {} exists",
+                    FAKETIME_LIBS.join(", ")
+                );
+                exit::CONFIG
+            })?;
+            // A rate needs a start offset ("+0") to take effect; the faked clocks then count
+            // from a base of libfaketime's choosing, which the reader maps back (`Drift`).
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("+0 x{rate}"));
+        }
         if let Some(s) = opts.sabotage
             && s != Sabotage::NoExclusion
         {
@@ -144,6 +169,7 @@ impl<'a> Crew<'a> {
         let holding = Arc::clone(&self.holding);
         let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
+            let mut drift = drift.map(Drift::new);
             while let Ok(Some(line)) = lines.next_line().await {
                 let Ok(event) = serde_json::from_str::<WorkerEvent>(&line) else {
                     continue;
@@ -153,7 +179,17 @@ impl<'a> Crew<'a> {
                     WorkerEvent::Exit { .. } => *holding.lock().entry(worker).or_default() -= 1,
                     _ => {}
                 }
-                history.lock().push(Stamped { worker, event });
+                match drift.as_mut() {
+                    Some(d) => d.read.push((event, now_ns())),
+                    None => history.lock().push(Stamped { worker, event }),
+                }
+            }
+            if let Some(d) = drift {
+                let mapped = d
+                    .mapped()
+                    .into_iter()
+                    .map(|event| Stamped { worker, event });
+                history.lock().extend(mapped);
             }
         });
         slot.pid = child
@@ -165,6 +201,69 @@ impl<'a> Crew<'a> {
         slot.readers.push(reader);
         self.next_worker += 1;
         Ok(())
+    }
+}
+
+/// Where the OS packages put libfaketime, multi-threaded variant first (a worker runs a
+/// multi-threaded runtime).
+const FAKETIME_LIBS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/faketime/libfaketimeMT.so.1",
+    "/usr/lib64/faketime/libfaketimeMT.so.1",
+];
+
+/// The libfaketime library of this machine, if it has one.
+fn faketime_lib() -> Option<&'static str> {
+    FAKETIME_LIBS.into_iter().find(|p| Path::new(p).exists())
+}
+
+/// The events of a worker whose clock runs at `rate`, held back until its output ends and
+/// then mapped to the harness's clock: each event happened before the harness read it, so
+/// the worker's stamps, scaled by its rate and shifted as late as every read allows, give
+/// each event's time within the shortest delay of any read.
+struct Drift {
+    rate: f64,
+    /// Each event, and when the harness read it.
+    read: Vec<(WorkerEvent, u64)>,
+}
+
+impl Drift {
+    fn new(rate: f64) -> Self {
+        Self {
+            rate,
+            read: Vec::new(),
+        }
+    }
+
+    /// The events, stamped by the harness's clock.
+    fn mapped(mut self) -> Vec<WorkerEvent> {
+        let Some(first) = self.read.first_mut().map(|(e, _)| *e.t_mut()) else {
+            return Vec::new();
+        };
+        // The time since the first event, by the harness's clock (whole nanoseconds: far
+        // below 2^53 of them in any run).
+        let rate = self.rate;
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let since = move |t: u64| (t.saturating_sub(first) as f64 / rate) as u64;
+        let start = self
+            .read
+            .iter_mut()
+            .map(|(e, at)| at.saturating_sub(since(*e.t_mut())))
+            .min()
+            .unwrap_or(0);
+        self.read
+            .into_iter()
+            .map(|(mut e, _)| {
+                let t = e.t_mut();
+                *t = start.saturating_add(since(*t));
+                e
+            })
+            .collect()
     }
 }
 

@@ -26,13 +26,17 @@ pub(super) async fn inject(
     // Pauses, kills, blips and silent networks hit a holder when there is one (a waiter
     // otherwise).
     if planned.kind.aims_at_a_holder() {
-        let until = from_now(opts.lease);
+        let until = from_now(crew.span);
         loop {
+            // A holder on a drifting clock first: it is the one whose hold the drift tests.
             let holder = {
                 let held = crew.holding.lock();
-                (0..slot_count)
-                    .map(|k| (index + k) % slot_count)
-                    .find(|i| held.get(&slots[*i].worker).copied().unwrap_or(0) > 0)
+                let holds = |i: &usize| held.get(&slots[*i].worker).copied().unwrap_or(0) > 0;
+                let mut order = (0..slot_count).map(|k| (index + k) % slot_count);
+                order
+                    .clone()
+                    .find(|i| slots[*i].drifts && holds(i))
+                    .or_else(|| order.find(holds))
             };
             if let Some(i) = holder {
                 index = i;
@@ -101,7 +105,8 @@ pub(super) async fn inject(
         }
         FaultKind::Latency => lasting(slot, Fault::Latency(planned.latency)).await,
         FaultKind::Delay => {
-            lasting(slot, Fault::DelayReplies(opts.lease + opts.lease / 2)).await;
+            let delay = crew.span.saturating_add(crew.span / 2);
+            lasting(slot, Fault::DelayReplies(delay)).await;
         }
         FaultKind::Reset => {
             for p in &slot.proxies {

@@ -101,6 +101,25 @@ pub(crate) enum WorkerEvent {
     Stop { t: u64 },
 }
 
+impl WorkerEvent {
+    /// When it happened, by the worker's clock.
+    pub(crate) fn t_mut(&mut self) -> &mut u64 {
+        match self {
+            Self::Start { t, .. }
+            | Self::Grant { t, .. }
+            | Self::Fenced { t, .. }
+            | Self::Lost { t, .. }
+            | Self::Exit { t, .. }
+            | Self::Release { t, .. }
+            | Self::LostBeforeUse { t, .. }
+            | Self::Enqueue { t, .. }
+            | Self::Timeout { t, .. }
+            | Self::Error { t, .. }
+            | Self::Stop { t } => t,
+        }
+    }
+}
+
 /// A worker's event, with the worker it came from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Stamped {

@@ -53,10 +53,12 @@ pub(super) struct Planned {
 }
 
 /// The schedule of a run: one fault at a time, every one healed before the next, drawn from
-/// the seed.
+/// the seed, each scaled to `lease`: the store's span (the watchdog lease, or the session of
+/// a session store).
 pub(super) fn schedule(
     seed: u64,
     opts: &TortureOpts,
+    lease: Duration,
     kinds: &[FaultKind],
     slots: usize,
 ) -> Vec<Planned> {
@@ -65,7 +67,6 @@ pub(super) fn schedule(
     if kinds.is_empty() {
         return plan;
     }
-    let lease = opts.lease;
     let mut at = lease;
     let stop = opts.duration.saturating_sub(lease * 2);
     while at < stop {
@@ -126,12 +127,14 @@ mod tests {
             json: None,
             history: None,
             sabotage: None,
+            defaults: false,
+            clock_rate: None,
         };
-        let a = schedule(7, &opts, &FaultKind::ALL, 4);
-        let b = schedule(7, &opts, &FaultKind::ALL, 4);
+        let a = schedule(7, &opts, opts.lease, &FaultKind::ALL, 4);
+        let b = schedule(7, &opts, opts.lease, &FaultKind::ALL, 4);
         assert!(!a.is_empty());
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
-        let c = schedule(8, &opts, &FaultKind::ALL, 4);
+        let c = schedule(8, &opts, opts.lease, &FaultKind::ALL, 4);
         assert_ne!(format!("{a:?}"), format!("{c:?}"));
         assert!(a.iter().all(|p| p.at + p.lasts <= opts.duration));
     }
@@ -159,8 +162,10 @@ mod tests {
             json: None,
             history: None,
             sabotage: None,
+            defaults: false,
+            clock_rate: None,
         };
-        let plan = schedule(7, &opts, &kinds, 4);
+        let plan = schedule(7, &opts, opts.lease, &kinds, 4);
         for kind in kinds {
             assert!(plan.iter().any(|p| p.kind == kind), "{kind} never drawn");
         }

@@ -1,6 +1,8 @@
 //! What an attack on one store reports: the checker's report with the run's settings, printed
 //! for a reader, as JSON, and the command line that replays it; the history as JSON lines.
 
+use std::time::Duration;
+
 use serde::Serialize;
 
 use super::check::Report;
@@ -14,6 +16,15 @@ pub(super) struct StoreReport {
     seed: u64,
     processes: u32,
     duration_s: f64,
+    /// `defaults` (the library's default options and the store's default session) or
+    /// `short` (`--lease`).
+    mode: &'static str,
+    /// The workers' watchdog lease.
+    lease_ms: u64,
+    /// How long the store keeps a silent holder's hold: the lease, or the session.
+    span_ms: u64,
+    /// The rate of the first worker's clock, when it drifts.
+    clock_rate: Option<f64>,
     primitives: Vec<String>,
     faults_planned: usize,
     command: String,
@@ -22,12 +33,12 @@ pub(super) struct StoreReport {
 }
 
 impl StoreReport {
-    /// The report of the store `shown` (its URL without passwords), attacked with `seed` by
-    /// the workers of `primitives` along a plan of `faults_planned` faults.
+    /// The report of the store `shown` (its URL without passwords) of `span`, attacked with
+    /// `seed` by the workers of `primitives` along a plan of `faults_planned` faults.
     pub(super) fn new(
         opts: &TortureOpts,
         shown: String,
-        seed: u64,
+        (seed, span): (u64, Duration),
         primitives: &[Primitive],
         faults_planned: usize,
         report: Report,
@@ -42,6 +53,10 @@ impl StoreReport {
             seed,
             processes: opts.processes,
             duration_s: opts.duration.as_secs_f64(),
+            mode: if opts.defaults { "defaults" } else { "short" },
+            lease_ms: millis(opts.lease),
+            span_ms: millis(span),
+            clock_rate: opts.clock_rate,
             primitives,
             faults_planned,
             command,
@@ -58,10 +73,16 @@ impl StoreReport {
     pub(super) fn print(&self) {
         let rep = &self.report;
         say!(
-            "{}: {} processes, {:.0} s, seed {}: {} holds; faults {:?}",
+            "{}: {} processes, {:.0} s, {} lease {} ms, span {} ms{}, seed {}: {} holds; faults \
+             {:?}",
             dlock::redact(&self.url),
             self.processes,
             self.duration_s,
+            self.mode,
+            self.lease_ms,
+            self.span_ms,
+            self.clock_rate
+                .map_or_else(String::new, |r| format!(", first worker's clock at {r}")),
             self.seed,
             rep.holds,
             rep.faults
@@ -140,16 +161,22 @@ impl StoreReport {
 /// The command line that replays the attack on `shown` with `seed`.
 fn replay(opts: &TortureOpts, shown: &str, seed: u64, primitives: &[String]) -> String {
     let faults: Vec<String> = opts.faults.iter().map(ToString::to_string).collect();
+    let lease = if opts.defaults {
+        "--defaults".to_owned()
+    } else {
+        format!("--lease {}", humantime::format_duration(opts.lease))
+    };
     format!(
         "dlock torture --url '{shown}' --processes {} --duration {} --faults {} \
-         --primitives {} --names {} --lease {} --hold {} --seed {seed}{}",
+         --primitives {} --names {} {lease} --hold {} --seed {seed}{}{}",
         opts.processes,
         humantime::format_duration(opts.duration),
         faults.join(","),
         primitives.join(","),
         opts.names,
-        humantime::format_duration(opts.lease),
         humantime::format_duration(opts.hold),
+        opts.clock_rate
+            .map_or_else(String::new, |r| format!(" --clock-rate {r}")),
         opts.restart_cmd
             .as_ref()
             .map_or_else(String::new, |cmd| format!(
@@ -178,4 +205,8 @@ pub(super) fn write_history(
     lines(out, faults);
     lines(out, accepted);
     let _ = out.flush();
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

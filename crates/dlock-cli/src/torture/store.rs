@@ -1,6 +1,8 @@
 //! The store under attack, read from its URL: which servers a worker's proxies stand in front
 //! of, and which faults can hit it.
 
+use std::time::Duration;
+
 use super::TortureOpts;
 use super::history::FaultKind;
 
@@ -41,6 +43,50 @@ pub(super) fn durable(url: &str) -> bool {
             | "postgresql"
     )
 }
+
+/// The URL parameter that sets the session of a session store (ZooKeeper's
+/// `session_timeout_ms`, etcd's `ttl_s`), if `url` sets one.
+pub(super) fn session_override(url: &str) -> Option<&'static str> {
+    let parsed = url::Url::parse(url).ok()?;
+    let key = match parsed.scheme() {
+        "zk" => "session_timeout_ms",
+        "etcd" | "etcds" => "ttl_s",
+        _ => return None,
+    };
+    parsed.query_pairs().any(|(k, _)| k == key).then_some(key)
+}
+
+/// How long the store keeps a hold whose holder went silent, at most, counted from the
+/// holder's last word: the session of a session store (a ZooKeeper session, an etcd lease:
+/// its holds live in it, however long the watchdog lease is), the watchdog `lease` on every
+/// other store. Faults are scaled to it, and the checker's bounds count from it.
+pub(super) fn span(url: &str, lease: Duration) -> Duration {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return lease;
+    };
+    let (key, unit, default) = match parsed.scheme() {
+        "zk" => ("session_timeout_ms", Duration::from_millis(1), ZK_SESSION),
+        "etcd" | "etcds" => ("ttl_s", Duration::from_secs(1), ETCD_TTL),
+        _ => return lease,
+    };
+    parsed
+        .query_pairs()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.parse::<u32>().ok())
+        .map_or(default, |n| unit.saturating_mul(n))
+}
+
+/// ZooKeeper's default session timeout (that of the backend, when it is built in).
+#[cfg(feature = "zookeeper")]
+const ZK_SESSION: Duration = dlock_zookeeper::DEFAULT_SESSION_TIMEOUT;
+#[cfg(not(feature = "zookeeper"))]
+const ZK_SESSION: Duration = Duration::from_secs(10);
+
+/// etcd's default lease time-to-live (that of the backend, when it is built in).
+#[cfg(feature = "etcd")]
+const ETCD_TTL: Duration = dlock_etcd::DEFAULT_LEASE_TTL;
+#[cfg(not(feature = "etcd"))]
+const ETCD_TTL: Duration = Duration::from_secs(10);
 
 /// A URL split around its host list: the head, the `host:port`s, the rest ([`hosts`]).
 pub(super) type Split = (String, Vec<String>, String);
@@ -134,6 +180,27 @@ mod tests {
         ] {
             assert!(durable(url), "{url}");
         }
+    }
+
+    #[test]
+    fn session_stores_are_judged_by_their_session() {
+        let lease = Duration::from_secs(30);
+        assert_eq!(span("redis://h", lease), lease);
+        assert_eq!(span("mysql://u:p@h/db", lease), lease);
+        assert_eq!(span("zk://h:2181", lease), Duration::from_secs(10));
+        assert_eq!(
+            span("zk://h:2181/x?session_timeout_ms=2000", lease),
+            Duration::from_secs(2)
+        );
+        assert_eq!(span("etcd://h", lease), Duration::from_secs(10));
+        assert_eq!(span("etcd://h/p?ttl_s=2", lease), Duration::from_secs(2));
+        assert_eq!(
+            session_override("zk://h?session_timeout_ms=1"),
+            Some("session_timeout_ms")
+        );
+        assert_eq!(session_override("etcd://h?ttl_s=2"), Some("ttl_s"));
+        assert_eq!(session_override("zk://h"), None);
+        assert_eq!(session_override("redis://h?ttl_s=2"), None);
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct TortureWorkerOpts {
     /// The longest critical section.
     #[arg(long, value_parser = parse_duration)]
     hold: Duration,
+    /// Take holds with the library's default options (the lease above is then its default).
+    #[arg(long)]
+    defaults: bool,
     /// Break the lock on purpose (to test the checker).
     #[arg(long)]
     sabotage: Option<Sabotage>,
@@ -212,12 +215,14 @@ async fn acquire(
     };
     let i = rng.below(opts.names.max(1));
     let p = &opts.prefix;
-    let lease = match opts.sabotage {
-        Some(Sabotage::ShortLease) => Lease::watchdog(opts.lease / 4),
-        Some(Sabotage::Leak) => Lease::Fixed(LEAKED_LEASE),
-        _ => Lease::watchdog(opts.lease),
+    let options = match opts.sabotage {
+        Some(Sabotage::ShortLease) => {
+            LockOptions::new().with_lease(Lease::watchdog(opts.lease / 4))
+        }
+        Some(Sabotage::Leak) => LockOptions::new().with_lease(Lease::Fixed(LEAKED_LEASE)),
+        _ if opts.defaults => LockOptions::new(),
+        _ => LockOptions::new().with_lease(Lease::watchdog(opts.lease)),
     };
-    let options = LockOptions::new().with_lease(lease);
     let wait = opts.lease * 2;
     let one = |name: String, kind: HoldKind, g: Option<LockGuard>| {
         g.map(|g| Held {

@@ -64,6 +64,7 @@ mod tests {
         ledger.fenced.insert("n".into(), 1);
         let terms = Terms {
             lease: Duration::ZERO,
+            span: Duration::ZERO,
             slack: Duration::ZERO,
             ..TERMS
         };

@@ -124,10 +124,11 @@ pub(super) fn fault(kind: FaultKind, worker: u32, start: u64, end: u64) -> Fault
     }
 }
 
-/// The terms of the checks' tests: a 2 s lease, a 2 s liveness slack, holds that outlive
-/// their connections, a durable store.
+/// The terms of the checks' tests: a 2 s lease (and span), a 2 s liveness slack, holds that
+/// outlive their connections, a durable store.
 pub(super) const TERMS: Terms = Terms {
     lease: Duration::from_secs(2),
+    span: Duration::from_secs(2),
     slack: Duration::from_secs(2),
     connection_bound: false,
     durable: true,

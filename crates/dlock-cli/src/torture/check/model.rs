@@ -69,7 +69,7 @@ impl<'a> Run<'a> {
             ledger,
             start,
             end,
-            liveness_bound: terms.lease.saturating_add(terms.slack),
+            liveness_bound: terms.span.saturating_add(terms.slack),
             terms,
         }
     }
@@ -98,11 +98,10 @@ impl<'a> Run<'a> {
     /// renewal before the fault was sent at most a third of a lease before it, and the
     /// store's lease, counted from the moment that renewal reached it, had at least two
     /// thirds left. The drift allowance and [`LATE_RENEWAL`] are taken off for a renewal that
-    /// its timer sent late. (A ZooKeeper or etcd hold lives in a session pinged or kept alive
-    /// at least as often, with a timeout as long as the lease in the runs this checker is
-    /// given; a session shorter than the lease would need its own bound.)
+    /// its timer sent late. A ZooKeeper or etcd hold lives in a session, pinged or kept alive
+    /// at least every third of its timeout: the same bound, counted from the session's span.
     pub(super) fn vouched_after_fault(&self) -> Duration {
-        let lease = self.terms.lease;
+        let lease = self.terms.span;
         lease
             .saturating_sub(lease / 3)
             .saturating_sub(self.allowance())
