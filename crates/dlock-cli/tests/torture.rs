@@ -569,12 +569,15 @@ fn blips_cost_an_honest_store_no_hold() {
 /// Whether libfaketime is installed (`scripts/services up tools` installs it); `false` means
 /// skipped, unless `DLOCK_TEST_REQUIRE` forbids it.
 fn has_faketime() -> bool {
-    let found = ["x86_64", "aarch64"].iter().any(|arch| {
-        std::path::Path::new(&format!(
-            "/usr/lib/{arch}-linux-gnu/faketime/libfaketimeMT.so.1"
-        ))
-        .exists()
-    });
+    // Where `dlock torture` looks for it.
+    let found = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+        "/usr/lib64/faketime/libfaketimeMT.so.1",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists());
     if !found {
         let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
         assert!(
@@ -588,9 +591,10 @@ fn has_faketime() -> bool {
 }
 
 /// A holder whose clock runs slow, in a silent network, believes in its hold longer than the
-/// store keeps it: 20 % slow is far beyond the drift allowance (1 % of the lease plus 5 ms),
+/// store keeps it: 30 % slow is far beyond the drift allowance (1 % of the lease plus 5 ms),
 /// and the checker catches it; 0.5 % slow is within it, and the same attack passes. Critical
-/// sections longer than the lease, so that the silent network finds the holder inside one.
+/// sections longer than the lease, so that the silent network finds the holder inside one,
+/// and three workers on two names, so that another waits for the name it holds.
 #[test]
 fn a_slow_clock_is_caught_beyond_the_drift_allowance_and_safe_within_it() {
     let Some(url) = shared_redis() else {
@@ -599,18 +603,18 @@ fn a_slow_clock_is_caught_beyond_the_drift_allowance_and_safe_within_it() {
     if !has_faketime() {
         return;
     }
-    for (rate, caught) in [("0.8", true), ("0.995", false)] {
+    let attack = |rate: &str, seed: &str| {
         let args = [
             "--url",
             &url,
             "--processes",
-            "2",
+            "3",
             "--duration",
-            "20s",
+            "30s",
             "--lease",
-            "1s",
+            "2s",
             "--hold",
-            "1500ms",
+            "3s",
             "--names",
             "2",
             "--primitives",
@@ -620,23 +624,36 @@ fn a_slow_clock_is_caught_beyond_the_drift_allowance_and_safe_within_it() {
             "--clock-rate",
             rate,
             "--seed",
-            "909",
+            seed,
         ];
         let out = torture(&args);
         let all = text(&out);
         assert!(all.contains(&format!("clock at {rate}")), "{all}");
-        if caught {
-            assert_eq!(out.status.code(), Some(1), "{rate}: {all}");
-            assert!(
-                all.contains("told late") || all.contains("never told"),
-                "{all}"
-            );
-        } else {
-            assert_eq!(out.status.code(), Some(0), "{rate}: {all}");
-        }
+        (out.status.code(), all)
+    };
+    // A silent network catches the slow clock only when it cuts the holder off while another
+    // worker waits for its name, and one way of the two (replies only) costs no hold: up to
+    // four seeds, each of 30 s, must catch it, the first that does ends the search.
+    let mut outputs = Vec::new();
+    let caught = ["909", "910", "911", "912"].iter().any(|seed| {
+        let (code, all) = attack("0.7", seed);
+        let caught = code == Some(1) && (all.contains("told late") || all.contains("never told"));
+        outputs.push(all);
+        caught
+    });
+    assert!(caught, "a clock 30 % slow was never caught: {outputs:#?}");
+    // Within the allowance every attack passes, and one at least where the silent networks
+    // cost holds: the pass is a pass under the fault.
+    let hit = ["909", "910", "911", "912"].iter().any(|seed| {
+        let (code, all) = attack("0.995", seed);
+        assert_eq!(code, Some(0), "{all}");
+        !all.contains("losses reported: 0;")
+    });
+    assert!(hit, "no silent network cost a hold of a clock 0.5 % slow");
+    for seed in ["909", "910", "911", "912"] {
+        assert!(
+            processes_with(&format!("--seed {seed}")).is_empty(),
+            "workers left running"
+        );
     }
-    assert!(
-        processes_with("--seed 909").is_empty(),
-        "workers left running"
-    );
 }

@@ -303,8 +303,11 @@ impl Shared {
             // The store released it. A loss reported while the call was in flight (the
             // backend's own) stands: the hold is then lost, never also released.
             Ok(()) => {
-                self.signal.set_released();
-                "released"
+                if self.signal.set_released() {
+                    "released"
+                } else {
+                    "lost"
+                }
             }
             Err(Error::LockLost { .. }) => {
                 self.signal.mark_lost(LossReason::Gone);

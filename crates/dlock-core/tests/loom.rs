@@ -188,6 +188,36 @@ fn release_against_loss() {
     });
 }
 
+/// Loss against loss: the backend and the keeper report a loss at once, each with its reason.
+///
+/// Invariant: exactly one call reports it, and its reason is the one that stays; the hold
+/// ends lost, never released.
+#[test]
+fn loss_against_loss() {
+    loom::model(|| {
+        let store = Arc::new(Store::default());
+        let (guard, signal) = hold(&store);
+        let backend = signal.clone();
+        let other = thread::spawn(move || backend.mark_lost(LossReason::Forced));
+        let mine = signal.mark_lost(LossReason::LeaseEnded);
+        let theirs = other.join().expect("the other loss thread");
+        assert!(
+            mine != theirs,
+            "reported {} times",
+            u8::from(mine) + u8::from(theirs)
+        );
+        let winner = if mine {
+            LossReason::LeaseEnded
+        } else {
+            LossReason::Forced
+        };
+        assert_eq!(signal.reason(), Some(winner));
+        block_on(drop_guard(guard));
+        let end = check_end(&signal, &store, 1);
+        assert!(matches!(end, End::Lost(_)), "{end:?}");
+    });
+}
+
 /// Release against suspend and resume: a session that disconnects and comes back while the
 /// guard releases.
 ///

@@ -131,14 +131,28 @@ pub(super) async fn attack(
     tokio::time::sleep_until(later(started, opts.duration)).await;
     let end = now_ns();
     stop(&mut slots, opts.lease).await;
-    // Every worker has exited: its reader ends once it has read the worker's last line.
-    for reader in slots.iter_mut().flat_map(|s| s.readers.drain(..)) {
-        if tokio::time::timeout(Duration::from_secs(5), reader)
-            .await
-            .is_err()
-        {
-            eprintln!("dlock: a worker's output was not closed 5 s after it exited");
+    // Every worker has exited: its reader ends once it has read the worker's last line. A
+    // drifting worker's reader adds all its events at its end: without them the history
+    // would lack a worker, so a reader that does not end fails the run.
+    for slot in &mut slots {
+        for reader in slot.readers.drain(..) {
+            if tokio::time::timeout(Duration::from_secs(5), reader)
+                .await
+                .is_err()
+            {
+                eprintln!("dlock: a worker's output was not closed 5 s after it exited");
+                if slot.drifts {
+                    return Err(exit::SOFTWARE);
+                }
+            }
         }
+    }
+    let errors = std::mem::take(&mut *crew.errors.lock());
+    if !errors.is_empty() {
+        for e in errors {
+            eprintln!("dlock: {shown}: {e}");
+        }
+        return Err(exit::SOFTWARE);
     }
     let history = std::mem::take(&mut *crew.history.lock());
     let ledger = resource.ledger();

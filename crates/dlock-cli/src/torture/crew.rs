@@ -73,6 +73,8 @@ pub(super) struct Crew<'a> {
     pub(super) history: Shared<Vec<Stamped>>,
     /// Per worker: its grants minus its critical sections' exits (above 0: it holds now).
     pub(super) holding: Shared<HashMap<u32, i64>>,
+    /// What made the history unusable: a drifting worker's clock that did not drift.
+    pub(super) errors: Shared<Vec<String>>,
     next_worker: u32,
 }
 
@@ -96,6 +98,7 @@ impl<'a> Crew<'a> {
             resource,
             history: Arc::default(),
             holding: Arc::default(),
+            errors: Arc::default(),
             next_worker: 0,
         }
     }
@@ -167,6 +170,7 @@ impl<'a> Crew<'a> {
         };
         let history = Arc::clone(&self.history);
         let holding = Arc::clone(&self.holding);
+        let errors = Arc::clone(&self.errors);
         let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             let mut drift = drift.map(Drift::new);
@@ -185,11 +189,12 @@ impl<'a> Crew<'a> {
                 }
             }
             if let Some(d) = drift {
-                let mapped = d
-                    .mapped()
-                    .into_iter()
-                    .map(|event| Stamped { worker, event });
-                history.lock().extend(mapped);
+                match d.mapped() {
+                    Ok(events) => history
+                        .lock()
+                        .extend(events.into_iter().map(|event| Stamped { worker, event })),
+                    Err(why) => errors.lock().push(format!("worker {worker}: {why}")),
+                }
             }
         });
         slot.pid = child
@@ -236,34 +241,64 @@ impl Drift {
         }
     }
 
-    /// The events, stamped by the harness's clock.
-    fn mapped(mut self) -> Vec<WorkerEvent> {
-        let Some(first) = self.read.first_mut().map(|(e, _)| *e.t_mut()) else {
-            return Vec::new();
+    /// The events, stamped by the harness's clock (a `wait_ms` too), or why they cannot be:
+    /// over a run long enough to tell, the worker's clock did not run at its rate (libfaketime
+    /// did not take hold), and the mapping would stretch real times instead of undoing drift.
+    fn mapped(mut self) -> Result<Vec<WorkerEvent>, String> {
+        let stamps: Vec<(u64, u64)> = self
+            .read
+            .iter_mut()
+            .map(|(e, at)| (*e.t_mut(), *at))
+            .collect();
+        let (Some(&first), Some(&last)) = (
+            stamps.iter().min_by_key(|s| s.0),
+            stamps.iter().max_by_key(|s| s.0),
+        ) else {
+            return Ok(Vec::new());
         };
-        // The time since the first event, by the harness's clock (whole nanoseconds: far
-        // below 2^53 of them in any run).
         let rate = self.rate;
+        // Rates and whole nanoseconds: far below 2^53 of them in any run.
         #[allow(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss
         )]
-        let since = move |t: u64| (t.saturating_sub(first) as f64 / rate) as u64;
+        let scale = move |d: u64| (d as f64 / rate) as u64;
+        #[allow(clippy::cast_precision_loss)]
+        {
+            let (theirs, ours) = (
+                last.0.saturating_sub(first.0),
+                last.1.saturating_sub(first.1),
+            );
+            if ours >= 5_000_000_000 && rate != 1.0 {
+                let seen = theirs as f64 / ours as f64;
+                if (seen - rate).abs() >= (seen - 1.0).abs() {
+                    return Err(format!(
+                        "the drifting worker's clock ran at {seen:.4}, not {rate}: \
+                         libfaketime did not take hold"
+                    ));
+                }
+            }
+        }
+        let since = move |t: u64| scale(t.saturating_sub(first.0));
         let start = self
             .read
             .iter_mut()
             .map(|(e, at)| at.saturating_sub(since(*e.t_mut())))
             .min()
             .unwrap_or(0);
-        self.read
+        Ok(self
+            .read
             .into_iter()
             .map(|(mut e, _)| {
                 let t = e.t_mut();
                 *t = start.saturating_add(since(*t));
+                if let WorkerEvent::Enqueue { wait_ms, .. } = &mut e {
+                    *wait_ms = scale(*wait_ms);
+                }
                 e
             })
-            .collect()
+            .collect())
     }
 }
 

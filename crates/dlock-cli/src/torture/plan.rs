@@ -81,8 +81,13 @@ pub(super) fn schedule(
             FaultKind::Latency => rng.between(lease / 2, lease * 2),
             // At most half a lease: a store keeps a stalled hold for at least two thirds of
             // one, less the checker's margins for a late renewal (`vouched_after_fault`), so
-            // a blip heals with time to spare for the renewal it held up.
-            FaultKind::BlipPause | FaultKind::BlipPartition => rng.between(lease / 5, lease / 2),
+            // a blip heals with time to spare for the renewal it held up. Of the shorter of
+            // the span and the watchdog lease: a client whose lease is shorter than its
+            // session gives its hold up at the lease's end.
+            FaultKind::BlipPause | FaultKind::BlipPartition => {
+                let short = lease.min(opts.lease);
+                rng.between(short / 5, short / 2)
+            }
             FaultKind::Reset | FaultKind::Kill | FaultKind::Restart => Duration::ZERO,
         };
         let latency = Duration::from_millis(50 + rng.below(251));

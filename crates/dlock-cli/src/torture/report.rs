@@ -186,8 +186,9 @@ fn replay(opts: &TortureOpts, shown: &str, seed: u64, primitives: &[String]) -> 
     )
 }
 
-/// Writes the whole history as JSON lines: every worker event, then every fault, then every
-/// write the resource accepted.
+/// Writes the whole history as JSON lines: every worker event (in the order read; a drifting
+/// worker's come together, when its output ended), then every fault, then every write the
+/// resource accepted.
 pub(super) fn write_history(
     out: &mut impl std::io::Write,
     history: &[Stamped],

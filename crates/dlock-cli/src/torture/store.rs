@@ -47,13 +47,26 @@ pub(super) fn durable(url: &str) -> bool {
 /// The URL parameter that sets the session of a session store (ZooKeeper's
 /// `session_timeout_ms`, etcd's `ttl_s`), if `url` sets one.
 pub(super) fn session_override(url: &str) -> Option<&'static str> {
-    let parsed = url::Url::parse(url).ok()?;
-    let key = match parsed.scheme() {
-        "zk" => "session_timeout_ms",
-        "etcd" | "etcds" => "ttl_s",
-        _ => return None,
-    };
-    parsed.query_pairs().any(|(k, _)| k == key).then_some(key)
+    let key = session_key(url)?.0;
+    query(url).any(|(k, _)| k == key).then_some(key)
+}
+
+/// The URL parameter that sets the session of a session store, its unit and its default.
+fn session_key(url: &str) -> Option<(&'static str, Duration, Duration)> {
+    match url.split_once("://")?.0 {
+        "zk" => Some(("session_timeout_ms", Duration::from_millis(1), ZK_SESSION)),
+        "etcd" | "etcds" => Some(("ttl_s", Duration::from_secs(1), ETCD_TTL)),
+        _ => None,
+    }
+}
+
+/// The query pairs of `url`, read without parsing its authority (`url::Url` refuses the host
+/// lists of an ensemble or a cluster).
+fn query(
+    url: &str,
+) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)> {
+    let q = url.split_once('?').map_or("", |(_, q)| q);
+    url::form_urlencoded::parse(q.split('#').next().unwrap_or("").as_bytes())
 }
 
 /// How long the store keeps a hold whose holder went silent, at most, counted from the
@@ -61,16 +74,10 @@ pub(super) fn session_override(url: &str) -> Option<&'static str> {
 /// its holds live in it, however long the watchdog lease is), the watchdog `lease` on every
 /// other store. Faults are scaled to it, and the checker's bounds count from it.
 pub(super) fn span(url: &str, lease: Duration) -> Duration {
-    let Ok(parsed) = url::Url::parse(url) else {
+    let Some((key, unit, default)) = session_key(url) else {
         return lease;
     };
-    let (key, unit, default) = match parsed.scheme() {
-        "zk" => ("session_timeout_ms", Duration::from_millis(1), ZK_SESSION),
-        "etcd" | "etcds" => ("ttl_s", Duration::from_secs(1), ETCD_TTL),
-        _ => return lease,
-    };
-    parsed
-        .query_pairs()
+    query(url)
         .find(|(k, _)| k == key)
         .and_then(|(_, v)| v.parse::<u32>().ok())
         .map_or(default, |n| unit.saturating_mul(n))
@@ -194,6 +201,20 @@ mod tests {
         );
         assert_eq!(span("etcd://h", lease), Duration::from_secs(10));
         assert_eq!(span("etcd://h/p?ttl_s=2", lease), Duration::from_secs(2));
+        // Host lists, which `url::Url` cannot parse.
+        assert_eq!(
+            span("zk://h:1,h:2,h:3/c?session_timeout_ms=3000", lease),
+            Duration::from_secs(3)
+        );
+        assert_eq!(span("zk://h:1,h:2,h:3", lease), Duration::from_secs(10));
+        assert_eq!(
+            span("etcd://h:1,h:2?ttl_s=4", lease),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            session_override("zk://h:1,h:2?session_timeout_ms=1"),
+            Some("session_timeout_ms")
+        );
         assert_eq!(
             session_override("zk://h?session_timeout_ms=1"),
             Some("session_timeout_ms")

@@ -118,14 +118,17 @@ pub(super) fn check(run: &Run<'_>, report: &mut Report) {
 }
 
 /// Whether a fault explains that A lost its place before `granted` (a later waiter's grant):
-/// any fault that hit A's worker from a lease before A began waiting until that grant. A
-/// pause, a partition or a kill can cost a waiter its place (its session or its queue entry
-/// can expire, it can miss its turn); latency, delayed replies, a one-way cut or a reset can
-/// hold its queueing call back past a later waiter's; and a worker whose connections were cut
-/// reconnects with a backoff after the fault healed, so its first calls after the heal may
-/// arrive late too (bounded by the lease, which its watchdog's renewals also live within).
+/// any fault that hit A's worker from a lease (or a session, if longer) before A began waiting
+/// until that grant. A pause, a partition or a kill can cost a waiter its place (its session or
+/// its queue entry can expire, it can miss its turn); latency, delayed replies, a one-way cut or
+/// a reset can hold its queueing call back past a later waiter's; and a worker whose
+/// connections were cut reconnects with a backoff after the fault healed, so its first calls
+/// after the heal may arrive late too (bounded by the lease, which its watchdog's renewals also
+/// live within).
 fn explained(run: &Run<'_>, a: &Wait<'_>, granted: u64) -> bool {
-    let since = a.enqueued.saturating_sub(nanos(run.terms.lease));
+    let since = a
+        .enqueued
+        .saturating_sub(nanos(run.terms.lease.max(run.terms.span)));
     run.faults
         .iter()
         .any(|f| f.hits(a.worker) && f.start <= granted && f.end >= since)
