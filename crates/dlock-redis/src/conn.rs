@@ -10,6 +10,7 @@ use dlock_core::{Error, Result, TlsFiles};
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
@@ -309,19 +310,25 @@ impl Conn {
             let sharded = match config.pubsub {
                 PubSubMode::Sharded => true,
                 PubSubMode::Classic => false,
-                // Redisson's probe: a cluster that knows `PUBSUB SHARDNUMSUB` (Redis 7+) has
-                // sharded pub/sub. Any error (an unknown subcommand) means it has not.
-                // Only a server that does not know the subcommand means classic; any other
-                // error (a node away, a timeout) fails the connect, to be tried again, rather
-                // than fix the provider on classic for good.
+                // Redisson's probe: a cluster that answers `PUBSUB SHARDNUMSUB` (Redis 7+)
+                // has sharded pub/sub; one that refuses it (an unknown subcommand, a user the
+                // ACL does not let run it, a service that disabled it) is used as Redisson
+                // uses it then, with PUBLISH/SUBSCRIBE. No answer at all (a node away, a
+                // timeout, a cluster still forming) fails the connect, to be tried again,
+                // rather than fix the provider on classic for good.
                 _ => {
-                    let probe: redis::RedisResult<Value> = redis::cmd("PUBSUB")
-                        .arg("SHARDNUMSUB")
-                        .query_async(&mut conn)
-                        .await;
+                    // On one node: asked of all of them, the client merges the answers as
+                    // maps and reports a node's refusal as a malformed answer instead.
+                    let mut probe = redis::cmd("PUBSUB");
+                    probe.arg("SHARDNUMSUB");
+                    let one = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                    let probe = conn
+                        .route_command(probe, one)
+                        .await
+                        .and_then(Value::extract_error);
                     match probe {
                         Ok(_) => true,
-                        Err(e) if e.to_string().to_ascii_lowercase().contains("unknown") => {
+                        Err(e) if refused(&e) => {
                             tracing::debug!(error = %e, "no sharded pub/sub: using PUBLISH/SUBSCRIBE");
                             false
                         }
@@ -448,6 +455,29 @@ impl Conn {
         result.map(|_| ()).map_err(|e| from_redis("ping", e))
     }
 
+    /// Refuses a server older than [`MIN_REDIS`] (on a cluster, any primary that is), asking
+    /// `INFO server` once. A server that refuses INFO (an ACL user without it, a service that
+    /// disabled it) is not checked: its version is unknown, not old.
+    pub(crate) async fn check_version(&self, store: &str) -> Result<()> {
+        let info: redis::RedisResult<Value> = on_conn!(
+            self,
+            |c| redis::cmd("INFO").arg("server").query_async(&mut c).await,
+            |c| redis::cmd("INFO")
+                .arg("server")
+                .query_async::<Value>(&mut c)
+                .await
+                .and_then(Value::extract_error)
+        );
+        match info {
+            Ok(info) => version_supported(&info, store),
+            Err(e) if refused(&e) => {
+                tracing::debug!(store, error = %e, "INFO refused: the server's version is not checked");
+                Ok(())
+            }
+            Err(e) => Err(from_redis(&format!("connect to {store}"), e)),
+        }
+    }
+
     /// Subscribes to `channel` (SSUBSCRIBE where wake-ups use sharded pub/sub).
     pub(crate) async fn subscribe(&self, channel: &str) -> Result<()> {
         self.subscription(channel, true).await
@@ -483,6 +513,80 @@ impl Conn {
     }
 }
 
+/// The oldest Redis dlock runs on, as (major, minor): the subscription connection speaks
+/// RESP3 (`HELLO 3`, Redis 6), and the scripts write after reading `TIME`, which needs
+/// replication of a script's effects rather than its text (the default since Redis 5).
+pub(crate) const MIN_REDIS: (u64, u64) = (6, 0);
+
+/// Whether the server answered `e` to refuse the command itself (unknown, not allowed for
+/// this user, disabled), as opposed to not answering, or answering "not now" (a cluster
+/// forming, a dataset loading): asking again will get the same refusal.
+fn refused(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::ResponseError)
+            | ErrorKind::Extension
+    )
+}
+
+/// `Ok` unless an `INFO server` answer names a `redis_version` older than [`MIN_REDIS`]: then
+/// an [`Error::Unsupported`] naming the version found and the minimum (upgrading the server is
+/// the only cure, so it is not retryable). A cluster answers one text per primary; the oldest
+/// counts. An answer that names no version (a server that is not Redis but speaks its
+/// protocol) is let through.
+fn version_supported(info: &Value, store: &str) -> Result<()> {
+    let mut texts = Vec::new();
+    collect_texts(info, &mut texts);
+    let oldest = texts
+        .iter()
+        .filter_map(|t| {
+            t.lines()
+                .find_map(|l| l.trim().strip_prefix("redis_version:"))
+                .map(str::trim)
+        })
+        .filter_map(|v| Some((parse_version(v)?, v)))
+        .min_by_key(|(parsed, _)| *parsed);
+    match oldest {
+        Some((found, text)) if found < MIN_REDIS => Err(Error::unsupported(
+            crate::consts::BACKEND,
+            format!(
+                "Redis {text} at {store}: dlock needs Redis {}.{} or newer (RESP3 \
+                 subscriptions, and scripts whose effects are replicated)",
+                MIN_REDIS.0, MIN_REDIS.1
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Every text in `value` (a string, or the strings of a map or array, as a cluster answers).
+fn collect_texts(value: &Value, into: &mut Vec<String>) {
+    match value {
+        Value::BulkString(b) => into.push(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => into.push(s.clone()),
+        Value::VerbatimString { text, .. } => into.push(text.clone()),
+        Value::Array(items) | Value::Set(items) => {
+            items.iter().for_each(|v| collect_texts(v, into));
+        }
+        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_texts(v, into)),
+        _ => {}
+    }
+}
+
+/// The major and minor number of a version such as `7.2.4` or `8.0-m01`; `None` if it does
+/// not start with two numbers.
+fn parse_version(text: &str) -> Option<(u64, u64)> {
+    let mut parts = text.split('.');
+    let number = |part: Option<&str>| -> Option<u64> {
+        let part = part?;
+        let digits = part
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(part.len());
+        part.get(..digits)?.parse().ok()
+    };
+    Some((number(parts.next())?, number(parts.next())?))
+}
+
 /// The certificates of a `rediss://` URL's `ca_file`, `cert_file` and `key_file`, read now so a
 /// missing file is an [`Error::Config`] naming it; `None` when it names none (the system's
 /// roots, no client certificate).
@@ -499,4 +603,97 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>> {
             }),
         root_cert: tls.read_ca()?,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(version: &str) -> Value {
+        Value::BulkString(
+            format!("# Server\r\nredis_version:{version}\r\nredis_mode:standalone\r\n")
+                .into_bytes(),
+        )
+    }
+
+    #[test]
+    fn versions_parse_by_major_and_minor() {
+        assert_eq!(parse_version("7.2.4"), Some((7, 2)));
+        assert_eq!(parse_version("6.0.0"), Some((6, 0)));
+        assert_eq!(parse_version("8.0-m01"), Some((8, 0)));
+        assert_eq!(parse_version("255.255.255"), Some((255, 255)));
+        assert_eq!(parse_version("5"), None);
+        assert_eq!(parse_version("x.y"), None);
+        assert_eq!(parse_version(""), None);
+    }
+
+    /// A server older than the minimum is refused, for good, with both versions named.
+    #[test]
+    fn an_old_server_is_refused_naming_its_version_and_the_minimum() {
+        for old in ["5.0.14", "4.0.9", "3.2.12", "2.8.24"] {
+            let err = version_supported(&info(old), "redis://h:1").unwrap_err();
+            assert!(matches!(err, Error::Unsupported { .. }), "{old}: {err:?}");
+            assert!(!err.is_retryable(), "{old}: an upgrade is the only cure");
+            let text = err.to_string();
+            assert!(text.contains(old) && text.contains("6.0"), "{text}");
+            assert!(text.contains("redis://h:1"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_supported_or_unknown_server_passes() {
+        for new in ["6.0.0", "6.2.14", "7.0.15", "7.2.4", "8.0.2"] {
+            assert!(version_supported(&info(new), "s").is_ok(), "{new}");
+        }
+        // RESP3 answers INFO with a verbatim string.
+        let verbatim = Value::VerbatimString {
+            format: redis::VerbatimFormat::Text,
+            text: "redis_version:7.4.1\r\n".to_owned(),
+        };
+        assert!(version_supported(&verbatim, "s").is_ok());
+        // No version named (a server that only speaks the protocol): not refused.
+        let none = Value::BulkString(b"# Server\r\nsome_server:1.0\r\n".to_vec());
+        assert!(version_supported(&none, "s").is_ok());
+        assert!(version_supported(&Value::Nil, "s").is_ok());
+    }
+
+    /// A cluster answers one text per primary: one old primary is enough to refuse.
+    #[test]
+    fn the_oldest_primary_of_a_cluster_counts() {
+        let node = |n: &str| Value::SimpleString(n.to_owned());
+        let cluster = Value::Map(vec![
+            (node("a:1"), info("7.2.4")),
+            (node("b:2"), info("5.0.7")),
+            (node("c:3"), info("7.0.0")),
+        ]);
+        let err = version_supported(&cluster, "s").unwrap_err();
+        assert!(err.to_string().contains("5.0.7"), "{err}");
+        let fine = Value::Map(vec![
+            (node("a:1"), info("7.2.4")),
+            (node("b:2"), info("6.2.0")),
+        ]);
+        assert!(version_supported(&fine, "s").is_ok());
+    }
+
+    /// Only a refusal of the command itself says "not available"; no answer, or "not now",
+    /// says nothing about the server.
+    #[test]
+    fn refusals_are_told_from_failures_to_answer() {
+        let server = |kind: ServerErrorKind| RedisError::from((ErrorKind::Server(kind), "x"));
+        assert!(refused(&server(ServerErrorKind::NoPerm)));
+        assert!(refused(&server(ServerErrorKind::ResponseError)));
+        assert!(refused(&redis::make_extension_error(
+            "DISABLED".to_owned(),
+            None
+        )));
+        assert!(!refused(&server(ServerErrorKind::ClusterDown)));
+        assert!(!refused(&server(ServerErrorKind::TryAgain)));
+        assert!(!refused(&server(ServerErrorKind::BusyLoading)));
+        assert!(!refused(&RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset
+        ))));
+        assert!(!refused(&RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::TimedOut
+        ))));
+    }
 }

@@ -66,6 +66,9 @@ impl RedisProvider {
         let config = config.checked()?;
         let conn =
             Conn::connect(&config, None::<Arc<fn(redis::PushInfo) -> Result<(), ()>>>).await?;
+        // Before the subscription connection, whose RESP3 handshake an old server would refuse
+        // with an error that does not say why.
+        conn.check_version(&config.store_id()).await?;
         // The command connection decided sharded or classic (probing the cluster once); the
         // subscription connection follows it, so releases and waiters never disagree.
         let mut sub_config = config.clone();

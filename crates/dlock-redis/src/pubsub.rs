@@ -57,8 +57,8 @@ struct Channel {
     kind: ChannelKind,
     waiters: Vec<Waiter>,
     subscribed: bool,
-    /// A SUBSCRIBE went unanswered: the server may be subscribed all the same, so the last
-    /// waiter to leave unsubscribes.
+    /// A SUBSCRIBE was sent and not answered (in time, or before its waiter was cancelled):
+    /// the server may be subscribed all the same, so the last waiter to leave unsubscribes.
     maybe: bool,
 }
 
@@ -184,8 +184,9 @@ impl Subscriptions {
     /// the SUBSCRIBE failed (the server is away): then the waiter still waits, bounded by its
     /// capped wake-up time, and [`Listener::resubscribe`] tries again on its next round.
     ///
-    /// Cancel safe: a dropped future leaves the registry as it found it (a subscription made
-    /// meanwhile is undone by the listener's drop).
+    /// Cancel safe: a dropped future leaves the registry as it found it, and a SUBSCRIBE it
+    /// may have sent is undone by the listener's drop (an UNSUBSCRIBE behind it on the same
+    /// connection, so the server ends unsubscribed whichever of the two it saw first).
     pub(crate) async fn listen(
         self: &Arc<Self>,
         channel: &str,
@@ -235,6 +236,13 @@ impl Subscriptions {
         if subscribed {
             return Subscribed::Already;
         }
+        // From the moment the SUBSCRIBE may be sent the server may be subscribed, whatever
+        // becomes of this future: dropped before the answer (its acquisition cancelled), it
+        // leaves `maybe` set, so the last waiter to leave unsubscribes.
+        let was_maybe = match self.registry.channels().get_mut(channel) {
+            Some(c) => std::mem::replace(&mut c.maybe, true),
+            None => false,
+        };
         match tokio::time::timeout(SUBSCRIBE_WAIT, self.conn.subscribe(channel)).await {
             Ok(Ok(())) => {
                 if let Some(c) = self.registry.channels().get_mut(channel) {
@@ -245,6 +253,10 @@ impl Subscriptions {
             }
             Ok(Err(e)) => {
                 tracing::debug!(channel, error = %e, "subscribe failed; waiting on a timer until it works");
+                // Refused, or failed with the connection: this SUBSCRIBE subscribed nothing.
+                if let Some(c) = self.registry.channels().get_mut(channel) {
+                    c.maybe = was_maybe;
+                }
                 Subscribed::Failed
             }
             Err(_) => {
@@ -252,9 +264,6 @@ impl Subscriptions {
                     channel,
                     "subscribe unanswered; waiting on a timer until it works"
                 );
-                if let Some(c) = self.registry.channels().get_mut(channel) {
-                    c.maybe = true;
-                }
                 Subscribed::Failed
             }
         }

@@ -149,3 +149,64 @@ async fn rediss_with_a_private_ca_and_a_client_certificate() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A cluster user whom the ACL does not let run `PUBSUB` (the probe for sharded pub/sub) but
+/// lets lock, publish and subscribe connects with `pubsub=auto`: the refusal means "no
+/// sharded pub/sub", as for Redisson, and its waiters are woken by the releases' messages
+/// (PUBLISH/SUBSCRIBE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_user_who_may_not_probe_pubsub_connects() {
+    let Some(server) = PrivateRedis::start_with(false, None, true).await else {
+        return;
+    };
+    let mut c = admin(&server.url()).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locker")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-pubsub")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let url = format!(
+        "redis://locker:secret@127.0.0.1:{}/?cluster=true&pubsub=auto",
+        server.port
+    );
+    let holder = RedisProvider::connect(&url).await.unwrap();
+    let waiter = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("no-probe");
+    let held = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let lock = waiter.lock(&name, LockOptions::default()).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    let subscribed = waiter.clone();
+    eventually(Duration::from_secs(10), "the waiter subscribed", || {
+        let p = subscribed.clone();
+        async move {
+            match p.subscriptions() {
+                1 => Ok(()),
+                n => Err(format!("{n} subscriptions")),
+            }
+        }
+    })
+    .await;
+    let before = waiter.messages_delivered();
+    held.release().await.unwrap();
+    let g = must(Duration::from_secs(4), "the waiter's grant", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        waiter.messages_delivered() > before,
+        "the waiter was not woken by the release's message"
+    );
+    g.release().await.unwrap();
+}

@@ -496,3 +496,95 @@ async fn connections_carry_tcp_keepalive() {
     );
     held.release().await.unwrap();
 }
+
+/// Fair acquires cancelled while their SUBSCRIBE is in flight leave no subscription on the
+/// server. Replies come back 1 s late through a proxy, while requests reach the server at
+/// once: each acquire is cancelled as soon as the server lists its channel (each fair waiter
+/// has a channel of its own), before the answer and before the 500 ms after which a waiter
+/// stops waiting for one. Every channel is then unsubscribed, within a deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_acquires_cancelled_mid_subscribe_leave_no_subscription() {
+    const CANCELLED: usize = 1000;
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let direct = RedisProvider::connect(&server.url()).await.unwrap();
+    let slow = RedisProvider::connect(&format!("redis://{}", proxy.addr()))
+        .await
+        .unwrap();
+    let names = Names::new();
+    let fair = LockOptions::default().with_fair(true);
+    let mut held = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for i in 0..CANCELLED {
+        let name = names.name(&format!("s{i}"));
+        held.push(direct.lock(&name, fair).unwrap().acquire().await.unwrap());
+        index.insert(name, i);
+    }
+    proxy.set_fault(dlock_proxy::Fault::DelayReplies(Duration::from_secs(1)));
+    let mut tasks: Vec<_> = (0..CANCELLED)
+        .map(|i| {
+            let lock = slow.lock(&names.name(&format!("s{i}")), fair).unwrap();
+            Some(tokio::spawn(async move { lock.acquire().await }))
+        })
+        .collect();
+    // `redisson_lock__channel:{NAME}:<field>`, on this test's names only.
+    let pattern = format!("redisson_lock__channel:{{{}*", names.prefix());
+    let mut c = admin(&server.url()).await;
+    let channels = |c: &mut redis::aio::MultiplexedConnection| {
+        let pattern = pattern.clone();
+        let mut c = c.clone();
+        async move {
+            redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(pattern)
+                .query_async::<Vec<String>>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let mut left = CANCELLED;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while left > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{left} acquires never subscribed"
+        );
+        for channel in channels(&mut c).await {
+            let name = channel
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map(|(name, _)| name);
+            if let Some(task) = name
+                .and_then(|n| index.get(n))
+                .and_then(|&i| tasks[i].take())
+            {
+                task.abort();
+                left -= 1;
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    // The answers the cancelled acquires did not wait for, and the undo of each, need not
+    // wait a second each.
+    proxy.set_fault(dlock_proxy::Fault::None);
+    eventually(
+        Duration::from_secs(60),
+        "no subscription left behind",
+        || {
+            let mut c = c.clone();
+            let channels = &channels;
+            async move {
+                match channels(&mut c).await.len() {
+                    0 => Ok(()),
+                    n => Err(format!("{n} channels still subscribed")),
+                }
+            }
+        },
+    )
+    .await;
+    drop(held);
+}

@@ -222,29 +222,32 @@ async fn cluster_wake_ups_follow_the_pubsub_mode() {
 }
 
 /// No lost wake-ups under contention: 8 clients (8 subscription connections) on one name,
-/// watchdog leases of 30 s. A waiter that misses its unlock message sleeps until the holder's
-/// PTTL (30 s), so every acquire completing within 10 s shows none was missed (for instance
-/// by a waiter that trusts a subscription whose UNSUBSCRIBE is in flight).
+/// watchdog leases of 30 s. A waiter that misses its unlock message is woken only by its
+/// recheck, 5 s later (the cap on every wait), so every acquire completing within 4 s shows
+/// none was missed (for instance by a waiter that trusts a subscription whose UNSUBSCRIBE is
+/// in flight). The handoffs are counted too: with every message lost, the waiters would still
+/// finish, woken by their rechecks, but no message would have been delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_lost_wakeups_under_contention() {
     let Some(url) = service_url("DLOCK_REDIS_URL") else {
         return;
     };
+    const CLIENTS: u64 = 8;
+    const CYCLES: u64 = 150;
+    // Shorter than the 5 s recheck that wakes a waiter whose message was lost.
+    const BOUND: Duration = Duration::from_secs(4);
     let name = Names::new().name("wakeups");
+    let mut clients = Vec::new();
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..CLIENTS {
         let p = RedisProvider::connect(&url).await.unwrap();
         let lock = p.lock(&name, LockOptions::default()).unwrap();
+        clients.push(p);
         tasks.push(tokio::spawn(async move {
-            let _client = p;
-            for _ in 0..150 {
-                let g = must(
-                    Duration::from_secs(10),
-                    "an acquire under contention",
-                    lock.acquire(),
-                )
-                .await
-                .unwrap();
+            for _ in 0..CYCLES {
+                let g = must(BOUND, "an acquire under contention", lock.acquire())
+                    .await
+                    .unwrap();
                 tokio::task::yield_now().await;
                 g.release().await.unwrap();
             }
@@ -253,6 +256,14 @@ async fn no_lost_wakeups_under_contention() {
     for t in tasks {
         t.await.unwrap();
     }
+    // Nearly every release finds the other seven clients waiting, each subscribed on its own
+    // connection (about 7 messages a release); one a release on average is a loose floor.
+    let delivered: u64 = clients.iter().map(RedisProvider::messages_delivered).sum();
+    assert!(
+        delivered >= CLIENTS * CYCLES,
+        "{delivered} unlock messages delivered for {} releases",
+        CLIENTS * CYCLES
+    );
 }
 
 /// A semaphore whose counter is 0 with no permit in the timeouts set (a Java `RSemaphore`
