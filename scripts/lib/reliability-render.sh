@@ -4,7 +4,8 @@
 #   reliability_render DIR PAGE    write PAGE from DIR/*.json (needs jq)
 #
 # Each file is one run: { row, mode, store, order, seed, commit, date, command, minutes, exit,
-# report, error? } with report the object of `dlock torture --json` (or null).
+# report, error? } with report the object of `dlock torture --json` (or null); DIR/notes.json,
+# if there is one, says per "ROW-MODE" why a row failed and what follows from it.
 
 # The tables, from the runs on stdin (a JSON array), for the page's source $1.
 reliability_tables_jq='
@@ -55,7 +56,8 @@ group_by(.mode) | sort_by(.[0].mode | modeorder) | .[] | sort_by(.order, .row) |
         (if .report == null then "\n  - the run failed, no report; its last words: `\(.error // "" | gsub("\n"; " / ") | gsub("`"; "'"'"'"))`"
          elif (.report.violations | length) > 0 then "\n  - first violation: `\(.report.violations[0] | gsub("`"; "'"'"'"))`"
          else "\n  - exit status \(.exit) without a violation (the run did not finish cleanly)" end)
-      else "" end)),
+      else "" end)
+   + (if .note then "\n  - why, and what follows: \(.note)" else "" end)),
 ""
 '
 
@@ -73,6 +75,10 @@ reliability_render() {
         map=$(jq --arg c "$c" --arg code "${code:-$c}" '. + {($c): $code}' <<<"$map")
     done
     runs=$(jq --argjson map "$map" 'map(. + {code: ($map[.commit | sub("-dirty$"; "")] // .commit)})' <<<"$runs")
+    # What a failed row means, written by whoever read it: DIR/notes.json, {"ROW-MODE": "text"}.
+    local notes='{}'
+    [[ -f ${dir%/}/notes.json ]] && notes=$(jq -c . "${dir%/}/notes.json")
+    runs=$(jq --argjson notes "$notes" 'map(. + (if $notes[.row + "-" + .mode] then {note: $notes[.row + "-" + .mode]} else {} end))' <<<"$runs")
     commits=$(jq -r '[.[] | .code[0:7] + (if .commit | endswith("-dirty") then "-dirty" else "" end)] | unique | join(", ")' <<<"$runs")
     tmp=$page.tmp
     {
