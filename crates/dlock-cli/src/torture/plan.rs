@@ -116,13 +116,13 @@ mod tests {
     use super::*;
     use crate::torture::Primitive;
 
-    #[test]
-    fn a_seed_replays_the_same_schedule() {
-        let opts = TortureOpts {
+    /// A run of 4 workers with a 2 s lease, `duration` long, with `faults`.
+    fn opts(duration: Duration, faults: &[FaultKind]) -> TortureOpts {
+        TortureOpts {
             urls: vec![],
             processes: 4,
-            duration: Duration::from_secs(60),
-            faults: FaultKind::ALL.to_vec(),
+            duration,
+            faults: faults.to_vec(),
             restart_cmd: None,
             seed: Some(7),
             primitives: vec![Primitive::Mutex],
@@ -134,7 +134,12 @@ mod tests {
             sabotage: None,
             defaults: false,
             clock_rate: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_seed_replays_the_same_schedule() {
+        let opts = opts(Duration::from_secs(60), &FaultKind::ALL);
         let a = schedule(7, &opts, opts.lease, &FaultKind::ALL, 4);
         let b = schedule(7, &opts, opts.lease, &FaultKind::ALL, 4);
         assert!(!a.is_empty());
@@ -153,23 +158,7 @@ mod tests {
             FaultKind::BlipPartition,
             FaultKind::Silent,
         ];
-        let opts = TortureOpts {
-            urls: vec![],
-            processes: 4,
-            duration: Duration::from_secs(600),
-            faults: kinds.to_vec(),
-            restart_cmd: None,
-            seed: Some(7),
-            primitives: vec![Primitive::Mutex],
-            names: 3,
-            lease: Duration::from_secs(2),
-            hold: Duration::from_millis(60),
-            json: None,
-            history: None,
-            sabotage: None,
-            defaults: false,
-            clock_rate: None,
-        };
+        let opts = opts(Duration::from_secs(600), &kinds);
         let plan = schedule(7, &opts, opts.lease, &kinds, 4);
         for kind in kinds {
             assert!(plan.iter().any(|p| p.kind == kind), "{kind} never drawn");
