@@ -136,8 +136,10 @@ How to read a table (the checker's rules):
   **Worst report delay** is how long after an overlap began its holder was told (negative:
   before).
 - **Liveness held**: no `stuck` violation. After every fault some worker is granted something
-  within the bound, and every name the fault's worker held is granted again within the lease,
-  the 2 s slack and two waits after the fault healed. **Worst recovery** is the longest time
+  within the bound, and every name the fault's worker held is granted to a worker that asks
+  for it once the store had to have freed it (a span and the 2 s slack after its last hold
+  ended): an ask refused for its whole wait, with no fault on the asker and nobody granted
+  the name meanwhile, is a stuck name. **Worst recovery** is the longest time
   from a fault's end to the next grant.
 - **Fair pairs / overtaken**: pairs of fair-lock waiters judged, and the violations where a
   waiter was overtaken by one that began waiting later with no fault on it (must be 0); `n/a`

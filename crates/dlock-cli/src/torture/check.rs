@@ -14,8 +14,9 @@
 //!   holds) hit the older holder and outlasted what its hold was vouched for (an unexplained
 //!   overlap otherwise), and that holder was told (its guard reported the loss) by a deadline
 //!   ("told late" otherwise); how long after the overlap began it was told is kept, by fault.
-//! - [`liveness`]: after every fault healed, some worker acquired within the lease plus a
-//!   slack, and every name the fault's worker held was granted again.
+//! - [`liveness`]: after every fault healed, some worker acquired within the span plus a
+//!   slack, and every name the fault's worker held was granted again to whoever asked for it
+//!   once the store had to have freed it.
 //! - [`fairness`]: on a fair lock, no waiter was granted after one that began waiting
 //!   clearly later, unless a fault hit it meanwhile or it had given up ("overtaken").
 //!

@@ -197,10 +197,10 @@ pub(crate) async fn worker(opts: TortureWorkerOpts) -> u8 {
     0
 }
 
-/// One acquisition of a primitive drawn from `rng`, waiting up to twice the lease. A fair one
-/// is recorded as it begins (an `Enqueue` with a new id from `attempts`) and, if it returns
-/// without a hold, as it gives up (a `Timeout`), so that the checker can tell who waited
-/// before whom.
+/// One acquisition of a primitive drawn from `rng`, waiting up to twice the lease. One of a
+/// single name is recorded as it begins (an `Enqueue` with a new id from `attempts`) and, if
+/// it returns without a hold, as it gives up (a `Timeout`): the checker tells from them who
+/// waited before whom on a fair lock, and which free name a store refused.
 async fn acquire(
     provider: &DynLockProvider,
     opts: &TortureWorkerOpts,
@@ -224,57 +224,12 @@ async fn acquire(
         _ => LockOptions::new().with_lease(Lease::watchdog(opts.lease)),
     };
     let wait = opts.lease * 2;
-    let one = |name: String, kind: HoldKind, g: Option<LockGuard>| {
-        g.map(|g| Held {
-            guards: vec![(0, name, kind, g)],
-        })
-    };
-    Ok(match primitive {
-        Primitive::Mutex => {
-            let name = format!("{p}/m{i}");
-            let g = provider.lock(&name, options)?.try_acquire(wait).await?;
-            one(name, HoldKind::Mutex, g)
-        }
-        Primitive::Fair => {
-            let name = format!("{p}/f{i}");
-            *attempts += 1;
-            let attempt = *attempts;
-            emit(&WorkerEvent::Enqueue {
-                t: now_ns(),
-                attempt,
-                name: name.clone(),
-                kind: HoldKind::Fair,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            });
-            // Sabotaged, the hold is a plain mutex's: its waiters race for each release.
-            let fair = opts.sabotage != Some(Sabotage::Unfair);
-            let g = provider
-                .lock(&name, options.with_fair(fair))?
-                .try_acquire(wait)
-                .await?;
-            if g.is_none() {
-                emit(&WorkerEvent::Timeout {
-                    t: now_ns(),
-                    attempt,
-                    name: name.clone(),
-                });
-            }
-            one(name, HoldKind::Fair, g)
-        }
-        Primitive::Rw => {
-            let name = format!("{p}/rw{i}");
-            let rw = provider.read_write_lock(&name, options)?;
-            if rng.below(10) < 7 {
-                one(name, HoldKind::Read, rw.try_read(wait).await?)
-            } else {
-                one(name, HoldKind::Write, rw.try_write(wait).await?)
-            }
-        }
-        Primitive::Semaphore => {
-            let name = format!("{p}/s{i}");
-            let s = provider.semaphore(&name, PERMITS, options)?;
-            one(name, HoldKind::Permit, s.try_acquire(wait).await?)
-        }
+    let (name, kind) = match primitive {
+        Primitive::Mutex => (format!("{p}/m{i}"), HoldKind::Mutex),
+        Primitive::Fair => (format!("{p}/f{i}"), HoldKind::Fair),
+        Primitive::Rw if rng.below(10) < 7 => (format!("{p}/rw{i}"), HoldKind::Read),
+        Primitive::Rw => (format!("{p}/rw{i}"), HoldKind::Write),
+        Primitive::Semaphore => (format!("{p}/s{i}"), HoldKind::Permit),
         Primitive::Multi => {
             let j = (i + 1 + rng.below(opts.names.max(2) - 1)) % opts.names.max(2);
             let names = [format!("{p}/m{i}"), format!("{p}/m{j}")];
@@ -282,19 +237,66 @@ async fn acquire(
                 .iter()
                 .map(|n| provider.lock(n, options).map(Member::from))
                 .collect::<dlock::Result<_>>()?;
-            match MultiLock::new(members)?.try_acquire(wait).await? {
-                None => None,
-                Some(multi) => {
-                    let guards = multi
+            return Ok(MultiLock::new(members)?
+                .try_acquire(wait)
+                .await?
+                .map(|multi| Held {
+                    guards: multi
                         .into_guards()
                         .into_iter()
                         .map(|g| (0, g.name().to_string(), HoldKind::Mutex, g))
-                        .collect();
-                    Some(Held { guards })
-                }
-            }
+                        .collect(),
+                }));
         }
-    })
+    };
+    *attempts += 1;
+    let attempt = *attempts;
+    emit(&WorkerEvent::Enqueue {
+        t: now_ns(),
+        attempt,
+        name: name.clone(),
+        kind,
+        wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+    });
+    let guard = match kind {
+        HoldKind::Mutex => provider.lock(&name, options)?.try_acquire(wait).await?,
+        // Sabotaged, the hold is a plain mutex's: its waiters race for each release.
+        HoldKind::Fair => {
+            let fair = opts.sabotage != Some(Sabotage::Unfair);
+            provider
+                .lock(&name, options.with_fair(fair))?
+                .try_acquire(wait)
+                .await?
+        }
+        HoldKind::Read => {
+            provider
+                .read_write_lock(&name, options)?
+                .try_read(wait)
+                .await?
+        }
+        HoldKind::Write => {
+            provider
+                .read_write_lock(&name, options)?
+                .try_write(wait)
+                .await?
+        }
+        HoldKind::Permit => {
+            provider
+                .semaphore(&name, PERMITS, options)?
+                .try_acquire(wait)
+                .await?
+        }
+    };
+    if guard.is_none() {
+        emit(&WorkerEvent::Timeout {
+            t: now_ns(),
+            attempt,
+            name: name.clone(),
+        });
+    }
+    Ok(guard.map(|g| Held {
+        guards: vec![(0, name, kind, g)],
+    }))
 }
 
 /// Works while holding: half the hold, the writes to the resource, the other half; ends early

@@ -63,10 +63,13 @@ pub(super) fn timeout(worker: u32, attempt: u64, t: u64) -> Stamped {
     }
 }
 
-/// `event` (a grant or a loss) on the name `name` instead of `n`.
+/// `event` (a grant, a loss, an enqueue or a timeout) on the name `name` instead of `n`.
 pub(super) fn on(name: &str, mut event: Stamped) -> Stamped {
     match &mut event.event {
-        WorkerEvent::Grant { name: n, .. } | WorkerEvent::Lost { name: n, .. } => {
+        WorkerEvent::Grant { name: n, .. }
+        | WorkerEvent::Lost { name: n, .. }
+        | WorkerEvent::Enqueue { name: n, .. }
+        | WorkerEvent::Timeout { name: n, .. } => {
             name.clone_into(n);
         }
         _ => {}

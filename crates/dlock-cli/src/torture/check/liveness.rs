@@ -1,18 +1,20 @@
-//! Liveness: after every fault healed, some worker acquired within the bound (the lease plus
+//! Liveness: after every fault healed, some worker acquired within the bound (the span plus
 //! a slack), and every name the fault's worker held while it lasted (until its release
-//! answered, not only in its critical section) was granted again (to anyone) within a longer
-//! bound; a stall's violation says where the time went.
+//! answered, not only in its critical section) is granted again to whoever asks for it; a
+//! stall's violation says where the time went.
 //!
-//! Per name, the bound adds twice the lease, the longest a worker waits for another name
-//! before it tries again: a name is only granted when some worker asks for it, and the
-//! workers draw their names at random. Generous on purpose: a correct store grants a freed
-//! name to its waiters at once; what it catches is a name that is never given again (a hold
-//! that outlives its dead holder).
+//! Per name, the check judges asks, not time: a name is only granted when some worker asks
+//! for it, and the workers draw their names at random, so a quiet name proves nothing (with
+//! long critical sections and many names, nobody may draw one for many spans). A name is
+//! stuck when a worker asked for it once every earlier hold of it had to be gone (a span and
+//! the slack after its release answered, or after its section ended if it never did), was
+//! refused for its whole wait while no fault hit it, and nobody was granted the name
+//! meanwhile: what it catches is a hold that outlives its dead holder.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Report;
-use super::model::{Run, event_time, ms};
+use super::model::{Hold, Run, event_time, ms};
 use crate::torture::history::{FaultRecord, WorkerEvent};
 
 /// Checks that the run made progress at all, and again after each fault healed, on every
@@ -22,19 +24,22 @@ pub(super) fn check(run: &Run<'_>, report: &mut Report) {
     per_name(run, report);
 }
 
-/// Every name that a fault's worker held while the fault lasted is granted again, to anyone,
-/// within the bound after the fault healed (see the module's docs).
+/// Every name that a fault's worker held while the fault lasted is granted again after the
+/// fault healed, to anyone who asks for it once the store must have freed it (see the
+/// module's docs).
 fn per_name(run: &Run<'_>, report: &mut Report) {
-    let bound = run
-        .liveness_bound
-        .saturating_add(run.terms.lease.saturating_mul(2));
-    let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+    let free_by = u64::try_from(run.liveness_bound.as_nanos()).unwrap_or(u64::MAX);
     let by_name = run.by_name(|_| true);
+    let refused = refused_asks(run);
+    // When the store must have let a hold go, counted generously: a span and the slack after
+    // its release answered, or after its critical section ended if it never did.
+    let done = |h: &Hold| {
+        h.released
+            .unwrap_or(h.end)
+            .max(h.end)
+            .saturating_add(free_by)
+    };
     for f in run.faults {
-        let due = f.end.saturating_add(bound_ns);
-        if due > run.end {
-            continue;
-        }
         let mut judged: BTreeSet<&str> = BTreeSet::new();
         // Held by the fault's worker while it lasted: granted before it healed, and not yet
         // released when it began (a worker killed while it released holds on).
@@ -45,29 +50,87 @@ fn per_name(run: &Run<'_>, report: &mut Report) {
             if !judged.insert(h.name.as_str()) {
                 continue;
             }
-            let next = by_name
-                .get(h.name.as_str())
-                .and_then(|hs| hs.iter().find(|o| o.grant > h.grant))
-                .map(|o| o.grant);
-            let when = match next {
-                Some(g) if g <= due => continue,
-                Some(g) => format!("for {} ms", g.saturating_sub(f.end) / 1_000_000),
-                None => "until the run ended".to_owned(),
+            let due = f.end.saturating_add(free_by).max(done(h));
+            let others: &[&Hold] = by_name.get(h.name.as_str()).map_or(&[], Vec::as_slice);
+            // The first ask that began once every earlier hold of the name had to be gone,
+            // and was refused for its whole wait while nobody was granted the name: the
+            // store kept a free name from a worker that asked for it.
+            let Some(ask) = refused.iter().find(|a| {
+                a.name == h.name
+                    && a.start >= due
+                    && !faulted(run, a)
+                    && others
+                        .iter()
+                        .all(|o| o.grant > a.end || (o.grant <= h.grant && done(o) <= a.start))
+            }) else {
+                continue;
             };
             report.violations.push(format!(
-                "stuck: {} was not granted again {when} after the {} of {} healed at {:.1} ms \
-                 (bound {} ms); worker {} held it from {:.1} ms, its section ended at {:.1} ms",
+                "stuck: {} was not granted again after the {} of {} healed at {:.1} ms: \
+                 worker {} asked for it at {:.1} ms ({} ms after the store had to free it) and \
+                 gave up at {:.1} ms; worker {} held it from {:.1} ms, its section ended at \
+                 {:.1} ms",
                 h.name,
                 f.kind,
                 f.whom(),
                 ms(f.end),
-                bound.as_millis(),
+                ask.worker,
+                ms(ask.start),
+                ask.start.saturating_sub(due) / 1_000_000,
+                ms(ask.end),
                 h.worker,
                 ms(h.grant),
                 ms(h.end)
             ));
         }
     }
+}
+
+/// One acquisition of one name that returned without a hold.
+struct Refused<'a> {
+    worker: u32,
+    name: &'a str,
+    /// Its `Enqueue` stamp.
+    start: u64,
+    /// Its `Timeout` stamp.
+    end: u64,
+}
+
+/// Every refused acquisition of one name, from each worker's `Enqueue` and the `Timeout` of
+/// the same attempt that follows it as its worker's next event.
+fn refused_asks<'a>(run: &Run<'a>) -> Vec<Refused<'a>> {
+    let mut asking: BTreeMap<u32, (u64, &'a str, u64)> = BTreeMap::new();
+    let mut refused = Vec::new();
+    for s in run.history {
+        let open = asking.remove(&s.worker);
+        match (&s.event, open) {
+            (
+                WorkerEvent::Enqueue {
+                    t, attempt, name, ..
+                },
+                _,
+            ) => {
+                asking.insert(s.worker, (*attempt, name.as_str(), *t));
+            }
+            (WorkerEvent::Timeout { t, attempt, .. }, Some((a, name, start))) if *attempt == a => {
+                refused.push(Refused {
+                    worker: s.worker,
+                    name,
+                    start,
+                    end: *t,
+                });
+            }
+            _ => {}
+        }
+    }
+    refused
+}
+
+/// Whether a fault hit the asker while it asked: its refusal then says nothing of the store.
+fn faulted(run: &Run<'_>, ask: &Refused<'_>) -> bool {
+    run.faults
+        .iter()
+        .any(|f| f.hits(ask.worker) && f.start <= ask.end && f.end >= ask.start)
 }
 
 /// Some worker was granted something after each fault healed, within the bound.
@@ -187,45 +250,79 @@ mod tests {
     use super::super::fixtures::*;
     use crate::torture::history::{FaultKind, Stamped, WorkerEvent};
 
-    /// A name whose holder was killed and that no one is granted again is stuck, even while
-    /// the other names keep being granted; also when the holder was killed after its
-    /// critical section, before its release answered.
+    /// A name whose holder was killed is stuck when a worker asks for it once the store had
+    /// to free it and is refused for its whole wait, while nobody is granted it; also when
+    /// the holder was killed after its critical section, before its release answered. A name
+    /// nobody asks for, an ask made too soon, an asker hit by a fault of its own and a name
+    /// somebody else was granted meanwhile say nothing.
     #[test]
-    fn a_name_never_granted_again_after_a_fault_is_a_violation() {
+    fn a_free_name_refused_after_a_fault_is_a_violation() {
+        // Worker 1 holds n and x and is killed at 2 s: the store must free both by 6 s (the
+        // span and the slack after the kill).
         let kill = fault(FaultKind::Kill, 1, 2 * S, 2 * S + S / 100);
-        let mut h = vec![
+        let mut base = vec![
             grant(1, 1, S, 1),
             on("x", grant(1, 2, S, 1)),
             exit(1, 2, 2 * S - S / 10),
         ];
+        // The other names keep being granted.
         for i in 0..20 {
             let t = 3 * S + i * S;
-            h.push(on("o", grant(2, i + 1, t, i + 1)));
-            h.push(exit(2, i + 1, t + S / 10));
+            base.push(on("o", grant(2, i + 1, t, i + 1)));
+            base.push(exit(2, i + 1, t + S / 10));
         }
+        let refused = |worker: u32, name: &str, attempt: u64, from: u64, to: u64| {
+            [
+                on(name, enqueue(worker, attempt, from)),
+                on(name, timeout(worker, attempt, to)),
+            ]
+        };
+        // Nobody asks: nothing to judge.
+        let r = run(&base, std::slice::from_ref(&kill));
+        assert!(
+            !r.violations.iter().any(|v| v.contains("granted again")),
+            "{r:?}"
+        );
+        // Asked for at 7 s and refused until 11 s: stuck, both names.
+        let mut h = base.clone();
+        h.extend(refused(3, "n", 1, 7 * S, 11 * S));
+        h.extend(refused(3, "x", 2, 12 * S, 16 * S));
         let r = run(&h, std::slice::from_ref(&kill));
-        assert_violation(&r, "n was not granted again until the run ended");
-        assert_violation(&r, "x was not granted again until the run ended");
-        assert!(!r.violations.iter().any(|v| v.contains(" o ")), "{:?}", r);
-        // Released before the kill: the store gave x back, whoever asks for it next.
+        assert_violation(&r, "n was not granted again after the kill of worker 1");
+        assert_violation(&r, "x was not granted again");
+        // Asked for too soon (at 5 s): the store may still keep the dead holder's hold.
+        let mut soon = base.clone();
+        soon.extend(refused(3, "n", 1, 5 * S, 9 * S));
+        let r = run(&soon, std::slice::from_ref(&kill));
+        assert!(
+            !r.violations.iter().any(|v| v.contains("granted again")),
+            "{r:?}"
+        );
+        // The asker was itself partitioned while it asked.
+        let mut cut = base.clone();
+        cut.extend(refused(3, "n", 1, 7 * S, 11 * S));
+        let partition = fault(FaultKind::Partition, 3, 8 * S, 9 * S);
+        let r = run(&cut, &[kill.clone(), partition]);
+        assert!(
+            !r.violations.iter().any(|v| v.contains("n was not")),
+            "{r:?}"
+        );
+        // Somebody else was granted n while the asker waited.
+        let mut taken = base.clone();
+        taken.extend(refused(3, "n", 1, 7 * S, 11 * S));
+        taken.push(grant(4, 1, 8 * S, 2));
+        taken.push(exit(4, 1, 10 * S));
+        let r = run(&taken, std::slice::from_ref(&kill));
+        assert!(
+            !r.violations.iter().any(|v| v.contains("n was not")),
+            "{r:?}"
+        );
+        // Released before the kill: x was not held while the fault lasted.
         let mut freed = h.clone();
         freed.insert(3, released(1, 2, 2 * S - S / 20, true));
         let r = run(&freed, std::slice::from_ref(&kill));
-        assert!(!r.violations.iter().any(|v| v.contains("x was")), "{:?}", r);
-        // Granted again 5 s after the kill (within the lease, the slack and two waits): no
-        // violation; 9 s after it, one.
-        for (after, stuck) in [(5, false), (11, true)] {
-            let mut again = freed.clone();
-            again.push(grant(3, 1, after * S, 2));
-            again.push(exit(3, 1, after * S + S / 10));
-            let r = run(&again, std::slice::from_ref(&kill));
-            assert_eq!(
-                r.violations.iter().any(|v| v.contains("not granted again")),
-                stuck,
-                "{after} s: {:?}",
-                r.violations
-            );
-        }
+        assert!(!r.violations.iter().any(|v| v.contains("x was")), "{r:?}");
+        assert_violation(&r, "n was not granted again");
     }
 
     #[test]
