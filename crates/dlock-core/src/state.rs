@@ -103,39 +103,45 @@ fn phase_of(word: u32) -> Phase {
     }
 }
 
-/// The number of a loss reason in the state word. Exhaustive: a new reason needs a number.
-const fn reason_code(reason: LossReason) -> u32 {
-    match reason {
-        LossReason::RenewalFailed => 0,
-        LossReason::Gone => 1,
-        LossReason::FixedLeaseEnded => 2,
-        LossReason::LeaseEnded => 3,
-        LossReason::SessionExpired => 4,
-        LossReason::SessionTimedOut => 5,
-        LossReason::ConnectionLost => 6,
-        LossReason::StoreReset => 7,
-        LossReason::Forced => 8,
-        LossReason::KeeperStopped => 9,
-        LossReason::ReleaseFailed => 10,
-    }
+/// One table numbers the loss reasons in the state word, both ways: [`reason_code`] (an
+/// exhaustive match, so a new reason cannot go without a number), [`reason_of`] (any number
+/// not in the table reads as [`LossReason::Gone`] rather than panicking; only the table's
+/// numbers are ever stored) and, for the tests, every reason.
+macro_rules! loss_codes {
+    ($($reason:ident = $code:literal,)+) => {
+        /// The number of a loss reason in the state word.
+        const fn reason_code(reason: LossReason) -> u32 {
+            match reason {
+                $(LossReason::$reason => $code,)+
+            }
+        }
+
+        /// The reason numbered `code` by [`reason_code`].
+        const fn reason_of(code: u32) -> LossReason {
+            match code {
+                $($code => LossReason::$reason,)+
+                _ => LossReason::Gone,
+            }
+        }
+
+        /// Every loss reason.
+        #[cfg(all(test, not(loom)))]
+        const ALL_REASONS: &[LossReason] = &[$(LossReason::$reason,)+];
+    };
 }
 
-/// The reason numbered `code` by [`reason_code`]. Only those numbers are ever stored; any
-/// other reads as [`LossReason::Gone`] rather than panicking.
-const fn reason_of(code: u32) -> LossReason {
-    match code {
-        0 => LossReason::RenewalFailed,
-        2 => LossReason::FixedLeaseEnded,
-        3 => LossReason::LeaseEnded,
-        4 => LossReason::SessionExpired,
-        5 => LossReason::SessionTimedOut,
-        6 => LossReason::ConnectionLost,
-        7 => LossReason::StoreReset,
-        8 => LossReason::Forced,
-        9 => LossReason::KeeperStopped,
-        10 => LossReason::ReleaseFailed,
-        _ => LossReason::Gone,
-    }
+loss_codes! {
+    RenewalFailed = 0,
+    Gone = 1,
+    FixedLeaseEnded = 2,
+    LeaseEnded = 3,
+    SessionExpired = 4,
+    SessionTimedOut = 5,
+    ConnectionLost = 6,
+    StoreReset = 7,
+    Forced = 8,
+    KeeperStopped = 9,
+    ReleaseFailed = 10,
 }
 
 /// The live guards of one hold.
@@ -275,19 +281,7 @@ mod tests {
 
     #[test]
     fn every_reason_survives_the_state_word() {
-        for reason in [
-            LossReason::RenewalFailed,
-            LossReason::Gone,
-            LossReason::FixedLeaseEnded,
-            LossReason::LeaseEnded,
-            LossReason::SessionExpired,
-            LossReason::SessionTimedOut,
-            LossReason::ConnectionLost,
-            LossReason::StoreReset,
-            LossReason::Forced,
-            LossReason::KeeperStopped,
-            LossReason::ReleaseFailed,
-        ] {
+        for &reason in ALL_REASONS {
             let s = SignalState::new();
             assert!(s.set_suspended(true));
             assert!(s.lose(reason));
