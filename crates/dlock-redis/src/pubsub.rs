@@ -115,6 +115,25 @@ impl Registry {
                     chan.waiters.iter().for_each(Waiter::wake);
                 }
             }
+            // The server ended a subscription that waiters still count on: a cluster node
+            // that lost the channel's slot (a resharding, a manual failover) unsubscribes its
+            // shard channels over a connection that stays up. Its waiters subscribe again
+            // (at the slot's new owner) on their next round, which they start now; the
+            // confirmation of this provider's own UNSUBSCRIBE finds no waiter (its channel
+            // was idle) or one that subscribes again, as after any UNSUBSCRIBE.
+            PushKind::Unsubscribe | PushKind::SUnsubscribe => {
+                let Some(channel) = info.data.first().and_then(text) else {
+                    return;
+                };
+                let mut channels = self.channels();
+                if let Some(chan) = channels.get_mut(&channel)
+                    && !chan.waiters.is_empty()
+                {
+                    chan.subscribed = false;
+                    chan.maybe = false;
+                    chan.waiters.iter().for_each(Waiter::wake);
+                }
+            }
             _ => {}
         }
     }

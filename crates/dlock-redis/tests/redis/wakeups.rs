@@ -415,3 +415,94 @@ async fn a_cancelled_fair_head_wakes_the_next_waiter() {
     }
     panic!("in 5 attempts the head's own timer took the lock before it could be cancelled");
 }
+
+/// A cluster node that loses a slot unsubscribes the slot's shard channels (`SUNSUBSCRIBE`
+/// pushed over a connection that stays up: a resharding, a manual failover). The waiter
+/// subscribes again once the slot is served, and the release wakes it by its message, not by
+/// the 5 s recheck. Driven on a private one-node cluster: `CLUSTER DELSLOTS` of the name's
+/// slot (the same unsubscription as a migration away), then `ADDSLOTS` back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_unsubscribed_by_the_server_subscribes_again() {
+    let Some(server) = PrivateRedis::start_with(false, None, true).await else {
+        return;
+    };
+    let url = format!(
+        "redis://127.0.0.1:{}/?cluster=true&pubsub=auto",
+        server.port
+    );
+    let holder = RedisProvider::connect(&url).await.unwrap();
+    let waiter = RedisProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("unsubscribed");
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    let held = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let lock = waiter.lock(&name, LockOptions::default()).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    let mut c = admin(&server.url()).await;
+    // Whether exactly `n` connections subscribe to the channel on the node.
+    let probe = c.clone();
+    let shard_subscribers = |n: i64| {
+        let mut c = probe.clone();
+        let channel = channel.clone();
+        async move {
+            let numsub: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(&channel)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            match numsub.first() {
+                Some((_, got)) if *got == n => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    };
+    eventually(Duration::from_secs(10), "the waiter subscribed", || {
+        shard_subscribers(1)
+    })
+    .await;
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&channel)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("DELSLOTS")
+        .arg(slot)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    shard_subscribers(0).await.unwrap();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTS")
+        .arg(slot)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the cluster is ok", || {
+        answers(&c, &["CLUSTER", "INFO"], "cluster_state:ok")
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the waiter subscribed again",
+        || shard_subscribers(1),
+    )
+    .await;
+    let before = waiter.messages_delivered();
+    held.release().await.unwrap();
+    let g = must(Duration::from_secs(15), "the waiter's grant", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        waiter.messages_delivered() > before,
+        "the waiter was not woken by the release's message"
+    );
+    g.release().await.unwrap();
+}
