@@ -27,7 +27,7 @@ mod workloads;
 
 pub use self::report::Row;
 use self::report::{compare_with_baseline, load, print_table, write_json};
-use self::targets::{Target, targets};
+use self::targets::{Target, Via, targets};
 use self::workloads::run_workload;
 
 /// The longest one workload may take on one backend before it is reported as failed.
@@ -128,7 +128,7 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
     );
     let mut failed = false;
     for target in &targets {
-        if target.curator || target.sqlx_pg {
+        if target.is_peer() {
             progress.set_message(target.label.clone());
             let peer_rows = peer_rows(target, &opts).await;
             failed |= report_errors(&peer_rows, &progress);
@@ -216,7 +216,7 @@ fn report_errors(rows: &[Row], progress: &ProgressBar) -> bool {
 /// The rows of a peer target: Curator's lock, or sqlx's `PgAdvisoryLock` (none without the
 /// `postgres` feature).
 async fn peer_rows(target: &Target, opts: &BenchOpts) -> Vec<Row> {
-    if target.curator {
+    if target.via == Via::Curator {
         let url = Some(target.url.as_str()).filter(|u| !u.is_empty());
         return curator::rows(url, &opts.workload, opts.cycles, opts.duration).await;
     }

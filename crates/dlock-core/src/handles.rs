@@ -81,9 +81,28 @@ impl HandleInfo {
         }
     }
 
-    fn unbounded_wait_ended(&self) -> Error {
-        Error::unbounded_wait_ended(self.backend, &self.name)
+    /// The guard of an acquisition that waited as long as it takes ([`Deadline::NEVER`]),
+    /// which ends only with the lock or an error: `Ok(None)` from it is an error too.
+    fn forever(&self, acquired: Result<Option<LockGuard>>) -> Result<LockGuard> {
+        acquired?.ok_or_else(|| Error::unbounded_wait_ended(self.backend, &self.name))
     }
+}
+
+/// The accessors every handle answers from its [`HandleInfo`] (in `info`).
+macro_rules! info_accessors {
+    () => {
+        fn name(&self) -> &LockName {
+            &self.info.name
+        }
+
+        fn options(&self) -> &LockOptions {
+            &self.info.options
+        }
+
+        fn store_id(&self) -> &str {
+            &self.info.store_id
+        }
+    };
 }
 
 /// One remote acquisition, as the core hands it to a backend.
@@ -339,15 +358,9 @@ impl<R: RawLock> Lock<R> {
 
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         let req = self.info.request(deadline);
-        traced(&self.info, LockKind::Mutex, || async {
+        traced(&self.info, LockKind::Mutex, || {
             let remote = || live(&self.info, deadline, || self.raw.acquire(&req));
-            if self.info.options.reentrant {
-                self.reentrancy
-                    .acquire(self.info.backend, deadline, remote)
-                    .await
-            } else {
-                remote().await
-            }
+            self.reentrancy.acquire(&self.info, deadline, remote)
         })
         .await
     }
@@ -355,22 +368,10 @@ impl<R: RawLock> Lock<R> {
 
 #[async_trait]
 impl<R: RawLock> DistributedLock for Lock<R> {
-    fn name(&self) -> &LockName {
-        &self.info.name
-    }
-
-    fn options(&self) -> &LockOptions {
-        &self.info.options
-    }
-
-    fn store_id(&self) -> &str {
-        &self.info.store_id
-    }
+    info_accessors!();
 
     async fn acquire(&self) -> Result<LockGuard> {
-        self.acquire_until(Deadline::NEVER)
-            .await?
-            .ok_or_else(|| self.info.unbounded_wait_ended())
+        self.info.forever(self.acquire_until(Deadline::NEVER).await)
     }
 
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
@@ -428,12 +429,8 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
             }
             Ok(guard)
         };
-        traced(&self.info, LockKind::Read, || async {
-            if self.info.options.reentrant {
-                self.read.acquire(self.info.backend, deadline, remote).await
-            } else {
-                remote().await
-            }
+        traced(&self.info, LockKind::Read, || {
+            self.read.acquire(&self.info, deadline, remote)
         })
         .await
     }
@@ -455,14 +452,8 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
             }
             Ok(guard)
         };
-        traced(&self.info, LockKind::Write, || async {
-            if self.info.options.reentrant {
-                self.write
-                    .acquire(self.info.backend, deadline, remote)
-                    .await
-            } else {
-                remote().await
-            }
+        traced(&self.info, LockKind::Write, || {
+            self.write.acquire(&self.info, deadline, remote)
         })
         .await
     }
@@ -470,22 +461,10 @@ impl<R: RawReadWriteLock> ReadWriteLock<R> {
 
 #[async_trait]
 impl<R: RawReadWriteLock> DistributedReadWriteLock for ReadWriteLock<R> {
-    fn name(&self) -> &LockName {
-        &self.info.name
-    }
-
-    fn options(&self) -> &LockOptions {
-        &self.info.options
-    }
-
-    fn store_id(&self) -> &str {
-        &self.info.store_id
-    }
+    info_accessors!();
 
     async fn read(&self) -> Result<LockGuard> {
-        self.read_until(Deadline::NEVER)
-            .await?
-            .ok_or_else(|| self.info.unbounded_wait_ended())
+        self.info.forever(self.read_until(Deadline::NEVER).await)
     }
 
     async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>> {
@@ -493,9 +472,7 @@ impl<R: RawReadWriteLock> DistributedReadWriteLock for ReadWriteLock<R> {
     }
 
     async fn write(&self) -> Result<LockGuard> {
-        self.write_until(Deadline::NEVER)
-            .await?
-            .ok_or_else(|| self.info.unbounded_wait_ended())
+        self.info.forever(self.write_until(Deadline::NEVER).await)
     }
 
     async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>> {
@@ -536,26 +513,14 @@ impl<R: RawSemaphore> Semaphore<R> {
 
 #[async_trait]
 impl<R: RawSemaphore> DistributedSemaphore for Semaphore<R> {
-    fn name(&self) -> &LockName {
-        &self.info.name
-    }
+    info_accessors!();
 
     fn permits(&self) -> u32 {
         self.permits
     }
 
-    fn options(&self) -> &LockOptions {
-        &self.info.options
-    }
-
-    fn store_id(&self) -> &str {
-        &self.info.store_id
-    }
-
     async fn acquire(&self) -> Result<LockGuard> {
-        self.acquire_until(Deadline::NEVER)
-            .await?
-            .ok_or_else(|| self.info.unbounded_wait_ended())
+        self.info.forever(self.acquire_until(Deadline::NEVER).await)
     }
 
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {

@@ -340,21 +340,16 @@ impl NewHold {
         }
     }
 
-    /// Uses `signal` (a clone the backend keeps, to report losses it learns of itself).
-    pub fn with_signal(mut self, signal: HoldSignal) -> Self {
-        self.signal = signal;
-        self
+    setters! {
+        /// Uses `signal` (a clone the backend keeps, to report losses it learns of itself).
+        with_signal => signal: HoldSignal;
+        /// Sets the drift allowance.
+        with_drift => drift: DriftAllowance;
     }
 
     /// Bounds the hold by its session's horizon.
     pub fn with_horizon(mut self, horizon: Horizon) -> Self {
         self.horizon = Some(horizon);
-        self
-    }
-
-    /// Sets the drift allowance.
-    pub fn with_drift(mut self, drift: DriftAllowance) -> Self {
-        self.drift = drift;
         self
     }
 }

@@ -5,6 +5,20 @@
     deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
 )]
 
+/// Builder setters: each `name => field: Type;` (with its doc comment) is a
+/// `pub fn name(mut self, field: Type) -> Self` that stores its argument in `field`.
+macro_rules! setters {
+    ($($(#[$attr:meta])* $name:ident => $field:ident: $ty:ty;)*) => {
+        $(
+            $(#[$attr])*
+            pub fn $name(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 mod error;
 mod ext;
 mod finish;

@@ -167,28 +167,15 @@ impl LockOptions {
         Self::default()
     }
 
-    /// Sets the lease.
-    pub fn with_lease(mut self, lease: Lease) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Sets fairness.
-    pub fn with_fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
-        self
-    }
-
-    /// Sets reentrancy.
-    pub fn with_reentrant(mut self, reentrant: bool) -> Self {
-        self.reentrant = reentrant;
-        self
-    }
-
-    /// Sets the drift allowance.
-    pub fn with_drift(mut self, drift: DriftAllowance) -> Self {
-        self.drift = drift;
-        self
+    setters! {
+        /// Sets the lease.
+        with_lease => lease: Lease;
+        /// Sets fairness.
+        with_fair => fair: bool;
+        /// Sets reentrancy.
+        with_reentrant => reentrant: bool;
+        /// Sets the drift allowance.
+        with_drift => drift: DriftAllowance;
     }
 }
 
@@ -462,16 +449,11 @@ impl LockStatus {
         }
     }
 
-    /// Sets how long the hold lasts unless renewed.
-    pub fn with_remaining(mut self, remaining: Option<std::time::Duration>) -> Self {
-        self.remaining = remaining;
-        self
-    }
-
-    /// Sets the last fencing token issued.
-    pub fn with_last_token(mut self, last_token: Option<u64>) -> Self {
-        self.last_token = last_token;
-        self
+    setters! {
+        /// Sets how long the hold lasts unless renewed.
+        with_remaining => remaining: Option<std::time::Duration>;
+        /// Sets the last fencing token issued.
+        with_last_token => last_token: Option<u64>;
     }
 
     /// Whether someone holds the name.

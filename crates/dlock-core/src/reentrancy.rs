@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::handles::HandleInfo;
 use crate::shared::{Settled, Shared};
 use crate::sync::Mutex;
 use crate::time::Deadline;
@@ -102,8 +103,9 @@ impl Reentrancy {
         Self::default()
     }
 
-    /// Re-enters the caller's hold, or else runs `acquire` (the backend's acquisition) with
-    /// the caller's other acquisitions kept out, and remembers the new hold for later re-entry.
+    /// For a re-entrant handle (`info`'s options): re-enters the caller's hold, or else runs
+    /// `acquire` (the backend's acquisition) with the caller's other acquisitions kept out, and
+    /// remembers the new hold for later re-entry. For any other handle it just runs `acquire`.
     /// A hold of the caller's that is suspended is waited on: re-entered when the backend
     /// vouches for it again, left for a new acquisition if it is lost.
     ///
@@ -116,7 +118,7 @@ impl Reentrancy {
     /// As cancel safe as `acquire`: waiting for the owner's other acquisitions holds nothing.
     pub(crate) async fn acquire<F, Fut>(
         &self,
-        backend: &'static str,
+        info: &HandleInfo,
         deadline: Deadline,
         acquire: F,
     ) -> Result<Option<LockGuard>>
@@ -124,6 +126,10 @@ impl Reentrancy {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Option<LockGuard>>>,
     {
+        if !info.options().reentrant {
+            return acquire().await;
+        }
+        let backend = info.backend();
         let owner = Owner::current();
         loop {
             let wait = {

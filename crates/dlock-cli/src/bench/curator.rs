@@ -288,6 +288,7 @@ fn tail(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::targets::Via;
 
     #[test]
     fn parses_the_json_line() {
@@ -322,8 +323,8 @@ mod tests {
         let (targets, _) = super::super::targets::targets(&opts);
         let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
         assert_eq!(labels, ["memory", "zk", LABEL, "redis"]);
-        assert!(targets[2].curator && targets[2].url == "zk://h:1/c");
-        assert!(!targets[1].curator);
+        assert!(targets[2].via == Via::Curator && targets[2].url == "zk://h:1/c");
+        assert_eq!(targets[1].via, Via::Dlock);
     }
 
     #[tokio::test]

@@ -14,14 +14,23 @@ use super::{BenchOpts, curator};
 pub(super) struct Target {
     pub(super) label: String,
     pub(super) url: String,
-    /// Test only: each client gets its own private store, so nothing is excluded (the
-    /// benchmark's exclusion checker must see violations).
-    pub(super) broken: bool,
-    /// The workloads run through Apache Curator (Java) against the ZooKeeper of `url`, which
-    /// is empty when no zk:// store is configured (the rows then say so).
-    pub(super) curator: bool,
-    /// W1 and W3 through sqlx's own `PgAdvisoryLock` against the PostgreSQL of `url`.
-    pub(super) sqlx_pg: bool,
+    /// What the workloads run through.
+    pub(super) via: Via,
+}
+
+/// What a target's workloads run through: dlock, or a peer library's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Via {
+    /// dlock.
+    Dlock,
+    /// Test only: dlock, but each client gets its own private store, so nothing is excluded
+    /// (the benchmark's exclusion checker must see violations).
+    Broken,
+    /// Apache Curator (Java) against the ZooKeeper of `url`, which is empty when no zk://
+    /// store is configured (the rows then say so).
+    Curator,
+    /// sqlx's own `PgAdvisoryLock` (W1 and W3) against the PostgreSQL of `url`.
+    SqlxPg,
 }
 
 /// The backend column of the sqlx `PgAdvisoryLock` rows.
@@ -30,34 +39,42 @@ pub(super) const SQLX_PG: &str = "sqlx PgAdvisoryLock";
 impl Target {
     /// A store measured through dlock (`broken://`: the test's store without exclusion).
     fn store(url: String) -> Self {
-        let broken = url == "broken://";
+        if url == "broken://" {
+            return Self {
+                label: "broken (test)".into(),
+                url,
+                via: Via::Broken,
+            };
+        }
         Self {
-            label: if broken {
-                "broken (test)".into()
-            } else {
-                label_of(&url)
-            },
+            label: label_of(&url),
             url,
-            broken,
-            curator: false,
-            sqlx_pg: false,
+            via: Via::Dlock,
         }
     }
 
-    /// The peer target `label` (Curator's or sqlx's lock) against the server of `url`.
-    fn peer(label: &str, url: String) -> Self {
+    /// The peer target `via` (Curator's or sqlx's lock) against the server of `url`.
+    fn peer(via: Via, url: String) -> Self {
+        let label = if via == Via::Curator {
+            curator::LABEL
+        } else {
+            SQLX_PG
+        };
         Self {
             label: label.into(),
             url,
-            broken: false,
-            curator: label == curator::LABEL,
-            sqlx_pg: label == SQLX_PG,
+            via,
         }
+    }
+
+    /// Whether the workloads run through a peer library's lock, not dlock.
+    pub(super) fn is_peer(&self) -> bool {
+        matches!(self.via, Via::Curator | Via::SqlxPg)
     }
 
     /// A new client of the store: its own connections (a private store if `broken`).
     pub(super) async fn client(&self) -> dlock::Result<DynLockProvider> {
-        if self.broken {
+        if self.via == Via::Broken {
             return Ok(Arc::new(dlock::memory::MemoryProvider::new()));
         }
         Ok(Arc::clone(dlock::connect(&self.url).await?.provider()))
@@ -137,7 +154,7 @@ pub(super) fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
     let mut targets = Vec::new();
     for url in urls {
         if url == CURATOR_WITHOUT_ZK {
-            targets.push(Target::peer(curator::LABEL, String::new()));
+            targets.push(Target::peer(Via::Curator, String::new()));
             continue;
         }
         let zk = url.starts_with("zk://");
@@ -147,9 +164,9 @@ pub(super) fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
             && url.contains("strategy=advisory");
         targets.push(Target::store(url.clone()));
         if zk {
-            targets.push(Target::peer(curator::LABEL, url));
+            targets.push(Target::peer(Via::Curator, url));
         } else if advisory {
-            targets.push(Target::peer(SQLX_PG, url));
+            targets.push(Target::peer(Via::SqlxPg, url));
         }
     }
     (targets, scratch)

@@ -13,7 +13,7 @@ use super::measure::{
     cpu_per_cycle, cpu_time, fill_handoff, fill_latency, finish, histogram, namespace, out_of_time,
     rss_kib, us,
 };
-use super::targets::Target;
+use super::targets::{Target, Via};
 use super::{BenchOpts, Row, Workload};
 
 /// W1 runs its cycles in this many blocks, each followed by as many cycles of its floor.
@@ -63,9 +63,9 @@ async fn uncontended(
     // both alike instead of on whichever ran then.
     let block = (opts.cycles / W1_BLOCKS).max(1);
     let (mut n, mut spent, mut cpu) = (0, Duration::ZERO, Some(Duration::ZERO));
-    let mut floor = (!target.broken).then_some(FloorSum::ZERO);
+    let mut floor = (target.via != Via::Broken).then_some(FloorSum::ZERO);
     // for-update: also the row lock alone, to show what its fence costs.
-    let mut lock_floor = (!target.broken).then_some(FloorSum::ZERO);
+    let mut lock_floor = (target.via != Via::Broken).then_some(FloorSum::ZERO);
     while n < opts.cycles && limit.is_none_or(|l| spent < l) {
         let before = cpu_time();
         let started = Instant::now();
@@ -254,7 +254,7 @@ async fn contended(
         // The first grant is no switch (nobody held before it).
         let switched = switches.load(Ordering::SeqCst).saturating_sub(1);
         row.owner_switch_pct = Some(100.0 * switched as f64 / done.saturating_sub(1).max(1) as f64);
-    } else if !target.broken
+    } else if target.via != Via::Broken
         && let Some(floor) = floor::concurrent_cycles_per_sec(&target.url, per, ns).await?
     {
         row.floor_cycles_per_sec = Some(floor);

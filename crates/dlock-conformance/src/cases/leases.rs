@@ -3,13 +3,13 @@
 use std::time::Duration;
 
 use dlock_core::backend::{from_now, later};
-use dlock_core::{Error, Lease, LockOptions, LossReason};
+use dlock_core::{Capabilities, Error, Lease, LockOptions, LossReason};
 use tokio::time::Instant;
 
 use super::{
-    ZERO, acquired, assert_busy, assert_lock_lost, caps, client, clients, clients_if,
-    cuttable_clients, dropped_behind_the_back, expiry_wait, fixed, granted_within, lease_wait,
-    lock, lock_with, on_a_runtime_of_its_own, release, require, short_watchdog, take, until_free,
+    ZERO, acquired, assert_busy, assert_lock_lost, client, clients, clients_if,
+    cuttable_clients_if, dropped_behind_the_back, expiry_wait, fixed, granted_within, lease_wait,
+    lock, lock_with, on_a_runtime_of_its_own, release, short_watchdog, take, until_free,
 };
 use crate::Factory;
 use crate::record::inconclusive_by_chance;
@@ -328,13 +328,12 @@ pub async fn forced_expiry_reports_loss(f: &impl Factory) {
 /// the loss by the lease end, others get the lock once the store lets the hold go, and after
 /// the outage the old guard's release is `LockLost`.
 pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory) {
-    let Some((p, cut, b)) = cuttable_clients(f).await else {
+    let need = |c: &Capabilities| c.watchdog && c.loss_detection;
+    let Some((p, cut, b)) =
+        cuttable_clients_if(f, need, "no watchdog leases with loss detection").await
+    else {
         return;
     };
-    let offered = caps(&p).watchdog && caps(&p).loss_detection;
-    if !require(f, offered, "no watchdog leases with loss detection") {
-        return;
-    }
     let name = Names::new().name("outage");
     let g = take(f, &lock_with(&p, &name, short_watchdog(f))).await;
     cut.set_partitioned(true);

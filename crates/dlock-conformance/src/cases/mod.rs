@@ -95,6 +95,18 @@ async fn cuttable_clients(
     Some((p, cut, client(f).await))
 }
 
+/// As [`cuttable_clients`], where the backend offers what the case tests (`offered`); if it
+/// does not, the case is noted [`unsupported`] for `why`, and the caller returns.
+async fn cuttable_clients_if(
+    f: &impl Factory,
+    offered: impl FnOnce(&Capabilities) -> bool,
+    why: &str,
+) -> Option<(DynLockProvider, Box<dyn Partition>, DynLockProvider)> {
+    let clients = cuttable_clients(f).await?;
+    let offered = offered(&caps(&clients.0));
+    require(f, offered, why).then_some(clients)
+}
+
 fn caps(p: &DynLockProvider) -> Capabilities {
     p.capabilities()
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{CALL_GRACE, Mutex};
-use dlock_core::{DistributedLockExt, DriftAllowance, Lease, LockOptions};
+use dlock_core::{Capabilities, DistributedLockExt, DriftAllowance, Lease, LockOptions};
 use tokio::time::Instant;
 
 use super::{
-    ZERO, assert_busy, caps, client, cuttable_clients, lock, lock_with, release, require, skip,
-    take, unsupported,
+    ZERO, assert_busy, caps, client, cuttable_clients, cuttable_clients_if, lock, lock_with,
+    release, skip, take, unsupported,
 };
 use crate::Factory;
 use crate::record::{Outcome, measure, note};
@@ -186,13 +186,12 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
 /// `lost()` resolves (a drift allowance of a third of the lease, here) while the store still
 /// keeps the hold, never after it freed the lock.
 pub async fn a_partitioned_holders_loss_comes_before_the_store_frees_the_lock(f: &impl Factory) {
-    let Some((p, cut, b)) = cuttable_clients(f).await else {
+    let need = |c: &Capabilities| c.fixed_lease && c.loss_detection;
+    let Some((p, cut, b)) =
+        cuttable_clients_if(f, need, "no fixed leases with loss detection").await
+    else {
         return;
     };
-    let offered = caps(&p).fixed_lease && caps(&p).loss_detection;
-    if !require(f, offered, "no fixed leases with loss detection") {
-        return;
-    }
     let name = Names::new().name("before-free");
     let lease = f.short_lease();
     let options = LockOptions::new()

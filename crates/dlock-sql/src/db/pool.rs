@@ -230,6 +230,20 @@ impl Drop for Waiting<'_> {
 }
 
 impl Driver {
+    /// The dialect of the driver's statements.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    pub(crate) fn dialect(&self) -> crate::config::Dialect {
+        use crate::config::Dialect;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => Dialect::MySql,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => Dialect::Sqlite,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
     async fn acquire(&self) -> Result<Raw, sqlx::Error> {
         match *self {
             #[cfg(feature = "mysql")]

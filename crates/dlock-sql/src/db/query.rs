@@ -135,6 +135,57 @@ where
     q
 }
 
+/// Runs the typed query of `$query` on the bare connection `$exec` with sqlx's method
+/// `$method`, its answer mapped by the driver's own function.
+macro_rules! on_driver {
+    ($query:ident, $exec:expr, $method:ident, $mysql:expr, $sqlite:expr, $pg:expr) => {
+        match $exec {
+            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            Exec::Unused(_, never) => match never {},
+            #[cfg(feature = "mysql")]
+            Exec::MySql(c) => typed::<MySql>($query.sql, &$query.args)
+                .$method(c)
+                .await
+                .map($mysql),
+            #[cfg(feature = "sqlite")]
+            Exec::Sqlite(c) => typed::<Sqlite>($query.sql, &$query.args)
+                .$method(c)
+                .await
+                .map($sqlite),
+            #[cfg(feature = "postgres")]
+            Exec::Postgres(c) => typed::<Postgres>($query.sql, &$query.args)
+                .$method(c)
+                .await
+                .map($pg),
+        }
+    };
+}
+
+/// What a statement answers: a count ([`Done`]) or at most one row.
+trait Answer: Sized {
+    /// Runs `query` on the bare connection `exec` for this answer.
+    async fn read(query: &Query<'_>, exec: Exec<'_>) -> Result<Self, sqlx::Error>;
+}
+
+impl Answer for Done {
+    async fn read(query: &Query<'_>, exec: Exec<'_>) -> Result<Self, sqlx::Error> {
+        on_driver!(query, exec, execute, mysql_done, sqlite_done, pg_done)
+    }
+}
+
+impl Answer for Option<Row> {
+    async fn read(query: &Query<'_>, exec: Exec<'_>) -> Result<Self, sqlx::Error> {
+        on_driver!(
+            query,
+            exec,
+            fetch_optional,
+            |r| r.map(Row::MySql),
+            |r| r.map(Row::Sqlite),
+            |r| r.map(Row::Postgres)
+        )
+    }
+}
+
 impl<'a> Query<'a> {
     /// Binds the next `?`.
     pub(crate) fn bind(mut self, arg: impl Into<Arg<'a>>) -> Self {
@@ -144,48 +195,7 @@ impl<'a> Query<'a> {
 
     /// Runs a statement that returns no rows.
     pub(crate) async fn execute(self, on: impl Into<On<'_>>) -> Result<Done, sqlx::Error> {
-        match on.into() {
-            On::Pool(pool) => {
-                let mut conn = pool.acquire().await?;
-                let r = self.execute_on(conn.exec()).await;
-                match conn.after(r) {
-                    Err(e) if crate::error::connection_lost(&e) => {
-                        // See `fetch_optional`.
-                        let mut conn = pool.acquire().await?;
-                        let r = self.execute_on(conn.exec()).await;
-                        conn.after(r)
-                    }
-                    r => r,
-                }
-            }
-            On::Conn(conn) => {
-                let r = self.execute_on(conn.exec()).await;
-                conn.check(r)
-            }
-            On::Exec(exec) => self.execute_on(exec).await,
-        }
-    }
-
-    async fn execute_on(&self, on: Exec<'_>) -> Result<Done, sqlx::Error> {
-        match on {
-            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
-            Exec::Unused(_, never) => match never {},
-            #[cfg(feature = "mysql")]
-            Exec::MySql(c) => typed::<MySql>(self.sql, &self.args)
-                .execute(c)
-                .await
-                .map(mysql_done),
-            #[cfg(feature = "sqlite")]
-            Exec::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
-                .execute(c)
-                .await
-                .map(sqlite_done),
-            #[cfg(feature = "postgres")]
-            Exec::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
-                .execute(c)
-                .await
-                .map(pg_done),
-        }
+        self.run(on.into()).await
     }
 
     /// Runs a query that returns at most one row.
@@ -193,50 +203,33 @@ impl<'a> Query<'a> {
         self,
         on: impl Into<On<'_>>,
     ) -> Result<Option<Row>, sqlx::Error> {
-        match on.into() {
+        self.run(on.into()).await
+    }
+
+    /// Runs this statement where `on` says, for the answer `T`. On the pool it runs once
+    /// more, on another connection, if the first was gone (closed by the server or a proxy
+    /// while it sat idle, say): the statements dlock runs on its pool may run twice
+    /// (renewals, row creation and reads are idempotent; a fence taken twice skips a token,
+    /// and tokens only rise).
+    async fn run<T: Answer>(&self, on: On<'_>) -> Result<T, sqlx::Error> {
+        match on {
             On::Pool(pool) => {
                 let mut conn = pool.acquire().await?;
-                let r = self.fetch_optional_on(conn.exec()).await;
+                let r = T::read(self, conn.exec()).await;
                 match conn.after(r) {
-                    // The connection was gone (closed by the server or a proxy while it sat
-                    // idle, say): once more, on another. The statements dlock runs on its
-                    // pool may run twice (renewals, row creation and reads are idempotent; a
-                    // fence taken twice skips a token, and tokens only rise).
                     Err(e) if crate::error::connection_lost(&e) => {
                         let mut conn = pool.acquire().await?;
-                        let r = self.fetch_optional_on(conn.exec()).await;
+                        let r = T::read(self, conn.exec()).await;
                         conn.after(r)
                     }
                     r => r,
                 }
             }
             On::Conn(conn) => {
-                let r = self.fetch_optional_on(conn.exec()).await;
+                let r = T::read(self, conn.exec()).await;
                 conn.check(r)
             }
-            On::Exec(exec) => self.fetch_optional_on(exec).await,
-        }
-    }
-
-    async fn fetch_optional_on(&self, on: Exec<'_>) -> Result<Option<Row>, sqlx::Error> {
-        match on {
-            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
-            Exec::Unused(_, never) => match never {},
-            #[cfg(feature = "mysql")]
-            Exec::MySql(c) => typed::<MySql>(self.sql, &self.args)
-                .fetch_optional(c)
-                .await
-                .map(|r| r.map(Row::MySql)),
-            #[cfg(feature = "sqlite")]
-            Exec::Sqlite(c) => typed::<Sqlite>(self.sql, &self.args)
-                .fetch_optional(c)
-                .await
-                .map(|r| r.map(Row::Sqlite)),
-            #[cfg(feature = "postgres")]
-            Exec::Postgres(c) => typed::<Postgres>(self.sql, &self.args)
-                .fetch_optional(c)
-                .await
-                .map(|r| r.map(Row::Postgres)),
+            On::Exec(exec) => T::read(self, exec).await,
         }
     }
 

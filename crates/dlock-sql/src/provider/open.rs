@@ -102,29 +102,15 @@ impl SqlProvider {
         table: &str,
         lock_pool_size: u32,
     ) -> Result<Self> {
-        config::check_table(table)?;
-        let options = (*pool.connect_options()).clone();
-        let store = server_store(
-            "mysql",
-            (options.get_host(), options.get_port()),
+        let options = pool.connect_options();
+        let server = (
+            options.get_host(),
+            options.get_port(),
             options.get_database(),
-            table,
-            strategy,
         );
-        let size = lock_pool_size.max(1);
-        let lock_pool = lock_pool(strategy, "mysql", || {
-            db::mysql_pool(size, options, db::MYSQL_LOCKS)
-        })
-        .await?;
-        Self::start(
-            Pool::theirs(db::Driver::MySql(pool)),
-            lock_pool,
-            Dialect::MySql,
-            strategy,
-            table,
-            store,
-        )
-        .await
+        let open = |size| db::mysql_pool(size, (*options).clone(), db::MYSQL_LOCKS);
+        let pool = db::Driver::MySql(pool);
+        Self::on_server_pool(pool, server, strategy, table, lock_pool_size, open).await
     }
 
     /// A provider on a SQLite pool the application already has, with dlock's tables named
@@ -199,22 +185,50 @@ impl SqlProvider {
         table: &str,
         lock_pool_size: u32,
     ) -> Result<Self> {
-        config::check_table(table)?;
-        let options = (*pool.connect_options()).clone();
-        let store = server_store(
-            "postgres",
-            (options.get_host(), options.get_port()),
+        let options = pool.connect_options();
+        let server = (
+            options.get_host(),
+            options.get_port(),
             options.get_database(),
-            table,
-            strategy,
         );
-        let size = lock_pool_size.max(1);
-        let lock_pool =
-            lock_pool(strategy, "postgres", || db::pg_pool(size, options, "5s")).await?;
+        let open = |size| db::pg_pool(size, (*options).clone(), "5s");
+        let pool = db::Driver::Postgres(pool);
+        Self::on_server_pool(pool, server, strategy, table, lock_pool_size, open).await
+    }
+
+    /// A provider on the pool of the server `(host, port, database)` that the application
+    /// already has (MySQL or PostgreSQL): `open` makes the lock pool of `lock_pool_size`
+    /// connections for the strategies that pin a connection per lock; the others have none.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    async fn on_server_pool<F, Fut>(
+        pool: db::Driver,
+        (host, port, database): (&str, u16, Option<&str>),
+        strategy: Strategy,
+        table: &str,
+        lock_pool_size: u32,
+        open: F,
+    ) -> Result<Self>
+    where
+        F: FnOnce(u32) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<Pool, sqlx::Error>>,
+    {
+        config::check_table(table)?;
+        let dialect = pool.dialect();
+        let backend = backend_name(dialect);
+        // The server without credentials, the table prefix and the strategy (as a URL's,
+        // [`SqlConfig`]'s store id).
+        let database = database.unwrap_or_default();
+        let store = format!("{backend}://{host}:{port}/{database}#{table}/{strategy}");
+        let lock_pool = if strategy.pins_connections() {
+            let opened = open(lock_pool_size.max(1)).await;
+            Some(opened.map_err(|e| from_sqlx(backend, "open the for-update pool", e))?)
+        } else {
+            None
+        };
         Self::start(
-            Pool::theirs(db::Driver::Postgres(pool)),
+            Pool::theirs(pool),
             lock_pool,
-            Dialect::Postgres,
+            dialect,
             strategy,
             table,
             store,
@@ -303,41 +317,6 @@ impl SqlProvider {
             meta,
         })
     }
-}
-
-/// The store id of a provider on the application's pool of a server at `host`: the server
-/// without credentials, the table prefix and the strategy (as a URL's, [`SqlConfig`]'s).
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-fn server_store(
-    scheme: &str,
-    (host, port): (&str, u16),
-    database: Option<&str>,
-    table: &str,
-    strategy: Strategy,
-) -> String {
-    let database = database.unwrap_or_default();
-    format!("{scheme}://{host}:{port}/{database}#{table}/{strategy}")
-}
-
-/// The lock pool of a provider on the application's pool: opened by `open` for the
-/// strategies that pin a connection per lock, none for the others.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-async fn lock_pool<F, Fut>(
-    strategy: Strategy,
-    backend: &'static str,
-    open: F,
-) -> Result<Option<Pool>>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<Pool, sqlx::Error>>,
-{
-    if !strategy.pins_connections() {
-        return Ok(None);
-    }
-    open()
-        .await
-        .map(Some)
-        .map_err(|e| from_sqlx(backend, "open the for-update pool", e))
 }
 
 /// Creates the directory of a SQLite file (the driver creates the file, not its directory).
