@@ -65,12 +65,14 @@ macro_rules! on_conn {
 
 /// The connection to a master found through Redis Sentinel. redis-rs's connection manager
 /// reconnects to one fixed address; after a failover that address is a replica or gone, so
-/// on an error that says so the Sentinels are asked again and, if the master moved, a new
-/// manager to the new master replaces the old one.
+/// the Sentinels are asked again on an error that says so, and every [`SENTINEL_POLL`]
+/// besides; if the master moved, a new manager to the new master replaces the old one.
 pub(crate) struct Sentinelled {
     resolver: tokio::sync::Mutex<Resolver>,
     /// The current master's manager, and how many times the master moved.
     current: Mutex<(u64, ConnectionManager)>,
+    /// The current master's address.
+    master: Mutex<String>,
     manager: ConnectionManagerConfig,
     timeout: Duration,
     /// Told when the master moved (the subscription connection: its waiters re-subscribe and
@@ -88,6 +90,13 @@ struct Resolver {
 
 /// The shortest time between two lookups of the master.
 const RELOOKUP: Duration = Duration::from_millis(100);
+
+/// How often the Sentinels are asked where the master is when no call failed: an old master
+/// that stalled past `down-after` (a fork, swap, a paused VM) and resumed answers over its
+/// old connections as if nothing happened, granting locks the new master also grants until
+/// the Sentinels turn it into a replica; only the Sentinels can say it was replaced. Redisson
+/// asks them as often.
+const SENTINEL_POLL: Duration = Duration::from_secs(1);
 
 impl Sentinelled {
     async fn connect(
@@ -157,10 +166,11 @@ impl Sentinelled {
         Ok(Self {
             resolver: tokio::sync::Mutex::new(Resolver {
                 client,
-                master,
+                master: master.clone(),
                 asked: Instant::now(),
             }),
             current: Mutex::new((0, conn)),
+            master: Mutex::new(master),
             manager,
             timeout,
             on_move: push,
@@ -169,6 +179,22 @@ impl Sentinelled {
 
     fn current(&self) -> (u64, ConnectionManager) {
         self.current.lock().clone()
+    }
+
+    /// Asks the Sentinels where the master is every [`SENTINEL_POLL`], for as long as the
+    /// connection lives, on the runtime that connected it.
+    fn poll(this: &Arc<Self>) {
+        let weak = Arc::downgrade(this);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SENTINEL_POLL).await;
+                let Some(s) = weak.upgrade() else {
+                    return;
+                };
+                let generation = s.current().0;
+                let _ = tokio::time::timeout(s.timeout, s.relocate(generation)).await;
+            }
+        });
     }
 
     /// After a failed command: if the error says the master may have moved (the connection
@@ -215,8 +241,9 @@ impl Sentinelled {
             }
         };
         tracing::warn!(from = %resolver.master, to = %master, "redis sentinel: the master moved");
-        resolver.master = master;
+        resolver.master.clone_from(&master);
         *self.current.lock() = (generation + 1, conn);
+        *self.master.lock() = master;
         if let Some(tell) = &self.on_move {
             let _ = tell.send(PushInfo {
                 kind: PushKind::Disconnection,
@@ -284,8 +311,9 @@ impl Conn {
                 }
                 None => None,
             };
-            let conn = Sentinelled::connect(config, sentinel, tcp, manager, push).await?;
-            return Ok(Self::Sentinel(Arc::new(conn)));
+            let conn = Arc::new(Sentinelled::connect(config, sentinel, tcp, manager, push).await?);
+            Sentinelled::poll(&conn);
+            return Ok(Self::Sentinel(conn));
         }
         let certs = tls_certificates(&config.tls)?;
         if config.cluster {
@@ -391,6 +419,15 @@ impl Conn {
     /// unless told otherwise ([`PubSubMode`]), as Redisson does.
     pub(crate) fn sharded(&self) -> bool {
         matches!(self, Self::Cluster(_, true))
+    }
+
+    /// The address (`host:port`) of the master the Sentinels named last; `None` without
+    /// Sentinel.
+    pub(crate) fn sentinel_master(&self) -> Option<String> {
+        match self {
+            Self::Sentinel(s) => Some(s.master.lock().clone()),
+            _ => None,
+        }
     }
 
     /// Sends a call and `WAIT replicas timeout` in one pipeline: the reply, and how many

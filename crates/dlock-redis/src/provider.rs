@@ -99,6 +99,14 @@ impl RedisProvider {
         self.inner.subs.subscribed()
     }
 
+    /// Under Sentinel, the address (`host:port`) of the master this provider sends its calls
+    /// to: the one the Sentinels named when it connected, and after each failover the new
+    /// one (they are asked every second, and after every call that failed as if the master
+    /// moved). `None` on a single server or a cluster.
+    pub fn sentinel_master(&self) -> Option<String> {
+        self.inner.conn.sentinel_master()
+    }
+
     /// Pub/sub messages delivered to this provider so far.
     pub fn messages_delivered(&self) -> u64 {
         self.inner.subs.delivered()

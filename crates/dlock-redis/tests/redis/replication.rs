@@ -338,3 +338,88 @@ async fn a_sentinel_failover_during_contention_keeps_exclusion_and_token_order()
     );
     drop(replicas);
 }
+
+/// An old master that stalled past `down-after` (SIGSTOP) while the Sentinels promoted its
+/// replica, then resumed (SIGCONT), answers over its old connections as if nothing happened
+/// until the Sentinels turn it into a replica. A provider that made no call meanwhile (so no
+/// error told it the master moved) follows the Sentinels all the same, and after the resume
+/// its acquisitions go to the new master: a name held there is refused, not granted a second
+/// time on the old one. With the default `wait_replicas=0`, as users run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_old_master_that_resumes_grants_nothing() {
+    const NAME: &str = "dlockstale";
+    const LIMIT: Duration = Duration::from_secs(30);
+    let Some(master) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let replica = PrivateRedis::replica_of(&master).await.unwrap();
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(PrivateSentinel::start(&master, NAME).await);
+    }
+    for s in &sentinels {
+        eventually(LIMIT, "the sentinels reach a quorum", || s.quorum(NAME)).await;
+    }
+    let on_master = admin(&master.url()).await;
+    eventually(LIMIT, "the replica is online", || {
+        answers(&on_master, &["INFO", "replication"], "connected_slaves:1")
+    })
+    .await;
+    let url = format!(
+        "redis+sentinel://{}/{NAME}",
+        sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let stale = RedisProvider::connect(&url).await.unwrap();
+    let old = format!("127.0.0.1:{}", master.port);
+    let new = format!("127.0.0.1:{}", replica.port);
+    assert_eq!(stale.sentinel_master().as_deref(), Some(old.as_str()));
+
+    master.signal("-STOP");
+    eventually(LIMIT, "a sentinel promotes the replica", || async {
+        match sentinels[0].master_port(NAME).await {
+            Ok(p) if p == replica.port => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // The stale provider follows the Sentinels without a failed call to tell it (given up
+    // after a deadline, not asserted yet: what follows shows what its lag costs).
+    let followed = tokio::time::timeout(LIMIT, async {
+        while stale.sentinel_master().as_deref() != Some(new.as_str()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .is_ok();
+    let fresh = RedisProvider::connect(&url).await.unwrap();
+    assert_eq!(fresh.sentinel_master().as_deref(), Some(new.as_str()));
+    let name = Names::new().name("stale-master");
+    let held = fresh
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+
+    master.signal("-CONT");
+    // At once, before the Sentinels can turn the old master into a replica.
+    let second = stale
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::ZERO)
+        .await;
+    assert!(
+        matches!(second, Ok(None)),
+        "a second holder beside the new master's: {second:?} (the provider's master: {:?})",
+        stale.sentinel_master()
+    );
+    assert!(
+        followed,
+        "the provider never followed the Sentinels to {new}"
+    );
+    held.release().await.unwrap();
+}
