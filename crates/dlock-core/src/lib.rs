@@ -5,8 +5,25 @@
     deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)
 )]
 
-/// Builder setters: each `name => field: Type;` (with its doc comment) is a
-/// `pub fn name(mut self, field: Type) -> Self` that stores its argument in `field`.
+/// Builder setters, for the option types of the core and of backends: each
+/// `name => field: Type;` (with its doc comment) is a `pub fn name(mut self, field: Type) ->
+/// Self` that stores its argument in `field`.
+///
+/// ```
+/// pub struct Config {
+///     retries: u32,
+/// }
+///
+/// impl Config {
+///     dlock_core::setters! {
+///         /// Sets how many times a call is tried again.
+///         with_retries => retries: u32;
+///     }
+/// }
+///
+/// assert_eq!(Config { retries: 0 }.with_retries(3).retries, 3);
+/// ```
+#[macro_export]
 macro_rules! setters {
     ($($(#[$attr:meta])* $name:ident => $field:ident: $ty:ty;)*) => {
         $(

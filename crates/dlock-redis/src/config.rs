@@ -365,34 +365,17 @@ impl RedisConfig {
         Ok(self)
     }
 
-    /// Sets how a cluster carries wake-up messages.
-    pub fn with_pubsub(mut self, mode: PubSubMode) -> Self {
-        self.pubsub = mode;
-        self
-    }
-
-    /// Sets how many replicas must acknowledge a grant before `acquire` returns it.
-    pub fn with_wait_replicas(mut self, replicas: u32) -> Self {
-        self.wait_replicas = replicas;
-        self
-    }
-
-    /// Sets whether the URL names a cluster seed.
-    pub fn with_cluster(mut self, cluster: bool) -> Self {
-        self.cluster = cluster;
-        self
-    }
-
-    /// Sets the response timeout.
-    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Sets the fair-lock wait.
-    pub fn with_fair_wait(mut self, wait: Duration) -> Self {
-        self.fair_wait = wait;
-        self
+    dlock_core::setters! {
+        /// Sets how a cluster carries wake-up messages.
+        with_pubsub => pubsub: PubSubMode;
+        /// Sets how many replicas must acknowledge a grant before `acquire` returns it.
+        with_wait_replicas => wait_replicas: u32;
+        /// Sets whether the URL names a cluster seed.
+        with_cluster => cluster: bool;
+        /// Sets the response timeout.
+        with_response_timeout => response_timeout: Duration;
+        /// Sets the fair-lock wait.
+        with_fair_wait => fair_wait: Duration;
     }
 
     /// The store id: the URL without credentials or query; for Sentinel, the Sentinels and

@@ -48,21 +48,11 @@ impl Primitive for Plain {
     const KIND: LockKind = LockKind::Mutex;
 
     fn acquire_call<'a>(&'a self, h: &'a Holder, _queue: bool) -> Call<'a> {
-        Call::new("acquire", &LOCK)
-            .key(&h.keys.name)
-            .key(&h.keys.token)
-            .num(h.lease_ms)
-            .arg(h.field.as_bytes())
+        h.field_acquire("acquire", &LOCK)
     }
 
     fn release_call<'a>(&'a self, h: &'a Holder) -> Call<'a> {
-        Call::new("release", &UNLOCK)
-            .key(&h.keys.name)
-            .key(&h.keys.channel)
-            .arg(pubsub::UNLOCK.as_bytes())
-            .num(h.lease_ms)
-            .arg(h.field.as_bytes())
-            .arg(h.publish.as_bytes())
+        h.field_release("release", &UNLOCK, &h.keys.channel, pubsub::UNLOCK)
     }
 
     fn channel(&self, h: &Holder) -> (String, ChannelKind) {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use dlock_core::backend::Request;
 use dlock_core::{Lease, LockKind, LockName};
+use redis::Script;
 
 use crate::call::{Call, ms};
 use crate::keys::Keys;
@@ -29,6 +30,37 @@ pub(crate) struct Holder {
     /// The command a release announces itself with: `spublish` on a cluster with sharded
     /// pub/sub, else `publish`.
     pub(crate) publish: &'static str,
+}
+
+impl Holder {
+    /// The acquisition of a hold that is one field of the name's hash, counted by the name's
+    /// fencing counter (a plain mutex, a write hold). KEYS: name, token. ARGV: lease ms,
+    /// field.
+    pub(crate) fn field_acquire(&self, what: &'static str, script: &'static Script) -> Call<'_> {
+        Call::new(what, script)
+            .key(&self.keys.name)
+            .key(&self.keys.token)
+            .num(self.lease_ms)
+            .arg(self.field.as_bytes())
+    }
+
+    /// The release of such a hold, announced on `channel` with `message`. KEYS: name,
+    /// channel. ARGV: message, lease ms, field, publish command.
+    pub(crate) fn field_release<'a>(
+        &'a self,
+        what: &'static str,
+        script: &'static Script,
+        channel: &'a str,
+        message: &'static str,
+    ) -> Call<'a> {
+        Call::new(what, script)
+            .key(&self.keys.name)
+            .key(channel)
+            .arg(message.as_bytes())
+            .num(self.lease_ms)
+            .arg(self.field.as_bytes())
+            .arg(self.publish.as_bytes())
+    }
 }
 
 /// One kind of hold: the calls of its acquisition and its hold, and its waiters' channel.

@@ -101,22 +101,17 @@ impl Primitive for Write {
     const KIND: LockKind = LockKind::Write;
 
     fn acquire_call<'a>(&'a self, h: &'a Holder, _queue: bool) -> Call<'a> {
-        Call::new("write", &WRITE_LOCK)
-            .key(&h.keys.name)
-            .key(&h.keys.token)
-            .num(h.lease_ms)
-            .arg(h.field.as_bytes())
+        h.field_acquire("write", &WRITE_LOCK)
     }
 
     fn release_call<'a>(&'a self, h: &'a Holder) -> Call<'a> {
         // Message 1: every waiter may try (readers can all proceed).
-        Call::new("release write", &WRITE_UNLOCK)
-            .key(&h.keys.name)
-            .key(&h.keys.rw_channel)
-            .arg(pubsub::READ_UNLOCK.as_bytes())
-            .num(h.lease_ms)
-            .arg(h.field.as_bytes())
-            .arg(h.publish.as_bytes())
+        h.field_release(
+            "release write",
+            &WRITE_UNLOCK,
+            &h.keys.rw_channel,
+            pubsub::READ_UNLOCK,
+        )
     }
 
     fn channel(&self, h: &Holder) -> (String, ChannelKind) {

@@ -101,22 +101,34 @@ pub(crate) enum WorkerEvent {
     Stop { t: u64 },
 }
 
+/// `$then`, with `$t` bound to the stamp of the event `$event` (of any kind).
+macro_rules! with_stamp {
+    ($event:expr, |$t:ident| $then:expr) => {
+        match $event {
+            WorkerEvent::Start { $t, .. }
+            | WorkerEvent::Grant { $t, .. }
+            | WorkerEvent::Fenced { $t, .. }
+            | WorkerEvent::Lost { $t, .. }
+            | WorkerEvent::Exit { $t, .. }
+            | WorkerEvent::Release { $t, .. }
+            | WorkerEvent::LostBeforeUse { $t, .. }
+            | WorkerEvent::Enqueue { $t, .. }
+            | WorkerEvent::Timeout { $t, .. }
+            | WorkerEvent::Error { $t, .. }
+            | WorkerEvent::Stop { $t } => $then,
+        }
+    };
+}
+
 impl WorkerEvent {
     /// When it happened, by the worker's clock.
+    pub(crate) fn t(&self) -> u64 {
+        with_stamp!(self, |t| *t)
+    }
+
+    /// When it happened, to be mapped to another clock.
     pub(crate) fn t_mut(&mut self) -> &mut u64 {
-        match self {
-            Self::Start { t, .. }
-            | Self::Grant { t, .. }
-            | Self::Fenced { t, .. }
-            | Self::Lost { t, .. }
-            | Self::Exit { t, .. }
-            | Self::Release { t, .. }
-            | Self::LostBeforeUse { t, .. }
-            | Self::Enqueue { t, .. }
-            | Self::Timeout { t, .. }
-            | Self::Error { t, .. }
-            | Self::Stop { t } => t,
-        }
+        with_stamp!(self, |t| t)
     }
 }
 

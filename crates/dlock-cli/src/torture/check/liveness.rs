@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Report;
-use super::model::{Hold, Run, event_time, ms};
+use super::model::{Hold, Run, ms};
 use crate::torture::history::{FaultRecord, WorkerEvent};
 
 /// Checks that the run made progress at all, and again after each fault healed, on every
@@ -204,7 +204,7 @@ fn stall(run: &Run<'_>, fault: &FaultRecord, until: u64) -> String {
         .collect();
     let mut said: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for s in run.history {
-        let t = event_time(&s.event);
+        let t = s.event.t();
         if t <= healed || t > until {
             continue;
         }
@@ -248,7 +248,7 @@ fn stall(run: &Run<'_>, fault: &FaultRecord, until: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
-    use crate::torture::history::{FaultKind, Stamped, WorkerEvent};
+    use crate::torture::history::{FaultKind, FaultRecord, Stamped, WorkerEvent};
 
     /// A name whose holder was killed is stuck when a worker asks for it once the store had
     /// to free it and is refused for its whole wait, while nobody is granted it; also when
@@ -277,52 +277,44 @@ mod tests {
                 on(name, timeout(worker, attempt, to)),
             ]
         };
+        // The violations of the base history with `more` events, under `faults`.
+        let judge = |more: &[Stamped], faults: &[FaultRecord]| {
+            let mut h = base.clone();
+            h.extend_from_slice(more);
+            run(&h, faults).violations
+        };
+        let says = |violations: &[String], what: &str| violations.iter().any(|v| v.contains(what));
+        let kill_only = std::slice::from_ref(&kill);
         // Nobody asks: nothing to judge.
-        let r = run(&base, std::slice::from_ref(&kill));
-        assert!(
-            !r.violations.iter().any(|v| v.contains("granted again")),
-            "{r:?}"
-        );
+        assert!(!says(&judge(&[], kill_only), "granted again"));
         // Asked for at 7 s and refused until 11 s: stuck, both names.
-        let mut h = base.clone();
-        h.extend(refused(3, "n", 1, 7 * S, 11 * S));
-        h.extend(refused(3, "x", 2, 12 * S, 16 * S));
-        let r = run(&h, std::slice::from_ref(&kill));
-        assert_violation(&r, "n was not granted again after the kill of worker 1");
-        assert_violation(&r, "x was not granted again");
+        let both = [
+            refused(3, "n", 1, 7 * S, 11 * S),
+            refused(3, "x", 2, 12 * S, 16 * S),
+        ]
+        .concat();
+        let v = judge(&both, kill_only);
+        assert!(
+            says(&v, "n was not granted again after the kill of worker 1"),
+            "{v:?}"
+        );
+        assert!(says(&v, "x was not granted again"), "{v:?}");
+        let late_n = refused(3, "n", 1, 7 * S, 11 * S);
         // Asked for too soon (at 5 s): the store may still keep the dead holder's hold.
-        let mut soon = base.clone();
-        soon.extend(refused(3, "n", 1, 5 * S, 9 * S));
-        let r = run(&soon, std::slice::from_ref(&kill));
-        assert!(
-            !r.violations.iter().any(|v| v.contains("granted again")),
-            "{r:?}"
-        );
+        let soon = judge(&refused(3, "n", 1, 5 * S, 9 * S), kill_only);
+        assert!(!says(&soon, "granted again"), "{soon:?}");
         // The asker was itself partitioned while it asked.
-        let mut cut = base.clone();
-        cut.extend(refused(3, "n", 1, 7 * S, 11 * S));
         let partition = fault(FaultKind::Partition, 3, 8 * S, 9 * S);
-        let r = run(&cut, &[kill.clone(), partition]);
-        assert!(
-            !r.violations.iter().any(|v| v.contains("n was not")),
-            "{r:?}"
-        );
+        let cut = judge(&late_n, &[kill.clone(), partition]);
+        assert!(!says(&cut, "n was not"), "{cut:?}");
         // Somebody else was granted n while the asker waited.
-        let mut taken = base.clone();
-        taken.extend(refused(3, "n", 1, 7 * S, 11 * S));
-        taken.push(grant(4, 1, 8 * S, 2));
-        taken.push(exit(4, 1, 10 * S));
-        let r = run(&taken, std::slice::from_ref(&kill));
-        assert!(
-            !r.violations.iter().any(|v| v.contains("n was not")),
-            "{r:?}"
-        );
+        let taken = [&late_n[..], &[grant(4, 1, 8 * S, 2), exit(4, 1, 10 * S)]].concat();
+        assert!(!says(&judge(&taken, kill_only), "n was not"));
         // Released before the kill: x was not held while the fault lasted.
-        let mut freed = h.clone();
-        freed.insert(3, released(1, 2, 2 * S - S / 20, true));
-        let r = run(&freed, std::slice::from_ref(&kill));
-        assert!(!r.violations.iter().any(|v| v.contains("x was")), "{r:?}");
-        assert_violation(&r, "n was not granted again");
+        let freed = [&both[..], &[released(1, 2, 2 * S - S / 20, true)]].concat();
+        let v = judge(&freed, kill_only);
+        assert!(!says(&v, "x was"), "{v:?}");
+        assert!(says(&v, "n was not granted again"), "{v:?}");
     }
 
     #[test]

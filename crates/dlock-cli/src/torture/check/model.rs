@@ -189,7 +189,7 @@ fn holds(
             }
             _ => {}
         }
-        let t = event_time(&s.event);
+        let t = s.event.t();
         let seen = last_seen.entry(w).or_default();
         *seen = (*seen).max(t);
     }
@@ -201,23 +201,6 @@ fn holds(
     }
     done.sort_by_key(|h| (h.grant, h.worker));
     done
-}
-
-/// When a worker stamped `e`.
-pub(super) fn event_time(e: &WorkerEvent) -> u64 {
-    match e {
-        WorkerEvent::Start { t, .. }
-        | WorkerEvent::Grant { t, .. }
-        | WorkerEvent::Fenced { t, .. }
-        | WorkerEvent::Lost { t, .. }
-        | WorkerEvent::Exit { t, .. }
-        | WorkerEvent::Release { t, .. }
-        | WorkerEvent::LostBeforeUse { t, .. }
-        | WorkerEvent::Enqueue { t, .. }
-        | WorkerEvent::Timeout { t, .. }
-        | WorkerEvent::Error { t, .. }
-        | WorkerEvent::Stop { t } => *t,
-    }
 }
 
 /// Nanoseconds as milliseconds, for messages.
