@@ -82,3 +82,62 @@ async fn server_restart_within_session_timeout_keeps_the_hold() {
         .await
         .unwrap();
 }
+
+/// A waiter that waits through a restart of the server (with the default 10 s session) is
+/// woken by the release that follows it: its watch on the node before it outlives the
+/// reconnect, or it looks again when the session comes back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_is_woken_after_a_server_restart() {
+    if url().is_none() {
+        return;
+    }
+    let Some(mut server) = PrivateZk::start().await else {
+        return;
+    };
+    let url = server.url("");
+    let (a, b) = (provider(&url).await, provider(&url).await);
+    let name = Names::new().name("restart-waiter");
+    let g = hold(&a, &name).await;
+    let lb = b.lock(&name, LockOptions::default()).unwrap();
+    let waiting = tokio::spawn(async move { lb.acquire().await });
+    let admin = crate::support::admin(&url).await;
+    let path = a.lock_path(&name).unwrap();
+    crate::support::await_nodes(&admin, &path, 2, "the waiter's node").await;
+    drop(admin);
+    server.kill();
+    server.spawn().await;
+    for p in [&a, &b] {
+        eventually(
+            Duration::from_secs(20),
+            "the client reconnected",
+            || async {
+                match p.client().state() {
+                    zk::SessionState::SyncConnected => Ok(()),
+                    other => Err(other),
+                }
+            },
+        )
+        .await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "the hold is vouched for again",
+        || async {
+            match g.state() {
+                dlock_core::HoldState::Held => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    must(LIMIT * 2, "release after the restart", g.release())
+        .await
+        .unwrap();
+    let g2 = must(Duration::from_secs(10), "the waiter's grant", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    must(LIMIT * 2, "the waiter's release", g2.release())
+        .await
+        .unwrap();
+}
