@@ -68,7 +68,13 @@ impl<P: Primitive> Acquisition<P> {
             return unanswered.map_or(Ok(None), Err);
         }
         let (channel, kind) = self.primitive.channel(&self.holder);
-        let listener = self.inner.subs.listen(&channel, kind).await?;
+        // Under the deadline: the channel's SUBSCRIBE may wait behind its UNSUBSCRIBE (its
+        // last waiter just left), which only the response timeout bounds.
+        let Some(listener) = deadline.run(self.inner.subs.listen(&channel, kind)).await else {
+            self.give_up(undo, queue, unanswered.is_some()).await;
+            return unanswered.map_or(Ok(None), Err);
+        };
+        let listener = listener?;
         let mut outage = Backoff::new(Duration::from_millis(50), OUTAGE_PAUSE_MAX);
         // Pauses while no subscription can wake this waiter (at most 4 tries a second).
         let mut unheard = Backoff::new(Duration::from_millis(50), OUTAGE_PAUSE_MAX);

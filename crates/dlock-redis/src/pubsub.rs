@@ -56,6 +56,10 @@ pub(crate) enum ChannelKind {
 struct Channel {
     kind: ChannelKind,
     waiters: Vec<Waiter>,
+    /// Serializes this channel's SUBSCRIBE and UNSUBSCRIBE, so that its flags match the
+    /// server; other channels' go on meanwhile. The entry outlives every operation on it: it
+    /// is removed only under this lock, with no waiter, after its UNSUBSCRIBE.
+    ops: Arc<tokio::sync::Mutex<()>>,
     subscribed: bool,
     /// A SUBSCRIBE was sent and not answered (in time, or before its waiter was cancelled):
     /// the server may be subscribed all the same, so the last waiter to leave unsubscribes.
@@ -152,8 +156,6 @@ fn wake_unsignalled(waiters: &[Waiter], count: usize) {
 pub(crate) struct Subscriptions {
     conn: Conn,
     registry: Arc<Registry>,
-    /// Serializes SUBSCRIBE/UNSUBSCRIBE so a channel's flag matches the server.
-    ops: tokio::sync::Mutex<()>,
 }
 
 impl Subscriptions {
@@ -166,11 +168,7 @@ impl Subscriptions {
         };
         let push = Arc::new(push);
         let conn = Conn::connect(config, Some(push)).await?;
-        Ok(Arc::new(Self {
-            conn,
-            registry,
-            ops: tokio::sync::Mutex::new(()),
-        }))
+        Ok(Arc::new(Self { conn, registry }))
     }
 
     /// Notified after every disconnection of the subscription connection (a restart, a
@@ -242,11 +240,15 @@ impl Subscriptions {
     /// be lost in the client (a SUBSCRIBE on the reconnected connection may be answered only
     /// by the response timeout), and every release meanwhile would go unheard.
     async fn ensure_subscribed(&self, channel: &str) -> Subscribed {
-        // Always under `ops`: an UNSUBSCRIBE of this channel may be in flight (its last waiter
-        // just left), and its flag is only cleared when it completes. Checking the flag outside
-        // would let this waiter trust a subscription that is about to end, and sleep until the
-        // holder's PTTL instead of being woken.
-        let _ops = self.ops.lock().await;
+        // Always under the channel's lock: an UNSUBSCRIBE of it may be in flight (its last
+        // waiter just left), and its flag is only cleared when it completes. Checking the flag
+        // outside would let this waiter trust a subscription that is about to end, and sleep
+        // until the holder's PTTL instead of being woken. The caller is a registered waiter,
+        // so the entry is there.
+        let Some(ops) = self.ops_of(channel) else {
+            return Subscribed::Failed;
+        };
+        let _ops = ops.lock().await;
         let subscribed = self
             .registry
             .channels()
@@ -288,11 +290,24 @@ impl Subscriptions {
         }
     }
 
+    /// The lock that serializes `channel`'s SUBSCRIBE and UNSUBSCRIBE, if it has an entry.
+    fn ops_of(&self, channel: &str) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.registry
+            .channels()
+            .get(channel)
+            .map(|c| Arc::clone(&c.ops))
+    }
+
     async fn unsubscribe_if_idle(self: Arc<Self>, channel: String) {
-        let _ops = self.ops.lock().await;
+        let Some(ops) = self.ops_of(&channel) else {
+            return;
+        };
+        let _ops = ops.lock().await;
         {
             let mut channels = self.registry.channels();
-            let Some(c) = channels.get(&channel) else {
+            // Gone, or replaced by a new entry (with a lock of its own) since this was
+            // spawned: that entry's last waiter unsubscribes it.
+            let Some(c) = channels.get(&channel).filter(|c| Arc::ptr_eq(&c.ops, &ops)) else {
                 return;
             };
             if !c.waiters.is_empty() {
@@ -466,6 +481,65 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(200), listener.wait(None))
             .await
             .is_ok()
+    }
+
+    /// One channel's UNSUBSCRIBE in flight does not hold up another channel's SUBSCRIBE:
+    /// with every reply 2 s late (through a proxy), the listener of the second channel is
+    /// back (its SUBSCRIBE given up after its own wait) while the first channel's
+    /// UNSUBSCRIBE still waits for its answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_channel_does_not_wait_for_another() {
+        let Some(url) = dlock_conformance::service_url("DLOCK_REDIS_URL") else {
+            return;
+        };
+        let server = RedisConfig::from_url(&url).unwrap();
+        let target = server.url.expose();
+        let host = target.host_str().unwrap().to_owned();
+        let proxy = dlock_proxy::Proxy::start((host, target.port().unwrap_or(6379)))
+            .await
+            .unwrap();
+        let config = RedisConfig::from_url(&format!("redis://{}", proxy.addr())).unwrap();
+        let subs = Subscriptions::connect(&config).await.unwrap();
+        let first = format!("dlock-test-{}", uuid::Uuid::new_v4().simple());
+        let second = format!("dlock-test-{}", uuid::Uuid::new_v4().simple());
+        let listener = subs.listen(&first, ChannelKind::Lock).await.unwrap();
+        proxy.set_fault(dlock_proxy::Fault::DelayReplies(Duration::from_secs(2)));
+        // The last waiter leaves: its channel's UNSUBSCRIBE goes out in the background, and
+        // reaches the server (only replies are late) while its answer keeps it in flight.
+        drop(listener);
+        let direct = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        dlock_conformance::eventually(
+            Duration::from_secs(10),
+            "the UNSUBSCRIBE reached the server",
+            || {
+                let mut c = direct.clone();
+                let first = first.clone();
+                async move {
+                    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                        .arg("NUMSUB")
+                        .arg(&first)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match n.first() {
+                        Some((_, 0)) => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                }
+            },
+        )
+        .await;
+        let other = subs.listen(&second, ChannelKind::Lock).await.unwrap();
+        assert!(
+            subs.registry.channels().contains_key(&first),
+            "the second channel waited for the first one's UNSUBSCRIBE to end"
+        );
+        proxy.set_fault(dlock_proxy::Fault::None);
+        drop(other);
     }
 
     /// A waiter whose attempt is cancelled while it acts on a wake-up passes the wake-up on
