@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use dlock_core::Result;
-use dlock_core::backend::Mutex;
+use dlock_core::backend::{Backoff, Mutex};
 use redis::{PushInfo, PushKind};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
@@ -111,11 +112,15 @@ impl Registry {
             // Messages may have been missed while disconnected: everyone tries again, and
             // every channel is subscribed anew by its next waiter (which also makes the
             // connection reconnect, instead of trusting a subscription that died with it).
+            // A channel that was subscribed may be subscribed anew by the client after the
+            // reconnect (it resubscribes what it tracks): it stays `maybe`, so that an
+            // UNSUBSCRIBE is still sent when its last waiter leaves (or, for one nobody waits
+            // on, by the task trying its failed UNSUBSCRIBE again).
             PushKind::Disconnection => {
                 self.disconnects.notify_one();
                 for chan in self.channels().values_mut() {
+                    chan.maybe = chan.subscribed || chan.maybe;
                     chan.subscribed = false;
-                    chan.maybe = false;
                     chan.waiters.iter().for_each(Waiter::wake);
                 }
             }
@@ -298,44 +303,70 @@ impl Subscriptions {
             .map(|c| Arc::clone(&c.ops))
     }
 
+    /// Unsubscribes `channel` once its last waiter left, and forgets it. A failed UNSUBSCRIBE
+    /// (the server away or slow) is tried again, with a growing pause, for as long as the
+    /// channel stays idle and the provider lives: each fair acquisition has a channel of its
+    /// own, so a channel left subscribed would never be used again.
     async fn unsubscribe_if_idle(self: Arc<Self>, channel: String) {
-        let Some(ops) = self.ops_of(&channel) else {
-            return;
+        let mut pause = Backoff::new(Duration::from_millis(100), UNSUBSCRIBE_PAUSE_MAX);
+        let subs = Arc::downgrade(&self);
+        let mut this = self;
+        while !this.try_unsubscribe_if_idle(&channel).await {
+            drop(this);
+            tokio::time::sleep(pause.next_pause()).await;
+            let Some(again) = subs.upgrade() else {
+                return;
+            };
+            this = again;
+        }
+    }
+
+    /// One try of [`unsubscribe_if_idle`](Self::unsubscribe_if_idle): whether nothing is
+    /// left to do (the channel is gone, has waiters again, or was unsubscribed).
+    async fn try_unsubscribe_if_idle(&self, channel: &str) -> bool {
+        let Some(ops) = self.ops_of(channel) else {
+            return true;
         };
         let _ops = ops.lock().await;
         {
             let mut channels = self.registry.channels();
             // Gone, or replaced by a new entry (with a lock of its own) since this was
             // spawned: that entry's last waiter unsubscribes it.
-            let Some(c) = channels.get(&channel).filter(|c| Arc::ptr_eq(&c.ops, &ops)) else {
-                return;
+            let Some(c) = channels.get(channel).filter(|c| Arc::ptr_eq(&c.ops, &ops)) else {
+                return true;
             };
             if !c.waiters.is_empty() {
-                return;
+                return true;
             }
             if !c.subscribed && !c.maybe {
                 // Never subscribed (the server was away): nothing to undo on the server.
-                channels.remove(&channel);
-                return;
+                channels.remove(channel);
+                return true;
             }
         }
-        // On failure the flag stays set: the connection still delivers, and the next waiter
-        // reuses the subscription. Messages for a channel without waiters are dropped.
-        if self.conn.unsubscribe(&channel).await.is_ok() {
-            let mut channels = self.registry.channels();
-            if channels.get(&channel).is_some_and(|c| c.waiters.is_empty()) {
-                channels.remove(&channel);
-            } else if let Some(c) = channels.get_mut(&channel) {
-                c.subscribed = false;
-                c.maybe = false;
-            }
+        // On failure the flags stay set: the connection may still deliver, and a waiter that
+        // comes meanwhile reuses the subscription. Messages for a channel without waiters
+        // are dropped.
+        if self.conn.unsubscribe(channel).await.is_err() {
+            return false;
         }
+        let mut channels = self.registry.channels();
+        if channels.get(channel).is_some_and(|c| c.waiters.is_empty()) {
+            channels.remove(channel);
+        } else if let Some(c) = channels.get_mut(channel) {
+            c.subscribed = false;
+            c.maybe = false;
+        }
+        true
     }
 }
 
+/// The longest pause between two tries of a failed UNSUBSCRIBE.
+const UNSUBSCRIBE_PAUSE_MAX: Duration = Duration::from_secs(5);
+
 /// How long a SUBSCRIBE may take before the waiter falls back to a short timer (and tries
 /// to subscribe again on its next round).
-const SUBSCRIBE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+const SUBSCRIBE_WAIT: Duration = Duration::from_millis(500);
 
 /// What [`Listener::resubscribe`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -588,3 +588,64 @@ async fn fair_acquires_cancelled_mid_subscribe_leave_no_subscription() {
     .await;
     drop(held);
 }
+
+/// An UNSUBSCRIBE that fails (its answer comes after the response timeout: replies are
+/// 3 s late through a proxy as the last waiter of a channel leaves) is sent again: the
+/// provider ends with no subscription in its own count, instead of keeping the channel for
+/// good, and none on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_unsubscribe_is_tried_again() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let direct = RedisProvider::connect(&server.url()).await.unwrap();
+    let slow = RedisProvider::connect(&format!("redis://{}/?timeout_ms=1000", proxy.addr()))
+        .await
+        .unwrap();
+    let name = Names::new().name("unsubscribe-retry");
+    let held = direct
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let lock = slow.lock(&name, LockOptions::default()).unwrap();
+    let waiting = tokio::spawn(async move { lock.acquire().await });
+    let url = server.url();
+    eventually(Duration::from_secs(10), "the waiter subscribed", || {
+        subscribed(&url, &name, 1)
+    })
+    .await;
+    assert_eq!(slow.subscriptions(), 1);
+    // The waiter leaves; its UNSUBSCRIBE reaches the server at once, and the answer, read by
+    // the proxy before the fault is lifted, comes 3 s late: past the response timeout.
+    proxy.set_fault(dlock_proxy::Fault::DelayReplies(Duration::from_secs(3)));
+    waiting.abort();
+    let _ = waiting.await;
+    eventually(
+        Duration::from_secs(10),
+        "the UNSUBSCRIBE reached the server",
+        || subscribed(&url, &name, 0),
+    )
+    .await;
+    proxy.set_fault(dlock_proxy::Fault::None);
+    eventually(
+        Duration::from_secs(15),
+        "the provider counts no subscription",
+        || {
+            let slow = slow.clone();
+            async move {
+                match slow.subscriptions() {
+                    0 => Ok(()),
+                    n => Err(format!("{n} subscriptions")),
+                }
+            }
+        },
+    )
+    .await;
+    subscribed(&url, &name, 0).await.unwrap();
+    held.release().await.unwrap();
+}
