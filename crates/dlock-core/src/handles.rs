@@ -166,6 +166,22 @@ pub trait RawSemaphore: fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// One try at an acquisition, made again by a loop that retries it: any
+/// `FnMut() -> impl Future<Output = Result<Option<T>>>`, whose `Ok(None)` says the lock is
+/// held by someone else.
+pub trait AcquireFn<T>: FnMut() -> Self::Try {
+    /// The try's future.
+    type Try: Future<Output = Result<Option<T>>>;
+}
+
+impl<T, F, Fut> AcquireFn<T> for F
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    type Try = Fut;
+}
+
 /// Runs a backend's acquisition until it hands over a hold the backend vouches for.
 ///
 /// A grant whose reply came back after the hold's end had already passed (a reply delayed
@@ -181,15 +197,11 @@ pub trait RawSemaphore: fmt::Debug + Send + Sync + 'static {
 /// returns by `wait` plus that grace, with a retryable [`Error::Connection`] (the store did not
 /// answer, so nothing says the lock is held). Backends are cancel safe, so what a cut-off call
 /// may have taken is given back by their undo.
-async fn live<F, Fut>(
+async fn live(
     info: &HandleInfo,
     deadline: Deadline,
-    mut acquire: F,
-) -> Result<Option<LockGuard>>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<LockGuard>>>,
-{
+    mut acquire: impl AcquireFn<LockGuard>,
+) -> Result<Option<LockGuard>> {
     let attempts = async {
         let mut dead = 0u32;
         loop {

@@ -60,6 +60,7 @@ mod state;
 #[doc(hidden)]
 pub mod state;
 mod sync;
+mod tally;
 mod time;
 mod tls;
 mod trace;
@@ -125,17 +126,18 @@ pub mod backend {
     pub use crate::deserialize_from_url;
     pub use crate::finish::{Finish, finish_if_dropped};
     pub use crate::handles::{
-        CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore, ReadWriteLock,
-        Request, Semaphore,
+        AcquireFn, CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore,
+        ReadWriteLock, Request, Semaphore,
     };
     pub use crate::hold::{Hold, HoldSignal, Horizon, NewHold};
     pub use crate::holdset::{HoldSet, Registration};
     pub use crate::provider::{NoPrimitive, ProviderMeta, RawProvider};
     pub use crate::starter::{Later, spawn_at};
     pub use crate::sync::Mutex;
-    pub use crate::time::{Backoff, Deadline, earlier, from_now, later};
+    pub use crate::tally::Tally;
+    pub use crate::time::{Backoff, Deadline, Retries, earlier, from_now, later, worth_a_warning};
     pub use crate::undo::{UndoFn, UndoOnDrop};
     #[cfg(feature = "serde")]
     pub use crate::url::deserialize_url;
-    pub use crate::url::{parse_host_list, percent_decode};
+    pub use crate::url::{HostListUrl, parse_host_list, percent_decode};
 }

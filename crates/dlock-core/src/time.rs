@@ -187,6 +187,14 @@ mod tests {
         let wake = Deadline::after(Duration::from_secs(1)).wake_after(Duration::from_secs(60));
         assert!(wake <= from_now(Duration::from_secs(1)));
     }
+
+    #[test]
+    fn an_outage_is_warned_about_ever_more_rarely() {
+        let warned: Vec<u32> = (1..=200).filter(|n| worth_a_warning(*n)).collect();
+        assert_eq!(warned, [5, 10, 20, 40, 80, 160]);
+        assert!(worth_a_warning(10 * 1024));
+        assert!(!worth_a_warning(u32::MAX));
+    }
 }
 
 /// A pause between retries that doubles after each one, from `first` up to `max`: the one
@@ -241,4 +249,69 @@ impl Backoff {
     pub async fn wait(&mut self) {
         tokio::time::sleep(self.next_pause()).await;
     }
+}
+
+/// The state of one retry loop: the pause before its next try (a [`Backoff`]) and its
+/// failures in a row, of which only some are worth a warning, ever fewer as an outage goes
+/// on (see [`worth_a_warning`]). A loop that retries for as long as it takes (an acquire
+/// without a deadline) thus says so now and then without flooding the log.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::backend::Retries;
+///
+/// let mut r = Retries::new(Duration::from_millis(20), Duration::from_millis(50));
+/// let warned: Vec<bool> = (0..5).map(|_| r.failed()).collect();
+/// assert_eq!(warned, [false, false, false, false, true]);
+/// assert_eq!(r.failures(), 5);
+/// assert_eq!(r.next_pause(), Duration::from_millis(20));
+/// r.answered();
+/// assert_eq!(r.failures(), 0);
+/// assert_eq!(r.next_pause(), Duration::from_millis(40));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retries {
+    pause: Backoff,
+    failures: u32,
+}
+
+impl Retries {
+    /// No failure yet; pauses from `first`, doubling up to `max` (as [`Backoff::new`]).
+    pub const fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            pause: Backoff::new(first, max),
+            failures: 0,
+        }
+    }
+
+    /// Counts a failure; whether it is worth a warning rather than a debug line.
+    pub fn failed(&mut self) -> bool {
+        self.failures = self.failures.saturating_add(1);
+        worth_a_warning(self.failures)
+    }
+
+    /// The failures in a row so far.
+    pub const fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The store answered (even "held"): the next failure is the first of a new row. The
+    /// pauses go on growing.
+    pub fn answered(&mut self) {
+        self.failures = 0;
+    }
+
+    /// The pause before the next try (see [`Backoff::next_pause`]).
+    pub fn next_pause(&mut self) -> Duration {
+        self.pause.next_pause()
+    }
+}
+
+/// Whether the `failures`-th failure in a row of one retry loop is worth a warning: the 5th,
+/// then the 10th, 20th, 40th … (fewer as an outage goes on); the others are worth a debug
+/// line.
+///
+pub const fn worth_a_warning(failures: u32) -> bool {
+    failures == 5
+        || (failures >= 10 && failures.is_multiple_of(10) && (failures / 10).is_power_of_two())
 }

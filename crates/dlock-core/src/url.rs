@@ -225,6 +225,102 @@ pub fn parse_host_list(list: &str, default_port: u16) -> std::result::Result<Vec
         .collect()
 }
 
+/// A URL that names a list of servers, split after its `scheme://`:
+/// `[user:password@]host[:port][,host[:port]...][/path][?query]`, with no `#fragment`, as the
+/// `zk://` and `etcd://` URLs are. `Debug` never shows the password.
+///
+/// ```
+/// use dlock_core::backend::HostListUrl;
+///
+/// let url = HostListUrl::parse("u:p%40ss@a,b:2/base?x=1&flag", 7, "a my URL").unwrap();
+/// assert_eq!(url.credentials, Some(("u".to_owned(), "p@ss".to_owned())));
+/// assert_eq!(url.hosts, ["a:7", "b:2"]);
+/// assert_eq!(url.path, "/base");
+/// assert_eq!(url.params().collect::<Vec<_>>(), [("x", "1"), ("flag", "")]);
+/// assert!(HostListUrl::parse("a#top", 7, "a my URL").unwrap_err().contains("a my URL"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostListUrl<'a> {
+    /// The user and the password, percent-decoded; the user is never empty.
+    pub credentials: Option<(String, String)>,
+    /// `host:port` of each server, in the order given (see [`parse_host_list`]).
+    pub hosts: Vec<String>,
+    /// The path with its leading `/`, as written (not decoded); `""` without one.
+    pub path: &'a str,
+    /// The query without its `?`, as written; `""` without one.
+    pub query: &'a str,
+}
+
+impl<'a> HostListUrl<'a> {
+    /// Splits `rest`, the URL after its `scheme://`; a host without a port gets
+    /// `default_port`. `what` names such a URL in the messages (`"a zk URL"`).
+    ///
+    /// # Errors
+    ///
+    /// A message saying what is wrong, never showing the password: a `#fragment`, credentials
+    /// that are not `user:password` or have an empty user, a malformed `%`-escape in them, no
+    /// host, a bad host list.
+    pub fn parse(
+        rest: &'a str,
+        default_port: u16,
+        what: &str,
+    ) -> std::result::Result<Self, String> {
+        if rest.contains('#') {
+            return Err(format!("{what} has no #fragment"));
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (userinfo, hostlist) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let credentials = userinfo.map(parse_credentials).transpose()?;
+        if hostlist.is_empty() {
+            return Err(format!("{what} needs at least one host"));
+        }
+        Ok(Self {
+            credentials,
+            hosts: parse_host_list(hostlist, default_port)?,
+            path,
+            query,
+        })
+    }
+
+    /// The query's `key=value` parameters in order, as written (not decoded); a parameter
+    /// without `=` has the value `""`.
+    pub fn params(&self) -> impl Iterator<Item = (&'a str, &'a str)> + use<'a> {
+        self.query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').unwrap_or((p, "")))
+    }
+}
+
+impl fmt::Debug for HostListUrl<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostListUrl")
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("hosts", &self.hosts)
+            .field("path", &self.path)
+            .field("query", &redact_query(&format!("?{}", self.query)))
+            .finish()
+    }
+}
+
+/// `user:password`, percent-decoded, with a user.
+fn parse_credentials(info: &str) -> std::result::Result<(String, String), String> {
+    let Some((user, password)) = info.split_once(':') else {
+        return Err("credentials must be user:password".into());
+    };
+    let user = percent_decode(user).ok_or("malformed %-escape in the user")?;
+    let password = percent_decode(password).ok_or("malformed %-escape in the password")?;
+    if user.is_empty() {
+        return Err("authentication needs a user name".into());
+    }
+    Ok((user, password))
+}
+
 fn parse_host(host: &str, default_port: u16) -> std::result::Result<String, String> {
     if host.is_empty() {
         return Err("empty host in the host list".into());

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::backend::{parse_host_list, percent_decode};
+use dlock_core::backend::{HostListUrl, percent_decode};
 use dlock_core::{Error, LockName, Result, TlsFiles, redact};
 
 /// The port an `etcd://` host without one is reached on (etcd's client port).
@@ -99,42 +99,9 @@ impl EtcdConfig {
                 bad("not a URL; expected etcd[s]://host:port[,host:port...][/prefix]")
             });
         };
-        if rest.contains('#') {
-            return Err(bad("an etcd URL has no #fragment"));
-        }
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
-            None => (rest, None),
-        };
-        let (userinfo, hostlist) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let user = match userinfo {
-            None => None,
-            Some(info) => {
-                let Some((user, password)) = info.split_once(':') else {
-                    return Err(bad("credentials must be user:password"));
-                };
-                let user =
-                    percent_decode(user).ok_or_else(|| bad("malformed %-escape in the user"))?;
-                let password = percent_decode(password)
-                    .ok_or_else(|| bad("malformed %-escape in the password"))?;
-                if user.is_empty() {
-                    return Err(bad("etcd authentication needs a user name"));
-                }
-                Some((user, password))
-            }
-        };
-        if hostlist.is_empty() {
-            return Err(bad("an etcd URL needs at least one host"));
-        }
-        let endpoints = parse_host_list(hostlist, DEFAULT_PORT).map_err(|why| bad(&why))?;
-        let prefix = match path {
+        let parts =
+            HostListUrl::parse(rest, DEFAULT_PORT, "an etcd URL").map_err(|why| bad(&why))?;
+        let prefix = match parts.path.strip_prefix('/') {
             None => DEFAULT_PREFIX.to_owned(),
             Some(p) => {
                 let p = percent_decode(p).ok_or_else(|| bad("malformed %-escape in the path"))?;
@@ -148,8 +115,7 @@ impl EtcdConfig {
         };
         let mut lease_ttl = DEFAULT_LEASE_TTL;
         let mut connect_timeout = None;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        for (key, value) in parts.params() {
             match key {
                 "ttl_s" => {
                     lease_ttl = value
@@ -200,12 +166,12 @@ impl EtcdConfig {
             .transpose()
             .map_err(|e| rephrase(e, &bad))?;
         Ok(Self {
-            endpoints,
+            endpoints: parts.hosts,
             prefix,
             lease_ttl,
             connect_timeout,
             tls,
-            user,
+            user: parts.credentials,
         })
     }
 

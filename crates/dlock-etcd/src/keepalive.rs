@@ -5,7 +5,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, later};
+use dlock_core::backend::{Backoff, later, worth_a_warning};
 use dlock_core::{Error, LossReason, Result};
 use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -13,7 +13,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use crate::BACKEND;
 use crate::config::{EtcdConfig, EtcdTls};
 use crate::error::{from_etcd, is_lease_gone};
-use crate::retry::{RETRY_MAX, RETRY_MIN, seconds, worth_a_warning};
+use crate::retry::{RETRY_MAX, RETRY_MIN, seconds};
 use crate::session::Session;
 
 /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
@@ -221,18 +221,15 @@ pub(crate) async fn keep_alive(session: Weak<Session>, mut lease: i64) {
 /// For unit tests against the etcd member at `DLOCK_ETCD_URL` (`None` without one): a
 /// session, and a lease of 60 s granted beside it, of the test's own.
 #[cfg(test)]
-pub(crate) async fn test_session() -> Option<Result<(Arc<Session>, i64), String>> {
-    let url = dlock_conformance::service_url("DLOCK_ETCD_URL")?;
-    Some(
-        async {
-            let config = EtcdConfig::from_url(&url).map_err(|e| e.to_string())?;
-            let session = connect(config).await.map_err(|e| e.to_string())?;
-            let lease = session.client().lease_grant(60, None).await;
-            let lease = lease.map_err(|e| e.to_string())?.id();
-            Ok((session, lease))
-        }
-        .await,
-    )
+pub(crate) async fn test_session() -> Result<Option<(Arc<Session>, i64)>, String> {
+    let Some(url) = dlock_conformance::service_url("DLOCK_ETCD_URL") else {
+        return Ok(None);
+    };
+    let config = EtcdConfig::from_url(&url).map_err(|e| e.to_string())?;
+    let session = connect(config).await.map_err(|e| e.to_string())?;
+    let lease = session.client().lease_grant(60, None).await;
+    let lease = lease.map_err(|e| e.to_string())?.id();
+    Ok(Some((session, lease)))
 }
 
 #[cfg(test)]
@@ -248,10 +245,9 @@ mod tests {
     /// library turns that stream's first answer, a time-to-live of 0, into an error of its own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fresh_keep_alive_stream_finds_a_revoked_lease_gone() -> Result<(), String> {
-        let Some(started) = test_session().await else {
+        let Some((session, lease)) = test_session().await? else {
             return Ok(());
         };
-        let (session, lease) = started?;
         let revoked = session.client().lease_revoke(lease).await;
         revoked.map_err(|e| e.to_string())?;
         match session

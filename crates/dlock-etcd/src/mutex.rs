@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::{Backoff, Deadline, RawLock, Request};
+use dlock_core::backend::{Backoff, Deadline, RawLock, Request, worth_a_warning};
 use dlock_core::{Error, LockGuard, LockName, Result, async_trait};
 use tokio::time::Instant;
 
@@ -14,7 +14,7 @@ use crate::BACKEND;
 use crate::error::{from_etcd, is_lease_gone, is_transient};
 use crate::hold::grant;
 use crate::keys::{self, Pending, delete_key, enter, give_up, look, put_answer, range};
-use crate::retry::{RETRY_MAX, RETRY_MIN, worth_a_warning};
+use crate::retry::{RETRY_MAX, RETRY_MIN};
 use crate::session::Session;
 use crate::wait::wait_for_predecessor;
 

@@ -131,7 +131,7 @@ impl RawProvider for EtcdProvider {
     /// provider's lease.
     async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {
         let range = range(&self.session.config.lock_name(name));
-        self.session.counters.get();
+        self.session.counters.count(|s| &mut s.gets);
         let resp = self
             .session
             .client()

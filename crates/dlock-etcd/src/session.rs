@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{HoldSet, HoldSignal, Horizon, Mutex, Registration, later};
+use dlock_core::backend::{HoldSet, HoldSignal, Horizon, Mutex, Registration, Tally, later};
 use dlock_core::{Error, LossReason, Result};
 use etcd_client::{Client, Txn, TxnResponse};
 use tokio::sync::watch;
@@ -17,7 +17,7 @@ use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::error::{from_etcd, is_lease_gone};
 use crate::retry::seconds;
-use crate::stats::{Counters, EtcdStats};
+use crate::stats::EtcdStats;
 
 /// The provider's lease as acquires see it.
 #[derive(Clone, Debug)]
@@ -86,7 +86,8 @@ pub(crate) struct Session {
     /// can the client vouch for its keys. A new lease gets a new horizon; the old one stays
     /// with the holds of the old lease, which are lost.
     horizon: Mutex<Option<(i64, Horizon)>>,
-    pub(crate) counters: Counters,
+    /// The calls and wake-ups counted so far.
+    pub(crate) counters: Tally<EtcdStats>,
 }
 
 impl std::fmt::Debug for Session {
@@ -126,7 +127,7 @@ impl Session {
             claimed: Mutex::new(HashSet::new()),
             next_key: AtomicU64::new(1),
             horizon: Mutex::new(None),
-            counters: Counters::default(),
+            counters: Tally::default(),
             config,
         }
     }
@@ -134,7 +135,7 @@ impl Session {
     /// A new lease, and the time-to-live the server granted it (etcd raises one below its
     /// minimum, about one and a half election timeouts).
     pub(crate) async fn grant(&self) -> Result<(i64, Duration)> {
-        self.counters.lease();
+        self.counters.count(|s| &mut s.leases);
         let mut client = self.client.clone();
         client
             .lease_grant(self.config.ttl_secs(), None)
@@ -317,7 +318,7 @@ impl Session {
         lease: Option<i64>,
         txn: Txn,
     ) -> Result<TxnResponse, etcd_client::Error> {
-        self.counters.txn();
+        self.counters.count(|s| &mut s.txns);
         let result = self.client.clone().txn(txn).await;
         if let (Err(e), Some(lease)) = (&result, lease)
             && is_lease_gone(e)
@@ -328,7 +329,7 @@ impl Session {
     }
 
     pub(crate) fn stats(&self) -> EtcdStats {
-        self.counters.stats()
+        self.counters.get()
     }
 }
 

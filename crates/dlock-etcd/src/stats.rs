@@ -1,7 +1,5 @@
 //! What a provider counts: its server calls by kind, and its waiters' wake-ups.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 /// Server calls made by one provider, by kind; see
 /// [`EtcdProvider::stats`](crate::EtcdProvider::stats).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,51 +17,4 @@ pub struct EtcdStats {
     pub wakeups: u64,
     /// Leases granted: one at connect, and one after each loss of the lease.
     pub leases: u64,
-}
-
-/// The counters behind [`EtcdStats`].
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    txns: AtomicU64,
-    gets: AtomicU64,
-    watches: AtomicU64,
-    wakeups: AtomicU64,
-    leases: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-impl Counters {
-    pub(crate) fn txn(&self) {
-        bump(&self.txns);
-    }
-
-    pub(crate) fn get(&self) {
-        bump(&self.gets);
-    }
-
-    pub(crate) fn watch(&self) {
-        bump(&self.watches);
-    }
-
-    pub(crate) fn wakeup(&self) {
-        bump(&self.wakeups);
-    }
-
-    pub(crate) fn lease(&self) {
-        bump(&self.leases);
-    }
-
-    pub(crate) fn stats(&self) -> EtcdStats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        EtcdStats {
-            txns: get(&self.txns),
-            gets: get(&self.gets),
-            watches: get(&self.watches),
-            wakeups: get(&self.wakeups),
-            leases: get(&self.leases),
-        }
-    }
 }

@@ -41,7 +41,7 @@ pub(crate) async fn wait_for_predecessor(
     range: &str,
     mine: i64,
 ) -> Result<(), etcd_client::Error> {
-    session.counters.get();
+    session.counters.count(|s| &mut s.gets);
     let options = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
@@ -57,7 +57,7 @@ pub(crate) async fn wait_for_predecessor(
         created: before.create_revision(),
         read_at: resp.header().map_or(0, |h| h.revision()),
     };
-    session.counters.watch();
+    session.counters.count(|s| &mut s.watches);
     let mut stream = client
         .watch(
             watched.key.clone(),
@@ -160,7 +160,7 @@ async fn await_delete(
             .iter()
             .any(|e| e.event_type() == EventType::Delete)
         {
-            session.counters.wakeup();
+            session.counters.count(|s| &mut s.wakeups);
             return Ok(());
         }
         if resp.created() {
@@ -197,7 +197,7 @@ async fn look_at_key(
     client: &mut etcd_client::Client,
     watched: &Watched,
 ) -> Result<Seen, etcd_client::Error> {
-    session.counters.get();
+    session.counters.count(|s| &mut s.gets);
     let now = client.get(watched.key.as_slice(), None).await?;
     Ok(Seen {
         gone: now.kvs().first().map(|kv| kv.create_revision()) != Some(watched.created),
@@ -222,10 +222,9 @@ mod tests {
     /// the test stops half-way.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_sees_its_predecessor_go_while_its_watch_is_silent() -> Result<(), String> {
-        let Some(started) = test_session().await else {
+        let Some((session, lease)) = test_session().await? else {
             return Ok(());
         };
-        let (session, lease) = started?;
         let etcd = |e: etcd_client::Error| e.to_string();
         let mut client = session.client();
         let nanos = std::time::SystemTime::now()

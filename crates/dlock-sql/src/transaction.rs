@@ -143,10 +143,7 @@ impl SqlProvider {
                 .await
                 .map_err(err("restore the lock wait"))?;
         }
-        if !locked? {
-            return Ok(None);
-        }
-        fenced(&fu, name).await.map(Some)
+        fenced(&fu, name, locked?).await
     }
 
     /// Takes the `for-update` lock `name` inside the caller's open PostgreSQL transaction,
@@ -244,10 +241,7 @@ impl SqlProvider {
             .execute(&mut *conn)
             .await
             .map_err(err("release the savepoint"))?;
-        if !locked? {
-            return Ok(None);
-        }
-        fenced(&fu, name).await.map(Some)
+        fenced(&fu, name, locked?).await
     }
 
     /// The provider's for-update strategy, if it can lock inside a caller's transaction on
@@ -304,11 +298,15 @@ fn vanished(backend: &'static str, name: &LockName) -> Error {
     }
 }
 
-/// The transaction holds `name`'s row: its fencing token, committed on its own.
-async fn fenced(fu: &ForUpdate, name: LockName) -> Result<TxLock> {
+/// The lock of a try that `locked` `name`'s row in the caller's transaction, with its fencing
+/// token (committed on its own); `None` if the row stayed busy.
+async fn fenced(fu: &ForUpdate, name: LockName, locked: bool) -> Result<Option<TxLock>> {
+    if !locked {
+        return Ok(None);
+    }
     let token = fu.next_fence(&name).await?;
-    Ok(TxLock {
+    Ok(Some(TxLock {
         name,
         token: FencingToken::new(token),
-    })
+    }))
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_core::backend::{parse_host_list, percent_decode};
+use dlock_core::backend::HostListUrl;
 use dlock_core::{Error, Result, redact};
 
 use crate::nodes;
@@ -81,52 +81,15 @@ impl ZkConfig {
                 bad("not a URL; expected zk://host:port[,host:port...][/chroot]")
             });
         };
-        let (rest, fragment) = match rest.split_once('#') {
-            Some((r, f)) => (r, Some(f)),
-            None => (rest, None),
-        };
-        if fragment.is_some() {
-            return Err(bad("a zk URL has no #fragment"));
-        }
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hostlist) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let digest = match userinfo {
-            None => None,
-            Some(info) => {
-                let Some((user, password)) = info.split_once(':') else {
-                    return Err(bad(
-                        "credentials must be user:password (ZooKeeper digest authentication)",
-                    ));
-                };
-                let user =
-                    percent_decode(user).ok_or_else(|| bad("malformed %-escape in the user"))?;
-                let password = percent_decode(password)
-                    .ok_or_else(|| bad("malformed %-escape in the password"))?;
-                if user.is_empty() {
-                    return Err(bad("digest authentication needs a user name"));
-                }
-                Some(format!("{user}:{password}"))
-            }
-        };
-        if hostlist.is_empty() {
-            return Err(bad("a zk URL needs at least one host"));
-        }
-        let hosts = parse_host_list(hostlist, DEFAULT_PORT).map_err(|why| bad(&why))?;
-        let chroot = parse_chroot(path).map_err(|why| bad(&why))?;
+        let parts = HostListUrl::parse(rest, DEFAULT_PORT, "a zk URL").map_err(|why| bad(&why))?;
+        let digest = parts
+            .credentials
+            .as_ref()
+            .map(|(user, password)| format!("{user}:{password}"));
+        let chroot = parse_chroot(parts.path).map_err(|why| bad(&why))?;
         let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
         let mut connection_timeout = None;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        for (key, value) in parts.params() {
             match key {
                 "session_timeout_ms" => session_timeout = positive_ms(key, value)?,
                 "connection_timeout_ms" => connection_timeout = Some(positive_ms(key, value)?),
@@ -139,7 +102,7 @@ impl ZkConfig {
             }
         }
         Ok(Self {
-            hosts,
+            hosts: parts.hosts,
             chroot,
             session_timeout,
             connection_timeout,

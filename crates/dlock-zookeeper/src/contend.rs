@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, Deadline};
+use dlock_core::backend::{AcquireFn, Deadline, Retries};
 use dlock_core::{Error, Lease, LockGuard, LockKind, LockName, Result};
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -56,27 +56,22 @@ pub(crate) struct Recipe<'a> {
 /// Runs `attempt` (one acquisition) again after a retryable error while `deadline` allows,
 /// with a growing pause: an unbounded `acquire()` waits out an outage, and a timed one
 /// returns the last error at its deadline. A non-retryable error is returned at once.
-pub(crate) async fn persist<F, Fut>(
+pub(crate) async fn persist(
     name: &LockName,
     deadline: Deadline,
-    mut attempt: F,
-) -> Result<Option<LockGuard>>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<LockGuard>>>,
-{
-    let mut pause = Backoff::new(ATTEMPT_PAUSE_MIN, ATTEMPT_PAUSE_MAX);
-    let mut failures = 0u32;
+    mut attempt: impl AcquireFn<LockGuard>,
+) -> Result<Option<LockGuard>> {
+    let mut retries = Retries::new(ATTEMPT_PAUSE_MIN, ATTEMPT_PAUSE_MAX);
     loop {
         match attempt().await {
             Err(e) if e.is_retryable() && !deadline.has_passed() => {
-                failures = failures.saturating_add(1);
-                if worth_a_warning(failures) {
+                if retries.failed() {
+                    let failures = retries.failures();
                     tracing::warn!(lock = %name, error = %e, failures, "zookeeper acquisition keeps failing; still retrying");
                 } else {
                     tracing::debug!(lock = %name, error = %e, "zookeeper acquisition failed; retrying");
                 }
-                tokio::time::sleep_until(deadline.wake_after(pause.next_pause())).await;
+                tokio::time::sleep_until(deadline.wake_after(retries.next_pause())).await;
                 if deadline.has_passed() {
                     return Err(e);
                 }
@@ -84,13 +79,6 @@ where
             other => return other,
         }
     }
-}
-
-/// Whether the `failures`-th retryable failure in a row of one acquisition is logged as a
-/// warning: the 5th, then the 10th, 20th, 40th … (fewer as an outage goes on).
-fn worth_a_warning(failures: u32) -> bool {
-    failures == 5
-        || (failures >= 10 && failures.is_multiple_of(10) && (failures / 10).is_power_of_two())
 }
 
 /// One attempt of a lock recipe: contends for a node of `recipe` and turns it into a guard of

@@ -354,6 +354,23 @@ mod tests {
         assert_ne!(p, protected_prefix());
     }
 
+    /// Waiting, watching `node`.
+    fn watch(node: &str) -> Standing {
+        Standing::Watch(node.into())
+    }
+
+    /// Each `(node, standing)`: `judge` (a reader's rule, or a mutex's and writer's) finds
+    /// `node` of `sorted` in `standing`.
+    fn assert_standings(
+        sorted: &[Contender],
+        judge: fn(&[Contender], &str) -> Standing,
+        expected: &[(&str, Standing)],
+    ) {
+        for (node, standing) in expected {
+            assert_eq!(&judge(sorted, node), standing, "{node}");
+        }
+    }
+
     #[test]
     fn sequences_and_sorting() {
         assert_eq!(sequence("_c_x-lock-0000000007", LOCK), Some("0000000007"));
@@ -388,15 +405,12 @@ mod tests {
                 "_c_a-lock-0000000010"
             ]
         );
-        assert_eq!(
-            exclusive_standing(&sorted, "lock-0000000001"),
-            Standing::Granted
-        );
-        assert_eq!(
-            exclusive_standing(&sorted, "_c_a-lock-0000000010"),
-            Standing::Watch("_c_b-lock-0000000003".into())
-        );
-        assert_eq!(exclusive_standing(&sorted, "gone"), Standing::Missing);
+        let expected = [
+            ("lock-0000000001", Standing::Granted),
+            ("_c_a-lock-0000000010", watch("_c_b-lock-0000000003")),
+            ("gone", Standing::Missing),
+        ];
+        assert_standings(&sorted, exclusive_standing, &expected);
     }
 
     #[test]
@@ -409,22 +423,16 @@ mod tests {
             "_c_5-__READ__0000000002".to_owned(), // a downgraded reader at its writer's place
         ];
         let sorted = contenders(children, &[READ, WRITE]);
-        assert_eq!(
-            reader_standing(&sorted, "_c_1-__READ__0000000001"),
-            Standing::Granted
-        );
-        assert_eq!(
-            reader_standing(&sorted, "_c_3-__READ__0000000003"),
-            Standing::Watch("_c_2-__WRIT__0000000002".into())
-        );
-        assert_eq!(
-            exclusive_standing(&sorted, "_c_2-__WRIT__0000000002"),
-            Standing::Watch("_c_1-__READ__0000000001".into())
-        );
-        assert_eq!(
-            exclusive_standing(&sorted, "_c_4-__WRIT__0000000004"),
-            Standing::Watch("_c_3-__READ__0000000003".into())
-        );
+        let readers = [
+            ("_c_1-__READ__0000000001", Standing::Granted),
+            ("_c_3-__READ__0000000003", watch("_c_2-__WRIT__0000000002")),
+        ];
+        assert_standings(&sorted, reader_standing, &readers);
+        let writers = [
+            ("_c_2-__WRIT__0000000002", watch("_c_1-__READ__0000000001")),
+            ("_c_4-__WRIT__0000000004", watch("_c_3-__READ__0000000003")),
+        ];
+        assert_standings(&sorted, exclusive_standing, &writers);
         // After the writer left, the downgraded reader still blocks later writers.
         let sorted = contenders(
             vec![
@@ -433,11 +441,9 @@ mod tests {
             ],
             &[READ, WRITE],
         );
-        assert_eq!(
-            exclusive_standing(&sorted, "_c_6-__WRIT__0000000006"),
-            Standing::Watch("_c_5-__READ__0000000002".into())
-        );
-        assert_eq!(reader_standing(&sorted, "x"), Standing::Missing);
+        let writer = [("_c_6-__WRIT__0000000006", watch("_c_5-__READ__0000000002"))];
+        assert_standings(&sorted, exclusive_standing, &writer);
+        assert_standings(&sorted, reader_standing, &[("x", Standing::Missing)]);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //!   renewal, its fixed lease enforced by the server.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::Inner;
 use crate::attempt::CONNECT_GRACE;
-use crate::db::query;
+use crate::db::{Conn, query};
 use crate::error::from_sqlx;
 use crate::sql::SessionSql;
 
@@ -84,15 +86,10 @@ impl Pinning {
     /// [`SessionSql::kill_connection`]); the dropped acquisition closes that connection
     /// anyway. Best effort: without a tokio runtime nothing is sent, and a kill that fails is
     /// logged at debug level (the lock wait timeout then ends the statement).
-    pub(crate) fn killer(&self) -> UndoOnDrop<u64, impl UndoFn<u64> + use<>> {
-        let (inner, sql) = (Arc::clone(&self.inner), self.session.clone());
-        UndoOnDrop::new(move |id: u64| {
-            let (inner, kill) = (Arc::clone(&inner), sql.kill_connection(id));
-            async move {
-                if let Err(e) = query(&kill).execute(&inner.pool).await {
-                    tracing::debug!(connection = id, error = %e, "could not kill a cancelled lock wait");
-                }
-            }
+    fn killer(&self) -> UndoOnDrop<u64, KillSession> {
+        UndoOnDrop::new(KillSession {
+            inner: Arc::clone(&self.inner),
+            sql: self.session.clone(),
         })
     }
 
@@ -313,6 +310,73 @@ impl Holders {
             .values()
             .find(|(n, _)| n.as_str() == name)
             .map(|(_, id)| *id)
+    }
+}
+
+/// The undo of [`Pinning::killer`]: ends a server session from another connection of the
+/// pool.
+struct KillSession {
+    inner: Arc<Inner>,
+    sql: SessionSql,
+}
+
+impl UndoFn<u64> for KillSession {
+    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    fn undo(&self, id: u64) -> Self::Future {
+        let (inner, kill) = (Arc::clone(&self.inner), self.sql.kill_connection(id));
+        Box::pin(async move {
+            if let Err(e) = query(&kill).execute(&inner.pool).await {
+                tracing::debug!(connection = id, error = %e, "could not kill a cancelled lock wait");
+            }
+        })
+    }
+}
+
+/// The statements of one acquisition that wait for a lock on its pinned connection, each
+/// run with the connection's session killed if the acquisition is dropped while it waits
+/// (see [`Pinning::killer`]). That needs the session's id on the server: reported by a
+/// statement, or else asked of the server once per connection. The killer is made on the
+/// first wait: an acquisition that never waits makes none.
+#[derive(Default)]
+pub(crate) struct Waits {
+    session: Option<u64>,
+    killer: Option<UndoOnDrop<u64, KillSession>>,
+}
+
+impl Waits {
+    /// The session's id, as a statement reported it.
+    pub(crate) fn session_is(&mut self, id: u64) {
+        self.session = Some(id);
+    }
+
+    /// The acquisition moved to another connection, whose session's id is not known yet.
+    pub(crate) fn new_connection(&mut self) {
+        self.session = None;
+    }
+
+    /// Runs `statement`, which may wait for a lock, on `conn`, with its session killed if
+    /// this future is dropped meanwhile: the session's id and what the statement returned.
+    ///
+    /// # Errors
+    ///
+    /// The connection broke, or its session's id could not be read.
+    pub(crate) async fn run<T>(
+        &mut self,
+        pinning: &Pinning,
+        conn: &mut Pinned,
+        statement: impl AsyncFnOnce(&mut Conn) -> T,
+    ) -> Result<(u64, T)> {
+        let id = match self.session {
+            Some(id) => id,
+            None => *self.session.insert(pinning.session_id(conn).await?),
+        };
+        let conn = conn.get()?;
+        let killer = self.killer.get_or_insert_with(|| pinning.killer());
+        killer.arm(id);
+        let result = statement(conn).await;
+        killer.disarm();
+        Ok((id, result))
     }
 }
 

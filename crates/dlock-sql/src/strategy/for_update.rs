@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use super::{Attempt, Grant, LockStrategy, missing_id, read_row};
 use crate::Inner;
 use crate::config::Dialect;
-use crate::db::query;
+use crate::db::{Conn, query};
 use crate::error::{self, Meaning, from_sqlx, meaning};
 use crate::pinned::{
-    ClosedUnlessReturned, Held, Pinned, PinnedHold, Pinning, Release, server_seconds, server_wait,
+    ClosedUnlessReturned, Held, Pinned, PinnedHold, Pinning, Release, Waits, server_seconds,
+    server_wait,
 };
 use crate::sql::{RowLockSql, Tables};
 
@@ -155,7 +156,8 @@ impl ForUpdate {
         let s = &self.sql;
         let postgres = self.inner.dialect == Dialect::Postgres;
         let mut conn = self.pinning.pin(&a.name, deadline).await?;
-        let mut connection_id = None;
+        // The statements that wait for the row, killed if dropped while they wait.
+        let mut waits = Waits::default();
         // The first try never waits (NOWAIT): an uncontended lock costs one round trip, with
         // no lock-wait setting and no connection id for the killer of a waiting statement.
         let mut first = true;
@@ -163,8 +165,6 @@ impl ForUpdate {
         // connection returns to the pool, where the server would otherwise close it (MySQL;
         // PostgreSQL's is local to the transaction, which a busy try rolls back).
         let mut lease_set = false;
-        // A statement that may wait is killed if dropped, armed while it is in flight.
-        let mut killer = None;
         loop {
             let wait = server_wait(std::mem::take(&mut first), deadline);
             let mut lease_sent = None;
@@ -189,7 +189,7 @@ impl ForUpdate {
                         .await
                         .map_err(self.inner.err("set the lock wait"))?;
                     let id = row.int(2).map_err(self.inner.err("connection id"))?;
-                    connection_id = Some(u64::try_from(id).unwrap_or(0));
+                    waits.session_is(u64::try_from(id).unwrap_or(0));
                 } else {
                     lease_set = true;
                     set_wait
@@ -197,18 +197,9 @@ impl ForUpdate {
                         .await
                         .map_err(self.inner.err("set the lock wait"))?;
                 }
-                let id = match connection_id {
-                    Some(id) => id,
-                    None => *connection_id.insert(self.pinning.session_id(&mut conn).await?),
-                };
-                let killer = killer.get_or_insert_with(|| self.pinning.killer());
-                killer.arm(id);
-                let locked = query(&s.lock_row)
-                    .bind(a.key())
-                    .fetch_optional(conn.get()?)
-                    .await;
-                killer.disarm();
-                locked
+                let lock =
+                    async |c: &mut Conn| query(&s.lock_row).bind(a.key()).fetch_optional(c).await;
+                waits.run(&self.pinning, &mut conn, lock).await?.1
             } else {
                 // One round trip: the lease (and on PostgreSQL the transaction), then the
                 // row without waiting.

@@ -9,10 +9,9 @@
 //! - [`notify`] (PostgreSQL): a release `NOTIFY`s the name, and a listening connection per
 //!   provider wakes the waiters of this process through the registry.
 
-use std::future::Future;
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, Deadline};
+use dlock_core::backend::{AcquireFn, Deadline, Retries};
 use dlock_core::{Error, LockName, Result};
 use rand::Rng;
 use tokio::time::Instant;
@@ -131,18 +130,13 @@ impl WakeSources {
 /// first try. A task that releases and at once acquires again thus does not take the lock
 /// back before the waiter its release woke, and does not contend with it (a failed try on
 /// SQLite takes the write lock the holder needs to release).
-pub(crate) async fn until<T, F, Fut>(
+pub(crate) async fn until<T>(
     wakes: &WakeSources,
     name: &LockName,
     deadline: Deadline,
-    mut attempt: F,
-) -> Result<Option<T>>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let mut pause = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
-    let mut failures = 0u32;
+    mut attempt: impl AcquireFn<T>,
+) -> Result<Option<T>> {
+    let mut retries = Retries::new(BACKOFF_MIN, BACKOFF_MAX);
     let mut reconnected = false;
     let mut wakeup = wakes.queue_behind(name);
     if let Some(waiting) = &wakeup {
@@ -160,7 +154,7 @@ where
         let unanswered = match attempt().await {
             Ok(Some(granted)) => return Ok(Some(granted)),
             Ok(None) => {
-                failures = 0;
+                retries.answered();
                 None
             }
             // At the deadline, one more try at once if the attempt failed fast on its
@@ -177,9 +171,9 @@ where
                 continue;
             }
             Err(e) if e.is_retryable() => {
-                failures = failures.saturating_add(1);
-                if worth_a_warning(failures) {
+                if retries.failed() {
                     // A database that stays down must not look like a lock held for ever.
+                    let failures = retries.failures();
                     tracing::warn!(lock = %name, error = %e, failures, "acquire keeps failing; still retrying");
                 } else {
                     tracing::debug!(lock = %name, error = %e, "acquire attempt failed; retrying");
@@ -198,7 +192,7 @@ where
         } else {
             wakes.still_waiting();
         }
-        let mut pause = pause.next_pause();
+        let mut pause = retries.next_pause();
         if wakeup.as_ref().is_some_and(registry::Waiting::has_company) {
             pause = pause.max(QUEUED_PAUSE);
         }
@@ -213,25 +207,5 @@ where
             }
             None => sleep.await,
         }
-    }
-}
-
-/// Whether the `failures`-th retryable failure in a row of one acquisition is logged as a
-/// warning: the 5th, then the 10th, 20th, 40th … (fewer as an outage goes on).
-fn worth_a_warning(failures: u32) -> bool {
-    failures == 5
-        || (failures >= 10 && failures.is_multiple_of(10) && (failures / 10).is_power_of_two())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::worth_a_warning;
-
-    #[test]
-    fn an_outage_is_warned_about_ever_more_rarely() {
-        let warned: Vec<u32> = (1..=200).filter(|n| worth_a_warning(*n)).collect();
-        assert_eq!(warned, [5, 10, 20, 40, 80, 160]);
-        assert!(worth_a_warning(10 * 1024));
-        assert!(!worth_a_warning(u32::MAX));
     }
 }

@@ -4,8 +4,6 @@
 //! Each call takes the send time just before calling the client, which sends the request then
 //! (not when the future is polled).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -44,35 +42,6 @@ impl ZkStats {
     }
 }
 
-/// The counters behind [`ZkStats`].
-#[derive(Default)]
-pub(super) struct Counters {
-    creates: AtomicU64,
-    deletes: AtomicU64,
-    get_children: AtomicU64,
-    get_data: AtomicU64,
-    exists: AtomicU64,
-    wakeups: AtomicU64,
-    sessions: AtomicU64,
-    probes: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-impl Counters {
-    /// A session was opened.
-    pub(super) fn opened(&self) {
-        bump(&self.sessions);
-    }
-
-    /// A probe was sent.
-    pub(super) fn probed(&self) {
-        bump(&self.probes);
-    }
-}
-
 /// One call on the way: the client it went through and when it was sent.
 struct Call<'s> {
     session: &'s Session,
@@ -101,23 +70,12 @@ impl Session {
 
     /// The calls made so far.
     pub(crate) fn stats(&self) -> ZkStats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ZkStats {
-            creates: get(&c.creates),
-            deletes: get(&c.deletes),
-            get_children: get(&c.get_children),
-            get_data: get(&c.get_data),
-            exists: get(&c.exists),
-            wakeups: get(&c.wakeups),
-            sessions: get(&c.sessions),
-            probes: get(&c.probes),
-        }
+        self.counters.get()
     }
 
     /// A waiter was woken by its watch.
     pub(crate) fn woken(&self) {
-        bump(&self.counters.wakeups);
+        self.counters.count(|s| &mut s.wakeups);
     }
 
     /// Creates `path` with no data, with the open ACL.
@@ -137,7 +95,7 @@ impl Session {
         mode: zk::CreateMode,
     ) -> ZkResult<(zk::Stat, zk::CreateSequence)> {
         let options = mode.with_acls(zk::Acls::anyone_all());
-        bump(&self.counters.creates);
+        self.counters.count(|s| &mut s.creates);
         let call = self.call();
         call.ended(call.client.create(path, data, &options).await)
     }
@@ -158,13 +116,13 @@ impl Session {
         Vec<ZkResult<Vec<String>>>,
     ) {
         let options = mode.with_acls(zk::Acls::anyone_all());
-        bump(&self.counters.creates);
+        self.counters.count(|s| &mut s.creates);
         let call = self.call();
         let created = call.client.create(path, data, &options);
         let listings: Vec<_> = dirs
             .iter()
             .map(|dir| {
-                bump(&self.counters.get_children);
+                self.counters.count(|s| &mut s.get_children);
                 call.client.list_children(dir)
             })
             .collect();
@@ -178,14 +136,14 @@ impl Session {
 
     /// The data of `path`.
     pub(crate) async fn data(&self, path: &str) -> ZkResult<Vec<u8>> {
-        bump(&self.counters.get_data);
+        self.counters.count(|s| &mut s.get_data);
         let call = self.call();
         Ok(call.ended(call.client.get_data(path).await)?.0)
     }
 
     /// Deletes `path`, whatever its version.
     pub(crate) async fn delete(&self, path: &str) -> ZkResult<()> {
-        bump(&self.counters.deletes);
+        self.counters.count(|s| &mut s.deletes);
         let call = self.call();
         call.ended(call.client.delete(path, None).await)
     }
@@ -200,7 +158,7 @@ impl Session {
 
     /// The children of `path`.
     pub(crate) async fn children(&self, path: &str) -> ZkResult<Vec<String>> {
-        bump(&self.counters.get_children);
+        self.counters.count(|s| &mut s.get_children);
         let call = self.call();
         call.ended(call.client.list_children(path).await)
     }
@@ -210,21 +168,21 @@ impl Session {
         &self,
         path: &str,
     ) -> ZkResult<(Vec<String>, zk::OneshotWatcher)> {
-        bump(&self.counters.get_children);
+        self.counters.count(|s| &mut s.get_children);
         let call = self.call();
         call.ended(call.client.list_and_watch_children(path).await)
     }
 
     /// A watch that fires when `path` changes or goes.
     pub(crate) async fn data_watch(&self, path: &str) -> ZkResult<zk::OneshotWatcher> {
-        bump(&self.counters.get_data);
+        self.counters.count(|s| &mut s.get_data);
         let call = self.call();
         Ok(call.ended(call.client.get_and_watch_data(path).await)?.2)
     }
 
     /// The stat of `path`, `None` if there is no such node.
     pub(crate) async fn exists(&self, path: &str) -> ZkResult<Option<zk::Stat>> {
-        bump(&self.counters.exists);
+        self.counters.count(|s| &mut s.exists);
         let call = self.call();
         call.ended(call.client.check_stat(path).await)
     }

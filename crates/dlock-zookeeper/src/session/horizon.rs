@@ -113,7 +113,7 @@ impl Session {
                 None => return,
             }
         };
-        s.counters.probed();
+        s.counters.count(|s| &mut s.probes);
         drop(s);
         let answer = tokio::time::timeout(timeout / 4, client.check_stat("/")).await;
         if let (Ok(result), Some(s)) = (answer, session.upgrade()) {

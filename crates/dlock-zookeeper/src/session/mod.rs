@@ -13,7 +13,7 @@ mod ops;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, HoldSet, Mutex};
+use dlock_core::backend::{Backoff, HoldSet, Mutex, Tally};
 use dlock_core::{LossReason, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -22,7 +22,6 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::from_zk;
 
-use self::calls::Counters;
 pub use self::calls::ZkStats;
 use self::horizon::{Live, keep_horizon};
 
@@ -31,7 +30,8 @@ pub(crate) struct Session {
     pub(crate) config: ZkConfig,
     pub(crate) store_id: String,
     client: Mutex<zk::Client>,
-    counters: Counters,
+    /// The calls, wake-ups, sessions and probes counted so far.
+    counters: Tally<ZkStats>,
     /// The live holds, suspended while the client is disconnected and closed from an expiry
     /// until a new session is open.
     holds: HoldSet,
@@ -87,8 +87,8 @@ impl Session {
         let sent = Instant::now();
         let client = open(&config).await?;
         let watcher = client.state_watcher();
-        let counters = Counters::default();
-        counters.opened();
+        let counters = Tally::<ZkStats>::default();
+        counters.count(|s| &mut s.sessions);
         let probe_wake = Arc::new(Notify::new());
         let session = Arc::new(Self {
             store_id: config.store_id(),
@@ -139,7 +139,7 @@ impl Session {
         let sent = Instant::now();
         let client = open(&self.config).await?;
         let watcher = client.state_watcher();
-        self.counters.opened();
+        self.counters.count(|s| &mut s.sessions);
         let live = Live::new(&client, sent);
         self.holds.reopen();
         *self.live.lock() = Some(live);

@@ -11,11 +11,11 @@ use tokio::time::Instant;
 
 use super::{Attempt, Grant, LockStrategy, NameCache, missing_id, read_row};
 use crate::Inner;
-use crate::db::{Row, query};
+use crate::db::{Conn, Row, query};
 use crate::error::{Meaning, meaning};
 use crate::pinned::session::Membership;
 use crate::pinned::{
-    Held, HoldingConnection, Pinned, PinnedHold, Pinning, Release, Session, server_seconds,
+    Held, HoldingConnection, Pinned, PinnedHold, Pinning, Release, Session, Waits, server_seconds,
     server_wait,
 };
 use crate::sql::{AdvisoryMode, AdvisorySql, Tables};
@@ -281,11 +281,9 @@ impl Advisory {
         let lease = server_seconds(a.ttl());
         let mut first = true;
         let mut lease_set = false;
-        // The session's backend pid: every try that does not wait reports it, so a waiting
-        // try asks only on a session that has not tried yet.
-        let mut session_pid = None;
-        // A statement that may wait is killed if dropped, armed while it is in flight.
-        let mut killer = None;
+        // Every try that does not wait reports the session's backend pid, so a waiting try
+        // asks for it only on a session that has not tried yet.
+        let mut waits = Waits::default();
         loop {
             let sent;
             // (token, pid) of a grant; `None` while the lock is busy.
@@ -297,17 +295,13 @@ impl Advisory {
                     .execute(conn.get()?)
                     .await
                     .map_err(self.inner.err("set the lock wait"))?;
-                let pid = match session_pid {
-                    Some(pid) => pid,
-                    None => *session_pid.insert(self.pinning.session_id(&mut conn).await?),
+                let lock = async |c: &mut Conn| {
+                    query(&s.lock[mode.index()])
+                        .bind(i64::from(key))
+                        .fetch_one(c)
+                        .await
                 };
-                let killer = killer.get_or_insert_with(|| self.pinning.killer());
-                killer.arm(pid);
-                let locked = query(&s.lock[mode.index()])
-                    .bind(i64::from(key))
-                    .fetch_one(conn.get()?)
-                    .await;
-                killer.disarm();
+                let (pid, locked) = waits.run(&self.pinning, &mut conn, lock).await?;
                 match locked {
                     Ok(row) => {
                         let token = optional_int(&row, 0).map_err(self.inner.err("lock"))?;
@@ -328,7 +322,7 @@ impl Advisory {
                             return Ok(None);
                         }
                         conn = self.pinning.pin(&a.name, deadline).await?;
-                        session_pid = None;
+                        waits.new_connection();
                         continue;
                     }
                 }
@@ -341,7 +335,7 @@ impl Advisory {
                     .await
                     .map_err(self.inner.err("lock"))?;
                 let pid = u64::try_from(row.int(2).map_err(self.inner.err("lock"))?).unwrap_or(0);
-                session_pid = Some(pid);
+                waits.session_is(pid);
                 // The second column is the lease set on a grant, NULL while the lock is busy.
                 if row.is_null(1).map_err(self.inner.err("lock"))? {
                     None
