@@ -82,18 +82,23 @@ pub(crate) enum WorkerEvent {
         token: u64,
         reason: String,
     },
-    /// A fair acquisition began: the worker is about to ask the store for `name` and wait up
-    /// to `wait_ms` (its deadline is later than `t + wait_ms`, as its timer starts after this
+    /// An acquisition began: the worker is about to ask the store for `name` and wait up to
+    /// `wait_ms` (its deadline is later than `t + wait_ms`, as its timer starts after this
     /// stamp). Its outcome is the worker's next event: the `Grant` of `name`, or a `Timeout`
-    /// of `attempt` (an `Error` or a `LostBeforeUse` leaves it unjudged).
+    /// of `attempt` (an `Error` or a `LostBeforeUse` leaves it unjudged). A `MultiLock`'s
+    /// acquisition is one `Enqueue` per name, of one attempt, marked `set`, and has an
+    /// outcome per name.
     Enqueue {
         t: u64,
         attempt: u64,
         name: String,
         kind: HoldKind,
         wait_ms: u64,
+        /// One of a `MultiLock`'s names: while it waits for another, it may hold this one.
+        #[serde(default)]
+        set: bool,
     },
-    /// The fair acquisition `attempt` gave up: it returned without a hold at `t`.
+    /// The acquisition `attempt` of `name` gave up: it returned without a hold at `t`.
     Timeout { t: u64, attempt: u64, name: String },
     /// An acquisition failed with an error (not a timeout).
     Error { t: u64, what: String },

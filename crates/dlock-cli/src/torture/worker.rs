@@ -237,27 +237,21 @@ async fn acquire(
                 .iter()
                 .map(|n| provider.lock(n, options).map(Member::from))
                 .collect::<dlock::Result<_>>()?;
-            return Ok(MultiLock::new(members)?
-                .try_acquire(wait)
-                .await?
-                .map(|multi| Held {
-                    guards: multi
-                        .into_guards()
-                        .into_iter()
-                        .map(|g| (0, g.name().to_string(), HoldKind::Mutex, g))
-                        .collect(),
-                }));
+            let attempt = asked(attempts, &names, HoldKind::Mutex, wait, true);
+            let Some(multi) = MultiLock::new(members)?.try_acquire(wait).await? else {
+                gave_up(attempt, &names);
+                return Ok(None);
+            };
+            return Ok(Some(Held {
+                guards: multi
+                    .into_guards()
+                    .into_iter()
+                    .map(|g| (0, g.name().to_string(), HoldKind::Mutex, g))
+                    .collect(),
+            }));
         }
     };
-    *attempts += 1;
-    let attempt = *attempts;
-    emit(&WorkerEvent::Enqueue {
-        t: now_ns(),
-        attempt,
-        name: name.clone(),
-        kind,
-        wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-    });
+    let attempt = asked(attempts, std::slice::from_ref(&name), kind, wait, false);
     let guard = match kind {
         HoldKind::Mutex => provider.lock(&name, options)?.try_acquire(wait).await?,
         // Sabotaged, the hold is a plain mutex's: its waiters race for each release.
@@ -288,15 +282,41 @@ async fn acquire(
         }
     };
     if guard.is_none() {
-        emit(&WorkerEvent::Timeout {
-            t: now_ns(),
-            attempt,
-            name: name.clone(),
-        });
+        gave_up(attempt, std::slice::from_ref(&name));
     }
     Ok(guard.map(|g| Held {
         guards: vec![(0, name, kind, g)],
     }))
+}
+
+/// Records that an acquisition of `names` (a `MultiLock`'s if `set`) begins, waiting up to
+/// `wait`, under a new attempt id from `attempts`; returns the id.
+fn asked(attempts: &mut u64, names: &[String], kind: HoldKind, wait: Duration, set: bool) -> u64 {
+    *attempts += 1;
+    let t = now_ns();
+    for name in names {
+        emit(&WorkerEvent::Enqueue {
+            t,
+            attempt: *attempts,
+            name: name.clone(),
+            kind,
+            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            set,
+        });
+    }
+    *attempts
+}
+
+/// Records that the acquisition `attempt` of `names` returned without a hold.
+fn gave_up(attempt: u64, names: &[String]) {
+    let t = now_ns();
+    for name in names {
+        emit(&WorkerEvent::Timeout {
+            t,
+            attempt,
+            name: name.clone(),
+        });
+    }
 }
 
 /// Works while holding: half the hold, the writes to the resource, the other half; ends early

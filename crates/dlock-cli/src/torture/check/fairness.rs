@@ -148,6 +148,7 @@ fn waits(history: &[Stamped]) -> Vec<Wait<'_>> {
             name,
             kind: HoldKind::Fair,
             wait_ms,
+            ..
         } = &s.event
         {
             let deadline = t.saturating_add(wait_ms.saturating_mul(1_000_000));

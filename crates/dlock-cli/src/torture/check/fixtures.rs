@@ -47,6 +47,7 @@ pub(super) fn enqueue(worker: u32, attempt: u64, t: u64) -> Stamped {
             name: "n".into(),
             kind: HoldKind::Fair,
             wait_ms: 4_000,
+            set: false,
         },
     }
 }

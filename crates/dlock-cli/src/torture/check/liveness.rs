@@ -30,7 +30,7 @@ pub(super) fn check(run: &Run<'_>, report: &mut Report) {
 fn per_name(run: &Run<'_>, report: &mut Report) {
     let free_by = u64::try_from(run.liveness_bound.as_nanos()).unwrap_or(u64::MAX);
     let by_name = run.by_name(|_| true);
-    let refused = refused_asks(run);
+    let asks = asks(run);
     // When the store must have let a hold go, counted generously: a span and the slack after
     // its release answered, or after its critical section ended if it never did.
     let done = |h: &Hold| {
@@ -55,13 +55,15 @@ fn per_name(run: &Run<'_>, report: &mut Report) {
             // The first ask that began once every earlier hold of the name had to be gone,
             // and was refused for its whole wait while nobody was granted the name: the
             // store kept a free name from a worker that asked for it.
-            let Some(ask) = refused.iter().find(|a| {
-                a.name == h.name
+            let Some(ask) = asks.iter().find(|a| {
+                a.refused
+                    && !a.set
+                    && a.name == h.name
                     && a.start >= due
-                    && !faulted(run, a)
                     && others
                         .iter()
                         .all(|o| o.grant > a.end || (o.grant <= h.grant && done(o) <= a.start))
+                    && !excused(run, &asks, a, free_by)
             }) else {
                 continue;
             };
@@ -86,51 +88,105 @@ fn per_name(run: &Run<'_>, report: &mut Report) {
     }
 }
 
-/// One acquisition of one name that returned without a hold.
-struct Refused<'a> {
+/// One acquisition of one name (or one name of a `MultiLock`'s acquisition), from its
+/// `Enqueue` to its outcome.
+struct Ask<'a> {
     worker: u32,
     name: &'a str,
+    /// One of a `MultiLock`'s names: it may hold this one while it waits for the other.
+    set: bool,
     /// Its `Enqueue` stamp.
     start: u64,
-    /// Its `Timeout` stamp.
+    /// Its outcome's stamp (`u64::MAX`: none, its worker died or the run ended first).
     end: u64,
+    /// Whether it returned without a hold (a `Timeout`).
+    refused: bool,
 }
 
-/// Every refused acquisition of one name, from each worker's `Enqueue` and the `Timeout` of
-/// the same attempt that follows it as its worker's next event.
-fn refused_asks<'a>(run: &Run<'a>) -> Vec<Refused<'a>> {
-    let mut asking: BTreeMap<u32, (u64, &'a str, u64)> = BTreeMap::new();
-    let mut refused = Vec::new();
+/// Every acquisition, from each worker's `Enqueue`s and what follows them: a `Timeout` of the
+/// attempt refuses its name; any other event ends the worker's open asks, unrefused (a
+/// `Grant`, a `LostBeforeUse` that was granted on the way, an `Error` that says nothing).
+fn asks<'a>(run: &Run<'a>) -> Vec<Ask<'a>> {
+    let mut open: BTreeMap<u32, Vec<(u64, Ask<'a>)>> = BTreeMap::new();
+    let mut asks = Vec::new();
     for s in run.history {
-        let open = asking.remove(&s.worker);
-        match (&s.event, open) {
-            (
-                WorkerEvent::Enqueue {
-                    t, attempt, name, ..
-                },
-                _,
-            ) => {
-                asking.insert(s.worker, (*attempt, name.as_str(), *t));
-            }
-            (WorkerEvent::Timeout { t, attempt, .. }, Some((a, name, start))) if *attempt == a => {
-                refused.push(Refused {
+        let mine = open.entry(s.worker).or_default();
+        match &s.event {
+            WorkerEvent::Enqueue {
+                t,
+                attempt,
+                name,
+                set,
+                ..
+            } => {
+                if mine.first().is_some_and(|(a, _)| a != attempt) {
+                    asks.extend(mine.drain(..).map(|(_, a)| Ask { end: *t, ..a }));
+                }
+                let ask = Ask {
                     worker: s.worker,
-                    name,
-                    start,
-                    end: *t,
-                });
+                    name: name.as_str(),
+                    set: *set,
+                    start: *t,
+                    end: u64::MAX,
+                    refused: false,
+                };
+                mine.push((*attempt, ask));
             }
-            _ => {}
+            WorkerEvent::Timeout { t, attempt, name } => {
+                if let Some(i) = mine
+                    .iter()
+                    .position(|(a, ask)| a == attempt && ask.name == name.as_str())
+                {
+                    let (_, ask) = mine.remove(i);
+                    asks.push(Ask {
+                        end: *t,
+                        refused: true,
+                        ..ask
+                    });
+                }
+            }
+            other => {
+                let t = other.t();
+                asks.extend(mine.drain(..).map(|(_, a)| Ask { end: t, ..a }));
+            }
         }
     }
-    refused
+    asks.extend(open.into_values().flatten().map(|(_, a)| a));
+    asks
 }
 
-/// Whether a fault hit the asker while it asked: its refusal then says nothing of the store.
-fn faulted(run: &Run<'_>, ask: &Refused<'_>) -> bool {
-    run.faults
-        .iter()
-        .any(|f| f.hits(ask.worker) && f.start <= ask.end && f.end >= ask.start)
+/// Whether the refusal of `ask` may have another cause than a store that keeps a free name:
+/// a fault hit its worker from a span and the slack before it until it ended (a worker
+/// reconnects after a heal); another worker was granted the name meanwhile but found it lost
+/// before use; another worker's `MultiLock` may have held the name while it
+/// waited for its other one; or a fault hit another worker while that worker asked for the
+/// name, so the store may have granted it a hold its worker never reported, which lasts up
+/// to a span and the slack after the fault.
+fn excused(run: &Run<'_>, asks: &[Ask<'_>], ask: &Ask<'_>, free_by: u64) -> bool {
+    // A fault on `worker` while it asked from `start` to `end` whose shadow (a span and the
+    // slack after it healed) reaches `ask`.
+    let shadows = |worker: u32, start: u64, end: u64| {
+        run.faults.iter().any(|f| {
+            f.hits(worker)
+                && f.start <= end
+                && f.end >= start
+                && f.end.saturating_add(free_by) >= ask.start
+        })
+    };
+    let from_before = ask.start.saturating_sub(free_by);
+    // Granted to another worker on the way, and given back unused.
+    let lost_before_use = run.history.iter().any(|s| {
+        matches!(&s.event, WorkerEvent::LostBeforeUse { t, name, .. }
+            if s.worker != ask.worker && name == ask.name && *t >= ask.start && *t <= ask.end)
+    });
+    lost_before_use
+        || shadows(ask.worker, from_before, ask.end)
+        || asks.iter().any(|o| {
+            o.worker != ask.worker
+                && o.name == ask.name
+                && o.start <= ask.end
+                && ((o.set && o.end >= ask.start) || shadows(o.worker, o.start, o.end))
+        })
 }
 
 /// Some worker was granted something after each fault healed, within the bound.
@@ -248,7 +304,7 @@ fn stall(run: &Run<'_>, fault: &FaultRecord, until: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
-    use crate::torture::history::{FaultKind, FaultRecord, Stamped, WorkerEvent};
+    use crate::torture::history::{FaultKind, FaultRecord, HoldKind, Stamped, WorkerEvent};
 
     /// A name whose holder was killed is stuck when a worker asks for it once the store had
     /// to free it and is refused for its whole wait, while nobody is granted it; also when
@@ -277,6 +333,16 @@ mod tests {
                 on(name, timeout(worker, attempt, to)),
             ]
         };
+        // Worker `worker`'s MultiLock attempt on n (and another name) begins, or gives up.
+        let set_ask = |worker: u32, attempt: u64, t: u64| {
+            let mut e = enqueue(worker, attempt, t);
+            if let WorkerEvent::Enqueue { set, kind, .. } = &mut e.event {
+                *set = true;
+                *kind = HoldKind::Mutex;
+            }
+            e
+        };
+        let set_timeout = |worker: u32, attempt: u64, t: u64| timeout(worker, attempt, t);
         // The violations of the base history with `more` events, under `faults`.
         let judge = |more: &[Stamped], faults: &[FaultRecord]| {
             let mut h = base.clone();
@@ -307,6 +373,37 @@ mod tests {
         let partition = fault(FaultKind::Partition, 3, 8 * S, 9 * S);
         let cut = judge(&late_n, &[kill.clone(), partition]);
         assert!(!says(&cut, "n was not"), "{cut:?}");
+        // The asker was partitioned until just before it asked: it may still reconnect.
+        let before = fault(FaultKind::Partition, 3, 5 * S, 7 * S - S / 1000);
+        let v = judge(&late_n, &[kill.clone(), before]);
+        assert!(!says(&v, "n was not"), "{v:?}");
+        // Another worker's MultiLock asked for n (and may have held it) meanwhile.
+        let set = [
+            &late_n[..],
+            &[set_ask(4, 9, 8 * S), set_timeout(4, 9, 12 * S)],
+        ]
+        .concat();
+        assert!(!says(&judge(&set, kill_only), "n was not"));
+        // Another worker was granted n on the way and found it lost before use.
+        let unused = Stamped {
+            worker: 4,
+            event: WorkerEvent::LostBeforeUse {
+                t: 9 * S,
+                name: "n".into(),
+                token: 2,
+                reason: "test".into(),
+            },
+        };
+        let taken_unused = [&late_n[..], &[unused]].concat();
+        assert!(!says(&judge(&taken_unused, kill_only), "n was not"));
+        // A fault hit another worker while it asked for n: the store may have granted it a
+        // hold it never reported.
+        let orphan = [&late_n[..], &refused(4, "n", 9, 6 * S, 6 * S + S / 2)].concat();
+        let cut4 = fault(FaultKind::Kill, 4, 6 * S + S / 4, 6 * S + S / 4);
+        assert!(!says(&judge(&orphan, &[kill.clone(), cut4]), "n was not"));
+        // An earlier hold of another worker still live when the ask began: no evidence.
+        let live = [&late_n[..], &[grant(4, 1, S / 2, 0), exit(4, 1, 12 * S)]].concat();
+        assert!(!says(&judge(&live, kill_only), "n was not"));
         // Somebody else was granted n while the asker waited.
         let taken = [&late_n[..], &[grant(4, 1, 8 * S, 2), exit(4, 1, 10 * S)]].concat();
         assert!(!says(&judge(&taken, kill_only), "n was not"));
