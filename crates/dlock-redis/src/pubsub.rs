@@ -62,6 +62,10 @@ struct Channel {
     /// is removed only under this lock, with no waiter, after its UNSUBSCRIBE.
     ops: Arc<tokio::sync::Mutex<()>>,
     subscribed: bool,
+    /// Bumped whenever the server may have ended the subscription (a disconnection, an
+    /// unsubscription it pushed): a SUBSCRIBE answered after such an event, but sent before
+    /// it, proves nothing.
+    epoch: u64,
     /// A SUBSCRIBE was sent and not answered (in time, or before its waiter was cancelled):
     /// the server may be subscribed all the same, so the last waiter to leave unsubscribes.
     maybe: bool,
@@ -121,25 +125,25 @@ impl Registry {
                 for chan in self.channels().values_mut() {
                     chan.maybe = chan.subscribed || chan.maybe;
                     chan.subscribed = false;
+                    chan.epoch = chan.epoch.wrapping_add(1);
                     chan.waiters.iter().for_each(Waiter::wake);
                 }
             }
-            // The server ended a subscription that waiters still count on: a cluster node
-            // that lost the channel's slot (a resharding, a manual failover) unsubscribes its
-            // shard channels over a connection that stays up. Its waiters subscribe again
-            // (at the slot's new owner) on their next round, which they start now; the
-            // confirmation of this provider's own UNSUBSCRIBE finds no waiter (its channel
-            // was idle) or one that subscribes again, as after any UNSUBSCRIBE.
+            // The server ended a subscription: a cluster node that lost the channel's slot
+            // (a resharding, a manual failover) unsubscribes its shard channels over a
+            // connection that stays up. The waiters subscribe again (at the slot's new owner)
+            // on their next round, which they start now. The confirmation of this provider's
+            // own UNSUBSCRIBE says the same; one of an UNSUBSCRIBE given up on lets its
+            // channel be forgotten.
             PushKind::Unsubscribe | PushKind::SUnsubscribe => {
                 let Some(channel) = info.data.first().and_then(text) else {
                     return;
                 };
                 let mut channels = self.channels();
-                if let Some(chan) = channels.get_mut(&channel)
-                    && !chan.waiters.is_empty()
-                {
+                if let Some(chan) = channels.get_mut(&channel) {
                     chan.subscribed = false;
                     chan.maybe = false;
+                    chan.epoch = chan.epoch.wrapping_add(1);
                     chan.waiters.iter().for_each(Waiter::wake);
                 }
             }
@@ -265,15 +269,22 @@ impl Subscriptions {
         // From the moment the SUBSCRIBE may be sent the server may be subscribed, whatever
         // becomes of this future: dropped before the answer (its acquisition cancelled), it
         // leaves `maybe` set, so the last waiter to leave unsubscribes.
-        let was_maybe = match self.registry.channels().get_mut(channel) {
-            Some(c) => std::mem::replace(&mut c.maybe, true),
-            None => false,
+        let (was_maybe, epoch) = match self.registry.channels().get_mut(channel) {
+            Some(c) => (std::mem::replace(&mut c.maybe, true), c.epoch),
+            None => (false, 0),
         };
         match tokio::time::timeout(SUBSCRIBE_WAIT, self.conn.subscribe(channel)).await {
             Ok(Ok(())) => {
-                if let Some(c) = self.registry.channels().get_mut(channel) {
-                    c.subscribed = true;
-                    c.maybe = false;
+                let mut channels = self.registry.channels();
+                match channels.get_mut(channel) {
+                    // Still the subscription the server confirmed.
+                    Some(c) if c.epoch == epoch => {
+                        c.subscribed = true;
+                        c.maybe = false;
+                    }
+                    // Ended since (the server may still keep it): tried again next round.
+                    Some(c) => c.maybe = true,
+                    None => {}
                 }
                 Subscribed::Now
             }
