@@ -117,12 +117,16 @@ macro_rules! loss_codes {
         }
 
         /// The reason numbered `code` by [`reason_code`].
+        #[deny(unreachable_patterns)]
         const fn reason_of(code: u32) -> LossReason {
             match code {
                 $($code => LossReason::$reason,)+
                 _ => LossReason::Gone,
             }
         }
+
+        // Every code fits under the phase mask with `LOST` added.
+        const _: () = assert!($( LOST + $code <= PHASE && )+ true);
 
         /// Every loss reason.
         #[cfg(all(test, not(loom)))]
