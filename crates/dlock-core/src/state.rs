@@ -126,7 +126,14 @@ macro_rules! loss_codes {
         }
 
         // Every code fits under the phase mask with `LOST` added.
-        const _: () = assert!($( LOST + $code <= PHASE && )+ true);
+        const _: () = {
+            let codes: &[u32] = &[$($code),+];
+            let mut i = 0;
+            while i < codes.len() {
+                assert!(codes[i] <= PHASE - LOST, "a loss code past the phase bits");
+                i += 1;
+            }
+        };
 
         /// Every loss reason.
         #[cfg(all(test, not(loom)))]
