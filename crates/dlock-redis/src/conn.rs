@@ -73,11 +73,61 @@ pub(crate) struct Sentinelled {
     current: Mutex<(u64, ConnectionManager)>,
     /// The current master's address.
     master: Mutex<String>,
+    /// A connection of its own to the Sentinels, for the cheap question of the poll.
+    asker: tokio::sync::Mutex<Asker>,
     manager: ConnectionManagerConfig,
     timeout: Duration,
     /// Told when the master moved (the subscription connection: its waiters re-subscribe and
     /// the provider checks its holds, as after any disconnection).
     on_move: Option<Arc<dyn AsyncPushSender>>,
+}
+
+/// Asks the Sentinels for the master's address alone (`GET-MASTER-ADDR-BY-NAME`) over one
+/// kept connection: the poll's question, cheap enough to ask every second. Only a changed
+/// answer makes the resolver ask again the way it connects (every master checked by `ROLE`
+/// over a new connection).
+struct Asker {
+    /// One client per Sentinel, in the URL's order.
+    sentinels: Vec<Client>,
+    /// The master's name.
+    master: String,
+    /// The connection kept, and to which Sentinel.
+    conn: Option<(usize, redis::aio::MultiplexedConnection)>,
+}
+
+impl Asker {
+    /// The master's `host:port` as the first Sentinel that answers names it; `None` if none
+    /// does within `timeout` each.
+    async fn master(&mut self, timeout: Duration) -> Option<String> {
+        let start = self.conn.as_ref().map_or(0, |(i, _)| *i);
+        for k in 0..self.sentinels.len() {
+            let i = (start + k) % self.sentinels.len();
+            let conn = match self.conn.take() {
+                Some((j, c)) if j == i => c,
+                _ => {
+                    let client = self.sentinels.get(i)?;
+                    match tokio::time::timeout(timeout, client.get_multiplexed_async_connection())
+                        .await
+                    {
+                        Ok(Ok(c)) => c,
+                        _ => continue,
+                    }
+                }
+            };
+            let mut ask = redis::cmd("SENTINEL");
+            ask.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
+            let mut c = conn.clone();
+            let answer =
+                tokio::time::timeout(timeout, ask.query_async::<Vec<String>>(&mut c)).await;
+            if let Ok(Ok(addr)) = answer
+                && let [host, port] = addr.as_slice()
+            {
+                self.conn = Some((i, conn));
+                return Some(format!("{host}:{port}"));
+            }
+        }
+        None
+    }
 }
 
 struct Resolver {
@@ -126,7 +176,7 @@ impl Sentinelled {
             .map_err(err)?;
         let redis = info.redis_settings();
         let mut builder =
-            SentinelClientBuilder::new(addrs, &sentinel.master, SentinelServerType::Master)
+            SentinelClientBuilder::new(addrs.clone(), &sentinel.master, SentinelServerType::Master)
                 .map_err(err)?
                 .set_client_to_redis_db(redis.db())
                 .set_client_to_redis_tcp_settings(tcp.clone())
@@ -146,6 +196,27 @@ impl Sentinelled {
             }
             builder = builder.set_client_to_sentinel_password(&auth.password);
         }
+        let mut sentinels = Vec::new();
+        for addr in &addrs {
+            let mut redis = redis::RedisConnectionInfo::default();
+            if let Some(auth) = &sentinel.auth {
+                if let Some(user) = &auth.username {
+                    redis = redis.set_username(user);
+                }
+                redis = redis.set_password(&auth.password);
+            }
+            let info = addr
+                .clone()
+                .into_connection_info()
+                .map_err(err)?
+                .set_redis_settings(redis);
+            sentinels.push(Client::open(info).map_err(err)?);
+        }
+        let asker = Asker {
+            sentinels,
+            master: sentinel.master.clone(),
+            conn: None,
+        };
         let mut client = builder.build().map_err(err)?;
         let timeout = config.response_timeout;
         let found = tokio::time::timeout(timeout.saturating_mul(2), client.async_get_client())
@@ -171,6 +242,7 @@ impl Sentinelled {
             }),
             current: Mutex::new((0, conn)),
             master: Mutex::new(master),
+            asker: tokio::sync::Mutex::new(asker),
             manager,
             timeout,
             on_move: push,
@@ -182,7 +254,7 @@ impl Sentinelled {
     }
 
     /// Asks the Sentinels where the master is every [`SENTINEL_POLL`], for as long as the
-    /// connection lives, on the runtime that connected it.
+    /// connection lives, on the runtime that connected it; moves if the answer changed.
     fn poll(this: &Arc<Self>) {
         let weak = Arc::downgrade(this);
         tokio::spawn(async move {
@@ -192,7 +264,10 @@ impl Sentinelled {
                     return;
                 };
                 let generation = s.current().0;
-                let _ = tokio::time::timeout(s.timeout, s.relocate(generation)).await;
+                let named = s.asker.lock().await.master(s.timeout).await;
+                if named.is_some_and(|named| named != *s.master.lock()) {
+                    let _ = tokio::time::timeout(s.timeout, s.relocate(generation)).await;
+                }
             }
         });
     }
