@@ -34,30 +34,10 @@ async fn server_restart_within_session_timeout_keeps_the_hold() {
     .await;
     assert!(!g.is_held(), "is_held() is false while suspended");
     server.spawn().await;
-    eventually(
-        Duration::from_secs(20),
-        "the hold is vouched for again",
-        || async {
-            match g.state() {
-                dlock_core::HoldState::Held => Ok(()),
-                other => Err(other),
-            }
-        },
-    )
-    .await;
+    held_again(&g).await;
     // The other client is back too before it asks: a store that does not answer is an error,
     // not a held lock.
-    eventually(
-        Duration::from_secs(20),
-        "the other client reconnected",
-        || async {
-            match b.client().state() {
-                zk::SessionState::SyncConnected => Ok(()),
-                other => Err(other),
-            }
-        },
-    )
-    .await;
+    reconnected(&b).await;
     // Every call is bounded, so a hang names its step.
     let lb = b.lock(&name, LockOptions::default()).unwrap();
     let busy = must(
@@ -106,19 +86,23 @@ async fn a_waiter_is_woken_after_a_server_restart() {
     drop(admin);
     server.kill();
     server.spawn().await;
-    for p in [&a, &b] {
-        eventually(
-            Duration::from_secs(20),
-            "the client reconnected",
-            || async {
-                match p.client().state() {
-                    zk::SessionState::SyncConnected => Ok(()),
-                    other => Err(other),
-                }
-            },
-        )
-        .await;
-    }
+    reconnected(&a).await;
+    reconnected(&b).await;
+    held_again(&g).await;
+    must(LIMIT * 2, "release after the restart", g.release())
+        .await
+        .unwrap();
+    let g2 = must(Duration::from_secs(10), "the waiter's grant", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    must(LIMIT * 2, "the waiter's release", g2.release())
+        .await
+        .unwrap();
+}
+
+/// Waits until `g` is vouched for again after a restart.
+async fn held_again(g: &dlock_core::LockGuard) {
     eventually(
         Duration::from_secs(20),
         "the hold is vouched for again",
@@ -130,14 +114,19 @@ async fn a_waiter_is_woken_after_a_server_restart() {
         },
     )
     .await;
-    must(LIMIT * 2, "release after the restart", g.release())
-        .await
-        .unwrap();
-    let g2 = must(Duration::from_secs(10), "the waiter's grant", waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    must(LIMIT * 2, "the waiter's release", g2.release())
-        .await
-        .unwrap();
+}
+
+/// Waits until `p`'s session is connected again after a restart.
+async fn reconnected(p: &dlock_zookeeper::ZkProvider) {
+    eventually(
+        Duration::from_secs(20),
+        "the client reconnected",
+        || async {
+            match p.client().state() {
+                zk::SessionState::SyncConnected => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
 }
