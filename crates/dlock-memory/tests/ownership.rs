@@ -102,14 +102,22 @@ async fn a_default_handle_does_not_reenter() {
             .is_none(),
         "a default handle re-entered"
     );
-    let worker = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        g.release().await.unwrap();
-    });
+    // Set as the worker begins its release: the store frees the lock before the release
+    // returns, so "the worker's task has finished" would race with the dispatcher's grant.
+    let releasing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let releasing = Arc::clone(&releasing);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            releasing.store(true, std::sync::atomic::Ordering::SeqCst);
+            g.release().await.unwrap();
+        })
+    };
     let next = lock.acquire().await.unwrap();
     assert!(
-        worker.is_finished(),
+        releasing.load(std::sync::atomic::Ordering::SeqCst),
         "the dispatcher got in before the worker released"
     );
+    worker.await.unwrap();
     next.release().await.unwrap();
 }
