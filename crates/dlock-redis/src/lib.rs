@@ -18,6 +18,7 @@ mod call;
 mod conn;
 mod holds;
 mod pubsub;
+mod sentinel;
 mod shared;
 
 // The primitives: what differs between them, one hold and one wait loop under them all.
