@@ -223,13 +223,7 @@ async fn a_fair_waiter_keeps_its_place_across_transient_errors() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
-        .await
-        .unwrap();
-    let direct = RedisProvider::connect(&server.url()).await.unwrap();
-    let flaky = RedisProvider::connect(&format!("redis://{}?timeout_ms=300", proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, direct, flaky) = behind_proxy(&server, "?timeout_ms=300").await;
     let mut admin = admin(&server.url()).await;
     let monitor = Monitor::start(&server.url()).await;
     let name = Names::new().name("fair-place");
@@ -508,13 +502,7 @@ async fn fair_acquires_cancelled_mid_subscribe_leave_no_subscription() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
-        .await
-        .unwrap();
-    let direct = RedisProvider::connect(&server.url()).await.unwrap();
-    let slow = RedisProvider::connect(&format!("redis://{}", proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, direct, slow) = behind_proxy(&server, "").await;
     let names = Names::new();
     let fair = LockOptions::default().with_fair(true);
     let mut held = Vec::new();
@@ -598,13 +586,7 @@ async fn a_failed_unsubscribe_is_tried_again() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
-        .await
-        .unwrap();
-    let direct = RedisProvider::connect(&server.url()).await.unwrap();
-    let slow = RedisProvider::connect(&format!("redis://{}/?timeout_ms=1000", proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, direct, slow) = behind_proxy(&server, "/?timeout_ms=1000").await;
     let name = Names::new().name("unsubscribe-retry");
     let held = direct
         .lock(&name, LockOptions::default())

@@ -309,6 +309,22 @@ impl Drop for PrivateRedis {
     }
 }
 
+/// A fault-injecting proxy in front of `server`, a provider connected to the server directly,
+/// and one connected through the proxy with `query` (`""` or `?key=value...`).
+pub(crate) async fn behind_proxy(
+    server: &PrivateRedis,
+    query: &str,
+) -> (dlock_proxy::Proxy, RedisProvider, RedisProvider) {
+    let proxy = dlock_proxy::Proxy::start(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let direct = RedisProvider::connect(&server.url()).await.unwrap();
+    let proxied = RedisProvider::connect(&format!("redis://{}{query}", proxy.addr()))
+        .await
+        .unwrap();
+    (proxy, direct, proxied)
+}
+
 pub(crate) fn watchdog(ttl_ms: u64) -> LockOptions {
     LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(ttl_ms)))
 }
