@@ -46,7 +46,6 @@ impl ProviderMeta {
 /// A backend without read-write locks or semaphores names [`NoPrimitive`] for them and
 /// leaves their constructors to the default, which is never called (the capability check
 /// comes first).
-#[async_trait]
 pub trait RawProvider: fmt::Debug + Send + Sync + 'static {
     /// The backend's mutex.
     type Mutex: RawLock;
@@ -115,7 +114,7 @@ pub trait RawProvider: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// Connection and backend errors.
-    async fn raw_describe(&self, name: &LockName) -> Result<LockStatus>;
+    fn raw_describe(&self, name: &LockName) -> impl Future<Output = Result<LockStatus>> + Send;
 }
 
 /// The primitive of a backend that has none of that kind: it cannot be made, and its

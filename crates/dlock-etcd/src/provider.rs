@@ -109,7 +109,6 @@ impl EtcdProvider {
     }
 }
 
-#[dlock_core::async_trait]
 impl RawProvider for EtcdProvider {
     type Mutex = EtcdMutex;
     type ReadWrite = NoPrimitive;

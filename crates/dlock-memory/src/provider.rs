@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{Mutex, ProviderMeta, RawProvider};
-use dlock_core::{Capabilities, LockName, LockOptions, LockStatus, Result, async_trait};
+use dlock_core::{Capabilities, LockName, LockOptions, LockStatus, Result};
 
 use crate::config;
 use crate::handles::{Client, MemoryMutex, MemoryReadWrite, MemorySemaphore};
@@ -131,7 +131,6 @@ impl MemoryProvider {
     }
 }
 
-#[async_trait]
 impl RawProvider for MemoryProvider {
     type Mutex = MemoryMutex;
     type ReadWrite = MemoryReadWrite;

@@ -144,7 +144,6 @@ impl RedisProvider {
     }
 }
 
-#[dlock_core::async_trait]
 impl RawProvider for RedisProvider {
     type Mutex = RedisMutex;
     type ReadWrite = RedisReadWrite;

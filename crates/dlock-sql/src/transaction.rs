@@ -96,17 +96,14 @@ impl SqlProvider {
         name: &str,
         wait: Duration,
     ) -> Result<Option<TxLock>> {
-        let name = LockName::new(name)?;
-        let fu = self.in_transaction_supported(Dialect::MySql)?;
-        let backend = fu.inner.backend;
-        let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         // sqlx's own count of the transactions it opened on the connection, and on MariaDB the
         // server's word too (`@@in_transaction`, which MySQL lacks): a deadlock or an implicit
         // commit may have ended the transaction behind sqlx's back, and a locking read
         // outside one would hold nothing.
-        if !sqlx::Connection::is_in_transaction(&*conn) {
-            return Err(not_in_transaction());
-        }
+        let in_tx = sqlx::Connection::is_in_transaction(&*conn);
+        let (name, fu) = self.in_transaction(name, Dialect::MySql, in_tx)?;
+        let backend = fu.inner.backend;
+        let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         let session = query(if fu.sql.mariadb {
             "SELECT @@innodb_lock_wait_timeout, @@in_transaction"
         } else {
@@ -190,12 +187,8 @@ impl SqlProvider {
         name: &str,
         wait: Duration,
     ) -> Result<Option<TxLock>> {
-        use sqlx::Connection;
-        let name = LockName::new(name)?;
-        let fu = self.in_transaction_supported(Dialect::Postgres)?;
-        if !conn.is_in_transaction() {
-            return Err(not_in_transaction());
-        }
+        let in_tx = sqlx::Connection::is_in_transaction(&*conn);
+        let (name, fu) = self.in_transaction(name, Dialect::Postgres, in_tx)?;
         let backend = fu.inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         // As on MySQL: the row exists before the transaction reads it, committed at once.
@@ -244,20 +237,33 @@ impl SqlProvider {
         fenced(&fu, name, locked?).await
     }
 
-    /// The provider's for-update strategy, if it can lock inside a caller's transaction on
-    /// `dialect`.
-    fn in_transaction_supported(&self, dialect: Dialect) -> Result<Arc<ForUpdate>> {
+    /// What a lock in the caller's transaction on `dialect` starts from, checked in this
+    /// order: a valid name, the provider's for-update strategy on that dialect, and a
+    /// connection inside a transaction (`in_transaction`).
+    fn in_transaction(
+        &self,
+        name: &str,
+        dialect: Dialect,
+        in_transaction: bool,
+    ) -> Result<(LockName, Arc<ForUpdate>)> {
+        let name = LockName::new(name)?;
         let inner = &self.inner;
-        match Arc::clone(&self.strategy).for_update() {
-            Some(fu) if inner.dialect == dialect => Ok(fu),
-            _ => Err(Error::unsupported(
-                inner.backend,
-                format!(
-                    "locks in the caller's transaction without the for-update strategy on \
-                     {dialect:?} (connect with ?strategy=for-update)"
-                ),
-            )),
+        let fu = match Arc::clone(&self.strategy).for_update() {
+            Some(fu) if inner.dialect == dialect => fu,
+            _ => {
+                return Err(Error::unsupported(
+                    inner.backend,
+                    format!(
+                        "locks in the caller's transaction without the for-update strategy on \
+                         {dialect:?} (connect with ?strategy=for-update)"
+                    ),
+                ));
+            }
+        };
+        if !in_transaction {
+            return Err(not_in_transaction());
         }
+        Ok((name, fu))
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{ProviderMeta, RawProvider};
-use dlock_core::{Capabilities, LockKind, LockName, LockOptions, LockStatus, Result, async_trait};
+use dlock_core::{Capabilities, LockKind, LockName, LockOptions, LockStatus, Result};
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
@@ -119,7 +119,6 @@ impl ZkProvider {
     }
 }
 
-#[async_trait]
 impl RawProvider for ZkProvider {
     type Mutex = ZkMutex;
     type ReadWrite = ZkReadWrite;

@@ -27,11 +27,11 @@ mod pool;
 mod query;
 mod row;
 
-#[cfg(feature = "postgres")]
-pub(crate) use open::pg_pool;
 #[cfg(feature = "mysql")]
-pub(crate) use open::{MYSQL_LOCKS, mysql_pool};
+pub(crate) use open::MYSQL_LOCKS;
 pub(crate) use open::{SETUP_PATIENCE, connect, setup_pauses};
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) use open::{lock_pool_beside, server_of};
 pub(crate) use pool::{Conn, Driver, Pool};
 pub(crate) use query::{On, Query, query};
 pub(crate) use row::Row;

@@ -134,7 +134,7 @@ pub(crate) const MYSQL_LOCKS: &[&str] = &[
 /// off the statement's path; an attempt runs all its statements on one checkout, so that is
 /// one ping per attempt.
 #[cfg(feature = "mysql")]
-pub(crate) async fn mysql_pool(
+async fn mysql_pool(
     size: u32,
     options: sqlx::mysql::MySqlConnectOptions,
     session: &'static [&'static str],
@@ -153,10 +153,57 @@ pub(crate) async fn mysql_pool(
     Ok(Pool::ours(Driver::MySql(pool)))
 }
 
+/// Where an application's MySQL or PostgreSQL pool connects, without credentials:
+/// `host:port/database`.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn server_of(driver: &Driver) -> String {
+    let (host, port, database) = match driver {
+        #[cfg(feature = "mysql")]
+        Driver::MySql(p) => {
+            let o = p.connect_options();
+            (
+                o.get_host().to_owned(),
+                o.get_port(),
+                o.get_database().map(str::to_owned),
+            )
+        }
+        #[cfg(feature = "postgres")]
+        Driver::Postgres(p) => {
+            let o = p.connect_options();
+            (
+                o.get_host().to_owned(),
+                o.get_port(),
+                o.get_database().map(str::to_owned),
+            )
+        }
+        #[cfg(feature = "sqlite")]
+        Driver::Sqlite(p) => (
+            p.connect_options().get_filename().display().to_string(),
+            0,
+            None,
+        ),
+    };
+    format!("{host}:{port}/{}", database.unwrap_or_default())
+}
+
+/// A lock pool of `size` connections opened with the connect options of an application's
+/// MySQL or PostgreSQL pool, set up as dlock's own lock pools are.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) async fn lock_pool_beside(driver: &Driver, size: u32) -> Result<Pool, sqlx::Error> {
+    match driver {
+        #[cfg(feature = "mysql")]
+        Driver::MySql(p) => mysql_pool(size, (*p.connect_options()).clone(), MYSQL_LOCKS).await,
+        #[cfg(feature = "postgres")]
+        Driver::Postgres(p) => pg_pool(size, (*p.connect_options()).clone(), "5s").await,
+        #[cfg(feature = "sqlite")]
+        Driver::Sqlite(_) => Err(sqlx::Error::Configuration("SQLite has no lock pool".into())),
+    }
+}
+
 /// A PostgreSQL pool whose statements give up on a row lock after `lock_timeout` (they are
 /// retried; the for-update pool sets its own bound per wait).
 #[cfg(feature = "postgres")]
-pub(crate) async fn pg_pool(
+async fn pg_pool(
     size: u32,
     options: sqlx::postgres::PgConnectOptions,
     lock_timeout: &'static str,

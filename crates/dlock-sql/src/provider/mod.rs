@@ -139,7 +139,6 @@ impl SqlProvider {
     }
 }
 
-#[dlock_core::async_trait]
 impl RawProvider for SqlProvider {
     type Mutex = SqlMutex;
     type ReadWrite = SqlReadWrite;

@@ -102,15 +102,7 @@ impl SqlProvider {
         table: &str,
         lock_pool_size: u32,
     ) -> Result<Self> {
-        let options = pool.connect_options();
-        let server = (
-            options.get_host(),
-            options.get_port(),
-            options.get_database(),
-        );
-        let open = |size| db::mysql_pool(size, (*options).clone(), db::MYSQL_LOCKS);
-        let pool = db::Driver::MySql(pool);
-        Self::on_server_pool(pool, server, strategy, table, lock_pool_size, open).await
+        Self::on_server_pool(db::Driver::MySql(pool), strategy, table, lock_pool_size).await
     }
 
     /// A provider on a SQLite pool the application already has, with dlock's tables named
@@ -185,42 +177,27 @@ impl SqlProvider {
         table: &str,
         lock_pool_size: u32,
     ) -> Result<Self> {
-        let options = pool.connect_options();
-        let server = (
-            options.get_host(),
-            options.get_port(),
-            options.get_database(),
-        );
-        let open = |size| db::pg_pool(size, (*options).clone(), "5s");
-        let pool = db::Driver::Postgres(pool);
-        Self::on_server_pool(pool, server, strategy, table, lock_pool_size, open).await
+        Self::on_server_pool(db::Driver::Postgres(pool), strategy, table, lock_pool_size).await
     }
 
-    /// A provider on the pool of the server `(host, port, database)` that the application
-    /// already has (MySQL or PostgreSQL): `open` makes the lock pool of `lock_pool_size`
-    /// connections for the strategies that pin a connection per lock; the others have none.
+    /// A provider on the MySQL or PostgreSQL pool the application already has; the
+    /// strategies that pin a connection per lock get a lock pool of `lock_pool_size`
+    /// connections opened with its options, the others none.
     #[cfg(any(feature = "mysql", feature = "postgres"))]
-    async fn on_server_pool<F, Fut>(
+    async fn on_server_pool(
         pool: db::Driver,
-        (host, port, database): (&str, u16, Option<&str>),
         strategy: Strategy,
         table: &str,
         lock_pool_size: u32,
-        open: F,
-    ) -> Result<Self>
-    where
-        F: FnOnce(u32) -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<Pool, sqlx::Error>>,
-    {
+    ) -> Result<Self> {
         config::check_table(table)?;
         let dialect = pool.dialect();
         let backend = backend_name(dialect);
         // The server without credentials, the table prefix and the strategy (as a URL's,
         // [`SqlConfig`]'s store id).
-        let database = database.unwrap_or_default();
-        let store = format!("{backend}://{host}:{port}/{database}#{table}/{strategy}");
+        let store = format!("{backend}://{}#{table}/{strategy}", db::server_of(&pool));
         let lock_pool = if strategy.pins_connections() {
-            let opened = open(lock_pool_size.max(1)).await;
+            let opened = db::lock_pool_beside(&pool, lock_pool_size.max(1)).await;
             Some(opened.map_err(|e| from_sqlx(backend, "open the for-update pool", e))?)
         } else {
             None
