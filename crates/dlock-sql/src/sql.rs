@@ -232,7 +232,8 @@ fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
 #[derive(Debug, Clone)]
 pub(crate) struct UniqueInsertSql {
     /// Inserts the hold (`?`: name, owner, lease in ms); on PostgreSQL and SQLite returns its
-    /// id (MySQL gives it as the last insert id).
+    /// id, and no row when the name is held (MySQL gives the id as the last insert id, and a
+    /// held name as a duplicate-key error).
     pub(crate) insert_hold: String,
     /// Takes an expired hold over (`?`: owner, lease in ms, name).
     pub(crate) take_over_hold: String,
@@ -255,7 +256,12 @@ impl UniqueInsertSql {
                  VALUES (?, ?, 1, 0, {now} + ?){}",
                 match s.dialect {
                     Dialect::MySql => "",
-                    Dialect::Sqlite | Dialect::Postgres => " RETURNING id",
+                    // A held name inserts nothing: on PostgreSQL a failing INSERT would be a
+                    // server ERROR naming the lock in the log, an aborted transaction and a
+                    // dead tuple per poll of every waiter.
+                    Dialect::Sqlite | Dialect::Postgres => {
+                        " ON CONFLICT (name) DO NOTHING RETURNING id"
+                    }
                 }
             )),
             take_over_hold: s.stmt(format!(

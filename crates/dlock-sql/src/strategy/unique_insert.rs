@@ -57,22 +57,30 @@ impl RowStrategy for UniqueInsert {
             .bind(a.key())
             .bind(&a.owner)
             .bind(ms(a.ttl()));
-        // MySQL hands the AUTO_INCREMENT id back with the INSERT; SQLite through RETURNING.
+        // MySQL hands the AUTO_INCREMENT id back with the INSERT and answers a held name
+        // with a duplicate-key error; SQLite and PostgreSQL answer the id through RETURNING,
+        // and no row for a held name.
         let inserted = match self.inner.dialect {
-            Dialect::MySql => insert
-                .execute(&mut *conn)
-                .await
-                .map(|done| done.last_insert_id.and_then(|id| i64::try_from(id).ok())),
-            Dialect::Sqlite | Dialect::Postgres => insert
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|row| row.int(0))
-                .map(Some),
+            Dialect::MySql => match insert.execute(&mut *conn).await {
+                Ok(done) => match done.last_insert_id.and_then(|id| i64::try_from(id).ok()) {
+                    Some(id) => Ok(Some(id)),
+                    None => return Err(missing_id(self.inner.backend, &a.name)),
+                },
+                Err(e) if meaning(&e) == Meaning::Duplicate => Ok(None),
+                Err(e) => Err(e),
+            },
+            Dialect::Sqlite | Dialect::Postgres => match insert.fetch_optional(&mut *conn).await {
+                Ok(Some(row)) => row.int(0).map(Some),
+                Ok(None) => Ok(None),
+                // A race the conflict check does not cover (another unique index) still
+                // counts as held.
+                Err(e) if meaning(&e) == Meaning::Duplicate => Ok(None),
+                Err(e) => Err(e),
+            },
         };
         match inserted {
             Ok(Some(id)) => return self.token(a, id, 0).map(Some),
-            Ok(None) => return Err(missing_id(self.inner.backend, &a.name)),
-            Err(e) if meaning(&e) == Meaning::Duplicate => {}
+            Ok(None) => {}
             Err(e) => return Err(self.inner.err("acquire")(e)),
         }
         let taken = query(&s.take_over_hold)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::{Names, eventually};
+use dlock_conformance::{Names, eventually, must, service_url};
 use dlock_core::{LockOptions, LockProvider};
 use dlock_sql::SqlProvider;
 use sqlx::Row;
@@ -140,4 +140,95 @@ async fn optimistic_acquire_cancelled_mid_statement_leaves_no_claim() {
     )
     .await;
     remove_sqlite(&path);
+}
+
+/// A PostgreSQL unique-insert waiter's polls insert nothing: each was a failing INSERT (a
+/// server ERROR naming the lock in the log, an aborted transaction, a dead tuple). Three
+/// waiters poll a held name for a second, then each takes it in turn; the tables are the
+/// test's own, and their rows inserted are counted by the server once the providers' backends
+/// are ended (a backend hands its counts over when it exits): one per grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_unique_insert_waiters_insert_nothing_while_they_wait() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let table = format!("dlock_polls_{}", &id[..8]);
+    let app = format!("dlock-polls-{}", &id[..8]);
+    let url = with_query(
+        &pg,
+        &format!("strategy=unique-insert&table={table}&application_name={app}"),
+    );
+    let name = Names::new().name("polls");
+    let holder = SqlProvider::connect(&url).await.unwrap();
+    let g = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let lock = p.lock(&name, LockOptions::default()).unwrap();
+        waiters.push(tokio::spawn(async move {
+            let g = lock.acquire().await?;
+            g.release().await?;
+            Ok::<_, dlock_core::Error>(p)
+        }));
+    }
+    // The waiters poll the held name meanwhile (each poll of the old statement a failed INSERT).
+    let polled = tokio::time::timeout(Duration::from_secs(1), async {
+        for w in &mut waiters {
+            w.await.unwrap().unwrap();
+        }
+    })
+    .await;
+    assert!(polled.is_err(), "a waiter got a held lock");
+    g.release().await.unwrap();
+    let mut providers = vec![holder];
+    for w in waiters {
+        let p = must(Duration::from_secs(10), "a waiter after the release", w)
+            .await
+            .unwrap()
+            .unwrap();
+        providers.push(p);
+    }
+    // Dropped providers close their connections; whatever is left open is ended.
+    drop(providers);
+    let db = admin(&pg).await;
+    eventually(
+        Duration::from_secs(20),
+        "the providers' backends end",
+        || async {
+            let n: i64 = sqlx::query(
+                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+            )
+            .bind(&app)
+            .fetch_one(&db)
+            .await
+            .unwrap()
+            .get(0);
+            if n == 0 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    let inserted: i64 = sqlx::query(
+        "SELECT COALESCE(SUM(n_tup_ins), -1)::BIGINT FROM pg_stat_user_tables WHERE relname = $1",
+    )
+    .bind(format!("{table}_holds"))
+    .fetch_one(&db)
+    .await
+    .unwrap()
+    .get(0);
+    for t in ["meta", "holds", "versions", "seeds", "fence"] {
+        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{t}"))
+            .execute(&db)
+            .await;
+    }
+    assert_eq!(
+        inserted, 4,
+        "rows inserted into the holds table for 4 grants (the polls of 3 waiters in between)"
+    );
 }
