@@ -126,6 +126,15 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
     }
 }
 
+/// Whether `e` is MySQL's or MariaDB's deadlock answer (ER_LOCK_DEADLOCK): InnoDB then rolls
+/// back the victim's whole transaction, not only its statement.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn mysql_deadlock(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(mysql_code)
+        .is_some_and(|code| code == 1213)
+}
+
 /// Whether the database answered that the lock is taken by someone else: a row or advisory
 /// lock not available (NOWAIT refused, a lock wait that ran out), a deadlock or serialization
 /// failure among contenders, a busy or locked SQLite file. Trying again can help, and until

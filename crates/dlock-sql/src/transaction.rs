@@ -11,7 +11,7 @@ use sqlx::MySqlConnection;
 use sqlx::PgConnection;
 
 use crate::db::{On, query};
-use crate::error::{Meaning, from_sqlx, meaning};
+use crate::error::{Meaning, from_sqlx, meaning, mysql_deadlock};
 #[cfg(feature = "mysql")]
 use crate::pinned::server_seconds;
 use crate::strategy::ForUpdate;
@@ -105,9 +105,9 @@ impl SqlProvider {
         let backend = fu.inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         let session = query(if fu.sql.mariadb {
-            "SELECT @@innodb_lock_wait_timeout, @@in_transaction"
+            "SELECT @@innodb_lock_wait_timeout, @@in_transaction, @@innodb_rollback_on_timeout"
         } else {
-            "SELECT @@innodb_lock_wait_timeout, 1"
+            "SELECT @@innodb_lock_wait_timeout, 1, @@innodb_rollback_on_timeout"
         })
         .fetch_one(&mut *conn)
         .await
@@ -116,6 +116,7 @@ impl SqlProvider {
             return Err(not_in_transaction());
         }
         let previous = session.int(0).map_err(err("read the session"))?;
+        let rollback_on_timeout = session.int(2).map_err(err("read the session"))? != 0;
         // The row must exist before the transaction reads it: a locking read of a missing row
         // takes a gap lock, which would block its creation until the transaction ends. It is
         // created outside the transaction (committed at once, so other holders see it).
@@ -133,6 +134,21 @@ impl SqlProvider {
                 .map_err(err("set the lock wait"))?;
         }
         let locked = lock_row(backend, &name, statement, &mut *conn).await;
+        // The server rolled the caller's whole transaction back: a retry on it would run in
+        // autocommit and lock nothing, so this is for the caller to handle, never to retry.
+        let locked = match locked {
+            Err(RowError::Deadlock(e)) => Err(rolled_back(backend, &name, "a deadlock", e)),
+            Ok(false) if rollback_on_timeout => Err(Error::Backend {
+                backend,
+                message: format!(
+                    "lock {name:?} stayed busy, and the server rolled back the caller's whole \
+                     transaction (innodb_rollback_on_timeout is on): begin a new one"
+                ),
+                retryable: false,
+                source: None,
+            }),
+            other => other.map_err(RowError::into_error),
+        };
         if !wait.is_zero() {
             query("SET SESSION innodb_lock_wait_timeout = ?")
                 .bind(previous)
@@ -213,7 +229,11 @@ impl SqlProvider {
                 .map_err(err("set the lock wait"))?;
             &fu.sql.lock_row
         };
-        let locked = lock_row(backend, &name, statement, &mut *conn).await;
+        // Inside the savepoint a deadlock aborts only the savepoint, which is rolled back
+        // below: the caller's transaction goes on, and a retry can help.
+        let locked = lock_row(backend, &name, statement, &mut *conn)
+            .await
+            .map_err(RowError::into_error);
         if matches!(locked, Ok(true)) {
             // Granted: releasing the savepoint keeps the row lock with the transaction; the
             // lock wait goes back to what it was.
@@ -275,6 +295,24 @@ fn not_in_transaction() -> Error {
     )
 }
 
+/// Why a lock of a row in the caller's transaction failed.
+enum RowError {
+    /// MySQL's deadlock answer, which rolled back the caller's whole transaction.
+    Deadlock(sqlx::Error),
+    /// Anything else.
+    Other(Error),
+}
+
+impl RowError {
+    /// The error as any other statement's (a deadlock is then contention, retryable).
+    fn into_error(self) -> Error {
+        match self {
+            Self::Deadlock(e) => from_sqlx("mysql", "lock", e),
+            Self::Other(e) => e,
+        }
+    }
+}
+
 /// Locks `name`'s row with `statement` on the caller's connection: whether it was granted
 /// (`false`: busy at the end of the wait).
 async fn lock_row<'c>(
@@ -282,16 +320,32 @@ async fn lock_row<'c>(
     name: &LockName,
     statement: &str,
     conn: impl Into<On<'c>>,
-) -> Result<bool> {
+) -> std::result::Result<bool, RowError> {
     match query(statement)
         .bind(name.as_str().as_bytes())
         .fetch_optional(conn)
         .await
     {
         Ok(Some(_)) => Ok(true),
-        Ok(None) => Err(vanished(backend, name)),
+        Ok(None) => Err(RowError::Other(vanished(backend, name))),
         Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
-        Err(e) => Err(from_sqlx(backend, "lock", e)),
+        Err(e) if mysql_deadlock(&e) => Err(RowError::Deadlock(e)),
+        Err(e) => Err(RowError::Other(from_sqlx(backend, "lock", e))),
+    }
+}
+
+/// The error of a lock whose try ended the caller's transaction (`why`): not retryable, the
+/// transaction is gone.
+#[cfg(feature = "mysql")]
+fn rolled_back(backend: &'static str, name: &LockName, why: &str, e: sqlx::Error) -> Error {
+    Error::Backend {
+        backend,
+        message: format!(
+            "the server rolled back the caller's whole transaction on {why} while locking \
+             {name:?}: begin a new transaction (a retry on this one would lock nothing): {e}"
+        ),
+        retryable: false,
+        source: Some(Box::new(e)),
     }
 }
 

@@ -327,3 +327,79 @@ async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other(
         .await
         .unwrap();
 }
+
+/// A deadlock whose victim is the transaction `lock_in` runs in: InnoDB rolls back the whole
+/// transaction, so the error is not retryable (a retry on the same transaction would run in
+/// autocommit and, on MySQL 8, hand out a lock that holds nothing). Transaction 1 has
+/// changed 59 rows and holds the lock; transaction 2 has changed row 1 and asks for the lock
+/// while transaction 1 asks for row 1: InnoDB picks the transaction that changed less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_that_rolls_back_the_callers_transaction_is_not_retryable() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
+    let locks =
+        SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+            .await
+            .unwrap();
+    let table = format!(
+        "dlock_test_deadlock_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (id INT NOT NULL PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB"
+    ))
+    .execute(&app)
+    .await
+    .unwrap();
+    let rows: Vec<String> = (1..=60).map(|id| format!("({id}, 0)")).collect();
+    sqlx::query(&format!("INSERT INTO {table} VALUES {}", rows.join(", ")))
+        .execute(&app)
+        .await
+        .unwrap();
+    let name = Names::new().name("deadlock");
+    let update = |rows: &str| format!("UPDATE {table} SET v = v + 1 WHERE {rows}");
+
+    let mut tx2 = app.begin().await.unwrap();
+    sqlx::query(&update("id = 1"))
+        .execute(&mut *tx2)
+        .await
+        .unwrap();
+    let mut tx1 = app.begin().await.unwrap();
+    sqlx::query(&update("id > 1"))
+        .execute(&mut *tx1)
+        .await
+        .unwrap();
+    let held = locks
+        .lock_in(&mut tx1, &name, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let first = {
+        let update = update("id = 1");
+        tokio::spawn(async move {
+            let r = sqlx::query(&update).execute(&mut *tx1).await.map(|_| ());
+            (tx1, r)
+        })
+    };
+    let e = locks
+        .lock_in(&mut tx2, &name, Duration::from_secs(10))
+        .await
+        .expect_err("the deadlock's victim");
+    assert!(
+        !e.is_retryable() && e.to_string().contains("rolled back"),
+        "the victim's error must say its transaction is gone, not invite a retry: {e}"
+    );
+    let (tx1, r) = must(Duration::from_secs(10), "the surviving transaction", first)
+        .await
+        .unwrap();
+    r.expect("the surviving transaction changes row 1 once the victim is rolled back");
+    tx1.rollback().await.unwrap();
+    drop(tx2);
+    drop(held);
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(&app)
+        .await
+        .unwrap();
+}
