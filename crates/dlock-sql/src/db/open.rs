@@ -219,6 +219,16 @@ async fn pg_pool(
                     "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
                 )
                 .await?;
+                // A statement_timeout (or PostgreSQL 17's transaction_timeout) of the role,
+                // the database or the URL would end a wait for a lock as a hard failure, and
+                // a held for-update row's transaction with it. dlock bounds its waits itself
+                // (lock_timeout, the caller's deadline).
+                conn.execute(
+                    "SELECT set_config('statement_timeout', '0', false), \
+                     (SELECT set_config('transaction_timeout', '0', false) \
+                     WHERE current_setting('server_version_num')::INT >= 170000)",
+                )
+                .await?;
                 Ok(())
             })
         })

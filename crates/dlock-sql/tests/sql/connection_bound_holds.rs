@@ -485,3 +485,44 @@ async fn a_released_for_update_hold_is_not_reported_lost() {
     }
     assert!(judged > 0, "no hold could be judged within its lease");
 }
+
+/// A `statement_timeout` the role, the database or the URL sets (managed services often set
+/// 30-60 s) does not cut a waiting for-update or advisory acquire short: the wait is the
+/// caller's. The waiter's URL sets 500 ms; it waits its whole 2 s and is answered "held".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_does_not_end_a_wait() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    for strategy in ["for-update", "advisory"] {
+        let url = with_query(
+            &pg,
+            &format!("strategy={strategy}&table={}", prefix(strategy)),
+        );
+        let holder = SqlProvider::connect(&url).await.unwrap();
+        let waiter =
+            SqlProvider::connect(&with_query(&url, "options=-c%20statement_timeout%3D500"))
+                .await
+                .unwrap();
+        let name = Names::new().name("statement-timeout");
+        let g = holder
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let wait = Duration::from_secs(2);
+        let started = Instant::now();
+        let r = waiter
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(wait)
+            .await;
+        assert!(
+            matches!(r, Ok(None)),
+            "{strategy}: a wait past the session's statement_timeout: {r:?}"
+        );
+        assert!(started.elapsed() >= wait, "{strategy}: gave up early");
+        g.release().await.unwrap();
+    }
+}
