@@ -236,7 +236,25 @@ impl SqlProvider {
                 let version = row
                     .text(0)
                     .map_err(|e| from_sqlx(backend, "read the server version", e))?;
-                check_server_version(&version)?
+                let mariadb = check_server_version(&version)?;
+                let mut settings = Vec::new();
+                for show in [
+                    "SHOW VARIABLES LIKE 'wsrep\\_on'",
+                    "SHOW VARIABLES LIKE 'group\\_replication\\_group\\_name'",
+                    "SHOW VARIABLES LIKE 'group\\_replication\\_single\\_primary\\_mode'",
+                ] {
+                    let what = "read the server's replication settings";
+                    let row = query(show)
+                        .fetch_optional(&pool)
+                        .await
+                        .map_err(|e| from_sqlx(backend, what, e))?;
+                    if let Some(row) = row {
+                        let pair = row.text(0).and_then(|name| Ok((name, row.text(1)?)));
+                        settings.push(pair.map_err(|e| from_sqlx(backend, what, e))?);
+                    }
+                }
+                check_single_primary(&settings)?;
+                mariadb
             }
             Dialect::Sqlite | Dialect::Postgres => false,
         };
@@ -317,6 +335,15 @@ fn create_parent_dir(config: &SqlConfig) -> Result<()> {
 /// `AUTO_INCREMENT` on restart (MySQL before 8.0, MariaDB before 10.2.4) could hand out a
 /// token twice, and `for-update` needs `NOWAIT` (MySQL 8.0, MariaDB 10.3).
 fn check_server_version(version: &str) -> Result<bool> {
+    if version.contains("TiDB") {
+        return Err(Error::unsupported(
+            "mysql",
+            format!(
+                "server version {version:?}: TiDB hands out AUTO_INCREMENT values from a cache \
+                 per node, so fencing tokens would not grow with each grant"
+            ),
+        ));
+    }
     let mariadb = version.contains("MariaDB");
     // MariaDB may prefix its version with "5.5.5-" for old replication clients.
     let numbers = if mariadb {
@@ -345,6 +372,37 @@ fn check_server_version(version: &str) -> Result<bool> {
         ));
     }
     Ok(mariadb)
+}
+
+/// Refuses a server of a multi-primary cluster, given its `(variable, value)` settings: row
+/// locks there are each node's own (Galera certifies writes at commit and never sees a
+/// `FOR UPDATE`; Group Replication in multi-primary mode likewise), so two nodes grant one
+/// lock, and `AUTO_INCREMENT` steps per node, so tokens are not ordered across nodes.
+fn check_single_primary(settings: &[(String, String)]) -> Result<()> {
+    let value = |name: &str| {
+        settings
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    };
+    let on = |v: Option<&str>| v.is_some_and(|v| v.eq_ignore_ascii_case("ON") || v == "1");
+    let cluster = if on(value("wsrep_on")) {
+        "a Galera cluster node (wsrep_on is ON)"
+    } else if value("group_replication_group_name").is_some_and(|g| !g.is_empty())
+        && value("group_replication_single_primary_mode")
+            .is_some_and(|v| v.eq_ignore_ascii_case("OFF") || v == "0")
+    {
+        "a Group Replication member in multi-primary mode"
+    } else {
+        return Ok(());
+    };
+    Err(Error::unsupported(
+        "mysql",
+        format!(
+            "{cluster}: its nodes lock rows each on their own, so two nodes could grant one \
+             lock, and tokens are not ordered across them; use a single-primary server"
+        ),
+    ))
 }
 
 /// The advisory strategy's server-side lease is `idle_session_timeout`, which PostgreSQL 14
@@ -466,7 +524,50 @@ async fn setup(pool: &Pool, backend: &'static str, what: &str, sql: &str) -> Res
 
 #[cfg(test)]
 mod tests {
-    use super::check_server_version;
+    use super::{check_server_version, check_single_primary};
+
+    #[test]
+    fn multi_primary_clusters_are_refused() {
+        let settings = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        for safe in [
+            settings(&[]),
+            settings(&[("wsrep_on", "OFF")]),
+            settings(&[
+                (
+                    "group_replication_group_name",
+                    "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                ),
+                ("group_replication_single_primary_mode", "ON"),
+            ]),
+            settings(&[
+                ("group_replication_group_name", ""),
+                ("group_replication_single_primary_mode", "OFF"),
+            ]),
+        ] {
+            assert!(check_single_primary(&safe).is_ok(), "{safe:?}");
+        }
+        for unsafe_ in [
+            settings(&[("wsrep_on", "ON")]),
+            settings(&[
+                (
+                    "group_replication_group_name",
+                    "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                ),
+                ("group_replication_single_primary_mode", "OFF"),
+            ]),
+        ] {
+            let e = check_single_primary(&unsafe_).unwrap_err();
+            assert!(
+                matches!(e, dlock_core::Error::Unsupported { .. }),
+                "{unsafe_:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn servers_that_could_repeat_tokens_are_refused() {
@@ -475,6 +576,7 @@ mod tests {
         assert!(!check_server_version("8.4.0-commercial").unwrap());
         assert!(check_server_version("5.5.5-10.3.39-MariaDB").unwrap());
         for old in [
+            "8.0.11-TiDB-v7.5.0",
             "5.7.44-log",
             "10.2.44-MariaDB",
             "5.5.5-10.1.48-MariaDB",
