@@ -265,12 +265,23 @@ fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptio
             ("mode", "rw") => options.create_if_missing(false),
             ("mode", "ro") => options.create_if_missing(false).read_only(true),
             ("mode", v) => return Err(bad("mode", v, "rwc, rw or ro")),
-            ("cache", "shared") => options.shared_cache(true),
+            // A shared cache locks tables between the process's connections, answering
+            // SQLITE_LOCKED at once instead of waiting its busy timeout; an immutable file and
+            // the VFSs without file locks let processes share the file without excluding
+            // each other (and keep WAL off).
             ("cache", "private") => options.shared_cache(false),
-            ("cache", v) => return Err(bad("cache", v, "shared or private")),
-            ("immutable", "true" | "1") => options.immutable(true),
+            ("cache", v) => return Err(bad("cache", v, "private (a shared cache is refused)")),
             ("immutable", "false" | "0") => options.immutable(false),
-            ("immutable", v) => return Err(bad("immutable", v, "true or false")),
+            ("immutable", v) => {
+                return Err(bad(
+                    "immutable",
+                    v,
+                    "false (an immutable file is never locked)",
+                ));
+            }
+            ("vfs", v @ ("unix-none" | "win32-none" | "memdb")) => {
+                return Err(bad("vfs", v, "a VFS with file locks"));
+            }
             ("vfs", v) => options.vfs(v.to_owned()),
             (k, v) => return Err(bad(k, v, "no such SQLite parameter")),
         };

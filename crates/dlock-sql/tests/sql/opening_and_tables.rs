@@ -168,3 +168,26 @@ async fn two_strategies_on_one_set_of_tables_are_refused() {
     }
     remove_sqlite(&path);
 }
+
+/// SQLite settings under which processes sharing the file would not exclude each other (no
+/// file locks, an immutable file) or a waiter would fail at once instead of waiting (a shared
+/// cache answers SQLITE_LOCKED without a busy timeout) are refused with a clear error.
+#[tokio::test]
+async fn sqlite_settings_without_file_locks_are_refused() {
+    for (setting, expected) in [
+        ("vfs=unix-none", "VFS with file locks"),
+        ("vfs=memdb", "VFS with file locks"),
+        ("cache=shared", "shared cache is refused"),
+        ("immutable=true", "never locked"),
+    ] {
+        let (url, path) = sqlite_url("unique-insert");
+        let r = SqlProvider::connect(&with_query(&url, setting)).await;
+        remove_sqlite(&path);
+        match r {
+            Err(e @ dlock_core::Error::Config { .. }) => {
+                assert!(e.to_string().contains(expected), "{setting}: {e}");
+            }
+            other => panic!("{setting}: expected a configuration error, got {other:?}"),
+        }
+    }
+}
