@@ -147,7 +147,7 @@ impl SqlProvider {
                 retryable: false,
                 source: None,
             }),
-            other => other.map_err(RowError::into_error),
+            other => other.map_err(|e| e.into_error(backend, &name)),
         };
         if !wait.is_zero() {
             query("SET SESSION innodb_lock_wait_timeout = ?")
@@ -209,11 +209,14 @@ impl SqlProvider {
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         // As on MySQL: the row exists before the transaction reads it, committed at once.
         fu.create_row(&name).await?;
-        let previous: String = query("SELECT current_setting('lock_timeout')")
-            .fetch_one(&mut *conn)
-            .await
-            .and_then(|row| row.text(0))
-            .map_err(err("read the session"))?;
+        let session = query(
+            "SELECT current_setting('lock_timeout'), current_setting('transaction_isolation')",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err("read the session"))?;
+        let previous = session.text(0).map_err(err("read the session"))?;
+        let isolation = session.text(1).map_err(err("read the session"))?;
         query("SAVEPOINT dlock_lock_in")
             .execute(&mut *conn)
             .await
@@ -231,9 +234,21 @@ impl SqlProvider {
         };
         // Inside the savepoint a deadlock aborts only the savepoint, which is rolled back
         // below: the caller's transaction goes on, and a retry can help.
-        let locked = lock_row(backend, &name, statement, &mut *conn)
-            .await
-            .map_err(RowError::into_error);
+        let locked = match lock_row(backend, &name, statement, &mut *conn).await {
+            // A row committed after the transaction's snapshot is invisible to it under
+            // REPEATABLE READ and SERIALIZABLE: trying again would never see it.
+            Err(RowError::Missing) if isolation != "read committed" => {
+                Err(Error::invalid_argument(
+                    "conn",
+                    format!(
+                        "lock {name:?} is new, and the transaction ({isolation}) took its snapshot \
+                     before dlock created the lock's row: take the lock first in the \
+                     transaction, or use READ COMMITTED"
+                    ),
+                ))
+            }
+            other => other.map_err(|e| e.into_error(backend, &name)),
+        };
         if matches!(locked, Ok(true)) {
             // Granted: releasing the savepoint keeps the row lock with the transaction; the
             // lock wait goes back to what it was.
@@ -297,6 +312,8 @@ fn not_in_transaction() -> Error {
 
 /// Why a lock of a row in the caller's transaction failed.
 enum RowError {
+    /// The transaction does not see the lock's row.
+    Missing,
     /// MySQL's deadlock answer, which rolled back the caller's whole transaction.
     Deadlock(sqlx::Error),
     /// Anything else.
@@ -304,10 +321,12 @@ enum RowError {
 }
 
 impl RowError {
-    /// The error as any other statement's (a deadlock is then contention, retryable).
-    fn into_error(self) -> Error {
+    /// The error as any other statement's: a deadlock is then contention (retryable), a
+    /// missing row one deleted by hand.
+    fn into_error(self, backend: &'static str, name: &LockName) -> Error {
         match self {
-            Self::Deadlock(e) => from_sqlx("mysql", "lock", e),
+            Self::Missing => vanished(backend, name),
+            Self::Deadlock(e) => from_sqlx(backend, "lock", e),
             Self::Other(e) => e,
         }
     }
@@ -327,7 +346,7 @@ async fn lock_row<'c>(
         .await
     {
         Ok(Some(_)) => Ok(true),
-        Ok(None) => Err(RowError::Other(vanished(backend, name))),
+        Ok(None) => Err(RowError::Missing),
         Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
         Err(e) if mysql_deadlock(&e) => Err(RowError::Deadlock(e)),
         Err(e) => Err(RowError::Other(from_sqlx(backend, "lock", e))),

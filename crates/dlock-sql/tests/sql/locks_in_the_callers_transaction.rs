@@ -403,3 +403,47 @@ async fn a_deadlock_that_rolls_back_the_callers_transaction_is_not_retryable() {
         .await
         .unwrap();
 }
+
+/// `lock_in_pg` of a new name in a REPEATABLE READ transaction that has already taken its
+/// snapshot: the lock's row, committed after it, is invisible to the transaction for good, so
+/// the error says so and is not retryable. Taken first in such a transaction, the lock works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_lock_in_a_repeatable_read_snapshot_is_a_clear_error() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let app = sqlx::PgPool::connect(&pg).await.unwrap();
+    let locks =
+        SqlProvider::from_pg_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 2)
+            .await
+            .unwrap();
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    let name = Names::new().name("in-snapshot");
+    let e = locks
+        .lock_in_pg(&mut tx, &name, Duration::from_millis(200))
+        .await
+        .expect_err("a row the snapshot cannot see");
+    assert!(
+        !e.is_retryable() && e.to_string().contains("snapshot"),
+        "the error must say why, and not invite a retry: {e}"
+    );
+    tx.rollback().await.unwrap();
+
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let name = Names::new().name("first-in-snapshot");
+    let held = locks
+        .lock_in_pg(&mut tx, &name, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(held.is_some(), "taken first in the transaction");
+    tx.rollback().await.unwrap();
+}
