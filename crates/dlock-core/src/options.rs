@@ -214,6 +214,11 @@ pub struct Capabilities {
     pub connection_bound: bool,
     /// The shortest lease the backend accepts.
     pub min_lease: Duration,
+    /// The longest lease the backend accepts: the longest its store can keep a hold for a
+    /// client that stopped (PostgreSQL's session timeouts end at 2^31 - 1 ms), at most
+    /// [`Lease::MAX`]. A longer one would have the store free a hold its client still
+    /// vouches for.
+    pub max_lease: Duration,
 }
 
 impl Capabilities {
@@ -232,6 +237,7 @@ impl Capabilities {
             semaphore: false,
             connection_bound: false,
             min_lease: Duration::from_millis(1),
+            max_lease: Lease::MAX,
         }
     }
 
@@ -250,6 +256,7 @@ impl Capabilities {
             semaphore: true,
             connection_bound: false,
             min_lease: Duration::from_millis(1),
+            max_lease: Lease::MAX,
         }
     }
 
@@ -258,7 +265,7 @@ impl Capabilities {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a zero, too-short or too-long lease (over
-    /// [`Lease::MAX`]) or a drift allowance over half the lease, [`Error::Unsupported`] for an
+    /// [`max_lease`](Self::max_lease) or [`Lease::MAX`]) or a drift allowance over half the lease, [`Error::Unsupported`] for an
     /// option the backend cannot honour.
     pub fn check(&self, options: &LockOptions) -> Result<()> {
         let ttl = options.lease.ttl();
@@ -272,6 +279,16 @@ impl Capabilities {
                     "{ttl:?} is longer than the {:?} maximum; use a watchdog lease for holds \
                      that last indefinitely",
                     Lease::MAX
+                ),
+            ));
+        }
+        if ttl > self.max_lease {
+            return Err(Error::invalid_argument(
+                "lease",
+                format!(
+                    "{ttl:?} is longer than the {:?} maximum of {} (the longest its store keeps \
+                     a hold); use a watchdog lease of at most that for longer holds",
+                    self.max_lease, self.backend
                 ),
             ));
         }

@@ -111,7 +111,7 @@ pub async fn bad_names_are_rejected(f: &impl Factory) {
     }
 }
 
-/// Zero and too-short leases and zero permits are `InvalidArgument`.
+/// Zero, too-short and too-long leases and zero permits are `InvalidArgument`.
 pub async fn bad_options_are_rejected(f: &impl Factory) {
     let a = client(f).await;
     let c = caps(&a);
@@ -122,6 +122,11 @@ pub async fn bad_options_are_rejected(f: &impl Factory) {
     {
         leases.push(Lease::watchdog(short));
         leases.push(Lease::Fixed(short));
+    }
+    if c.max_lease < Lease::MAX {
+        let long = c.max_lease + Duration::from_secs(1);
+        leases.push(Lease::watchdog(long));
+        leases.push(Lease::Fixed(long));
     }
     for lease in leases {
         let e = a

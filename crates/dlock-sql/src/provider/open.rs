@@ -292,6 +292,12 @@ impl SqlProvider {
         caps.semaphore = false;
         caps.connection_bound = kind.pins_connections();
         caps.min_lease = MIN_LEASE;
+        if dialect == Dialect::Postgres && kind.pins_connections() {
+            // The server-side lease is idle_in_transaction_session_timeout (for-update) or
+            // idle_session_timeout (advisory), in milliseconds up to 2^31 - 1, set to the
+            // lease rounded up to whole seconds.
+            caps.max_lease = PG_MAX_LEASE;
+        }
         let meta = ProviderMeta::new(caps, store_id.as_str());
         let inner = Arc::new(Inner {
             pool,
@@ -313,6 +319,9 @@ impl SqlProvider {
         })
     }
 }
+
+/// The longest lease of a PostgreSQL hold whose server-side lease is a session timeout.
+const PG_MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(2_147_483);
 
 /// Creates the directory of a SQLite file (the driver creates the file, not its directory).
 fn create_parent_dir(config: &SqlConfig) -> Result<()> {

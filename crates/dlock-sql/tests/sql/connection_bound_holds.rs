@@ -526,3 +526,37 @@ async fn a_statement_timeout_does_not_end_a_wait() {
         g.release().await.unwrap();
     }
 }
+
+/// PostgreSQL keeps a pinned hold for a stopped client by a session timeout of at most
+/// 2^31 - 1 ms (24.8 days): a longer lease is refused where the hold is pinned (its store
+/// would free a hold its client still vouches for), and accepted where the lease is a row's.
+#[tokio::test]
+async fn postgres_refuses_pinned_leases_longer_than_its_session_timeouts() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let day = Duration::from_secs(24 * 60 * 60);
+    for (strategy, pinned) in [
+        ("for-update", true),
+        ("advisory", true),
+        ("unique-insert", false),
+    ] {
+        let url = with_query(
+            &pg,
+            &format!("strategy={strategy}&table={}", prefix(strategy)),
+        );
+        let p = SqlProvider::connect(&url).await.unwrap();
+        for lease in [Lease::Fixed(25 * day), Lease::watchdog(25 * day)] {
+            let r = p.lock("long-lease", LockOptions::new().with_lease(lease));
+            match (pinned, r) {
+                (true, Err(dlock_core::Error::InvalidArgument { .. })) | (false, Ok(_)) => {}
+                (_, other) => panic!("{strategy}, {lease:?}: {other:?}"),
+            }
+        }
+        let r = p.lock(
+            "long-lease",
+            LockOptions::new().with_lease(Lease::Fixed(24 * day)),
+        );
+        assert!(r.is_ok(), "{strategy}: 24 days: {r:?}");
+    }
+}
