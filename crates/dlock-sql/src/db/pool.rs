@@ -464,6 +464,13 @@ impl Conn {
         self.raw.close_on_drop();
     }
 
+    /// Takes the connection out of sqlx's pool and closes it, with no tokio runtime needed
+    /// (sqlx needs one to take a connection back): the pool's slot is free for a new one, and
+    /// the server ends whatever the connection held when it sees the socket close.
+    pub(crate) fn detach(self) {
+        self.raw.detach();
+    }
+
     /// The connection is clean (its statements all succeeded, no transaction is open): it may
     /// serve dlock's next statement on its pool without going back to sqlx. Dropping it
     /// instead gives it back to sqlx.

@@ -128,7 +128,7 @@ impl Pinned {
             if tokio::runtime::Handle::try_current().is_ok() {
                 c.done();
             } else {
-                std::mem::forget(c);
+                c.detach();
             }
         }
     }
@@ -269,10 +269,9 @@ impl Pinned {
     }
 
     pub(crate) fn close(&mut self) {
-        if let Some(mut c) = self.conn.take() {
+        if let Some(c) = self.conn.take() {
             self.closed = true;
-            c.close_on_drop();
-            drop_connection(c);
+            close_connection(c);
         }
     }
 
@@ -299,20 +298,21 @@ pub(crate) struct ClosedUnlessReturned(pub(crate) Option<Conn>);
 
 impl Drop for ClosedUnlessReturned {
     fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            c.close_on_drop();
-            drop_connection(c);
+        if let Some(c) = self.0.take() {
+            close_connection(c);
         }
     }
 }
 
-/// Drops a pool connection; without a tokio runtime (which the pool needs to take it back) it
-/// is leaked instead, and the server frees what it held when the process exits.
-fn drop_connection(c: Conn) {
+/// Closes a pool connection rather than give it back. sqlx closes in a task, which needs a
+/// tokio runtime; without one the connection is taken out of the pool instead, closed at
+/// once, and its slot is free (the server frees what it held when the socket closes).
+fn close_connection(mut c: Conn) {
     if tokio::runtime::Handle::try_current().is_ok() {
+        c.close_on_drop();
         drop(c);
     } else {
-        std::mem::forget(c);
+        c.detach();
     }
 }
 

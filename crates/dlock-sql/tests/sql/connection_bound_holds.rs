@@ -560,3 +560,44 @@ async fn postgres_refuses_pinned_leases_longer_than_its_session_timeouts() {
         assert!(r.is_ok(), "{strategy}: 24 days: {r:?}");
     }
 }
+
+/// A pinned guard that outlives the runtime it was taken on (a synchronous wrapper with a
+/// runtime per call) and is dropped with no runtime at all gives its pool slot back: the
+/// connection is taken out of the pool and closed (the server then frees the row), so the
+/// provider's one-connection lock pool serves the next lock on the next runtime. A leaked
+/// connection would keep the slot for good.
+#[test]
+fn a_pinned_guard_dropped_after_its_runtime_gives_its_pool_slot_back() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let url = with_query(&for_update(&pg), "pool=1");
+    let name = Names::new().name("guard-outlives-runtime");
+    let first = runtime();
+    let (provider, guard) = first.block_on(async {
+        let provider = SqlProvider::connect(&url).await.unwrap();
+        let lock = provider.lock(&name, LockOptions::default()).unwrap();
+        let guard = lock.acquire().await.unwrap();
+        (provider, guard)
+    });
+    drop(first);
+    drop(guard);
+    let second = runtime();
+    let granted = second.block_on(async {
+        provider
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(Duration::from_secs(10))
+            .await
+    });
+    let g = granted
+        .expect("the lock pool has its slot back")
+        .expect("the server freed the row of the closed connection");
+    second.block_on(g.release()).unwrap();
+}
