@@ -11,7 +11,7 @@ use dlock_core::{Error, RedactedUrl, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Dialect {
-    /// MySQL 8 or MariaDB 10.6+.
+    /// MySQL 8 or MariaDB 10.3+ (older servers are refused at connect).
     MySql,
     /// SQLite 3.42+ (embedded, file-based).
     Sqlite,
