@@ -37,7 +37,9 @@ pub(crate) fn forbidden_char(c: char) -> bool {
 /// - `.` and `..` become `%2E` and `%2E%2E`;
 /// - a first segment `zookeeper` at the root becomes `%7Aookeeper` (the server reserves
 ///   `/zookeeper`);
-/// - a later segment that a recipe of the lock above it would read as its own (`locks` and
+/// - a segment below another node (any but the first at the root: under a chroot the first
+///   is below the chroot's own node, which a provider without the chroot can lock) that a
+///   recipe of the lock above it would read as its own (`locks` and
 ///   `leases`, a semaphore's directories, and names like `lock-0000000001` that parse as
 ///   contender nodes) gets one character escaped, so that no name shares a path with another
 ///   lock's internals: `x/locks` lives at `x/%6Cocks`, and `x/lock-0000000001` at
@@ -91,7 +93,7 @@ pub(crate) fn lock_path(base: &str, name: &LockName) -> String {
     for (i, segment) in name.as_str().split('/').enumerate() {
         out.push('/');
         let reserved_root = i == 0 && base.is_empty() && segment == "zookeeper";
-        push_segment(&mut out, segment, reserved_root, i > 0);
+        push_segment(&mut out, segment, reserved_root, i > 0 || !base.is_empty());
     }
     out
 }
@@ -250,6 +252,13 @@ mod tests {
         );
         assert_eq!(path("x/locksmith"), "/x/locksmith");
         assert_eq!(path("locks"), "/locks");
+        // Under a chroot the first segment is below a node too: `zk://h/x` with lock `locks`
+        // is not semaphore `x`'s internal mutex for `zk://h`, nor is `zk://h/a` with lock
+        // `lock-0000000001` a contender of lock `a`.
+        let chrooted = |base: &str, name: &str| lock_path(base, &LockName::new(name).unwrap());
+        assert_eq!(chrooted("/x", "locks"), "/x/%6Cocks");
+        assert_eq!(chrooted("/x", "leases"), "/x/%6Ceases");
+        assert_eq!(chrooted("/a", "lock-0000000001"), "/a/lock-%30000000001");
         for n in [
             "x/lock-0000000001",
             "x/_c_0-__WRIT__0000000002",
