@@ -43,8 +43,9 @@ pub const DEFAULT_PREFIX: &str = "dlock/";
 pub struct EtcdConfig {
     /// `host:port` of each member the client may talk to.
     pub endpoints: Vec<String>,
-    /// Prepended to every lock's etcd name: the URL's path with a `/` at its end,
-    /// [`DEFAULT_PREFIX`] without a path, nothing for a path of `/`.
+    /// Prepended to every lock's etcd name: the URL's path as one segment (`%` and `/`
+    /// escaped as in names) with a `/` at its end, [`DEFAULT_PREFIX`] without a path. Never
+    /// empty, so no prefix's keys lie inside another prefix's lock.
     pub prefix: String,
     /// The time-to-live of the provider's lease (whole seconds, at least [`MIN_LEASE_TTL`]).
     pub lease_ttl: Duration,
@@ -101,16 +102,24 @@ impl EtcdConfig {
         };
         let parts =
             HostListUrl::parse(rest, DEFAULT_PORT, "an etcd URL").map_err(|why| bad(&why))?;
+        // The prefix is one key segment, escaped as a name is, and never empty: the keys of
+        // lock `n` under prefix `p/` are `p/n/…`, so a prefix with a `/` inside (`p/x/`), or
+        // locks with none (`x/` is the range of lock `x`), would put one prefix's keys inside
+        // another's lock.
         let prefix = match parts.path.strip_prefix('/') {
             None => DEFAULT_PREFIX.to_owned(),
             Some(p) => {
                 let p = percent_decode(p).ok_or_else(|| bad("malformed %-escape in the path"))?;
                 let trimmed = p.trim_end_matches('/');
                 if trimmed.is_empty() {
-                    String::new()
-                } else {
-                    format!("{trimmed}/")
+                    return Err(bad(
+                        "an empty prefix: its locks' keys would hold every other prefix's \
+                         (name one, or leave the path out for dlock/)",
+                    ));
                 }
+                let mut prefix = escape_segment(trimmed);
+                prefix.push('/');
+                prefix
             }
         };
         let mut lease_ttl = DEFAULT_LEASE_TTL;
@@ -244,15 +253,22 @@ impl EtcdConfig {
 
     pub(crate) fn lock_name(&self, name: &LockName) -> String {
         let mut out = self.prefix.clone();
-        for c in name.as_str().chars() {
-            match c {
-                '%' => out.push_str("%25"),
-                '/' => out.push_str("%2F"),
-                c => out.push(c),
-            }
-        }
+        out.push_str(&escape_segment(name.as_str()));
         out
     }
+}
+
+/// `text` as one key segment: `%` and `/` escaped (`%25`, `%2F`).
+fn escape_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 impl fmt::Display for EtcdConfig {
@@ -327,7 +343,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.endpoints, ["a:1", "b:2379", "[::1]:2381"]);
-        assert_eq!(c.prefix, "base/x/");
+        assert_eq!(c.prefix, "base%2Fx/");
         assert_eq!(c.lease_ttl, Duration::from_secs(4));
         assert_eq!(c.connect_timeout, Some(Duration::from_millis(900)));
         assert_eq!(c.user(), Some(&("u".to_owned(), "p@ss".to_owned())));
@@ -335,7 +351,25 @@ mod tests {
         let same = EtcdConfig::from_url("etcd://[::1]:2381,b:2379,a:1/base/x").unwrap();
         assert_eq!(same.store_id(), c.store_id(), "one cluster, two spellings");
         assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().prefix, "dlock/");
-        assert_eq!(EtcdConfig::from_url("etcd://h/").unwrap().prefix, "");
+    }
+
+    /// No prefix's keys lie inside another prefix's lock: a prefix is one escaped segment,
+    /// never empty. Under the default prefix lock `x` is the range `dlock/x/`, which prefix
+    /// `dlock/x` would have shared.
+    #[test]
+    fn prefixes_never_nest_in_locks() {
+        let default = EtcdConfig::from_url("etcd://h").unwrap();
+        let lock_x = format!("{}/", default.etcd_lock_name("x").unwrap());
+        for url in ["etcd://h/dlock/x", "etcd://h/dlock%2Fx", "etcd://h/dlock/x/"] {
+            let c = EtcdConfig::from_url(url).unwrap();
+            let keys = format!("{}/", c.etcd_lock_name("y").unwrap());
+            assert!(!keys.starts_with(&lock_x), "{url}: {keys} is inside {lock_x}");
+            assert_eq!(c.prefix, "dlock%2Fx/");
+        }
+        for url in ["etcd://h/", "etcd://h//"] {
+            let e = EtcdConfig::from_url(url).unwrap_err();
+            assert!(e.to_string().contains("empty prefix"), "{url}: {e}");
+        }
     }
 
     #[test]
