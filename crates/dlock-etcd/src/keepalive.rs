@@ -136,15 +136,18 @@ async fn keep_once(
 /// A new lease for the acquires to come, as soon as the server grants one; its time-to-live
 /// counts from when its grant was sent, not from the answer. Each failure is published for
 /// the acquires waiting for the lease (one that no retry helps ends their wait), and an
-/// outage that goes on is logged as a warning now and then.
-async fn regrant(s: &Session, backoff: &mut Backoff) -> i64 {
+/// outage that goes on is logged as a warning now and then. `None` once the session is
+/// dropped: each try holds it only while it runs, so a provider dropped while etcd is out of
+/// reach stops trying.
+async fn regrant(session: &Weak<Session>, backoff: &mut Backoff) -> Option<i64> {
     let mut failures = 0u32;
     loop {
+        let s = session.upgrade()?;
         let granting = Instant::now();
         match s.grant().await {
             Ok((l, ttl)) => {
                 s.lease_granted(l, granting, ttl);
-                return l;
+                return Some(l);
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
@@ -154,6 +157,7 @@ async fn regrant(s: &Session, backoff: &mut Backoff) -> i64 {
                     tracing::debug!(error = %e, "etcd: granting a new lease failed; retrying");
                 }
                 s.grant_failed(&e);
+                drop(s);
                 backoff.wait().await;
             }
         }
@@ -204,7 +208,11 @@ pub(crate) async fn keep_alive(session: Weak<Session>, mut lease: i64) {
         if expired {
             s.lease_ended(lease, LossReason::SessionExpired);
             keeper = None;
-            lease = regrant(&s, &mut backoff).await;
+            drop(s);
+            match regrant(&session, &mut backoff).await {
+                Some(l) => lease = l,
+                None => return,
+            }
             continue;
         }
         drop(s);
@@ -234,11 +242,57 @@ pub(crate) async fn test_session() -> Result<Option<(Arc<Session>, i64)>, String
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use dlock_core::backend::from_now;
 
-    use super::test_session;
+    use super::{connect, test_session};
+    use crate::config::EtcdConfig;
+
+    /// A session dropped while etcd is out of reach, its lease gone and a new one not
+    /// granted, is freed: the task that keeps trying holds it only for a try, so it stops
+    /// instead of trying for ever. The member is reached through a proxy that then
+    /// partitions it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_dropped_while_etcd_is_out_of_reach_stops_granting() -> Result<(), String> {
+        let Some(url) = dlock_conformance::service_url("DLOCK_ETCD_URL") else {
+            return Ok(());
+        };
+        let member = EtcdConfig::from_url(&url).map_err(|e| e.to_string())?;
+        let proxy = dlock_proxy::Proxy::start(member.endpoints[0].clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let config = EtcdConfig::from_url(&format!("etcd://{}?ttl_s=2", proxy.addr()))
+            .map_err(|e| e.to_string())?;
+        let session = connect(config).await.map_err(|e| e.to_string())?;
+        proxy.set_fault(dlock_proxy::Fault::Partition);
+        dlock_conformance::eventually(
+            Duration::from_secs(30),
+            "the lease ends and a new grant fails",
+            || async {
+                match session.grant_failure() {
+                    Some(_) => Ok(()),
+                    None => Err("not yet"),
+                }
+            },
+        )
+        .await;
+        let weak = Arc::downgrade(&session);
+        drop(session);
+        dlock_conformance::eventually(
+            Duration::from_secs(30),
+            "the dropped session is freed",
+            || async {
+                match weak.upgrade() {
+                    None => Ok(()),
+                    Some(_) => Err("still held"),
+                }
+            },
+        )
+        .await;
+        Ok(())
+    }
 
     /// A keep-alive on a stream of its own (a renewal's, or the provider's after its stream
     /// failed) for a lease the server no longer has says "gone", not "no answer": the client
