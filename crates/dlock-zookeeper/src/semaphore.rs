@@ -51,17 +51,19 @@ async fn acquire_lease(
             role: Role::Exclusive,
             apart: Apart::FromLocks(path),
         };
-        if contend(session, recipe, deadline, &mut internal)
-            .await?
-            .is_none()
-        {
+        let Some(mutex) = contend(session, recipe, deadline, &mut internal).await? else {
             return Ok(None);
-        }
+        };
         // Release the internal mutex (left armed in `internal` by `contend`).
+        let lease = Lease {
+            leases: &leases,
+            mutex: &mutex.path,
+            permits,
+        };
         let taken = by_deadline(
             deadline,
             &leases,
-            take_lease(session, name, &leases, permits, options, deadline),
+            take_lease(session, name, lease, options, deadline),
         );
         match taken.await {
             Ok(Taken::Granted(guard)) => {
@@ -94,15 +96,28 @@ async fn acquire_lease(
 enum Taken {
     Granted(LockGuard),
     TimedOut,
-    /// Our lease node (or its parent) vanished while we waited: start over.
+    /// Our lease node (or its parent) vanished while we waited, or the internal mutex node
+    /// we hold did (and our lease was deleted): start over.
     Vanished,
+}
+
+/// Where one lease attempt takes its lease: the `leases` directory, the internal mutex node
+/// it holds while it waits, and the permits it counts with.
+#[derive(Clone, Copy)]
+struct Lease<'a> {
+    leases: &'a str,
+    mutex: &'a str,
+    permits: u32,
 }
 
 async fn take_lease(
     session: &Arc<Session>,
     name: &LockName,
-    leases: &str,
-    permits: u32,
+    Lease {
+        leases,
+        mutex,
+        permits,
+    }: Lease<'_>,
     options: &LockOptions,
     deadline: Deadline,
 ) -> Result<Taken> {
@@ -136,7 +151,25 @@ async fn take_lease(
                 &mut undo,
             )));
         }
-        if deadline.has_passed() || deadline.run(watcher.changed()).await.is_none() {
+        // While we wait, only the holder of the internal mutex may add a lease. Without our
+        // mutex node (an operator deleting it to unstick a name, a session that ended) another
+        // waiter takes the mutex and adds its lease beside ours, and with one permit the two
+        // would wait for each other for good: our lease goes, and we queue again.
+        let mutex_watch = match session.retrying(|| session.data_watch(mutex)).await {
+            Ok(w) => w,
+            Err(zk::Error::NoNode) => {
+                undo.run_now().await;
+                return Ok(Taken::Vanished);
+            }
+            Err(e) => return Err(from_zk(&format!("watch {mutex}"), e)),
+        };
+        let changed = async {
+            tokio::select! {
+                _ = watcher.changed() => {}
+                _ = mutex_watch.changed() => {}
+            }
+        };
+        if deadline.has_passed() || deadline.run(changed).await.is_none() {
             give_up(session, &mut undo, leases).await?;
             return Ok(Taken::TimedOut);
         }

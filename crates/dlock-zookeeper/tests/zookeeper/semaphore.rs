@@ -49,20 +49,21 @@ async fn semaphore_waiter_whose_nodes_vanish_does_not_deadlock() {
         },
     )
     .await;
-    // Delete the waiter's nodes: its internal-mutex node and its (newer) lease.
+    // Delete the waiter's nodes: its internal-mutex node and its (newer) lease, which the
+    // waiter may have withdrawn itself by then, once it saw its mutex gone.
+    let mut lease_nodes = recipe_children(&admin, &leases).await;
+    lease_nodes.sort_by_key(|n| n[n.len() - 10..].to_owned());
+    let newest = lease_nodes.pop().unwrap();
     for node in recipe_children(&admin, &locks).await {
         admin
             .delete(&format!("{locks}/{node}"), None)
             .await
             .unwrap();
     }
-    let mut lease_nodes = recipe_children(&admin, &leases).await;
-    lease_nodes.sort_by_key(|n| n[n.len() - 10..].to_owned());
-    let newest = lease_nodes.pop().unwrap();
-    admin
-        .delete(&format!("{leases}/{newest}"), None)
-        .await
-        .unwrap();
+    match admin.delete(&format!("{leases}/{newest}"), None).await {
+        Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+        Err(e) => panic!("delete the waiter's lease: {e}"),
+    }
     eventually(LIMIT, "the waiter is back with a new lease", || async {
         let s = recipe_children(&admin, &leases).await;
         if s.len() == 2 && !s.contains(&newest) {
@@ -82,6 +83,83 @@ async fn semaphore_waiter_whose_nodes_vanish_does_not_deadlock() {
         .await
         .unwrap();
     must(LIMIT, "the second waiter gets the permit", second)
+        .await
+        .unwrap();
+}
+
+/// Deleting only a one-permit waiter's internal-mutex node (the operator's "unstick") does
+/// not wedge the semaphore: the waiter sees its mutex gone, withdraws its lease and queues
+/// again. Otherwise a second waiter takes the free mutex and adds its lease beside the
+/// first's, and once the holder leaves the two leases wait for each other for good (and
+/// every later waiter, Curator's included, behind the second's mutex node).
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_waiters_internal_mutex_does_not_wedge_the_semaphore() {
+    let Some(url) = url() else { return };
+    let (h, a, b) = (
+        provider(&url).await,
+        provider(&url).await,
+        provider(&url).await,
+    );
+    let admin = admin(&url).await;
+    let name = Names::new().name("sem-unstick");
+    let path = h.lock_path(&name).unwrap();
+    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let opts = LockOptions::default();
+    let held = h
+        .semaphore(&name, 1, opts)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let sa = a.semaphore(&name, 1, opts).unwrap();
+    let first = tokio::spawn(async move {
+        let g = sa.acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    eventually(
+        LIMIT,
+        "the first waiter holds the internal mutex and waits with its lease",
+        || async {
+            let (l, s) = (
+                recipe_children(&admin, &locks).await,
+                recipe_children(&admin, &leases).await,
+            );
+            if l.len() == 1 && s.len() == 2 {
+                Ok(l)
+            } else {
+                Err((l, s))
+            }
+        },
+    )
+    .await;
+    let mutex = recipe_children(&admin, &locks).await;
+    admin
+        .delete(&format!("{locks}/{}", mutex[0]), None)
+        .await
+        .unwrap();
+    let sb = b.semaphore(&name, 1, opts).unwrap();
+    let second = tokio::spawn(async move {
+        let g = sb.acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    eventually(
+        LIMIT,
+        "the second waiter takes the internal mutex",
+        || async {
+            let l = recipe_children(&admin, &locks).await;
+            if l.iter().any(|n| !mutex.contains(n)) {
+                Ok(())
+            } else {
+                Err(l)
+            }
+        },
+    )
+    .await;
+    held.release().await.unwrap();
+    must(LIMIT, "the second waiter gets the permit", second)
+        .await
+        .unwrap();
+    must(LIMIT, "the first waiter gets the permit after it", first)
         .await
         .unwrap();
 }
