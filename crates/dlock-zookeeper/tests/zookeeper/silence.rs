@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dlock_conformance::{Names, Partition, ProxyPartition, eventually, must};
 use dlock_core::backend::CALL_GRACE;
-use dlock_core::{LockOptions, LockProvider, LossReason};
+use dlock_core::{Lease, LockOptions, LockProvider, LossReason};
 use dlock_zookeeper::{DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT};
 use tokio::time::Instant;
 
@@ -23,6 +23,20 @@ use crate::support::{LIMIT, admin, await_nodes, hold, provider, recipe_children,
 /// has got in.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_silent_holder_is_told_before_the_next_grant_with_default_settings() {
+    silent_holder_is_told_before_the_next_grant(LockOptions::default(), "silent-default").await;
+}
+
+/// As [`a_silent_holder_is_told_before_the_next_grant_with_default_settings`], for a fixed
+/// lease of 60 s, six times the session: the store keeps a hold only as long as the session
+/// lives, and a fixed lease is never renewed, so the session's horizon, not the lease's end,
+/// bounds what the guard vouches for.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_holder_of_a_fixed_lease_longer_than_the_session_is_told_first() {
+    let options = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
+    silent_holder_is_told_before_the_next_grant(options, "silent-fixed").await;
+}
+
+async fn silent_holder_is_told_before_the_next_grant(options: LockOptions, label: &str) {
     let Some(url) = url() else { return };
     let (cut, proxied) = ProxyPartition::start(&url, DEFAULT_PORT).await.unwrap();
     let (a, b, admin) = (
@@ -31,9 +45,8 @@ async fn a_silent_holder_is_told_before_the_next_grant_with_default_settings() {
         admin(&url).await,
     );
     assert_eq!(a.config().session_timeout, DEFAULT_SESSION_TIMEOUT);
-    let name = Names::new().name("silent-default");
+    let name = Names::new().name(label);
     let path = a.lock_path(&name).unwrap();
-    let options = LockOptions::default();
     let lease = options.lease.ttl();
     let g = a.lock(&name, options).unwrap().acquire().await.unwrap();
     let waiter = {
@@ -68,8 +81,7 @@ async fn a_silent_holder_is_told_before_the_next_grant_with_default_settings() {
     });
     let margin = granted_at.saturating_duration_since(lost_at);
     eprintln!(
-        "silent holder, default settings: cut at 0, lost() at {:?}, the next grant at {:?}: \
-         margin {margin:?}",
+        "{label}: cut at 0, lost() at {:?}, the next grant at {:?}: margin {margin:?}",
         lost_at - cut_at,
         granted_at - cut_at
     );
