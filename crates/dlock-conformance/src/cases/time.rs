@@ -195,7 +195,8 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
         }
     }
     if c.fixed_lease {
-        let opts = LockOptions::new().with_lease(Lease::Fixed(Lease::MAX));
+        // The longest lease the backend takes: Lease::MAX, or its store's own bound.
+        let opts = LockOptions::new().with_lease(Lease::Fixed(c.max_lease));
         let g = take(f, &lock_with(&a, &name, opts)).await;
         assert!(g.is_held());
         assert_vouched_well_ahead(&g);
@@ -203,8 +204,8 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
     }
 }
 
-/// `extend(Duration::MAX)` is `InvalidArgument` and leaves the hold as it was;
-/// `extend(Lease::MAX)` works.
+/// `extend(Duration::MAX)`, and one past the backend's `max_lease`, are `InvalidArgument`
+/// and leave the hold as it was; `extend(max_lease)` works.
 pub async fn extend_by_huge_durations_never_panics(f: &impl Factory) {
     let Some([a]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
         return;
@@ -216,10 +217,19 @@ pub async fn extend_by_huge_durations_never_panics(f: &impl Factory) {
     let e = g.extend(Duration::MAX).await.expect_err("extend(MAX)");
     assert!(matches!(e, Error::InvalidArgument { .. }), "got {e:?}");
     assert!(g.is_held(), "a refused extend lost the hold");
-    g.extend(Lease::MAX)
+    let longest = caps(&a).max_lease;
+    if longest < Lease::MAX {
+        let e = g
+            .extend(longest + Duration::from_secs(1))
+            .await
+            .expect_err("an extend past the backend's max_lease");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "got {e:?}");
+        assert!(g.is_held(), "a refused extend lost the hold");
+    }
+    g.extend(longest)
         .await
-        .unwrap_or_else(|e| panic!("extend(Lease::MAX): {e}"));
-    assert!(g.is_held(), "extend(Lease::MAX) lost the hold");
+        .unwrap_or_else(|e| panic!("extend({longest:?}): {e}"));
+    assert!(g.is_held(), "extend(max_lease) lost the hold");
     assert_vouched_well_ahead(&g);
     release(g).await;
 }

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{Deadline, HoldSignal, Mutex, UndoFn, UndoOnDrop, from_now};
-use dlock_core::{Error, LockName, Result};
+use dlock_core::{Error, Lease, LockName, Result};
 use tokio::time::Instant;
 
 use crate::Inner;
+use crate::config::Dialect;
 use crate::attempt::CONNECT_GRACE;
 use crate::db::{Conn, query};
 use crate::error::from_sqlx;
@@ -174,6 +175,7 @@ impl Pinning {
             membership,
             renew: Arc::clone(&self.renew),
             holders: Arc::clone(&self.holders),
+            max_lease: max_lease(self.inner.dialect),
         }
     }
 
@@ -276,6 +278,15 @@ pub(crate) fn server_wait(first: bool, deadline: Deadline) -> Option<i64> {
             i64::try_from(left.as_secs()).unwrap_or(50).min(50)
         })
     })
+}
+
+/// The longest lease of a pinned hold on `dialect`: PostgreSQL's session timeouts (the
+/// server-side lease) end at 2^31 - 1 ms, and the lease goes to them in whole seconds.
+pub(crate) fn max_lease(dialect: Dialect) -> Duration {
+    match dialect {
+        Dialect::Postgres => Duration::from_secs(2_147_483),
+        Dialect::MySql | Dialect::Sqlite => Lease::MAX,
+    }
 }
 
 /// A pinned hold's lease as the server's idle timeout: whole seconds, rounded up, within the
