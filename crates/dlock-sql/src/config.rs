@@ -100,6 +100,7 @@ impl FromStr for Strategy {
 /// | `strategy` | `unique-insert`, `optimistic` or `for-update` | `unique-insert` |
 /// | `table` | prefix of the tables dlock creates (`[A-Za-z0-9_]`, at most 40) | `dlock` |
 /// | `pool` | maximum connections of the provider's pool | `16` (MySQL), `8` (SQLite) |
+/// | `create_tables` | `false`: never create dlock's tables, only check them (a role without `CREATE`; see [`SqlConfig::table_ddl`]) | `true` |
 /// | `synchronous` | SQLite only: `full` (a commit survives an OS crash, so a fencing token never repeats) or `normal` (faster; a crash may lose the last commits, and with them tokens) | `full` |
 ///
 /// The driver's parameters are passed on: for MySQL `ssl-mode`, `ssl-ca`, `ssl-cert`,
@@ -126,6 +127,11 @@ pub struct SqlConfig {
     /// SQLite: commits are synced to disk before they count (`synchronous=FULL`), so that no
     /// fencing token can repeat after an OS crash. `?synchronous=normal` turns it off.
     pub durable: bool,
+    /// Whether the provider creates dlock's tables where missing (`?create_tables=false`
+    /// turns it off, for a role that may not create tables: they must then exist, as
+    /// [`table_ddl`](Self::table_ddl) makes them). Either way the tables are checked at
+    /// connect, and one of the wrong shape or schema version is refused.
+    pub create_tables: bool,
 }
 
 /// The URL parameters the sqlx driver of `dialect` understands (passed on to it).
@@ -191,9 +197,21 @@ impl SqlConfig {
         };
         let mut passed = Vec::new();
         let mut durable = true;
+        let mut create_tables = true;
         for (key, value) in parsed.query_pairs() {
             match key.as_str() {
                 "strategy" => strategy = value.parse()?,
+                "create_tables" => {
+                    create_tables = match value.to_ascii_lowercase().as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "create_tables={value:?}: expected true or false"
+                            )));
+                        }
+                    }
+                }
                 "synchronous" if dialect == Dialect::Sqlite => {
                     durable = match value.to_ascii_lowercase().as_str() {
                         "full" => true,
@@ -222,7 +240,8 @@ impl SqlConfig {
                 other => {
                     // A typo (`stratgey=for-update`) must not silently mean the default.
                     return Err(Error::config(format!(
-                        "unknown query parameter {other:?} (dlock's: strategy, table, pool{}; \
+                        "unknown query parameter {other:?} (dlock's: strategy, table, pool, \
+                         create_tables{}; \
                          the driver's: {})",
                         if dialect == Dialect::Sqlite {
                             ", synchronous"
@@ -263,7 +282,21 @@ impl SqlConfig {
             pool,
             busy_timeout: Duration::from_secs(5),
             durable,
+            create_tables,
         })
+    }
+
+    /// The statements that create dlock's tables (`<table>_…`) for this configuration's
+    /// database, as a provider runs them at connect: for an administrator to run once where
+    /// the provider's role may not create tables (`?create_tables=false`).
+    ///
+    /// ```
+    /// let c = dlock_sql::SqlConfig::from_url("postgres://app@db/shop?create_tables=false").unwrap();
+    /// assert!(!c.create_tables);
+    /// assert!(c.table_ddl().iter().any(|s| s.starts_with("CREATE TABLE IF NOT EXISTS dlock_holds")));
+    /// ```
+    pub fn table_ddl(&self) -> Vec<String> {
+        crate::sql::ddl(self.dialect, &self.table)
     }
 
     /// The file of a `sqlite://` URL, as a path: the text after `sqlite://`, percent-decoded

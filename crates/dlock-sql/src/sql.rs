@@ -83,35 +83,82 @@ impl Tables<'_> {
     }
 }
 
+/// The version of the tables' layout this dlock reads and writes, recorded in `<t>_meta`.
+pub(crate) const SCHEMA_VERSION: &str = "1";
+
 /// The tables, and the strategy they serve.
 #[derive(Debug, Clone)]
 pub(crate) struct SchemaSql {
     /// Creates the tables (and PostgreSQL's advisory key sequence) where missing.
     pub(crate) ddl: Vec<String>,
-    /// Records a strategy for the tables if none is recorded yet (`?`: the strategy).
-    pub(crate) claim_strategy: String,
-    /// The strategy recorded for the tables.
-    pub(crate) read_strategy: String,
+    /// Reads no row but names every column dlock uses, one statement per table: it fails on
+    /// a missing table or column. (table, statement)
+    pub(crate) probes: Vec<(String, String)>,
+    /// Records a setting (`?`: its name, its value) if none is recorded yet.
+    pub(crate) claim: String,
+    /// A recorded setting (`?`: its name).
+    pub(crate) read: String,
 }
 
 impl SchemaSql {
     pub(crate) fn new(s: Tables<'_>) -> Self {
         let t = s.prefix;
         let (insert_ignore, ignore_suffix) = s.insert_ignore();
+        let probes = columns(s.dialect)
+            .iter()
+            .map(|(table, columns)| {
+                (
+                    format!("{t}_{table}"),
+                    format!("SELECT {columns} FROM {t}_{table} WHERE 1 = 0"),
+                )
+            })
+            .collect();
         Self {
             ddl: ddl(s.dialect, t),
-            claim_strategy: s.stmt(format!(
-                "{insert_ignore} {t}_meta (name, value) VALUES ('strategy', ?){ignore_suffix}"
+            probes,
+            claim: s.stmt(format!(
+                "{insert_ignore} {t}_meta (name, value) VALUES (?, ?){ignore_suffix}"
             )),
-            read_strategy: s.stmt(format!(
-                "SELECT value FROM {t}_meta WHERE name = 'strategy'"
-            )),
+            read: s.stmt(format!("SELECT value FROM {t}_meta WHERE name = ?")),
         }
     }
 }
 
+/// The columns dlock uses in each of its tables on `dialect` (as [`ddl`] makes them).
+fn columns(dialect: Dialect) -> &'static [(&'static str, &'static str)] {
+    const COMMON: [(&str, &str); 5] = [
+        ("meta", "name, value"),
+        ("holds", "name, id, owner, holds, takeovers, expires_at"),
+        ("versions", "name, owner, holds, version, expires_at"),
+        ("seeds", "id"),
+        ("fence", "name, token"),
+    ];
+    const SERVER: [(&str, &str); 6] = [
+        COMMON[0],
+        COMMON[1],
+        COMMON[2],
+        COMMON[3],
+        COMMON[4],
+        ("rows", "name"),
+    ];
+    const POSTGRES: [(&str, &str); 7] = [
+        COMMON[0],
+        COMMON[1],
+        COMMON[2],
+        COMMON[3],
+        COMMON[4],
+        ("rows", "name"),
+        ("names", "name, id, token"),
+    ];
+    match dialect {
+        Dialect::Sqlite => &COMMON,
+        Dialect::MySql => &SERVER,
+        Dialect::Postgres => &POSTGRES,
+    }
+}
+
 /// The DDL of dlock's tables on `dialect`, named `<t>_…`.
-fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
+pub(crate) fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
     match dialect {
         Dialect::MySql => vec![
             format!(

@@ -13,7 +13,7 @@ use crate::db::{self, Pool, query};
 use crate::error::{self, from_sqlx};
 #[cfg(feature = "sqlite")]
 use crate::mounts;
-use crate::sql::{SchemaSql, Tables};
+use crate::sql::{SCHEMA_VERSION, SchemaSql, Tables};
 use crate::strategy;
 #[cfg(feature = "postgres")]
 use crate::wait::notify;
@@ -60,12 +60,13 @@ impl SqlProvider {
         let (pool, lock_pool) = db::connect(&config)
             .await
             .map_err(|e| from_sqlx(backend, &what, e))?;
+        let tables = (config.table.as_str(), config.create_tables);
         Self::start(
             pool,
             lock_pool,
             config.dialect,
             config.strategy,
-            &config.table,
+            tables,
             config.store_id(),
         )
         .await
@@ -151,7 +152,7 @@ impl SqlProvider {
             "PRAGMA journal_mode = WAL",
         )
         .await?;
-        Self::start(pool, None, Dialect::Sqlite, strategy, table, store).await
+        Self::start(pool, None, Dialect::Sqlite, strategy, (table, true), store).await
     }
 
     /// A provider on a PostgreSQL pool the application already has, with dlock's tables named
@@ -207,19 +208,20 @@ impl SqlProvider {
             lock_pool,
             dialect,
             strategy,
-            table,
+            (table, true),
             store,
         )
         .await
     }
 
-    /// Creates the tables and the provider around its pools.
+    /// Checks the server, creates (if `create`) and checks the tables `<table>_…`, and
+    /// makes the provider around its pools.
     async fn start(
         pool: Pool,
         lock_pool: Option<Pool>,
         dialect: Dialect,
         kind: Strategy,
-        table: &str,
+        (table, create): (&str, bool),
         store_id: String,
     ) -> Result<Self> {
         let backend = backend_name(dialect);
@@ -228,34 +230,7 @@ impl SqlProvider {
             check_advisory_server(&pool).await?;
         }
         let mariadb = match dialect {
-            Dialect::MySql => {
-                let row = query("SELECT VERSION()")
-                    .fetch_one(&pool)
-                    .await
-                    .map_err(|e| from_sqlx(backend, "read the server version", e))?;
-                let version = row
-                    .text(0)
-                    .map_err(|e| from_sqlx(backend, "read the server version", e))?;
-                let mariadb = check_server_version(&version)?;
-                let mut settings = Vec::new();
-                for show in [
-                    "SHOW VARIABLES LIKE 'wsrep\\_on'",
-                    "SHOW VARIABLES LIKE 'group\\_replication\\_group\\_name'",
-                    "SHOW VARIABLES LIKE 'group\\_replication\\_single\\_primary\\_mode'",
-                ] {
-                    let what = "read the server's replication settings";
-                    let row = query(show)
-                        .fetch_optional(&pool)
-                        .await
-                        .map_err(|e| from_sqlx(backend, what, e))?;
-                    if let Some(row) = row {
-                        let pair = row.text(0).and_then(|name| Ok((name, row.text(1)?)));
-                        settings.push(pair.map_err(|e| from_sqlx(backend, what, e))?);
-                    }
-                }
-                check_single_primary(&settings)?;
-                mariadb
-            }
+            Dialect::MySql => check_mysql_server(&pool).await?,
             Dialect::Sqlite | Dialect::Postgres => false,
         };
         let origin = registry::origin(&store_id);
@@ -266,10 +241,13 @@ impl SqlProvider {
             origin: &origin,
         };
         let schema = SchemaSql::new(tables);
-        for ddl in &schema.ddl {
-            setup(&pool, backend, "create dlock's tables", ddl).await?;
+        if create {
+            for ddl in &schema.ddl {
+                setup(&pool, backend, "create dlock's tables", ddl).await?;
+            }
         }
-        check_strategy(&pool, &schema, backend, kind, table).await?;
+        check_tables(&pool, &schema, backend, create).await?;
+        check_recorded(&pool, &schema, backend, kind, table).await?;
         let polls = !kind.pins_connections();
         let wakes = WakeSources::new(&store_id, polls);
         // Releases of the polling strategies are announced on PostgreSQL (the pinned
@@ -296,7 +274,7 @@ impl SqlProvider {
             // The server-side lease is idle_in_transaction_session_timeout (for-update) or
             // idle_session_timeout (advisory), in milliseconds up to 2^31 - 1, set to the
             // lease rounded up to whole seconds.
-            caps.max_lease = PG_MAX_LEASE;
+            caps.max_lease = crate::pinned::max_lease(dialect);
         }
         let meta = ProviderMeta::new(caps, store_id.as_str());
         let inner = Arc::new(Inner {
@@ -320,9 +298,6 @@ impl SqlProvider {
     }
 }
 
-/// The longest lease of a PostgreSQL hold whose server-side lease is a session timeout.
-const PG_MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(2_147_483);
-
 /// Creates the directory of a SQLite file (the driver creates the file, not its directory).
 fn create_parent_dir(config: &SqlConfig) -> Result<()> {
     let path = config.sqlite_path()?;
@@ -336,6 +311,38 @@ fn create_parent_dir(config: &SqlConfig) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// The MySQL or MariaDB server's version and replication checks (see
+/// [`check_server_version`], [`check_single_primary`]); says whether it is MariaDB.
+async fn check_mysql_server(pool: &Pool) -> Result<bool> {
+    let backend = "mysql";
+    let row = query("SELECT VERSION()")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| from_sqlx(backend, "read the server version", e))?;
+    let version = row
+        .text(0)
+        .map_err(|e| from_sqlx(backend, "read the server version", e))?;
+    let mariadb = check_server_version(&version)?;
+    let mut settings = Vec::new();
+    for show in [
+        "SHOW VARIABLES LIKE 'wsrep\\_on'",
+        "SHOW VARIABLES LIKE 'group\\_replication\\_group\\_name'",
+        "SHOW VARIABLES LIKE 'group\\_replication\\_single\\_primary\\_mode'",
+    ] {
+        let what = "read the server's replication settings";
+        let row = query(show)
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| from_sqlx(backend, what, e))?;
+        if let Some(row) = row {
+            let pair = row.text(0).and_then(|name| Ok((name, row.text(1)?)));
+            settings.push(pair.map_err(|e| from_sqlx(backend, what, e))?);
+        }
+    }
+    check_single_primary(&settings)?;
+    Ok(mariadb)
 }
 
 /// Refuses a server on which fencing tokens could go backwards; says whether it is MariaDB.
@@ -444,57 +451,111 @@ fn backend_name(dialect: Dialect) -> &'static str {
     }
 }
 
-/// Records `strategy` for the tables `<table>_…` if none is recorded, and refuses a provider
-/// whose strategy differs from the recorded one: two strategies on one set of tables keep
-/// their holds in different tables, so they would not exclude each other.
-async fn check_strategy(
+/// Refuses tables a statement of dlock would fail on: a table missing (never created, with
+/// `create_tables=false`) or one of the same name made by someone else without the columns
+/// dlock uses.
+async fn check_tables(
+    pool: &Pool,
+    sql: &SchemaSql,
+    backend: &'static str,
+    created: bool,
+) -> Result<()> {
+    for (table, probe) in &sql.probes {
+        let Err(e) = query(probe).fetch_optional(pool).await else {
+            continue;
+        };
+        let e = from_sqlx(backend, "check dlock's tables", e);
+        if e.is_retryable() {
+            return Err(e);
+        }
+        let fix = if created {
+            "a table of that name that is not dlock's? Use another ?table= prefix"
+        } else {
+            "create the tables as SqlConfig::table_ddl gives them, or connect once with \
+             create_tables=true"
+        };
+        return Err(Error::Config {
+            message: format!(
+                "the table {table} is missing or lacks the columns dlock uses ({e}): {fix}"
+            ),
+            source: Some(Box::new(e)),
+        });
+    }
+    Ok(())
+}
+
+/// Records the strategy and the schema version of the tables `<table>_…` if none is
+/// recorded, and refuses tables that serve another strategy (two strategies on one set of
+/// tables keep their holds in different tables, so they would not exclude each other) or
+/// have another layout.
+async fn check_recorded(
     pool: &Pool,
     sql: &SchemaSql,
     backend: &'static str,
     strategy: Strategy,
     table: &str,
 ) -> Result<()> {
-    let give_up = dlock_core::backend::from_now(db::SETUP_PATIENCE);
-    let mut pause = db::setup_pauses();
     let wanted = strategy.to_string();
-    loop {
-        let claimed = query(&sql.claim_strategy)
-            .bind(wanted.as_str())
-            .execute(pool)
-            .await;
-        let recorded = match claimed {
-            Ok(_) => query(&sql.read_strategy).fetch_optional(pool).await,
-            Err(e) => Err(e),
-        };
-        let recorded = match recorded {
-            Ok(Some(row)) => row
-                .text(0)
-                .map_err(|e| from_sqlx(backend, "read the tables' strategy", e))?,
-            Ok(None) => {
-                return Err(Error::Backend {
-                    backend,
-                    message: format!("{table}_meta has no strategy after recording one"),
-                    retryable: true,
-                    source: None,
-                });
-            }
-            Err(e) => {
-                let e = from_sqlx(backend, "record the tables' strategy", e);
-                if !e.is_retryable() || tokio::time::Instant::now() >= give_up {
-                    return Err(e);
-                }
-                tokio::time::sleep(pause.next_pause()).await;
-                continue;
-            }
-        };
-        if recorded == wanted {
-            return Ok(());
-        }
+    let recorded = record(pool, sql, backend, "strategy", &wanted, table).await?;
+    if recorded != wanted {
         return Err(Error::config(format!(
             "the tables {table}_… serve the {recorded} strategy, and this provider asks for \
              {wanted}: two strategies on one set of tables do not exclude each other. Use \
              ?strategy={recorded} like the others, or another ?table= prefix"
         )));
+    }
+    let version = record(pool, sql, backend, "schema", SCHEMA_VERSION, table).await?;
+    if version != SCHEMA_VERSION {
+        return Err(Error::config(format!(
+            "the tables {table}_… have schema version {version}, and this dlock reads and \
+             writes version {SCHEMA_VERSION}: use a dlock of their version, or another \
+             ?table= prefix"
+        )));
+    }
+    Ok(())
+}
+
+/// Records `value` for the setting `key` of the tables `<table>_…` unless one is recorded,
+/// and returns the recorded one; again while the database is busy (for
+/// `db::SETUP_PATIENCE`).
+async fn record(
+    pool: &Pool,
+    sql: &SchemaSql,
+    backend: &'static str,
+    key: &str,
+    value: &str,
+    table: &str,
+) -> Result<String> {
+    let give_up = dlock_core::backend::from_now(db::SETUP_PATIENCE);
+    let mut pause = db::setup_pauses();
+    loop {
+        let claimed = query(&sql.claim).bind(key).bind(value).execute(pool).await;
+        let recorded = match claimed {
+            Ok(_) => query(&sql.read).bind(key).fetch_optional(pool).await,
+            Err(e) => Err(e),
+        };
+        match recorded {
+            Ok(Some(row)) => {
+                return row
+                    .text(0)
+                    .map_err(|e| from_sqlx(backend, "read the tables' settings", e));
+            }
+            Ok(None) => {
+                return Err(Error::Backend {
+                    backend,
+                    message: format!("{table}_meta has no {key} after recording one"),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            Err(e) => {
+                let e = from_sqlx(backend, "record the tables' settings", e);
+                if !e.is_retryable() || tokio::time::Instant::now() >= give_up {
+                    return Err(e);
+                }
+                tokio::time::sleep(pause.next_pause()).await;
+            }
+        }
     }
 }
 

@@ -191,3 +191,98 @@ async fn sqlite_settings_without_file_locks_are_refused() {
         }
     }
 }
+
+/// A role that may not create tables (PostgreSQL checks `CREATE` before `IF NOT EXISTS`)
+/// connects with `create_tables=false` to tables an administrator made: here a schema of the
+/// test's own whose `CREATE` privilege the test takes back after the first provider made
+/// the tables. Without the option the connect fails; with it, the provider works. A prefix
+/// whose tables do not exist is refused at connect, naming the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_create_connects_with_create_tables_false() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let schema = format!(
+        "dlock_lp_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let db = admin(&pg).await;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&db)
+        .await
+        .unwrap();
+    let url = with_query(
+        &pg,
+        &format!("strategy=unique-insert&options=-c%20search_path%3D{schema}"),
+    );
+    let owner = SqlProvider::connect(&url).await.unwrap();
+    drop(owner);
+    sqlx::query(&format!(
+        "REVOKE CREATE ON SCHEMA {schema} FROM CURRENT_USER"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    let creating = SqlProvider::connect(&url).await;
+    assert!(creating.is_err(), "created tables without CREATE?");
+    let p = SqlProvider::connect(&with_query(&url, "create_tables=false"))
+        .await
+        .expect("the tables exist: nothing to create");
+    let g = p
+        .lock("least-privilege", LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let missing = SqlProvider::connect(&with_query(&url, "create_tables=false&table=elsewhere"))
+        .await
+        .expect_err("no tables under that prefix");
+    assert!(
+        matches!(missing, dlock_core::Error::Config { .. })
+            && missing.to_string().contains("elsewhere_meta"),
+        "{missing}"
+    );
+    drop(p);
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&db)
+        .await
+        .unwrap();
+}
+
+/// Tables under dlock's names that are not dlock's, or of another layout, are refused at
+/// connect with a clear error rather than used: a user-made `<prefix>_holds` without dlock's
+/// columns (`CREATE TABLE IF NOT EXISTS` keeps it as it is), and tables whose recorded schema
+/// version is not this dlock's.
+#[tokio::test]
+async fn tables_of_another_shape_or_version_are_refused() {
+    let (url, path) = sqlite_url("unique-insert");
+    std::fs::File::create(&path).unwrap(); // an empty file is an empty database
+    let db = admin(&url).await;
+    sqlx::query("CREATE TABLE dlock_holds (name TEXT)")
+        .execute(&db)
+        .await
+        .unwrap();
+    let e = SqlProvider::connect(&url)
+        .await
+        .expect_err("a holds table of another shape");
+    assert!(
+        matches!(e, dlock_core::Error::Config { .. }) && e.to_string().contains("dlock_holds"),
+        "{e}"
+    );
+    sqlx::query("DROP TABLE dlock_holds")
+        .execute(&db)
+        .await
+        .unwrap();
+    drop(SqlProvider::connect(&url).await.unwrap());
+    sqlx::query("UPDATE dlock_meta SET value = '99' WHERE name = 'schema'")
+        .execute(&db)
+        .await
+        .unwrap();
+    let e = SqlProvider::connect(&url)
+        .await
+        .expect_err("another schema version");
+    assert!(e.to_string().contains("schema version 99"), "{e}");
+    db.close().await;
+    remove_sqlite(&path);
+}
