@@ -257,7 +257,10 @@ impl<P: Primitive> Acquisition<P> {
                 tracing::debug!(lock = %self.name, error = %e, "could not leave the fair queue");
             }
         }
-        let released = self.release().await.map(|_| ());
+        let released = self
+            .release(&crate::hold::release_request())
+            .await
+            .map(|_| ());
         left.and(released)
     }
 }

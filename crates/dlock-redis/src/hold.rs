@@ -52,9 +52,15 @@ impl<P: Primitive> RedisHold<P> {
 }
 
 impl<P: Primitive> Acquisition<P> {
-    /// Releases the hold. `Ok(false)`: it was not ours (any more).
-    pub(crate) async fn release(&self) -> Result<bool> {
-        let call = self.primitive.release_call(&self.holder);
+    /// Releases the hold. `Ok(false)`: it was not ours (any more). `request` names this
+    /// release (one of [`release_request`]'s), and its latch: sent again with the same
+    /// `request`, the unlock answers what it did the first time.
+    pub(crate) async fn release(&self, request: &str) -> Result<bool> {
+        let h = &self.holder;
+        let call = self
+            .primitive
+            .release_call(h)
+            .key(h.keys.unlock_latch(request));
         read_released(self.inner.call(&call).await?)
     }
 
@@ -78,13 +84,17 @@ impl<P: Primitive> Hold for RedisHold<P> {
         // Leaves the live holds first: no check after a disconnection may call a hold being
         // released lost.
         drop(self.registration.lock().take());
-        match self.acq.release().await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::lock_lost(&self.acq.name)),
-            // A killed connection fails the first call on it; the unlock is owner-checked, so
-            // one more try is safe. Its "not held" then may mean the first one did release.
-            Err(e) if e.is_retryable() => self.acq.release().await.map(|_| ()),
-            Err(e) => Err(e),
+        let request = release_request();
+        let released = match self.acq.release(&request).await {
+            // A killed connection fails the first call on it; the unlock is owner-checked and
+            // latched, so one more try is safe, and answers what the first did if it ran.
+            Err(e) if e.is_retryable() => self.acq.release(&request).await,
+            other => other,
+        };
+        if released? {
+            Ok(())
+        } else {
+            Err(Error::lock_lost(&self.acq.name))
         }
     }
 
@@ -110,4 +120,11 @@ impl<P: Primitive> Checked for RedisHold<P> {
     fn releasing(&self) -> bool {
         self.registration.lock().is_none()
     }
+}
+
+/// A fresh name for one release and its latch: an acquisition can be released more than once
+/// (given back after an ambiguous grant, then granted again with the same field), and each
+/// release must find only its own latch.
+pub(crate) fn release_request() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
 }

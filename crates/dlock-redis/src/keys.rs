@@ -25,8 +25,9 @@ pub(crate) fn suffix_name(name: &str, suffix: &str) -> String {
 /// other name. A lock of that name would share the key with the other name's
 /// bookkeeping, and both would fail (WRONGTYPE) or worse.
 pub(crate) fn bookkeeping_key(name: &str) -> Option<&'static str> {
-    const PREFIXES: [(&str, &str); 3] = [
+    const PREFIXES: [(&str, &str); 4] = [
         ("redisson_lock_token:", "another lock's fencing token"),
+        ("redisson_unlock_latch:", "another lock's unlock latch"),
         ("redisson_lock_queue:", "another lock's fair queue"),
         (
             "redisson_lock_timeout:",
@@ -92,6 +93,15 @@ impl Keys {
             sem_timeouts: suffix_name(name, "timeout"),
             sem_size: suffix_name(name, "permits"),
         }
+    }
+
+    /// The latch of the release of the hold with `field` (see
+    /// [`latched`](crate::scripts::latched)): Redisson's `redisson_unlock_latch:{name}:<id>`.
+    pub(crate) fn unlock_latch(&self, field: &str) -> String {
+        format!(
+            "{}:{field}",
+            prefix_name("redisson_unlock_latch", &self.name)
+        )
     }
 
     /// The fair lock's per-waiter channel.

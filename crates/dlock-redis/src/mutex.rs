@@ -126,8 +126,9 @@ pub mod raw {
         &super::LOCK
     }
 
-    /// Release: KEYS `name`, `redisson_lock__channel:{name}`; ARGV `0`, lease ms, field,
-    /// `publish`.
+    /// Release: KEYS `name`, `redisson_lock__channel:{name}`,
+    /// `redisson_unlock_latch:{name}:<request id>` (a key of each release's own: its answer
+    /// stays there for 10 s); ARGV `0`, lease ms, field, `publish`.
     pub fn unlock_script() -> &'static redis::Script {
         &super::UNLOCK
     }

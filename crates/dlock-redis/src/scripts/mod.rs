@@ -4,8 +4,9 @@
 //! primitive's own file, and here what they share.
 //!
 //! Replies: acquisitions return `{-1, token}` when granted and `{pttl, -1}` when not (Redisson's
-//! fenced-lock convention); unlocks return nil (not the owner), 0 (still held) or 1 (released);
-//! renewals return 1 (renewed) or 0 (not held).
+//! fenced-lock convention); unlocks return nil (not the owner), 0 (still held) or 1 (released),
+//! and the same again when sent twice ([`latched`]); renewals return 1 (renewed) or 0 (not
+//! held).
 //!
 //! Every acquire script is idempotent: each acquisition has a field (or permit id) of its own,
 //! so finding it already there means the script ran before for this very acquisition (a
@@ -28,6 +29,34 @@ use redis::Script;
 pub(crate) mod mutex;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
+
+/// How long an unlock's latch outlives it, in milliseconds: longer than any retry of the
+/// same release takes to reach the server after the first try ran.
+const LATCH_MS: u64 = 10_000;
+
+/// An unlock script that can be sent twice (Redisson's unlock latch): its last key is the
+/// latch of this release (`redisson_unlock_latch:{name}:<field>`), where a run that released
+/// leaves its answer for [`LATCH_MS`]; a second run of the same release (a client retrying
+/// after a lost reply, a cluster client re-sending after a dropped connection) answers that,
+/// and changes nothing. So "not held" on a retry means the hold was gone, never that the
+/// first try released it. `body` is the unlock itself; its `return`s are its answer.
+pub(crate) fn latched(body: &str) -> String {
+    format!(
+        r"local latch = KEYS[#KEYS]
+local done = redis.call('get', latch)
+if done then
+  return tonumber(done)
+end
+local released = (function()
+{body}
+end)()
+if released ~= nil then
+  redis.call('set', latch, released, 'px', {LATCH_MS})
+end
+return released
+"
+    )
+}
 
 /// The server's clock in epoch milliseconds, as a Lua expression. Every deadline in the fair
 /// queue and the semaphore's timeouts set is computed with it, not with the client's clock,

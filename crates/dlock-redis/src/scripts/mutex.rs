@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{HASH_KIND, RELEASE_ONE, SERVER_NOW};
+use super::{HASH_KIND, RELEASE_ONE, SERVER_NOW, latched};
 
 /// Mutex acquire. KEYS: name, token. ARGV: lease ms, field.
 pub(crate) static LOCK: LazyLock<Script> = LazyLock::new(|| {
@@ -29,10 +29,10 @@ return {redis.call('pttl', KEYS[1]), -1}
     )
 });
 
-/// Mutex unlock. KEYS: name, channel. ARGV: message, lease ms, field,
+/// Mutex unlock ([`latched`]). KEYS: name, channel, latch. ARGV: message, lease ms, field,
 /// publish command.
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+    Script::new(&latched(&format!(
         r"
 if redis.call('type', KEYS[1])['ok'] ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return nil
@@ -41,7 +41,7 @@ end
 redis.call(ARGV[4], KEYS[2], ARGV[1])
 return 1
 "
-    ))
+    )))
 });
 
 /// Renewal of a mutex, fair lock or write hold. KEYS: name. ARGV: lease ms, field.
@@ -170,11 +170,11 @@ return 1
     )
 });
 
-/// Fair unlock: wakes only the head of the queue, on its own channel. KEYS: name, queue,
-/// timeouts, channel. ARGV: message, lease ms, field, (now: from the server's clock), publish
+/// Fair unlock ([`latched`]): wakes only the head of the queue, on its own channel. KEYS:
+/// name, queue, timeouts, channel, latch. ARGV: message, lease ms, field, (now: from the server's clock), publish
 /// command.
 pub(crate) static FAIR_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+    Script::new(&latched(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
 {FAIR_SWEEP}
 local kind = redis.call('type', KEYS[1])['ok']
@@ -194,5 +194,5 @@ if next ~= false then
 end
 return 1
 "
-    ))
+    )))
 });

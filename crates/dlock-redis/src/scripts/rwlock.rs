@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{HASH_KIND, RAN_BEFORE, RELEASE_ONE};
+use super::{HASH_KIND, RAN_BEFORE, RELEASE_ONE, latched};
 
 /// Read acquire. KEYS: name, read-timeouts base, token. ARGV: lease ms, read field, write
 /// field of this owner's write hold (downgrade), or an empty string. A hash without `mode` is
@@ -60,11 +60,11 @@ end
     )
 }
 
-/// Read unlock: the hash lives as long as its longest read hold. KEYS: name, rw channel,
-/// read-timeouts base, key prefix. ARGV: message, read field, publish command.
+/// Read unlock ([`latched`]): the hash lives as long as its longest read hold. KEYS: name, rw
+/// channel, read-timeouts base, key prefix, latch. ARGV: message, read field, publish command.
 pub(crate) static READ_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     let opening = unlock_opening("ARGV[3]");
-    Script::new(&format!(
+    Script::new(&latched(&format!(
         r"{opening}if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
   return nil
 end
@@ -95,7 +95,7 @@ redis.call('del', KEYS[1])
 redis.call(ARGV[3], KEYS[2], ARGV[1])
 return 1
 "
-    ))
+    )))
 });
 
 /// Read renewal. KEYS: name, key prefix. ARGV: lease ms, read field.
@@ -136,11 +136,12 @@ return {{redis.call('pttl', KEYS[1]), -1}}
 });
 
 /// Write unlock: a writer that also reads (downgraded) leaves the lock in read mode; otherwise
-/// every waiter is woken (message 1: readers may all proceed). KEYS: name, rw channel.
+/// every waiter is woken (message 1: readers may all proceed); [`latched`]. KEYS: name, rw
+/// channel, latch.
 /// ARGV: message, lease ms, write field, publish command.
 pub(crate) static WRITE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     let opening = unlock_opening("ARGV[4]");
-    Script::new(&format!(
+    Script::new(&latched(&format!(
         r"{opening}if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return nil
 end
@@ -153,5 +154,5 @@ else
 end
 return 1
 "
-    ))
+    )))
 });

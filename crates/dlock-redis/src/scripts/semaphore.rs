@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::SERVER_NOW;
+use super::{SERVER_NOW, latched};
 
 /// The permit-expirable semaphore's reclaim of expired permits, shared by its scripts.
 /// `KEYS[1]` counter, `KEYS[2]` timeouts, `KEYS[3]` channel; `ARGV[3]` now, `ARGV[5]` publish command.
@@ -112,12 +112,12 @@ return 1
     ))
 });
 
-/// Permit release; publishes the number of available permits. KEYS: counter, channel,
-/// timeouts. ARGV: permit id, (now: from the server's clock), publish command. Returns 1, or
+/// Permit release ([`latched`]); publishes the number of available permits. KEYS: counter,
+/// channel, timeouts, latch. ARGV: permit id, (now: from the server's clock), publish command. Returns 1, or
 /// nil if the permit was not
 /// held (expired or never granted).
 pub(crate) static SEM_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+    Script::new(&latched(&format!(
         r"
 ARGV[2] = tostring({SERVER_NOW})
 local expiry = redis.call('zscore', KEYS[3], ARGV[1])
@@ -136,5 +136,5 @@ if tonumber(expiry) <= tonumber(ARGV[2]) then
 end
 return 1
 "
-    ))
+    )))
 });

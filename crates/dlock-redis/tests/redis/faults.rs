@@ -601,7 +601,22 @@ async fn a_failed_unsubscribe_is_tried_again() {
         subscribed(&url, &name, 1)
     })
     .await;
-    assert_eq!(slow.subscriptions(), 1);
+    // The provider counts the subscription once it reads the server's confirmation, which
+    // may come after the server counts it.
+    eventually(
+        Duration::from_secs(10),
+        "the provider counts the subscription",
+        || {
+            let slow = slow.clone();
+            async move {
+                match slow.subscriptions() {
+                    1 => Ok(()),
+                    n => Err(format!("{n} subscriptions")),
+                }
+            }
+        },
+    )
+    .await;
     // The waiter leaves; its UNSUBSCRIBE reaches the server at once, and the answer, read by
     // the proxy before the fault is lifted, comes 3 s late: past the response timeout.
     proxy.set_fault(dlock_proxy::Fault::DelayReplies(Duration::from_secs(3)));

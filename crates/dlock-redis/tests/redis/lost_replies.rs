@@ -217,3 +217,98 @@ async fn one_permit_then_back(sem: &dlock_core::DynSemaphore, permit: dlock_core
     })
     .await;
 }
+
+/// What a release retried after a connection error reports: the unlock's latch tells a retry
+/// of a release that ran from one of a release that never did.
+///
+/// 1. The hold is gone (deleted, as a restart without persistence loses it) and the first try
+///    never runs: the server holds writes back (`CLIENT PAUSE … WRITE`) while the test kills
+///    the connection the unlock waits on, which drops it unrun. The retry finds nothing: the
+///    release is `LockLost`, not a success.
+/// 2. The first try runs and its reply is lost: a proxy holds the reply back until the hold
+///    is gone from the server, then cuts the connection. The retry finds the latch the first
+///    try left, and the release succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_release_tells_a_lost_hold_from_a_lost_reply() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let (proxy, direct, proxied) = behind_proxy(&server, "").await;
+    let mut admin = admin(&server.url()).await;
+    let fixed = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
+    let names = Names::new();
+
+    let gone = names.name("retried-gone");
+    let lock = direct.lock(&gone, fixed).unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap(); // loads the scripts
+    let g = lock.acquire().await.unwrap();
+    let _: i64 = admin.del(&gone).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "20000", "WRITE"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let release = tokio::spawn(g.release());
+    let blocked = eventually(
+        Duration::from_secs(10),
+        "the unlock waits behind the pause",
+        || {
+            let mut admin = admin.clone();
+            async move {
+                let list: String = redis::cmd("CLIENT")
+                    .arg("LIST")
+                    .query_async(&mut admin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.lines()
+                    .find(|l| l.contains(" flags=b ") && l.contains("cmd=evalsha"))
+                    .and_then(|l| l.split(' ').find_map(|kv| kv.strip_prefix("id=")))
+                    .map(str::to_owned)
+                    .ok_or(list)
+            }
+        },
+    )
+    .await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "ID", blocked.as_str()])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let released = must(Duration::from_secs(10), "the retried release", release)
+        .await
+        .unwrap();
+    assert!(
+        matches!(released, Err(dlock_core::Error::LockLost { .. })),
+        "a release of a hold the store no longer had, retried: {released:?}"
+    );
+
+    let ran = names.name("retried-ran");
+    let lock = proxied.lock(&ran, fixed).unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap(); // loads the scripts
+    let g = lock.acquire().await.unwrap();
+    proxy.set_fault(dlock_proxy::Fault::Downstream);
+    let release = tokio::spawn(g.release());
+    eventually(Duration::from_secs(10), "the server ran the unlock", || {
+        let mut admin = admin.clone();
+        let ran = ran.clone();
+        async move {
+            let n: i64 = admin.exists(&ran).await.map_err(|e| e.to_string())?;
+            if n == 0 { Ok(()) } else { Err(format!("{n}")) }
+        }
+    })
+    .await;
+    proxy.reset();
+    proxy.set_fault(dlock_proxy::Fault::None);
+    let released = must(Duration::from_secs(10), "the retried release", release)
+        .await
+        .unwrap();
+    assert!(
+        released.is_ok(),
+        "a release that ran and whose reply was lost, retried: {released:?}"
+    );
+}

@@ -18,35 +18,42 @@ pub(super) async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
         dlock_redis::raw::lock_script(),
         dlock_redis::raw::unlock_script(),
     );
-    let cycle = |c: &mut redis::aio::MultiplexedConnection| {
+    // Each acquisition has a field of its own, as dlock's do: the release's latch is keyed
+    // by it.
+    let cycle = |c: &mut redis::aio::MultiplexedConnection, n: u64| {
         let mut c = c.clone();
         let (name, token, channel) = (name.clone(), token.clone(), channel.clone());
+        let field = format!("f:{n}");
+        let latch = format!("redisson_unlock_latch:{{{name}}}:{field}");
         async move {
             let _: redis::Value = lock
                 .key(&name)
                 .key(&token)
                 .arg(30_000)
-                .arg("f:1")
+                .arg(&field)
                 .invoke_async(&mut c)
                 .await?;
             let _: redis::Value = unlock
                 .key(&name)
                 .key(&channel)
+                .key(&latch)
                 .arg(0)
                 .arg(30_000)
-                .arg("f:1")
+                .arg(&field)
                 .arg("publish")
                 .invoke_async(&mut c)
                 .await?;
             Ok::<_, redis::RedisError>(())
         }
     };
-    cycle(&mut c)
+    cycle(&mut c, 0)
         .await
         .map_err(|e| err("redis", "warm-up", e))?;
     let started = start.go().await;
-    for _ in 0..job.cycles {
-        cycle(&mut c).await.map_err(|e| err("redis", "cycle", e))?;
+    for n in 1..=job.cycles {
+        cycle(&mut c, n)
+            .await
+            .map_err(|e| err("redis", "cycle", e))?;
     }
     Ok(timed_since(started))
 }
