@@ -60,7 +60,8 @@ impl<P: Primitive> Acquisition<P> {
         let call = self
             .primitive
             .release_call(h)
-            .key(h.keys.unlock_latch(request));
+            .key(h.keys.unlock_latch(request))
+            .num(self.inner.latch_ms);
         read_released(self.inner.call(&call).await?)
     }
 

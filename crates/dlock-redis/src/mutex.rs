@@ -128,7 +128,8 @@ pub mod raw {
 
     /// Release: KEYS `name`, `redisson_lock__channel:{name}`,
     /// `redisson_unlock_latch:{name}:<request id>` (a key of each release's own: its answer
-    /// stays there for 10 s); ARGV `0`, lease ms, field, `publish`.
+    /// stays there for the latch's time); ARGV `0`, lease ms, field, `publish`, the latch's
+    /// time in ms.
     pub fn unlock_script() -> &'static redis::Script {
         &super::UNLOCK
     }

@@ -30,6 +30,10 @@ pub(crate) struct Inner {
     /// Replicas that must acknowledge a grant (`?wait_replicas=`), and how long to wait.
     pub(crate) wait_replicas: u32,
     pub(crate) wait_timeout: Duration,
+    /// How long an unlock's latch lives (see [`latched`](crate::scripts::latched)), in ms:
+    /// past a retry of the release, which comes after the first try's response timeout (and
+    /// a reconnection, bounded by the TCP user timeout of twice that).
+    pub(crate) latch_ms: u64,
     /// Every live hold of this provider, checked after a disconnection.
     pub(crate) holds: Holds,
     /// The last hold id given out, for hash fields.
@@ -62,6 +66,12 @@ impl Inner {
             fair_wait: config.fair_wait,
             wait_replicas: config.wait_replicas,
             wait_timeout: config.response_timeout / 2,
+            latch_ms: crate::call::ms(
+                config
+                    .response_timeout
+                    .saturating_mul(4)
+                    .saturating_add(Duration::from_secs(10)),
+            ),
             holds: Holds::new(),
             hold_ids: AtomicU64::new(0),
         }

@@ -106,8 +106,8 @@ impl FromStr for Strategy {
 /// The driver's parameters are passed on: for MySQL `ssl-mode`, `ssl-ca`, `ssl-cert`,
 /// `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`,
 /// `pipes-as-concat`, `enable-cleartext-plugin`; for SQLite `mode` (`rwc`, `rw`, `ro`),
-/// `cache` (`private` only), `immutable` (`false` only), `vfs` (not `unix-none`,
-/// `win32-none` or `memdb`: without file locks processes would not exclude each other). Any
+/// `cache` (`private` only), `immutable` (`false` only), `vfs` (not one whose name ends in
+/// `-none`, nor `memdb`: without file locks processes would not exclude each other). Any
 /// other parameter is refused, so that a typo never silently means the default. The MySQL session time zone is always UTC (no `timezone`).
 #[derive(Clone, Debug)]
 #[non_exhaustive]

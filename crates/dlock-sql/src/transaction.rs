@@ -138,15 +138,20 @@ impl SqlProvider {
         // autocommit and lock nothing, so this is for the caller to handle, never to retry.
         let locked = match locked {
             Err(RowError::Deadlock(e)) => Err(rolled_back(backend, &name, "a deadlock", e)),
-            Ok(false) if rollback_on_timeout => Err(Error::Backend {
-                backend,
-                message: format!(
-                    "lock {name:?} stayed busy, and the server rolled back the caller's whole \
+            // A lock wait that ran out (1205) ends the whole transaction under
+            // innodb_rollback_on_timeout; MySQL's NOWAIT refusal (3572) only its statement,
+            // while MariaDB answers NOWAIT with 1205 too.
+            Ok(false) if rollback_on_timeout && (fu.sql.mariadb || !wait.is_zero()) => {
+                Err(Error::Backend {
+                    backend,
+                    message: format!(
+                        "lock {name:?} stayed busy, and the server rolled back the caller's whole \
                      transaction (innodb_rollback_on_timeout is on): begin a new one"
-                ),
-                retryable: false,
-                source: None,
-            }),
+                    ),
+                    retryable: false,
+                    source: None,
+                })
+            }
             other => other.map_err(|e| e.into_error(backend, &name)),
         };
         if !wait.is_zero() {
@@ -237,7 +242,9 @@ impl SqlProvider {
         let locked = match lock_row(backend, &name, statement, &mut *conn).await {
             // A row committed after the transaction's snapshot is invisible to it under
             // REPEATABLE READ and SERIALIZABLE: trying again would never see it.
-            Err(RowError::Missing) if isolation != "read committed" => {
+            Err(RowError::Missing)
+                if matches!(isolation.as_str(), "repeatable read" | "serializable") =>
+            {
                 Err(Error::invalid_argument(
                     "conn",
                     format!(

@@ -221,7 +221,20 @@ fn parse_chroot(path: &str) -> std::result::Result<String, String> {
     if trimmed.is_empty() {
         return Ok(String::new());
     }
-    for segment in trimmed[1..].split('/') {
+    for (i, segment) in trimmed[1..].split('/').enumerate() {
+        // Below another node, a segment that lock's recipe would read as its own (its
+        // semaphore directories, a contender node) would put every lock of this chroot inside
+        // that lock of a provider with a shorter chroot.
+        if i > 0
+            && (segment == nodes::LOCKS
+                || segment == nodes::LEASES
+                || nodes::is_recipe_node(segment))
+        {
+            return Err(format!(
+                "chroot {path:?}: {segment:?} below another node is what the lock there keeps \
+                 its internals in, for providers with a shorter chroot; choose another path"
+            ));
+        }
         if segment.is_empty() || segment == "." || segment == ".." {
             return Err(format!(
                 "chroot {path:?} has an empty, . or .. segment, which ZooKeeper cannot represent"
@@ -256,6 +269,28 @@ fn positive_ms(key: &str, value: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chroot never lies inside another provider's lock internals: no segment below
+    /// another node is a semaphore directory or a contender node.
+    #[test]
+    fn chroots_inside_lock_internals_are_refused() {
+        for path in [
+            "/x/locks",
+            "/x/leases",
+            "/a/lock-0000000001",
+            "/a/b/_c_0-__WRIT__0000000002",
+        ] {
+            let url = format!("zk://h{path}");
+            let e = ZkConfig::from_url(&url).unwrap_err();
+            assert!(e.to_string().contains("internals"), "{path}: {e}");
+        }
+        for path in ["/locks", "/x/locksmith", "/lock-0000000001/x"] {
+            assert!(
+                ZkConfig::from_url(&format!("zk://h{path}")).is_ok(),
+                "{path}"
+            );
+        }
+    }
 
     #[test]
     fn parses_hosts_chroot_and_parameters() {

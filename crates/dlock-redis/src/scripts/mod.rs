@@ -30,19 +30,22 @@ pub(crate) mod mutex;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 
-/// How long an unlock's latch outlives it, in milliseconds: longer than any retry of the
-/// same release takes to reach the server after the first try ran.
-const LATCH_MS: u64 = 10_000;
-
-/// An unlock script that can be sent twice (Redisson's unlock latch): its last key is the
-/// latch of this release (`redisson_unlock_latch:{name}:<field>`), where a run that released
-/// leaves its answer for [`LATCH_MS`]; a second run of the same release (a client retrying
-/// after a lost reply, a cluster client re-sending after a dropped connection) answers that,
-/// and changes nothing. So "not held" on a retry means the hold was gone, never that the
-/// first try released it. `body` is the unlock itself; its `return`s are its answer.
-pub(crate) fn latched(body: &str) -> String {
+/// An unlock script that can be sent twice (Redisson's unlock latch): after the script's own
+/// `keys` keys comes the latch of this release (`redisson_unlock_latch:{name}:<request id>`),
+/// and after its own arguments how long the latch lives (ms). A run that released leaves its
+/// answer in the latch; a second run of the same release (a client retrying after a lost
+/// reply, a cluster client re-sending after a dropped connection) answers that and changes
+/// nothing. So "not held" on a retry means the hold was gone, never that the first try
+/// released it. A call with another number of keys (one without a latch) is refused: its
+/// last key would be taken for the latch. `body` is the unlock itself; its `return`s are its
+/// answer.
+pub(crate) fn latched(keys: usize, body: &str) -> String {
+    let latch = keys + 1;
     format!(
-        r"local latch = KEYS[#KEYS]
+        r"if #KEYS ~= {latch} then
+  return redis.error_reply('dlock unlock: expected {keys} keys and the unlock latch')
+end
+local latch = KEYS[{latch}]
 local done = redis.call('get', latch)
 if done then
   return tonumber(done)
@@ -51,7 +54,7 @@ local released = (function()
 {body}
 end)()
 if released ~= nil then
-  redis.call('set', latch, released, 'px', {LATCH_MS})
+  redis.call('set', latch, released, 'px', ARGV[#ARGV])
 end
 return released
 "

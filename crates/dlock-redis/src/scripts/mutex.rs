@@ -30,10 +30,12 @@ return {redis.call('pttl', KEYS[1]), -1}
 });
 
 /// Mutex unlock ([`latched`]). KEYS: name, channel, latch. ARGV: message, lease ms, field,
-/// publish command.
+/// publish command, latch ms.
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&latched(&format!(
-        r"
+    Script::new(&latched(
+        2,
+        &format!(
+            r"
 if redis.call('type', KEYS[1])['ok'] ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return nil
 end
@@ -41,7 +43,8 @@ end
 redis.call(ARGV[4], KEYS[2], ARGV[1])
 return 1
 "
-    )))
+        ),
+    ))
 });
 
 /// Renewal of a mutex, fair lock or write hold. KEYS: name. ARGV: lease ms, field.
@@ -171,11 +174,13 @@ return 1
 });
 
 /// Fair unlock ([`latched`]): wakes only the head of the queue, on its own channel. KEYS:
-/// name, queue, timeouts, channel, latch. ARGV: message, lease ms, field, (now: from the server's clock), publish
-/// command.
+/// name, queue, timeouts, channel, latch. ARGV: message, lease ms, field, (now: from the
+/// server's clock), publish command, latch ms.
 pub(crate) static FAIR_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&latched(&format!(
-        r"ARGV[4] = tostring({SERVER_NOW})
+    Script::new(&latched(
+        4,
+        &format!(
+            r"ARGV[4] = tostring({SERVER_NOW})
 {FAIR_SWEEP}
 local kind = redis.call('type', KEYS[1])['ok']
 if kind ~= 'hash' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
@@ -194,5 +199,6 @@ if next ~= false then
 end
 return 1
 "
-    )))
+        ),
+    ))
 });

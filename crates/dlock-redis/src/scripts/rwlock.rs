@@ -61,11 +61,14 @@ end
 }
 
 /// Read unlock ([`latched`]): the hash lives as long as its longest read hold. KEYS: name, rw
-/// channel, read-timeouts base, key prefix, latch. ARGV: message, read field, publish command.
+/// channel, read-timeouts base, key prefix, latch. ARGV: message, read field, publish command,
+/// latch ms.
 pub(crate) static READ_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     let opening = unlock_opening("ARGV[3]");
-    Script::new(&latched(&format!(
-        r"{opening}if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+    Script::new(&latched(
+        4,
+        &format!(
+            r"{opening}if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
   return nil
 end
 local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
@@ -95,7 +98,8 @@ redis.call('del', KEYS[1])
 redis.call(ARGV[3], KEYS[2], ARGV[1])
 return 1
 "
-    )))
+        ),
+    ))
 });
 
 /// Read renewal. KEYS: name, key prefix. ARGV: lease ms, read field.
@@ -137,12 +141,13 @@ return {{redis.call('pttl', KEYS[1]), -1}}
 
 /// Write unlock: a writer that also reads (downgraded) leaves the lock in read mode; otherwise
 /// every waiter is woken (message 1: readers may all proceed); [`latched`]. KEYS: name, rw
-/// channel, latch.
-/// ARGV: message, lease ms, write field, publish command.
+/// channel, latch. ARGV: message, lease ms, write field, publish command, latch ms.
 pub(crate) static WRITE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     let opening = unlock_opening("ARGV[4]");
-    Script::new(&latched(&format!(
-        r"{opening}if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+    Script::new(&latched(
+        2,
+        &format!(
+            r"{opening}if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
   return nil
 end
 {RELEASE_ONE}redis.call('hdel', KEYS[1], ARGV[3])
@@ -154,5 +159,6 @@ else
 end
 return 1
 "
-    )))
+        ),
+    ))
 });

@@ -113,12 +113,13 @@ return 1
 });
 
 /// Permit release ([`latched`]); publishes the number of available permits. KEYS: counter,
-/// channel, timeouts, latch. ARGV: permit id, (now: from the server's clock), publish command. Returns 1, or
-/// nil if the permit was not
-/// held (expired or never granted).
+/// channel, timeouts, latch. ARGV: permit id, (now: from the server's clock), publish command,
+/// latch ms. Returns 1, or nil if the permit was not held (expired or never granted).
 pub(crate) static SEM_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&latched(&format!(
-        r"
+    Script::new(&latched(
+        3,
+        &format!(
+            r"
 ARGV[2] = tostring({SERVER_NOW})
 local expiry = redis.call('zscore', KEYS[3], ARGV[1])
 if expiry == false then
@@ -136,5 +137,6 @@ if tonumber(expiry) <= tonumber(ARGV[2]) then
 end
 return 1
 "
-    )))
+        ),
+    ))
 });

@@ -177,6 +177,7 @@ async fn sqlite_settings_without_file_locks_are_refused() {
     for (setting, expected) in [
         ("vfs=unix-none", "VFS with file locks"),
         ("vfs=memdb", "VFS with file locks"),
+        ("vfs=win32-longpath-none", "VFS with file locks"),
         ("cache=shared", "shared cache is refused"),
         ("immutable=true", "never locked"),
     ] {

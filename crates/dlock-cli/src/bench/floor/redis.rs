@@ -41,6 +41,7 @@ pub(super) async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
                 .arg(30_000)
                 .arg(&field)
                 .arg("publish")
+                .arg(30_000)
                 .invoke_async(&mut c)
                 .await?;
             Ok::<_, redis::RedisError>(())
