@@ -258,7 +258,7 @@ impl<P: Primitive> Acquisition<P> {
             }
         }
         let released = self
-            .release(&crate::hold::release_request())
+            .release(&self.inner.next_release())
             .await
             .map(|_| ());
         left.and(released)

@@ -53,7 +53,7 @@ impl<P: Primitive> RedisHold<P> {
 
 impl<P: Primitive> Acquisition<P> {
     /// Releases the hold. `Ok(false)`: it was not ours (any more). `request` names this
-    /// release (one of [`release_request`]'s), and its latch: sent again with the same
+    /// release (one of [`Inner::next_release`]'s), and its latch: sent again with the same
     /// `request`, the unlock answers what it did the first time.
     pub(crate) async fn release(&self, request: &str) -> Result<bool> {
         let h = &self.holder;
@@ -85,7 +85,7 @@ impl<P: Primitive> Hold for RedisHold<P> {
         // Leaves the live holds first: no check after a disconnection may call a hold being
         // released lost.
         drop(self.registration.lock().take());
-        let request = release_request();
+        let request = self.acq.inner.next_release();
         let released = match self.acq.release(&request).await {
             // A killed connection fails the first call on it; the unlock is owner-checked and
             // latched, so one more try is safe, and answers what the first did if it ran.
@@ -121,11 +121,4 @@ impl<P: Primitive> Checked for RedisHold<P> {
     fn releasing(&self) -> bool {
         self.registration.lock().is_none()
     }
-}
-
-/// A fresh name for one release and its latch: an acquisition can be released more than once
-/// (given back after an ambiguous grant, then granted again with the same field), and each
-/// release must find only its own latch.
-pub(crate) fn release_request() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }

@@ -77,6 +77,14 @@ impl Inner {
         }
     }
 
+    /// A fresh name for one release and its latch, `<client uuid>:r<id>`: an acquisition can
+    /// be released more than once (given back after an ambiguous grant, then granted again
+    /// with the same field), and each release must find only its own latch.
+    pub(crate) fn next_release(&self) -> String {
+        let id = self.hold_ids.fetch_add(1, Ordering::Relaxed) + 1;
+        format!("{}:r{id}", self.client_id)
+    }
+
     /// A fresh hash field for one hold: `<client uuid>:<hold id>` (Redisson's
     /// `<client uuid>:<thread id>`).
     pub(crate) fn next_field(&self) -> String {
