@@ -360,10 +360,17 @@ mod tests {
     fn prefixes_never_nest_in_locks() {
         let default = EtcdConfig::from_url("etcd://h").unwrap();
         let lock_x = format!("{}/", default.etcd_lock_name("x").unwrap());
-        for url in ["etcd://h/dlock/x", "etcd://h/dlock%2Fx", "etcd://h/dlock/x/"] {
+        for url in [
+            "etcd://h/dlock/x",
+            "etcd://h/dlock%2Fx",
+            "etcd://h/dlock/x/",
+        ] {
             let c = EtcdConfig::from_url(url).unwrap();
             let keys = format!("{}/", c.etcd_lock_name("y").unwrap());
-            assert!(!keys.starts_with(&lock_x), "{url}: {keys} is inside {lock_x}");
+            assert!(
+                !keys.starts_with(&lock_x),
+                "{url}: {keys} is inside {lock_x}"
+            );
             assert_eq!(c.prefix, "dlock%2Fx/");
         }
         for url in ["etcd://h/", "etcd://h//"] {

@@ -257,10 +257,7 @@ impl<P: Primitive> Acquisition<P> {
                 tracing::debug!(lock = %self.name, error = %e, "could not leave the fair queue");
             }
         }
-        let released = self
-            .release(&self.inner.next_release())
-            .await
-            .map(|_| ());
+        let released = self.release(&self.inner.next_release()).await.map(|_| ());
         left.and(released)
     }
 }

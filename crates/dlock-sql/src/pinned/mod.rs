@@ -20,8 +20,8 @@ use dlock_core::{Error, Lease, LockName, Result};
 use tokio::time::Instant;
 
 use crate::Inner;
-use crate::config::Dialect;
 use crate::attempt::CONNECT_GRACE;
+use crate::config::Dialect;
 use crate::db::{Conn, query};
 use crate::error::from_sqlx;
 use crate::sql::SessionSql;
