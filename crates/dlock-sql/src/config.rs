@@ -296,7 +296,7 @@ impl SqlConfig {
     /// assert!(c.table_ddl().iter().any(|s| s.starts_with("CREATE TABLE IF NOT EXISTS dlock_holds")));
     /// ```
     pub fn table_ddl(&self) -> Vec<String> {
-        crate::sql::ddl(self.dialect, &self.table)
+        crate::schema::ddl(self.dialect, &self.table)
     }
 
     /// The file of a `sqlite://` URL, as a path: the text after `sqlite://`, percent-decoded

@@ -15,6 +15,7 @@ mod mounts;
 mod pinned;
 mod provider;
 pub mod raw;
+mod schema;
 mod sql;
 mod strategy;
 #[cfg(any(feature = "mysql", feature = "postgres"))]

@@ -13,7 +13,8 @@ use crate::db::{self, Pool, query};
 use crate::error::{self, from_sqlx};
 #[cfg(feature = "sqlite")]
 use crate::mounts;
-use crate::sql::{SCHEMA_VERSION, SchemaSql, Tables};
+use crate::schema::{SCHEMA_VERSION, SchemaSql};
+use crate::sql::Tables;
 use crate::strategy;
 #[cfg(feature = "postgres")]
 use crate::wait::notify;

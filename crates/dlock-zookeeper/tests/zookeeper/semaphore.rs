@@ -12,43 +12,16 @@ use crate::support::{LIMIT, admin, provider, recipe_children, url};
 #[tokio::test(flavor = "multi_thread")]
 async fn semaphore_waiter_whose_nodes_vanish_does_not_deadlock() {
     let Some(url) = url() else { return };
-    let (h, a, b) = (
-        provider(&url).await,
-        provider(&url).await,
-        provider(&url).await,
-    );
-    let admin = admin(&url).await;
-    let name = Names::new().name("sem-vanish");
-    let path = h.lock_path(&name).unwrap();
-    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let Waiting {
+        admin,
+        b,
+        name,
+        locks,
+        leases,
+        held,
+        first,
+    } = Waiting::start(&url, "sem-vanish").await;
     let opts = LockOptions::default();
-    let held = h
-        .semaphore(&name, 1, opts)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    let sa = a.semaphore(&name, 1, opts).unwrap();
-    let first = tokio::spawn(async move {
-        let g = sa.acquire().await.unwrap();
-        g.release().await.unwrap();
-    });
-    eventually(
-        LIMIT,
-        "the waiter holds the internal mutex and waits",
-        || async {
-            let (l, s) = (
-                recipe_children(&admin, &locks).await,
-                recipe_children(&admin, &leases).await,
-            );
-            if l.len() == 1 && s.len() == 2 {
-                Ok(())
-            } else {
-                Err((l, s))
-            }
-        },
-    )
-    .await;
     // Delete the waiter's nodes: its internal-mutex node and its (newer) lease, which the
     // waiter may have withdrawn itself by then, once it saw its mutex gone.
     let mut lease_nodes = recipe_children(&admin, &leases).await;
@@ -95,43 +68,16 @@ async fn semaphore_waiter_whose_nodes_vanish_does_not_deadlock() {
 #[tokio::test(flavor = "multi_thread")]
 async fn deleting_a_waiters_internal_mutex_does_not_wedge_the_semaphore() {
     let Some(url) = url() else { return };
-    let (h, a, b) = (
-        provider(&url).await,
-        provider(&url).await,
-        provider(&url).await,
-    );
-    let admin = admin(&url).await;
-    let name = Names::new().name("sem-unstick");
-    let path = h.lock_path(&name).unwrap();
-    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let Waiting {
+        admin,
+        b,
+        name,
+        locks,
+        leases: _,
+        held,
+        first,
+    } = Waiting::start(&url, "sem-unstick").await;
     let opts = LockOptions::default();
-    let held = h
-        .semaphore(&name, 1, opts)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    let sa = a.semaphore(&name, 1, opts).unwrap();
-    let first = tokio::spawn(async move {
-        let g = sa.acquire().await.unwrap();
-        g.release().await.unwrap();
-    });
-    eventually(
-        LIMIT,
-        "the first waiter holds the internal mutex and waits with its lease",
-        || async {
-            let (l, s) = (
-                recipe_children(&admin, &locks).await,
-                recipe_children(&admin, &leases).await,
-            );
-            if l.len() == 1 && s.len() == 2 {
-                Ok(l)
-            } else {
-                Err((l, s))
-            }
-        },
-    )
-    .await;
     let mutex = recipe_children(&admin, &locks).await;
     admin
         .delete(&format!("{locks}/{}", mutex[0]), None)
@@ -162,4 +108,69 @@ async fn deleting_a_waiters_internal_mutex_does_not_wedge_the_semaphore() {
     must(LIMIT, "the first waiter gets the permit after it", first)
         .await
         .unwrap();
+}
+
+/// A one-permit semaphore held by one provider, and a waiter of another that holds the
+/// internal mutex and waits with its lease beside the holder's; a third provider for the
+/// test's own second waiter.
+struct Waiting {
+    admin: zookeeper_client::Client,
+    b: dlock_zookeeper::ZkProvider,
+    name: String,
+    locks: String,
+    leases: String,
+    held: dlock_core::LockGuard,
+    /// The waiter: it takes the permit and releases it.
+    first: tokio::task::JoinHandle<()>,
+}
+
+impl Waiting {
+    async fn start(url: &str, label: &str) -> Self {
+        let (h, a, b) = (
+            provider(url).await,
+            provider(url).await,
+            provider(url).await,
+        );
+        let admin = admin(url).await;
+        let name = Names::new().name(label);
+        let path = h.lock_path(&name).unwrap();
+        let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+        let opts = LockOptions::default();
+        let held = h
+            .semaphore(&name, 1, opts)
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let sa = a.semaphore(&name, 1, opts).unwrap();
+        let first = tokio::spawn(async move {
+            let g = sa.acquire().await.unwrap();
+            g.release().await.unwrap();
+        });
+        eventually(
+            LIMIT,
+            "the waiter holds the internal mutex and waits with its lease",
+            || async {
+                let (l, s) = (
+                    recipe_children(&admin, &locks).await,
+                    recipe_children(&admin, &leases).await,
+                );
+                if l.len() == 1 && s.len() == 2 {
+                    Ok(())
+                } else {
+                    Err((l, s))
+                }
+            },
+        )
+        .await;
+        Self {
+            admin,
+            b,
+            name,
+            locks,
+            leases,
+            held,
+            first,
+        }
+    }
 }
