@@ -98,6 +98,13 @@ impl LockGuard {
         }
     }
 
+    /// Sets the longest lease the backend can keep (the handles do, after the grant).
+    pub(crate) fn set_max_lease(&self, max_lease: Duration) {
+        if let Some(shared) = &self.shared {
+            shared.set_max_lease(max_lease);
+        }
+    }
+
     /// The lock's name.
     pub fn name(&self) -> &LockName {
         &self.name
@@ -248,8 +255,9 @@ impl LockGuard {
     ///
     /// [`Error::LockLost`] if the hold is gone (also when it was lost while the call was in
     /// flight, and when the store's answer came after the new end, less the drift allowance),
-    /// [`Error::InvalidArgument`] for a zero `ttl`, one above [`Lease::MAX`], or a watchdog
-    /// lease (the watchdog already renews it), or the backend's error.
+    /// [`Error::InvalidArgument`] for a zero `ttl`, one above the backend's
+    /// [`Capabilities::max_lease`](crate::Capabilities::max_lease) (at most [`Lease::MAX`]),
+    /// or a watchdog lease (the watchdog already renews it), or the backend's error.
     ///
     /// # Cancel safety
     ///
@@ -263,10 +271,14 @@ impl LockGuard {
         if ttl.is_zero() {
             return Err(Error::invalid_argument("ttl", "cannot extend by zero"));
         }
-        if ttl > Lease::MAX {
+        let max = shared.max_lease();
+        if ttl > max {
             return Err(Error::invalid_argument(
                 "ttl",
-                format!("{ttl:?} is longer than the {:?} maximum", Lease::MAX),
+                format!(
+                    "{ttl:?} is longer than the {max:?} maximum of {}",
+                    shared.backend
+                ),
             ));
         }
         if shared.lease.is_watchdog() {

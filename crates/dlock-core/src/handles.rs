@@ -20,7 +20,7 @@ use crate::guard::LockGuard;
 use crate::loss::{LockKind, LossReason};
 use crate::metrics;
 use crate::name::LockName;
-use crate::options::LockOptions;
+use crate::options::{Lease, LockOptions};
 use crate::reentrancy::{Owner, Reentrancy};
 use crate::shared::{Settled, Shared};
 use crate::sync::Mutex;
@@ -35,6 +35,7 @@ pub struct HandleInfo {
     store_id: Arc<str>,
     name: LockName,
     options: LockOptions,
+    max_lease: Duration,
 }
 
 impl HandleInfo {
@@ -50,7 +51,17 @@ impl HandleInfo {
             store_id: store_id.into(),
             name,
             options,
+            max_lease: Lease::MAX,
         }
+    }
+
+    /// The longest lease the backend can keep a hold for
+    /// ([`Capabilities::max_lease`](crate::Capabilities::max_lease)): its guards refuse an
+    /// `extend` past it. [`Lease::MAX`] unless set.
+    #[must_use]
+    pub fn with_max_lease(mut self, max_lease: Duration) -> Self {
+        self.max_lease = max_lease.min(Lease::MAX);
+        self
     }
 
     /// The backend's short name.
@@ -209,6 +220,7 @@ async fn live(
                 return Ok(None);
             };
             guard.set_drift(info.options.drift);
+            guard.set_max_lease(info.max_lease);
             let reason = match settle(&guard, deadline).await {
                 Settled::Held => return Ok(Some(guard)),
                 Settled::Lost(reason) => reason,

@@ -148,6 +148,7 @@ fn info<P: RawProvider>(p: &P, name: LockName, options: LockOptions) -> HandleIn
         name,
         options,
     )
+    .with_max_lease(meta.capabilities.max_lease)
 }
 
 #[async_trait]

@@ -50,6 +50,9 @@ pub(crate) struct Shared {
     /// set from the handle's options after the grant.
     drift_ppm: AtomicU32,
     drift_fixed: AtomicU64,
+    /// The longest lease the backend can keep, in nanoseconds: set from the handle after the
+    /// grant; an `extend` past it is refused.
+    max_lease: AtomicU64,
     /// Wakes the keeper when `extend` moved the end.
     pub(crate) extended: Notify,
     /// The lease keeper, waiting for its start or running.
@@ -97,6 +100,7 @@ impl Shared {
             horizon: new.horizon,
             drift_ppm: AtomicU32::new(new.drift.ppm()),
             drift_fixed: AtomicU64::new(nanos(new.drift.fixed())),
+            max_lease: AtomicU64::new(nanos(Lease::MAX)),
             extended: Notify::new(),
             keeper: Mutex::new(None),
             keeper_arm: KeeperArm::new(),
@@ -131,6 +135,16 @@ impl Shared {
         self.drift_ppm.store(drift.ppm(), Ordering::Relaxed);
         self.drift_fixed
             .store(nanos(drift.fixed()), Ordering::Relaxed);
+    }
+
+    /// The longest lease the backend can keep.
+    pub(crate) fn max_lease(&self) -> Duration {
+        Duration::from_nanos(self.max_lease.load(Ordering::Relaxed))
+    }
+
+    /// Sets the longest lease the backend can keep, from the handle.
+    pub(crate) fn set_max_lease(&self, max_lease: Duration) {
+        self.max_lease.store(nanos(max_lease), Ordering::Relaxed);
     }
 
     /// The last moment this client vouches for the hold (its lease end or horizon, whichever

@@ -102,18 +102,29 @@ async fn a_default_handle_does_not_reenter() {
             .is_none(),
         "a default handle re-entered"
     );
-    // Set as the worker begins its release: the store frees the lock before the release
-    // returns, so "the worker's task has finished" would race with the dispatcher's grant.
+    // The worker releases once told to: the dispatcher's next acquire must still be waiting
+    // then. `releasing` is set as the worker begins its release: the store frees the lock
+    // before the release returns, so "the worker's task has finished" would race with the
+    // dispatcher's grant.
     let releasing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (go, told) = tokio::sync::oneshot::channel::<()>();
     let worker = {
         let releasing = Arc::clone(&releasing);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            told.await.unwrap();
             releasing.store(true, std::sync::atomic::Ordering::SeqCst);
             g.release().await.unwrap();
         })
     };
-    let next = lock.acquire().await.unwrap();
+    let mut next = std::pin::pin!(lock.acquire());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut next)
+            .await
+            .is_err(),
+        "the dispatcher got in while the worker held the guard"
+    );
+    go.send(()).unwrap();
+    let next = next.await.unwrap();
     assert!(
         releasing.load(std::sync::atomic::Ordering::SeqCst),
         "the dispatcher got in before the worker released"

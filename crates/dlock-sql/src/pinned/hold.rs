@@ -31,8 +31,6 @@ pub(crate) struct PinnedHold {
     pub(super) renew: Arc<str>,
     /// The strategy's live holds, which this one leaves when released or dropped.
     pub(super) holders: Arc<Holders>,
-    /// The longest lease the server can keep for this hold (see [`super::max_lease`]).
-    pub(super) max_lease: Duration,
 }
 
 /// How a pinned strategy gives one of its holds back (ends the transaction, unlocks the key),
@@ -108,15 +106,6 @@ impl PinnedHold {
     /// connection while it is idle no longer than its server-side lease, set here to `ttl`
     /// (or what the other holds of the session still need, if more).
     pub(crate) async fn extend(&self, ttl: Duration) -> Result<()> {
-        if ttl > self.max_lease {
-            return Err(Error::invalid_argument(
-                "ttl",
-                format!(
-                    "{ttl:?} is longer than the {:?} the server can keep this hold for",
-                    self.max_lease
-                ),
-            ));
-        }
         // One lock of the connection across the renewal and the new end (see `watch`).
         let mut c = self.conn.lock().await;
         let sent = Instant::now();

@@ -175,7 +175,6 @@ impl Pinning {
             membership,
             renew: Arc::clone(&self.renew),
             holders: Arc::clone(&self.holders),
-            max_lease: max_lease(self.inner.dialect),
         }
     }
 
