@@ -134,6 +134,43 @@ pub struct SqlConfig {
     pub create_tables: bool,
 }
 
+/// A pool the application already has, for [`SqlProvider::from_pool`](crate::SqlProvider::from_pool):
+/// made by `.into()` from sqlx's `MySqlPool`, `PgPool` or `SqlitePool` (of the drivers this
+/// crate was built with).
+#[derive(Clone, Debug)]
+pub struct SqlPool(pub(crate) crate::db::Driver);
+
+impl SqlPool {
+    /// The pool's database family.
+    pub fn dialect(&self) -> Dialect {
+        self.0.dialect()
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+impl From<sqlx::MySqlPool> for SqlPool {
+    fn from(pool: sqlx::MySqlPool) -> Self {
+        Self(crate::db::Driver::MySql(pool))
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl From<sqlx::PgPool> for SqlPool {
+    fn from(pool: sqlx::PgPool) -> Self {
+        Self(crate::db::Driver::Postgres(pool))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+impl From<sqlx::SqlitePool> for SqlPool {
+    fn from(pool: sqlx::SqlitePool) -> Self {
+        Self(crate::db::Driver::Sqlite(pool))
+    }
+}
+
 /// The URL parameters the sqlx driver of `dialect` understands (passed on to it).
 fn driver_parameters(dialect: Dialect) -> &'static [&'static str] {
     match dialect {
@@ -318,6 +355,20 @@ impl SqlConfig {
                 "the SQLite path {encoded:?} is not valid UTF-8 once decoded"
             ))
         })
+    }
+
+    /// Sets the most connections of the provider's pool (of its lock pool, for
+    /// [`SqlProvider::from_pool`](crate::SqlProvider::from_pool)); 0 counts as 1.
+    pub fn with_pool_size(mut self, connections: u32) -> Self {
+        self.pool = connections.max(1);
+        self
+    }
+
+    /// Sets whether the provider creates dlock's tables where missing (see
+    /// [`create_tables`](Self::create_tables)).
+    pub fn with_create_tables(mut self, create: bool) -> Self {
+        self.create_tables = create;
+        self
     }
 
     /// Sets the strategy.

@@ -22,7 +22,7 @@ mod strategy;
 mod transaction;
 mod wait;
 
-pub use crate::config::{Dialect, SqlConfig, Strategy};
+pub use crate::config::{Dialect, SqlConfig, SqlPool, Strategy};
 pub(crate) use crate::provider::Inner;
 pub use crate::provider::{MIN_LEASE, SCHEMES, SqlProvider};
 #[cfg(any(feature = "mysql", feature = "postgres"))]

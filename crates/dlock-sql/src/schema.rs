@@ -64,120 +64,96 @@ fn columns(dialect: Dialect) -> Vec<(&'static str, &'static str)> {
     tables
 }
 
-/// The DDL of dlock's tables on `dialect`, named `<t>_…`.
+/// The DDL of dlock's tables on `dialect`, named `<t>_…`: one layout, in each dialect's
+/// types.
 pub(crate) fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
-    match dialect {
-        Dialect::MySql => vec![
+    // Short text, a lock name (bytes), a counter, a time or token, an auto-increment id
+    // (never reused, even after the largest is deleted) and a table's options.
+    let (text, name, int, big, serial, options) = match dialect {
+        Dialect::MySql => (
+            "VARCHAR(64)",
+            "VARBINARY(255)",
+            "INT",
+            "BIGINT",
+            "BIGINT NOT NULL AUTO_INCREMENT",
+            " ENGINE=InnoDB",
+        ),
+        Dialect::Sqlite => (
+            "TEXT",
+            "BLOB",
+            "INTEGER",
+            "INTEGER",
+            "INTEGER PRIMARY KEY AUTOINCREMENT",
+            "",
+        ),
+        Dialect::Postgres => (
+            "TEXT",
+            "BYTEA",
+            "INT",
+            "BIGINT",
+            "BIGINT GENERATED ALWAYS AS IDENTITY",
+            "",
+        ),
+    };
+    let table = |suffix: &str, columns: String| {
+        format!("CREATE TABLE IF NOT EXISTS {t}_{suffix} ({columns}){options}")
+    };
+    // The holds' name and id, and the seeds' id: SQLite's auto-increment column must be the
+    // table's primary key (the name is then unique).
+    let (keys, seed) = match dialect {
+        Dialect::Sqlite => (
+            format!("id {serial}, name {name} NOT NULL UNIQUE"),
+            serial.to_owned(),
+        ),
+        Dialect::MySql | Dialect::Postgres => (
+            format!("name {name} NOT NULL PRIMARY KEY, id {serial} UNIQUE"),
+            format!("{serial} PRIMARY KEY"),
+        ),
+    };
+    let mut ddl = vec![
+        table(
+            "meta",
+            format!("name {text} NOT NULL PRIMARY KEY, value {text} NOT NULL"),
+        ),
+        table(
+            "holds",
             format!(
-                "CREATE TABLE IF NOT EXISTS {t}_meta (\
-                 name VARCHAR(64) NOT NULL PRIMARY KEY, \
-                 value VARCHAR(64) NOT NULL) ENGINE=InnoDB"
+                "{keys}, owner {text} NOT NULL, \
+                 holds {int} NOT NULL, takeovers {big} NOT NULL DEFAULT 0, \
+                 expires_at {big} NOT NULL"
             ),
+        ),
+        table(
+            "versions",
             format!(
-                "CREATE TABLE IF NOT EXISTS {t}_holds (\
-                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                 id BIGINT NOT NULL AUTO_INCREMENT UNIQUE, \
-                 owner VARCHAR(64) NOT NULL, \
-                 holds INT NOT NULL, \
-                 takeovers BIGINT NOT NULL DEFAULT 0, \
-                 expires_at BIGINT NOT NULL) ENGINE=InnoDB"
+                "name {name} NOT NULL PRIMARY KEY, owner {text} NOT NULL DEFAULT '', \
+                 holds {int} NOT NULL DEFAULT 0, version {big} NOT NULL DEFAULT 0, \
+                 expires_at {big} NOT NULL DEFAULT 0"
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_versions (\
-                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                 owner VARCHAR(64) NOT NULL DEFAULT '', \
-                 holds INT NOT NULL DEFAULT 0, \
-                 version BIGINT NOT NULL DEFAULT 0, \
-                 expires_at BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_seeds (\
-                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_rows (\
-                 name VARBINARY(255) NOT NULL PRIMARY KEY) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_fence (\
-                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                 token BIGINT NOT NULL) ENGINE=InnoDB"
-            ),
-        ],
-        Dialect::Sqlite => vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_meta (\
-                 name TEXT NOT NULL PRIMARY KEY, \
-                 value TEXT NOT NULL)"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_holds (\
-                 id INTEGER PRIMARY KEY AUTOINCREMENT, \
-                 name BLOB NOT NULL UNIQUE, \
-                 owner TEXT NOT NULL, \
-                 holds INTEGER NOT NULL, \
-                 takeovers INTEGER NOT NULL DEFAULT 0, \
-                 expires_at INTEGER NOT NULL)"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_versions (\
-                 name BLOB NOT NULL PRIMARY KEY, \
-                 owner TEXT NOT NULL DEFAULT '', \
-                 holds INTEGER NOT NULL DEFAULT 0, \
-                 version INTEGER NOT NULL DEFAULT 0, \
-                 expires_at INTEGER NOT NULL DEFAULT 0)"
-            ),
-            // AUTOINCREMENT: ids are never reused, even after the largest is deleted.
-            format!("CREATE TABLE IF NOT EXISTS {t}_seeds (id INTEGER PRIMARY KEY AUTOINCREMENT)"),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_fence (\
-                 name BLOB NOT NULL PRIMARY KEY, \
-                 token INTEGER NOT NULL)"
-            ),
-        ],
-        Dialect::Postgres => vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_meta (\
-                 name TEXT NOT NULL PRIMARY KEY, \
-                 value TEXT NOT NULL)"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_holds (\
-                 name BYTEA NOT NULL PRIMARY KEY, \
-                 id BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, \
-                 owner TEXT NOT NULL, \
-                 holds INT NOT NULL, \
-                 takeovers BIGINT NOT NULL DEFAULT 0, \
-                 expires_at BIGINT NOT NULL)"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_versions (\
-                 name BYTEA NOT NULL PRIMARY KEY, \
-                 owner TEXT NOT NULL DEFAULT '', \
-                 holds INT NOT NULL DEFAULT 0, \
-                 version BIGINT NOT NULL DEFAULT 0, \
-                 expires_at BIGINT NOT NULL DEFAULT 0)"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_seeds (\
-                 id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY)"
-            ),
-            format!("CREATE TABLE IF NOT EXISTS {t}_rows (name BYTEA NOT NULL PRIMARY KEY)"),
-            // Advisory locks: each name gets its own key once, from one sequence for the
-            // whole database (advisory locks are per database, so two table prefixes must
-            // not hand out the same key); never a hash, so two names never share one.
-            "CREATE SEQUENCE IF NOT EXISTS dlock_advisory_keys AS INTEGER".to_owned(),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_names (\
-                 name BYTEA NOT NULL PRIMARY KEY, \
-                 id INTEGER NOT NULL UNIQUE DEFAULT nextval('dlock_advisory_keys'), \
-                 token BIGINT NOT NULL DEFAULT 0)"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_fence (\
-                 name BYTEA NOT NULL PRIMARY KEY, \
-                 token BIGINT NOT NULL)"
-            ),
-        ],
+        ),
+        table("seeds", format!("id {seed}")),
+        table(
+            "fence",
+            format!("name {name} NOT NULL PRIMARY KEY, token {big} NOT NULL"),
+        ),
+    ];
+    if dialect != Dialect::Sqlite {
+        // The row strategies' rows (SQLite has no row locks).
+        ddl.push(table("rows", format!("name {name} NOT NULL PRIMARY KEY")));
     }
+    if dialect == Dialect::Postgres {
+        // Advisory locks: each name gets its own key once, from one sequence for the whole
+        // database (advisory locks are per database, so two table prefixes must not hand out
+        // the same key); never a hash, so two names never share one.
+        ddl.push("CREATE SEQUENCE IF NOT EXISTS dlock_advisory_keys AS INTEGER".to_owned());
+        ddl.push(table(
+            "names",
+            format!(
+                "name {name} NOT NULL PRIMARY KEY, \
+                 id INTEGER NOT NULL UNIQUE DEFAULT nextval('dlock_advisory_keys'), \
+                 token {big} NOT NULL DEFAULT 0"
+            ),
+        ));
+    }
+    ddl
 }

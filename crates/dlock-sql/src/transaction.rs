@@ -62,9 +62,10 @@ impl SqlProvider {
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use dlock_sql::{SqlProvider, Strategy};
+    /// use dlock_sql::{SqlConfig, SqlProvider};
+    /// let url = "mysql://app@db.internal/shop?strategy=for-update&pool=4";
     /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await?;
-    /// let locks = SqlProvider::from_mysql_pool(pool.clone(), Strategy::ForUpdate, "dlock", 4).await?;
+    /// let locks = SqlProvider::from_pool(pool.clone(), &SqlConfig::from_url(url)?).await?;
     ///
     /// let mut tx = pool.begin().await?;
     /// if let Some(lock) = locks.lock_in(&mut tx, "invoices/42", Duration::from_secs(5)).await? {
@@ -177,9 +178,10 @@ impl SqlProvider {
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use dlock_sql::{SqlProvider, Strategy};
+    /// use dlock_sql::{SqlConfig, SqlProvider};
+    /// let url = "postgres://app@db.internal/shop?strategy=for-update&pool=4";
     /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await?;
-    /// let locks = SqlProvider::from_pg_pool(pool.clone(), Strategy::ForUpdate, "dlock", 4).await?;
+    /// let locks = SqlProvider::from_pool(pool.clone(), &SqlConfig::from_url(url)?).await?;
     ///
     /// let mut tx = pool.begin().await?;
     /// if let Some(lock) = locks.lock_in_pg(&mut tx, "invoices/42", Duration::from_secs(5)).await? {

@@ -1,7 +1,7 @@
 //! The conformance suite for every SQL strategy: MySQL/MariaDB at `DLOCK_MYSQL_URL` (three
 //! strategies), PostgreSQL at `DLOCK_POSTGRES_URL` (three strategies) and SQLite on a
 //! temporary file (two strategies); and providers made from the application's own sqlx pool
-//! (`from_mysql_pool`, `from_sqlite_pool`, `from_pg_pool`).
+//! (`SqlProvider::from_pool`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,21 +98,21 @@ impl SqlFactory {
                 .connect(base)
                 .await
                 .unwrap();
-            return SqlProvider::from_pg_pool(pool, strategy, &prefix(self.strategy), 48).await;
+            return support::on_pool(pool, strategy, &prefix(self.strategy), 48).await;
         }
         if self.is_sqlite() {
             let options = sqlx::sqlite::SqliteConnectOptions::new()
                 .filename(base.strip_prefix("sqlite://").unwrap())
                 .create_if_missing(true);
             let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-            SqlProvider::from_sqlite_pool(pool, strategy, &prefix(self.strategy)).await
+            support::on_pool(pool, strategy, &prefix(self.strategy), 1).await
         } else {
             let pool = sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(48)
                 .connect(base)
                 .await
                 .unwrap();
-            SqlProvider::from_mysql_pool(pool, strategy, &prefix(self.strategy), 48).await
+            support::on_pool(pool, strategy, &prefix(self.strategy), 48).await
         }
     }
 

@@ -153,42 +153,32 @@ async fn mysql_pool(
     Ok(Pool::ours(Driver::MySql(pool)))
 }
 
-/// Where an application's MySQL or PostgreSQL pool connects, without credentials:
-/// `host:port/database`.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
+/// Where an application's pool connects, without credentials: `host:port/database` of a
+/// server, the file of SQLite (as a URL's store id names them).
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 pub(crate) fn server_of(driver: &Driver) -> String {
-    let (host, port, database) = match driver {
+    // The server drivers' connect options have getters of the same names, and no trait.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    macro_rules! endpoint {
+        ($options:expr) => {{
+            let o = $options;
+            let database = o.get_database().unwrap_or_default();
+            format!("{}:{}/{database}", o.get_host(), o.get_port())
+        }};
+    }
+    match driver {
         #[cfg(feature = "mysql")]
-        Driver::MySql(p) => {
-            let o = p.connect_options();
-            (
-                o.get_host().to_owned(),
-                o.get_port(),
-                o.get_database().map(str::to_owned),
-            )
-        }
+        Driver::MySql(p) => endpoint!(p.connect_options()),
         #[cfg(feature = "postgres")]
-        Driver::Postgres(p) => {
-            let o = p.connect_options();
-            (
-                o.get_host().to_owned(),
-                o.get_port(),
-                o.get_database().map(str::to_owned),
-            )
-        }
+        Driver::Postgres(p) => endpoint!(p.connect_options()),
         #[cfg(feature = "sqlite")]
-        Driver::Sqlite(p) => (
-            p.connect_options().get_filename().display().to_string(),
-            0,
-            None,
-        ),
-    };
-    format!("{host}:{port}/{}", database.unwrap_or_default())
+        Driver::Sqlite(p) => p.connect_options().get_filename().display().to_string(),
+    }
 }
 
 /// A lock pool of `size` connections opened with the connect options of an application's
 /// MySQL or PostgreSQL pool, set up as dlock's own lock pools are.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 pub(crate) async fn lock_pool_beside(driver: &Driver, size: u32) -> Result<Pool, sqlx::Error> {
     match driver {
         #[cfg(feature = "mysql")]
@@ -196,7 +186,10 @@ pub(crate) async fn lock_pool_beside(driver: &Driver, size: u32) -> Result<Pool,
         #[cfg(feature = "postgres")]
         Driver::Postgres(p) => pg_pool(size, (*p.connect_options()).clone(), "5s").await,
         #[cfg(feature = "sqlite")]
-        Driver::Sqlite(_) => Err(sqlx::Error::Configuration("SQLite has no lock pool".into())),
+        Driver::Sqlite(_) => {
+            let _ = size;
+            Err(sqlx::Error::Configuration("SQLite has no lock pool".into()))
+        }
     }
 }
 

@@ -231,7 +231,6 @@ impl Drop for Waiting<'_> {
 
 impl Driver {
     /// The dialect of the driver's statements.
-    #[cfg(any(feature = "mysql", feature = "postgres"))]
     pub(crate) fn dialect(&self) -> crate::config::Dialect {
         use crate::config::Dialect;
         match *self {

@@ -73,146 +73,82 @@ impl SqlProvider {
         .await
     }
 
-    /// A provider on a MySQL/MariaDB pool the application already has (see
-    /// [`from_sqlite_pool`](Self::from_sqlite_pool) for SQLite), with dlock's tables named
-    /// `<table>_…`; they are created if missing.
+    /// A provider on a pool the application already has (sqlx's `MySqlPool`, `PgPool` or
+    /// `SqlitePool`, made into a [`SqlPool`](crate::SqlPool) by `.into()`), with dlock's tables named
+    /// `<table>_…` as `config` says. Of `config`, the strategy, the table prefix,
+    /// `create_tables` and `pool` are read, and its dialect must be the pool's; the pool names
+    /// the database (the config's URL is typically the one the pool was made from).
     ///
-    /// The statements of `unique-insert` and `optimistic` run on the pool's connections, so a
-    /// lock costs no connection of its own. `for-update` pins a connection per held or waiting
-    /// lock, with autocommit off: those come from a second pool of `lock_pool_size`
-    /// connections that dlock opens with the same connect options (your pool's connections
-    /// are never left with a transaction open). Leases are computed on the server's clock in
-    /// the session's time zone: keep sqlx's default, UTC.
+    /// The statements of the polling strategies run on the pool's connections, so a lock
+    /// costs no connection of its own. The strategies that pin a connection per held or
+    /// waiting lock (`for-update`, `advisory`) take it from a second pool of `config.pool`
+    /// connections that dlock opens with the same connect options: your pool's connections
+    /// are never left with a transaction open or a session setting changed. On MySQL, leases
+    /// are computed on the server's clock in the session's time zone: keep sqlx's default,
+    /// UTC.
+    ///
+    /// On SQLite, dlock's statements wait for the write lock as long as the pool's
+    /// `busy_timeout` allows (sqlx's default: 5 s), and the database is switched to WAL mode,
+    /// as dlock does for the files it opens by URL (a setting the file keeps): in sqlx's
+    /// default rollback-journal mode a reader blocks every writer, and renewals of short
+    /// leases fail under load. `for-update` is not offered on SQLite.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use dlock_sql::{SqlProvider, Strategy};
-    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/shop").await?;
-    /// let locks = SqlProvider::from_mysql_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
+    /// use dlock_sql::{SqlConfig, SqlProvider, Strategy};
+    /// let url = "mysql://app@db.internal/shop";
+    /// let pool = sqlx::MySqlPool::connect(url).await?;
+    /// let config = SqlConfig::from_url(url)?
+    ///     .with_strategy(Strategy::ForUpdate)
+    ///     .with_pool_size(8);
+    /// let locks = SqlProvider::from_pool(pool, &config).await?;
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a bad table prefix, [`Error::Connection`] if the second pool
-    /// cannot connect, [`Error::Backend`] if the tables cannot be created.
-    #[cfg(feature = "mysql")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-    pub async fn from_mysql_pool(
-        pool: sqlx::MySqlPool,
-        strategy: Strategy,
-        table: &str,
-        lock_pool_size: u32,
-    ) -> Result<Self> {
-        Self::on_server_pool(db::Driver::MySql(pool), strategy, table, lock_pool_size).await
-    }
-
-    /// A provider on a SQLite pool the application already has, with dlock's tables named
-    /// `<table>_…`; they are created if missing. `for-update` is not offered on SQLite.
-    ///
-    /// dlock's statements wait for SQLite's write lock as long as the pool's `busy_timeout`
-    /// allows (sqlx's default: 5 s). The database is switched to WAL mode, as dlock does for
-    /// the files it opens by URL (a setting the file keeps): in sqlx's default rollback-journal
-    /// mode a reader blocks every writer, and renewals of short leases failed under load.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use dlock_sql::{SqlProvider, Strategy};
-    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-    /// let options = SqliteConnectOptions::new().filename("app.db").create_if_missing(true);
-    /// let pool = SqlitePool::connect_with(options).await?;
-    /// let locks = SqlProvider::from_sqlite_pool(pool, Strategy::Optimistic, "dlock").await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for a bad table prefix, [`Error::Unsupported`] for `for-update`,
-    /// [`Error::Backend`] if the tables cannot be created.
-    #[cfg(feature = "sqlite")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub async fn from_sqlite_pool(
-        pool: sqlx::SqlitePool,
-        strategy: Strategy,
-        table: &str,
-    ) -> Result<Self> {
-        config::check_table(table)?;
-        if strategy == Strategy::ForUpdate {
-            return Err(Error::unsupported("sqlite", "the for-update strategy"));
-        }
-        mounts::warn_if_shared(pool.connect_options().get_filename());
-        let store = format!(
-            "sqlite://{}#{table}/{strategy}",
-            pool.connect_options().get_filename().display()
-        );
-        let pool = Pool::theirs(db::Driver::Sqlite(pool));
-        setup(
-            &pool,
-            "sqlite",
-            "switch the database to WAL mode",
-            "PRAGMA journal_mode = WAL",
-        )
-        .await?;
-        Self::start(pool, None, Dialect::Sqlite, strategy, (table, true), store).await
-    }
-
-    /// A provider on a PostgreSQL pool the application already has, with dlock's tables named
-    /// `<table>_…`; they are created if missing. As [`from_mysql_pool`](Self::from_mysql_pool):
-    /// `for-update` opens a second pool of `lock_pool_size` connections with the same options.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use dlock_sql::{SqlProvider, Strategy};
-    /// let pool = sqlx::PgPool::connect("postgres://app@db.internal/shop").await?;
-    /// let locks = SqlProvider::from_pg_pool(pool, Strategy::UniqueInsert, "dlock", 8).await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`from_mysql_pool`](Self::from_mysql_pool).
-    #[cfg(feature = "postgres")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub async fn from_pg_pool(
-        pool: sqlx::PgPool,
-        strategy: Strategy,
-        table: &str,
-        lock_pool_size: u32,
-    ) -> Result<Self> {
-        Self::on_server_pool(db::Driver::Postgres(pool), strategy, table, lock_pool_size).await
-    }
-
-    /// A provider on the MySQL or PostgreSQL pool the application already has; the
-    /// strategies that pin a connection per lock get a lock pool of `lock_pool_size`
-    /// connections opened with its options, the others none.
-    #[cfg(any(feature = "mysql", feature = "postgres"))]
-    async fn on_server_pool(
-        pool: db::Driver,
-        strategy: Strategy,
-        table: &str,
-        lock_pool_size: u32,
-    ) -> Result<Self> {
-        config::check_table(table)?;
+    /// [`Error::Config`] for a bad table prefix or a config of another dialect than the
+    /// pool's, [`Error::Unsupported`] for a strategy the database does not offer,
+    /// [`Error::Connection`] if the second pool cannot connect, [`Error::Backend`] if the
+    /// tables cannot be created or are not dlock's.
+    #[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+    pub async fn from_pool(pool: impl Into<crate::SqlPool>, config: &SqlConfig) -> Result<Self> {
+        let pool = pool.into().0;
         let dialect = pool.dialect();
         let backend = backend_name(dialect);
-        // The server without credentials, the table prefix and the strategy (as a URL's,
-        // [`SqlConfig`]'s store id).
+        if config.dialect != dialect {
+            return Err(Error::config(format!(
+                "the config is for {}, the pool is a {backend} pool",
+                backend_name(config.dialect)
+            )));
+        }
+        config::check_table(&config.table)?;
+        let strategy = config.strategy;
+        if dialect == Dialect::Sqlite && strategy == Strategy::ForUpdate {
+            return Err(Error::unsupported("sqlite", "the for-update strategy"));
+        }
+        let table = config.table.as_str();
+        // The database without credentials, the table prefix and the strategy (as a URL's
+        // store id).
         let store = format!("{backend}://{}#{table}/{strategy}", db::server_of(&pool));
+        #[cfg(feature = "sqlite")]
+        #[allow(irrefutable_let_patterns)] // SQLite alone is the only driver
+        if let db::Driver::Sqlite(p) = &pool {
+            mounts::warn_if_shared(p.connect_options().get_filename());
+        }
         let lock_pool = if strategy.pins_connections() {
-            let opened = db::lock_pool_beside(&pool, lock_pool_size.max(1)).await;
-            Some(opened.map_err(|e| from_sqlx(backend, "open the for-update pool", e))?)
+            let opened = db::lock_pool_beside(&pool, config.pool.max(1)).await;
+            Some(opened.map_err(|e| from_sqlx(backend, "open the lock pool", e))?)
         } else {
             None
         };
-        Self::start(
-            Pool::theirs(pool),
-            lock_pool,
-            dialect,
-            strategy,
-            (table, true),
-            store,
-        )
-        .await
+        let pool = Pool::theirs(pool);
+        if dialect == Dialect::Sqlite {
+            let wal = "PRAGMA journal_mode = WAL";
+            setup(&pool, backend, "switch the database to WAL mode", wal).await?;
+        }
+        let tables = (table, config.create_tables);
+        Self::start(pool, lock_pool, dialect, strategy, tables, store).await
     }
 
     /// Checks the server, creates (if `create`) and checks the tables `<table>_…`, and

@@ -61,7 +61,7 @@ async fn a_read_only_mysql_session() {
             .await
             .unwrap();
         let table = prefix(&strategy.to_string());
-        let provider = SqlProvider::from_mysql_pool(app.clone(), strategy, &table, 2)
+        let provider = crate::support::on_pool(app.clone(), strategy, &table, 2)
             .await
             .unwrap();
         let mut c = app.acquire().await.unwrap();
@@ -124,7 +124,7 @@ async fn a_read_only_postgres_session() {
             .await
             .unwrap();
         let table = prefix(&strategy.to_string());
-        let provider = SqlProvider::from_pg_pool(app.clone(), strategy, &table, 2)
+        let provider = crate::support::on_pool(app.clone(), strategy, &table, 2)
             .await
             .unwrap();
         let mut c = app.acquire().await.unwrap();

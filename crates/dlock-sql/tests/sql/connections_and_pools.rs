@@ -25,7 +25,7 @@ async fn try_acquire_zero_is_bounded_while_sqlite_is_write_locked() {
         .filename(&file)
         .create_if_missing(true);
     let pool = SqlitePool::connect_with(options.clone()).await.unwrap();
-    let p = SqlProvider::from_sqlite_pool(pool, Strategy::UniqueInsert, "dlock")
+    let p = crate::support::on_pool(pool, Strategy::UniqueInsert, "dlock", 1)
         .await
         .unwrap();
     // Another writer (of the application) holds SQLite's write lock.
@@ -141,7 +141,7 @@ async fn a_connection_the_server_ended_while_idle_is_tried_again() {
             .connect_with(options)
             .await
             .unwrap();
-        let provider = SqlProvider::from_pg_pool(
+        let provider = crate::support::on_pool(
             app.clone(),
             Strategy::UniqueInsert,
             &prefix("unique-insert"),
@@ -177,7 +177,7 @@ async fn a_connection_the_server_ended_while_idle_is_tried_again() {
             .connect(mysql.split('?').next().unwrap())
             .await
             .unwrap();
-        let provider = SqlProvider::from_mysql_pool(
+        let provider = crate::support::on_pool(
             app.clone(),
             Strategy::UniqueInsert,
             &prefix("unique-insert"),

@@ -20,10 +20,9 @@ async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other
     };
     let plain = SqlProvider::connect(&for_update(&mysql)).await.unwrap();
     let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
-    let locks =
-        SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
-            .await
-            .unwrap();
+    let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+        .await
+        .unwrap();
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS dlock_test_fenced \
          (id VARBINARY(255) NOT NULL PRIMARY KEY, fence BIGINT NOT NULL) ENGINE=InnoDB",
@@ -137,7 +136,7 @@ async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other
     drop(conn);
     // Another strategy on the for-update tables is refused; on its own tables it cannot lock
     // in a transaction.
-    let refused = SqlProvider::from_mysql_pool(
+    let refused = crate::support::on_pool(
         app.clone(),
         Strategy::UniqueInsert,
         &prefix("for-update"),
@@ -149,7 +148,7 @@ async fn a_lock_in_the_callers_transaction_and_a_plain_holder_exclude_each_other
         matches!(refused, dlock_core::Error::Config { .. }),
         "{refused}"
     );
-    let other = SqlProvider::from_mysql_pool(
+    let other = crate::support::on_pool(
         app.clone(),
         Strategy::UniqueInsert,
         &prefix("unique-insert"),
@@ -181,10 +180,9 @@ async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other(
     };
     let plain = SqlProvider::connect(&for_update(&pg)).await.unwrap();
     let app = sqlx::PgPool::connect(&pg).await.unwrap();
-    let locks =
-        SqlProvider::from_pg_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
-            .await
-            .unwrap();
+    let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+        .await
+        .unwrap();
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS dlock_test_fenced (id BYTEA PRIMARY KEY, fence BIGINT NOT NULL)",
     )
@@ -294,7 +292,7 @@ async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other(
     drop(conn);
     // Another strategy on the for-update tables is refused; on its own tables it cannot lock
     // in a transaction.
-    let refused = SqlProvider::from_pg_pool(
+    let refused = crate::support::on_pool(
         app.clone(),
         Strategy::UniqueInsert,
         &prefix("for-update"),
@@ -306,7 +304,7 @@ async fn a_lock_in_a_postgres_transaction_and_a_plain_holder_exclude_each_other(
         matches!(refused, dlock_core::Error::Config { .. }),
         "{refused}"
     );
-    let other = SqlProvider::from_pg_pool(
+    let other = crate::support::on_pool(
         app.clone(),
         Strategy::UniqueInsert,
         &prefix("unique-insert"),
@@ -339,10 +337,9 @@ async fn a_deadlock_that_rolls_back_the_callers_transaction_is_not_retryable() {
         return;
     };
     let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
-    let locks =
-        SqlProvider::from_mysql_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
-            .await
-            .unwrap();
+    let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+        .await
+        .unwrap();
     let table = format!(
         "dlock_test_deadlock_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -413,10 +410,9 @@ async fn a_new_lock_in_a_repeatable_read_snapshot_is_a_clear_error() {
         return;
     };
     let app = sqlx::PgPool::connect(&pg).await.unwrap();
-    let locks =
-        SqlProvider::from_pg_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 2)
-            .await
-            .unwrap();
+    let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 2)
+        .await
+        .unwrap();
     let mut tx = app.begin().await.unwrap();
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .execute(&mut *tx)

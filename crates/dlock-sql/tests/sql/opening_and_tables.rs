@@ -53,7 +53,7 @@ async fn applications_opening_one_new_sqlite_file_at_once_all_connect() {
                     .filename(&file)
                     .create_if_missing(true);
                 let pool = SqlitePool::connect_with(options).await?;
-                SqlProvider::from_sqlite_pool(pool, Strategy::UniqueInsert, "dlock")
+                crate::support::on_pool(pool, Strategy::UniqueInsert, "dlock", 1)
                     .await
                     .map_err(|e| sqlx::Error::Protocol(e.to_string()))
             })
@@ -286,4 +286,56 @@ async fn tables_of_another_shape_or_version_are_refused() {
     assert!(e.to_string().contains("schema version 99"), "{e}");
     db.close().await;
     remove_sqlite(&path);
+}
+
+/// `from_pool` takes the strategy, the prefix and `create_tables` from the config: on a new
+/// SQLite file, `create_tables=false` is refused naming the missing table (it used to create
+/// them whatever the caller wanted), the default creates them (on the store a URL of the
+/// file names), and a config of another
+/// database family than the pool's is refused rather than read as the pool's.
+#[tokio::test]
+async fn from_pool_reads_its_config() {
+    use dlock_sql::SqlConfig;
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    let file =
+        std::env::temp_dir().join(format!("dlock-pool-{}.db", uuid::Uuid::new_v4().simple()));
+    let options = SqliteConnectOptions::new()
+        .filename(&file)
+        .create_if_missing(true);
+    let pool = SqlitePool::connect_with(options).await.unwrap();
+    let url = format!("sqlite://{}", file.display());
+    let config = SqlConfig::from_url(&url).unwrap();
+
+    let missing = SqlProvider::from_pool(pool.clone(), &config.clone().with_create_tables(false))
+        .await
+        .expect_err("no tables yet, and none to be made");
+    assert!(
+        matches!(missing, dlock_core::Error::Config { .. })
+            && missing.to_string().contains("dlock_meta"),
+        "{missing}"
+    );
+
+    let p = SqlProvider::from_pool(
+        pool.clone(),
+        &config.clone().with_strategy(Strategy::Optimistic),
+    )
+    .await
+    .unwrap();
+    // The same store as a provider on the file by URL.
+    let by_url = SqlProvider::connect(&format!("{url}?strategy=optimistic"))
+        .await
+        .unwrap();
+    assert_eq!(p.store_id(), by_url.store_id());
+
+    let other = SqlConfig::from_url("postgres://localhost").unwrap();
+    let e = SqlProvider::from_pool(pool, &other)
+        .await
+        .expect_err("a PostgreSQL config for a SQLite pool");
+    assert!(
+        matches!(e, dlock_core::Error::Config { .. }) && e.to_string().contains("postgres"),
+        "{e}"
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
 }

@@ -234,3 +234,27 @@ pub(crate) fn pg_app_url(pg: &str, strategy: &str, app: &str, extra: &str) -> St
         ),
     )
 }
+
+/// A provider on the application's `pool` with `strategy`, dlock's tables `<table>_…` and
+/// (for the pinned strategies) a lock pool of `lock_pool` connections.
+#[allow(dead_code)]
+pub(crate) async fn on_pool(
+    pool: impl Into<dlock_sql::SqlPool>,
+    strategy: dlock_sql::Strategy,
+    table: &str,
+    lock_pool: u32,
+) -> dlock_core::Result<SqlProvider> {
+    let pool = pool.into();
+    // The config's URL only gives the dialect: the pool names the database.
+    let url = match pool.dialect() {
+        dlock_sql::Dialect::Postgres => "postgres://localhost",
+        dlock_sql::Dialect::Sqlite => "sqlite://unused.db",
+        _ => "mysql://localhost",
+    };
+    let config = dlock_sql::SqlConfig::from_url(url)
+        .unwrap()
+        .with_strategy(strategy)
+        .with_table(table)
+        .with_pool_size(lock_pool);
+    SqlProvider::from_pool(pool, &config).await
+}
