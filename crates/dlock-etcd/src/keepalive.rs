@@ -22,7 +22,18 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
     // A call unanswered for the lease's time-to-live is of no use any more (a partition,
     // a frozen member whose connection stays open): it ends with an error, retried where
     // that is safe, instead of waiting for the kernel to give the connection up.
-    let mut options = ConnectOptions::new().with_timeout(config.lease_ttl);
+    //
+    // HTTP/2 pings every third of the time-to-live, on idle connections too, end a connection
+    // that stopped answering (a member host gone, a half-open middlebox) and with it the
+    // watches it carries, which a request timeout does not cover: their callers then look
+    // again on a healthy one. Requiring a leader makes a member cut off from its quorum
+    // refuse (and cancel its watches) instead of serving from a stale view.
+    let ping = config.lease_ttl / 3;
+    let mut options = ConnectOptions::new()
+        .with_timeout(config.lease_ttl)
+        .with_keep_alive(ping, ping)
+        .with_keep_alive_while_idle(true)
+        .with_require_leader(true);
     if let Some(t) = config.connect_timeout {
         options = options.with_connect_timeout(t);
     }

@@ -64,6 +64,11 @@ impl EtcdProvider {
     /// channel settings); `config` gives the prefix and the lease time-to-live (its
     /// endpoints only name the store in [`LockProvider::store_id`]).
     ///
+    /// Give the client what [`connect`](Self::connect) gives its own: HTTP/2 keep-alive
+    /// (`ConnectOptions::with_keep_alive`, with `with_keep_alive_while_idle`) and
+    /// `with_require_leader(true)`. Without them a waiter whose watch rides a connection gone
+    /// silent learns of a release only when its wait ends, one time-to-live later.
+    ///
     /// # Errors
     ///
     /// [`Error::Connection`] or [`Error::Backend`] if the lease cannot be granted.

@@ -1,6 +1,8 @@
 //! A waiter's wait for its predecessor: a watch of the one key created just before its own
 //! (a release wakes one waiter, no herd), with looks of its own while etcd may hold the
-//! watch's events back.
+//! watch's events back, and an end after the lease's time-to-live so that a watch on a
+//! connection gone silent cannot keep the waiter (whose key heads the queue once the
+//! predecessor is gone) waiting for good.
 
 use std::time::Duration;
 
@@ -64,7 +66,32 @@ pub(crate) async fn wait_for_predecessor(
             Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
         )
         .await?;
-    await_delete(session, &mut client, &mut stream, &watched, UNSYNCED_FOR).await
+    let wait = await_delete(session, &mut client, &mut stream, &watched, UNSYNCED_FOR);
+    at_most(session.config.lease_ttl, wait).await
+}
+
+/// `wait`, or `Ok` once `recheck` has passed without its end: the caller then looks at the
+/// queue (a linearizable read) and waits again on a new watch. A watch's stream can stay
+/// silent for good on a connection that died without a reset (a member host that vanished,
+/// a half-open middlebox) while the provider's lease is kept alive through another member:
+/// the waiter would never hear its predecessor's delete, and its key, first in the queue,
+/// would keep every client out. Bounded, such a waiter finds the lock free at its next look,
+/// within one time-to-live of the release (as long as etcd takes to free a crashed holder's
+/// key); and a waiter whose own key is gone finds that out too.
+async fn at_most(
+    recheck: Duration,
+    wait: impl Future<Output = Result<(), etcd_client::Error>>,
+) -> Result<(), etcd_client::Error> {
+    match tokio::time::timeout_at(later(Instant::now(), recheck), wait).await {
+        Ok(waited) => waited,
+        Err(_) => {
+            tracing::debug!(
+                ?recheck,
+                "etcd: a waiter's watch said nothing for a time-to-live; looking again"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// The key a waiter watches: its name, its create revision, and the revision it was read at.
@@ -272,5 +299,57 @@ mod tests {
             ));
         }
         Ok(())
+    }
+
+    /// A waiter whose watch never reports its predecessor's delete (a connection gone silent:
+    /// here a watch of another key, which never changes, with no looks of the unsynced
+    /// window) still ends its wait, within the bound, so that its caller looks again. Without
+    /// the bound it waited until its caller's deadline (for good, for `acquire()`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_on_a_silent_watch_ends_within_the_bound() -> Result<(), String> {
+        let Some((session, lease)) = test_session().await? else {
+            return Ok(());
+        };
+        let etcd = |e: etcd_client::Error| e.to_string();
+        let mut client = session.client();
+        let base = format!("dlock-test/silent-for-good/{}", uuid_like());
+        let key = format!("{base}/predecessor");
+        let put = client
+            .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .map_err(etcd)?;
+        let created = put.header().map_or(0, |h| h.revision());
+        let mut stream = client
+            .watch(format!("{base}/silent"), None)
+            .await
+            .map_err(etcd)?;
+        client.delete(key.as_str(), None).await.map_err(etcd)?;
+        let watched = Watched {
+            key: key.into_bytes(),
+            created,
+            read_at: i64::MAX,
+        };
+        let waiter = {
+            let (session, mut client) = (Arc::clone(&session), session.client());
+            tokio::spawn(async move {
+                let wait =
+                    await_delete(&session, &mut client, &mut stream, &watched, Duration::ZERO);
+                at_most(Duration::from_secs(1), wait).await
+            })
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+        drop(client.lease_revoke(lease).await);
+        let ended =
+            ended.map_err(|_| "the wait on a silent watch did not end within 10 s".to_string())?;
+        ended.map_err(|e| e.to_string())?.map_err(etcd)?;
+        Ok(())
+    }
+
+    fn uuid_like() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        format!("{}-{nanos}", std::process::id())
     }
 }

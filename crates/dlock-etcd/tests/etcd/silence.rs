@@ -10,7 +10,9 @@ use dlock_core::{Error, LockOptions, LockProvider, LossReason};
 use dlock_etcd::{DEFAULT_LEASE_TTL, EtcdProvider};
 use tokio::time::Instant;
 
-use crate::support::{SERIAL, SHORT_TTL, await_queued, behind_partition, hold, signed, with_ttl};
+use crate::support::{
+    SERIAL, SHORT_TTL, await_queued, behind_partition, hold, reached_at, signed, with_ttl,
+};
 
 /// A holder with the default settings (the provider's 10 s etcd lease, the lock's 30 s
 /// watchdog lease) whose network goes silent: nothing it sends arrives, nothing comes back,
@@ -138,4 +140,71 @@ async fn a_try_through_a_silent_network_is_an_error_not_held() {
     .unwrap()
     .unwrap();
     g.release().await.unwrap();
+}
+
+/// A waiter whose watch rides a connection gone silent (nothing arrives, nothing comes back,
+/// the connection stays open: a member host that vanished, a half-open middlebox), while
+/// its provider reaches the cluster through another endpoint too, gets the lock after the
+/// holder releases, within a few time-to-lives: its client pings its connections and ends
+/// the silent one within two thirds of one (typically the whole delay), and its wait is
+/// bounded by one; a call that lands on the silent endpoint again (it still accepts
+/// connections) costs its time limit, one more, and a keep-alive that did may cost the
+/// lease. Before, it never got the lock: it never heard the release, and its key, first in
+/// the queue, kept every client out.
+///
+/// The provider has two endpoints, two proxies of one member; one of them goes silent. The
+/// client spreads its calls over both, so the watch lands on the silent one in about half
+/// the rounds: a round whose waiter is granted at once had it on the other, and another
+/// round runs, until one had it on the silent proxy (12 rounds at most).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_watch_went_silent_still_gets_the_lock() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let member = dlock_etcd::EtcdConfig::from_url(&url).unwrap().endpoints[0].clone();
+    let holder = EtcdProvider::connect(&url).await.unwrap();
+    for round in 1..=12 {
+        let silent = dlock_proxy::Proxy::start(member.clone()).await.unwrap();
+        let healthy = dlock_proxy::Proxy::start(member.clone()).await.unwrap();
+        let both = format!("{},{}", silent.addr(), healthy.addr());
+        let waiter = EtcdProvider::connect(&reached_at(&url, &both, ""))
+            .await
+            .unwrap();
+        assert_eq!(waiter.config().lease_ttl, DEFAULT_LEASE_TTL);
+        let name = Names::new().name("silent-watch");
+        let lock_name = holder.config().etcd_lock_name(&name).unwrap();
+        let g = hold(&holder, &name).await;
+        let lock = waiter.lock(&name, LockOptions::default()).unwrap();
+        let waiting = tokio::spawn(async move { lock.acquire().await });
+        await_queued(&url, &lock_name, 2, "the waiter queues").await;
+        silent.set_fault(dlock_proxy::Fault::Partition);
+        g.release().await.unwrap();
+        let released = Instant::now();
+        let mut waiting = std::pin::pin!(waiting);
+        if let Ok(got) = tokio::time::timeout(Duration::from_secs(2), &mut waiting).await {
+            // Its watch was on the healthy proxy: no silence to show. (Healed first: the
+            // release could land on the silent one.)
+            silent.set_fault(dlock_proxy::Fault::None);
+            got.unwrap().unwrap().release().await.unwrap();
+            continue;
+        }
+        let bound = DEFAULT_LEASE_TTL * 4 + Duration::from_secs(5);
+        let got = must(
+            bound,
+            "the waiter whose watch went silent gets the lock",
+            waiting,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        eprintln!(
+            "round {round}: granted {} after the release, its watch silent",
+            signed(released, Instant::now())
+        );
+        silent.set_fault(dlock_proxy::Fault::None);
+        got.release().await.unwrap();
+        return;
+    }
+    panic!("in 12 rounds the waiter's watch never landed on the proxy that went silent");
 }

@@ -51,7 +51,8 @@ async fn calls_through_a_partition_end_within_the_lease() {
 /// The time limit on calls (the lease's time-to-live, see above) is not a limit on the
 /// streams: a hold kept for three times the time-to-live stays held throughout (its
 /// keep-alive stream is not cut), and a waiter watching its predecessor that long gets the
-/// lock when it is released (its watch is not cut either).
+/// lock when it is released (its watch is not cut either; the waiter itself looks again and
+/// watches anew once per time-to-live).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_outlive_the_call_time_limit() {
     let Some(url) = service_url("DLOCK_ETCD_URL") else {
@@ -81,10 +82,11 @@ async fn streams_outlive_the_call_time_limit() {
     .await
     .unwrap();
     got.unwrap().release().await.unwrap();
-    assert_eq!(
-        b.stats().watches,
-        1,
-        "one watch, never cut: {:?}",
+    // The first watch, one per time-to-live waited, and one for the time the release
+    // may come right after a new one.
+    assert!(
+        b.stats().watches <= 5,
+        "one watch per time-to-live at most: {:?}",
         b.stats()
     );
 }

@@ -51,7 +51,7 @@ pub(crate) async fn hold(p: &EtcdProvider, name: &str) -> LockGuard {
 
 /// The URL of `url`'s store (its prefix) reached at `addr` instead; `query` (`""` or `?…`)
 /// is added to it.
-fn reached_at(url: &str, addr: &str, query: &str) -> String {
+pub(crate) fn reached_at(url: &str, addr: &str, query: &str) -> String {
     let prefix = EtcdConfig::from_url(url).unwrap().prefix;
     format!("etcd://{addr}/{}{query}", prefix.trim_end_matches('/'))
 }
