@@ -132,6 +132,7 @@ pub mod backend {
     pub use crate::hold::{Hold, HoldSignal, Horizon, NewHold};
     pub use crate::holdset::{HoldSet, Registration};
     pub use crate::provider::{NoPrimitive, ProviderMeta, RawProvider};
+    pub use crate::reentrancy::Owner;
     pub use crate::starter::{Later, spawn_at};
     pub use crate::sync::Mutex;
     pub use crate::tally::Tally;

@@ -19,16 +19,19 @@ use crate::sync::Mutex;
 use crate::time::Deadline;
 
 /// Who acquires: the current tokio task, or the current thread outside a task (a
-/// `block_on`). Task ids are unique among the tasks alive at once.
+/// `block_on`). Task ids are unique among the tasks alive at once. The owner of a hold, for
+/// re-entry; a backend may key what it keeps per caller by it too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Owner {
+pub enum Owner {
+    /// A tokio task.
     Task(tokio::task::Id),
+    /// A thread outside any task.
     Thread(std::thread::ThreadId),
 }
 
 impl Owner {
     /// The caller.
-    pub(crate) fn current() -> Self {
+    pub fn current() -> Self {
         tokio::task::try_id().map_or_else(|| Self::Thread(std::thread::current().id()), Self::Task)
     }
 }

@@ -1,10 +1,11 @@
 //! The pinned connection: a pool connection that holds a lock (a row lock's transaction, an
 //! advisory lock's session), closed rather than given back to the pool unless it is clean.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, Later, from_now, spawn_at};
+use dlock_core::backend::{Deadline, Later, Mutex, Owner, from_now, spawn_at};
 use dlock_core::{Error, Result};
 use tokio::time::Instant;
 
@@ -27,16 +28,20 @@ pub(crate) struct Pinned {
     watcher: Option<Later>,
     /// The backend, for errors.
     backend: &'static str,
+    /// The task that pinned it counts it among its connections until it goes back or closes.
+    _pinner: Option<Pinner>,
 }
 
 impl Pinned {
-    /// A connection of the lock pool, pinned to one held or waiting lock.
-    pub(crate) fn new(conn: Conn, backend: &'static str) -> Self {
+    /// A connection of the lock pool, pinned to one held or waiting lock of the current task
+    /// (counted in `pinners` until it goes back or closes).
+    pub(crate) fn new(conn: Conn, backend: &'static str, pinners: &Arc<Pinners>) -> Self {
         Self {
             conn: Some(conn),
             closed: false,
             watcher: None,
             backend,
+            _pinner: Some(pinners.count_current()),
         }
     }
 
@@ -125,6 +130,7 @@ impl Pinned {
     /// may stay warm for the next lock.
     pub(crate) fn return_to_pool(&mut self) {
         if let Some(c) = self.conn.take() {
+            self._pinner = None;
             if tokio::runtime::Handle::try_current().is_ok() {
                 c.done();
             } else {
@@ -270,6 +276,7 @@ impl Pinned {
 
     pub(crate) fn close(&mut self) {
         if let Some(c) = self.conn.take() {
+            self._pinner = None;
             self.closed = true;
             close_connection(c);
         }
@@ -319,6 +326,50 @@ fn close_connection(mut c: Conn) {
 impl Drop for Pinned {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// The tasks (threads, outside a task) that have connections of one lock pool pinned, and
+/// how many each. A task that
+/// has one and waits for another while the pool is exhausted may be waiting for itself: the
+/// connections it waits for are pinned by its own lock and by that lock's waiters.
+#[derive(Debug, Default)]
+pub(crate) struct Pinners(Mutex<HashMap<Owner, usize>>);
+
+impl Pinners {
+    /// Whether the current task (the thread, outside a task) has a connection of the pool
+    /// pinned.
+    pub(crate) fn current_has_one(&self) -> bool {
+        self.0.lock().contains_key(&Owner::current())
+    }
+
+    /// Counts one more connection of the current task until the returned count is dropped.
+    fn count_current(self: &Arc<Self>) -> Pinner {
+        let task = Owner::current();
+        *self.0.lock().entry(task).or_default() += 1;
+        Pinner {
+            pinners: Arc::clone(self),
+            task,
+        }
+    }
+}
+
+/// One pinned connection of a task, counted in its [`Pinners`] while it lives.
+#[derive(Debug)]
+struct Pinner {
+    pinners: Arc<Pinners>,
+    task: Owner,
+}
+
+impl Drop for Pinner {
+    fn drop(&mut self) {
+        let mut counts = self.pinners.0.lock();
+        if let Some(n) = counts.get_mut(&self.task) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.task);
+            }
+        }
     }
 }
 

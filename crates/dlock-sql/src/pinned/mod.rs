@@ -30,7 +30,7 @@ pub(crate) mod conn;
 pub(crate) mod hold;
 pub(crate) mod session;
 
-pub(crate) use conn::{ClosedUnlessReturned, HoldingConnection, Pinned};
+pub(crate) use conn::{ClosedUnlessReturned, HoldingConnection, Pinned, Pinners};
 pub(crate) use hold::{Held, PinnedHold, Release};
 pub(crate) use session::{FixedEnd, Session};
 
@@ -47,6 +47,8 @@ pub(crate) struct Pinning {
     /// The statement that sets a hold's server-side lease (`?`: seconds).
     renew: Arc<str>,
     holders: Arc<Holders>,
+    /// The tasks with connections of the lock pool pinned.
+    pinners: Arc<Pinners>,
 }
 
 impl Pinning {
@@ -57,6 +59,7 @@ impl Pinning {
             session: SessionSql::new(inner.dialect),
             renew: Arc::from(renew),
             holders: Arc::default(),
+            pinners: Arc::default(),
         }
     }
 
@@ -67,7 +70,7 @@ impl Pinning {
     /// A pool that stays exhausted is an error that says so, not a lock held by someone:
     /// every held or waiting lock of a pinned strategy pins a connection.
     pub(crate) async fn pin(&self, name: &LockName, deadline: Deadline) -> Result<Pinned> {
-        pin(&self.inner, name, deadline).await
+        pin(&self.inner, &self.pinners, name, deadline).await
     }
 
     /// The session id of a pinned connection on the server.
@@ -195,7 +198,12 @@ impl Pinning {
 ///
 /// A pool that stays exhausted is an error that says so, not a lock held by someone: every
 /// held or waiting lock of a pinned strategy pins a connection.
-async fn pin(inner: &Inner, name: &LockName, deadline: Deadline) -> Result<Pinned> {
+async fn pin(
+    inner: &Inner,
+    pinners: &Arc<Pinners>,
+    name: &LockName,
+    deadline: Deadline,
+) -> Result<Pinned> {
     let backend = inner.backend;
     let Some(lock_pool) = &inner.lock_pool else {
         return Err(Error::unsupported(
@@ -240,6 +248,22 @@ async fn pin(inner: &Inner, name: &LockName, deadline: Deadline) -> Result<Pinne
             let mut waits = 0u32;
             loop {
                 match lock_pool.acquire().await {
+                    // The task holds (or waits for) another lock on a connection of the
+                    // pool, and every connection is pinned: those it waits for may well be
+                    // its own lock's and its waiters', who wait for it (a nested acquire, a
+                    // MultiLock of several such locks). An error, not a wait for ever.
+                    Err(sqlx::Error::PoolTimedOut) if pinners.current_has_one() => {
+                        return Err(Error::WouldDeadlock {
+                            name: name.to_string(),
+                            reason: format!(
+                                "this task already has a connection of the {} lock pool, and \
+                                 all {} are pinned by held or waiting locks, maybe by its own \
+                                 lock's waiters: release its lock first, or raise ?pool=N",
+                                inner.strategy,
+                                lock_pool.max_connections()
+                            ),
+                        });
+                    }
                     Err(sqlx::Error::PoolTimedOut) => {
                         waits = waits.saturating_add(1);
                         if waits.is_power_of_two() {
@@ -262,7 +286,7 @@ async fn pin(inner: &Inner, name: &LockName, deadline: Deadline) -> Result<Pinne
         Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
         other => other.map_err(|e| from_sqlx(backend, "connect", e))?,
     };
-    Ok(Pinned::new(pooled, backend))
+    Ok(Pinned::new(pooled, backend, pinners))
 }
 
 /// Whether a try of a pinned lock waits on the server, and for how many seconds: the first

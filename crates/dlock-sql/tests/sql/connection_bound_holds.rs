@@ -274,6 +274,87 @@ async fn for_update_pool_exhaustion_is_an_error_not_a_busy_lock() {
     held.release().await.unwrap();
 }
 
+/// A task that holds a for-update lock and asks (with no deadline) for a second one while
+/// every connection of the lock pool is pinned gets an error saying it may be waiting for
+/// itself, instead of waiting for ever: the connection it waits for is its own lock's
+/// waiter's, which waits for it. A task that holds none waits as long as it takes and gets
+/// its lock once a connection is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_holding_a_pinned_lock_is_not_left_waiting_for_its_own_waiter() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let p = SqlProvider::connect(&with_query(&for_update(&mysql), "pool=2"))
+        .await
+        .unwrap();
+    let names = Names::new();
+    let (a, b, c) = (
+        names.name("held"),
+        names.name("nested"),
+        names.name("other"),
+    );
+    let held = p
+        .lock(&a, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    // A waiter of the held lock pins the pool's second connection.
+    let waiter = {
+        let lock = p.lock(&a, LockOptions::default()).unwrap();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the waiter pins the second connection",
+        || {
+            let lock = p.lock(&c, LockOptions::default()).unwrap();
+            async move {
+                match lock.try_acquire(Duration::ZERO).await {
+                    Err(dlock_core::Error::Backend { message, .. }) if message.contains("pool") => {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    // A task that holds nothing waits for a connection as long as it takes.
+    let patient = {
+        let lock = p.lock(&c, LockOptions::default()).unwrap();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let nested = p.lock(&b, LockOptions::default()).unwrap();
+    let e = must(
+        Duration::from_secs(60),
+        "the holder's second acquire ends",
+        nested.acquire(),
+    )
+    .await
+    .expect_err("no connection can come");
+    assert!(
+        matches!(&e, dlock_core::Error::WouldDeadlock { reason, .. } if reason.contains("pool=")),
+        "{e}"
+    );
+    assert!(!e.is_retryable());
+    held.release().await.unwrap();
+    let w = must(Duration::from_secs(10), "the waiter gets the lock", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    w.release().await.unwrap();
+    let g = must(
+        Duration::from_secs(30),
+        "the patient task gets its lock",
+        patient,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    g.release().await.unwrap();
+}
+
 /// `describe` of a for-update lock neither takes it nor bumps its fence: a try of the lock with
 /// NOWAIT would take a fencing token when the lock is free (and make a concurrent NOWAIT
 /// acquirer fail).
