@@ -19,7 +19,7 @@ use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 /// | --- | --- | --- |
 /// | `cluster` | `true`: the host is a seed of a Redis Cluster | `false` |
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
-/// | `fair_wait_ms` | how long a queued fair waiter has to take its turn before others skip it (Redisson's `fairLockWaitTimeout`) | `300000` |
+/// | `fair_wait_ms` | how long after its last look a queued fair waiter is skipped by the others (Redisson's `fairLockWaitTimeout`; over 5 s, dlock's waiters look every 5 s at most) | `30000` |
 /// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
@@ -144,9 +144,11 @@ impl std::fmt::Debug for SentinelAuth {
 /// The port Sentinels listen on unless the URL says otherwise.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
-/// Redisson's default fair-lock wait: how long a queued waiter has to take its turn before
-/// the others skip it.
-pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(300);
+/// The default fair-lock wait of dlock's waiters: how long after its last look a queued
+/// waiter is skipped by the others (a waiter that died without leaving the queue). dlock's
+/// waiters look again at least every 5 s, so a live one keeps its place; Redisson's waiters
+/// use their own `fairLockWaitTimeout` (5 minutes by default).
+pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(30);
 
 #[cfg(feature = "serde")]
 dlock_core::backend::deserialize_from_url!(RedisConfig);

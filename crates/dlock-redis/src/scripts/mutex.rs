@@ -105,11 +105,23 @@ end
 /// holder's PTTL (-1: no expiry, wait for a message), or, when the lock is free but another
 /// waiter is at the head, the time until the head's turn ends (Redisson answers 0 there, and
 /// its waiters poll in a loop until a dead head is swept).
+///
+/// A queued waiter that runs it again (dlock's look again at least every 5 s) moves its own
+/// deadline to at least `now + wait`: a live waiter keeps its place however long the holder
+/// holds, and a waiter that died without leaving is skipped `wait` after its last look, so
+/// a short `wait` bounds what dead waiters cost without costing live ones their place.
+/// (Redisson's waiters never move their deadline: one whose holder holds past it is swept
+/// and queues again at the back.)
 pub(crate) static FAIR_LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"ARGV[4] = tostring({SERVER_NOW})
 {HASH_KIND}{FAIR_SWEEP}{FAIR_GRANT}
-if redis.call('zscore', KEYS[3], ARGV[2]) ~= false then
+local queued = redis.call('zscore', KEYS[3], ARGV[2])
+if queued ~= false then
+  local fresh = tonumber(ARGV[4]) + tonumber(ARGV[3])
+  if fresh > tonumber(queued) then
+    redis.call('zadd', KEYS[3], fresh, ARGV[2])
+  end
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
     return {{pttl, -1}}

@@ -646,3 +646,148 @@ async fn a_failed_unsubscribe_is_tried_again() {
     subscribed(&url, &name, 0).await.unwrap();
     held.release().await.unwrap();
 }
+
+/// A fair waiter that died without leaving the queue (its process gone, its connection cut
+/// before the leave could reach the server) keeps a free lock from the live waiter behind it
+/// for at most the default fair wait after its last look (30 s), not Redisson's 5 minutes:
+/// with a holder of a 5 s fixed lease, the live waiter is granted well within a minute of the
+/// dead one's enqueue (it waited 305 s with the old default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let (proxy, direct, doomed) = behind_proxy(&server, "").await;
+    let config = dlock_redis::RedisConfig::from_url(&server.url()).unwrap();
+    assert_eq!(config.fair_wait, dlock_redis::DEFAULT_FAIR_WAIT);
+    let admin = admin(&server.url()).await;
+    let name = Names::new().name("dead-fair-waiter");
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let queued = |n: usize| {
+        let (mut admin, queue) = (admin.clone(), queue.clone());
+        async move {
+            let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
+            if len == n {
+                Ok(())
+            } else {
+                Err(format!("{len} queued"))
+            }
+        }
+    };
+    let fair = LockOptions::default().with_fair(true);
+    let held = direct
+        .lock(&name, fair.with_lease(Lease::Fixed(Duration::from_secs(5))))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let dead_lock = doomed.lock(&name, fair).unwrap();
+    let dead = tokio::spawn(async move { dead_lock.acquire().await });
+    eventually(Duration::from_secs(10), "the doomed waiter queued", || {
+        queued(1)
+    })
+    .await;
+    let enqueued = Instant::now();
+    let live_lock = direct.lock(&name, fair).unwrap();
+    let live = tokio::spawn(async move { live_lock.acquire().await });
+    eventually(Duration::from_secs(10), "the live waiter queued", || {
+        queued(2)
+    })
+    .await;
+    // The doomed waiter's process dies: nothing it sends arrives any more, its leave included.
+    proxy.set_fault(dlock_proxy::Fault::Partition);
+    dead.abort();
+    drop(doomed);
+    let g = must(
+        Duration::from_secs(60),
+        "the live waiter behind a dead one gets the free lock",
+        live,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    eprintln!(
+        "granted {:?} after the dead waiter queued",
+        enqueued.elapsed()
+    );
+    g.release().await.unwrap();
+    drop(held);
+}
+
+/// A live fair waiter keeps its place however long the holder holds, past its fair wait:
+/// it moves its own deadline each time it looks (here a fair wait of 10 s, a holder that
+/// holds 16 s on a 3 s watchdog lease, so the head's first deadline, the lease plus the
+/// wait, passes while it waits). Before, it was swept by the second waiter's look and queued
+/// again at the back, and the second waiter was granted first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_fair_waiter_keeps_its_place_past_its_fair_wait() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let url = format!("{}?fair_wait_ms=10000", server.url());
+    let (h, w1, w2) = (
+        RedisProvider::connect(&url).await.unwrap(),
+        RedisProvider::connect(&url).await.unwrap(),
+        RedisProvider::connect(&url).await.unwrap(),
+    );
+    let admin = admin(&server.url()).await;
+    let name = Names::new().name("fair-place-long-hold");
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let queued = |n: usize| {
+        let (mut admin, queue) = (admin.clone(), queue.clone());
+        async move {
+            let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
+            if len == n {
+                Ok(())
+            } else {
+                Err(format!("{len} queued"))
+            }
+        }
+    };
+    let fair = LockOptions::default().with_fair(true);
+    let held = h
+        .lock(&name, watchdog(3000).with_fair(true))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let (tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let first = {
+        let (lock, tx) = (w1.lock(&name, fair).unwrap(), tx.clone());
+        tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            let _ = tx.send(1);
+            g.release().await.unwrap();
+        })
+    };
+    eventually(Duration::from_secs(10), "the first waiter queued", || {
+        queued(1)
+    })
+    .await;
+    let second = {
+        let lock = w2.lock(&name, fair).unwrap();
+        tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            let _ = tx.send(2);
+            g.release().await.unwrap();
+        })
+    };
+    eventually(Duration::from_secs(10), "the second waiter queued", || {
+        queued(2)
+    })
+    .await;
+    // Past the first waiter's first deadline (3 s lease + 10 s wait from its enqueue).
+    let until = dlock_core::backend::later(Instant::now(), Duration::from_secs(16));
+    while Instant::now() < until {
+        assert!(held.is_held());
+        let _ = tokio::time::timeout_at(until, held.lost()).await;
+    }
+    held.release().await.unwrap();
+    must(Duration::from_secs(20), "both waiters are granted", async {
+        first.await.unwrap();
+        second.await.unwrap();
+    })
+    .await;
+    let granted: Vec<i32> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    assert_eq!(granted, [1, 2], "the first waiter lost its place");
+}
