@@ -53,6 +53,13 @@ pub struct RunOpts {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     kill_after: Duration,
 
+    /// Keep the lock at least this long from the grant, even when the command ends sooner
+    /// (ShedLock's lockAtLeastFor): dlock holds it, renewed, until then and exits after the
+    /// release. With --no-wait, a job that a fleet of schedulers starts seconds apart runs
+    /// once: the first takes the lock, the others find it held.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    hold_at_least: Option<Duration>,
+
     /// Exit status when the lock is not had in time.
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE", default_value_t = exit::NOT_ACQUIRED)]
     conflict_exit_code: u8,
@@ -73,7 +80,8 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     };
     let options = LockOptions::new()
         .with_lease(Lease::watchdog(opts.lease))
-        .with_fair(opts.fair);
+        .with_fair(opts.fair)
+        .with_hold_at_least(opts.hold_at_least.unwrap_or_default());
     let lock = match locks.lock_with(&opts.name, options) {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot lock {:?}", opts.name), &e),

@@ -1152,3 +1152,53 @@ fn a_cut_off_holder_stops_its_command_before_the_lock_passes_on() {
     );
     assert_eq!(out2.status.code(), Some(0), "{second_err}");
 }
+
+/// Five schedulers fire one job 0 to 3 s apart, each `dlock run --no-wait --hold-at-least
+/// 10s`, on the embedded default: exactly one runs it (the first keeps the lock for 10 s
+/// although its job takes 1 s; the others find it held and exit 75). Without
+/// `--hold-at-least` the same fleet runs the job more than once: the lock is free again
+/// after the first job's second.
+#[test]
+fn a_fleet_of_schedulers_runs_a_job_once_with_hold_at_least() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    for (hold, expected) in [
+        (Some("10s"), "exactly one run"),
+        (None, "more than one run"),
+    ] {
+        let name = Names::new().name("cron");
+        let ran = std::env::temp_dir().join(format!("dlock-cron-{}", rand_suffix()));
+        let job = format!("echo ran >> {}; sleep 1", ran.display());
+        let mut args = vec!["run", "--no-wait"];
+        if let Some(h) = hold {
+            args.extend(["--hold-at-least", h]);
+        }
+        args.extend([name.as_str(), "--", "sh", "-c", job.as_str()]);
+        let start = std::time::Instant::now();
+        let mut fleet = Vec::new();
+        for i in 0..5u64 {
+            // The schedulers fire at 0, 0.75, 1.5, 2.25 and 3 s.
+            let at = Duration::from_millis(750 * i);
+            if let Some(left) = at.checked_sub(start.elapsed()) {
+                std::thread::sleep(left);
+            }
+            fleet.push(dlock(&url, &args).stdin(Stdio::null()).spawn().unwrap());
+        }
+        let codes: Vec<i32> = fleet
+            .into_iter()
+            .map(|mut c| c.wait().unwrap().code().unwrap_or(-1))
+            .collect();
+        let runs = std::fs::read_to_string(&ran)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        let _ = std::fs::remove_file(&ran);
+        match hold {
+            Some(_) => {
+                assert_eq!(runs, 1, "{expected}: exit codes {codes:?}");
+                assert_eq!(codes.iter().filter(|c| **c == 0).count(), 1, "{codes:?}");
+                assert_eq!(codes.iter().filter(|c| **c == 75).count(), 4, "{codes:?}");
+            }
+            None => assert!(runs > 1, "{expected}: {runs} (exit codes {codes:?})"),
+        }
+    }
+}

@@ -105,6 +105,16 @@ impl LockGuard {
         }
     }
 
+    /// Keeps the hold at least `least` from now, the grant (the handles do, right after it;
+    /// see [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
+    pub(crate) fn set_hold_at_least(&self, least: Duration) {
+        if let Some(shared) = &self.shared
+            && !least.is_zero()
+        {
+            shared.set_release_not_before(later(Instant::now(), least));
+        }
+    }
+
     /// The lock's name.
     pub fn name(&self) -> &LockName {
         &self.name

@@ -221,6 +221,7 @@ async fn live(
             };
             guard.set_drift(info.options.drift);
             guard.set_max_lease(info.max_lease);
+            guard.set_hold_at_least(info.options.hold_at_least);
             let reason = match settle(&guard, deadline).await {
                 Settled::Held => return Ok(Some(guard)),
                 Settled::Lost(reason) => reason,

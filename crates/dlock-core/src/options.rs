@@ -148,6 +148,14 @@ pub struct LockOptions {
     pub reentrant: bool,
     /// How much before the store's bound a guard stops vouching for its hold.
     pub drift: DriftAllowance,
+    /// The least time a hold is kept from its grant (ShedLock's `lockAtLeastFor`): a release
+    /// (or the drop of the last guard) that comes sooner keeps the hold, renewed, until then,
+    /// and releases it then; a hold lost meanwhile ends at once. For a job that must run once
+    /// across a fleet whose schedulers fire seconds apart: each takes the lock with a
+    /// `try_acquire`, and the one that got it keeps it past the others' tries even when its
+    /// job is quick. The hold lives in this process meanwhile: a process that exits sooner
+    /// leaves it to its lease (ZooKeeper and etcd end it with the session). Zero by default.
+    pub hold_at_least: Duration,
 }
 
 impl Default for LockOptions {
@@ -157,6 +165,7 @@ impl Default for LockOptions {
             fair: false,
             reentrant: false,
             drift: DriftAllowance::DEFAULT,
+            hold_at_least: Duration::ZERO,
         }
     }
 }
@@ -176,6 +185,8 @@ impl LockOptions {
         with_reentrant => reentrant: bool;
         /// Sets the drift allowance.
         with_drift => drift: DriftAllowance;
+        /// Sets the least time a hold is kept from its grant.
+        with_hold_at_least => hold_at_least: Duration;
     }
 }
 

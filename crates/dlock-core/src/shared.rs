@@ -53,6 +53,11 @@ pub(crate) struct Shared {
     /// The longest lease the backend can keep, in nanoseconds: set from the handle after the
     /// grant; an `extend` past it is refused.
     max_lease: AtomicU64,
+    /// The earliest a release may end the hold ([`LockOptions::hold_at_least`]): one that
+    /// comes sooner waits, the keeper renewing, until then.
+    ///
+    /// [`LockOptions::hold_at_least`]: crate::LockOptions::hold_at_least
+    release_not_before: Mutex<Option<Instant>>,
     /// Wakes the keeper when `extend` moved the end.
     pub(crate) extended: Notify,
     /// The lease keeper, waiting for its start or running.
@@ -101,6 +106,7 @@ impl Shared {
             drift_ppm: AtomicU32::new(new.drift.ppm()),
             drift_fixed: AtomicU64::new(nanos(new.drift.fixed())),
             max_lease: AtomicU64::new(nanos(Lease::MAX)),
+            release_not_before: Mutex::new(None),
             extended: Notify::new(),
             keeper: Mutex::new(None),
             keeper_arm: KeeperArm::new(),
@@ -145,6 +151,42 @@ impl Shared {
     /// Sets the longest lease the backend can keep, from the handle.
     pub(crate) fn set_max_lease(&self, max_lease: Duration) {
         self.max_lease.store(nanos(max_lease), Ordering::Relaxed);
+    }
+
+    /// Sets the earliest a release may end the hold.
+    /// The first grant sets it; a re-entry does not move it.
+    pub(crate) fn set_release_not_before(&self, at: Instant) {
+        self.release_not_before.lock().get_or_insert(at);
+    }
+
+    /// Whether a release now would come before the hold's least time is up (and the hold is
+    /// still vouched for).
+    fn released_too_soon(&self) -> bool {
+        self.release_not_before
+            .lock()
+            .is_some_and(|at| Instant::now() < at)
+            && self.check()
+    }
+
+    /// Waits, the keeper renewing, until the hold's least time is up or it is lost.
+    async fn hold_least_time(&self) {
+        let Some(at) = *self.release_not_before.lock() else {
+            return;
+        };
+        loop {
+            let changed = self.signal.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if Instant::now() >= at || self.signal.is_lost() || !self.check() {
+                return;
+            }
+            // The loss comes as a change of the signal, or as the end of the vouched time.
+            let wake = std::cmp::min(at, self.vouched_until());
+            tokio::select! {
+                () = changed => {}
+                () = sleep_until(wake) => {}
+            }
+        }
     }
 
     /// The last moment this client vouches for the hold (its lease end or horizon, whichever
@@ -300,6 +342,7 @@ impl Shared {
 
     /// Releases the hold on the store (its last guard is gone), or cleans up after a loss.
     pub(crate) async fn release_remote(&self) -> Result<()> {
+        self.hold_least_time().await;
         self.stop_keeper();
         if !self.check() {
             if self.claim_cleanup() {
@@ -361,6 +404,10 @@ impl Shared {
     /// `None` if nothing is left to do (the hold was released, or someone else cleans up after
     /// its loss), else whether the hold is lost (the clean-up is then claimed).
     pub(crate) fn background_release(&self) -> Option<bool> {
+        if self.released_too_soon() {
+            // The keeper goes on until the release, once the least time is up.
+            return Some(false);
+        }
         self.stop_keeper();
         let lost = !self.check();
         if lost && (self.signal.is_released() || !self.claim_cleanup()) {
