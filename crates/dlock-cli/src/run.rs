@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 
 use clap::Args;
 use dlock::backend::Deadline;
-use dlock::{Lease, LockOptions};
+use dlock::{Lease, LockOptions, Member};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 use tokio::io::AsyncWriteExt;
@@ -22,8 +22,9 @@ pub struct RunOpts {
     #[command(flatten)]
     store: StoreOpts,
 
-    /// Wait at most this long for the lock (default: as long as it takes).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
+    /// Wait at most this long for the lock (default: as long as it takes); `-w 10` is 10
+    /// seconds, as flock's.
+    #[arg(long, short = 'w', value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
 
     /// Do not wait: give up at once if the lock is held.
@@ -39,9 +40,24 @@ pub struct RunOpts {
     #[arg(long)]
     fair: bool,
 
-    /// The command's grace period: it gets SIGTERM this long before the lock ends unless
-    /// renewed, and SIGKILL (its whole process group) when it ends, so the grace period is
-    /// spent while the lock is still this dlock's, before anyone else can hold it.
+    /// Share the lock with other --shared runs (a read hold, as `flock -s`); an exclusive run
+    /// waits for them all, and they for it. Backends without read-write locks refuse it.
+    #[arg(long, short = 's', conflicts_with = "permits")]
+    shared: bool,
+
+    /// Let up to N runs hold the name at once (a semaphore of N permits, as `consul lock -n`).
+    /// Every run of the name must give the same N. Backends without semaphores refuse it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+
+    /// The signal that tells the command to stop, --kill-after before the lock ends (a name,
+    /// with or without SIG, or a number).
+    #[arg(long, value_name = "SIGNAL", value_parser = parse_signal, default_value = "TERM")]
+    signal: Signal,
+
+    /// The command's grace period: it gets the --signal (SIGTERM) this long before the lock
+    /// ends unless renewed, and SIGKILL (its whole process group) when it ends, so the grace
+    /// period is spent while the lock is still this dlock's, before anyone else can hold it.
     ///
     /// The lock "ends" when dlock stops vouching for it unless a renewal comes first: the
     /// lease's end (ZooKeeper, etcd: the session's horizon, the last answer plus the session
@@ -82,7 +98,7 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         .with_lease(Lease::watchdog(opts.lease))
         .with_fair(opts.fair)
         .with_hold_at_least(opts.hold_at_least.unwrap_or_default());
-    let lock = match locks.lock_with(&opts.name, options) {
+    let lock = match member(&locks, &opts, options) {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot lock {:?}", opts.name), &e),
     };
@@ -249,9 +265,9 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                 return match guard.release().await {
                     Ok(()) if told => {
                         eprintln!(
-                            "dlock: the command exited after SIGTERM (status {code}); {:?} \
+                            "dlock: the command exited after {} (status {code}); {:?} \
                              released",
-                            opts.name
+                            opts.signal, opts.name
                         );
                         exit::LOST
                     }
@@ -294,9 +310,10 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                 match guard.held_until() {
                     Some(_) => eprintln!(
                         "dlock: the lock {:?} (token {token}) ends in {} ms unless renewed; \
-                         terminating the command (SIGTERM), SIGKILL when the lock ends",
+                         terminating the command ({}), SIGKILL when the lock ends",
                         opts.name,
-                        guard.remaining().as_millis()
+                        guard.remaining().as_millis(),
+                        opts.signal
                     ),
                     None => eprintln!(
                         "dlock: the lock {:?} (token {token}) has ended; terminating the command",
@@ -304,13 +321,50 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                     ),
                 }
                 let groups = targets();
-                send_to(&groups, Signal::SIGTERM);
+                send_to(&groups, opts.signal);
                 send_to(&groups, Signal::SIGCONT);
             }
             _ = interrupt.recv() => send(Signal::SIGINT),
             _ = terminate.recv() => send(Signal::SIGTERM),
             _ = hangup.recv() => send(Signal::SIGHUP),
         }
+    }
+}
+
+/// What `dlock run` holds the name by: the mutex, a read hold of the read-write lock
+/// (`--shared`), or a permit of the semaphore (`--permits`).
+fn member(locks: &dlock::Locks, opts: &RunOpts, options: LockOptions) -> dlock::Result<Member> {
+    Ok(match (opts.shared, opts.permits) {
+        (true, _) => Member::read(locks.read_write_lock_with(&opts.name, options)?),
+        (false, Some(n)) => Member::permit(locks.semaphore_with(&opts.name, n, options)?),
+        (false, None) => Member::Lock(locks.lock_with(&opts.name, options)?),
+    })
+}
+
+/// A signal by name (`TERM`, `SIGTERM`, any case) or number (`15`).
+fn parse_signal(text: &str) -> Result<Signal, String> {
+    let text = text.trim();
+    let parsed = match text.parse::<i32>() {
+        Ok(n) => Signal::try_from(n).ok(),
+        Err(_) => {
+            let upper = text.to_ascii_uppercase();
+            let name = if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            };
+            name.parse::<Signal>().ok()
+        }
+    };
+    match parsed {
+        Some(Signal::SIGKILL | Signal::SIGSTOP) => Err(format!(
+            "{text}: the stop signal must be one the command can catch (SIGKILL comes anyway \
+             when the lock ends)"
+        )),
+        Some(s) => Ok(s),
+        None => Err(format!(
+            "{text:?} is not a signal (e.g. TERM, INT, HUP, USR1, 15)"
+        )),
     }
 }
 

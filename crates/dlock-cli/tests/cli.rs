@@ -23,6 +23,19 @@ impl Scratch {
     fn url(&self) -> String {
         format!("sqlite://{}", self.0.display())
     }
+
+    /// A connection of the test's own to the file, which waits out dlock's writes (the
+    /// sqlite3 shell, which has no busy timeout, failed with "database is locked" now and
+    /// then).
+    async fn patient_connection(&self) -> sqlx::SqliteConnection {
+        use sqlx::Connection as _;
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&self.0)
+            .busy_timeout(Duration::from_secs(20));
+        sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap()
+    }
 }
 
 fn rand_suffix() -> usize {
@@ -335,13 +348,7 @@ fn lost_lock_terminates_the_command() {
     // lock to the end of its command).
     let rt = tokio::runtime::Runtime::new().unwrap();
     let deleted = rt.block_on(async {
-        use sqlx::Connection as _;
-        let options = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&scratch.0)
-            .busy_timeout(Duration::from_secs(20));
-        let mut conn = sqlx::SqliteConnection::connect_with(&options)
-            .await
-            .unwrap();
+        let mut conn = scratch.patient_connection().await;
         sqlx::query("DELETE FROM dlock_holds WHERE name = ?")
             .bind(name.as_bytes())
             .execute(&mut conn)
@@ -1201,4 +1208,150 @@ fn a_fleet_of_schedulers_runs_a_job_once_with_hold_at_least() {
             None => assert!(runs > 1, "{expected}: {runs} (exit codes {codes:?})"),
         }
     }
+}
+
+/// A shell script that marks `me` present, waits (polling, 10 s at most) until `other` is
+/// present too, and then stays until the test says `go` (10 s at most): it exits 0 only if
+/// the two runs were inside at the same time.
+fn meet(dir: &std::path::Path, me: &str, other: &str) -> String {
+    format!(
+        "touch {d}/{me}; met=1; \
+         for i in $(seq 100); do [ -e {d}/{other} ] && met=0 && break; sleep 0.1; done; \
+         for i in $(seq 100); do [ -e {d}/go ] && break; sleep 0.1; done; exit $met",
+        d = dir.display()
+    )
+}
+
+/// `--shared` runs hold the name together (a read hold, as `flock -s`) while an exclusive run
+/// finds it held; `--permits 2` lets two runs in at once and turns a third away; `-w` is
+/// `--wait` in seconds, as flock's. Where the backend has no read-write locks or semaphores
+/// (the embedded SQLite), they are refused with a configuration error (78) and run nothing.
+#[test]
+fn shared_and_permit_runs_hold_a_name_together() {
+    let scratch = Scratch::new();
+    let refused_name = Names::new().name("refused");
+    for refused in [["--shared"].as_slice(), ["--permits", "2"].as_slice()] {
+        let mut args = vec!["run"];
+        args.extend(refused);
+        args.extend([refused_name.as_str(), "--", "true"]);
+        let out = output(dlock(&scratch.url(), &args));
+        assert_eq!(out.status.code(), Some(78), "{refused:?} on SQLite");
+    }
+    let servers = ["DLOCK_REDIS_URL", "DLOCK_ZK_URL"];
+    for url in servers.iter().filter_map(|v| service_url(v)) {
+        for mode in [["--shared"].as_slice(), ["--permits", "2"].as_slice()] {
+            let name = Names::new().name("together");
+            let dir = std::env::temp_dir().join(format!("dlock-together-{}", rand_suffix()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let run = |me: &str, other: &str| {
+                let mut args = vec!["run".to_string()];
+                args.extend(mode.iter().map(|s| s.to_string()));
+                args.extend([name.clone(), "--".into(), "sh".into(), "-c".into()]);
+                args.push(meet(&dir, me, other));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                dlock(&url, &args).stdin(Stdio::null()).spawn().unwrap()
+            };
+            let (a, b) = (run("a", "b"), run("b", "a"));
+            // Both inside: the third is turned away (exclusive, or a third permit of two).
+            let t = Instant::now();
+            while !(dir.join("a").exists() && dir.join("b").exists()) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "{url} {mode:?}: not both in"
+                );
+                std::thread::yield_now();
+            }
+            // An exclusive run beside shared ones; a third permit of two.
+            let third_mode: &[&str] = if mode[0] == "--shared" { &[] } else { mode };
+            let mut third = vec!["run", "-w", "0.2"];
+            third.extend(third_mode);
+            third.extend([name.as_str(), "--", "true"]);
+            assert_eq!(
+                output(dlock(&url, &third)).status.code(),
+                Some(75),
+                "{url} {mode:?}"
+            );
+            std::fs::write(dir.join("go"), "").unwrap();
+            for mut c in [a, b] {
+                assert!(
+                    c.wait().unwrap().success(),
+                    "{url} {mode:?}: the two were not in together"
+                );
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// `--signal` chooses the signal that tells the command to stop before the lock ends: here
+/// USR1, sent when the holder's renewals cannot reach the store (another writer holds the
+/// SQLite file's write lock), and the command, which notes it and exits, ends dlock with 76.
+/// KILL and STOP are refused (the command could not act on them).
+#[test]
+fn the_stop_signal_is_the_one_asked_for() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    for bad in ["KILL", "SIGSTOP", "NOPE"] {
+        let out = output(dlock(&url, &["run", "--signal", bad, "x", "--", "true"]));
+        assert_eq!(out.status.code(), Some(2), "--signal {bad}");
+    }
+    let name = Names::new().name("signal");
+    let dir = std::env::temp_dir().join(format!("dlock-signal-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (running, got) = (dir.join("running"), dir.join("got"));
+    let script = format!(
+        "trap 'echo USR1 > {got}; exit 0' USR1; touch {running}; while :; do sleep 0.05; done",
+        got = got.display(),
+        running = running.display()
+    );
+    let child = dlock(
+        &url,
+        &[
+            "run",
+            "--lease",
+            "1500ms",
+            "--kill-after",
+            "500ms",
+            "--signal",
+            "usr1",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    while !running.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the command never ran"
+        );
+        std::thread::yield_now();
+    }
+    // Another writer takes the file's write lock and keeps it: the holder's renewals wait
+    // for it (past the lease), so the lock nears its end unrenewed.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let blocker = rt.block_on(async {
+        let mut conn = scratch.patient_connection().await;
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(blocker);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap_or_default().trim(),
+        "USR1",
+        "the command did not get USR1: {err}"
+    );
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    assert!(err.contains("SIGUSR1"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

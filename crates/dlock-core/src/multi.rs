@@ -64,7 +64,31 @@ impl Member {
         }
     }
 
-    async fn acquire(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
+    /// Takes the member's hold (a mutex, a read or the write hold, a permit), waiting as long
+    /// as it takes.
+    ///
+    /// # Errors
+    ///
+    /// As the member's own `acquire`, `read`, `write`.
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        match self {
+            Self::Lock(l) => l.acquire().await,
+            Self::Read(rw) => rw.read().await,
+            Self::Write(rw) => rw.write().await,
+            Self::Permit(s) => s.acquire().await,
+        }
+    }
+
+    /// Takes the member's hold, waiting at most `wait`; `None` if it was not had by then.
+    ///
+    /// # Errors
+    ///
+    /// As the member's own `try_acquire`, `try_read`, `try_write`.
+    pub async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.acquire_until(Deadline::after(wait)).await
+    }
+
+    async fn acquire_until(&self, deadline: Deadline) -> Result<Option<LockGuard>> {
         match (self, deadline.remaining()) {
             (Self::Lock(l), None) => l.acquire().await.map(Some),
             (Self::Lock(l), Some(left)) => l.try_acquire(left).await,
@@ -192,7 +216,7 @@ impl MultiLock {
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<MultiGuard>> {
         let mut guards = Vec::with_capacity(self.members.len());
         for member in &self.members {
-            match member.acquire(deadline).await {
+            match member.acquire_until(deadline).await {
                 Ok(Some(guard)) => guards.push(guard),
                 Ok(None) => {
                     rollback(guards).await;
