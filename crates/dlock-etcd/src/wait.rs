@@ -241,57 +241,98 @@ mod tests {
     use super::*;
     use crate::keepalive::test_session;
 
+    /// A waiter's wait whose watch is silent: the predecessor is gone before the wait starts,
+    /// its watch is of another key (which never changes), and the read it started from is
+    /// taken as the newest (so the check when the watch is created does not look). The
+    /// predecessor lived in a lease of the test's own, revoked at the end.
+    struct SilentWatch {
+        session: Arc<Session>,
+        lease: i64,
+        stream: etcd_client::WatchStream,
+        watched: Watched,
+    }
+
+    fn etcd(e: etcd_client::Error) -> String {
+        e.to_string()
+    }
+
+    impl SilentWatch {
+        async fn start(what: &str) -> Result<Option<Self>, String> {
+            let Some((session, lease)) = test_session().await? else {
+                return Ok(None);
+            };
+            let mut client = session.client();
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let base = format!("dlock-test/{what}/{}-{nanos}", std::process::id());
+            let key = format!("{base}/predecessor");
+            let options = PutOptions::new().with_lease(lease);
+            let put = client
+                .put(key.as_str(), "", Some(options))
+                .await
+                .map_err(etcd)?;
+            let created = put.header().map_or(0, |h| h.revision());
+            let no_put = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+            let silent = format!("{base}/silent");
+            let stream = client.watch(silent, Some(no_put)).await.map_err(etcd)?;
+            client.delete(key.as_str(), None).await.map_err(etcd)?;
+            let watched = Watched {
+                key: key.into_bytes(),
+                created,
+                read_at: i64::MAX,
+            };
+            Ok(Some(Self {
+                session,
+                lease,
+                stream,
+                watched,
+            }))
+        }
+
+        /// Runs `await_delete` with `unsynced_for` (bounded by `recheck`, if given) in a task;
+        /// `Err` unless it ends within 10 s.
+        async fn wait(
+            self,
+            unsynced_for: Duration,
+            recheck: Option<Duration>,
+        ) -> Result<Arc<Session>, String> {
+            let Self {
+                session,
+                lease,
+                mut stream,
+                watched,
+            } = self;
+            let waiter = {
+                let (session, mut client) = (Arc::clone(&session), session.client());
+                tokio::spawn(async move {
+                    let wait =
+                        await_delete(&session, &mut client, &mut stream, &watched, unsynced_for);
+                    match recheck {
+                        Some(bound) => at_most(bound, wait).await,
+                        None => wait.await,
+                    }
+                })
+            };
+            let ended = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+            drop(session.client().lease_revoke(lease).await);
+            let ended = ended.map_err(|_| "the wait did not end within 10 s".to_string())?;
+            ended.map_err(|e| e.to_string())?.map_err(etcd)?;
+            Ok(session)
+        }
+    }
+
     /// A waiter whose watch holds the delete back (as etcd's unsynced group does, typically
-    /// for up to 100 ms) still sees its predecessor go, by looking at it: here the watch is of
-    /// another key, which never changes, and the read the waiter started from is taken as the
-    /// newest (so the check when the watch is created does not look), so only the waiter's
-    /// looks can end the wait. The predecessor lives in a lease of its own, which ends it if
-    /// the test stops half-way.
+    /// for up to 100 ms) still sees its predecessor go, by looking at it: only the waiter's
+    /// looks can end the wait here.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_sees_its_predecessor_go_while_its_watch_is_silent() -> Result<(), String> {
-        let Some((session, lease)) = test_session().await? else {
+        let Some(rig) = SilentWatch::start("silent-watch").await? else {
             return Ok(());
         };
-        let etcd = |e: etcd_client::Error| e.to_string();
-        let mut client = session.client();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let base = format!("dlock-test/silent-watch/{}-{nanos}", std::process::id());
-        let key = format!("{base}/predecessor");
-        let put = client
-            .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
-            .await
-            .map_err(etcd)?;
-        let created = put.header().map_or(0, |h| h.revision());
-        let mut stream = client
-            .watch(
-                format!("{base}/silent"),
-                Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
-            )
-            .await
-            .map_err(etcd)?;
-        // Gone before the waiter starts: only a look can tell it.
-        client.delete(key.as_str(), None).await.map_err(etcd)?;
-        let watched = Watched {
-            key: key.clone().into_bytes(),
-            created,
-            read_at: i64::MAX,
-        };
-        let waiter = {
-            let (session, mut client) = (Arc::clone(&session), session.client());
-            tokio::spawn(async move {
-                // Looks for as long as the test runs.
-                let window = Duration::from_secs(3600);
-                await_delete(&session, &mut client, &mut stream, &watched, window).await
-            })
-        };
-        let woke = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-        drop(client.lease_revoke(lease).await);
-        let woke =
-            woke.map_err(|_| "the waiter did not see its predecessor go within 10 s".to_string())?;
-        woke.map_err(|e| e.to_string())?.map_err(etcd)?;
+        // Looks for as long as the test runs.
+        let session = rig.wait(Duration::from_secs(3600), None).await?;
         let stats = session.stats();
         if stats.wakeups != 0 || stats.gets == 0 {
             return Err(format!(
@@ -301,55 +342,17 @@ mod tests {
         Ok(())
     }
 
-    /// A waiter whose watch never reports its predecessor's delete (a connection gone silent:
-    /// here a watch of another key, which never changes, with no looks of the unsynced
-    /// window) still ends its wait, within the bound, so that its caller looks again. Without
-    /// the bound it waited until its caller's deadline (for good, for `acquire()`).
+    /// A waiter whose watch never reports its predecessor's delete (a connection gone silent),
+    /// with no looks of the unsynced window, still ends its wait within the bound, so that its
+    /// caller looks again. Without the bound it waited until its caller's deadline (for good,
+    /// for `acquire()`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wait_on_a_silent_watch_ends_within_the_bound() -> Result<(), String> {
-        let Some((session, lease)) = test_session().await? else {
+        let Some(rig) = SilentWatch::start("silent-for-good").await? else {
             return Ok(());
         };
-        let etcd = |e: etcd_client::Error| e.to_string();
-        let mut client = session.client();
-        let base = format!("dlock-test/silent-for-good/{}", uuid_like());
-        let key = format!("{base}/predecessor");
-        let put = client
-            .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
-            .await
-            .map_err(etcd)?;
-        let created = put.header().map_or(0, |h| h.revision());
-        let mut stream = client
-            .watch(format!("{base}/silent"), None)
-            .await
-            .map_err(etcd)?;
-        client.delete(key.as_str(), None).await.map_err(etcd)?;
-        let watched = Watched {
-            key: key.into_bytes(),
-            created,
-            read_at: i64::MAX,
-        };
-        let waiter = {
-            let (session, mut client) = (Arc::clone(&session), session.client());
-            tokio::spawn(async move {
-                let wait =
-                    await_delete(&session, &mut client, &mut stream, &watched, Duration::ZERO);
-                at_most(Duration::from_secs(1), wait).await
-            })
-        };
-        let ended = tokio::time::timeout(Duration::from_secs(10), waiter).await;
-        drop(client.lease_revoke(lease).await);
-        let ended =
-            ended.map_err(|_| "the wait on a silent watch did not end within 10 s".to_string())?;
-        ended.map_err(|e| e.to_string())?.map_err(etcd)?;
+        rig.wait(Duration::ZERO, Some(Duration::from_secs(1)))
+            .await?;
         Ok(())
-    }
-
-    fn uuid_like() -> String {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        format!("{}-{nanos}", std::process::id())
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dlock_conformance::Names;
 use dlock_core::{LockOptions, LockProvider};
 use dlock_memory::MemoryProvider;
 use tokio::time::Instant;
@@ -13,7 +14,7 @@ const LEAST: Duration = Duration::from_secs(2);
 /// until then another client cannot take the lock; after it, it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_release_keeps_the_hold_for_its_least_time() {
-    let store = format!("hold-at-least-{}", uuid_like());
+    let store = Names::new().name("hold-at-least");
     let (a, b) = (MemoryProvider::named(&store), MemoryProvider::named(&store));
     let opts = LockOptions::default().with_hold_at_least(LEAST);
     let g = a.lock("job", opts).unwrap().acquire().await.unwrap();
@@ -37,7 +38,7 @@ async fn an_early_release_keeps_the_hold_for_its_least_time() {
 /// A dropped guard is released in the background once its least time is up, not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_guard_keeps_the_hold_for_its_least_time() {
-    let store = format!("hold-at-least-drop-{}", uuid_like());
+    let store = Names::new().name("hold-at-least-drop");
     let (a, b) = (MemoryProvider::named(&store), MemoryProvider::named(&store));
     let opts = LockOptions::default().with_hold_at_least(LEAST);
     let g = a.lock("job", opts).unwrap().acquire().await.unwrap();
@@ -62,12 +63,4 @@ async fn a_release_after_the_least_time_is_immediate() {
     let started = Instant::now();
     g.release().await.unwrap();
     assert!(started.elapsed() < Duration::from_millis(100));
-}
-
-fn uuid_like() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!("{}-{nanos}", std::process::id())
 }

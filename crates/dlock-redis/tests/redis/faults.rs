@@ -249,18 +249,7 @@ async fn a_fair_waiter_keeps_its_place_across_transient_errors() {
         g.release().await.unwrap();
     }
     let held = direct.lock(&name, fair).unwrap().acquire().await.unwrap();
-    let queued = |n: usize| {
-        let mut admin = admin.clone();
-        let queue = queue.clone();
-        async move {
-            let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
-            if len == n {
-                Ok(())
-            } else {
-                Err(format!("{len} queued"))
-            }
-        }
-    };
+    let queued = |n: usize| fair_queue_is(&admin, &name, n);
     let first_lock = flaky.lock(&name, fair).unwrap();
     let first = tokio::spawn(async move { first_lock.acquire().await });
     eventually(Duration::from_secs(10), "the first waiter queued", || {
@@ -662,18 +651,7 @@ async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
     assert_eq!(config.fair_wait, dlock_redis::DEFAULT_FAIR_WAIT);
     let admin = admin(&server.url()).await;
     let name = Names::new().name("dead-fair-waiter");
-    let queue = format!("redisson_lock_queue:{{{name}}}");
-    let queued = |n: usize| {
-        let (mut admin, queue) = (admin.clone(), queue.clone());
-        async move {
-            let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
-            if len == n {
-                Ok(())
-            } else {
-                Err(format!("{len} queued"))
-            }
-        }
-    };
+    let queued = |n: usize| fair_queue_is(&admin, &name, n);
     let fair = LockOptions::default().with_fair(true);
     let held = direct
         .lock(&name, fair.with_lease(Lease::Fixed(Duration::from_secs(5))))
@@ -732,18 +710,7 @@ async fn a_live_fair_waiter_keeps_its_place_past_its_fair_wait() {
     );
     let admin = admin(&server.url()).await;
     let name = Names::new().name("fair-place-long-hold");
-    let queue = format!("redisson_lock_queue:{{{name}}}");
-    let queued = |n: usize| {
-        let (mut admin, queue) = (admin.clone(), queue.clone());
-        async move {
-            let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
-            if len == n {
-                Ok(())
-            } else {
-                Err(format!("{len} queued"))
-            }
-        }
-    };
+    let queued = |n: usize| fair_queue_is(&admin, &name, n);
     let fair = LockOptions::default().with_fair(true);
     let held = h
         .lock(&name, watchdog(3000).with_fair(true))

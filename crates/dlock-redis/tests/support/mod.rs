@@ -325,6 +325,23 @@ pub(crate) async fn behind_proxy(
     (proxy, direct, proxied)
 }
 
+/// `Ok` once `n` fair waiters are queued for lock `name` (Redisson's queue), for
+/// `eventually`.
+pub(crate) async fn fair_queue_is(
+    admin: &redis::aio::MultiplexedConnection,
+    name: &str,
+    n: usize,
+) -> Result<(), String> {
+    let mut admin = admin.clone();
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let len: usize = admin.llen(&queue).await.map_err(|e| e.to_string())?;
+    if len == n {
+        Ok(())
+    } else {
+        Err(format!("{len} queued"))
+    }
+}
+
 pub(crate) fn watchdog(ttl_ms: u64) -> LockOptions {
     LockOptions::new().with_lease(Lease::watchdog(Duration::from_millis(ttl_ms)))
 }
