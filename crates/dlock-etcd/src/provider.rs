@@ -136,10 +136,10 @@ impl RawProvider for EtcdProvider {
     async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {
         let range = range(&self.session.config.lock_name(name));
         self.session.counters.count(|s| &mut s.gets);
+        let mut client = self.session.client();
         let resp = self
             .session
-            .client()
-            .get(range.as_str(), Some(first_created()))
+            .bounded(client.get(range.as_str(), Some(first_created())))
             .await
             .map_err(|e| from_etcd(&format!("read {range}"), e))?;
         let Some(holder) = resp.kvs().first() else {

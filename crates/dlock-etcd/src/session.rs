@@ -108,8 +108,9 @@ impl Drop for Session {
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let mut client = self.client.clone();
+            let limit = later(Instant::now(), self.config.lease_ttl);
             runtime.spawn(async move {
-                let _ = client.lease_revoke(lease).await;
+                let _ = tokio::time::timeout_at(limit, client.lease_revoke(lease)).await;
             });
         }
     }
@@ -137,8 +138,7 @@ impl Session {
     pub(crate) async fn grant(&self) -> Result<(i64, Duration)> {
         self.counters.count(|s| &mut s.leases);
         let mut client = self.client.clone();
-        client
-            .lease_grant(self.config.ttl_secs(), None)
+        self.bounded(client.lease_grant(self.config.ttl_secs(), None))
             .await
             .map(|r| (r.id(), seconds(r.ttl())))
             .map_err(|e| from_etcd(&format!("grant a lease on {}", self.store_id), e))
@@ -146,6 +146,27 @@ impl Session {
 
     pub(crate) fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// `call`, ended with a timeout error once the lease's time-to-live has passed without
+    /// its answer: by then it is of no use (a partition, a frozen member). The client dlock
+    /// connects has that limit on every call already; one the application gives
+    /// ([`EtcdProvider::from_client`](crate::EtcdProvider::from_client)) may have none, and
+    /// a call on it would wait for as long as its connection stays open.
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, etcd_client::Error> {
+        let limit = self.config.lease_ttl;
+        match tokio::time::timeout_at(later(Instant::now(), limit), call).await {
+            Ok(answered) => answered,
+            Err(_) => Err(etcd_client::Error::GRpcStatus(
+                tonic::Status::deadline_exceeded(format!(
+                    "no answer from {} within {limit:?}",
+                    self.store_id
+                )),
+            )),
+        }
     }
 
     /// Lease `lease` was granted `ttl` by a request sent at `sent`: it is the live lease
@@ -319,7 +340,8 @@ impl Session {
         txn: Txn,
     ) -> Result<TxnResponse, etcd_client::Error> {
         self.counters.count(|s| &mut s.txns);
-        let result = self.client.clone().txn(txn).await;
+        let mut client = self.client.clone();
+        let result = self.bounded(client.txn(txn)).await;
         if let (Err(e), Some(lease)) = (&result, lease)
             && is_lease_gone(e)
         {

@@ -50,7 +50,7 @@ pub(crate) async fn wait_for_predecessor(
         .with_max_create_revision(mine - 1)
         .with_limit(1);
     let mut client = session.client();
-    let resp = client.get(range, Some(options)).await?;
+    let resp = session.bounded(client.get(range, Some(options))).await?;
     let Some(before) = resp.kvs().first() else {
         return Ok(());
     };
@@ -60,11 +60,9 @@ pub(crate) async fn wait_for_predecessor(
         read_at: resp.header().map_or(0, |h| h.revision()),
     };
     session.counters.count(|s| &mut s.watches);
-    let mut stream = client
-        .watch(
-            watched.key.clone(),
-            Some(WatchOptions::new().with_filters([WatchFilterType::NoPut])),
-        )
+    let no_put = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+    let mut stream = session
+        .bounded(client.watch(watched.key.clone(), Some(no_put)))
         .await?;
     let wait = await_delete(session, &mut client, &mut stream, &watched, UNSYNCED_FOR);
     at_most(session.config.lease_ttl, wait).await
@@ -225,7 +223,9 @@ async fn look_at_key(
     watched: &Watched,
 ) -> Result<Seen, etcd_client::Error> {
     session.counters.count(|s| &mut s.gets);
-    let now = client.get(watched.key.as_slice(), None).await?;
+    let now = session
+        .bounded(client.get(watched.key.as_slice(), None))
+        .await?;
     Ok(Seen {
         gone: now.kvs().first().map(|kv| kv.create_revision()) != Some(watched.created),
         revision: now.header().map(|h| h.revision()),

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use dlock_conformance::{Names, must, service_url};
 use dlock_core::{LockOptions, LockProvider};
-use dlock_etcd::EtcdProvider;
+use dlock_etcd::etcd_client::Client;
+use dlock_etcd::{EtcdConfig, EtcdProvider};
 use tokio::time::Instant;
 
 use crate::support::{SHORT_TTL, hold, proxied, with_ttl};
@@ -89,4 +90,35 @@ async fn streams_outlive_the_call_time_limit() {
         "one watch per time-to-live at most: {:?}",
         b.stats()
     );
+}
+
+/// The same time limit holds on a client the application gives
+/// ([`EtcdProvider::from_client`]), which has no call timeout of its own here: a release
+/// through a partition returns an error within the lease's time-to-live instead of waiting
+/// for as long as the connection stays open (it did, on the old code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_the_applications_client_end_within_the_lease_too() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let ttl = SHORT_TTL;
+    let config = EtcdConfig::from_url(&with_ttl(&url, ttl)).unwrap();
+    let proxy = dlock_proxy::Proxy::start(config.endpoints[0].clone())
+        .await
+        .unwrap();
+    let client = Client::connect([proxy.addr().to_string()], None)
+        .await
+        .unwrap();
+    let p = EtcdProvider::from_client(client, config).await.unwrap();
+    let name = Names::new().name("partitioned-app-client");
+    let g = hold(&p, &name).await;
+    proxy.set_fault(dlock_proxy::Fault::Partition);
+    let released = must(
+        ttl * 3 + Duration::from_secs(2),
+        "a release through the partition, on the application's client",
+        g.release(),
+    )
+    .await;
+    assert!(released.is_err(), "released through a partition");
+    proxy.set_fault(dlock_proxy::Fault::None);
 }
