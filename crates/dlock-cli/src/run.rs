@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::io::IsTerminal;
 
 use clap::Args;
-use dlock::backend::Deadline;
+use dlock::backend::{Deadline, later};
 use dlock::{Lease, LockOptions, Member};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
@@ -71,8 +71,10 @@ pub struct RunOpts {
 
     /// Keep the lock at least this long from the grant, even when the command ends sooner
     /// (ShedLock's lockAtLeastFor): dlock holds it, renewed, until then and exits after the
-    /// release. With --no-wait, a job that a fleet of schedulers starts seconds apart runs
-    /// once: the first takes the lock, the others find it held.
+    /// release, with the command's status. With --no-wait, a job that a fleet of schedulers
+    /// starts seconds apart runs once: the first takes the lock, the others find it held. A
+    /// signal (SIGINT, SIGTERM, SIGHUP) ends the wait and releases at once; a command that
+    /// did not run keeps nothing.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     hold_at_least: Option<Duration>,
 
@@ -96,8 +98,7 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     };
     let options = LockOptions::new()
         .with_lease(Lease::watchdog(opts.lease))
-        .with_fair(opts.fair)
-        .with_hold_at_least(opts.hold_at_least.unwrap_or_default());
+        .with_fair(opts.fair);
     let lock = match member(&locks, &opts, options) {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot lock {:?}", opts.name), &e),
@@ -150,6 +151,7 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         _ = hangup.recv() => return 128 + 1,
     };
     let token = guard.fencing_token();
+    let granted = tokio::time::Instant::now();
     let Some((program, args)) = opts.command.split_first() else {
         return exit::CONFIG;
     };
@@ -248,6 +250,9 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
     // Whether the command was told to stop because the lock was ending. It stays told if a
     // renewal then moves the end: it is killed at the new end unless it exits first.
     let mut told = false;
+    // Whether a stop signal reached dlock (and was passed on to the command): the command's
+    // end is then no time to keep the lock for --hold-at-least.
+    let mut stopping = false;
     loop {
         tokio::select! {
             // A command that exited is handled first: its status and the release decide.
@@ -262,6 +267,25 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                         exit::SOFTWARE
                     }
                 };
+                // --hold-at-least: the lock stays this run's, renewed, until then; a signal
+                // ends the wait (the release comes at once), and a loss meanwhile is no
+                // failure of the command, which has ended.
+                if let Some(least) = opts.hold_at_least.filter(|_| !told && !stopping) {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(later(granted, least)) => {}
+                        () = &mut lost => {
+                            eprintln!(
+                                "dlock: the lock {:?} (token {token}) was lost after the command \
+                                 ended (status {code}), before --hold-at-least was up",
+                                opts.name
+                            );
+                            return code;
+                        }
+                        _ = interrupt.recv() => {}
+                        _ = terminate.recv() => {}
+                        _ = hangup.recv() => {}
+                    }
+                }
                 return match guard.release().await {
                     Ok(()) if told => {
                         eprintln!(
@@ -324,9 +348,18 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                 send_to(&groups, opts.signal);
                 send_to(&groups, Signal::SIGCONT);
             }
-            _ = interrupt.recv() => send(Signal::SIGINT),
-            _ = terminate.recv() => send(Signal::SIGTERM),
-            _ = hangup.recv() => send(Signal::SIGHUP),
+            _ = interrupt.recv() => {
+                stopping = true;
+                send(Signal::SIGINT);
+            }
+            _ = terminate.recv() => {
+                stopping = true;
+                send(Signal::SIGTERM);
+            }
+            _ = hangup.recv() => {
+                stopping = true;
+                send(Signal::SIGHUP);
+            }
         }
     }
 }

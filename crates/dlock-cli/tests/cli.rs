@@ -1355,3 +1355,55 @@ fn the_stop_signal_is_the_one_asked_for() {
     assert!(err.contains("SIGUSR1"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `dlock run --hold-at-least` whose command has ended keeps the lock until then, but a
+/// SIGTERM (a service manager stopping it), before or after the command ended, ends the wait
+/// at once: dlock releases and exits with the command's status, and the lock is free.
+#[test]
+fn a_signal_ends_the_hold_at_least_wait() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("least-signal");
+    let ran = std::env::temp_dir().join(format!("dlock-least-signal-{}", rand_suffix()));
+    let job = format!("touch {}", ran.display());
+    let child = dlock(
+        &url,
+        &[
+            "run",
+            "--hold-at-least",
+            "120s",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &job,
+        ],
+    )
+    .stdin(Stdio::null())
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    // The command has run (and is ending, or has ended: the signal then comes in the wait).
+    while !ran.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the command never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(&ran);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "SIGTERM did not end the wait"
+    );
+    // The command's status: 0, or 143 if the SIGTERM came before `true` had exited (dlock
+    // passes it on).
+    let code = out.status.code();
+    assert!(matches!(code, Some(0 | 143)), "{code:?}");
+    let again = output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]));
+    assert_eq!(again.status.code(), Some(0), "the lock was not released");
+}

@@ -359,6 +359,25 @@ impl LockGuard {
         .await
     }
 
+    /// Releases as [`release`](Self::release) does, but at once, before the hold's least time
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)) if it has one: for
+    /// a hold whose work never ran (a command that could not start, a rollback) or is being
+    /// abandoned (a shutdown).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    pub async fn release_now(self) -> Result<()> {
+        if let Some(shared) = &self.shared {
+            shared.clear_release_not_before();
+        }
+        self.release().await
+    }
+
     /// Stops renewing and forgets the hold without releasing it: it ends with its lease or
     /// session, as if this process had crashed. Returns the token.
     ///

@@ -221,9 +221,13 @@ async fn live(
             };
             guard.set_drift(info.options.drift);
             guard.set_max_lease(info.max_lease);
-            guard.set_hold_at_least(info.options.hold_at_least);
             let reason = match settle(&guard, deadline).await {
-                Settled::Held => return Ok(Some(guard)),
+                Settled::Held => {
+                    // Only a hold handed to the caller keeps its least time: one dropped here
+                    // (an error, a cut-off, a cancelled acquire) is released at once.
+                    guard.set_hold_at_least(info.options.hold_at_least);
+                    return Ok(Some(guard));
+                }
                 Settled::Lost(reason) => reason,
                 Settled::Suspended => {
                     return Err(Error::no_answer(

@@ -262,7 +262,8 @@ impl MultiLock {
 async fn rollback(guards: Vec<LockGuard>) {
     for guard in guards.into_iter().rev() {
         let name = guard.name().clone();
-        if let Err(e) = guard.release().await {
+        // The caller never got these holds: no least time to keep.
+        if let Err(e) = guard.release_now().await {
             tracing::warn!(lock = %name, error = %e, "MultiLock rollback: release failed");
         }
     }

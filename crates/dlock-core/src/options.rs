@@ -150,7 +150,11 @@ pub struct LockOptions {
     pub drift: DriftAllowance,
     /// The least time a hold is kept from its grant (ShedLock's `lockAtLeastFor`): a release
     /// (or the drop of the last guard) that comes sooner keeps the hold, renewed, until then,
-    /// and releases it then; a hold lost meanwhile ends at once. For a job that must run once
+    /// and releases it then; a hold lost meanwhile ends at once (the release returns
+    /// [`Error::LockLost`], and `lost()` resolves). [`LockGuard::release_now`] skips it. At
+    /// most the lease of a [`Lease::Fixed`], which nothing renews.
+    ///
+    /// [`LockGuard::release_now`]: crate::LockGuard::release_now For a job that must run once
     /// across a fleet whose schedulers fire seconds apart: each takes the lock with a
     /// `try_acquire`, and the one that got it keeps it past the others' tries even when its
     /// job is quick. The hold lives in this process meanwhile: a process that exits sooner
@@ -330,6 +334,19 @@ impl Capabilities {
                 return Err(Error::unsupported(self.backend, "fixed leases"));
             }
             _ => {}
+        }
+        if let Lease::Fixed(fixed) = options.lease
+            && options.hold_at_least > fixed
+        {
+            return Err(Error::invalid_argument(
+                "hold_at_least",
+                format!(
+                    "{:?} is longer than the fixed lease ({fixed:?}): nothing renews a fixed \
+                     lease, so the hold would end first; use a watchdog lease, or a fixed lease \
+                     at least that long",
+                    options.hold_at_least
+                ),
+            ));
         }
         if options.fair && !self.fair {
             return Err(Error::unsupported(self.backend, "fair locks"));

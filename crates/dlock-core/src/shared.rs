@@ -159,6 +159,11 @@ impl Shared {
         self.release_not_before.lock().get_or_insert(at);
     }
 
+    /// Drops the hold's least time: the next release ends it at once.
+    pub(crate) fn clear_release_not_before(&self) {
+        *self.release_not_before.lock() = None;
+    }
+
     /// Whether a release now would come before the hold's least time is up (and the hold is
     /// still vouched for).
     fn released_too_soon(&self) -> bool {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dlock_conformance::Names;
-use dlock_core::{LockOptions, LockProvider};
+use dlock_core::{Lease, LockOptions, LockProvider, MultiLock};
 use dlock_memory::MemoryProvider;
 use tokio::time::Instant;
 
@@ -63,4 +63,95 @@ async fn a_release_after_the_least_time_is_immediate() {
     let started = Instant::now();
     g.release().await.unwrap();
     assert!(started.elapsed() < Duration::from_millis(100));
+}
+
+/// The keeper renews the hold through its least time: a 1 s watchdog lease kept 3 s after
+/// an early release, no other client getting it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hold_is_renewed_through_its_least_time() {
+    let store = Names::new().name("hold-at-least-renewed");
+    let (a, b) = (MemoryProvider::named(&store), MemoryProvider::named(&store));
+    let least = Duration::from_secs(3);
+    let opts = LockOptions::default()
+        .with_lease(Lease::watchdog(Duration::from_secs(1)))
+        .with_hold_at_least(least);
+    let g = a.lock("job", opts).unwrap().acquire().await.unwrap();
+    let granted = Instant::now();
+    let releasing = tokio::spawn(g.release());
+    let other = b.lock("job", LockOptions::default()).unwrap();
+    assert!(
+        other.try_acquire(least / 2).await.unwrap().is_none(),
+        "the lease ran out during the least time"
+    );
+    releasing.await.unwrap().unwrap();
+    assert!(granted.elapsed() >= least - Duration::from_millis(50));
+}
+
+/// A hold lost during its least time ends the wait at once: the release says it was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_lost_during_its_least_time_ends_the_wait() {
+    let store = Names::new().name("hold-at-least-lost");
+    let a = MemoryProvider::named(&store);
+    let opts = LockOptions::default().with_hold_at_least(Duration::from_secs(30));
+    let g = a.lock("job", opts).unwrap().acquire().await.unwrap();
+    let lost = g.lost();
+    let releasing = tokio::spawn(g.release());
+    assert_eq!(a.force_expire("job"), 1);
+    let released = tokio::time::timeout(Duration::from_secs(5), releasing)
+        .await
+        .expect("the release still waited for its least time after the loss")
+        .unwrap();
+    assert!(
+        matches!(released, Err(dlock_core::Error::LockLost { .. })),
+        "{released:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(1), lost)
+        .await
+        .expect("lost() did not resolve");
+}
+
+/// `release_now` skips the least time; a fixed lease shorter than it is refused; and holds
+/// a MultiLock rolls back (the caller never got them) are released at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_now_rollbacks_and_fixed_leases_keep_no_least_time() {
+    let store = Names::new().name("hold-at-least-now");
+    let (a, b) = (MemoryProvider::named(&store), MemoryProvider::named(&store));
+    let opts = LockOptions::default().with_hold_at_least(Duration::from_secs(30));
+    let g = a.lock("now", opts).unwrap().acquire().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), g.release_now())
+        .await
+        .expect("release_now waited")
+        .unwrap();
+    let fixed = opts.with_lease(Lease::Fixed(Duration::from_secs(5)));
+    let e = a.lock("fixed", fixed).unwrap_err();
+    assert!(
+        matches!(e, dlock_core::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+    // The MultiLock takes "m1" (free), then cannot have "m2" (held): "m1" is rolled back at
+    // once, not kept 30 s.
+    let held = b
+        .lock("m2", LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let multi = MultiLock::new(vec![
+        a.lock("m1", opts).unwrap(),
+        a.lock("m2", opts).unwrap(),
+    ])
+    .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), multi.try_acquire(Duration::ZERO))
+        .await
+        .expect("the rollback kept its least time")
+        .unwrap();
+    assert!(got.is_none());
+    let m1 = b.lock("m1", LockOptions::default()).unwrap();
+    assert!(
+        m1.try_acquire(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    held.release().await.unwrap();
 }
