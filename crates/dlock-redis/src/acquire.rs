@@ -29,7 +29,7 @@ const RETRIES: usize = 2;
 
 /// Longest sleep without a message: when the holder's key has no expiry, and the cap on every
 /// other wait (so a lost wake-up message costs at most this long).
-const NO_TTL_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const NO_TTL_RECHECK: Duration = Duration::from_secs(5);
 
 impl<P: Primitive> Acquisition<P> {
     /// Acquires, waiting until `deadline`.
@@ -112,7 +112,8 @@ impl<P: Primitive> Acquisition<P> {
             }
             // Bounded even when a wake-up message is due: one lost message (a pub/sub
             // connection that died with a restart) costs at most NO_TTL_RECHECK.
-            let wait = wait.unwrap_or(NO_TTL_RECHECK).min(NO_TTL_RECHECK);
+            let cap = self.primitive.recheck_within();
+            let wait = wait.unwrap_or(cap).min(cap);
             match deadline.run(listener.resubscribe()).await {
                 Some(Subscribed::Already) => {
                     unheard.reset();

@@ -19,7 +19,7 @@ use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 /// | --- | --- | --- |
 /// | `cluster` | `true`: the host is a seed of a Redis Cluster | `false` |
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
-/// | `fair_wait_ms` | how long after its last look a queued fair waiter is skipped by the others (Redisson's `fairLockWaitTimeout`; over 5 s, dlock's waiters look every 5 s at most) | `30000` |
+/// | `fair_wait_ms` | how long a queued fair waiter that stopped looking keeps its turn (Redisson's `fairLockWaitTimeout`, which Redisson peers of one queue must share; at least 1000) | `300000` |
 /// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
@@ -144,11 +144,16 @@ impl std::fmt::Debug for SentinelAuth {
 /// The port Sentinels listen on unless the URL says otherwise.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
-/// The default fair-lock wait of dlock's waiters: how long after its last look a queued
-/// waiter is skipped by the others (a waiter that died without leaving the queue). dlock's
-/// waiters look again at least every 5 s, so a live one keeps its place; Redisson's waiters
-/// use their own `fairLockWaitTimeout` (5 minutes by default).
-pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(30);
+/// The default fair-lock wait, Redisson's `fairLockWaitTimeout`: how long a queued waiter
+/// that stopped looking (it died without leaving the queue) keeps its turn once it heads the
+/// queue. dlock's waiters look again at least every third of it and so keep their place
+/// however long the lock is held. A queue shared with Redisson peers needs their value (each
+/// grant takes the granted waiter's wait off every deadline); a dlock-only one can take a
+/// short one (`fair_wait_ms=30000`) to bound what dead waiters cost.
+pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(300);
+
+/// The shortest fair-lock wait accepted: a waiter looks again every third of it.
+const MIN_FAIR_WAIT: Duration = Duration::from_secs(1);
 
 #[cfg(feature = "serde")]
 dlock_core::backend::deserialize_from_url!(RedisConfig);
@@ -329,6 +334,13 @@ impl RedisConfig {
 
     /// Refuses combinations dlock cannot keep.
     pub(crate) fn checked(self) -> Result<Self> {
+        if self.fair_wait < MIN_FAIR_WAIT {
+            return Err(Error::config(format!(
+                "fair_wait_ms={}: at least {} (a fair waiter looks again every third of it)",
+                self.fair_wait.as_millis(),
+                MIN_FAIR_WAIT.as_millis()
+            )));
+        }
         if !self.tls.is_empty() {
             if self.sentinel.is_some() {
                 return Err(Error::config(

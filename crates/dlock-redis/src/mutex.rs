@@ -4,10 +4,12 @@
 //! [`scripts::mutex`]: crate::scripts::mutex
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dlock_core::backend::{RawLock, Request};
 use dlock_core::{LockGuard, LockKind, Result, async_trait};
 
+use crate::acquire::NO_TTL_RECHECK;
 use crate::call::Call;
 use crate::keys::Keys;
 use crate::primitive::{Acquisition, Holder, Primitive};
@@ -70,6 +72,12 @@ pub(crate) struct Fair {
 
 impl Primitive for Fair {
     const KIND: LockKind = LockKind::Mutex;
+
+    /// A third of the wait: each look moves the waiter's deadline on by the wait, so a live
+    /// waiter looks before the others may skip it.
+    fn recheck_within(&self) -> Duration {
+        Duration::from_millis(self.wait_ms / 3).min(NO_TTL_RECHECK)
+    }
 
     fn acquire_call<'a>(&'a self, h: &'a Holder, queue: bool) -> Call<'a> {
         let script = if queue { &*FAIR_LOCK } else { &*FAIR_TRY };

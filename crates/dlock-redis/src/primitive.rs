@@ -6,11 +6,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use dlock_core::backend::Request;
 use dlock_core::{Lease, LockKind, LockName};
 use redis::Script;
 
+use crate::acquire::NO_TTL_RECHECK;
 use crate::call::{Call, ms};
 use crate::keys::Keys;
 use crate::pubsub::ChannelKind;
@@ -99,6 +101,12 @@ pub(crate) trait Primitive: fmt::Debug + Send + Sync + 'static {
     fn leave_call<'a>(&'a self, h: &'a Holder) -> Option<Call<'a>> {
         let _ = h;
         None
+    }
+
+    /// The longest a waiter sleeps between two looks, a wake-up message or not (one that
+    /// was lost costs at most this). By default [`NO_TTL_RECHECK`].
+    fn recheck_within(&self) -> Duration {
+        NO_TTL_RECHECK
     }
 
     /// The channel a waiter listens on, and what its messages mean.

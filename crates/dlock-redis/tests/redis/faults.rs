@@ -638,17 +638,19 @@ async fn a_failed_unsubscribe_is_tried_again() {
 
 /// A fair waiter that died without leaving the queue (its process gone, its connection cut
 /// before the leave could reach the server) keeps a free lock from the live waiter behind it
-/// for at most the default fair wait after its last look (30 s), not Redisson's 5 minutes:
-/// with a holder of a 5 s fixed lease, the live waiter is granted well within a minute of the
-/// dead one's enqueue (it waited 305 s with the old default).
+/// for its fair wait only: with `fair_wait_ms=30000` (a dlock-only queue) and a holder of a
+/// 5 s fixed lease, the live waiter is granted well within a minute of the dead one's
+/// enqueue. Such a short wait was of no use before: a live waiter whose holder held past it
+/// was swept and lost its place (see the next test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let (proxy, direct, doomed) = behind_proxy(&server, "").await;
-    let config = dlock_redis::RedisConfig::from_url(&server.url()).unwrap();
-    assert_eq!(config.fair_wait, dlock_redis::DEFAULT_FAIR_WAIT);
+    let (proxy, _, doomed) = behind_proxy(&server, "?fair_wait_ms=30000").await;
+    let direct = RedisProvider::connect(&format!("{}?fair_wait_ms=30000", server.url()))
+        .await
+        .unwrap();
     let admin = admin(&server.url()).await;
     let name = Names::new().name("dead-fair-waiter");
     let queued = |n: usize| fair_queue_is(&admin, &name, n);
@@ -692,24 +694,22 @@ async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
     drop(held);
 }
 
-/// A live fair waiter keeps its place however long the holder holds, past its fair wait:
-/// it moves its own deadline each time it looks (here a fair wait of 10 s, a holder that
-/// holds 16 s on a 3 s watchdog lease, so the head's first deadline, the lease plus the
-/// wait, passes while it waits). Before, it was swept by the second waiter's look and queued
-/// again at the back, and the second waiter was granted first.
+/// Live fair waiters keep their places however long the holder holds, past their fair
+/// waits: each look moves a waiter's deadline on, a wait past the one before it (here a
+/// fair wait of 3 s, three waiters, a holder that holds 10 s on a 3 s watchdog lease, so
+/// every first deadline passes while they wait). They are granted in the order they queued.
+/// Before, the first was swept by another's look and queued again at the back; and with
+/// every deadline moved to now plus the wait, the wait a grant takes off the others put them
+/// all behind now, and they queued again in whatever order they looked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_live_fair_waiter_keeps_its_place_past_its_fair_wait() {
+async fn live_fair_waiters_keep_their_places_past_their_fair_wait() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let url = format!("{}?fair_wait_ms=10000", server.url());
-    let (h, w1, w2) = (
-        RedisProvider::connect(&url).await.unwrap(),
-        RedisProvider::connect(&url).await.unwrap(),
-        RedisProvider::connect(&url).await.unwrap(),
-    );
+    let url = format!("{}?fair_wait_ms=3000", server.url());
+    let h = RedisProvider::connect(&url).await.unwrap();
     let admin = admin(&server.url()).await;
-    let name = Names::new().name("fair-place-long-hold");
+    let name = Names::new().name("fair-places-long-hold");
     let queued = |n: usize| fair_queue_is(&admin, &name, n);
     let fair = LockOptions::default().with_fair(true);
     let held = h
@@ -719,42 +719,31 @@ async fn a_live_fair_waiter_keeps_its_place_past_its_fair_wait() {
         .await
         .unwrap();
     let (tx, mut order) = tokio::sync::mpsc::unbounded_channel();
-    let first = {
-        let (lock, tx) = (w1.lock(&name, fair).unwrap(), tx.clone());
-        tokio::spawn(async move {
+    let mut waiters = Vec::new();
+    for i in 1..=3 {
+        let p = RedisProvider::connect(&url).await.unwrap();
+        let (lock, tx) = (p.lock(&name, fair).unwrap(), tx.clone());
+        waiters.push(tokio::spawn(async move {
             let g = lock.acquire().await.unwrap();
-            let _ = tx.send(1);
+            let _ = tx.send(i);
             g.release().await.unwrap();
-        })
-    };
-    eventually(Duration::from_secs(10), "the first waiter queued", || {
-        queued(1)
-    })
-    .await;
-    let second = {
-        let lock = w2.lock(&name, fair).unwrap();
-        tokio::spawn(async move {
-            let g = lock.acquire().await.unwrap();
-            let _ = tx.send(2);
-            g.release().await.unwrap();
-        })
-    };
-    eventually(Duration::from_secs(10), "the second waiter queued", || {
-        queued(2)
-    })
-    .await;
-    // Past the first waiter's first deadline (3 s lease + 10 s wait from its enqueue).
-    let until = dlock_core::backend::later(Instant::now(), Duration::from_secs(16));
+            drop(p);
+        }));
+        eventually(Duration::from_secs(10), "the waiter queued", || queued(i)).await;
+    }
+    // Past every waiter's first deadline (3 s lease + 3 s a waiter from the first enqueue).
+    let until = dlock_core::backend::later(Instant::now(), Duration::from_secs(10));
     while Instant::now() < until {
         assert!(held.is_held());
         let _ = tokio::time::timeout_at(until, held.lost()).await;
     }
     held.release().await.unwrap();
-    must(Duration::from_secs(20), "both waiters are granted", async {
-        first.await.unwrap();
-        second.await.unwrap();
+    must(Duration::from_secs(20), "every waiter is granted", async {
+        for w in waiters {
+            w.await.unwrap();
+        }
     })
     .await;
-    let granted: Vec<i32> = std::iter::from_fn(|| order.try_recv().ok()).collect();
-    assert_eq!(granted, [1, 2], "the first waiter lost its place");
+    let granted: Vec<usize> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+    assert_eq!(granted, [1, 2, 3], "a waiter lost its place");
 }
