@@ -2,11 +2,12 @@
 //! advisory lock's session), closed rather than given back to the pool unless it is clean.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{Deadline, Later, Mutex, Owner, from_now, spawn_at};
-use dlock_core::{Error, Result};
+use dlock_core::{Error, LockName, Result};
 use tokio::time::Instant;
 
 use super::server_seconds;
@@ -28,20 +29,27 @@ pub(crate) struct Pinned {
     watcher: Option<Later>,
     /// The backend, for errors.
     backend: &'static str,
-    /// The task that pinned it counts it among its connections until it goes back or closes.
-    _pinner: Option<Pinner>,
+    /// Its entry among the pool's pinned connections, until it goes back or closes.
+    pinner: Option<Pinner>,
 }
 
 impl Pinned {
-    /// A connection of the lock pool, pinned to one held or waiting lock of the current task
-    /// (counted in `pinners` until it goes back or closes).
-    pub(crate) fn new(conn: Conn, backend: &'static str, pinners: &Arc<Pinners>) -> Self {
+    /// A connection of the lock pool, pinned to one waiting lock of `name` of the current
+    /// task (counted in `pinners` until it goes back or closes; `bounded`: the wait has a
+    /// deadline).
+    pub(crate) fn new(
+        conn: Conn,
+        backend: &'static str,
+        pinners: &Arc<Pinners>,
+        name: &LockName,
+        bounded: bool,
+    ) -> Self {
         Self {
             conn: Some(conn),
             closed: false,
             watcher: None,
             backend,
-            _pinner: Some(pinners.count_current()),
+            pinner: Some(pinners.pin(name, bounded)),
         }
     }
 
@@ -52,6 +60,9 @@ impl Pinned {
         W: FnOnce(Weak<tokio::sync::Mutex<Self>>) -> F + Send + 'static,
         F: std::future::Future<Output = ()> + Send + 'static,
     {
+        if let Some(p) = &self.pinner {
+            p.holds();
+        }
         Arc::new_cyclic(|me| {
             let me = Weak::clone(me);
             self.watcher = Some(spawn_at(from_now(period), move || watcher(me)));
@@ -130,7 +141,7 @@ impl Pinned {
     /// may stay warm for the next lock.
     pub(crate) fn return_to_pool(&mut self) {
         if let Some(c) = self.conn.take() {
-            self._pinner = None;
+            self.pinner = None;
             if tokio::runtime::Handle::try_current().is_ok() {
                 c.done();
             } else {
@@ -276,7 +287,7 @@ impl Pinned {
 
     pub(crate) fn close(&mut self) {
         if let Some(c) = self.conn.take() {
-            self._pinner = None;
+            self.pinner = None;
             self.closed = true;
             close_connection(c);
         }
@@ -329,47 +340,83 @@ impl Drop for Pinned {
     }
 }
 
-/// The tasks (threads, outside a task) that have connections of one lock pool pinned, and
-/// how many each. A task that
-/// has one and waits for another while the pool is exhausted may be waiting for itself: the
-/// connections it waits for are pinned by its own lock and by that lock's waiters.
+/// The connections of one lock pool pinned right now: by which task (the thread, outside a
+/// task), for which name, whether they hold it or wait for it, and whether the wait has a
+/// deadline. A task that waits for a connection while every one is pinned, by itself or by
+/// waiters that wait for ever on names it holds, waits for itself: see
+/// [`waits_for_itself`](Self::waits_for_itself).
 #[derive(Debug, Default)]
-pub(crate) struct Pinners(Mutex<HashMap<Owner, usize>>);
+pub(crate) struct Pinners {
+    pins: Mutex<HashMap<u64, Pin>>,
+    next: AtomicU64,
+}
+
+/// One pinned connection, as [`Pinners`] sees it.
+#[derive(Debug, Clone)]
+struct Pin {
+    owner: Owner,
+    name: LockName,
+    held: bool,
+    bounded: bool,
+}
 
 impl Pinners {
-    /// Whether the current task (the thread, outside a task) has a connection of the pool
-    /// pinned.
-    pub(crate) fn current_has_one(&self) -> bool {
-        self.0.lock().contains_key(&Owner::current())
+    /// Whether the current task, asking for a connection of a pool with every connection in
+    /// use, waits for itself: it holds a lock on a connection of the pool, and every
+    /// connection is its own or a waiter's with no deadline on a name it holds (a nested
+    /// acquire, a MultiLock of several such locks, behind its own lock's waiters). Nothing
+    /// can then free one. A connection pinned by anyone else may come free.
+    pub(crate) fn waits_for_itself(&self) -> bool {
+        let me = Owner::current();
+        let pins = self.pins.lock();
+        let mine: Vec<&LockName> = pins
+            .values()
+            .filter(|p| p.owner == me && p.held)
+            .map(|p| &p.name)
+            .collect();
+        !mine.is_empty()
+            && pins
+                .values()
+                .all(|p| p.owner == me || (!p.held && !p.bounded && mine.contains(&&p.name)))
     }
 
-    /// Counts one more connection of the current task until the returned count is dropped.
-    fn count_current(self: &Arc<Self>) -> Pinner {
-        let task = Owner::current();
-        *self.0.lock().entry(task).or_default() += 1;
+    /// Counts a connection pinned by the current task for `name` (a wait with a deadline if
+    /// `bounded`) until the returned pin is dropped.
+    fn pin(self: &Arc<Self>, name: &LockName, bounded: bool) -> Pinner {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let pin = Pin {
+            owner: Owner::current(),
+            name: name.clone(),
+            held: false,
+            bounded,
+        };
+        self.pins.lock().insert(id, pin);
         Pinner {
             pinners: Arc::clone(self),
-            task,
+            id,
         }
     }
 }
 
-/// One pinned connection of a task, counted in its [`Pinners`] while it lives.
+/// One pinned connection, counted in its [`Pinners`] while it lives.
 #[derive(Debug)]
 struct Pinner {
     pinners: Arc<Pinners>,
-    task: Owner,
+    id: u64,
+}
+
+impl Pinner {
+    /// The connection now holds its lock.
+    fn holds(&self) {
+        if let Some(p) = self.pinners.pins.lock().get_mut(&self.id) {
+            p.held = true;
+        }
+    }
 }
 
 impl Drop for Pinner {
     fn drop(&mut self) {
-        let mut counts = self.pinners.0.lock();
-        if let Some(n) = counts.get_mut(&self.task) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.task);
-            }
-        }
+        self.pinners.pins.lock().remove(&self.id);
     }
 }
 

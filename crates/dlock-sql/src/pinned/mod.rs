@@ -252,13 +252,16 @@ async fn pin(
                     // pool, and every connection is pinned: those it waits for may well be
                     // its own lock's and its waiters', who wait for it (a nested acquire, a
                     // MultiLock of several such locks). An error, not a wait for ever.
-                    Err(sqlx::Error::PoolTimedOut) if pinners.current_has_one() => {
+                    Err(sqlx::Error::PoolTimedOut)
+                        if lock_pool.all_in_use() && pinners.waits_for_itself() =>
+                    {
                         return Err(Error::WouldDeadlock {
                             name: name.to_string(),
                             reason: format!(
-                                "this task already has a connection of the {} lock pool, and \
-                                 all {} are pinned by held or waiting locks, maybe by its own \
-                                 lock's waiters: release its lock first, or raise ?pool=N",
+                                "all {1} connections of the {0} lock pool are pinned by this \
+                                 task's locks and by waiters for them, and it holds them while \
+                                 it waits for one more: release its lock first, or raise \
+                                 ?pool=N",
                                 inner.strategy,
                                 lock_pool.max_connections()
                             ),
@@ -286,7 +289,13 @@ async fn pin(
         Err(sqlx::Error::PoolTimedOut) => return Err(timed_out()),
         other => other.map_err(|e| from_sqlx(backend, "connect", e))?,
     };
-    Ok(Pinned::new(pooled, backend, pinners))
+    Ok(Pinned::new(
+        pooled,
+        backend,
+        pinners,
+        name,
+        deadline.instant().is_some(),
+    ))
 }
 
 /// Whether a try of a pinned lock waits on the server, and for how many seconds: the first

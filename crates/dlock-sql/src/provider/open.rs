@@ -127,6 +127,8 @@ impl SqlProvider {
         if dialect == Dialect::Sqlite && strategy == Strategy::ForUpdate {
             return Err(Error::unsupported("sqlite", "the for-update strategy"));
         }
+        // Before the lock pool opens: a strategy the database does not offer opens nothing.
+        config::check_advisory(dialect, strategy)?;
         let table = config.table.as_str();
         // The database without credentials, the table prefix and the strategy (as a URL's
         // store id).

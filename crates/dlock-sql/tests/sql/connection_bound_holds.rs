@@ -355,6 +355,56 @@ async fn a_task_holding_a_pinned_lock_is_not_left_waiting_for_its_own_waiter() {
     g.release().await.unwrap();
 }
 
+/// A task that holds a for-update lock and asks for a second one while the lock pool is
+/// full of other tasks' holds is not waiting for itself: it waits (past the pool's 10 s wait)
+/// and gets its lock when another task releases, never a `WouldDeadlock`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_busy_with_other_tasks_holds_is_waited_for() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let p = SqlProvider::connect(&with_query(&for_update(&mysql), "pool=2"))
+        .await
+        .unwrap();
+    let names = Names::new();
+    let (a, b, c) = (names.name("mine"), names.name("next"), names.name("theirs"));
+    let held = p
+        .lock(&a, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let (release_c, released) = tokio::sync::oneshot::channel::<()>();
+    let (taken_tx, taken) = tokio::sync::oneshot::channel::<()>();
+    let other = {
+        let lock = p.lock(&c, LockOptions::default()).unwrap();
+        tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            let _ = taken_tx.send(());
+            let _ = released.await;
+            g.release().await.unwrap();
+        })
+    };
+    taken.await.unwrap();
+    // The other task lets go of its lock 12 s from now: past the pool's wait.
+    let at = dlock_core::backend::later(Instant::now(), Duration::from_secs(12));
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at).await;
+        let _ = release_c.send(());
+    });
+    let next = p.lock(&b, LockOptions::default()).unwrap();
+    let g = must(Duration::from_secs(40), "the second lock", next.acquire())
+        .await
+        .expect("a busy pool is no deadlock");
+    assert!(
+        Instant::now() >= at,
+        "granted before a connection came free"
+    );
+    g.release().await.unwrap();
+    held.release().await.unwrap();
+    other.await.unwrap();
+}
+
 /// `describe` of a for-update lock neither takes it nor bumps its fence: a try of the lock with
 /// NOWAIT would take a fencing token when the lock is free (and make a concurrent NOWAIT
 /// acquirer fail).

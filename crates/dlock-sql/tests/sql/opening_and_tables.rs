@@ -327,6 +327,13 @@ async fn from_pool_reads_its_config() {
         .unwrap();
     assert_eq!(p.store_id(), by_url.store_id());
 
+    // A strategy SQLite does not offer is refused as unsupported, before anything opens.
+    let advisory_here = config.clone().with_strategy(Strategy::Advisory);
+    let e = SqlProvider::from_pool(pool.clone(), &advisory_here)
+        .await
+        .expect_err("advisory on SQLite");
+    assert!(matches!(e, dlock_core::Error::Unsupported { .. }), "{e}");
+
     let other = SqlConfig::from_url("postgres://localhost").unwrap();
     let e = SqlProvider::from_pool(pool, &other)
         .await
