@@ -16,6 +16,10 @@ use crate::error::{from_etcd, is_lease_gone};
 use crate::retry::{RETRY_MAX, RETRY_MIN, seconds};
 use crate::session::Session;
 
+/// The shortest interval between the client's HTTP/2 pings: etcd's default
+/// `--grpc-keepalive-min-time`.
+const PING_MIN: Duration = Duration::from_secs(5);
+
 /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
 /// session is dropped).
 pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
@@ -23,16 +27,17 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
     // a frozen member whose connection stays open): it ends with an error, retried where
     // that is safe, instead of waiting for the kernel to give the connection up.
     //
-    // HTTP/2 pings every third of the time-to-live, on idle connections too, end a connection
-    // that stopped answering (a member host gone, a half-open middlebox) and with it the
-    // watches it carries, which a request timeout does not cover: their callers then look
-    // again on a healthy one. Requiring a leader makes a member cut off from its quorum
-    // refuse (and cancel its watches) instead of serving from a stale view.
-    let ping = config.lease_ttl / 3;
+    // HTTP/2 pings on a connection with streams end one that stopped answering (a member host
+    // gone, a half-open middlebox) and with it the watches it carries, which a request
+    // timeout does not cover: their callers then look again on a healthy one. Every third of
+    // the time-to-live, but no more often than etcd accepts by default (its
+    // --grpc-keepalive-min-time, 5 s; it ends a connection that pings more often, and one
+    // that pings with no stream open). Requiring a leader makes a member cut off from its
+    // quorum refuse (and cancel its watches) instead of serving from a stale view.
+    let ping = (config.lease_ttl / 3).max(PING_MIN);
     let mut options = ConnectOptions::new()
         .with_timeout(config.lease_ttl)
-        .with_keep_alive(ping, ping)
-        .with_keep_alive_while_idle(true)
+        .with_keep_alive(ping, config.lease_ttl / 3)
         .with_require_leader(true);
     if let Some(t) = config.connect_timeout {
         options = options.with_connect_timeout(t);

@@ -65,8 +65,8 @@ impl EtcdProvider {
     /// endpoints only name the store in [`LockProvider::store_id`]).
     ///
     /// Give the client what [`connect`](Self::connect) gives its own: HTTP/2 keep-alive
-    /// (`ConnectOptions::with_keep_alive`, with `with_keep_alive_while_idle`) and
-    /// `with_require_leader(true)`. Without them a waiter whose watch rides a connection gone
+    /// (`ConnectOptions::with_keep_alive`, no more often than the server's
+    /// `--grpc-keepalive-min-time`, 5 s by default) and `with_require_leader(true)`. Without them a waiter whose watch rides a connection gone
     /// silent learns of a release only when its wait ends, one time-to-live later.
     ///
     /// # Errors
