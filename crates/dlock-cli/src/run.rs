@@ -270,7 +270,8 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                 // --hold-at-least: the lock stays this run's, renewed, until then; a signal
                 // ends the wait (the release comes at once), and a loss meanwhile is no
                 // failure of the command, which has ended.
-                if let Some(least) = opts.hold_at_least.filter(|_| !told && !stopping) {
+                let waited = opts.hold_at_least.is_some() && !told && !stopping;
+                if let Some(least) = opts.hold_at_least.filter(|_| waited) {
                     tokio::select! {
                         () = tokio::time::sleep_until(later(granted, least)) => {}
                         () = &mut lost => {
@@ -296,6 +297,16 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
                         exit::LOST
                     }
                     Ok(()) => code,
+                    // The command had ended well before: the loss came while dlock kept the
+                    // lock for --hold-at-least.
+                    Err(dlock::Error::LockLost { .. }) if waited => {
+                        eprintln!(
+                            "dlock: the lock {:?} (token {token}) was lost after the command \
+                             ended (status {code}), before --hold-at-least was up",
+                            opts.name
+                        );
+                        code
+                    }
                     Err(dlock::Error::LockLost { .. }) => {
                         eprintln!(
                             "dlock: lost the lock {:?} (token {token}) while the command ran: \

@@ -1392,6 +1392,9 @@ fn a_signal_ends_the_hold_at_least_wait() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_file(&ran);
+    // The lock is kept after the command.
+    let kept = output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]));
+    assert_eq!(kept.status.code(), Some(75), "not kept for --hold-at-least");
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let signalled = Instant::now();
@@ -1400,7 +1403,7 @@ fn a_signal_ends_the_hold_at_least_wait() {
         signalled.elapsed() < Duration::from_secs(10),
         "SIGTERM did not end the wait"
     );
-    // The command's status: 0, or 143 if the SIGTERM came before `true` had exited (dlock
+    // The command's status: 0, or 143 if the SIGTERM came before the shell had exited (dlock
     // passes it on).
     let code = out.status.code();
     assert!(matches!(code, Some(0 | 143)), "{code:?}");

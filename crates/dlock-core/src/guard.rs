@@ -105,13 +105,21 @@ impl LockGuard {
         }
     }
 
-    /// Keeps the hold at least `least` from now, the grant (the handles do, right after it;
-    /// see [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
+    /// Keeps the hold at least `least` from its grant (the send of the request the store
+    /// granted; the handles call this as they hand the hold over, see
+    /// [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
     pub(crate) fn set_hold_at_least(&self, least: Duration) {
         if let Some(shared) = &self.shared
             && !least.is_zero()
         {
-            shared.set_release_not_before(later(Instant::now(), least));
+            shared.set_release_not_before(later(shared.granted, least));
+        }
+    }
+
+    /// Drops the hold's least time (a MultiLock member the caller never got).
+    pub(crate) fn forget_least_time(&self) {
+        if let Some(shared) = &self.shared {
+            shared.clear_release_not_before();
         }
     }
 
@@ -340,7 +348,34 @@ impl LockGuard {
     ///
     /// Cancel safe: if the future is dropped once the release began, the release runs to its
     /// end in the background, sent once.
-    pub async fn release(mut self) -> Result<()> {
+    ///
+    /// A hold with a least time ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least))
+    /// that has not passed yet is kept, renewed, until it has: the release returns then (or
+    /// at once with [`Error::LockLost`] if the hold is lost meanwhile). Dropped while it
+    /// waits, it still releases then, in the background; [`release_now`](Self::release_now)
+    /// does not wait.
+    pub async fn release(self) -> Result<()> {
+        self.release_with(false).await
+    }
+
+    /// Releases as [`release`](Self::release) does, but at once, before the hold's least time
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)) if it has one: for
+    /// a hold whose work never ran (a command that could not start, a rollback) or is being
+    /// abandoned (a shutdown). A re-entered hold keeps its least time until its last guard
+    /// goes.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release).
+    pub async fn release_now(self) -> Result<()> {
+        self.release_with(true).await
+    }
+
+    async fn release_with(mut self, now: bool) -> Result<()> {
         let Some(shared) = self.shared.take() else {
             return Err(Error::lock_lost(&self.name));
         };
@@ -351,31 +386,15 @@ impl LockGuard {
                 Err(Error::lock_lost(&self.name))
             };
         }
+        if now {
+            shared.clear_release_not_before();
+        }
         let span = trace::release(shared.backend, shared.kind, &self.name, false);
         in_span(
             &span,
             finish_if_dropped(async move { shared.release_remote().await }),
         )
         .await
-    }
-
-    /// Releases as [`release`](Self::release) does, but at once, before the hold's least time
-    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)) if it has one: for
-    /// a hold whose work never ran (a command that could not start, a rollback) or is being
-    /// abandoned (a shutdown).
-    ///
-    /// # Errors
-    ///
-    /// As [`release`](Self::release).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`release`](Self::release).
-    pub async fn release_now(self) -> Result<()> {
-        if let Some(shared) = &self.shared {
-            shared.clear_release_not_before();
-        }
-        self.release().await
     }
 
     /// Stops renewing and forgets the hold without releasing it: it ends with its lease or

@@ -214,16 +214,16 @@ impl MultiLock {
     }
 
     async fn acquire_until(&self, deadline: Deadline) -> Result<Option<MultiGuard>> {
-        let mut guards = Vec::with_capacity(self.members.len());
+        let mut guards = Taken(Vec::with_capacity(self.members.len()));
         for member in &self.members {
             match member.acquire_until(deadline).await {
-                Ok(Some(guard)) => guards.push(guard),
+                Ok(Some(guard)) => guards.0.push(guard),
                 Ok(None) => {
-                    rollback(guards).await;
+                    rollback(guards.take()).await;
                     return Ok(None);
                 }
                 Err(e) => {
-                    rollback(guards).await;
+                    rollback(guards.take()).await;
                     return Err(e);
                 }
             }
@@ -232,8 +232,8 @@ impl MultiLock {
         // have ended without its lease ending (a connection-bound hold whose connection was
         // reset), so ask the store, not only the lease.
         let mut lost = None;
-        for (i, g) in guards.iter().enumerate() {
-            let held = if i + 1 == guards.len() {
+        for (i, g) in guards.0.iter().enumerate() {
+            let held = if i + 1 == guards.0.len() {
                 Ok(g.is_held())
             } else {
                 g.verify().await
@@ -252,10 +252,31 @@ impl MultiLock {
             }
         }
         if let Some(e) = lost {
-            rollback(guards).await;
+            rollback(guards.take()).await;
             return Err(e);
         }
-        Ok(Some(MultiGuard { guards }))
+        Ok(Some(MultiGuard {
+            guards: guards.take(),
+        }))
+    }
+}
+
+/// The members a MultiLock acquisition has taken so far. Dropped with guards still in it (the
+/// acquisition was cancelled), they are released without their least time: the caller never
+/// got them.
+struct Taken(Vec<LockGuard>);
+
+impl Taken {
+    fn take(&mut self) -> Vec<LockGuard> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        for g in &self.0 {
+            g.forget_least_time();
+        }
     }
 }
 

@@ -151,14 +151,16 @@ pub struct LockOptions {
     /// The least time a hold is kept from its grant (ShedLock's `lockAtLeastFor`): a release
     /// (or the drop of the last guard) that comes sooner keeps the hold, renewed, until then,
     /// and releases it then; a hold lost meanwhile ends at once (the release returns
-    /// [`Error::LockLost`], and `lost()` resolves). [`LockGuard::release_now`] skips it. At
-    /// most the lease of a [`Lease::Fixed`], which nothing renews.
+    /// [`Error::LockLost`], and `lost()` resolves). [`LockGuard::release_now`] skips it.
     ///
-    /// [`LockGuard::release_now`]: crate::LockGuard::release_now For a job that must run once
-    /// across a fleet whose schedulers fire seconds apart: each takes the lock with a
-    /// `try_acquire`, and the one that got it keeps it past the others' tries even when its
-    /// job is quick. The hold lives in this process meanwhile: a process that exits sooner
-    /// leaves it to its lease (ZooKeeper and etcd end it with the session). Zero by default.
+    /// For a job that must run once across a fleet whose schedulers fire seconds apart: each
+    /// takes the lock with a `try_acquire`, and the one that got it keeps it past the others'
+    /// tries even when its job is quick. The hold lives in this process meanwhile: a process
+    /// that exits sooner leaves it to its lease (ZooKeeper and etcd end it with the session).
+    /// At most the lease of a [`Lease::Fixed`] less its drift allowance (nothing renews a
+    /// fixed lease). Zero by default.
+    ///
+    /// [`LockGuard::release_now`]: crate::LockGuard::release_now
     pub hold_at_least: Duration,
 }
 
@@ -336,14 +338,14 @@ impl Capabilities {
             _ => {}
         }
         if let Lease::Fixed(fixed) = options.lease
-            && options.hold_at_least > fixed
+            && options.hold_at_least > fixed.saturating_sub(drift)
         {
             return Err(Error::invalid_argument(
                 "hold_at_least",
                 format!(
-                    "{:?} is longer than the fixed lease ({fixed:?}): nothing renews a fixed \
-                     lease, so the hold would end first; use a watchdog lease, or a fixed lease \
-                     at least that long",
+                    "{:?} is longer than the fixed lease ({fixed:?}) less its drift allowance \
+                     ({drift:?}): nothing renews a fixed lease, so the hold would end first; \
+                     use a watchdog lease, or a longer fixed lease",
                     options.hold_at_least
                 ),
             ));

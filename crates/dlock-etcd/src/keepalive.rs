@@ -17,8 +17,9 @@ use crate::retry::{RETRY_MAX, RETRY_MIN, seconds};
 use crate::session::Session;
 
 /// The shortest interval between the client's HTTP/2 pings: etcd's default
-/// `--grpc-keepalive-min-time`.
-const PING_MIN: Duration = Duration::from_secs(5);
+/// `--grpc-keepalive-min-time` (5 s), with a margin for pings that arrive closer together
+/// than they were sent.
+const PING_MIN: Duration = Duration::from_secs(6);
 
 /// Connects, grants the lease and starts the task that keeps it alive (it stops when the
 /// session is dropped).
@@ -30,9 +31,8 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
     // HTTP/2 pings on a connection with streams end one that stopped answering (a member host
     // gone, a half-open middlebox) and with it the watches it carries, which a request
     // timeout does not cover: their callers then look again on a healthy one. Every third of
-    // the time-to-live, but no more often than etcd accepts by default (its
-    // --grpc-keepalive-min-time, 5 s; it ends a connection that pings more often, and one
-    // that pings with no stream open). Requiring a leader makes a member cut off from its
+    // the time-to-live, but no more often than etcd accepts by default (see PING_MIN: it ends
+    // a connection that pings more often, and one that pings with no stream open). Requiring a leader makes a member cut off from its
     // quorum refuse (and cancel its watches) instead of serving from a stale view.
     let ping = (config.lease_ttl / 3).max(PING_MIN);
     let mut options = ConnectOptions::new()

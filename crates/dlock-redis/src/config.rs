@@ -19,7 +19,7 @@ use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 /// | --- | --- | --- |
 /// | `cluster` | `true`: the host is a seed of a Redis Cluster | `false` |
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
-/// | `fair_wait_ms` | how long a queued fair waiter that stopped looking keeps its turn (Redisson's `fairLockWaitTimeout`, which Redisson peers of one queue must share; at least 1000) | `300000` |
+/// | `fair_wait_ms` | how long a queued fair waiter that stopped looking keeps its turn (Redisson's `fairLockWaitTimeout`, which Redisson peers of one queue must share; at least 1 s and twice `timeout_ms`) | `300000` |
 /// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
@@ -152,7 +152,8 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// short one (`fair_wait_ms=30000`) to bound what dead waiters cost.
 pub const DEFAULT_FAIR_WAIT: Duration = Duration::from_secs(300);
 
-/// The shortest fair-lock wait accepted: a waiter looks again every third of it.
+/// The shortest fair-lock wait accepted (and twice the response timeout): a waiter looks
+/// again every third of it.
 const MIN_FAIR_WAIT: Duration = Duration::from_secs(1);
 
 #[cfg(feature = "serde")]
@@ -334,11 +335,15 @@ impl RedisConfig {
 
     /// Refuses combinations dlock cannot keep.
     pub(crate) fn checked(self) -> Result<Self> {
-        if self.fair_wait < MIN_FAIR_WAIT {
+        // A fair waiter looks every third of the wait, and a look may take the response
+        // timeout: it must land before the wait is up.
+        let least = MIN_FAIR_WAIT.max(self.response_timeout.saturating_mul(2));
+        if self.fair_wait < least {
             return Err(Error::config(format!(
-                "fair_wait_ms={}: at least {} (a fair waiter looks again every third of it)",
+                "fair_wait_ms={}: at least {} (1 s, and twice timeout_ms: a fair waiter looks \
+                 again every third of it, and a look may take timeout_ms)",
                 self.fair_wait.as_millis(),
-                MIN_FAIR_WAIT.as_millis()
+                least.as_millis()
             )));
         }
         if !self.tls.is_empty() {

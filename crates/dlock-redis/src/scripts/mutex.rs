@@ -106,12 +106,13 @@ end
 /// waiter is at the head, the time until the head's turn ends (Redisson answers 0 there, and
 /// its waiters poll in a loop until a dead head is swept).
 ///
-/// A queued waiter that runs it again (dlock's look again at least every third of the wait)
-/// moves its own deadline to at least `wait` past the later of now and the deadline of the
-/// waiter before it: a live waiter keeps its place however long the holder holds, and the
-/// deadlines stay a `wait` apart down the queue, as Redisson's are, so the `wait` a grant or a
-/// leave takes off each of them leaves every live one ahead of now. A waiter that died
-/// without leaving is skipped `wait` after its last look once it heads the queue. (Redisson's
+/// A queued waiter that runs it again (dlock's look again every third of the wait) moves its
+/// own deadline to at least `i` waits from now, `i` its place in the queue (1 at the head),
+/// and a wait past the deadline of the waiter before it: a live waiter keeps its place
+/// however long the holder holds, and as each grant or leave takes one wait off every
+/// deadline and one place off every waiter behind it, a live waiter's deadline stays a wait
+/// past its last look. A waiter that died without leaving is skipped a wait after its last
+/// look once it heads the queue. (Redisson's
 /// waiters never move their deadline: one whose holder holds past it is swept and queues
 /// again at the back.)
 pub(crate) static FAIR_LOCK: LazyLock<Script> = LazyLock::new(|| {
@@ -120,18 +121,21 @@ pub(crate) static FAIR_LOCK: LazyLock<Script> = LazyLock::new(|| {
 {HASH_KIND}{FAIR_SWEEP}{FAIR_GRANT}
 local queued = redis.call('zscore', KEYS[3], ARGV[2])
 if queued ~= false then
-  local floor = tonumber(ARGV[4])
+  local wait = tonumber(ARGV[3])
+  local floor = tonumber(ARGV[4]) + wait
   local queue = redis.call('lrange', KEYS[2], 0, -1)
-  for i = 2, #queue do
+  for i = 1, #queue do
     if queue[i] == ARGV[2] then
-      local before = redis.call('zscore', KEYS[3], queue[i - 1])
-      if before ~= false and tonumber(before) > floor then
-        floor = tonumber(before)
+      floor = tonumber(ARGV[4]) + i * wait
+      if i > 1 then
+        local before = redis.call('zscore', KEYS[3], queue[i - 1])
+        if before ~= false and tonumber(before) + wait > floor then
+          floor = tonumber(before) + wait
+        end
       end
       break
     end
   end
-  floor = floor + tonumber(ARGV[3])
   if floor > tonumber(queued) then
     redis.call('zadd', KEYS[3], floor, ARGV[2])
   end

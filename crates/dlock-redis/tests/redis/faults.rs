@@ -695,9 +695,10 @@ async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
 }
 
 /// Live fair waiters keep their places however long the holder holds, past their fair
-/// waits: each look moves a waiter's deadline on, a wait past the one before it (here a
-/// fair wait of 3 s, three waiters, a holder that holds 10 s on a 3 s watchdog lease, so
-/// every first deadline passes while they wait). They are granted in the order they queued.
+/// waits: each look moves a waiter's deadline on (here a fair wait of 3 s, six waiters, a
+/// holder that holds 10 s on a 3 s watchdog lease, so the first deadlines pass while they
+/// wait, and then six grants in a row, each taking a wait off every deadline). They are
+/// granted in the order they queued.
 /// Before, the first was swept by another's look and queued again at the back; and with
 /// every deadline moved to now plus the wait, the wait a grant takes off the others put them
 /// all behind now, and they queued again in whatever order they looked.
@@ -706,7 +707,7 @@ async fn live_fair_waiters_keep_their_places_past_their_fair_wait() {
     let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
-    let url = format!("{}?fair_wait_ms=3000", server.url());
+    let url = format!("{}?fair_wait_ms=3000&timeout_ms=1000", server.url());
     let h = RedisProvider::connect(&url).await.unwrap();
     let admin = admin(&server.url()).await;
     let name = Names::new().name("fair-places-long-hold");
@@ -720,7 +721,7 @@ async fn live_fair_waiters_keep_their_places_past_their_fair_wait() {
         .unwrap();
     let (tx, mut order) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = Vec::new();
-    for i in 1..=3 {
+    for i in 1..=6 {
         let p = RedisProvider::connect(&url).await.unwrap();
         let (lock, tx) = (p.lock(&name, fair).unwrap(), tx.clone());
         waiters.push(tokio::spawn(async move {
@@ -745,5 +746,5 @@ async fn live_fair_waiters_keep_their_places_past_their_fair_wait() {
     })
     .await;
     let granted: Vec<usize> = std::iter::from_fn(|| order.try_recv().ok()).collect();
-    assert_eq!(granted, [1, 2, 3], "a waiter lost its place");
+    assert_eq!(granted, [1, 2, 3, 4, 5, 6], "a waiter lost its place");
 }

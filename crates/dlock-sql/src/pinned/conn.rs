@@ -361,14 +361,21 @@ struct Pin {
 }
 
 impl Pinners {
-    /// Whether the current task, asking for a connection of a pool with every connection in
-    /// use, waits for itself: it holds a lock on a connection of the pool, and every
-    /// connection is its own or a waiter's with no deadline on a name it holds (a nested
-    /// acquire, a MultiLock of several such locks, behind its own lock's waiters). Nothing
-    /// can then free one. A connection pinned by anyone else may come free.
-    pub(crate) fn waits_for_itself(&self) -> bool {
+    /// Whether the current task, asking for a connection of a pool of `pool_size` with every
+    /// connection in use, waits for itself: it holds a lock on a connection of the pool, and
+    /// every connection is pinned, by it or by a waiter with no deadline on a name it holds
+    /// (a nested acquire, a MultiLock of several such locks, behind its own lock's waiters).
+    /// Nothing can then free one. A connection pinned by anyone else may come free. (A hold
+    /// counts as the task's that acquired it: a guard moved to another task is not seen, and
+    /// that task waits as before.)
+    pub(crate) fn waits_for_itself(&self, pool_size: u32) -> bool {
         let me = Owner::current();
         let pins = self.pins.lock();
+        // A connection in use that is no pinned lock's (a statement's, one going back) frees
+        // itself.
+        if pins.len() < usize::try_from(pool_size).unwrap_or(usize::MAX) {
+            return false;
+        }
         let mine: Vec<&LockName> = pins
             .values()
             .filter(|p| p.owner == me && p.held)

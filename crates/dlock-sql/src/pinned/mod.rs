@@ -253,7 +253,8 @@ async fn pin(
                     // its own lock's and its waiters', who wait for it (a nested acquire, a
                     // MultiLock of several such locks). An error, not a wait for ever.
                     Err(sqlx::Error::PoolTimedOut)
-                        if lock_pool.all_in_use() && pinners.waits_for_itself() =>
+                        if lock_pool.all_in_use()
+                            && pinners.waits_for_itself(lock_pool.max_connections()) =>
                     {
                         return Err(Error::WouldDeadlock {
                             name: name.to_string(),
