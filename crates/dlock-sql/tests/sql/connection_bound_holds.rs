@@ -274,6 +274,26 @@ async fn for_update_pool_exhaustion_is_an_error_not_a_busy_lock() {
     held.release().await.unwrap();
 }
 
+/// A MySQL for-update provider whose lock pool has two connections, three fresh names from
+/// `labels`, and the first of them held by the calling task; `None` without MySQL.
+async fn pool_of_two_holding(
+    labels: [&str; 3],
+) -> Option<(SqlProvider, [String; 3], dlock_core::LockGuard)> {
+    let mysql = service_url("DLOCK_MYSQL_URL")?;
+    let p = SqlProvider::connect(&with_query(&for_update(&mysql), "pool=2"))
+        .await
+        .unwrap();
+    let names = Names::new();
+    let names = labels.map(|l| names.name(l));
+    let held = p
+        .lock(&names[0], LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    Some((p, names, held))
+}
+
 /// A task that holds a for-update lock and asks (with no deadline) for a second one while
 /// every connection of the lock pool is pinned gets an error saying it may be waiting for
 /// itself, instead of waiting for ever: the connection it waits for is its own lock's
@@ -281,24 +301,9 @@ async fn for_update_pool_exhaustion_is_an_error_not_a_busy_lock() {
 /// its lock once a connection is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_holding_a_pinned_lock_is_not_left_waiting_for_its_own_waiter() {
-    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+    let Some((p, [a, b, c], held)) = pool_of_two_holding(["held", "nested", "other"]).await else {
         return;
     };
-    let p = SqlProvider::connect(&with_query(&for_update(&mysql), "pool=2"))
-        .await
-        .unwrap();
-    let names = Names::new();
-    let (a, b, c) = (
-        names.name("held"),
-        names.name("nested"),
-        names.name("other"),
-    );
-    let held = p
-        .lock(&a, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
     // A waiter of the held lock pins the pool's second connection.
     let waiter = {
         let lock = p.lock(&a, LockOptions::default()).unwrap();
@@ -360,20 +365,9 @@ async fn a_task_holding_a_pinned_lock_is_not_left_waiting_for_its_own_waiter() {
 /// and gets its lock when another task releases, never a `WouldDeadlock`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_busy_with_other_tasks_holds_is_waited_for() {
-    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+    let Some((p, [_, b, c], held)) = pool_of_two_holding(["mine", "next", "theirs"]).await else {
         return;
     };
-    let p = SqlProvider::connect(&with_query(&for_update(&mysql), "pool=2"))
-        .await
-        .unwrap();
-    let names = Names::new();
-    let (a, b, c) = (names.name("mine"), names.name("next"), names.name("theirs"));
-    let held = p
-        .lock(&a, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
     let (release_c, released) = tokio::sync::oneshot::channel::<()>();
     let (taken_tx, taken) = tokio::sync::oneshot::channel::<()>();
     let other = {
