@@ -313,6 +313,22 @@ pub(crate) struct RowLockSql {
 }
 
 impl RowLockSql {
+    /// MySQL/MariaDB: `lock_row` waiting at most `seconds` for the row, set for the statement
+    /// alone (MariaDB's `SET STATEMENT`, MySQL's `SET_VAR` hint), so the session's own
+    /// `innodb_lock_wait_timeout` is never changed.
+    pub(crate) fn lock_row_within(&self, seconds: i64) -> String {
+        let seconds = seconds.max(1);
+        if self.mariadb {
+            format!(
+                "SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {}",
+                self.lock_row
+            )
+        } else {
+            let hint = format!("SELECT /*+ SET_VAR(innodb_lock_wait_timeout = {seconds}) */ ");
+            self.lock_row.replacen("SELECT ", &hint, 1)
+        }
+    }
+
     pub(crate) fn new(s: Tables<'_>) -> Self {
         let t = s.prefix;
         let (insert_ignore, ignore_suffix) = s.insert_ignore();

@@ -57,7 +57,9 @@ impl SqlProvider {
     ///
     /// The provider must use the `for-update` strategy (its tables are the ones locked).
     /// `conn` is the transaction's connection (`&mut tx` for a `sqlx::Transaction`); the
-    /// session's `innodb_lock_wait_timeout` is set for the wait and put back after it.
+    /// wait is the locking statement's own (MariaDB's `SET STATEMENT`, MySQL's `SET_VAR`
+    /// hint): the session's `innodb_lock_wait_timeout` is never changed, so a `lock_in`
+    /// dropped half-way leaves the connection's settings as they were.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -106,35 +108,29 @@ impl SqlProvider {
         let backend = fu.inner.backend;
         let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
         let session = query(if fu.sql.mariadb {
-            "SELECT @@innodb_lock_wait_timeout, @@in_transaction, @@innodb_rollback_on_timeout"
+            "SELECT @@in_transaction, @@innodb_rollback_on_timeout"
         } else {
-            "SELECT @@innodb_lock_wait_timeout, 1, @@innodb_rollback_on_timeout"
+            "SELECT 1, @@innodb_rollback_on_timeout"
         })
         .fetch_one(&mut *conn)
         .await
         .map_err(err("read the session"))?;
-        if session.int(1).map_err(err("read the session"))? == 0 {
+        if session.int(0).map_err(err("read the session"))? == 0 {
             return Err(not_in_transaction());
         }
-        let previous = session.int(0).map_err(err("read the session"))?;
-        let rollback_on_timeout = session.int(2).map_err(err("read the session"))? != 0;
+        let rollback_on_timeout = session.int(1).map_err(err("read the session"))? != 0;
         // The row must exist before the transaction reads it: a locking read of a missing row
         // takes a gap lock, which would block its creation until the transaction ends. It is
         // created outside the transaction (committed at once, so other holders see it).
         fu.create_row(&name).await?;
+        // The wait is the statement's own (the session's setting is never touched, so a
+        // lock_in dropped half-way leaves the caller's connection as it was).
         let statement = if wait.is_zero() {
-            &fu.sql.lock_row_nowait
+            fu.sql.lock_row_nowait.clone()
         } else {
-            &fu.sql.lock_row
+            fu.sql.lock_row_within(server_seconds(wait))
         };
-        if !wait.is_zero() {
-            query("SET SESSION innodb_lock_wait_timeout = ?")
-                .bind(server_seconds(wait))
-                .execute(&mut *conn)
-                .await
-                .map_err(err("set the lock wait"))?;
-        }
-        let locked = lock_row(backend, &name, statement, &mut *conn).await;
+        let locked = lock_row(backend, &name, &statement, &mut *conn).await;
         // The server rolled the caller's whole transaction back: a retry on it would run in
         // autocommit and lock nothing, so this is for the caller to handle, never to retry.
         let locked = match locked {
@@ -155,13 +151,6 @@ impl SqlProvider {
             }
             other => other.map_err(|e| e.into_error(backend, &name)),
         };
-        if !wait.is_zero() {
-            query("SET SESSION innodb_lock_wait_timeout = ?")
-                .bind(previous)
-                .execute(&mut *conn)
-                .await
-                .map_err(err("restore the lock wait"))?;
-        }
         fenced(&fu, name, locked?).await
     }
 

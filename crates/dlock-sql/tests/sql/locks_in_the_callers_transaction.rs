@@ -443,3 +443,57 @@ async fn a_new_lock_in_a_repeatable_read_snapshot_is_a_clear_error() {
     assert!(held.is_some(), "taken first in the transaction");
     tx.rollback().await.unwrap();
 }
+
+/// A `lock_in` dropped while it waits (a caller's timeout) leaves the caller's connection's
+/// `innodb_lock_wait_timeout` as it was: the wait is the statement's own. It used to be
+/// raised for the wait and put back after it, so a dropped `lock_in` left the raised value
+/// on the application's pooled connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_lock_in_leaves_the_session_as_it_was() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let plain = SqlProvider::connect(&for_update(&mysql)).await.unwrap();
+    let app = sqlx::MySqlPool::connect(&mysql).await.unwrap();
+    let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 4)
+        .await
+        .unwrap();
+    let name = Names::new().name("dropped-lock-in");
+    let held = plain
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut tx = app.begin().await.unwrap();
+    let before: u64 = sqlx::query_scalar("SELECT @@innodb_lock_wait_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // Cut off while it waits for the held row (its wait is 3 s).
+    let cut = tokio::time::timeout(
+        Duration::from_millis(1500),
+        locks.lock_in(&mut tx, &name, Duration::from_secs(3)),
+    )
+    .await;
+    assert!(cut.is_err(), "the lock_in was not waiting: {cut:?}");
+    // The connection answers once the dropped statement's wait has run out; sqlx hands that
+    // statement's answer (a lock wait timeout) to the next query first.
+    let mut after = None;
+    for _ in 0..2 {
+        match sqlx::query_scalar::<_, u64>("SELECT @@innodb_lock_wait_timeout")
+            .fetch_one(&mut *tx)
+            .await
+        {
+            Ok(v) => {
+                after = Some(v);
+                break;
+            }
+            Err(e) => eprintln!("the dropped statement's answer: {e}"),
+        }
+    }
+    let after = after.expect("the connection answers");
+    assert_eq!(after, before, "the session's lock wait was left changed");
+    drop(tx);
+    held.release().await.unwrap();
+}
