@@ -191,6 +191,14 @@ impl SqlProvider {
     /// [`Error::InvalidArgument`] if `conn` has no open transaction (begun through sqlx) or
     /// `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
     /// failed statement.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped while it waits, it leaves the caller's transaction inside its
+    /// savepoint, with the locking statement's answer still to come (the row may then be
+    /// locked without a fencing token, or the transaction aborted by a lock timeout). Roll
+    /// the transaction back after a dropped `lock_in_pg`. (`lock_in` on MySQL leaves the
+    /// session's settings as they were, and the statement's answer to the next query.)
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn lock_in_pg(
