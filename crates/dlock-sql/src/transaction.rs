@@ -91,6 +91,13 @@ impl SqlProvider {
     /// with the statement) or `name` is not a valid lock name; [`Error::Backend`] or
     /// [`Error::Connection`] for a failed statement (the transaction may then be unusable, as
     /// for any failed statement).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while it waits, it leaves the session's settings as they were, but the locking
+    /// statement runs on: sqlx hands its answer to the connection's next query, and if the
+    /// row was granted meanwhile the transaction holds it without a fencing token. Roll the
+    /// transaction back after a dropped `lock_in`.
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn lock_in(
@@ -197,8 +204,7 @@ impl SqlProvider {
     /// Not cancel safe: dropped while it waits, it leaves the caller's transaction inside its
     /// savepoint, with the locking statement's answer still to come (the row may then be
     /// locked without a fencing token, or the transaction aborted by a lock timeout). Roll
-    /// the transaction back after a dropped `lock_in_pg`. (`lock_in` on MySQL leaves the
-    /// session's settings as they were, and the statement's answer to the next query.)
+    /// the transaction back after a dropped `lock_in_pg`.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn lock_in_pg(
