@@ -95,16 +95,43 @@ pub enum Command {
 /// The store to use.
 #[derive(Debug, Clone, Args)]
 pub struct StoreOpts {
-    /// The store's URL (redis://, zk://, mysql://, sqlite://, memory://). Default: the
-    /// embedded SQLite file.
+    /// The store's URL: redis://, rediss://, redis+sentinel://, zk://, etcd://, mysql://,
+    /// mariadb://, postgres://, sqlite://, memory://. Default: the embedded SQLite file. A URL
+    /// with a password is better given by --url-file (argv shows in `ps`).
     #[arg(long, env = "DLOCK_URL", value_name = "URL", hide_env_values = true)]
     pub url: Option<String>,
+
+    /// A file whose first line is the store's URL: a password then shows neither in `ps` nor
+    /// in the environment.
+    #[arg(
+        long,
+        env = "DLOCK_URL_FILE",
+        value_name = "FILE",
+        conflicts_with = "url"
+    )]
+    pub url_file: Option<std::path::PathBuf>,
 }
 
 impl StoreOpts {
     /// The URL to use.
-    pub fn url(&self) -> String {
-        self.url.clone().unwrap_or_else(dlock::default_url)
+    ///
+    /// # Errors
+    ///
+    /// A message saying why the `--url-file` cannot be read.
+    pub fn url(&self) -> Result<String, String> {
+        if let Some(file) = &self.url_file {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read --url-file {}: {e}", file.display()))?;
+            let first = text.lines().next().map(str::trim).unwrap_or_default();
+            if first.is_empty() {
+                return Err(format!(
+                    "--url-file {} has no URL on its first line",
+                    file.display()
+                ));
+            }
+            return Ok(first.to_owned());
+        }
+        Ok(self.url.clone().unwrap_or_else(dlock::default_url))
     }
 }
 

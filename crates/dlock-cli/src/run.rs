@@ -91,7 +91,13 @@ pub struct RunOpts {
 }
 
 pub(crate) async fn run(opts: RunOpts) -> u8 {
-    let url = opts.store.url();
+    let url = match opts.store.url() {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            return exit::CONFIG;
+        }
+    };
     let locks = match dlock::connect(&url).await {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot use {}", dlock::redact(&url)), &e),
@@ -187,6 +193,9 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         .args(args)
         .env("DLOCK_FENCING_TOKEN", token.to_string())
         .env("DLOCK_NAME", &opts.name)
+        // The store's URL may carry a password: the command does not inherit it.
+        .env_remove("DLOCK_URL")
+        .env_remove("DLOCK_URL_FILE")
         .stdin(Stdio::inherit())
         .process_group(reaper.as_ref().map_or(0, Reaper::group));
     let mut child = match command.spawn() {

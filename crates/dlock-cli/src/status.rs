@@ -31,7 +31,13 @@ struct Report<'a> {
 }
 
 pub(crate) async fn status(opts: StatusOpts) -> u8 {
-    let url = opts.store.url();
+    let url = match opts.store.url() {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            return exit::CONFIG;
+        }
+    };
     let described = describe(&url, &opts.name).await;
     let status = match described {
         Ok(s) => s,

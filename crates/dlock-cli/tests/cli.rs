@@ -1410,3 +1410,45 @@ fn a_signal_ends_the_hold_at_least_wait() {
     let again = output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]));
     assert_eq!(again.status.code(), Some(0), "the lock was not released");
 }
+
+/// The URL can come from a file (`--url-file`, `DLOCK_URL_FILE`), and the command never
+/// inherits `DLOCK_URL` or `DLOCK_URL_FILE` (a URL may carry a password); an unreadable file
+/// is a configuration error (78) that runs nothing.
+#[test]
+fn the_url_comes_from_a_file_and_the_command_does_not_see_it() {
+    let scratch = Scratch::new();
+    let dir = std::env::temp_dir().join(format!("dlock-url-file-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("url");
+    std::fs::write(&file, format!("{}\n", scratch.url())).unwrap();
+    let seen = dir.join("env");
+    let name = Names::new().name("url-file");
+    let script = format!(
+        "echo \"url=${{DLOCK_URL:-}} file=${{DLOCK_URL_FILE:-}}\" > {}",
+        seen.display()
+    );
+    let mut c = Command::new(DLOCK);
+    c.args(["run", &name, "--", "sh", "-c", &script])
+        .env_remove("DLOCK_URL")
+        .env("DLOCK_URL_FILE", &file)
+        .env_remove("RUST_LOG");
+    let out = output(c);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "url= file=");
+    // The lock was taken in the file's store: the SQLite file it names now exists.
+    assert!(scratch.0.exists(), "no store at {}", scratch.0.display());
+    let missing = dir.join("no-such-file");
+    let mut c = Command::new(DLOCK);
+    c.args(["run", "--url-file"])
+        .arg(&missing)
+        .args([name.as_str(), "--", "true"])
+        .env_remove("DLOCK_URL")
+        .env_remove("DLOCK_URL_FILE");
+    assert_eq!(output(c).status.code(), Some(78));
+    let _ = std::fs::remove_dir_all(&dir);
+}
