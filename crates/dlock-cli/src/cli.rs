@@ -102,13 +102,8 @@ pub struct StoreOpts {
     pub url: Option<String>,
 
     /// A file whose first line is the store's URL: a password then shows neither in `ps` nor
-    /// in the environment.
-    #[arg(
-        long,
-        env = "DLOCK_URL_FILE",
-        value_name = "FILE",
-        conflicts_with = "url"
-    )]
+    /// in the environment. Used instead of --url (or DLOCK_URL) when both are given.
+    #[arg(long, env = "DLOCK_URL_FILE", value_name = "FILE")]
     pub url_file: Option<std::path::PathBuf>,
 }
 

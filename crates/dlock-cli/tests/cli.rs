@@ -1411,7 +1411,7 @@ fn a_signal_ends_the_hold_at_least_wait() {
     assert_eq!(again.status.code(), Some(0), "the lock was not released");
 }
 
-/// The URL can come from a file (`--url-file`, `DLOCK_URL_FILE`), and the command never
+/// The URL can come from a file (`--url-file`, `DLOCK_URL_FILE`, before `DLOCK_URL`), and the command never
 /// inherits `DLOCK_URL` or `DLOCK_URL_FILE` (a URL may carry a password); an unreadable file
 /// is a configuration error (78) that runs nothing.
 #[test]
@@ -1427,9 +1427,11 @@ fn the_url_comes_from_a_file_and_the_command_does_not_see_it() {
         "echo \"url=${{DLOCK_URL:-}} file=${{DLOCK_URL_FILE:-}}\" > {}",
         seen.display()
     );
+    // The file wins over DLOCK_URL, which names another store.
+    let other = Scratch::new();
     let mut c = Command::new(DLOCK);
     c.args(["run", &name, "--", "sh", "-c", &script])
-        .env_remove("DLOCK_URL")
+        .env("DLOCK_URL", other.url())
         .env("DLOCK_URL_FILE", &file)
         .env_remove("RUST_LOG");
     let out = output(c);
@@ -1442,6 +1444,7 @@ fn the_url_comes_from_a_file_and_the_command_does_not_see_it() {
     assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "url= file=");
     // The lock was taken in the file's store: the SQLite file it names now exists.
     assert!(scratch.0.exists(), "no store at {}", scratch.0.display());
+    assert!(!other.0.exists(), "DLOCK_URL's store was used");
     let missing = dir.join("no-such-file");
     let mut c = Command::new(DLOCK);
     c.args(["run", "--url-file"])
