@@ -344,13 +344,13 @@ fn backend_configs_deserialize_from_their_urls() {
         etcd: dlock::etcd::EtcdConfig,
     }
     let app: App = serde_json::from_str(
-        r#"{"redis": "redis://127.0.0.1:6390/?fair_wait_ms=7000",
+        r#"{"redis": "redis://127.0.0.1:6390/?fair_wait_ms=17000",
             "zk": "zk://127.0.0.1:2181/app?session_timeout_ms=4000",
             "sql": "mysql://u:p@127.0.0.1/db?strategy=optimistic",
             "etcd": "etcd://127.0.0.1:2379/app/?ttl_s=30"}"#,
     )
     .unwrap();
-    assert_eq!(app.redis.fair_wait, Duration::from_secs(7));
+    assert_eq!(app.redis.fair_wait, Duration::from_secs(17));
     assert_eq!(app.zk.session_timeout, Duration::from_secs(4));
     assert_eq!(app.zk.chroot, "/app");
     assert_eq!(app.sql.strategy, dlock::sql::Strategy::Optimistic);
