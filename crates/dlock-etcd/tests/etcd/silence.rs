@@ -149,8 +149,8 @@ async fn a_try_through_a_silent_network_is_an_error_not_held() {
 /// the silent one within two thirds of one (typically the whole delay), and its wait is
 /// bounded by one; a call that lands on the silent endpoint again (it still accepts
 /// connections) costs its time limit, one more, and a keep-alive that did may cost the
-/// lease. Before, it never got the lock: it never heard the release, and its key, first in
-/// the queue, kept every client out.
+/// lease. A waiter that never heard the release would hold everyone out for good: its key
+/// is first in the queue.
 ///
 /// The provider has two endpoints, two proxies of one member; one of them goes silent. The
 /// client spreads its calls over both, so the watch lands on the silent one in about half

@@ -95,7 +95,7 @@ async fn streams_outlive_the_call_time_limit() {
 /// The same time limit holds on a client the application gives
 /// ([`EtcdProvider::from_client`]), which has no call timeout of its own here: a release
 /// through a partition returns an error within the lease's time-to-live instead of waiting
-/// for as long as the connection stays open (it did, on the old code).
+/// for as long as the connection stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_on_the_applications_client_end_within_the_lease_too() {
     let Some(url) = service_url("DLOCK_ETCD_URL") else {

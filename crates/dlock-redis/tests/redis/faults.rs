@@ -640,8 +640,8 @@ async fn a_failed_unsubscribe_is_tried_again() {
 /// before the leave could reach the server) keeps a free lock from the live waiter behind it
 /// for its fair wait only: with `fair_wait_ms=30000` (a dlock-only queue) and a holder of a
 /// 5 s fixed lease, the live waiter is granted well within a minute of the dead one's
-/// enqueue. Such a short wait was of no use before: a live waiter whose holder held past it
-/// was swept and lost its place (see the next test).
+/// enqueue. A short wait is safe for live waiters, which move their deadlines on (see the
+/// next test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
     let Some(server) = PrivateRedis::start(false).await else {
@@ -698,10 +698,8 @@ async fn a_dead_fair_waiter_blocks_a_free_lock_for_the_fair_wait_only() {
 /// waits: each look moves a waiter's deadline on (here a fair wait of 3 s, six waiters, a
 /// holder that holds 10 s on a 3 s watchdog lease, so the first deadlines pass while they
 /// wait, and then six grants in a row, each taking a wait off every deadline). They are
-/// granted in the order they queued.
-/// Before, the first was swept by another's look and queued again at the back; and with
-/// every deadline moved to now plus the wait, the wait a grant takes off the others put them
-/// all behind now, and they queued again in whatever order they looked.
+/// granted in the order they queued: none is swept by another's look and queued again at
+/// the back, which a deadline fixed at the enqueue, or moved to now plus the wait, allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_fair_waiters_keep_their_places_past_their_fair_wait() {
     let Some(server) = PrivateRedis::start(false).await else {

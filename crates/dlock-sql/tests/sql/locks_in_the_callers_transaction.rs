@@ -445,9 +445,9 @@ async fn a_new_lock_in_a_repeatable_read_snapshot_is_a_clear_error() {
 }
 
 /// A `lock_in` dropped while it waits (a caller's timeout) leaves the caller's connection's
-/// `innodb_lock_wait_timeout` as it was: the wait is the statement's own. It used to be
-/// raised for the wait and put back after it, so a dropped `lock_in` left the raised value
-/// on the application's pooled connection.
+/// `innodb_lock_wait_timeout` as it was: the wait is the statement's own, never the
+/// session's (a session value raised for the wait and put back after it stays raised on the
+/// application's pooled connection when the call is dropped in between).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_lock_in_leaves_the_session_as_it_was() {
     let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {

@@ -289,10 +289,9 @@ async fn tables_of_another_shape_or_version_are_refused() {
 }
 
 /// `from_pool` takes the strategy, the prefix and `create_tables` from the config: on a new
-/// SQLite file, `create_tables=false` is refused naming the missing table (it used to create
-/// them whatever the caller wanted), the default creates them (on the store a URL of the
-/// file names), and a config of another
-/// database family than the pool's is refused rather than read as the pool's.
+/// SQLite file, `create_tables=false` is refused naming the missing table, the default
+/// creates them (on the store a URL of the file names), and a config of another database
+/// family than the pool's is refused rather than read as the pool's.
 #[tokio::test]
 async fn from_pool_reads_its_config() {
     use dlock_sql::SqlConfig;
