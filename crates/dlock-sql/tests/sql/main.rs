@@ -13,7 +13,6 @@ mod advisory_downgrades;
 mod connection_bound_holds;
 mod connections_and_pools;
 mod fencing_tokens;
-mod locks_in_the_callers_transaction;
 mod opening_and_tables;
 mod release_notifications;
 mod separate_processes;

@@ -1,4 +1,9 @@
-//! Locks taken inside a transaction the application owns (`lock_in`, `lock_in_pg`).
+//! Locks taken inside a transaction the application owns (`lock_in`, `lock_in_pg`), against
+//! real databases (MariaDB, PostgreSQL). A test binary of its own: the `sql` binary's tests
+//! take turns through a lock in a `static`, so it must fit one shard of `scripts/test`.
+
+#[path = "support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
