@@ -205,7 +205,17 @@ fn overall(run: &Run<'_>, report: &mut Report) {
     }
     for f in run.faults {
         let healed = f.end;
-        if healed.saturating_add(bound_ns) > end {
+        // A hold granted while the fault was on and still in its critical section when it
+        // healed is progress the store made through the fault; its section (the workload's
+        // to end, not the store's) keeps the next grant back, so the bound runs from its
+        // end.
+        let from = run
+            .holds
+            .iter()
+            .filter(|h| h.grant >= f.start && h.grant <= healed && h.end > healed)
+            .map(|h| h.end)
+            .fold(healed, u64::max);
+        if from.saturating_add(bound_ns) > end {
             continue;
         }
         let next = grants.iter().find(|g| **g >= healed).copied();
@@ -214,7 +224,7 @@ fn overall(run: &Run<'_>, report: &mut Report) {
                 let took = (g - healed) / 1_000_000;
                 report.worst_recovery_ms =
                     Some(report.worst_recovery_ms.map_or(took, |w| w.max(took)));
-                if g - healed > bound_ns {
+                if g.saturating_sub(from) > bound_ns {
                     report.violations.push(format!(
                         "stuck: no grant for {took} ms after the {} of {} healed (bound {} ms); {}",
                         f.kind,
@@ -420,6 +430,37 @@ mod tests {
         let h = [grant(1, 1, S, 1), exit(1, 1, 2 * S)];
         let f = fault(FaultKind::Partition, 1, 3 * S, 4 * S);
         let r = run(&h, &[f]);
+        assert_violation(&r, "stuck");
+    }
+
+    /// A hold granted during the fault and still in its section when the fault heals is
+    /// progress: the next grant is due a bound (4 s) after that section ends, not after the
+    /// heal. One that comes later than that is still a stall.
+    #[test]
+    fn a_hold_granted_during_the_fault_moves_the_bound_to_its_end() {
+        let f = fault(FaultKind::Partition, 1, 3 * S, 4 * S);
+        // Worker 2 is granted just before the heal and holds 3 s; worker 3 is granted 4.5 s
+        // after the heal, 1.5 s after that section ended.
+        let busy = [
+            grant(1, 1, S, 1),
+            exit(1, 1, 2 * S),
+            grant(2, 1, 4 * S - S / 100, 2),
+            exit(2, 1, 7 * S),
+            grant(3, 1, 8 * S + S / 2, 3),
+            exit(3, 1, 9 * S),
+            grant(1, 2, 20 * S, 4),
+        ];
+        let r = run(&busy, std::slice::from_ref(&f));
+        assert!(
+            !r.violations.iter().any(|v| v.contains("stuck")),
+            "{:?}",
+            r.violations
+        );
+        // The next grant 4.5 s after that section ended: stuck.
+        let mut late = busy.to_vec();
+        late[4] = grant(3, 1, 11 * S + S / 2, 3);
+        late[5] = exit(3, 1, 12 * S);
+        let r = run(&late, &[f]);
         assert_violation(&r, "stuck");
     }
 
