@@ -316,6 +316,7 @@ impl RowLockSql {
     /// MySQL/MariaDB: `lock_row` waiting at most `seconds` for the row, set for the statement
     /// alone (MariaDB's `SET STATEMENT`, MySQL's `SET_VAR` hint), so the session's own
     /// `innodb_lock_wait_timeout` is never changed.
+    #[cfg(feature = "mysql")]
     pub(crate) fn lock_row_within(&self, seconds: i64) -> String {
         let seconds = seconds.max(1);
         if self.mariadb {
