@@ -119,6 +119,59 @@ impl Error {
         }
     }
 
+    /// A copy of this error for another caller of the same failed call (each item of a
+    /// batch that failed as a whole): the same variant, fields and retryability; the source,
+    /// which cannot be cloned, is added to the message.
+    pub fn duplicate(&self) -> Self {
+        let with_source = |message: &str, source: &Option<BoxError>| match source {
+            Some(s) => format!("{message}: {s}"),
+            None => message.to_owned(),
+        };
+        match self {
+            Self::InvalidName { name, reason } => Self::InvalidName {
+                name: name.clone(),
+                reason: reason.clone(),
+            },
+            Self::InvalidArgument { argument, reason } => Self::InvalidArgument {
+                argument,
+                reason: reason.clone(),
+            },
+            Self::Config { message, source } => Self::Config {
+                message: with_source(message, source),
+                source: None,
+            },
+            Self::Unsupported { backend, what } => Self::Unsupported {
+                backend,
+                what: what.clone(),
+            },
+            Self::LockLost { name } => Self::LockLost { name: name.clone() },
+            Self::WouldDeadlock { name, reason } => Self::WouldDeadlock {
+                name: name.clone(),
+                reason: reason.clone(),
+            },
+            Self::Connection {
+                backend,
+                message,
+                source,
+            } => Self::Connection {
+                backend,
+                message: with_source(message, source),
+                source: None,
+            },
+            Self::Backend {
+                backend,
+                message,
+                retryable,
+                source,
+            } => Self::Backend {
+                backend,
+                message: with_source(message, source),
+                retryable: *retryable,
+                source: None,
+            },
+        }
+    }
+
     /// Shorthand for [`Error::Config`] without a source.
     pub fn config(message: impl fmt::Display) -> Self {
         Self::Config {
@@ -212,6 +265,25 @@ mod tests {
         assert!(!Error::lock_lost("a").is_retryable());
         assert!(!Error::config("bad url").is_retryable());
         assert!(!Error::invalid_argument("permits", "zero").is_retryable());
+    }
+
+    #[test]
+    fn a_duplicate_keeps_the_kind_retryability_and_the_sources_text() {
+        let e = Error::backend("redis", "renew", false, "NOSCRIPT");
+        let d = e.duplicate();
+        assert!(matches!(
+            d,
+            Error::Backend {
+                retryable: false,
+                ..
+            }
+        ));
+        assert_eq!(d.to_string(), "redis error: renew: NOSCRIPT");
+        let c = Error::connection("redis", "broken pipe", "io").duplicate();
+        assert!(c.is_retryable());
+        assert!(
+            matches!(Error::lock_lost("a").duplicate(), Error::LockLost { name } if name == "a")
+        );
     }
 
     #[test]

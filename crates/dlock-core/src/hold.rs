@@ -35,10 +35,22 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
     /// owner has the lock); it then changes nothing.
     async fn release(&self) -> Result<()>;
 
-    /// Makes the hold last `ttl` from now (the watchdog's renewal, and `extend`).
+    /// Makes the hold last `ttl` from now, at once (the guard's `extend`).
     ///
     /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
     async fn extend(&self, ttl: Duration) -> Result<()>;
+
+    /// The watchdog's periodic renewal: makes the hold last `ttl` from now, as
+    /// [`extend`](Hold::extend) does (the default), or in a batch with the provider's other
+    /// holds that reaches the store within [`renewal_window`](crate::backend::renewal_window)
+    /// of `ttl` (see [`Batcher`](crate::backend::Batcher)). The keeper counts the new lease
+    /// from before this call, so the wait for a batch only shortens the lease the client
+    /// believes in.
+    ///
+    /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.extend(ttl).await
+    }
 
     /// Whether the store still has the hold, asked of the store, for holds that can end
     /// before their lease does without the client knowing (a connection-bound hold, see

@@ -112,7 +112,7 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                 return reason;
             }
             let span = trace::renew(shared.backend, shared.kind, &shared.name);
-            match timeout_at(end, in_span(&span, shared.hold.extend(ttl))).await {
+            match timeout_at(end, in_span(&span, shared.hold.renew(ttl))).await {
                 Ok(Ok(())) => {
                     metrics::renewed(shared.backend, "renewed");
                     shared.set_lease_end(later(sent, ttl));

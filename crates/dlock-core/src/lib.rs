@@ -39,6 +39,7 @@ macro_rules! setters {
 mod error;
 mod ext;
 mod finish;
+mod gather;
 mod guard;
 mod handles;
 mod hold;
@@ -125,6 +126,7 @@ pub mod backend {
     #[doc(inline)]
     pub use crate::deserialize_from_url;
     pub use crate::finish::{Finish, finish_if_dropped};
+    pub use crate::gather::{Batcher, renewal_window};
     pub use crate::handles::{
         AcquireFn, CALL_GRACE, HandleInfo, Lock, RawLock, RawReadWriteLock, RawSemaphore,
         ReadWriteLock, Request, Semaphore,

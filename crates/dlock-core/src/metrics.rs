@@ -52,6 +52,12 @@ mod imp {
             .increment(1);
     }
 
+    /// One call to the store carrying the renewals of `holds` holds (a batch).
+    pub(crate) fn renewal_call(backend: &'static str, holds: usize) {
+        metrics::counter!("dlock_renewal_calls_total", "backend" => backend).increment(1);
+        metrics::histogram!("dlock_renewal_batch_size", "backend" => backend).record(holds as f64);
+    }
+
     pub(crate) fn lost(backend: &'static str, kind: LockKind, reason: LossReason) {
         metrics::counter!("dlock_lost_total", "backend" => backend, "kind" => kind.as_str(), "reason" => reason_label(reason))
             .increment(1);
@@ -87,6 +93,7 @@ mod imp {
     pub(crate) fn acquired(_: &'static str, _: LockKind, _: &'static str, _: Duration) {}
     pub(crate) fn released(_: &'static str, _: LockKind, _: &'static str) {}
     pub(crate) fn renewed(_: &'static str, _: &'static str) {}
+    pub(crate) fn renewal_call(_: &'static str, _: usize) {}
     pub(crate) fn lost(_: &'static str, _: LockKind, _: LossReason) {}
 
     #[derive(Debug)]
@@ -99,4 +106,4 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{Live, acquired, lost, released, renewed};
+pub(crate) use imp::{Live, acquired, lost, released, renewal_call, renewed};

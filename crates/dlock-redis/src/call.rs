@@ -48,6 +48,24 @@ impl<'a> Call<'a> {
         self.arg(n.to_string().into_bytes())
     }
 
+    /// The same call, owning its keys and arguments (to send it later, in a batch).
+    pub(crate) fn into_owned(self) -> Call<'static> {
+        Call {
+            what: self.what,
+            script: self.script,
+            keys: self
+                .keys
+                .into_iter()
+                .map(|k| Cow::Owned(k.into_owned()))
+                .collect(),
+            args: self
+                .args
+                .into_iter()
+                .map(|a| Cow::Owned(a.into_owned()))
+                .collect(),
+        }
+    }
+
     /// The invocation that sends the call (EVALSHA, loading the script on NOSCRIPT).
     pub(crate) fn invocation(&self) -> ScriptInvocation<'static> {
         let mut invocation = self.script.prepare_invoke();

@@ -30,6 +30,19 @@ pub(crate) enum Conn {
     Sentinel(Arc<Sentinelled>),
 }
 
+/// The `EVALSHA` command of a call.
+fn evalsha(call: &Call<'_>) -> redis::Cmd {
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(call.script.get_hash()).arg(call.keys.len());
+    for key in &call.keys {
+        evalsha.arg(key.as_ref());
+    }
+    for arg in &call.args {
+        evalsha.arg(arg.as_ref());
+    }
+    evalsha
+}
+
 impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -210,7 +223,7 @@ impl Conn {
     }
 
     /// What this connection reaches, for the meaning of a `READONLY` answer.
-    fn reach(&self) -> Reach {
+    pub(crate) fn reach(&self) -> Reach {
         match self {
             Self::Single(_) => Reach::Single,
             Self::Cluster(..) | Self::Sentinel(_) => Reach::FollowsFailovers,
@@ -254,16 +267,8 @@ impl Conn {
             ));
         }
         let what = call.what;
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(call.script.get_hash()).arg(call.keys.len());
-        for key in &call.keys {
-            evalsha.arg(key.as_ref());
-        }
-        for arg in &call.args {
-            evalsha.arg(arg.as_ref());
-        }
         let mut pipe = redis::pipe();
-        pipe.add_command(evalsha)
+        pipe.add_command(evalsha(call))
             .cmd("WAIT")
             .arg(replicas)
             .arg(ms(timeout));
@@ -286,6 +291,80 @@ impl Conn {
                 }
                 other => return other.map_err(|e| from_redis_on(self.reach(), what, e)),
             }
+        }
+    }
+
+    /// Sends `calls` in one pipeline, followed by `WAIT replicas timeout` with `wait`: the
+    /// reply of each call, or the error it met, and how many replicas acknowledged their
+    /// writes (0 without `wait`). If the server did not know a script, the scripts are loaded
+    /// and the whole pipeline is sent once more: the calls must be safe to repeat (renewals
+    /// are), and one `WAIT` then counts the writes of the pipeline that ran them all.
+    pub(crate) async fn pipeline(
+        &self,
+        what: &str,
+        calls: &[Call<'_>],
+        wait: Option<(u32, Duration)>,
+    ) -> Result<(Vec<redis::RedisResult<Value>>, u32)> {
+        if self.is_cluster() {
+            return Err(dlock_core::Error::unsupported(
+                crate::consts::BACKEND,
+                "pipelines of scripts on a Redis Cluster (keys in many slots)",
+            ));
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for call in calls {
+            pipe.add_command(evalsha(call));
+        }
+        if let Some((replicas, timeout)) = wait {
+            pipe.cmd("WAIT").arg(replicas).arg(ms(timeout));
+        }
+        let mut loaded = false;
+        loop {
+            let result: redis::RedisResult<Vec<redis::RedisResult<Value>>> =
+                on_conn!(self, |c| pipe.query_async(&mut c).await, |c| pipe
+                    .query_async(&mut c)
+                    .await);
+            let mut replies = result.map_err(|e| from_redis_on(self.reach(), what, e))?;
+            let no_script = |r: &redis::RedisResult<Value>| {
+                r.as_ref()
+                    .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+            };
+            if !loaded && replies.iter().any(no_script) {
+                loaded = true;
+                let mut scripts: Vec<&redis::Script> = Vec::new();
+                for call in calls {
+                    if !scripts
+                        .iter()
+                        .any(|s| s.get_hash() == call.script.get_hash())
+                    {
+                        scripts.push(call.script);
+                    }
+                }
+                for script in scripts {
+                    let invocation = script.prepare_invoke();
+                    let load: redis::RedisResult<String> =
+                        on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
+                            invocation.load_async(&mut c).await
+                        });
+                    load.map_err(|e| from_redis_on(self.reach(), what, e))?;
+                }
+                continue;
+            }
+            let acked = match wait {
+                None => 0,
+                Some(_) => match replies.pop() {
+                    Some(Ok(Value::Int(n))) => u32::try_from(n).unwrap_or(0),
+                    other => return Err(crate::error::unexpected("WAIT", other)),
+                },
+            };
+            if replies.len() != calls.len() {
+                return Err(crate::error::unexpected(
+                    what,
+                    format!("{} replies to {} calls", replies.len(), calls.len()),
+                ));
+            }
+            return Ok((replies, acked));
         }
     }
 

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Hold, HoldSignal, Mutex, NewHold, Registration};
+use dlock_core::backend::{Hold, HoldSignal, Mutex, NewHold, Registration, renewal_window};
 use dlock_core::{Error, FencingToken, LockGuard, LockName, Result, async_trait};
 use tokio::time::Instant;
 
@@ -72,6 +72,20 @@ impl<P: Primitive> Acquisition<P> {
         read_held("renew", reply)
     }
 
+    /// The watchdog's renewal for `ttl`: in the provider's next batch of renewals, where
+    /// it has one (see [`Inner::renewals`](crate::shared::Inner)), else alone. `Ok(false)`:
+    /// the hold is not ours (any more).
+    async fn renew_in_batch(&self, ttl: Duration) -> Result<bool> {
+        let Some(renewals) = &self.inner.renewals else {
+            return self.renew(ttl).await;
+        };
+        let call = self
+            .primitive
+            .renew_call(&self.holder, ms(ttl))
+            .into_owned();
+        read_held("renew", renewals.call(call, renewal_window(ttl)).await?)
+    }
+
     /// Whether the store still has this hold (one round trip; changes nothing).
     async fn still_held(&self) -> Result<bool> {
         let call = self.primitive.held_call(&self.holder);
@@ -101,6 +115,14 @@ impl<P: Primitive> Hold for RedisHold<P> {
 
     async fn extend(&self, ttl: Duration) -> Result<()> {
         if self.acq.renew(ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::lock_lost(&self.acq.name))
+        }
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        if self.acq.renew_in_batch(ttl).await? {
             Ok(())
         } else {
             Err(Error::lock_lost(&self.acq.name))

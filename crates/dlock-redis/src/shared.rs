@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::ProviderMeta;
+use dlock_core::backend::{Batcher, ProviderMeta};
 use dlock_core::{Error, LockName, Result};
 use redis::Value;
 use tokio::sync::Notify;
@@ -16,6 +16,7 @@ use crate::call::Call;
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::consts::BACKEND;
+use crate::error::from_redis_on;
 use crate::holds::{Holds, check_holds};
 use crate::pubsub::Subscriptions;
 
@@ -36,6 +37,10 @@ pub(crate) struct Inner {
     pub(crate) latch_ms: u64,
     /// Every live hold of this provider, checked after a disconnection.
     pub(crate) holds: Holds,
+    /// The watchdog's renewals of this provider's holds, sent together: one pipeline per
+    /// window, however many holds. `None` on a cluster, whose holds' keys lie in many slots
+    /// (one pipeline cannot reach them all): each hold renews alone there.
+    pub(crate) renewals: Option<Batcher<Call<'static>, Value>>,
     /// The last hold id given out, for hash fields.
     hold_ids: AtomicU64,
 }
@@ -59,7 +64,6 @@ impl Inner {
         config: &RedisConfig,
     ) -> Self {
         Self {
-            conn,
             subs,
             client_id: uuid::Uuid::new_v4().to_string(),
             meta,
@@ -73,6 +77,13 @@ impl Inner {
                     .saturating_add(Duration::from_secs(10)),
             ),
             holds: Holds::new(),
+            renewals: (!conn.is_cluster()).then(|| {
+                let wait = (config.wait_replicas > 0)
+                    .then_some((config.wait_replicas, config.response_timeout / 2));
+                let conn = conn.clone();
+                Batcher::new(BACKEND, move |calls| renew_all(conn.clone(), calls, wait))
+            }),
+            conn,
             hold_ids: AtomicU64::new(0),
         }
     }
@@ -139,6 +150,38 @@ impl Inner {
         }
         Ok(reply)
     }
+}
+
+/// Sends a batch of renewals (see [`Inner::renewals`]) in one pipeline, with `WAIT` after
+/// them for `?wait_replicas=`: each renewal's reply, or its error. A renewal the replicas did
+/// not acknowledge fails (retryable), as one sent alone does.
+async fn renew_all(
+    conn: Conn,
+    calls: Vec<Call<'static>>,
+    wait: Option<(u32, Duration)>,
+) -> Vec<Result<Value>> {
+    let (replies, acked) = match conn.pipeline("renew", &calls, wait).await {
+        Ok(answer) => answer,
+        Err(e) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
+    };
+    let reach = conn.reach();
+    replies
+        .into_iter()
+        .map(|reply| {
+            let reply = reply.map_err(|e| from_redis_on(reach, "renew", e))?;
+            match wait {
+                Some((want, timeout)) if acked < want => Err(Error::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "renew: only {acked} of {want} replicas acknowledged it within {timeout:?}"
+                    ),
+                    retryable: true,
+                    source: None,
+                }),
+                _ => Ok(reply),
+            }
+        })
+        .collect()
 }
 
 /// How often the watcher wakes without being told of a disconnection: to notice a dropped

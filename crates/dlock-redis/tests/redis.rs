@@ -20,6 +20,8 @@ mod interop;
 mod lost_replies;
 #[path = "redis/names_and_kinds.rs"]
 mod names_and_kinds;
+#[path = "redis/renewals.rs"]
+mod renewals;
 #[path = "redis/replication.rs"]
 mod replication;
 #[path = "redis/unanswered.rs"]

@@ -1,0 +1,310 @@
+//! Renewals gathered into batches: a backend that can renew many holds in one call to its
+//! store (a pipeline, one statement for many rows) hands each hold's renewal to a
+//! [`Batcher`], which sends all that arrive within a short window as one batch and gives each
+//! caller its own answer. A provider then makes about one renewal call per window, however
+//! many holds it keeps.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
+
+use crate::error::{Error, Result};
+use crate::metrics;
+use crate::sync::Mutex;
+use crate::time::from_now;
+
+/// The longest a renewal may wait for its batch: a thirtieth of the lease, at most a second.
+///
+/// The keeper renews a third of the way into the lease and counts the new lease from the
+/// moment it asked, so a renewal that waits this long reaches the store with more than half
+/// of its lease left, and the lease the client believes in ends no later than the store's.
+pub fn renewal_window(ttl: Duration) -> Duration {
+    (ttl / 30).min(Duration::from_secs(1))
+}
+
+/// What sends one batch: the items, in the order they came; an answer for each, in the same
+/// order.
+type Flush<T, R> =
+    dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Vec<Result<R>>> + Send>> + Send + Sync;
+
+/// Gathers the renewals of one provider's holds into batches.
+///
+/// Each [`call`](Batcher::call) waits at most the window it names; the batch goes out when
+/// the first of its items is due, with every item that arrived by then. A caller that stops
+/// waiting (its future dropped) has its item left out of a batch not yet sent. The batches
+/// are sent one after the other by a task on the runtime of the first call (a new one after
+/// that runtime shut down), which ends when the batcher is dropped.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::backend::Batcher;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock_core::Result<()> {
+/// // A store that doubles numbers, one call per batch.
+/// let doubler = Batcher::new("doubler", |items: Vec<u64>| async move {
+///     items.into_iter().map(|n| Ok(n * 2)).collect()
+/// });
+/// let (a, b) = tokio::join!(
+///     doubler.call(1, Duration::from_millis(5)),
+///     doubler.call(2, Duration::from_millis(5)),
+/// );
+/// assert_eq!((a?, b?), (2, 4));
+/// assert_eq!(doubler.batches(), 1);
+/// # Ok(()) }
+/// ```
+pub struct Batcher<T, R> {
+    backend: &'static str,
+    flush: Arc<Flush<T, R>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<Pending<T, R>>>>,
+    batches: Arc<AtomicU64>,
+}
+
+impl<T, R> fmt::Debug for Batcher<T, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("backend", &self.backend)
+            .field("batches", &self.batches.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One caller's item, when it is due, and where its answer goes.
+struct Pending<T, R> {
+    item: T,
+    due: Instant,
+    answer: oneshot::Sender<Result<R>>,
+}
+
+impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
+    /// A batcher of `backend` (for errors and the `dlock_renewal_calls_total` metric) whose
+    /// batches `flush` sends: it must answer each item, in order.
+    pub fn new<F, Fut>(backend: &'static str, flush: F) -> Self
+    where
+        F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Result<R>>> + Send + 'static,
+    {
+        Self {
+            backend,
+            flush: Arc::new(move |items| Box::pin(flush(items))),
+            queue: Mutex::new(None),
+            batches: Arc::default(),
+        }
+    }
+
+    /// Sends `item` in a batch that leaves within `within`, and returns its answer.
+    ///
+    /// Fails (retryable) if no Tokio runtime runs this call, or if the batch was dropped
+    /// unanswered (its runtime shut down, or its send panicked).
+    pub async fn call(&self, item: T, within: Duration) -> Result<R> {
+        let (answer, answered) = oneshot::channel();
+        let pending = Pending {
+            item,
+            due: from_now(within),
+            answer,
+        };
+        self.sender()?.send(pending).map_err(|_| self.dropped())?;
+        answered.await.map_err(|_| self.dropped())?
+    }
+
+    /// How many batches have been sent.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// The queue of the running sender task, started on this runtime if there is none (the
+    /// first call, or its runtime shut down).
+    fn sender(&self) -> Result<mpsc::UnboundedSender<Pending<T, R>>> {
+        let mut queue = self.queue.lock();
+        if let Some(tx) = queue.as_ref().filter(|tx| !tx.is_closed()) {
+            return Ok(tx.clone());
+        }
+        let runtime = Handle::try_current().map_err(|_| {
+            Error::no_answer(self.backend, "a batched renewal needs a Tokio runtime")
+        })?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        runtime.spawn(send_batches(
+            rx,
+            Arc::clone(&self.flush),
+            self.backend,
+            Arc::clone(&self.batches),
+        ));
+        *queue = Some(tx.clone());
+        Ok(tx)
+    }
+
+    fn dropped(&self) -> Error {
+        Error::no_answer(
+            self.backend,
+            "a batch of renewals was dropped unanswered (its runtime shut down)",
+        )
+    }
+}
+
+/// The sender task: gathers items until the first is due, sends them as one batch, answers
+/// each; ends when the batcher is dropped.
+async fn send_batches<T, R>(
+    mut queue: mpsc::UnboundedReceiver<Pending<T, R>>,
+    flush: Arc<Flush<T, R>>,
+    backend: &'static str,
+    batches: Arc<AtomicU64>,
+) {
+    while let Some(first) = queue.recv().await {
+        let mut due = first.due;
+        let mut batch = vec![first];
+        loop {
+            tokio::select! {
+                biased;
+                () = sleep_until(due) => break,
+                next = queue.recv() => match next {
+                    Some(p) => {
+                        due = due.min(p.due);
+                        batch.push(p);
+                    }
+                    None => break,
+                },
+            }
+        }
+        while let Ok(p) = queue.try_recv() {
+            batch.push(p);
+        }
+        batch.retain(|p| !p.answer.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let (items, answers): (Vec<T>, Vec<_>) =
+            batch.into_iter().map(|p| (p.item, p.answer)).unzip();
+        batches.fetch_add(1, Ordering::Relaxed);
+        metrics::renewal_call(backend, items.len());
+        let mut replies = flush(items).await.into_iter();
+        for answer in answers {
+            let reply = replies.next().unwrap_or_else(|| {
+                Err(Error::no_answer(
+                    backend,
+                    "the store's answer to a batch of renewals had no answer for this one",
+                ))
+            });
+            let _ = answer.send(reply);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// A batcher that records each batch's size and answers each item with itself (an item
+    /// of 0 with an error).
+    fn echo(sizes: Arc<Mutex<Vec<usize>>>) -> Batcher<u32, u32> {
+        Batcher::new("test", move |items: Vec<u32>| {
+            sizes.lock().push(items.len());
+            async move {
+                items
+                    .into_iter()
+                    .map(|n| {
+                        if n == 0 {
+                            Err(Error::lock_lost("zero"))
+                        } else {
+                            Ok(n)
+                        }
+                    })
+                    .collect()
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_within_one_window_go_as_one_batch_and_each_gets_its_own_answer() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = echo(Arc::clone(&sizes));
+        let w = Duration::from_secs(1);
+        let (one, zero, three) = tokio::join!(b.call(1, w), b.call(0, w), b.call(3, w));
+        assert_eq!(one.ok(), Some(1));
+        assert!(matches!(zero, Err(Error::LockLost { .. })));
+        assert_eq!(three.ok(), Some(3));
+        assert_eq!(*sizes.lock(), vec![3]);
+        assert_eq!(b.batches(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_leaves_when_its_first_item_is_due() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = echo(Arc::clone(&sizes));
+        let asked = Instant::now();
+        // The second item may wait longer, but goes with the first.
+        let (a, c) = tokio::join!(
+            b.call(1, Duration::from_millis(100)),
+            b.call(2, Duration::from_secs(60))
+        );
+        assert_eq!((a.ok(), c.ok()), (Some(1), Some(2)));
+        assert_eq!(asked.elapsed(), Duration::from_millis(100));
+        assert_eq!(*sizes.lock(), vec![2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_item_whose_caller_stopped_waiting_is_left_out() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = echo(Arc::clone(&sizes));
+        let w = Duration::from_secs(1);
+        let gone = tokio::time::timeout(Duration::from_millis(10), b.call(7, w)).await;
+        assert!(gone.is_err());
+        assert_eq!(b.call(8, w).await.ok(), Some(8));
+        assert_eq!(*sizes.lock(), vec![1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_answer_is_an_error_for_the_unanswered_not_a_panic() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let b = Batcher::new("test", move |items: Vec<u32>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            // Answers the first item only.
+            async move { items.into_iter().take(1).map(Ok).collect() }
+        });
+        let w = Duration::from_millis(5);
+        let (a, c) = tokio::join!(b.call(1, w), b.call(2, w));
+        assert_eq!(a.ok(), Some(1));
+        assert!(c.is_err_and(|e| e.is_retryable()));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_batcher_outlives_its_runtime() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = echo(Arc::clone(&sizes));
+        for n in 1..=2 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            let got = rt.block_on(b.call(n, Duration::from_millis(1)));
+            assert_eq!(got.ok(), Some(n));
+        }
+        assert_eq!(*sizes.lock(), vec![1, 1]);
+    }
+
+    #[test]
+    fn the_window_is_a_thirtieth_of_the_lease_at_most_a_second() {
+        assert_eq!(
+            renewal_window(Duration::from_secs(3)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            renewal_window(Duration::from_secs(30)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            renewal_window(Duration::from_secs(600)),
+            Duration::from_secs(1)
+        );
+    }
+}

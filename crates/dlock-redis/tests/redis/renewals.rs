@@ -1,0 +1,98 @@
+//! The watchdog's renewals: a provider's holds renew in one pipeline per window rather than
+//! each with its own request, and a hold that is gone is still found out, and lost, alone.
+
+use dlock_core::HoldState;
+
+use crate::support::*;
+
+/// The server's count of read events on client connections (each a request, or a pipeline of
+/// them, that arrived on its own) and of `EVALSHA` commands, asked on `admin` (one read
+/// event each time).
+async fn reads_and_scripts(admin: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("everything")
+        .query_async(admin)
+        .await
+        .unwrap();
+    let field = |prefix: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|rest| rest.split(',').next()?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in INFO"))
+    };
+    (
+        field("total_reads_processed:"),
+        field("cmdstat_evalsha:calls="),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let mut admin = admin(&server.url()).await;
+    let names = Names::new();
+    // 40 holds with the default 30 s watchdog, granted 25 ms apart: each would renew a
+    // third of the lease after its own grant, spread over a second.
+    const HOLDS: usize = 40;
+    let mut guards = Vec::new();
+    let mut spacing = tokio::time::interval(Duration::from_millis(25));
+    for i in 0..HOLDS {
+        spacing.tick().await;
+        let lock = p
+            .lock(&names.name(&format!("h{i}")), LockOptions::default())
+            .unwrap();
+        guards.push(lock.acquire().await.unwrap());
+    }
+    // The first hold's key goes: its renewal must find that out, and only its own.
+    let _: () = admin.del(names.name("h0")).await.unwrap();
+    let (reads_before, scripts_before) = reads_and_scripts(&mut admin).await;
+    let mut asked = 1;
+    // Every hold has renewed once when the server has run one more script per hold.
+    eventually(Duration::from_secs(20), "every hold renewed once", || {
+        asked += 1;
+        let mut admin = admin.clone();
+        async move {
+            let (_, scripts) = reads_and_scripts(&mut admin).await;
+            let renewed = scripts - scripts_before;
+            if renewed >= HOLDS as u64 {
+                Ok(())
+            } else {
+                Err(renewed)
+            }
+        }
+    })
+    .await;
+    let (reads_after, _) = reads_and_scripts(&mut admin).await;
+    asked += 1;
+    // What the provider sent: the reads less this test's own INFO requests (one each) and
+    // the subscription connection's ping (one each 10 s).
+    let provider_reads = (reads_after - reads_before).saturating_sub(asked + 2);
+    assert!(
+        provider_reads <= 6,
+        "{HOLDS} renewals came in {provider_reads} requests: not in batches"
+    );
+    must(
+        Duration::from_secs(5),
+        "the deleted hold is lost",
+        guards[0].lost(),
+    )
+    .await;
+    for (i, g) in guards.iter().enumerate().skip(1) {
+        assert_eq!(
+            g.state(),
+            HoldState::Held,
+            "hold {i} renewed in the same batch"
+        );
+        let ttl: i64 = admin.pttl(names.name(&format!("h{i}"))).await.unwrap();
+        assert!(
+            ttl > 25_000,
+            "hold {i} was renewed to the full lease: {ttl} ms"
+        );
+    }
+    for g in guards.into_iter().skip(1) {
+        g.release().await.unwrap();
+    }
+}
