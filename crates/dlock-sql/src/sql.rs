@@ -24,26 +24,77 @@ pub(crate) struct Tables<'a> {
     pub(crate) origin: &'a str,
 }
 
+/// `sql` as `dialect` takes it: PostgreSQL numbers its placeholders (`?` becomes `$1`, `$2`,
+/// …; no statement here has a `?` inside a string literal).
+pub(crate) fn numbered(dialect: Dialect, sql: String) -> String {
+    if dialect != Dialect::Postgres {
+        return sql;
+    }
+    let mut out = String::with_capacity(sql.len() + sql.len() / 2);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A renewal of many holds on one table in one statement: the UPDATE up to its list of holds
+/// (`?`: the lease in ms, then per hold the columns of its row), and the SELECT of those of
+/// the holds that are (still) their owners' (`?`: per hold the columns; it answers the
+/// columns).
+#[derive(Debug, Clone)]
+pub(crate) struct RenewMany {
+    renew_head: String,
+    check_head: String,
+    /// The columns of a hold's row: name and owner, and the version on the optimistic table.
+    columns: &'static str,
+    dialect: Dialect,
+}
+
+impl RenewMany {
+    fn new(s: &Tables<'_>, table: &str, columns: &'static str) -> Self {
+        let (t, now) = (s.prefix, s.now());
+        Self {
+            renew_head: format!(
+                "UPDATE {t}_{table} SET expires_at = {now} + ? WHERE ({columns}) IN ("
+            ),
+            check_head: format!("SELECT {columns} FROM {t}_{table} WHERE ({columns}) IN ("),
+            columns,
+            dialect: s.dialect,
+        }
+    }
+
+    /// The renewal of `holds` holds.
+    pub(crate) fn renew(&self, holds: usize) -> String {
+        self.with_holds(&self.renew_head, holds)
+    }
+
+    /// The check of `holds` holds.
+    pub(crate) fn check(&self, holds: usize) -> String {
+        self.with_holds(&self.check_head, holds)
+    }
+
+    fn with_holds(&self, head: &str, holds: usize) -> String {
+        let width = self.columns.split(',').count();
+        let tuple = format!("({})", vec!["?"; width].join(", "));
+        let mut sql = head.to_owned();
+        sql.push_str(&vec![tuple; holds].join(", "));
+        sql.push(')');
+        numbered(self.dialect, sql)
+    }
+}
+
 impl Tables<'_> {
     /// `sql` as the dialect takes it: PostgreSQL numbers its placeholders (`?` becomes `$1`,
     /// `$2`, …; no statement here has a `?` inside a string literal).
     pub(crate) fn stmt(&self, sql: impl Into<String>) -> String {
-        let sql = sql.into();
-        if self.dialect != Dialect::Postgres {
-            return sql;
-        }
-        let mut out = String::with_capacity(sql.len() + 8);
-        let mut n = 0;
-        for c in sql.chars() {
-            if c == '?' {
-                n += 1;
-                out.push('$');
-                out.push_str(&n.to_string());
-            } else {
-                out.push(c);
-            }
-        }
-        out
+        numbered(self.dialect, sql.into())
     }
 
     /// The database clock, in milliseconds since the epoch.
@@ -98,6 +149,8 @@ pub(crate) struct UniqueInsertSql {
     pub(crate) delete_hold: String,
     /// Renews an owner's hold (`?`: lease in ms, name, owner).
     pub(crate) renew_hold: String,
+    /// Renews many owners' holds at once (per hold: name, owner).
+    pub(crate) renew_holds: RenewMany,
     /// The owner, id, takeovers and milliseconds left of a name's hold (`?`: name).
     pub(crate) describe_hold: String,
 }
@@ -132,6 +185,7 @@ impl UniqueInsertSql {
             renew_hold: s.stmt(format!(
                 "UPDATE {t}_holds SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
             )),
+            renew_holds: RenewMany::new(&s, "holds", "name, owner"),
             describe_hold: s.stmt(format!(
                 "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"
             )),
@@ -156,6 +210,8 @@ pub(crate) struct OptimisticSql {
     pub(crate) release_version_by_owner: String,
     /// Renews an owner's claim (`?`: lease in ms, name, owner, version).
     pub(crate) renew_version: String,
+    /// Renews many owners' claims at once (per hold: name, owner, version).
+    pub(crate) renew_versions: RenewMany,
     /// A new seed: a number never handed out before for these tables (an AUTO_INCREMENT
     /// row, deleted again at once; the counter is kept across deletes and restarts).
     pub(crate) new_seed: String,
@@ -207,6 +263,7 @@ impl OptimisticSql {
                 "UPDATE {t}_versions SET expires_at = {now} + ? \
                  WHERE name = ? AND owner = ? AND version = ?"
             )),
+            renew_versions: RenewMany::new(&s, "versions", "name, owner, version"),
             new_seed: match s.dialect {
                 Dialect::MySql => format!("INSERT INTO {t}_seeds () VALUES ()"),
                 Dialect::Sqlite | Dialect::Postgres => {

@@ -161,7 +161,7 @@ macro_rules! on_driver {
     };
 }
 
-/// What a statement answers: a count ([`Done`]) or at most one row.
+/// What a statement answers: a count ([`Done`]), at most one row, or all its rows.
 trait Answer: Sized {
     /// Runs `query` on the bare connection `exec` for this answer.
     async fn read(query: &Query<'_>, exec: Exec<'_>) -> Result<Self, sqlx::Error>;
@@ -186,6 +186,19 @@ impl Answer for Option<Row> {
     }
 }
 
+impl Answer for Vec<Row> {
+    async fn read(query: &Query<'_>, exec: Exec<'_>) -> Result<Self, sqlx::Error> {
+        on_driver!(
+            query,
+            exec,
+            fetch_all,
+            |rows| rows.into_iter().map(Row::MySql).collect(),
+            |rows| rows.into_iter().map(Row::Sqlite).collect(),
+            |rows| rows.into_iter().map(Row::Postgres).collect()
+        )
+    }
+}
+
 impl<'a> Query<'a> {
     /// Binds the next `?`.
     pub(crate) fn bind(mut self, arg: impl Into<Arg<'a>>) -> Self {
@@ -203,6 +216,11 @@ impl<'a> Query<'a> {
         self,
         on: impl Into<On<'_>>,
     ) -> Result<Option<Row>, sqlx::Error> {
+        self.run(on.into()).await
+    }
+
+    /// Runs a query for all its rows.
+    pub(crate) async fn fetch_all(self, on: impl Into<On<'_>>) -> Result<Vec<Row>, sqlx::Error> {
         self.run(on.into()).await
     }
 

@@ -93,6 +93,19 @@ impl Row {
         }
     }
 
+    /// A binary column (a lock name).
+    pub(crate) fn bytes(&self, i: usize) -> Result<Vec<u8>, sqlx::Error> {
+        use sqlx::Row as _;
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref r) => r.try_get::<Vec<u8>, _>(i),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(ref r) => r.try_get::<Vec<u8>, _>(i),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref r) => r.try_get::<Vec<u8>, _>(i),
+        }
+    }
+
     /// A text column.
     pub(crate) fn text(&self, i: usize) -> Result<String, sqlx::Error> {
         use sqlx::Row as _;

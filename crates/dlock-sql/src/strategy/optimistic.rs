@@ -7,9 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::backend::Batcher;
 use dlock_core::{LockName, LockStatus, Result, async_trait};
 
-use super::rows::{RowStrategy, changed, described, own_row};
+use super::rows::{RowRenewal, RowStrategy, changed, described, own_row, row_renewals};
 use super::{Attempt, NameCache, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
 use crate::config::Dialect;
@@ -26,13 +27,16 @@ pub(crate) struct Optimistic {
     sql: OptimisticSql,
     /// The version last seen per name (saves the read before the claim).
     versions: NameCache<i64>,
+    renewals: Batcher<RowRenewal, bool>,
 }
 
 impl Optimistic {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
+        let sql = OptimisticSql::new(tables);
         Self {
+            renewals: row_renewals(Arc::clone(&inner), sql.renew_versions.clone()),
             inner,
-            sql: OptimisticSql::new(tables),
+            sql,
             versions: NameCache::new(),
         }
     }
@@ -174,6 +178,14 @@ impl Optimistic {
 impl RowStrategy for Optimistic {
     fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    fn renewals(&self) -> &Batcher<RowRenewal, bool> {
+        &self.renewals
+    }
+
+    fn renewal(&self, a: &Attempt, token: u64, ttl: Duration) -> RowRenewal {
+        RowRenewal::new(a, Some(token), ttl)
     }
 
     /// `UPDATE … WHERE version = ?` with the version last seen for this name; on a miss, read

@@ -3,11 +3,12 @@
 //! the lock, and the hold is an owner-checked row with a lease, released and renewed by
 //! statements on the pool.
 
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, Hold, UndoOnDrop, from_now};
+use dlock_core::backend::{Batcher, Deadline, Hold, UndoOnDrop, from_now, renewal_window};
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
@@ -15,6 +16,7 @@ use super::{Attempt, CONNECT_GRACE, Grant, LockStrategy, ms, read_row};
 use crate::Inner;
 use crate::db::{Conn, On, Query, query};
 use crate::error::from_sqlx;
+use crate::sql::RenewMany;
 
 /// A strategy whose lock is a row with an owner and a lease, taken by a few statements on one
 /// connection.
@@ -33,6 +35,12 @@ pub(crate) trait RowStrategy: fmt::Debug + Send + Sync + 'static {
 
     /// Makes `a`'s hold of `token` last `ttl` from now: whether it is still `a`'s.
     async fn renew(&self, a: &Attempt, token: u64, ttl: Duration) -> Result<bool>;
+
+    /// The renewals of this strategy's holds, gathered into batches ([`row_renewals`]).
+    fn renewals(&self) -> &Batcher<RowRenewal, bool>;
+
+    /// `a`'s hold of `token` as a row to renew for `ttl`, in a batch of [`renewals`](Self::renewals).
+    fn renewal(&self, a: &Attempt, token: u64, ttl: Duration) -> RowRenewal;
 
     /// What the row of `name` says (see [`LockStrategy::describe`]).
     async fn describe(&self, name: &LockName) -> Result<LockStatus>;
@@ -84,6 +92,20 @@ impl<S: RowStrategy> Hold for RowHold<S> {
 
     async fn extend(&self, ttl: Duration) -> Result<()> {
         if self.strategy.renew(&self.attempt, self.token, ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::lock_lost(&self.attempt.name))
+        }
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let row = self.strategy.renewal(&self.attempt, self.token, ttl);
+        if self
+            .strategy
+            .renewals()
+            .call(row, renewal_window(ttl))
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::lock_lost(&self.attempt.name))
@@ -224,6 +246,117 @@ pub(crate) fn own_row<'a>(
         q = q.bind(i64::try_from(version).unwrap_or(i64::MAX));
     }
     q
+}
+
+/// One hold's renewal in a batch: its row (name, owner and, on the optimistic table, the
+/// version) and the lease.
+#[derive(Debug)]
+pub(crate) struct RowRenewal {
+    key: Vec<u8>,
+    owner: String,
+    version: Option<i64>,
+    ttl_ms: i64,
+}
+
+impl RowRenewal {
+    /// The renewal of `a`'s hold (at `version`, on the optimistic table) for `ttl`.
+    pub(crate) fn new(a: &Attempt, version: Option<u64>, ttl: Duration) -> Self {
+        Self {
+            key: a.key().to_vec(),
+            owner: a.owner.clone(),
+            version: version.map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
+            ttl_ms: ms(ttl),
+        }
+    }
+
+    /// Binds the row's columns to `q`, in the order of [`RenewMany`] and of the one-hold
+    /// renewal.
+    fn bind<'a>(&'a self, q: Query<'a>) -> Query<'a> {
+        let q = q.bind(self.key.as_slice()).bind(self.owner.as_str());
+        match self.version {
+            Some(v) => q.bind(v),
+            None => q,
+        }
+    }
+}
+
+/// The most holds one statement renews: within every dialect's limit of placeholders
+/// (SQLite's 32,766 is the lowest) at three columns a hold.
+const RENEW_AT_ONCE: usize = 10_000;
+
+/// The batcher of a row strategy's renewals on `inner`'s pool: a batch renews its holds with
+/// one statement `many` per lease length (almost always one: the watchdog's). A hold is its
+/// owner's still if the statement changed as many rows as it named; otherwise (a hold lost,
+/// or one named twice) one SELECT says which of them are.
+pub(crate) fn row_renewals(inner: Arc<Inner>, many: RenewMany) -> Batcher<RowRenewal, bool> {
+    let backend = inner.backend;
+    let statements = Arc::new((inner, many));
+    Batcher::new(backend, move |items| {
+        renew_rows(Arc::clone(&statements), items)
+    })
+}
+
+/// Sends one batch of [`row_renewals`]: whether each hold is still its owner's.
+async fn renew_rows(
+    statements: Arc<(Arc<Inner>, RenewMany)>,
+    items: Vec<RowRenewal>,
+) -> Vec<Result<bool>> {
+    let (inner, many) = &*statements;
+    let mut answers: Vec<Option<Result<bool>>> = items.iter().map(|_| None).collect();
+    let mut by_lease: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (i, r) in items.iter().enumerate() {
+        by_lease.entry(r.ttl_ms).or_default().push(i);
+    }
+    for (ttl_ms, holds) in by_lease {
+        for chunk in holds.chunks(RENEW_AT_ONCE) {
+            let rows: Vec<&RowRenewal> = chunk.iter().map(|&i| &items[i]).collect();
+            let answer: Vec<Result<bool>> = match renew_chunk(inner, many, ttl_ms, &rows).await {
+                Ok(ours) => ours.into_iter().map(Ok).collect(),
+                Err(e) => {
+                    let e = inner.err("renew")(e);
+                    rows.iter().map(|_| Err(e.duplicate())).collect()
+                }
+            };
+            for (&i, a) in chunk.iter().zip(answer) {
+                answers[i] = Some(a);
+            }
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(Error::no_answer(inner.backend, "renew: no answer"))))
+        .collect()
+}
+
+/// Renews `rows` for `ttl_ms` with one statement: whether each is still its owner's.
+async fn renew_chunk(
+    inner: &Inner,
+    many: &RenewMany,
+    ttl_ms: i64,
+    rows: &[&RowRenewal],
+) -> std::result::Result<Vec<bool>, sqlx::Error> {
+    let renew = many.renew(rows.len());
+    let q = rows
+        .iter()
+        .fold(query(&renew).bind(ttl_ms), |q, r| r.bind(q));
+    if q.execute(&inner.pool).await?.rows_affected == rows.len() as u64 {
+        return Ok(vec![true; rows.len()]);
+    }
+    // Every row still its owner's was changed by the UPDATE; the others are not there.
+    let check = many.check(rows.len());
+    let q = rows.iter().fold(query(&check), |q, r| r.bind(q));
+    let mut found = HashSet::new();
+    for row in q.fetch_all(&inner.pool).await? {
+        let version = match rows.first().and_then(|r| r.version) {
+            Some(_) => Some(row.int(2)?),
+            None => None,
+        };
+        found.insert((row.bytes(0)?, row.text(1)?, version));
+    }
+    Ok(rows
+        .iter()
+        .map(|r| found.contains(&(r.key.clone(), r.owner.clone(), r.version)))
+        .collect())
 }
 
 /// Runs `q`, a statement from [`own_row`], on `on`: whether it changed the row (it was still

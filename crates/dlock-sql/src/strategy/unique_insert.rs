@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::backend::Batcher;
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 
-use super::rows::{RowStrategy, changed, described, own_row};
+use super::rows::{RowRenewal, RowStrategy, changed, described, own_row, row_renewals};
 use super::{Attempt, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
 use crate::config::Dialect;
@@ -19,13 +20,16 @@ use crate::sql::{Tables, UniqueInsertSql};
 pub(crate) struct UniqueInsert {
     inner: Arc<Inner>,
     sql: UniqueInsertSql,
+    renewals: Batcher<RowRenewal, bool>,
 }
 
 impl UniqueInsert {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
+        let sql = UniqueInsertSql::new(tables);
         Self {
+            renewals: row_renewals(Arc::clone(&inner), sql.renew_holds.clone()),
             inner,
-            sql: UniqueInsertSql::new(tables),
+            sql,
         }
     }
 
@@ -48,6 +52,14 @@ impl UniqueInsert {
 impl RowStrategy for UniqueInsert {
     fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    fn renewals(&self) -> &Batcher<RowRenewal, bool> {
+        &self.renewals
+    }
+
+    fn renewal(&self, a: &Attempt, _token: u64, ttl: Duration) -> RowRenewal {
+        RowRenewal::new(a, None, ttl)
     }
 
     /// INSERT the hold; on a duplicate, take an expired row over with a conditional UPDATE.

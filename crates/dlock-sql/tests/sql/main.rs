@@ -15,5 +15,6 @@ mod connections_and_pools;
 mod fencing_tokens;
 mod opening_and_tables;
 mod release_notifications;
+mod renewals;
 mod separate_processes;
 mod statements_on_the_wire;
