@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use dlock_core::backend::{
     Backoff, Hold, HoldSignal, Mutex, NewHold, Registration, Request, from_now, later,
+    renewal_window,
 };
 use dlock_core::{Error, FencingToken, LockGuard, LockKind, LockName, Result, async_trait};
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
@@ -14,6 +15,7 @@ use tokio::time::Instant;
 use crate::BACKEND;
 use crate::error::from_etcd;
 use crate::keys::{self, KeyUndo, Pending, delete_key};
+use crate::renewals::Renewal;
 use crate::retry::{RETRY_MAX, RETRY_MIN};
 use crate::session::Session;
 
@@ -171,6 +173,33 @@ impl Hold for EtcdHold {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        if self.session.lease_now() != Some(self.lease) {
+            return Err(Error::lock_lost(&self.name));
+        }
+        let sent = Instant::now();
+        let renewal = Renewal {
+            key: self.key.clone(),
+            rev: self.rev,
+            lease: self.lease,
+            ttl,
+        };
+        if !self
+            .session
+            .renewals
+            .call(renewal, renewal_window(ttl))
+            .await?
+        {
+            return Err(Error::lock_lost(&self.name));
+        }
+        if let Some(live) = self.live.lock().as_mut()
+            && let Some(pending) = live.left.state_mut()
+        {
+            pending.not_before = Some(later(sent, ttl));
+        }
+        Ok(())
     }
 
     async fn verify(&self) -> Result<bool> {

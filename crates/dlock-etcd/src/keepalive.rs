@@ -62,7 +62,7 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
 /// A session over a client the application already has: grants its lease and starts the
 /// task that keeps it alive.
 pub(crate) async fn start(config: EtcdConfig, client: Client) -> Result<Arc<Session>> {
-    let session = Arc::new(Session::new(config, client));
+    let session = Arc::new_cyclic(|me| Session::new(config, client, Weak::clone(me)));
     session.config.check()?;
     let sent = Instant::now();
     let (lease, ttl) = session.grant().await?;

@@ -12,6 +12,7 @@ mod keepalive;
 mod keys;
 mod mutex;
 mod provider;
+mod renewals;
 mod retry;
 mod session;
 mod stats;

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{HoldSet, HoldSignal, Horizon, Mutex, Registration, Tally, later};
+use dlock_core::backend::{
+    Batcher, HoldSet, HoldSignal, Horizon, Mutex, Registration, Tally, later,
+};
 use dlock_core::{Error, LossReason, Result};
 use etcd_client::{Client, Txn, TxnResponse};
 use tokio::sync::watch;
@@ -16,6 +18,7 @@ use tokio::time::Instant;
 use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::error::{from_etcd, is_lease_gone};
+use crate::renewals::Renewal;
 use crate::retry::seconds;
 use crate::stats::EtcdStats;
 
@@ -88,6 +91,8 @@ pub(crate) struct Session {
     horizon: Mutex<Option<(i64, Horizon)>>,
     /// The calls and wake-ups counted so far.
     pub(crate) counters: Tally<EtcdStats>,
+    /// The watchdog's renewals of the holds, in batches ([`crate::renewals`]).
+    pub(crate) renewals: Batcher<Renewal, bool>,
 }
 
 impl std::fmt::Debug for Session {
@@ -119,8 +124,10 @@ impl Drop for Session {
 impl Session {
     /// A session over `client` with no lease yet: [`crate::keepalive::start`] grants it and
     /// keeps it alive.
-    pub(crate) fn new(config: EtcdConfig, client: Client) -> Self {
+    /// `me` is the session's own place (see [`Arc::new_cyclic`]), for its renewals.
+    pub(crate) fn new(config: EtcdConfig, client: Client, me: Weak<Self>) -> Self {
         Self {
+            renewals: crate::renewals::batcher(me),
             store_id: config.store_id().into(),
             client,
             lease: watch::channel(LeaseState::Granting(None)).0,

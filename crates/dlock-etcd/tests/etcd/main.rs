@@ -13,5 +13,6 @@ mod frozen;
 mod full_database;
 mod interop;
 mod release;
+mod renewals;
 mod silence;
 mod time_limits;
