@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dlock_core::backend::{Hold, HoldSignal, Mutex, NewHold, Registration, later};
+use dlock_core::backend::{Hold, HoldSignal, Mutex, NewHold, Registration, later, renewal_window};
 use dlock_core::{
     Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
@@ -15,7 +15,7 @@ use zookeeper_client as zk;
 use crate::BACKEND;
 use crate::create::Created;
 use crate::error::{for_hold, from_zk};
-use crate::session::Session;
+use crate::session::{Node, Session};
 use crate::undo::NodeUndo;
 
 /// The backend side of a hold: one node (a lock, read, write or lease node) to delete.
@@ -144,6 +144,39 @@ impl Hold for ZkHold {
             // The renewal met the expiry before the session's state watcher did.
             Err(zk::Error::SessionExpired) => expired(),
             Err(e) => Err(for_hold(&self.name, &format!("exists {}", self.path), e)),
+        }
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.renew_in_batch(ttl).await
+    }
+}
+
+impl ZkHold {
+    /// The watchdog's renewal for `ttl`, in the session's next batch: whether the node is
+    /// still there (its session keeps it alive).
+    async fn renew_in_batch(&self, ttl: Duration) -> Result<()> {
+        let sent = Instant::now();
+        if !self.session.is_live(self.node_session) {
+            self.signal.mark_lost(LossReason::SessionExpired);
+            return Err(Error::lock_lost(&self.name));
+        }
+        match self
+            .session
+            .renewals
+            .call(self.path.clone(), renewal_window(ttl))
+            .await?
+        {
+            Node::There => {
+                *self.lease_end.lock() = later(sent, ttl);
+                Ok(())
+            }
+            Node::Gone => Err(Error::lock_lost(&self.name)),
+            // The renewal met the expiry before the session's state watcher did.
+            Node::Expired => {
+                self.signal.mark_lost(LossReason::SessionExpired);
+                Err(Error::lock_lost(&self.name))
+            }
         }
     }
 }

@@ -23,8 +23,10 @@ pub struct ZkStats {
     pub get_children: u64,
     /// `getData` calls (the waiters' watches on their predecessors).
     pub get_data: u64,
-    /// `exists` calls (lease renewals and `extend`).
+    /// `exists` calls (`extend`, and lease renewals on a server before 3.6).
     pub exists: u64,
+    /// Multi-reads: the watchdog's renewals of up to 5,000 holds in one call.
+    pub multi_reads: u64,
     /// Waiters woken by a watch: with no herd, one per handoff.
     pub wakeups: u64,
     /// Sessions opened: one at connect, and one after each expiry.
@@ -38,20 +40,25 @@ pub struct ZkStats {
 impl ZkStats {
     /// All server calls of the recipes (wake-ups and probes are not counted).
     pub fn calls(&self) -> u64 {
-        self.creates + self.deletes + self.get_children + self.get_data + self.exists
+        self.creates
+            + self.deletes
+            + self.get_children
+            + self.get_data
+            + self.exists
+            + self.multi_reads
     }
 }
 
 /// One call on the way: the client it went through and when it was sent.
-struct Call<'s> {
+pub(super) struct Call<'s> {
     session: &'s Session,
-    client: zk::Client,
+    pub(super) client: zk::Client,
     sent: Instant,
 }
 
 impl Call<'_> {
     /// Records how the call ended (see [`Session::heard`]) and passes its result on.
-    fn ended<T>(&self, result: ZkResult<T>) -> ZkResult<T> {
+    pub(super) fn ended<T>(&self, result: ZkResult<T>) -> ZkResult<T> {
         self.session.heard(&self.client, self.sent, &result);
         result
     }
@@ -59,7 +66,7 @@ impl Call<'_> {
 
 impl Session {
     /// Takes the client and the send time for a call about to be made.
-    fn call(&self) -> Call<'_> {
+    pub(super) fn call(&self) -> Call<'_> {
         let client = self.client();
         Call {
             session: self,

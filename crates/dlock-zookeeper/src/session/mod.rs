@@ -9,11 +9,12 @@ mod calls;
 mod holds;
 mod horizon;
 mod ops;
+mod renewals;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Backoff, HoldSet, Mutex, Tally};
+use dlock_core::backend::{Backoff, Batcher, HoldSet, Mutex, Tally};
 use dlock_core::{LossReason, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -24,6 +25,7 @@ use crate::error::from_zk;
 
 pub use self::calls::ZkStats;
 use self::horizon::{Live, keep_horizon};
+pub(crate) use self::renewals::Node;
 
 /// One ZooKeeper session shared by every handle of a provider.
 pub(crate) struct Session {
@@ -41,6 +43,8 @@ pub(crate) struct Session {
     live: Mutex<Option<Live>>,
     /// Wakes the probe task: a hold was registered, or the session reconnected.
     probe_wake: Arc<Notify>,
+    /// The watchdog's renewals of the holds, in batches ([`renewals`]).
+    pub(crate) renewals: Batcher<String, Node>,
 }
 
 impl std::fmt::Debug for Session {
@@ -90,7 +94,8 @@ impl Session {
         let counters = Tally::<ZkStats>::default();
         counters.count(|s| &mut s.sessions);
         let probe_wake = Arc::new(Notify::new());
-        let session = Arc::new(Self {
+        let session = Arc::new_cyclic(|me| Self {
+            renewals: renewals::batcher(Weak::clone(me)),
             store_id: config.store_id(),
             config,
             live: Mutex::new(Some(Live::new(&client, sent))),

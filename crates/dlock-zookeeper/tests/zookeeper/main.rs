@@ -11,6 +11,7 @@ mod layout;
 mod names;
 mod read_write;
 mod release;
+mod renewals;
 mod restart;
 mod round_trips;
 mod semaphore;
