@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Id};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 
@@ -38,9 +38,11 @@ type Flush<T, R> =
 ///
 /// Each [`call`](Batcher::call) waits at most the window it names; the batch goes out when
 /// the first of its items is due, with every item that arrived by then. A caller that stops
-/// waiting (its future dropped) has its item left out of a batch not yet sent. The batches
-/// are sent one after the other by a task on the runtime of the first call (a new one after
-/// that runtime shut down), which ends when the batcher is dropped.
+/// waiting (its future dropped) has its item left out of a batch not yet sent. Each runtime
+/// that calls has a gathering task of its own (so a runtime that stops being driven holds up
+/// only its own callers), which ends when the batcher is dropped or its runtime shuts down;
+/// each batch is sent by a task of its own, so a batch the store is slow to answer holds up
+/// only its own items.
 ///
 /// ```
 /// use std::time::Duration;
@@ -63,7 +65,8 @@ type Flush<T, R> =
 pub struct Batcher<T, R> {
     backend: &'static str,
     flush: Arc<Flush<T, R>>,
-    queue: Mutex<Option<mpsc::UnboundedSender<Pending<T, R>>>>,
+    /// The queue of each calling runtime's gathering task.
+    queues: Mutex<Vec<(Id, Queue<T, R>)>>,
     batches: Arc<AtomicU64>,
 }
 
@@ -75,6 +78,9 @@ impl<T, R> fmt::Debug for Batcher<T, R> {
             .finish_non_exhaustive()
     }
 }
+
+/// Where a runtime's callers put their items.
+type Queue<T, R> = mpsc::UnboundedSender<Pending<T, R>>;
 
 /// One caller's item, when it is due, and where its answer goes.
 struct Pending<T, R> {
@@ -94,7 +100,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
         Self {
             backend,
             flush: Arc::new(move |items| Box::pin(flush(items))),
-            queue: Mutex::new(None),
+            queues: Mutex::new(Vec::new()),
             batches: Arc::default(),
         }
     }
@@ -119,24 +125,26 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
         self.batches.load(Ordering::Relaxed)
     }
 
-    /// The queue of the running sender task, started on this runtime if there is none (the
-    /// first call, or its runtime shut down).
-    fn sender(&self) -> Result<mpsc::UnboundedSender<Pending<T, R>>> {
-        let mut queue = self.queue.lock();
-        if let Some(tx) = queue.as_ref().filter(|tx| !tx.is_closed()) {
-            return Ok(tx.clone());
-        }
+    /// The queue of this runtime's gathering task, started if there is none yet (the
+    /// runtime's first call). Queues of runtimes that shut down are dropped on the way.
+    fn sender(&self) -> Result<Queue<T, R>> {
         let runtime = Handle::try_current().map_err(|_| {
             Error::no_answer(self.backend, "a batched renewal needs a Tokio runtime")
         })?;
+        let id = runtime.id();
+        let mut queues = self.queues.lock();
+        queues.retain(|(_, tx)| !tx.is_closed());
+        if let Some((_, tx)) = queues.iter().find(|(of, _)| *of == id) {
+            return Ok(tx.clone());
+        }
         let (tx, rx) = mpsc::unbounded_channel();
-        runtime.spawn(send_batches(
+        runtime.spawn(gather(
             rx,
             Arc::clone(&self.flush),
             self.backend,
             Arc::clone(&self.batches),
         ));
-        *queue = Some(tx.clone());
+        queues.push((id, tx.clone()));
         Ok(tx)
     }
 
@@ -148,9 +156,10 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     }
 }
 
-/// The sender task: gathers items until the first is due, sends them as one batch, answers
-/// each; ends when the batcher is dropped.
-async fn send_batches<T, R>(
+/// A runtime's gathering task: gathers items until the first is due, and hands them to a
+/// task of their own that sends them as one batch and answers each; ends when the batcher is
+/// dropped.
+async fn gather<T: Send + 'static, R: Send + 'static>(
     mut queue: mpsc::UnboundedReceiver<Pending<T, R>>,
     flush: Arc<Flush<T, R>>,
     backend: &'static str,
@@ -179,20 +188,24 @@ async fn send_batches<T, R>(
         if batch.is_empty() {
             continue;
         }
-        let (items, answers): (Vec<T>, Vec<_>) =
-            batch.into_iter().map(|p| (p.item, p.answer)).unzip();
         batches.fetch_add(1, Ordering::Relaxed);
-        metrics::renewal_call(backend, items.len());
-        let mut replies = flush(items).await.into_iter();
-        for answer in answers {
-            let reply = replies.next().unwrap_or_else(|| {
-                Err(Error::no_answer(
-                    backend,
-                    "the store's answer to a batch of renewals had no answer for this one",
-                ))
-            });
-            let _ = answer.send(reply);
-        }
+        metrics::renewal_call(backend, batch.len());
+        tokio::spawn(send(batch, Arc::clone(&flush), backend));
+    }
+}
+
+/// Sends one batch and gives each caller its answer.
+async fn send<T, R>(batch: Vec<Pending<T, R>>, flush: Arc<Flush<T, R>>, backend: &'static str) {
+    let (items, answers): (Vec<T>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.answer)).unzip();
+    let mut replies = flush(items).await.into_iter();
+    for answer in answers {
+        let reply = replies.next().unwrap_or_else(|| {
+            Err(Error::no_answer(
+                backend,
+                "the store's answer to a batch of renewals had no answer for this one",
+            ))
+        });
+        let _ = answer.send(reply);
     }
 }
 
@@ -290,6 +303,58 @@ mod tests {
             assert_eq!(got.ok(), Some(n));
         }
         assert_eq!(*sizes.lock(), vec![1, 1]);
+    }
+
+    /// A runtime that is no longer driven (a current-thread runtime outside `block_on`)
+    /// keeps its own gathering task, not the others': another runtime's calls are answered.
+    #[test]
+    fn a_runtime_left_idle_holds_up_only_its_own_callers() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = Arc::new(echo(Arc::clone(&sizes)));
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        // Its gathering task starts, then the runtime is left alone with an item queued.
+        let queued = Arc::clone(&b);
+        idle.block_on(async move {
+            let waiting =
+                tokio::spawn(async move { queued.call(1, Duration::from_millis(1)).await });
+            tokio::task::yield_now().await;
+            drop(waiting);
+        });
+        let busy = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let got = busy.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), b.call(2, Duration::from_millis(1))).await
+        });
+        assert_eq!(got.ok().and_then(Result::ok), Some(2));
+        drop(idle);
+    }
+
+    /// A batch the store does not answer holds up only its own items: the next batch is sent
+    /// and answered meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_left_unanswered_holds_up_only_its_own_items() {
+        let b = Batcher::new("test", |items: Vec<u32>| async move {
+            if items.contains(&0) {
+                std::future::pending::<()>().await;
+            }
+            items.into_iter().map(Ok).collect()
+        });
+        let b = Arc::new(b);
+        let first = Arc::clone(&b);
+        let hung = tokio::spawn(async move { first.call(0, Duration::from_millis(1)).await });
+        // The first batch has left (its window is over) and hangs.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let later =
+            tokio::time::timeout(Duration::from_secs(5), b.call(5, Duration::from_millis(1))).await;
+        assert_eq!(later.ok().and_then(Result::ok), Some(5));
+        assert!(!hung.is_finished());
+        hung.abort();
     }
 
     #[test]

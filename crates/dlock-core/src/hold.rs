@@ -35,7 +35,8 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
     /// owner has the lock); it then changes nothing.
     async fn release(&self) -> Result<()>;
 
-    /// Makes the hold last `ttl` from now, at once (the guard's `extend`).
+    /// Makes the hold last `ttl` from now, at once (the guard's `extend`, and the watchdog's
+    /// retries after a failed renewal).
     ///
     /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
     async fn extend(&self, ttl: Duration) -> Result<()>;
@@ -45,7 +46,7 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
     /// holds that reaches the store within [`renewal_window`](crate::backend::renewal_window)
     /// of `ttl` (see [`Batcher`](crate::backend::Batcher)). The keeper counts the new lease
     /// from before this call, so the wait for a batch only shortens the lease the client
-    /// believes in.
+    /// believes in; a renewal that failed is tried again with `extend`.
     ///
     /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
     async fn renew(&self, ttl: Duration) -> Result<()> {

@@ -105,6 +105,7 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
         }
         sleep_until(next).await;
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
+        let mut first = true;
         loop {
             let sent = Instant::now();
             let (end, reason) = shared.end();
@@ -112,7 +113,15 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                 return reason;
             }
             let span = trace::renew(shared.backend, shared.kind, &shared.name);
-            match timeout_at(end, in_span(&span, shared.hold.renew(ttl))).await {
+            // The first try may wait for the provider's next batch of renewals; a retry is
+            // sent at once, so one that starts close to the end is not held back by a batch.
+            let renewal = if first {
+                shared.hold.renew(ttl)
+            } else {
+                shared.hold.extend(ttl)
+            };
+            first = false;
+            match timeout_at(end, in_span(&span, renewal)).await {
                 Ok(Ok(())) => {
                     metrics::renewed(shared.backend, "renewed");
                     shared.set_lease_end(later(sent, ttl));

@@ -191,6 +191,58 @@ async fn the_watchdog_renews_and_reports_a_gone_hold() {
     assert_eq!(g.loss_reason(), Some(LossReason::Gone));
 }
 
+/// A hold whose batched renewals always fail (a batch the store refuses) while a renewal of
+/// its own goes through, counting both.
+#[derive(Debug, Default)]
+struct BatchFails {
+    renews: AtomicUsize,
+    extends: AtomicUsize,
+}
+
+#[async_trait]
+impl Hold for BatchFails {
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn extend(&self, _ttl: Duration) -> Result<()> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        self.renews.fetch_add(1, Ordering::SeqCst);
+        Err(Error::no_answer("fake", "the batch was refused"))
+    }
+}
+
+/// The watchdog's first try each period is the batched renewal; a failed one is tried again
+/// with `extend`, at once, so a batch that keeps failing does not cost the hold.
+#[tokio::test(start_paused = true)]
+async fn a_failed_batched_renewal_is_retried_alone() {
+    let hold = Arc::new(BatchFails::default());
+    let g = LockGuard::new(NewHold::new(
+        "fake",
+        LockKind::Mutex,
+        LockName::new("fake").unwrap(),
+        FencingToken::new(1),
+        Lease::watchdog(Duration::from_secs(3)),
+        Instant::now(),
+        Arc::clone(&hold) as Arc<dyn Hold>,
+    ));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(g.is_held(), "kept by the retries: {:?}", g.loss_reason());
+    let (renews, extends) = (
+        hold.renews.load(Ordering::SeqCst),
+        hold.extends.load(Ordering::SeqCst),
+    );
+    assert!(
+        renews >= 3 && extends >= 3,
+        "{renews} batched, {extends} alone"
+    );
+    g.release().await.unwrap();
+}
+
 /// Huge durations: extend by `Duration::MAX` is refused, by `Lease::MAX` works; a hold of
 /// `Lease::MAX` has a far lease end.
 #[tokio::test]

@@ -86,10 +86,20 @@ async fn alive(session: &Session, lease: i64, chunk: &[Renewal]) -> Result<Vec<b
         .iter()
         .map(|r| TxnOp::get(r.key.as_str(), Some(GetOptions::new().with_keys_only())))
         .collect();
-    let resp = session
-        .txn(Some(lease), Txn::new().and_then(gets))
-        .await
-        .map_err(|e| from_etcd("renew: check the keys", e))?;
+    let resp = match session.txn(Some(lease), Txn::new().and_then(gets)).await {
+        Ok(resp) => resp,
+        // A cluster that allows fewer operations per transaction than etcd's default: each
+        // key is asked alone.
+        Err(e) if too_many_operations(&e) && chunk.len() > 1 => {
+            let mut alive_each = Vec::with_capacity(chunk.len());
+            for r in chunk {
+                let one = Box::pin(alive(session, lease, std::slice::from_ref(r))).await?;
+                alive_each.extend(one);
+            }
+            return Ok(alive_each);
+        }
+        Err(e) => return Err(from_etcd("renew: check the keys", e)),
+    };
     let ops = resp.op_responses();
     if ops.len() != chunk.len() {
         return Err(Error::no_answer(
@@ -108,4 +118,12 @@ async fn alive(session: &Session, lease: i64, chunk: &[Renewal]) -> Result<Vec<b
             _ => false,
         })
         .collect())
+}
+
+/// Whether `e` is etcd's refusal of a transaction with more operations than its
+/// `--max-txn-ops`.
+fn too_many_operations(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(status)
+        if status.code() == tonic::Code::InvalidArgument
+            && status.message().contains("too many operations"))
 }

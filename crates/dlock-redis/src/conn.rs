@@ -321,11 +321,10 @@ impl Conn {
         }
         let mut loaded = false;
         loop {
-            let result: redis::RedisResult<Vec<redis::RedisResult<Value>>> =
-                on_conn!(self, |c| pipe.query_async(&mut c).await, |c| pipe
-                    .query_async(&mut c)
-                    .await);
-            let mut replies = result.map_err(|e| from_redis_on(self.reach(), what, e))?;
+            let mut replies = self
+                .query_pipeline(&pipe)
+                .await
+                .map_err(|e| from_redis_on(self.reach(), what, e))?;
             let no_script = |r: &redis::RedisResult<Value>| {
                 r.as_ref()
                     .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
@@ -365,6 +364,37 @@ impl Conn {
                 ));
             }
             return Ok((replies, acked));
+        }
+    }
+
+    /// Sends `pipe` (whose commands' errors come back one by one). With Sentinel, an error
+    /// of the whole pipeline, or a `READONLY` answer to one of its commands, makes the
+    /// connection ask where the master is now.
+    async fn query_pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        match self.clone() {
+            Self::Single(mut c) => pipe.query_async(&mut c).await,
+            Self::Cluster(mut c, _) => pipe.query_async(&mut c).await,
+            Self::Sentinel(s) => {
+                let (generation, mut c) = s.current();
+                let result: redis::RedisResult<Vec<redis::RedisResult<Value>>> =
+                    pipe.query_async(&mut c).await;
+                let read_only = |r: &redis::RedisResult<Value>| {
+                    r.as_ref()
+                        .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
+                };
+                match &result {
+                    Err(e) => s.after_error(e, generation).await,
+                    Ok(replies) => {
+                        if let Some(Err(e)) = replies.iter().find(|r| read_only(r)) {
+                            s.after_error(e, generation).await;
+                        }
+                    }
+                }
+                result
+            }
         }
     }
 

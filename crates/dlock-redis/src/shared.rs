@@ -38,7 +38,7 @@ pub(crate) struct Inner {
     /// Every live hold of this provider, checked after a disconnection.
     pub(crate) holds: Holds,
     /// The watchdog's renewals of this provider's holds, sent together: one pipeline per
-    /// window, however many holds. `None` on a cluster, whose holds' keys lie in many slots
+    /// window and 5,000 holds. `None` on a cluster, whose holds' keys lie in many slots
     /// (one pipeline cannot reach them all): each hold renews alone there.
     pub(crate) renewals: Option<Batcher<Call<'static>, Value>>,
     /// The last hold id given out, for hash fields.
@@ -152,15 +152,33 @@ impl Inner {
     }
 }
 
-/// Sends a batch of renewals (see [`Inner::renewals`]) in one pipeline, with `WAIT` after
-/// them for `?wait_replicas=`: each renewal's reply, or its error. A renewal the replicas did
-/// not acknowledge fails (retryable), as one sent alone does.
+/// The most renewals one pipeline carries: the server runs a pipeline's scripts one after
+/// the other before the connection's next command, so a longer one would hold up the
+/// provider's acquires and releases (and other clients) for longer.
+const RENEW_AT_ONCE: usize = 5_000;
+
+/// Sends a batch of renewals (see [`Inner::renewals`]) in pipelines of [`RENEW_AT_ONCE`],
+/// each with `WAIT` after it for `?wait_replicas=`: each renewal's reply, or its error. A
+/// renewal the replicas did not acknowledge fails (retryable), as one sent alone does.
 async fn renew_all(
     conn: Conn,
     calls: Vec<Call<'static>>,
     wait: Option<(u32, Duration)>,
 ) -> Vec<Result<Value>> {
-    let (replies, acked) = match conn.pipeline("renew", &calls, wait).await {
+    let mut answers = Vec::with_capacity(calls.len());
+    for chunk in calls.chunks(RENEW_AT_ONCE) {
+        answers.extend(renew_chunk(&conn, chunk, wait).await);
+    }
+    answers
+}
+
+/// One pipeline of [`renew_all`].
+async fn renew_chunk(
+    conn: &Conn,
+    calls: &[Call<'static>],
+    wait: Option<(u32, Duration)>,
+) -> Vec<Result<Value>> {
+    let (replies, acked) = match conn.pipeline("renew", calls, wait).await {
         Ok(answer) => answer,
         Err(e) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
     };

@@ -103,6 +103,9 @@ pub(crate) struct Done {
 pub(crate) struct Query<'a> {
     sql: &'a str,
     args: Vec<Arg<'a>>,
+    /// Whether the connection keeps the statement prepared for the next time (see
+    /// [`Query::once`]).
+    persistent: bool,
 }
 
 /// A statement with `?` placeholders, to [`bind`](Query::bind) and run.
@@ -110,6 +113,7 @@ pub(crate) fn query(sql: &str) -> Query<'_> {
     Query {
         sql,
         args: Vec::new(),
+        persistent: true,
     }
 }
 
@@ -117,14 +121,15 @@ pub(crate) fn query(sql: &str) -> Query<'_> {
 fn typed<'q, DB>(
     sql: &'q str,
     args: &[Arg<'q>],
+    persistent: bool,
 ) -> sqlx::query::Query<'q, DB, <DB as Database>::Arguments<'q>>
 where
-    DB: Database,
+    DB: Database + sqlx::database::HasStatementCache,
     &'q [u8]: Encode<'q, DB> + Type<DB>,
     &'q str: Encode<'q, DB> + Type<DB>,
     i64: Encode<'q, DB> + Type<DB>,
 {
-    let mut q = sqlx::query::<DB>(sql);
+    let mut q = sqlx::query::<DB>(sql).persistent(persistent);
     for arg in args {
         q = match *arg {
             Arg::Bytes(v) => q.bind(v),
@@ -143,17 +148,17 @@ macro_rules! on_driver {
             #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
             Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
-            Exec::MySql(c) => typed::<MySql>($query.sql, &$query.args)
+            Exec::MySql(c) => typed::<MySql>($query.sql, &$query.args, $query.persistent)
                 .$method(c)
                 .await
                 .map($mysql),
             #[cfg(feature = "sqlite")]
-            Exec::Sqlite(c) => typed::<Sqlite>($query.sql, &$query.args)
+            Exec::Sqlite(c) => typed::<Sqlite>($query.sql, &$query.args, $query.persistent)
                 .$method(c)
                 .await
                 .map($sqlite),
             #[cfg(feature = "postgres")]
-            Exec::Postgres(c) => typed::<Postgres>($query.sql, &$query.args)
+            Exec::Postgres(c) => typed::<Postgres>($query.sql, &$query.args, $query.persistent)
                 .$method(c)
                 .await
                 .map($pg),
@@ -203,6 +208,14 @@ impl<'a> Query<'a> {
     /// Binds the next `?`.
     pub(crate) fn bind(mut self, arg: impl Into<Arg<'a>>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    /// Not kept prepared by the connection: for a statement whose text changes from call to
+    /// call (a list of holds), which would otherwise push the statements that repeat out of
+    /// the connection's cache of prepared statements.
+    pub(crate) fn once(mut self) -> Self {
+        self.persistent = false;
         self
     }
 

@@ -280,9 +280,11 @@ impl RowRenewal {
     }
 }
 
-/// The most holds one statement renews: within every dialect's limit of placeholders
-/// (SQLite's 32,766 is the lowest) at three columns a hold.
-const RENEW_AT_ONCE: usize = 10_000;
+/// The most holds one statement renews: well within every dialect's limit of placeholders
+/// (SQLite's 32,766 is the lowest) at three columns a hold, and within the memory MySQL's
+/// range optimizer takes for the list by default (`range_optimizer_max_mem_size`, 8 MiB),
+/// past which it would scan, and lock, the whole table.
+const RENEW_AT_ONCE: usize = 2_000;
 
 /// The batcher of a row strategy's renewals on `inner`'s pool: a batch renews its holds with
 /// one statement `many` per lease length (almost always one: the watchdog's). A hold is its
@@ -338,13 +340,13 @@ async fn renew_chunk(
     let renew = many.renew(rows.len());
     let q = rows
         .iter()
-        .fold(query(&renew).bind(ttl_ms), |q, r| r.bind(q));
+        .fold(query(&renew).once().bind(ttl_ms), |q, r| r.bind(q));
     if q.execute(&inner.pool).await?.rows_affected == rows.len() as u64 {
         return Ok(vec![true; rows.len()]);
     }
     // Every row still its owner's was changed by the UPDATE; the others are not there.
     let check = many.check(rows.len());
-    let q = rows.iter().fold(query(&check), |q, r| r.bind(q));
+    let q = rows.iter().fold(query(&check).once(), |q, r| r.bind(q));
     let mut found = HashSet::new();
     for row in q.fetch_all(&inner.pool).await? {
         let version = match rows.first().and_then(|r| r.version) {

@@ -33,8 +33,9 @@ async fn expiries(db: &AnyPool, table: &str, url: &str, names: &[String]) -> Vec
 }
 
 /// One target: 40 holds, the first then taken by another owner behind dlock's back; once
-/// every other row's expiry moved, the moves came from at most a few statements (each
-/// statement stamps its rows with the one database time), and only the first hold is lost.
+/// every other row's expiry moved, the moves came from at most a few statements (SQLite and
+/// MySQL read the clock once per statement, PostgreSQL's `clock_timestamp()` once per row,
+/// all within a millisecond or two), and only the first hold is lost.
 async fn renew_together(url: String, label: String) {
     let p = SqlProvider::connect(&url).await.unwrap();
     let db = admin(&url).await;

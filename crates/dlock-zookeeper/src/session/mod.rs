@@ -11,6 +11,7 @@ mod horizon;
 mod ops;
 mod renewals;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -45,6 +46,8 @@ pub(crate) struct Session {
     probe_wake: Arc<Notify>,
     /// The watchdog's renewals of the holds, in batches ([`renewals`]).
     pub(crate) renewals: Batcher<String, Node>,
+    /// Whether the server knows multi-read (until it answers one with `Unimplemented`).
+    multi_read: AtomicBool,
 }
 
 impl std::fmt::Debug for Session {
@@ -96,6 +99,7 @@ impl Session {
         let probe_wake = Arc::new(Notify::new());
         let session = Arc::new_cyclic(|me| Self {
             renewals: renewals::batcher(Weak::clone(me)),
+            multi_read: AtomicBool::new(true),
             store_id: config.store_id(),
             config,
             live: Mutex::new(Some(Live::new(&client, sent))),

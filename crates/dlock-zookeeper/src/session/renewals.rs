@@ -1,9 +1,11 @@
 //! The watchdog's renewals of the session's holds, in batches: a node lives as long as its
 //! session, so a renewal only asks whether the node is still there, and one multi-read asks
-//! that of up to [`READS`] nodes at once (ZooKeeper 3.6 and later; an older server, which
-//! does not know multi-read, is asked node by node).
+//! that of many nodes at once (ZooKeeper 3.6 and later). A server that does not know
+//! multi-read answers it with `Unimplemented` and closes the connection; the session then
+//! asks node by node from there on.
 
 use std::sync::Weak;
+use std::sync::atomic::Ordering;
 
 use dlock_core::backend::Batcher;
 use dlock_core::{Error, Result};
@@ -13,9 +15,34 @@ use super::Session;
 use crate::BACKEND;
 use crate::error::from_zk;
 
-/// The most reads one multi-read carries: with a path of up to ~100 bytes a read, its request
-/// and its answer stay well within ZooKeeper's default `jute.maxbuffer` (1 MiB).
-const READS: usize = 5_000;
+/// The most bytes of requests one multi-read carries: a read costs its path and about 20
+/// bytes of framing, and its answer about 100 bytes (a node's stat and the little data dlock
+/// writes), so the request and the answer both stay within half of ZooKeeper's default
+/// `jute.maxbuffer` (1 MiB).
+const REQUEST_BYTES: usize = 512 * 1024;
+
+/// The most reads one multi-read carries, whatever their paths: their answers' share of
+/// [`REQUEST_BYTES`].
+const READS: usize = 4_000;
+
+/// Consecutive slices of `paths` for one multi-read each, within [`REQUEST_BYTES`] and
+/// [`READS`].
+fn chunks(paths: &[String]) -> Vec<&[String]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, path) in paths.iter().enumerate() {
+        let cost = path.len() + 20;
+        if i > start && (bytes + cost > REQUEST_BYTES || i - start >= READS) {
+            out.push(&paths[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += cost;
+    }
+    if start < paths.len() {
+        out.push(&paths[start..]);
+    }
+    out
+}
 
 /// What a renewal found of its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,18 +71,34 @@ async fn check_all(session: Weak<Session>, paths: Vec<String>) -> Vec<Result<Nod
             .collect();
     };
     let mut answers = Vec::with_capacity(paths.len());
-    for chunk in paths.chunks(READS) {
+    for chunk in chunks(&paths) {
+        if !session.multi_read.load(Ordering::Relaxed) {
+            answers.extend(one_by_one(&session, chunk).await);
+            continue;
+        }
         match session.read_many(chunk).await {
             Ok(found) => answers.extend(found),
             Err(zk::Error::Unimplemented) => {
-                for path in chunk {
-                    answers.push(node(session.exists(path).await.map(|s| s.is_some()), path));
-                }
+                session.multi_read.store(false, Ordering::Relaxed);
+                tracing::info!(
+                    store = %session.store_id,
+                    "zookeeper: the server does not know multi-read (before 3.6): renewals ask node by node"
+                );
+                answers.extend(one_by_one(&session, chunk).await);
             }
             Err(e) => answers.extend(chunk.iter().map(|path| node(Err(e.clone()), path))),
         }
     }
     answers
+}
+
+/// Whether each of `paths` is there, with an `exists` each, all sent at once (the client
+/// pipelines them on its one connection).
+async fn one_by_one(session: &Session, paths: &[String]) -> Vec<Result<Node>> {
+    let asked = paths
+        .iter()
+        .map(|path| async move { node(session.exists(path).await.map(|s| s.is_some()), path) });
+    futures::future::join_all(asked).await
 }
 
 /// A renewal's answer from whether `path` exists.
@@ -98,5 +141,31 @@ impl Session {
                 _ => node(Ok(false), path),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_multi_read_stays_within_its_bytes_and_reads() {
+        let short: Vec<String> = (0..10_000)
+            .map(|i| format!("/dlock/n{i}/_c_x-lock-{i:010}"))
+            .collect();
+        let parts = chunks(&short);
+        assert!(parts.iter().all(|c| c.len() <= READS));
+        assert_eq!(parts.iter().map(|c| c.len()).sum::<usize>(), short.len());
+        // Paths of a 255-byte name: fewer of them per multi-read.
+        let long: Vec<String> = (0..3_000)
+            .map(|i| format!("/dlock/{}/{i:010}", "n".repeat(300)))
+            .collect();
+        let parts = chunks(&long);
+        assert!(parts.len() > 1);
+        for c in &parts {
+            assert!(c.iter().map(|p| p.len() + 20).sum::<usize>() <= REQUEST_BYTES);
+        }
+        assert_eq!(parts.iter().map(|c| c.len()).sum::<usize>(), long.len());
+        assert!(chunks(&[]).is_empty());
     }
 }
