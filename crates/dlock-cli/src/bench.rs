@@ -20,6 +20,7 @@ mod curator;
 mod floor;
 mod measure;
 mod report;
+mod scale;
 #[cfg(feature = "postgres")]
 mod sqlx_pg;
 mod targets;
@@ -33,7 +34,7 @@ use self::workloads::run_workload;
 /// The longest one workload may take on one backend before it is reported as failed.
 const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
 
-/// The workloads (W1-W6, described in `docs/benchmarks.md`).
+/// The workloads (W1-W6 and W8, described in `docs/benchmarks.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[value(rename_all = "UPPER")]
 pub enum Workload {
@@ -44,7 +45,8 @@ pub enum Workload {
     /// W2 with the fair lock (backends that have one): how often the holder changes, and the
     /// longest wait, against W2's unfair lock.
     W2F,
-    /// 2 clients ping-pong on one name: release-to-acquire handoff latency.
+    /// 2 clients ping-pong on one name: handoff latency, from the holder's release call to
+    /// the waiter's acquire returning.
     W3,
     /// 8 clients, each on its own name.
     W4,
@@ -52,6 +54,9 @@ pub enum Workload {
     W5,
     /// One client holds 1,000 locks at once, then releases them.
     W6,
+    /// One provider keeps `--holds` names held for `--hold-for`: renewals and calls to the
+    /// store per second, memory per hold. Not in the default set (it takes minutes).
+    W8,
 }
 
 /// Options of `dlock bench`.
@@ -77,6 +82,14 @@ pub struct BenchOpts {
     /// Cycles of W1 (W2 and W4 run twice as many in all, W3 a quarter as many handoffs).
     #[arg(long, default_value_t = 2000)]
     pub cycles: u64,
+
+    /// W8: how many names one provider holds at once (one row each).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub holds: Vec<u64>,
+
+    /// W8: how long the names stay held while their renewals are counted (e.g. 60s).
+    #[arg(long, value_parser = crate::parse_duration, default_value = "60s")]
+    pub hold_for: Duration,
 
     /// Stop each workload after this long, whatever its cycle count (e.g. 10s).
     #[arg(long, value_parser = crate::parse_duration)]
@@ -138,6 +151,13 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
         }
         for workload in &opts.workload {
             progress.set_message(format!("{} {workload:?}", target.label));
+            if *workload == Workload::W8 {
+                let (scale_rows, scale_failed) = scale_rows(target, &opts, &progress).await;
+                failed |= scale_failed;
+                rows.extend(scale_rows);
+                progress.inc(1);
+                continue;
+            }
             let limited =
                 tokio::time::timeout(WORKLOAD_LIMIT, run_workload(target, *workload, &opts));
             let row = match limited.await.unwrap_or_else(|_| {
@@ -198,6 +218,35 @@ fn draw(path: Option<&Path>, rows: &[Row]) -> Result<(), u8> {
         eprintln!("dlock bench: cannot draw {}: {e}", path.display());
         exit::SOFTWARE
     })
+}
+
+/// W8's rows on `target`, one per `--holds` count, and whether one failed.
+async fn scale_rows(target: &Target, opts: &BenchOpts, progress: &ProgressBar) -> (Vec<Row>, bool) {
+    let mut rows = Vec::new();
+    let mut failed = false;
+    // Taking and giving back 100,000 holds may take minutes on a slow store.
+    let limit = opts.hold_for.saturating_add(Duration::from_secs(900));
+    for &holds in &opts.holds {
+        let row = match tokio::time::timeout(limit, scale::scale(target, holds, opts)).await {
+            Ok(Ok(row)) => row,
+            outcome => {
+                failed = true;
+                let e = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("did not finish within {limit:?}"),
+                };
+                progress.suspend(|| eprintln!("dlock bench: {} W8/{holds}: {e}", target.label));
+                Row {
+                    backend: target.label.clone(),
+                    workload: format!("W8/{holds}"),
+                    skipped: Some(format!("error: {e}")),
+                    ..Row::default()
+                }
+            }
+        };
+        rows.push(row);
+    }
+    (rows, failed)
 }
 
 /// Prints the rows of a peer target that failed (their `skipped` starts with `error:`);

@@ -118,7 +118,12 @@ pub(super) fn draw(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::
         &backends,
         &[
             ("p50", series("W1", |r| r.acquire_p50_us as f64 / 1000.0)),
-            ("p99", series("W1", |r| r.acquire_p99_us as f64 / 1000.0)),
+            (
+                "p99",
+                series("W1", |r| {
+                    r.acquire_p99_us.map_or(0.0, |v| v as f64 / 1000.0)
+                }),
+            ),
         ],
     )?;
     bars(

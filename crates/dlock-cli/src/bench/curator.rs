@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::measure::{finish, uuid_like};
+use super::measure::{finish, tail_known, uuid_like};
 use super::{Row, WORKLOAD_LIMIT, Workload};
 
 /// The backend column of the Curator rows.
@@ -262,13 +262,15 @@ fn parse(line: &str, wanted: &[Workload]) -> Result<Vec<Row>, String> {
                     m.cycles,
                     Duration::from_secs_f64(m.seconds.max(0.0)),
                 );
+                // Percentiles only from enough samples, as dlock's own rows.
+                let p99 = tail_known(m.cycles, 0.99).then_some(m.p99_us);
                 if *w == Workload::W3 {
                     row.handoff_p50_us = Some(m.p50_us);
-                    row.handoff_p99_us = Some(m.p99_us);
+                    row.handoff_p99_us = p99;
                 } else {
                     row.acquire_p50_us = m.p50_us;
-                    row.acquire_p99_us = m.p99_us;
-                    row.acquire_p999_us = m.p999_us;
+                    row.acquire_p99_us = p99;
+                    row.acquire_p999_us = tail_known(m.cycles, 0.999).then_some(m.p999_us);
                 }
                 row.violations = m.violations;
             }
@@ -292,18 +294,26 @@ mod tests {
 
     #[test]
     fn parses_the_json_line() {
-        let line = r#"{"W1":{"cycles":100,"seconds":0.5,"p50_us":400,"p99_us":900,"p999_us":1200,"violations":0},"W3":{"cycles":25,"seconds":0.2,"p50_us":700,"p99_us":1500,"p999_us":1600,"violations":0}}"#;
+        let line = r#"{"W1":{"cycles":2000,"seconds":0.5,"p50_us":400,"p99_us":900,"p999_us":1200,"violations":0},"W3":{"cycles":25,"seconds":0.2,"p50_us":700,"p99_us":1500,"p999_us":1600,"violations":0}}"#;
         let rows = parse(line, &[Workload::W1, Workload::W3]).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].backend, LABEL);
         assert_eq!(rows[0].workload, "W1");
-        assert_eq!(rows[0].cycles, 100);
-        assert!((rows[0].cycles_per_sec - 200.0).abs() < 1e-6);
-        assert_eq!((rows[0].acquire_p50_us, rows[0].acquire_p99_us), (400, 900));
+        assert_eq!(rows[0].cycles, 2000);
+        assert!((rows[0].cycles_per_sec - 4000.0).abs() < 1e-6);
+        // 2,000 samples tell the 99th percentile, not the 99.9th; 25 tell only the median.
+        assert_eq!(
+            (
+                rows[0].acquire_p50_us,
+                rows[0].acquire_p99_us,
+                rows[0].acquire_p999_us
+            ),
+            (400, Some(900), None)
+        );
         assert_eq!(rows[0].handoff_p50_us, None);
         assert_eq!(rows[1].workload, "W3");
         assert_eq!(rows[1].handoff_p50_us, Some(700));
-        assert_eq!(rows[1].handoff_p99_us, Some(1500));
+        assert_eq!(rows[1].handoff_p99_us, None);
         assert!(parse("{}", &[Workload::W2]).unwrap()[0].skipped.is_some());
         assert!(parse("not json", &[Workload::W1]).is_err());
     }
@@ -314,6 +324,8 @@ mod tests {
             urls: vec!["memory://x".into(), "zk://h:1/c".into(), "redis://r".into()],
             workload: vec![Workload::W1],
             cycles: 1,
+            holds: vec![1],
+            hold_for: std::time::Duration::ZERO,
             duration: None,
             json: None,
             chart: None,

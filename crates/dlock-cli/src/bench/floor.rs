@@ -251,6 +251,16 @@ fn strategy_of(url: &str) -> &str {
 
 /// Connections the server counts right now (Redis clients, MySQL threads), for W6; `None`
 /// where it is not read (ZooKeeper: one session per provider by design, which its tests check).
+/// The server's memory in use, bytes, where the store says (Redis's `used_memory`).
+pub(super) async fn server_memory(url: &str) -> Option<i64> {
+    let scheme = url.split("://").next().unwrap_or_default();
+    match scheme {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" if !url.contains("cluster=true") => redis::used_memory(url).await,
+        _ => None,
+    }
+}
+
 pub(super) async fn server_connections(url: &str) -> Option<i64> {
     let scheme = url.split("://").next().unwrap_or_default();
     match scheme {

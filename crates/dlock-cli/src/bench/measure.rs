@@ -18,23 +18,37 @@ pub(super) fn us(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The acquire percentiles of `h` into the row (nothing if it recorded nothing).
+/// Whether `samples` say something of the `q` quantile: at least ten of them lie beyond it.
+/// Fewer do not (of 2,000 samples, the 99.9th percentile is the second-worst one), and the
+/// percentile is then not given.
+pub(super) fn tail_known(samples: u64, q: f64) -> bool {
+    samples as f64 * (1.0 - q) >= 10.0
+}
+
+/// The `q` quantile of `h`, if [`tail_known`].
+fn quantile(h: &Histogram<u64>, q: f64) -> Option<u64> {
+    tail_known(h.len(), q).then(|| h.value_at_quantile(q))
+}
+
+/// The acquire percentiles of `h` into the row, each only from enough samples (nothing if it
+/// recorded nothing).
 pub(super) fn fill_latency(row: &mut Row, h: &Histogram<u64>) {
     if h.is_empty() {
         return;
     }
     row.acquire_p50_us = h.value_at_quantile(0.5);
-    row.acquire_p99_us = h.value_at_quantile(0.99);
-    row.acquire_p999_us = h.value_at_quantile(0.999);
+    row.acquire_p99_us = quantile(h, 0.99);
+    row.acquire_p999_us = quantile(h, 0.999);
 }
 
-/// W3: the handoff percentiles of `h` into the row (nothing if it recorded nothing).
+/// W3: the handoff percentiles of `h` into the row, each only from enough samples (nothing if
+/// it recorded nothing).
 pub(super) fn fill_handoff(row: &mut Row, h: &Histogram<u64>) {
     if h.is_empty() {
         return;
     }
     row.handoff_p50_us = Some(h.value_at_quantile(0.5));
-    row.handoff_p99_us = Some(h.value_at_quantile(0.99));
+    row.handoff_p99_us = quantile(h, 0.99);
 }
 
 /// The row's cycles, wall time and cycles per second.

@@ -22,13 +22,15 @@ pub struct Row {
     pub cycles_per_sec: f64,
     /// Acquire latency (W2, W4, W5: waiting time) percentiles, microseconds.
     pub acquire_p50_us: u64,
-    /// 99th percentile.
-    pub acquire_p99_us: u64,
-    /// 99.9th percentile.
-    pub acquire_p999_us: u64,
-    /// W3: release-returned to acquire-returned, microseconds.
+    /// 99th percentile, from at least 1,000 samples (else none).
+    #[serde(default)]
+    pub acquire_p99_us: Option<u64>,
+    /// 99.9th percentile, from at least 10,000 samples (else none).
+    #[serde(default)]
+    pub acquire_p999_us: Option<u64>,
+    /// W3: from the holder's release call to the waiter's acquire returning, microseconds.
     pub handoff_p50_us: Option<u64>,
-    /// W3: 99th percentile.
+    /// W3: 99th percentile, from at least 1,000 handoffs (else none).
     pub handoff_p99_us: Option<u64>,
     /// W2: overlaps seen plus lost counter updates (must be 0).
     pub violations: u64,
@@ -68,6 +70,22 @@ pub struct Row {
     pub memory_kib: Option<i64>,
     /// W6: server connections the client opened for the 1,000 locks, where measurable.
     pub server_connections: Option<i64>,
+    /// W8: the names held at once (`cycles` is the same; `cycles_per_sec` the renewals per
+    /// second).
+    #[serde(default)]
+    pub holds: Option<u64>,
+    /// W8: how long taking them all took, seconds.
+    #[serde(default)]
+    pub grant_secs: Option<f64>,
+    /// W8: calls to the store that carried renewals, per second (a batch is one call).
+    #[serde(default)]
+    pub renewal_calls_per_sec: Option<f64>,
+    /// W8: the client's resident memory growth per hold, bytes.
+    #[serde(default)]
+    pub client_bytes_per_hold: Option<f64>,
+    /// W8: the server's memory growth per hold, bytes, where the store says (Redis).
+    #[serde(default)]
+    pub server_bytes_per_hold: Option<f64>,
     /// Why the workload was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -166,7 +184,7 @@ fn read(path: &Path) -> Result<Vec<Row>, String> {
 /// Prints the rows as a table, one line each, with what a column cannot hold as notes.
 pub(super) fn print_table(rows: &[Row]) {
     say!(
-        "{:<24} {:<3} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  notes",
+        "{:<24} {:<8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  notes",
         "backend",
         "wl",
         "cycles",
@@ -190,6 +208,21 @@ pub(super) fn print_table(rows: &[Row]) {
                 "out of order {o}/8, spread {:.1} ms",
                 r.wait_spread_ms.unwrap_or(0.0)
             ));
+        }
+        if let (Some(n), Some(c)) = (r.holds, r.renewal_calls_per_sec) {
+            notes.push(format!(
+                "{n} holds: {:.0} renewals/s in {c:.1} calls/s",
+                r.cycles_per_sec
+            ));
+        }
+        if let Some(t) = r.grant_secs {
+            notes.push(format!("taken in {t:.1} s"));
+        }
+        if let Some(b) = r.client_bytes_per_hold {
+            notes.push(format!("client {b:.0} B/hold"));
+        }
+        if let Some(b) = r.server_bytes_per_hold {
+            notes.push(format!("server {b:.0} B/hold"));
         }
         if let Some(m) = r.memory_kib {
             notes.push(format!("mem +{m} KiB"));
@@ -216,14 +249,14 @@ pub(super) fn print_table(rows: &[Row]) {
             notes.push(format!("cpu {c:.0} us/cycle"));
         }
         say!(
-            "{:<24} {:<3} {:>7} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  {}",
+            "{:<24} {:<8} {:>7} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}  {}",
             r.backend,
             r.workload,
             r.cycles,
             r.cycles_per_sec,
             format!("{}us", r.acquire_p50_us),
-            format!("{}us", r.acquire_p99_us),
-            format!("{}us", r.acquire_p999_us),
+            opt(r.acquire_p99_us),
+            opt(r.acquire_p999_us),
             opt(r.handoff_p50_us),
             opt(r.handoff_p99_us),
             r.violations,

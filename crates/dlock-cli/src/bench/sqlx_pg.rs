@@ -100,7 +100,7 @@ async fn uncontended(run: &Run<'_>, row: &mut Row) -> Result<(), String> {
 }
 
 /// W3: two connections hand the lock back and forth; the time from the holder's release
-/// returning to the waiter's acquire returning.
+/// call to the waiter's acquire returning.
 async fn handoff(run: &Run<'_>, row: &mut Row) -> Result<(), String> {
     let (url, ns, cycles, limit) = (run.url, run.ns, run.cycles, run.limit);
     let handoffs = (cycles / 4).max(2);
@@ -131,15 +131,17 @@ async fn handoff(run: &Run<'_>, row: &mut Row) -> Result<(), String> {
         };
         // The release comes once the waiter waits on the server.
         until_waiting(&mut observer, waiter_pid).await?;
+        // From the release's call: the waiter's grant can come before the release's answer
+        // does, never before its call.
+        let releasing = Instant::now();
         let (conn, released) = lock.force_release(holder).await.map_err(failed("unlock"))?;
         if !released {
             return Err("the holder did not hold the lock".into());
         }
-        let released_at = Instant::now();
         let (got, acquired, conn_of_waiter) =
             task.await.map_err(|e| format!("waiter panicked: {e}"))?;
         got.map_err(failed("lock"))?;
-        let _ = h.record(us(acquired.saturating_duration_since(released_at)));
+        let _ = h.record(us(acquired.saturating_duration_since(releasing)));
         // The waiter holds now: the roles swap.
         holder = conn_of_waiter;
         waiter = conn;

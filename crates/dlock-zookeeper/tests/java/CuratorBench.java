@@ -6,8 +6,8 @@
 //
 // Like dlock bench: W1 is one client's acquire+release cycles on one mutex after a warm-up, W2
 // 8 clients (8 sessions) on one mutex (cycles * 2 in all), W3 two clients passing one mutex back
-// and forth (cycles / 4 handoffs; a handoff is from the holder's release returning to the
-// waiter's acquire returning), W4 8 clients each on its own mutex. Prints one JSON line:
+// and forth (cycles / 4 handoffs; a handoff is from the holder's release call to the waiter's
+// acquire returning), W4 8 clients each on its own mutex. Prints one JSON line:
 //
 //   {"W1":{"cycles":N,"seconds":S,"p50_us":..,"p99_us":..,"p999_us":..,"violations":0},...}
 //
@@ -185,11 +185,14 @@ public class CuratorBench {
                 });
                 // Let the waiter reach the server before the release (as dlock bench does).
                 Thread.sleep(2);
-                long released = holderThread.submit(() -> {
+                // From the release's call: the waiter's grant can come before the release
+                // returns, never before it is called.
+                long releasing = holderThread.submit(() -> {
+                    long called = System.nanoTime();
                     holder.release();
-                    return System.nanoTime();
+                    return called;
                 }).get();
-                lat[n++] = Math.max(0, acquired.get() - released);
+                lat[n++] = acquired.get() - releasing;
                 holderIsA = !holderIsA;
             }
             long elapsed = System.nanoTime() - started;

@@ -73,3 +73,17 @@ pub(super) async fn connections(url: &str) -> Option<i64> {
         .and_then(|n| n.trim().parse::<i64>().ok())
         .map(|n| n - 1) // ourselves
 }
+
+/// The server's `used_memory`, bytes.
+pub(super) async fn used_memory(url: &str) -> Option<i64> {
+    let client = redis::Client::open(url).ok()?;
+    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|n| n.trim().parse::<i64>().ok())
+}
