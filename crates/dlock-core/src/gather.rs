@@ -291,30 +291,29 @@ mod tests {
     }
 
     #[test]
-    fn a_batcher_outlives_its_runtime() {
+    fn a_batcher_outlives_its_runtime() -> std::io::Result<()> {
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let b = echo(Arc::clone(&sizes));
         for n in 1..=2 {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
-                .build()
-                .unwrap();
+                .build()?;
             let got = rt.block_on(b.call(n, Duration::from_millis(1)));
             assert_eq!(got.ok(), Some(n));
         }
         assert_eq!(*sizes.lock(), vec![1, 1]);
+        Ok(())
     }
 
     /// A runtime that is no longer driven (a current-thread runtime outside `block_on`)
     /// keeps its own gathering task, not the others': another runtime's calls are answered.
     #[test]
-    fn a_runtime_left_idle_holds_up_only_its_own_callers() {
+    fn a_runtime_left_idle_holds_up_only_its_own_callers() -> std::io::Result<()> {
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let b = Arc::new(echo(Arc::clone(&sizes)));
         let idle = tokio::runtime::Builder::new_current_thread()
             .enable_time()
-            .build()
-            .unwrap();
+            .build()?;
         // Its gathering task starts, then the runtime is left alone with an item queued.
         let queued = Arc::clone(&b);
         idle.block_on(async move {
@@ -326,30 +325,36 @@ mod tests {
         let busy = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_time()
-            .build()
-            .unwrap();
+            .build()?;
         let got = busy.block_on(async {
             tokio::time::timeout(Duration::from_secs(10), b.call(2, Duration::from_millis(1))).await
         });
         assert_eq!(got.ok().and_then(Result::ok), Some(2));
         drop(idle);
+        Ok(())
     }
 
     /// A batch the store does not answer holds up only its own items: the next batch is sent
     /// and answered meanwhile.
     #[tokio::test(start_paused = true)]
     async fn a_batch_left_unanswered_holds_up_only_its_own_items() {
-        let b = Batcher::new("test", |items: Vec<u32>| async move {
-            if items.contains(&0) {
-                std::future::pending::<()>().await;
+        let left = Arc::new(tokio::sync::Notify::new());
+        let told = Arc::clone(&left);
+        let b = Batcher::new("test", move |items: Vec<u32>| {
+            let told = Arc::clone(&told);
+            async move {
+                if items.contains(&0) {
+                    told.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                items.into_iter().map(Ok).collect()
             }
-            items.into_iter().map(Ok).collect()
         });
         let b = Arc::new(b);
         let first = Arc::clone(&b);
         let hung = tokio::spawn(async move { first.call(0, Duration::from_millis(1)).await });
-        // The first batch has left (its window is over) and hangs.
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The first batch has left and hangs.
+        left.notified().await;
         let later =
             tokio::time::timeout(Duration::from_secs(5), b.call(5, Duration::from_millis(1))).await;
         assert_eq!(later.ok().and_then(Result::ok), Some(5));

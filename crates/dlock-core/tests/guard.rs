@@ -197,6 +197,8 @@ async fn the_watchdog_renews_and_reports_a_gone_hold() {
 struct BatchFails {
     renews: AtomicUsize,
     extends: AtomicUsize,
+    /// Told of every renewal that went through alone.
+    extended: Notify,
 }
 
 #[async_trait]
@@ -207,6 +209,7 @@ impl Hold for BatchFails {
 
     async fn extend(&self, _ttl: Duration) -> Result<()> {
         self.extends.fetch_add(1, Ordering::SeqCst);
+        self.extended.notify_one();
         Ok(())
     }
 
@@ -230,7 +233,14 @@ async fn a_failed_batched_renewal_is_retried_alone() {
         Instant::now(),
         Arc::clone(&hold) as Arc<dyn Hold>,
     ));
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Three periods' renewals (a second each), each retried alone, within four leases.
+    tokio::time::timeout(Duration::from_secs(12), async {
+        while hold.extends.load(Ordering::SeqCst) < 3 {
+            hold.extended.notified().await;
+        }
+    })
+    .await
+    .expect("three renewals went through alone");
     assert!(g.is_held(), "kept by the retries: {:?}", g.loss_reason());
     let (renews, extends) = (
         hold.renews.load(Ordering::SeqCst),
