@@ -11,11 +11,12 @@ use dlock_core::backend::{Backoff, Deadline, UndoOnDrop};
 use dlock_core::{Error, LockGuard, LockKind, LockName, Result};
 use tokio::time::Instant;
 
-use crate::call::{Attempt, read_attempt, read_other_kind};
+use crate::call::{Attempt, is_grant, read_attempt, read_other_kind};
 use crate::consts::{BACKEND, OUTAGE_PAUSE_MAX};
 use crate::hold::RedisHold;
 use crate::primitive::{Acquisition, Primitive};
 use crate::pubsub::Subscribed;
+use crate::replicas::Ack;
 
 /// What an acquisition may have left on the store until it becomes a guard: itself (a queue
 /// entry, or a hold granted by a call whose answer was lost), undone in the background if
@@ -50,8 +51,16 @@ impl<P: Primitive> Acquisition<P> {
         let mut unanswered: Option<Error> = None;
         let mut outage_log = OutageLog::default();
         match self.attempt_retrying(queue).await {
-            Ok((Attempt::Granted { token, acked }, sent)) => {
-                return self.confirm(undo, token, acked, sent).await;
+            Ok((Attempt::Granted { token, ack }, sent)) => {
+                match self.confirm(&mut undo, token, ack, sent).await {
+                    Ok(guard) => return Ok(Some(guard)),
+                    // Given back unreplicated: a waiter with time left tries again.
+                    Err(e) if e.is_retryable() && !deadline.has_passed() => {
+                        outage_log.failed(&self.name, &e);
+                        unanswered = Some(e);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Ok(_) => {}
             // The server is away or slow on the first try too: a waiter with time left keeps
@@ -85,8 +94,18 @@ impl<P: Primitive> Acquisition<P> {
             // still held) wakes this waiter again instead of being erased with the old one.
             let attempt = listener.attempt(self.attempt_retrying(true)).await;
             let wait = match attempt {
-                Ok((Attempt::Granted { token, acked }, sent)) => {
-                    return self.confirm(undo, token, acked, sent).await;
+                Ok((Attempt::Granted { token, ack }, sent)) => {
+                    match self.confirm(&mut undo, token, ack, sent).await {
+                        Ok(guard) => return Ok(Some(guard)),
+                        // Given back unreplicated (the replicas are slow or away): tried
+                        // again with a growing pause, as through an outage.
+                        Err(e) if e.is_retryable() => {
+                            outage_log.failed(&self.name, &e);
+                            unanswered = Some(e);
+                            Some(outage.next_pause())
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 Ok((Attempt::Busy(wait), _)) => {
                     outage.reset();
@@ -135,12 +154,12 @@ impl<P: Primitive> Acquisition<P> {
     /// One try; `queue` lets a fair waiter take its place in the queue.
     async fn attempt(&self, queue: bool) -> Result<Attempt> {
         let call = self.primitive.acquire_call(&self.holder, queue);
-        let (reply, acked) = self.inner.call_then_wait(&call).await?;
+        let (reply, ack) = self.inner.call_replicated(&call, is_grant).await?;
         let lock = P::KIND != LockKind::Permit;
         if let Some(e) = read_other_kind(&reply, self.name.as_str(), lock) {
             return Err(e);
         }
-        read_attempt(reply, acked)
+        read_attempt(reply, ack)
     }
 
     /// [`attempt`](Self::attempt), retried after a connection error a reconnect may cure (a
@@ -187,36 +206,29 @@ impl<P: Primitive> Acquisition<P> {
         }
     }
 
-    /// Turns a grant into a guard once it is safe from a failover: with `?wait_replicas=N`,
-    /// once N replicas acknowledged it (the `WAIT` sent in one pipeline with the granting
-    /// script). If fewer did in time, the grant is given back (the undo stays armed until
-    /// then) and the acquire fails with a retryable error, so no guard carries a grant that a
-    /// failover could hand to someone else with the same token.
+    /// Turns a grant into a guard once it is safe from a failover: once the replicas the
+    /// provider waits for acknowledged it (`?wait_replicas=`, the `WAIT` sent after the
+    /// granting script on the same connection). If fewer did in time, the grant is given back
+    /// (the undo stays armed until then, and is armed again for the attempts that follow) and
+    /// a retryable error returned, so no guard carries a grant that a failover could hand to
+    /// someone else with the same token.
     async fn confirm(
         self: &Arc<Self>,
-        mut undo: Undo<P>,
+        undo: &mut Undo<P>,
         token: u64,
-        acked: u32,
+        ack: Ack,
         sent: Instant,
-    ) -> Result<Option<LockGuard>> {
-        let want = self.inner.wait_replicas;
-        if want == 0 || acked >= want {
+    ) -> Result<LockGuard> {
+        let Some(e) = ack.error(&format!("the grant of {:?}", self.name)) else {
             // Disarmed and turned into a guard with no await in between.
             undo.disarm();
-            return Ok(Some(RedisHold::guard(Arc::clone(self), token, sent)));
+            return Ok(RedisHold::guard(Arc::clone(self), token, sent));
+        };
+        self.undo_now(undo, "give back an unreplicated grant").await;
+        if !undo.is_armed() {
+            undo.arm(Arc::clone(self));
         }
-        self.undo_now(&mut undo, "give back an unreplicated grant")
-            .await;
-        Err(Error::Backend {
-            backend: BACKEND,
-            message: format!(
-                "only {acked} of {want} replicas acknowledged the grant of {:?} within {:?}; gave \
-                 it back",
-                self.name, self.inner.wait_timeout
-            ),
-            retryable: true,
-            source: None,
-        })
+        Err(e)
     }
 
     /// Gives up: undoes what may be left (a fair waiter's queue entry, or, after an attempt

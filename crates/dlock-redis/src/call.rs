@@ -1,6 +1,6 @@
 //! One script call of an acquisition or a hold (the script, its keys and its arguments), and
-//! what its reply means. The provider's shared state sends it (alone, or in one pipeline with
-//! `WAIT` for the replicas).
+//! what its reply means. The provider's shared state sends it (alone, or followed by `WAIT`
+//! for the replicas).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -9,6 +9,7 @@ use dlock_core::{Error, Result};
 use redis::{Script, ScriptInvocation, Value};
 
 use crate::error::{other_kind, unexpected};
+use crate::replicas::Ack;
 
 /// A script with its keys and arguments, ready to send.
 #[derive(Debug)]
@@ -87,9 +88,8 @@ pub(crate) fn ms(d: Duration) -> u64 {
 /// The answer of one acquire script.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    /// Granted with this fencing token; `acked` replicas acknowledged the grant (0 when not
-    /// waiting for replicas).
-    Granted { token: u64, acked: u32 },
+    /// Granted with this fencing token; `ack`: what the replicas said of the grant.
+    Granted { token: u64, ack: Ack },
     /// Not granted; retry after this long at the latest (`None`: only when woken).
     Busy(Option<Duration>),
     /// This acquisition already holds: the script ran before (a re-sent call) and its token
@@ -110,16 +110,22 @@ pub(crate) fn read_other_kind(reply: &Value, name: &str, lock: bool) -> Option<E
     }
 }
 
-/// Reads an acquire script's `{-1, token}` / `{pttl, -1}` reply; `acked` is how many replicas
-/// acknowledged the call.
-pub(crate) fn read_attempt(reply: Value, acked: u32) -> Result<Attempt> {
+/// Whether an acquire script's reply is a grant (`{-1, token}`): the one reply that wrote
+/// something the replicas must have.
+pub(crate) fn is_grant(reply: &Value) -> bool {
+    matches!(reply, Value::Array(items) if matches!(items.as_slice(), [Value::Int(-1), Value::Int(t)] if *t >= 0))
+}
+
+/// Reads an acquire script's `{-1, token}` / `{pttl, -1}` reply; `ack` is what the replicas
+/// said of it.
+pub(crate) fn read_attempt(reply: Value, ack: Ack) -> Result<Attempt> {
     let pair = match &reply {
         Value::Array(items) if items.len() == 2 => (&items[0], &items[1]),
         _ => return Err(unexpected("acquire", &reply)),
     };
     match pair {
         (Value::Int(-1), Value::Int(token)) if *token >= 0 => u64::try_from(*token)
-            .map(|token| Attempt::Granted { token, acked })
+            .map(|token| Attempt::Granted { token, ack })
             .map_err(|_| unexpected("acquire token", &reply)),
         // -2: the key vanished between the checks: try again at once.
         (Value::Int(-2), _) => Ok(Attempt::Busy(Some(Duration::ZERO))),

@@ -20,7 +20,7 @@ use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 /// | `cluster` | `true`: the host is a seed of a Redis Cluster | `false` |
 /// | `timeout_ms` | response timeout of each server call, in milliseconds | `5000` |
 /// | `fair_wait_ms` | how long a queued fair waiter that stopped looking keeps its turn (Redisson's `fairLockWaitTimeout`, which Redisson peers of one queue must share; at least 1 s and twice `timeout_ms`) | `300000` |
-/// | `wait_replicas` | replicas that must acknowledge a grant (`WAIT`) before `acquire` returns it; single server only | `0` |
+/// | `wait_replicas` | replicas that must acknowledge a grant or a renewal (`WAIT`): `auto` (at least one while the master has a replica in step, as Redisson), a number (at least that many; not on a cluster), or `0` (none); see [`WaitReplicas`] | `auto` |
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
 /// | `pubsub` | a cluster's wake-up messages: `sharded` (SPUBLISH/SSUBSCRIBE, Redis 7+), `classic` (PUBLISH/SUBSCRIBE) or `auto` (sharded where the cluster has it); see [`PubSubMode`] | `auto` |
@@ -35,13 +35,10 @@ pub struct RedisConfig {
     pub response_timeout: Duration,
     /// How long a queued fair waiter has to take its turn (Redisson's `fairLockWaitTimeout`).
     pub fair_wait: Duration,
-    /// Replicas that must acknowledge a grant before `acquire` returns it (`WAIT`, within half
-    /// the response timeout); if fewer do, the grant is given back and the acquire fails with
-    /// a retryable error. A failover to an acknowledging replica then cannot hand the lock and
-    /// an equal or lower fencing token to someone else. Renewals must be acknowledged too, or
-    /// they do not extend the hold. `0` (the default) does not wait.
-    /// Single server only (a replica set behind one master); refused for a cluster.
-    pub wait_replicas: u32,
+    /// Replicas that must acknowledge a grant before `acquire` returns it, and a renewal
+    /// before it extends the hold (see [`WaitReplicas`]). The default, `Auto`, waits for one
+    /// replica while the master has one in step, and for nothing on a master without.
+    pub wait_replicas: WaitReplicas,
     /// How a cluster carries wake-up messages; a single server (and Sentinel) always uses
     /// PUBLISH/SUBSCRIBE, as Redisson does.
     pub pubsub: PubSubMode,
@@ -96,6 +93,60 @@ impl std::str::FromStr for PubSubMode {
         }
     }
 }
+
+/// How many replicas must acknowledge a write before dlock counts on it (the `wait_replicas`
+/// URL parameter: `auto`, or a number).
+///
+/// A grant the replicas have not seen can be lost in a failover, and the promoted replica
+/// then hands the lock (and an equal fencing token) to someone else while its first holder
+/// still works. dlock sends `WAIT` after each grant and each renewal that wrote: a grant
+/// fewer replicas acknowledged is given back and tried again (until the acquire's deadline),
+/// and a renewal they did not acknowledge does not extend the hold. The wait is bounded by
+/// half the response timeout (and for `Auto` by [`WAIT_TIMEOUT`]), and runs on a connection
+/// of its own, so a slow replica never holds up the provider's other calls.
+///
+/// | setting | waits for | promises |
+/// | --- | --- | --- |
+/// | `Auto` (default) | one replica, while the master has one online that acknowledged its stream within the last 2 s (`INFO replication`, asked every second); nothing on a master without such a replica, and nothing on a cluster | as Redisson's `checkLockSyncedSlaves`: a failover to a replica in step keeps every grant; a grant made while no replica was in step, or during the second before the master's replicas were asked again, can still be lost |
+/// | `AtLeast(n)` | `n` replicas; a grant or renewal fewer acknowledged fails until they do | a failover to any of the `n` keeps every grant; one slow replica stalls grants and lets holds end at their lease. Single server or Sentinel only: refused on a cluster |
+/// | `AtLeast(0)` | nothing | a failover can lose any grant of the last replication lag |
+///
+/// `WAIT` is not `WAITAOF`: a master that restarts from its own disk with `appendfsync
+/// everysec` can still lose the last second of grants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitReplicas {
+    /// One replica, while the master has one in step; nothing otherwise.
+    #[default]
+    Auto,
+    /// At least this many replicas (`0`: never wait).
+    AtLeast(u32),
+}
+
+impl From<u32> for WaitReplicas {
+    fn from(n: u32) -> Self {
+        Self::AtLeast(n)
+    }
+}
+
+impl std::str::FromStr for WaitReplicas {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "auto" {
+            return Ok(Self::Auto);
+        }
+        s.parse().map(Self::AtLeast).map_err(|_| {
+            Error::config(format!(
+                "wait_replicas={s:?}: expected auto or a number of replicas"
+            ))
+        })
+    }
+}
+
+/// The longest a grant or a renewal waits for its replicas with [`WaitReplicas::Auto`]
+/// (Redisson's default `slavesSyncTimeout`); at most half the response timeout.
+pub const WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A client's connection settings, kept out of `Debug` (they hold the password).
 #[derive(Clone)]
@@ -181,7 +232,7 @@ impl RedisConfig {
         let mut cluster = false;
         let mut response_timeout = Duration::from_secs(5);
         let mut fair_wait = DEFAULT_FAIR_WAIT;
-        let mut wait_replicas = 0;
+        let mut wait_replicas = WaitReplicas::Auto;
         let mut pubsub = PubSubMode::Auto;
         let mut sentinel_username = None;
         let mut sentinel_password = None;
@@ -229,13 +280,7 @@ impl RedisConfig {
                 }
                 "timeout_ms" => response_timeout = positive_ms(&key, &value)?,
                 "fair_wait_ms" => fair_wait = positive_ms(&key, &value)?,
-                "wait_replicas" => {
-                    wait_replicas = value.parse().map_err(|_| {
-                        Error::config(format!(
-                            "wait_replicas={value:?}: expected a number of replicas"
-                        ))
-                    })?;
-                }
+                "wait_replicas" => wait_replicas = value.parse()?,
                 "pubsub" => pubsub = value.parse()?,
                 "sentinel_username" => sentinel_username = Some(value),
                 "sentinel_password" => sentinel_password = Some(value),
@@ -299,7 +344,7 @@ impl RedisConfig {
     /// use dlock_redis::{RedisConfig, RedisProvider};
     ///
     /// let client = redis::Client::open("redis://127.0.0.1:6379/").expect("a valid URL");
-    /// let config = RedisConfig::from_client(&client)?.with_wait_replicas(1);
+    /// let config = RedisConfig::from_client(&client)?.with_wait_replicas(0);
     /// let redis = RedisProvider::connect_with(config).await?;
     /// # Ok(()) }
     /// ```
@@ -325,7 +370,7 @@ impl RedisConfig {
             cluster: false,
             response_timeout: Duration::from_secs(5),
             fair_wait: DEFAULT_FAIR_WAIT,
-            wait_replicas: 0,
+            wait_replicas: WaitReplicas::Auto,
             pubsub: PubSubMode::Auto,
             sentinel: None,
             tls: TlsFiles::default(),
@@ -369,10 +414,10 @@ impl RedisConfig {
                 "cluster=true and a redis+sentinel:// URL: a Redis Cluster has no Sentinels",
             ));
         }
-        if self.cluster && self.wait_replicas > 0 {
+        if self.cluster && matches!(self.wait_replicas, WaitReplicas::AtLeast(n) if n > 0) {
             return Err(Error::config(
-                "wait_replicas is not supported on a Redis Cluster yet (WAIT must reach each \
-                 key's master); use it with a single server and its replicas",
+                "wait_replicas=N is not supported on a Redis Cluster yet (WAIT must reach each \
+                 key's master); use auto or 0, or a single server and its replicas",
             ));
         }
         if !self.cluster && self.pubsub == PubSubMode::Sharded {
@@ -387,14 +432,20 @@ impl RedisConfig {
     dlock_core::setters! {
         /// Sets how a cluster carries wake-up messages.
         with_pubsub => pubsub: PubSubMode;
-        /// Sets how many replicas must acknowledge a grant before `acquire` returns it.
-        with_wait_replicas => wait_replicas: u32;
         /// Sets whether the URL names a cluster seed.
         with_cluster => cluster: bool;
         /// Sets the response timeout.
         with_response_timeout => response_timeout: Duration;
         /// Sets the fair-lock wait.
         with_fair_wait => fair_wait: Duration;
+    }
+
+    /// Sets how many replicas must acknowledge a grant or a renewal: [`WaitReplicas::Auto`],
+    /// or a number (`0`: none).
+    #[must_use]
+    pub fn with_wait_replicas(mut self, wait: impl Into<WaitReplicas>) -> Self {
+        self.wait_replicas = wait.into();
+        self
     }
 
     /// The store id: the URL without credentials or query; for Sentinel, the Sentinels and
@@ -572,7 +623,35 @@ mod tests {
         let c = c
             .with_wait_replicas(1)
             .with_response_timeout(Duration::from_secs(1));
-        assert_eq!(c.wait_replicas, 1);
+        assert_eq!(c.wait_replicas, WaitReplicas::AtLeast(1));
+        assert_eq!(
+            RedisConfig::from_client(&client).unwrap().wait_replicas,
+            WaitReplicas::Auto
+        );
+    }
+
+    #[test]
+    fn wait_replicas_is_auto_by_default_and_reads_a_number_or_auto() {
+        let wait = |url: &str| RedisConfig::from_url(url).map(|c| c.wait_replicas);
+        assert_eq!(wait("redis://h").unwrap(), WaitReplicas::Auto);
+        assert_eq!(
+            wait("redis://h?wait_replicas=auto").unwrap(),
+            WaitReplicas::Auto
+        );
+        assert_eq!(
+            wait("redis://h?wait_replicas=2").unwrap(),
+            WaitReplicas::AtLeast(2)
+        );
+        assert_eq!(
+            wait("redis://h?wait_replicas=0").unwrap(),
+            WaitReplicas::AtLeast(0)
+        );
+        assert_eq!(
+            wait("redis://h?cluster=true&wait_replicas=auto").unwrap(),
+            WaitReplicas::Auto
+        );
+        assert!(wait("redis://h?cluster=true&wait_replicas=1").is_err());
+        assert!(wait("redis://h?wait_replicas=some").is_err());
     }
 
     #[test]

@@ -6,17 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::{Error, Result, TlsFiles};
-use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    AsyncPushSender, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
-    Client, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError,
-    ScriptInvocation, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
+    RedisError, ScriptInvocation, ServerErrorKind, Value,
 };
 use redis::{ClientTlsConfig, TlsCertificates};
 
-use crate::call::{Call, ms};
+use crate::call::Call;
 use crate::config::{PubSubMode, RedisConfig};
 use crate::error::{Reach, from_redis, from_redis_on};
 use crate::sentinel::Sentinelled;
@@ -24,10 +26,43 @@ use crate::sentinel::Sentinelled;
 /// One connection, to a single server, to a cluster, or to the master Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    /// A single server's connection manager, and the client it came from.
+    Single(ConnectionManager, Arc<Client>),
     /// A cluster connection, and whether it uses sharded pub/sub.
     Cluster(ClusterConnection, bool),
     Sentinel(Arc<Sentinelled>),
+}
+
+/// One pipeline of the `EVALSHA`s of `calls`, each answered on its own (an error in one does
+/// not fail the others).
+pub(crate) fn scripts_pipeline(calls: &[Call<'_>]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for call in calls {
+        pipe.add_command(evalsha(call));
+    }
+    pipe
+}
+
+/// The scripts of `calls`, each once.
+pub(crate) fn scripts_of<'a>(calls: &[Call<'a>]) -> Vec<&'static redis::Script> {
+    let mut scripts: Vec<&'static redis::Script> = Vec::new();
+    for call in calls {
+        if !scripts
+            .iter()
+            .any(|s| s.get_hash() == call.script.get_hash())
+        {
+            scripts.push(call.script);
+        }
+    }
+    scripts
+}
+
+/// Whether a reply says the server did not know the script.
+pub(crate) fn no_script(reply: &redis::RedisResult<Value>) -> bool {
+    reply
+        .as_ref()
+        .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 /// The `EVALSHA` command of a call.
@@ -46,7 +81,7 @@ fn evalsha(call: &Call<'_>) -> redis::Cmd {
 impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Single(_) => "Conn::Single",
+            Self::Single(..) => "Conn::Single",
             Self::Cluster(..) => "Conn::Cluster",
             Self::Sentinel(_) => "Conn::Sentinel",
         })
@@ -59,7 +94,7 @@ impl fmt::Debug for Conn {
 macro_rules! on_conn {
     ($conn:expr, |$c:ident| $single:expr, |$cc:ident| $cluster:expr) => {
         match $conn.clone() {
-            Conn::Single(mut $c) => $single,
+            Conn::Single(mut $c, _) => $single,
             Conn::Cluster(mut $cc, _) => $cluster,
             Conn::Sentinel(s) => {
                 let (generation, mut $c) = s.current();
@@ -206,7 +241,7 @@ impl Conn {
                 .get_connection_manager_with_config(manager)
                 .await
                 .map_err(|e| from_redis(&what, e))?;
-            Ok(Self::Single(conn))
+            Ok(Self::Single(conn, Arc::new(client)))
         }
     }
 
@@ -225,7 +260,7 @@ impl Conn {
     /// What this connection reaches, for the meaning of a `READONLY` answer.
     pub(crate) fn reach(&self) -> Reach {
         match self {
-            Self::Single(_) => Reach::Single,
+            Self::Single(..) => Reach::Single,
             Self::Cluster(..) | Self::Sentinel(_) => Reach::FollowsFailovers,
         }
     }
@@ -250,97 +285,30 @@ impl Conn {
         }
     }
 
-    /// Sends a call and `WAIT replicas timeout` in one pipeline: the reply, and how many
-    /// replicas acknowledged the call's writes. One pipeline is one write on one connection,
-    /// so a reconnect (or, with Sentinel, a move to a new master) cannot fall between the two
-    /// and make `WAIT` count a fresh connection's writes (none) instead of the call's.
-    pub(crate) async fn call_then_wait(
-        &self,
-        call: &Call<'_>,
-        replicas: u32,
-        timeout: Duration,
-    ) -> Result<(Value, u32)> {
-        if self.is_cluster() {
-            return Err(dlock_core::Error::unsupported(
-                crate::consts::BACKEND,
-                "wait_replicas on a Redis Cluster",
-            ));
-        }
-        let what = call.what;
-        let mut pipe = redis::pipe();
-        pipe.add_command(evalsha(call))
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(ms(timeout));
-        let mut loaded = false;
-        loop {
-            let result: redis::RedisResult<(Value, u32)> =
-                on_conn!(self, |c| pipe.query_async(&mut c).await, |c| pipe
-                    .query_async(&mut c)
-                    .await);
-            match result {
-                // The script did not run (the server does not know it yet): load it, once.
-                Err(e) if !loaded && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    loaded = true;
-                    let invocation = call.script.prepare_invoke();
-                    let load: redis::RedisResult<String> =
-                        on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
-                            invocation.load_async(&mut c).await
-                        });
-                    load.map_err(|e| from_redis_on(self.reach(), what, e))?;
-                }
-                other => return other.map_err(|e| from_redis_on(self.reach(), what, e)),
-            }
-        }
-    }
-
-    /// Sends `calls` in one pipeline, followed by `WAIT replicas timeout` with `wait`: the
-    /// reply of each call, or the error it met, and how many replicas acknowledged their
-    /// writes (0 without `wait`). If the server did not know a script, the scripts are loaded
-    /// and the whole pipeline is sent once more: the calls must be safe to repeat (renewals
-    /// are), and one `WAIT` then counts the writes of the pipeline that ran them all.
+    /// Sends `calls` in one pipeline: the reply of each call, or the error it met. If the
+    /// server did not know a script, the scripts are loaded and the whole pipeline is sent
+    /// once more: the calls must be safe to repeat (renewals and checks are).
     pub(crate) async fn pipeline(
         &self,
         what: &str,
         calls: &[Call<'_>],
-        wait: Option<(u32, Duration)>,
-    ) -> Result<(Vec<redis::RedisResult<Value>>, u32)> {
+    ) -> Result<Vec<redis::RedisResult<Value>>> {
         if self.is_cluster() {
             return Err(dlock_core::Error::unsupported(
                 crate::consts::BACKEND,
                 "pipelines of scripts on a Redis Cluster (keys in many slots)",
             ));
         }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for call in calls {
-            pipe.add_command(evalsha(call));
-        }
-        if let Some((replicas, timeout)) = wait {
-            pipe.cmd("WAIT").arg(replicas).arg(ms(timeout));
-        }
+        let pipe = scripts_pipeline(calls);
         let mut loaded = false;
         loop {
-            let mut replies = self
+            let replies = self
                 .query_pipeline(&pipe)
                 .await
                 .map_err(|e| from_redis_on(self.reach(), what, e))?;
-            let no_script = |r: &redis::RedisResult<Value>| {
-                r.as_ref()
-                    .is_err_and(|e| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
-            };
             if !loaded && replies.iter().any(no_script) {
                 loaded = true;
-                let mut scripts: Vec<&redis::Script> = Vec::new();
-                for call in calls {
-                    if !scripts
-                        .iter()
-                        .any(|s| s.get_hash() == call.script.get_hash())
-                    {
-                        scripts.push(call.script);
-                    }
-                }
-                for script in scripts {
+                for script in scripts_of(calls) {
                     let invocation = script.prepare_invoke();
                     let load: redis::RedisResult<String> =
                         on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
@@ -350,20 +318,45 @@ impl Conn {
                 }
                 continue;
             }
-            let acked = match wait {
-                None => 0,
-                Some(_) => match replies.pop() {
-                    Some(Ok(Value::Int(n))) => u32::try_from(n).unwrap_or(0),
-                    other => return Err(crate::error::unexpected("WAIT", other)),
-                },
-            };
             if replies.len() != calls.len() {
                 return Err(crate::error::unexpected(
                     what,
                     format!("{} replies to {} calls", replies.len(), calls.len()),
                 ));
             }
-            return Ok((replies, acked));
+            return Ok(replies);
+        }
+    }
+
+    /// Opens a connection of its own to the server (with Sentinel, to the current master, and
+    /// the master's generation): for writes whose `WAIT` must not hold up the provider's other
+    /// calls. Refused on a cluster.
+    pub(crate) async fn open_own(&self, timeout: Duration) -> Result<(u64, MultiplexedConnection)> {
+        let (generation, client) = match self {
+            Self::Single(_, client) => (0, Client::clone(client)),
+            Self::Sentinel(s) => s.client(),
+            Self::Cluster(..) => {
+                return Err(dlock_core::Error::unsupported(
+                    crate::consts::BACKEND,
+                    "a connection of its own on a Redis Cluster",
+                ));
+            }
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| from_redis_on(self.reach(), "connect for WAIT", e))?;
+        Ok((generation, conn))
+    }
+
+    /// After a failed call on a connection of its own, opened at `generation`: with Sentinel,
+    /// as after a failed call on the provider's connection (the master may have moved).
+    pub(crate) async fn after_own_error(&self, e: &RedisError, generation: u64) {
+        if let Self::Sentinel(s) = self {
+            s.after_error(e, generation).await;
         }
     }
 
@@ -375,7 +368,7 @@ impl Conn {
         pipe: &redis::Pipeline,
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         match self.clone() {
-            Self::Single(mut c) => pipe.query_async(&mut c).await,
+            Self::Single(mut c, _) => pipe.query_async(&mut c).await,
             Self::Cluster(mut c, _) => pipe.query_async(&mut c).await,
             Self::Sentinel(s) => {
                 let (generation, mut c) = s.current();
@@ -396,6 +389,24 @@ impl Conn {
                 result
             }
         }
+    }
+
+    /// How many times the master moved (Sentinel); 0 for a single server.
+    pub(crate) fn generation(&self) -> u64 {
+        match self {
+            Self::Sentinel(s) => s.current().0,
+            _ => 0,
+        }
+    }
+
+    /// The server's `INFO section` (on a single server, or the current master).
+    pub(crate) async fn info(&self, section: &str) -> Result<String> {
+        let result: redis::RedisResult<String> = on_conn!(
+            self,
+            |c| redis::cmd("INFO").arg(section).query_async(&mut c).await,
+            |c| redis::cmd("INFO").arg(section).query_async(&mut c).await
+        );
+        result.map_err(|e| from_redis_on(self.reach(), "INFO", e))
     }
 
     /// A PING on this connection.

@@ -1,16 +1,17 @@
 //! A granted acquisition as the core's [`Hold`]: its guard, release and renewal, and its
-//! place among the provider's live holds, which are checked after a disconnection.
+//! place among the provider's live holds, which the provider's watcher checks.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{Hold, HoldSignal, Mutex, NewHold, Registration, renewal_window};
-use dlock_core::{Error, FencingToken, LockGuard, LockName, Result, async_trait};
+use dlock_core::{Error, FencingToken, Lease, LockGuard, LockName, Result, async_trait};
+use redis::Value;
 use tokio::time::Instant;
 
-use crate::call::{ms, read_held, read_released};
+use crate::call::{Call, ms, read_held, read_released};
 use crate::consts::BACKEND;
-use crate::holds::Checked;
+use crate::holds::{CHECK_EVERY, Checked};
 use crate::primitive::{Acquisition, Primitive};
 
 /// The backend side of a Redis hold.
@@ -68,7 +69,13 @@ impl<P: Primitive> Acquisition<P> {
     /// Renews the hold for `ttl`. `Ok(false)`: it is not ours (any more).
     async fn renew(&self, ttl: Duration) -> Result<bool> {
         let call = self.primitive.renew_call(&self.holder, ms(ttl));
-        let reply = self.inner.call_replicated(&call, &self.name).await?;
+        let renewed = |reply: &Value| *reply == Value::Int(1);
+        let (reply, ack) = self.inner.call_replicated(&call, renewed).await?;
+        // A lease the replicas have not seen extended is not extended: a failover would cut
+        // the hold shorter than its holder believes.
+        if let Some(e) = ack.error(&format!("renew of {:?}", self.name)) {
+            return Err(e);
+        }
         read_held("renew", reply)
     }
 
@@ -84,12 +91,6 @@ impl<P: Primitive> Acquisition<P> {
             .renew_call(&self.holder, ms(ttl))
             .into_owned();
         read_held("renew", renewals.call(call, renewal_window(ttl)).await?)
-    }
-
-    /// Whether the store still has this hold (one round trip; changes nothing).
-    async fn still_held(&self) -> Result<bool> {
-        let call = self.primitive.held_call(&self.holder);
-        read_held("check hold", self.inner.call(&call).await?)
     }
 }
 
@@ -130,14 +131,17 @@ impl<P: Primitive> Hold for RedisHold<P> {
     }
 }
 
-#[async_trait]
 impl<P: Primitive> Checked for RedisHold<P> {
     fn name(&self) -> &LockName {
         &self.acq.name
     }
 
-    async fn still_held(&self) -> Result<bool> {
-        self.acq.still_held().await
+    fn held_call(&self) -> Call<'static> {
+        self.acq.primitive.held_call(&self.acq.holder).into_owned()
+    }
+
+    fn renewed_often(&self) -> bool {
+        matches!(self.acq.lease, Lease::Watchdog { ttl } if ttl / 3 <= CHECK_EVERY)
     }
 
     fn releasing(&self) -> bool {

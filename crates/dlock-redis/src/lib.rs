@@ -18,6 +18,7 @@ mod call;
 mod conn;
 mod holds;
 mod pubsub;
+mod replicas;
 mod sentinel;
 mod shared;
 
@@ -34,6 +35,7 @@ mod provider;
 
 pub use crate::config::{
     DEFAULT_FAIR_WAIT, DEFAULT_SENTINEL_PORT, PubSubMode, RedisConfig, SentinelConfig,
+    WAIT_TIMEOUT, WaitReplicas,
 };
 pub use crate::consts::{MIN_LEASE, SCHEMES};
 pub use crate::provider::RedisProvider;

@@ -85,6 +85,7 @@ impl RedisProvider {
         capabilities.min_lease = MIN_LEASE;
         let meta = ProviderMeta::new(capabilities, config.store_id());
         let inner = Arc::new(Inner::new(conn, subs, meta, &config));
+        inner.replicas.ask(&inner.conn).await;
         tokio::spawn(watch_disconnects(Arc::downgrade(&inner), disconnects));
         Ok(Self { inner })
     }

@@ -27,6 +27,9 @@ pub(crate) struct Sentinelled {
     resolver: tokio::sync::Mutex<Resolver>,
     /// The current master's manager, and how many times the master moved.
     current: Mutex<(u64, ConnectionManager)>,
+    /// A client of the current master, with the generation it belongs to: the replica
+    /// waits' connections are opened from it.
+    client: Mutex<(u64, Client)>,
     /// The current master's address.
     pub(crate) master: Mutex<String>,
     /// A connection of its own to the Sentinels, for the cheap question of the poll.
@@ -197,6 +200,7 @@ impl Sentinelled {
                 asked: Instant::now(),
             }),
             current: Mutex::new((0, conn)),
+            client: Mutex::new((0, found)),
             master: Mutex::new(master),
             asker: tokio::sync::Mutex::new(asker),
             manager,
@@ -207,6 +211,11 @@ impl Sentinelled {
 
     pub(crate) fn current(&self) -> (u64, ConnectionManager) {
         self.current.lock().clone()
+    }
+
+    /// A client of the current master, and the master's generation.
+    pub(crate) fn client(&self) -> (u64, Client) {
+        self.client.lock().clone()
     }
 
     /// Asks the Sentinels where the master is every [`SENTINEL_POLL`], for as long as the
@@ -274,6 +283,7 @@ impl Sentinelled {
         tracing::warn!(from = %resolver.master, to = %master, "redis sentinel: the master moved");
         resolver.master.clone_from(&master);
         *self.current.lock() = (generation + 1, conn);
+        *self.client.lock() = (generation + 1, client);
         *self.master.lock() = master;
         if let Some(tell) = &self.on_move {
             let _ = tell.send(PushInfo {

@@ -1,14 +1,13 @@
 //! What the handles of one provider share: its two connections, its live holds and its
-//! client id; how a call goes through them; and the watcher that checks the live holds after
-//! every disconnection.
+//! client id; how a call goes through them; and the watcher that checks the live holds.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use dlock_core::Result;
 use dlock_core::backend::{Batcher, ProviderMeta};
-use dlock_core::{Error, LockName, Result};
 use redis::Value;
 use tokio::sync::Notify;
 
@@ -17,8 +16,9 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::consts::BACKEND;
 use crate::error::from_redis_on;
-use crate::holds::{Holds, check_holds};
+use crate::holds::{CHECK_EVERY, Holds, Which, check_holds};
 use crate::pubsub::Subscriptions;
+use crate::replicas::{Ack, Replicas};
 
 /// What the handles of one provider share.
 pub(crate) struct Inner {
@@ -28,9 +28,9 @@ pub(crate) struct Inner {
     pub(crate) client_id: String,
     pub(crate) meta: ProviderMeta,
     pub(crate) fair_wait: Duration,
-    /// Replicas that must acknowledge a grant (`?wait_replicas=`), and how long to wait.
-    pub(crate) wait_replicas: u32,
-    pub(crate) wait_timeout: Duration,
+    /// The replicas a grant or a renewal waits for (`?wait_replicas=`), and the connections
+    /// the waits run on.
+    pub(crate) replicas: Arc<Replicas>,
     /// How long an unlock's latch lives (see [`latched`](crate::scripts::latched)), in ms:
     /// past a retry of the release, which comes after the first try's response timeout (and
     /// a reconnection, bounded by the TCP user timeout of twice that).
@@ -63,13 +63,12 @@ impl Inner {
         meta: ProviderMeta,
         config: &RedisConfig,
     ) -> Self {
+        let replicas = Arc::new(Replicas::new(config.wait_replicas, config.response_timeout));
         Self {
             subs,
             client_id: uuid::Uuid::new_v4().to_string(),
             meta,
             fair_wait: config.fair_wait,
-            wait_replicas: config.wait_replicas,
-            wait_timeout: config.response_timeout / 2,
             latch_ms: crate::call::ms(
                 config
                     .response_timeout
@@ -78,11 +77,13 @@ impl Inner {
             ),
             holds: Holds::new(),
             renewals: (!conn.is_cluster()).then(|| {
-                let wait = (config.wait_replicas > 0)
-                    .then_some((config.wait_replicas, config.response_timeout / 2));
                 let conn = conn.clone();
-                Batcher::new(BACKEND, move |calls| renew_all(conn.clone(), calls, wait))
+                let replicas = Arc::clone(&replicas);
+                Batcher::new(BACKEND, move |calls| {
+                    renew_all(conn.clone(), Arc::clone(&replicas), calls)
+                })
             }),
+            replicas,
             conn,
             hold_ids: AtomicU64::new(0),
         }
@@ -118,37 +119,30 @@ impl Inner {
         self.conn.script(call.what, &call.invocation()).await
     }
 
-    /// Sends a call; with `?wait_replicas=N`, in one pipeline with `WAIT`. Returns the reply
-    /// and how many replicas acknowledged it (0 when not waiting).
-    pub(crate) async fn call_then_wait(&self, call: &Call<'_>) -> Result<(Value, u32)> {
-        let want = self.wait_replicas;
-        if want == 0 {
-            return Ok((self.call(call).await?, 0));
-        }
-        self.conn
-            .call_then_wait(call, want, self.wait_timeout)
-            .await
-    }
-
-    /// Sends a call whose writes must reach the replicas: with `?wait_replicas=N` it fails
-    /// (retryable) unless N replicas acknowledged it. A lease the replicas have not seen
-    /// extended is not extended, so a failover cannot cut a hold shorter than its holder
-    /// believes; a holder whose replicas stay away is lost at its lease end.
-    pub(crate) async fn call_replicated(&self, call: &Call<'_>, name: &LockName) -> Result<Value> {
-        let want = self.wait_replicas;
-        let (reply, acked) = self.call_then_wait(call).await?;
-        if acked < want {
-            return Err(Error::Backend {
-                backend: BACKEND,
-                message: format!(
-                    "{} of {name:?}: only {acked} of {want} replicas acknowledged it within {:?}",
-                    call.what, self.wait_timeout
-                ),
-                retryable: true,
-                source: None,
-            });
-        }
-        Ok(reply)
+    /// Sends a call whose writes the replicas must acknowledge (`?wait_replicas=`): `WAIT`
+    /// follows it, on the same connection of its own, if `wrote` says its reply wrote
+    /// something. Returns the reply and what the replicas said.
+    pub(crate) async fn call_replicated(
+        &self,
+        call: &Call<'_>,
+        wrote: impl Fn(&Value) -> bool,
+    ) -> Result<(Value, Ack)> {
+        let Some(wanted) = self.replicas.wanted(&self.conn) else {
+            return Ok((self.call(call).await?, Ack::Enough));
+        };
+        let calls = std::slice::from_ref(call);
+        let wrote = |replies: &[redis::RedisResult<Value>]| {
+            replies.iter().any(|r| r.as_ref().is_ok_and(&wrote))
+        };
+        let (mut replies, ack) = self
+            .replicas
+            .send(&self.conn, call.what, calls, wrote, wanted)
+            .await?;
+        let reply = replies
+            .pop()
+            .ok_or_else(|| crate::error::unexpected(call.what, "no reply"))?;
+        let reply = reply.map_err(|e| from_redis_on(self.conn.reach(), call.what, e))?;
+        Ok((reply, ack))
     }
 }
 
@@ -158,16 +152,17 @@ impl Inner {
 const RENEW_AT_ONCE: usize = 5_000;
 
 /// Sends a batch of renewals (see [`Inner::renewals`]) in pipelines of [`RENEW_AT_ONCE`],
-/// each with `WAIT` after it for `?wait_replicas=`: each renewal's reply, or its error. A
-/// renewal the replicas did not acknowledge fails (retryable), as one sent alone does.
+/// each followed by `WAIT` when the replicas must acknowledge them: each renewal's reply, or
+/// its error. A renewal the replicas did not acknowledge fails (retryable), as one sent alone
+/// does.
 async fn renew_all(
     conn: Conn,
+    replicas: Arc<Replicas>,
     calls: Vec<Call<'static>>,
-    wait: Option<(u32, Duration)>,
 ) -> Vec<Result<Value>> {
     let mut answers = Vec::with_capacity(calls.len());
     for chunk in calls.chunks(RENEW_AT_ONCE) {
-        answers.extend(renew_chunk(&conn, chunk, wait).await);
+        answers.extend(renew_chunk(&conn, &replicas, chunk).await);
     }
     answers
 }
@@ -175,10 +170,22 @@ async fn renew_all(
 /// One pipeline of [`renew_all`].
 async fn renew_chunk(
     conn: &Conn,
+    replicas: &Replicas,
     calls: &[Call<'static>],
-    wait: Option<(u32, Duration)>,
 ) -> Vec<Result<Value>> {
-    let (replies, acked) = match conn.pipeline("renew", calls, wait).await {
+    let renewed = |replies: &[redis::RedisResult<Value>]| {
+        replies
+            .iter()
+            .any(|r| matches!(r, Ok(Value::Int(n)) if *n > 0))
+    };
+    let sent = match replicas.wanted(conn) {
+        None => conn
+            .pipeline("renew", calls)
+            .await
+            .map(|replies| (replies, Ack::Enough)),
+        Some(wanted) => replicas.send(conn, "renew", calls, renewed, wanted).await,
+    };
+    let (replies, ack) = match sent {
         Ok(answer) => answer,
         Err(e) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
     };
@@ -187,35 +194,31 @@ async fn renew_chunk(
         .into_iter()
         .map(|reply| {
             let reply = reply.map_err(|e| from_redis_on(reach, "renew", e))?;
-            match wait {
-                Some((want, timeout)) if acked < want => Err(Error::Backend {
-                    backend: BACKEND,
-                    message: format!(
-                        "renew: only {acked} of {want} replicas acknowledged it within {timeout:?}"
-                    ),
-                    retryable: true,
-                    source: None,
-                }),
-                _ => Ok(reply),
+            match ack.error("renew") {
+                Some(e) => Err(e),
+                None => Ok(reply),
             }
         })
         .collect()
 }
 
-/// How often the watcher wakes without being told of a disconnection: to notice a dropped
-/// provider, and to ping the subscription connection while holds are live.
-const PING_EVERY: Duration = Duration::from_secs(10);
-
-/// Checks the provider's holds after every disconnection, until the provider is dropped.
-/// While holds are live, the subscription connection is also pinged every [`PING_EVERY`]: a
-/// connection that broke with nothing to send would otherwise stay broken (the manager
-/// reconnects only when used) and report no further disconnection.
+/// Checks the provider's holds after every disconnection, and every [`CHECK_EVERY`] those no
+/// renewal asks about as often, until the provider is dropped. While holds are live, the
+/// subscription connection is also pinged every [`CHECK_EVERY`]: a connection that broke with
+/// nothing to send would otherwise stay broken (the manager reconnects only when used) and
+/// report no further disconnection.
 pub(crate) async fn watch_disconnects(inner: Weak<Inner>, disconnects: Arc<Notify>) {
     loop {
-        let told = tokio::time::timeout(PING_EVERY, disconnects.notified()).await;
+        let told = tokio::time::timeout(CHECK_EVERY, disconnects.notified()).await;
         let Some(inner) = inner.upgrade() else { return };
-        if told.is_ok() || (!inner.holds.is_empty() && inner.subs.ping().await.is_err()) {
-            check_holds(&inner.holds).await;
+        if inner.holds.is_empty() {
+            continue;
         }
+        let which = if told.is_ok() || inner.subs.ping().await.is_err() {
+            Which::All
+        } else {
+            Which::NotRenewedOften
+        };
+        check_holds(&inner.conn, &inner.holds, which).await;
     }
 }

@@ -435,6 +435,43 @@ async fn restart_reports_loss_as_soon_as_the_server_is_back() {
     assert!(!g.is_held());
 }
 
+/// A hold taken away with no disconnection at all (here `FLUSHALL`; an eviction, a `DEL`
+/// or a failover over a live connection alike) is noticed by the provider's periodic check,
+/// well before the end of its fixed 60 s lease, which no renewal checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_taken_away_without_a_disconnection_is_noticed() {
+    let Some(server) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&server.url()).await.unwrap();
+    let names = Names::new();
+    let fixed = LockOptions::default().with_lease(Lease::Fixed(Duration::from_secs(60)));
+    let gone = p
+        .lock(&names.name("flushed"), fixed)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut c = admin(&server.url()).await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    // Taken again after the flush: the check must tell it from the flushed one.
+    let kept = p
+        .lock(&names.name("kept"), fixed)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    must(
+        Duration::from_secs(30),
+        "lost() of a flushed fixed-lease hold within 30 s (its lease is 60 s)",
+        gone.lost(),
+    )
+    .await;
+    assert_eq!(gone.loss_reason(), Some(dlock_core::LossReason::Gone));
+    assert!(kept.is_held(), "a hold the flush did not take stays held");
+    kept.release().await.unwrap();
+}
+
 /// The provider's connections carry TCP keepalive, so a peer that vanished without a reset (a
 /// half-open connection behind a NAT) is noticed even on the subscription connection, which
 /// only listens. Linux shows the keepalive timer in /proc/net/tcp (`tr` = 2).

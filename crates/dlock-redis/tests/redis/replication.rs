@@ -11,23 +11,16 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread")]
 async fn wait_replicas_returns_only_replicated_grants() {
     const LIMIT: Duration = Duration::from_secs(10);
-    // Longer than one WAIT: the failed confirmation, not the deadline, ends the acquire.
+    // Longer than one WAIT: the acquire gives its unacknowledged grant back and tries again
+    // until its deadline, then fails with what the replicas said.
     const WAIT: Duration = Duration::from_secs(3);
     let Some(master) = PrivateRedis::start(false).await else {
         return;
     };
-    let Some(replica) = PrivateRedis::replica_of(&master).await else {
+    let Some(replica) = PrivateRedis::replica_in_step(&master).await else {
         return;
     };
     let mut on_replica = admin(&replica.url()).await;
-    eventually(LIMIT, "the replica is in sync", || {
-        answers(
-            &on_replica,
-            &["INFO", "replication"],
-            "master_link_status:up",
-        )
-    })
-    .await;
     // WAIT gets half the response timeout: 1.5 s, enough for a replica on a loaded machine,
     // and within the 2 s the core gives a call past a zero wait.
     let p = RedisProvider::connect(&format!("{}?wait_replicas=1&timeout_ms=3000", master.url()))
@@ -112,6 +105,112 @@ async fn wait_replicas_returns_only_replicated_grants() {
         dlock_redis::RedisConfig::from_url("redis://127.0.0.1:7000/?cluster=true&wait_replicas=1")
             .unwrap_err();
     assert!(matches!(e, dlock_core::Error::Config { .. }), "{e:?}");
+}
+
+/// A write that waits for a stopped replica holds up no other call of the provider: the
+/// `WAIT` runs on a connection of its own (the server reads nothing more from a connection
+/// blocked in `WAIT`). Each `WAIT` here lasts 10 s (half the response timeout); the release
+/// of an unrelated hold returns while one still blocks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_for_a_stopped_replica_holds_up_no_other_call() {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let Some(master) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let Some(replica) = PrivateRedis::replica_in_step(&master).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&format!(
+        "{}?wait_replicas=1&timeout_ms=20000",
+        master.url()
+    ))
+    .await
+    .unwrap();
+    let names = Names::new();
+    let other = p
+        .lock(&names.name("other"), LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    replica.signal("-STOP");
+    let stuck = p
+        .lock(&names.name("stuck"), LockOptions::default())
+        .unwrap();
+    let pending = tokio::spawn(async move { stuck.try_acquire(Duration::from_secs(5)).await });
+    let on_master = admin(&master.url()).await;
+    eventually(LIMIT, "a WAIT blocks on the master", || {
+        answers(&on_master, &["INFO", "clients"], "blocked_clients:1")
+    })
+    .await;
+    other.release().await.unwrap();
+    let waiting = !pending.is_finished();
+    let still = answers(&on_master, &["INFO", "clients"], "blocked_clients:1").await;
+    replica.signal("-CONT");
+    assert!(
+        waiting,
+        "the release returned only after the waiting acquire ended"
+    );
+    assert!(still.is_ok(), "the WAIT no longer blocks: {still:?}");
+    let granted = must(LIMIT, "the waiting acquire ends", pending)
+        .await
+        .unwrap();
+    if let Ok(Some(g)) = granted {
+        g.release().await.unwrap();
+    }
+}
+
+/// By default (`wait_replicas=auto`, as Redisson), a grant waits for one replica while the
+/// master has one in step, and for nothing on a master without; an attempt that found the
+/// lock busy wrote nothing and sends no `WAIT`; and a replica that stops drops out, so grants
+/// go on without it.
+#[tokio::test(flavor = "multi_thread")]
+async fn by_default_a_grant_waits_for_a_replica_in_step() {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let Some(master) = PrivateRedis::start(false).await else {
+        return;
+    };
+    let names = Names::new();
+    let name = names.name("auto");
+    let alone = RedisProvider::connect(&master.url()).await.unwrap();
+    let waits = master.calls("wait").await;
+    let g = alone
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    assert_eq!(master.calls("wait").await, waits, "no replica: no WAIT");
+
+    let Some(replica) = PrivateRedis::replica_in_step(&master).await else {
+        return;
+    };
+    let p = RedisProvider::connect(&master.url()).await.unwrap();
+    let lock = p.lock(&name, LockOptions::default()).unwrap();
+    let waits = master.calls("wait").await;
+    let g = lock.acquire().await.unwrap();
+    assert_eq!(master.calls("wait").await, waits + 1, "the grant waited");
+    let mut on_replica = admin(&replica.url()).await;
+    let exists: u32 = redis::cmd("EXISTS")
+        .arg(&name)
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert_eq!(exists, 1, "the replica has the grant when acquire returns");
+    let busy = lock.try_acquire(Duration::ZERO).await.unwrap();
+    assert!(busy.is_none());
+    assert_eq!(
+        master.calls("wait").await,
+        waits + 1,
+        "a busy attempt sent a WAIT"
+    );
+    g.release().await.unwrap();
+
+    replica.signal("-STOP");
+    let granted = must(LIMIT, "a grant with the replica stopped", lock.acquire()).await;
+    replica.signal("-CONT");
+    granted.unwrap().release().await.unwrap();
 }
 
 /// Sentinels that require a password of their own: `sentinel_password` reaches them (the

@@ -119,6 +119,28 @@ impl PrivateRedis {
         Some((server, proxy))
     }
 
+    /// A replica of `master` that is in step: the replica's link to the master is up and the
+    /// master lists it online.
+    pub(crate) async fn replica_in_step(master: &Self) -> Option<Self> {
+        const LIMIT: Duration = Duration::from_secs(30);
+        let replica = Self::replica_of(master).await?;
+        let on_replica = admin(&replica.url()).await;
+        let on_master = admin(&master.url()).await;
+        eventually(LIMIT, "the replica is in sync", || {
+            answers(
+                &on_replica,
+                &["INFO", "replication"],
+                "master_link_status:up",
+            )
+        })
+        .await;
+        eventually(LIMIT, "the master has the replica online", || {
+            answers(&on_master, &["INFO", "replication"], "state=online")
+        })
+        .await;
+        Some(replica)
+    }
+
     /// Starts a replica of `master`.
     pub(crate) async fn replica_of(master: &Self) -> Option<Self> {
         Self::start_with(false, Some(master.port), false).await

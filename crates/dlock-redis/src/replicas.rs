@@ -1,0 +1,327 @@
+//! Replica acknowledgement: how many replicas a write waits for ([`WaitReplicas`]), whether
+//! the master has a replica to wait for, and the connections the waits run on.
+//!
+//! `WAIT` counts the writes of the connection it is sent on, and the server reads nothing
+//! more from that connection until it answers. So a write that must be acknowledged goes,
+//! with its `WAIT`, on a connection of its own, taken from a small pool: a slow replica holds
+//! up that write alone, never the provider's other calls. And the `WAIT` follows only a
+//! write: an attempt that found the lock busy, or a renewal that found the hold gone, sends
+//! none.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dlock_core::backend::Mutex;
+use dlock_core::{Error, Result};
+use redis::aio::MultiplexedConnection;
+use redis::{RedisResult, Value};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::call::{Call, ms};
+use crate::config::{WAIT_TIMEOUT, WaitReplicas};
+use crate::conn::{Conn, no_script, scripts_of, scripts_pipeline};
+use crate::consts::BACKEND;
+use crate::error::{from_redis_on, unexpected};
+
+/// The most writes that wait for their replicas at once, each on its own connection; more
+/// wait for one of these connections.
+const MAX_WAITING: usize = 32;
+
+/// The connections kept open between waits.
+const MAX_IDLE: usize = 4;
+
+/// How often `Auto` asks the master about its replicas (`INFO replication`), as Redisson
+/// scans its topology.
+const REPLICAS_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest since a replica's last acknowledgement of the replication stream (`lag`, in
+/// whole seconds; replicas acknowledge every second) for `Auto` to count it in step. A replica
+/// that stopped (a pause, a stall) drops out within this long, so waits stop holding up
+/// grants and renewals long before the master gives the replica up (`repl-timeout`).
+const MAX_LAG_S: u64 = 2;
+
+/// What the replicas said of a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ack {
+    /// Nothing was to be waited for, or enough replicas acknowledged it.
+    Enough,
+    /// Fewer than `wanted` replicas acknowledged it within `within`.
+    Short {
+        acked: u32,
+        wanted: u32,
+        within: Duration,
+    },
+}
+
+impl Ack {
+    /// The retryable error of a write `what` (of `name`) its replicas did not acknowledge.
+    pub(crate) fn error(self, what: &str) -> Option<Error> {
+        match self {
+            Self::Enough => None,
+            Self::Short {
+                acked,
+                wanted,
+                within,
+            } => Some(Error::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{what}: only {acked} of {wanted} replicas acknowledged it within {within:?}"
+                ),
+                retryable: true,
+                source: None,
+            }),
+        }
+    }
+}
+
+/// The replica waits of one provider.
+pub(crate) struct Replicas {
+    policy: WaitReplicas,
+    /// How long one `WAIT` waits.
+    timeout: Duration,
+    /// The response timeout of the connections of its own.
+    response_timeout: Duration,
+    /// Connections of their own, idle, with the master's generation they were opened at.
+    idle: Mutex<Vec<(u64, MultiplexedConnection)>>,
+    /// Bounds the connections in use at once.
+    in_use: Semaphore,
+    /// For `Auto`: whether the master has a replica in step, and when it was last asked.
+    in_step: Arc<InStep>,
+}
+
+#[derive(Default)]
+struct InStep {
+    any: AtomicBool,
+    asked: Mutex<Option<Instant>>,
+    asking: AtomicBool,
+}
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicas")
+            .field("policy", &self.policy)
+            .field("in_step", &self.in_step.any.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Replicas {
+    /// The replica waits of `policy`, each `WAIT` within half `response_timeout`, and for
+    /// `Auto` within [`WAIT_TIMEOUT`] too.
+    pub(crate) fn new(policy: WaitReplicas, response_timeout: Duration) -> Self {
+        let half = response_timeout / 2;
+        Self {
+            policy,
+            timeout: match policy {
+                WaitReplicas::Auto => WAIT_TIMEOUT.min(half),
+                WaitReplicas::AtLeast(_) => half,
+            },
+            response_timeout,
+            idle: Mutex::new(Vec::new()),
+            in_use: Semaphore::new(MAX_WAITING),
+            in_step: Arc::new(InStep::default()),
+        }
+    }
+
+    /// For `Auto`, asks the master about its replicas now (when the provider connects), so
+    /// the first grants wait as later ones do.
+    pub(crate) async fn ask(&self, conn: &Conn) {
+        if self.policy == WaitReplicas::Auto && !conn.is_cluster() {
+            ask_in_step(conn, &self.in_step).await;
+        }
+    }
+
+    /// How many replicas a write must have acknowledged now; `None`: send no `WAIT`.
+    pub(crate) fn wanted(&self, conn: &Conn) -> Option<u32> {
+        match self.policy {
+            WaitReplicas::AtLeast(0) => None,
+            WaitReplicas::AtLeast(n) => Some(n),
+            WaitReplicas::Auto if conn.is_cluster() => None,
+            WaitReplicas::Auto => {
+                self.refresh(conn);
+                self.in_step.any.load(Ordering::Relaxed).then_some(1)
+            }
+        }
+    }
+
+    /// For `Auto`: asks the master about its replicas again, in the background, once
+    /// [`REPLICAS_EVERY`] has passed since it was last asked.
+    fn refresh(&self, conn: &Conn) {
+        let due = self
+            .in_step
+            .asked
+            .lock()
+            .is_none_or(|at| at.elapsed() >= REPLICAS_EVERY);
+        if !due || self.in_step.asking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let conn = conn.clone();
+        let in_step = Arc::clone(&self.in_step);
+        tokio::spawn(async move {
+            ask_in_step(&conn, &in_step).await;
+            in_step.asking.store(false, Ordering::Release);
+        });
+    }
+
+    /// Sends `calls` in one pipeline on a connection of their own, then, if `wrote` says the
+    /// replies wrote something, `WAIT` for `wanted` replicas on the same connection (see
+    /// [`wanted`](Self::wanted)). Returns each call's reply, and what the replicas said.
+    pub(crate) async fn send(
+        &self,
+        conn: &Conn,
+        what: &str,
+        calls: &[Call<'_>],
+        wrote: impl Fn(&[RedisResult<Value>]) -> bool,
+        wanted: u32,
+    ) -> Result<(Vec<RedisResult<Value>>, Ack)> {
+        let _permit = self
+            .in_use
+            .acquire()
+            .await
+            .map_err(|_| unexpected(what, "the replica waits were closed"))?;
+        let (generation, mut own) = self.take(conn).await?;
+        match self.send_on(&mut own, what, calls, wrote, wanted).await {
+            Ok(answer) => {
+                self.put_back(conn, generation, own);
+                Ok(answer)
+            }
+            // The connection is not trusted again: a reply may still be on its way.
+            Err(e) => {
+                conn.after_own_error(&e, generation).await;
+                Err(from_redis_on(conn.reach(), what, e))
+            }
+        }
+    }
+
+    async fn send_on(
+        &self,
+        own: &mut MultiplexedConnection,
+        what: &str,
+        calls: &[Call<'_>],
+        wrote: impl Fn(&[RedisResult<Value>]) -> bool,
+        wanted: u32,
+    ) -> RedisResult<(Vec<RedisResult<Value>>, Ack)> {
+        let pipe = scripts_pipeline(calls);
+        let mut replies: Vec<RedisResult<Value>> = pipe.query_async(own).await?;
+        if replies.iter().any(no_script) {
+            for script in scripts_of(calls) {
+                script.prepare_invoke().load_async(own).await?;
+            }
+            replies = pipe.query_async(own).await?;
+        }
+        if replies.len() != calls.len() {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a pipeline's replies",
+                format!("{what}: {} replies to {} calls", replies.len(), calls.len()),
+            )));
+        }
+        if !wrote(&replies) {
+            return Ok((replies, Ack::Enough));
+        }
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(wanted)
+            .arg(ms(self.timeout))
+            .query_async(own)
+            .await?;
+        let acked = u32::try_from(acked).unwrap_or(0);
+        let ack = if acked >= wanted {
+            Ack::Enough
+        } else {
+            Ack::Short {
+                acked,
+                wanted,
+                within: self.timeout,
+            }
+        };
+        Ok((replies, ack))
+    }
+
+    /// An idle connection of the current master, or a new one.
+    async fn take(&self, conn: &Conn) -> Result<(u64, MultiplexedConnection)> {
+        let current = conn.generation();
+        loop {
+            let Some((generation, own)) = self.idle.lock().pop() else {
+                break;
+            };
+            if generation == current {
+                return Ok((generation, own));
+            }
+        }
+        conn.open_own(self.response_timeout).await
+    }
+
+    fn put_back(&self, conn: &Conn, generation: u64, own: MultiplexedConnection) {
+        let mut idle = self.idle.lock();
+        if generation == conn.generation() && idle.len() < MAX_IDLE {
+            idle.push((generation, own));
+        }
+    }
+}
+
+/// Asks the master whether it has a replica in step (`INFO replication`) and records the
+/// answer. A master that does not answer keeps the last answer; one that refuses `INFO` (an
+/// ACL user without it) counts as having none: `Auto` cannot tell, and sends no `WAIT`.
+async fn ask_in_step(conn: &Conn, in_step: &InStep) {
+    *in_step.asked.lock() = Some(Instant::now());
+    match conn.info("replication").await {
+        Ok(info) => in_step.any.store(any_in_step(&info), Ordering::Relaxed),
+        Err(e) if !e.is_retryable() => {
+            tracing::debug!(error = %e, "INFO replication refused: wait_replicas=auto waits for no replica");
+            in_step.any.store(false, Ordering::Relaxed);
+        }
+        Err(e) => tracing::debug!(error = %e, "INFO replication failed; asking again later"),
+    }
+}
+
+/// Whether `INFO replication` names a replica that is online and acknowledged the stream
+/// within [`MAX_LAG_S`] (`slaveN:ip=…,port=…,state=online,offset=…,lag=0`).
+fn any_in_step(info: &str) -> bool {
+    info.lines().any(|line| {
+        let Some((key, fields)) = line.trim().split_once(':') else {
+            return false;
+        };
+        let replica = key
+            .strip_prefix("slave")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !replica {
+            return false;
+        }
+        let field = |name: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        };
+        field("state") == Some("online")
+            && field("lag")
+                .and_then(|lag| lag.parse::<u64>().ok())
+                .is_some_and(|lag| lag <= MAX_LAG_S)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_is_in_step_when_online_and_recently_heard() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+                    slave0:ip=127.0.0.1,port=6391,state=online,offset=1000,lag=7\r\n\
+                    slave1:ip=127.0.0.1,port=6392,state=online,offset=1000,lag=1\r\n";
+        assert!(any_in_step(info));
+        assert!(!any_in_step(&info.replace("lag=1", "lag=3")));
+        assert!(!any_in_step(&info.replace("lag=1", "lag=1x")));
+        assert!(!any_in_step(&info.replace(
+            "state=online,offset=1000,lag=1",
+            "state=wait_bgsave,lag=0"
+        )));
+        assert!(!any_in_step(
+            "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n"
+        ));
+        assert!(!any_in_step(
+            "slave_read_only:1\r\nslave_repl_offset:5\r\nslave0:state=online,lag=0x\r\n"
+        ));
+    }
+}
