@@ -56,7 +56,7 @@ impl<P: Primitive> Acquisition<P> {
                     Ok(guard) => return Ok(Some(guard)),
                     // Given back unreplicated: a waiter with time left tries again.
                     Err(e) if e.is_retryable() && !deadline.has_passed() => {
-                        outage_log.failed(&self.name, &e);
+                        self.rearm(&mut undo, &e);
                         unanswered = Some(e);
                     }
                     Err(e) => return Err(e),
@@ -100,7 +100,7 @@ impl<P: Primitive> Acquisition<P> {
                         // Given back unreplicated (the replicas are slow or away): tried
                         // again with a growing pause, as through an outage.
                         Err(e) if e.is_retryable() => {
-                            outage_log.failed(&self.name, &e);
+                            self.rearm(&mut undo, &e);
                             unanswered = Some(e);
                             Some(outage.next_pause())
                         }
@@ -209,9 +209,8 @@ impl<P: Primitive> Acquisition<P> {
     /// Turns a grant into a guard once it is safe from a failover: once the replicas the
     /// provider waits for acknowledged it (`?wait_replicas=`, the `WAIT` sent after the
     /// granting script on the same connection). If fewer did in time, the grant is given back
-    /// (the undo stays armed until then, and is armed again for the attempts that follow) and
-    /// a retryable error returned, so no guard carries a grant that a failover could hand to
-    /// someone else with the same token.
+    /// (the undo stays armed until then) and a retryable error returned, so no guard carries
+    /// a grant that a failover could hand to someone else with the same token.
     async fn confirm(
         self: &Arc<Self>,
         undo: &mut Undo<P>,
@@ -225,10 +224,16 @@ impl<P: Primitive> Acquisition<P> {
             return Ok(RedisHold::guard(Arc::clone(self), token, sent));
         };
         self.undo_now(undo, "give back an unreplicated grant").await;
+        Err(e)
+    }
+
+    /// Before trying again after a grant the replicas did not acknowledge (given back by
+    /// [`confirm`](Self::confirm)): the undo is armed again for the attempts to come.
+    fn rearm(self: &Arc<Self>, undo: &mut Undo<P>, e: &Error) {
+        tracing::debug!(lock = %self.name, error = %e, "redis: a grant the replicas did not acknowledge was given back; trying again");
         if !undo.is_armed() {
             undo.arm(Arc::clone(self));
         }
-        Err(e)
     }
 
     /// Gives up: undoes what may be left (a fair waiter's queue entry, or, after an attempt

@@ -103,11 +103,12 @@ impl std::str::FromStr for PubSubMode {
 /// fewer replicas acknowledged is given back and tried again (until the acquire's deadline),
 /// and a renewal they did not acknowledge does not extend the hold. The wait is bounded by
 /// half the response timeout (and for `Auto` by [`WAIT_TIMEOUT`]), and runs on a connection
-/// of its own, so a slow replica never holds up the provider's other calls.
+/// of its own, so a slow replica never holds up the calls on the provider's command
+/// connection.
 ///
 /// | setting | waits for | promises |
 /// | --- | --- | --- |
-/// | `Auto` (default) | one replica, while the master has one online that acknowledged its stream within the last 2 s (`INFO replication`, asked every second); nothing on a master without such a replica, and nothing on a cluster | as Redisson's `checkLockSyncedSlaves`: a failover to a replica in step keeps every grant; a grant made while no replica was in step, or during the second before the master's replicas were asked again, can still be lost |
+/// | `Auto` (default) | one replica, while the master has one online that acknowledged its stream within the last 2 s (`INFO replication`, asked every second while writes come, and before a write if the last answer is over 3 s old); nothing on a master without such a replica, on one that refuses `INFO` or `WAIT` (with a warning), and on a cluster | as Redisson's `checkLockSyncedSlaves`: a failover to a replica in step keeps every grant; a grant made while no replica was in step, or before the provider learnt of a new one, can still be lost. A replica that is alive but behind stays in step by this measure: grants wait for it (and are tried again) until it catches up or the master drops it |
 /// | `AtLeast(n)` | `n` replicas; a grant or renewal fewer acknowledged fails until they do | a failover to any of the `n` keeps every grant; one slow replica stalls grants and lets holds end at their lease. Single server or Sentinel only: refused on a cluster |
 /// | `AtLeast(0)` | nothing | a failover can lose any grant of the last replication lag |
 ///

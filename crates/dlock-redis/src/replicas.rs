@@ -15,7 +15,7 @@ use std::time::Duration;
 use dlock_core::backend::Mutex;
 use dlock_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
-use redis::{RedisResult, Value};
+use redis::{RedisError, RedisResult, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -26,15 +26,21 @@ use crate::consts::BACKEND;
 use crate::error::{from_redis_on, unexpected};
 
 /// The most writes that wait for their replicas at once, each on its own connection; more
-/// wait for one of these connections.
+/// wait for one of these connections. As many are kept open between waits: a provider
+/// busy enough to use them would otherwise open and close a connection per write.
 const MAX_WAITING: usize = 32;
 
-/// The connections kept open between waits.
-const MAX_IDLE: usize = 4;
+/// How long a connection may stay idle and still be used: past it (a server's idle
+/// `timeout`, a restart, a `CLIENT KILL` may have closed it meanwhile) it is closed instead.
+const MAX_IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// How often `Auto` asks the master about its replicas (`INFO replication`), as Redisson
-/// scans its topology.
+/// scans its topology, in the background while writes come.
 const REPLICAS_EVERY: Duration = Duration::from_secs(1);
+
+/// How old an answer about the replicas may be for a write to go by it: an older one (the
+/// provider was idle) is asked again before the write.
+const REPLICAS_STALE: Duration = Duration::from_secs(3);
 
 /// The longest since a replica's last acknowledgement of the replication stream (`lag`, in
 /// whole seconds; replicas acknowledge every second) for `Auto` to count it in step. A replica
@@ -83,8 +89,9 @@ pub(crate) struct Replicas {
     timeout: Duration,
     /// The response timeout of the connections of its own.
     response_timeout: Duration,
-    /// Connections of their own, idle, with the master's generation they were opened at.
-    idle: Mutex<Vec<(u64, MultiplexedConnection)>>,
+    /// Connections of their own, idle: the master's generation they were opened at, when
+    /// they were last used, and the connection.
+    idle: Mutex<Vec<(u64, Instant, MultiplexedConnection)>>,
     /// Bounds the connections in use at once.
     in_use: Semaphore,
     /// For `Auto`: whether the master has a replica in step, and when it was last asked.
@@ -93,9 +100,24 @@ pub(crate) struct Replicas {
 
 #[derive(Default)]
 struct InStep {
+    /// Whether the master has a replica in step, as last asked.
     any: AtomicBool,
+    /// When the master was last asked.
     asked: Mutex<Option<Instant>>,
+    /// Whether a background ask is under way.
     asking: AtomicBool,
+    /// Whether the master refused `INFO` or `WAIT`: `Auto` then waits for nothing, for good.
+    refused: AtomicBool,
+}
+
+/// Clears [`InStep::asking`] however the background ask ends (a runtime shutting down drops
+/// it half way).
+struct Asking(Arc<InStep>);
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.asking.store(false, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Replicas {
@@ -134,34 +156,41 @@ impl Replicas {
     }
 
     /// How many replicas a write must have acknowledged now; `None`: send no `WAIT`.
-    pub(crate) fn wanted(&self, conn: &Conn) -> Option<u32> {
+    pub(crate) async fn wanted(&self, conn: &Conn) -> Option<u32> {
         match self.policy {
             WaitReplicas::AtLeast(0) => None,
             WaitReplicas::AtLeast(n) => Some(n),
             WaitReplicas::Auto if conn.is_cluster() => None,
             WaitReplicas::Auto => {
-                self.refresh(conn);
+                if self.in_step.refused.load(Ordering::Relaxed) {
+                    return None;
+                }
+                self.refresh(conn).await;
                 self.in_step.any.load(Ordering::Relaxed).then_some(1)
             }
         }
     }
 
-    /// For `Auto`: asks the master about its replicas again, in the background, once
-    /// [`REPLICAS_EVERY`] has passed since it was last asked.
-    fn refresh(&self, conn: &Conn) {
-        let due = self
-            .in_step
-            .asked
-            .lock()
-            .is_none_or(|at| at.elapsed() >= REPLICAS_EVERY);
-        if !due || self.in_step.asking.swap(true, Ordering::AcqRel) {
+    /// For `Auto`: asks the master about its replicas again once [`REPLICAS_EVERY`] has
+    /// passed since it was last asked: in the background, or first, if the last answer is
+    /// older than [`REPLICAS_STALE`].
+    async fn refresh(&self, conn: &Conn) {
+        let age = self.in_step.asked.lock().map(|at| at.elapsed());
+        if age.is_some_and(|age| age < REPLICAS_EVERY) {
             return;
         }
+        if age.is_none_or(|age| age >= REPLICAS_STALE) {
+            ask_in_step(conn, &self.in_step).await;
+            return;
+        }
+        if self.in_step.asking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let asking = Asking(Arc::clone(&self.in_step));
         let conn = conn.clone();
-        let in_step = Arc::clone(&self.in_step);
         tokio::spawn(async move {
-            ask_in_step(&conn, &in_step).await;
-            in_step.asking.store(false, Ordering::Release);
+            ask_in_step(&conn, &asking.0).await;
+            drop(asking);
         });
     }
 
@@ -181,11 +210,27 @@ impl Replicas {
             .acquire()
             .await
             .map_err(|_| unexpected(what, "the replica waits were closed"))?;
-        let (generation, mut own) = self.take(conn).await?;
-        match self.send_on(&mut own, what, calls, wrote, wanted).await {
+        let (generation, mut own, reused) = self.take(conn).await?;
+        let mut sent = self.send_on(&mut own, what, calls, &wrote, wanted).await;
+        // A kept connection the server closed while it was idle fails at once: once more on
+        // a new one (the scripts are safe to send again: a grant found again is answered as
+        // repeated and given back).
+        if reused && sent.as_ref().is_err_and(RedisError::is_unrecoverable_error) {
+            self.idle.lock().clear();
+            let (_, fresh) = conn.open_own(self.response_timeout).await?;
+            own = fresh;
+            sent = self.send_on(&mut own, what, calls, &wrote, wanted).await;
+        }
+        match sent {
             Ok(answer) => {
                 self.put_back(conn, generation, own);
                 Ok(answer)
+            }
+            // `Auto` cannot wait where the master refuses WAIT (an ACL, a server without it):
+            // it waits for nothing from then on, as where it cannot ask about replicas.
+            Err(e) if self.policy == WaitReplicas::Auto && refused(&e) => {
+                self.in_step.refuse("WAIT", &e);
+                Err(from_redis_on(conn.reach(), what, e))
             }
             // The connection is not trusted again: a reply may still be on its way.
             Err(e) => {
@@ -200,7 +245,7 @@ impl Replicas {
         own: &mut MultiplexedConnection,
         what: &str,
         calls: &[Call<'_>],
-        wrote: impl Fn(&[RedisResult<Value>]) -> bool,
+        wrote: &impl Fn(&[RedisResult<Value>]) -> bool,
         wanted: u32,
     ) -> RedisResult<(Vec<RedisResult<Value>>, Ack)> {
         let pipe = scripts_pipeline(calls);
@@ -239,25 +284,49 @@ impl Replicas {
         Ok((replies, ack))
     }
 
-    /// An idle connection of the current master, or a new one.
-    async fn take(&self, conn: &Conn) -> Result<(u64, MultiplexedConnection)> {
+    /// An idle connection of the current master (and `true`), or a new one.
+    async fn take(&self, conn: &Conn) -> Result<(u64, MultiplexedConnection, bool)> {
         let current = conn.generation();
         loop {
-            let Some((generation, own)) = self.idle.lock().pop() else {
+            let Some((generation, used, own)) = self.idle.lock().pop() else {
                 break;
             };
-            if generation == current {
-                return Ok((generation, own));
+            if generation == current && used.elapsed() < MAX_IDLE_FOR {
+                return Ok((generation, own, true));
             }
         }
-        conn.open_own(self.response_timeout).await
+        let (generation, own) = conn.open_own(self.response_timeout).await?;
+        Ok((generation, own, false))
     }
 
     fn put_back(&self, conn: &Conn, generation: u64, own: MultiplexedConnection) {
         let mut idle = self.idle.lock();
-        if generation == conn.generation() && idle.len() < MAX_IDLE {
-            idle.push((generation, own));
+        if generation == conn.generation() && idle.len() < MAX_WAITING {
+            idle.push((generation, Instant::now(), own));
         }
+    }
+}
+
+impl InStep {
+    /// The master refused `command`: `Auto` waits for nothing from now on, said once.
+    fn refuse(&self, command: &str, e: &dyn std::fmt::Display) {
+        self.any.store(false, Ordering::Relaxed);
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, "redis: the master refuses {command}; wait_replicas=auto waits for no replica (grants a failover can lose); allow it, or set wait_replicas=0 to say so");
+        }
+    }
+}
+
+/// Whether the server refused a command for good (an ACL, a command it does not have), as
+/// opposed to failing to answer or refusing it for now (a master demoted to a replica
+/// refuses `WAIT` too).
+fn refused(e: &RedisError) -> bool {
+    match e.kind() {
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => true,
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => e
+            .detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        _ => false,
     }
 }
 
@@ -268,10 +337,7 @@ async fn ask_in_step(conn: &Conn, in_step: &InStep) {
     *in_step.asked.lock() = Some(Instant::now());
     match conn.info("replication").await {
         Ok(info) => in_step.any.store(any_in_step(&info), Ordering::Relaxed),
-        Err(e) if !e.is_retryable() => {
-            tracing::debug!(error = %e, "INFO replication refused: wait_replicas=auto waits for no replica");
-            in_step.any.store(false, Ordering::Relaxed);
-        }
+        Err(e) if !e.is_retryable() => in_step.refuse("INFO replication", &e),
         Err(e) => tracing::debug!(error = %e, "INFO replication failed; asking again later"),
     }
 }

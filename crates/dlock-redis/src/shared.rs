@@ -127,7 +127,7 @@ impl Inner {
         call: &Call<'_>,
         wrote: impl Fn(&Value) -> bool,
     ) -> Result<(Value, Ack)> {
-        let Some(wanted) = self.replicas.wanted(&self.conn) else {
+        let Some(wanted) = self.replicas.wanted(&self.conn).await else {
             return Ok((self.call(call).await?, Ack::Enough));
         };
         let calls = std::slice::from_ref(call);
@@ -178,7 +178,7 @@ async fn renew_chunk(
             .iter()
             .any(|r| matches!(r, Ok(Value::Int(n)) if *n > 0))
     };
-    let sent = match replicas.wanted(conn) {
+    let sent = match replicas.wanted(conn).await {
         None => conn
             .pipeline("renew", calls)
             .await
@@ -194,9 +194,11 @@ async fn renew_chunk(
         .into_iter()
         .map(|reply| {
             let reply = reply.map_err(|e| from_redis_on(reach, "renew", e))?;
+            // Only a renewal that renewed waited for the replicas: one that found its hold
+            // gone says so at once.
             match ack.error("renew") {
-                Some(e) => Err(e),
-                None => Ok(reply),
+                Some(e) if reply == Value::Int(1) => Err(e),
+                _ => Ok(reply),
             }
         })
         .collect()
