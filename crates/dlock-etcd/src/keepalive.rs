@@ -100,6 +100,7 @@ impl Session {
     /// `Ok(true)` if the server kept it (its horizon moves on from this call's send time),
     /// `Ok(false)` if the server says it is gone.
     pub(crate) async fn keep_now(&self, lease: i64, until: Instant) -> Result<bool> {
+        self.counters.count(|s| &mut s.keep_alives);
         let sent = Instant::now();
         let mut keeper = None;
         let mut client = self.client();
@@ -199,7 +200,10 @@ pub(crate) async fn keep_alive(session: Weak<Session>, mut lease: i64) {
         // The session's horizon is the one truth of when the lease was last kept alive: the
         // holds' renewals keep it alive too (`keep_now`), not only this task.
         match session.upgrade() {
-            Some(s) => horizon = s.horizon_of(lease).map_or(horizon, |h| h.at()),
+            Some(s) => {
+                horizon = s.horizon_of(lease).map_or(horizon, |h| h.at());
+                s.counters.count(|c| &mut c.keep_alives);
+            }
             None => return,
         }
         let sent = Instant::now();

@@ -17,4 +17,8 @@ pub struct EtcdStats {
     pub wakeups: u64,
     /// Leases granted: one at connect, and one after each loss of the lease.
     pub leases: u64,
+    /// Keep-alives of the provider's lease sent: the provider's own, every third of the
+    /// lease's time-to-live, and one per batch of the watchdog's renewals (however many holds
+    /// it carries).
+    pub keep_alives: u64,
 }

@@ -1,5 +1,5 @@
-//! The watchdog's renewals: a provider's holds renew with one keep-alive and one transaction
-//! per batch rather than one each, and a hold whose key is gone is lost alone.
+//! The watchdog's renewals: a provider's holds renew with one keep-alive per batch and one
+//! transaction per 128 keys rather than one each, and a hold whose key is gone is lost alone.
 
 use std::time::Duration;
 
@@ -17,18 +17,22 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
     };
     let p = EtcdProvider::connect(&url).await.unwrap();
     let names = Names::new();
-    // 40 holds with the default 30 s watchdog, granted 20 ms apart: each would renew a
-    // third of the lease after its own grant, spread over most of a second.
-    const HOLDS: usize = 40;
+    // 1,000 holds with the default 30 s watchdog, granted 50 at a time: each would renew a
+    // third of the lease after its own grant, spread over the seconds the grants take.
+    const HOLDS: usize = 1_000;
     let mut guards = Vec::new();
-    let mut spacing = tokio::time::interval(Duration::from_millis(20));
-    for i in 0..HOLDS {
-        spacing.tick().await;
-        let lock = p
-            .lock(&names.name(&format!("h{i}")), LockOptions::default())
-            .unwrap();
-        guards.push(lock.acquire().await.unwrap());
+    for wave in 0..HOLDS / 50 {
+        let mut grants = tokio::task::JoinSet::new();
+        for i in wave * 50..(wave + 1) * 50 {
+            let lock = p
+                .lock(&names.name(&format!("h{i}")), LockOptions::default())
+                .unwrap();
+            grants.spawn(async move { (i, lock.acquire().await.unwrap()) });
+        }
+        guards.extend(grants.join_all().await);
     }
+    guards.sort_by_key(|(i, _)| *i);
+    let guards: Vec<_> = guards.into_iter().map(|(_, g)| g).collect();
     let last_granted = Instant::now();
     // The first hold's key goes: its renewal must find that out, and only its own.
     let config = EtcdConfig::from_url(&url).unwrap();
@@ -42,7 +46,7 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
         )
         .await
         .unwrap();
-    let calls_before = p.stats().txns;
+    let before = p.stats();
     must(
         Duration::from_secs(20),
         "the deleted hold is lost at its renewal",
@@ -64,12 +68,22 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
         },
     )
     .await;
-    // Three rounds of renewals (10, 20 and 30 s after the grants), a batch or two each.
-    let calls = p.stats().txns - calls_before;
+    // Three rounds of renewals (10, 20 and 30 s after the grants), a few batches each: per
+    // batch one keep-alive, and one transaction per 128 keys. One renewal per hold would be
+    // 3,000 keep-alives and 3,000 transactions; the provider's own keep-alive adds one every
+    // third of its lease's time-to-live.
+    let after = p.stats();
+    let txns = after.txns - before.txns;
+    let keep_alives = after.keep_alives - before.keep_alives;
     assert!(
-        (1..=8).contains(&calls),
-        "3 rounds of {HOLDS} renewals took {calls} transactions: not in batches"
+        (1..=160).contains(&txns),
+        "3 rounds of {HOLDS} renewals took {txns} transactions: not in batches"
     );
+    assert!(
+        (1..=60).contains(&keep_alives),
+        "3 rounds of {HOLDS} renewals took {keep_alives} keep-alives: not one per batch"
+    );
+    eprintln!("3 rounds of {HOLDS} renewals: {txns} transactions, {keep_alives} keep-alives");
     for (i, g) in guards.iter().enumerate().skip(1) {
         assert_eq!(g.state(), HoldState::Held, "hold {i}");
     }
