@@ -83,6 +83,15 @@ pub enum Command {
     /// held: fenced writes in token order, every overlap explained by a fault and reported to
     /// its holder, progress after every fault. Exits 1 on a violation.
     Torture(TortureOpts),
+    /// Print the shell completions of dlock for SHELL on standard output.
+    ///
+    /// bash: `dlock completions bash > ~/.local/share/bash-completion/completions/dlock`;
+    /// zsh: into a directory of `$fpath` as `_dlock`; fish:
+    /// `dlock completions fish > ~/.config/fish/completions/dlock.fish`.
+    Completions(CompletionsOpts),
+    /// Print the manual page of dlock, or of one of its subcommands, in roff on standard
+    /// output (`dlock man run | man -l -`).
+    Man(ManOpts),
     /// One worker process of `dlock torture` (started by it).
     #[command(hide = true)]
     TortureWorker(TortureWorkerOpts),
@@ -90,6 +99,21 @@ pub enum Command {
     /// and kills it if that dlock dies without saying it is done.
     #[command(hide = true)]
     Reap,
+}
+
+/// The options of `dlock completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsOpts {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// The options of `dlock man`.
+#[derive(Debug, Args)]
+pub struct ManOpts {
+    /// The subcommand whose page to print (`dlock-run(1)`); without it, dlock's own page.
+    pub subcommand: Option<String>,
 }
 
 /// The store to use.
@@ -156,7 +180,56 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Torture(opts) => crate::torture::torture(opts).await,
         Command::TortureWorker(opts) => crate::torture::worker(opts).await,
         Command::Reap => crate::run::reap().await,
+        Command::Completions(opts) => completions(&opts),
+        Command::Man(opts) => man(&opts),
     }
+}
+
+/// `dlock completions SHELL`.
+fn completions(opts: &CompletionsOpts) -> u8 {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    let mut script = Vec::new();
+    clap_complete::generate(opts.shell, &mut command, "dlock", &mut script);
+    crate::output::say_bytes(&script);
+    0
+}
+
+/// `dlock man [SUBCOMMAND]`.
+fn man(opts: &ManOpts) -> u8 {
+    let command = <Cli as clap::CommandFactory>::command();
+    let page = match &opts.subcommand {
+        None => command,
+        Some(name) => {
+            let Some(sub) = command
+                .get_subcommands()
+                .find(|s| s.get_name() == name && !s.is_hide_set())
+            else {
+                let known: Vec<&str> = command
+                    .get_subcommands()
+                    .filter(|s| !s.is_hide_set())
+                    .map(clap::Command::get_name)
+                    .collect();
+                eprintln!(
+                    "dlock: man: no subcommand {name:?} (known: {})",
+                    known.join(", ")
+                );
+                return crate::exit::CONFIG;
+            };
+            // The page of `dlock run` is dlock-run(1), as git's are.
+            let title = format!("dlock-{name}");
+            sub.clone()
+                .name(title.clone())
+                .display_name(title)
+                .version(command.get_version().unwrap_or_default().to_owned())
+        }
+    };
+    let mut roff = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(page).render(&mut roff) {
+        eprintln!("dlock: man: cannot render the page: {e}");
+        return crate::exit::SOFTWARE;
+    }
+    crate::output::say_bytes(&roff);
+    0
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ mod status;
 mod torture;
 
 pub use crate::bench::{BenchOpts, Row, Workload};
-pub use crate::cli::{Cli, Command, StoreOpts, parse_duration, run};
+pub use crate::cli::{Cli, Command, CompletionsOpts, ManOpts, StoreOpts, parse_duration, run};
 pub(crate) use crate::output::fail;
 pub use crate::run::RunOpts;
 pub use crate::status::StatusOpts;

@@ -5,13 +5,15 @@ use crate::exit;
 
 /// Writes one line to standard output; see `say!`.
 pub(crate) fn say_line(line: std::fmt::Arguments<'_>) {
+    say_bytes(format!("{line}\n").as_bytes());
+}
+
+/// Writes `bytes` to standard output as they are, ending the program quietly if its reader
+/// went away, as [`say_line`] does.
+pub(crate) fn say_bytes(bytes: &[u8]) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    let written = out
-        .write_fmt(line)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    match written {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             std::process::exit(i32::from(exit::BROKEN_PIPE))

@@ -440,6 +440,58 @@ fn help_reads_well() {
     }
 }
 
+/// Shell completions and manual pages come from the same definitions as the help: bash
+/// takes the completion script (`complete -p dlock` names its function), zsh's and fish's
+/// name the subcommands and options, and the pages are roff with every option of theirs.
+#[test]
+fn completions_and_man_pages_are_generated() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = output(dlock("", &["completions", shell]));
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        for word in ["torture", "url-file", "kill-after"] {
+            assert!(
+                script.contains(word),
+                "{word} missing from the {shell} completions"
+            );
+        }
+    }
+    let bash = Command::new("bash")
+        .args([
+            "-c",
+            r#"source <("$0" completions bash) && complete -p dlock"#,
+            DLOCK,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let registered = String::from_utf8_lossy(&bash.stdout);
+    assert!(
+        bash.status.success() && registered.contains("_dlock"),
+        "bash did not take the completions: {bash:?}"
+    );
+
+    let top = String::from_utf8(output(dlock("", &["man"])).stdout).unwrap();
+    assert!(top.contains(".TH dlock 1"), "{top}");
+    for sub in ["run", "status", "bench", "torture", "completions"] {
+        assert!(top.contains(sub), "{sub} missing from dlock(1)");
+    }
+    let run = String::from_utf8(output(dlock("", &["man", "run"])).stdout).unwrap();
+    assert!(run.contains(".TH dlock-run 1"), "{run}");
+    for option in [
+        r"\-\-kill\-after",
+        r"\-\-url\-file",
+        r"\-\-shared",
+        "DLOCK_FENCING_TOKEN",
+    ] {
+        assert!(run.contains(option), "{option} missing from dlock-run(1)");
+    }
+    let unknown = output(dlock("", &["man", "reap"]));
+    assert_eq!(unknown.status.code(), Some(78), "{unknown:?}");
+    let said = String::from_utf8_lossy(&unknown.stderr);
+    assert!(said.contains("known: run"), "{said}");
+}
+
 /// A smoke run of the benchmark: the table, the JSON (schema, non-empty series) and the chart.
 #[test]
 fn bench_smoke_writes_json_and_chart() {
