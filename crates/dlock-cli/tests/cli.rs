@@ -530,7 +530,7 @@ fn bench_smoke_writes_json_and_chart() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 14, "2 stores × 7 workloads");
+    assert_eq!(rows.len(), 18, "2 stores × 9 workloads");
     for row in rows {
         for key in [
             "backend",
@@ -563,6 +563,11 @@ fn bench_smoke_writes_json_and_chart() {
             .find(|r| r["workload"] == workload && r["backend"] == backend)
             .unwrap()
     };
+    // 64 tasks on one provider, on a name each and on 8 names.
+    for wl in ["W7", "W7H"] {
+        let r = of("memory", wl);
+        assert!(r["cycles"].as_u64().unwrap() >= 64, "{r}");
+    }
     for wl in ["W2", "W2F"] {
         let r = of("memory", wl);
         let switches = r["owner_switch_pct"].as_f64().unwrap();

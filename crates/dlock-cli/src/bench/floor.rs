@@ -176,6 +176,28 @@ pub(super) async fn concurrent_cycles_per_sec(
     Ok(span.and_then(|s| s.rate(all)))
 }
 
+/// The W7 floor: `tasks` tasks of the client library on one shared connection, each on a
+/// name of its own making `cycles` floor cycles, started together; all the cycles over the
+/// time from the first task's start to the last one's end, or `None` where the store has no
+/// such floor (only Redis has one: its multiplexed connection is what dlock's provider
+/// shares among its tasks).
+pub(super) async fn shared_cycles_per_sec(
+    url: &str,
+    tasks: u64,
+    cycles: u64,
+    ns: &str,
+) -> dlock::Result<Option<f64>> {
+    let _ = (tasks, cycles, ns);
+    let scheme = url.split("://").next().unwrap_or_default();
+    match scheme {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" if !url.contains("cluster=true") => {
+            redis::shared(url, tasks, cycles, ns).await
+        }
+        _ => Ok(None),
+    }
+}
+
 /// When a floor's timed cycles begin: at once, or once every client of a W4 floor is
 /// connected and ready (the barrier they share).
 struct Start(Option<Arc<tokio::sync::Barrier>>);

@@ -39,6 +39,7 @@ pub(super) async fn run_workload(
         Workload::W3 => handoff(target, &ns, opts, &mut row).await?,
         Workload::W5 => fairness(target, &ns, &mut row).await?,
         Workload::W6 => scale(target, &ns, opts, &mut row).await?,
+        Workload::W7 | Workload::W7H => many_tasks(target, workload, &ns, opts, &mut row).await?,
         // A row per `--holds` count, made by `scale::scale`.
         Workload::W8 => row.skipped = Some("W8 has a row per --holds count".into()),
     }
@@ -258,6 +259,91 @@ async fn contended(
         row.owner_switch_pct = Some(100.0 * switched as f64 / done.saturating_sub(1).max(1) as f64);
     } else if target.via != Via::Broken
         && let Some(floor) = floor::concurrent_cycles_per_sec(&target.url, per, ns).await?
+    {
+        row.floor_cycles_per_sec = Some(floor);
+        row.ratio_to_floor = Some(row.cycles_per_sec / floor);
+    }
+    Ok(())
+}
+
+/// W7, W7H: how many tasks share one provider.
+const W7_TASKS: u64 = 64;
+
+/// W7, W7H: 64 tasks on one provider, each with a share of twice W1's cycles; on a name each
+/// (W7), set against the floor of as many tasks on one connection where the store has one,
+/// or on 8 names, 8 tasks to a name (W7H), whose critical sections check exclusion.
+async fn many_tasks(
+    target: &Target,
+    workload: Workload,
+    ns: &str,
+    opts: &BenchOpts,
+    row: &mut Row,
+) -> dlock::Result<()> {
+    let limit = opts.duration;
+    let hot = workload == Workload::W7H;
+    let per = (opts.cycles * 2 / W7_TASKS).max(1);
+    let p = target.client().await?;
+    let mut locks = Vec::new();
+    for i in 0..W7_TASKS {
+        let name = if hot {
+            format!("{ns}/w7h/{}", i % 8)
+        } else {
+            format!("{ns}/w7/{i}")
+        };
+        locks.push((i % 8, p.lock(&name, LockOptions::default())?));
+    }
+    // Per hot name: holders inside now, and how often a second one was.
+    let inside: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let together = Arc::new(tokio::sync::Barrier::new(locks.len()));
+    let cpu = cpu_time();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (slot, lock) in locks {
+        let (inside, overlaps, together) = (
+            Arc::clone(&inside),
+            Arc::clone(&overlaps),
+            Arc::clone(&together),
+        );
+        let mut h = histogram()?;
+        tasks.spawn(async move {
+            together.wait().await;
+            let mut done = 0u64;
+            while done < per && !out_of_time(started, limit) {
+                let t = Instant::now();
+                let g = lock.acquire().await?;
+                let _ = h.record(us(t.elapsed()));
+                if hot {
+                    let here = &inside[usize::try_from(slot).unwrap_or(0)];
+                    if here.fetch_add(1, Ordering::SeqCst) > 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::task::yield_now().await;
+                    here.fetch_sub(1, Ordering::SeqCst);
+                }
+                g.release().await?;
+                done += 1;
+            }
+            Ok::<_, dlock::Error>((h, done))
+        });
+    }
+    let mut h = histogram()?;
+    let mut done = 0;
+    while let Some(task) = tasks.join_next().await {
+        let (th, n) =
+            task.map_err(|e| dlock::Error::config(format!("a W7 task panicked: {e}")))??;
+        let _ = h.add(&th);
+        done += n;
+    }
+    finish(row, done, started.elapsed());
+    row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
+    fill_latency(row, &h);
+    row.max_wait_ms = Some(h.max() as f64 / 1000.0);
+    row.violations = overlaps.load(Ordering::SeqCst);
+    drop(p);
+    if !hot
+        && target.via != Via::Broken
+        && let Some(floor) = floor::shared_cycles_per_sec(&target.url, W7_TASKS, per, ns).await?
     {
         row.floor_cycles_per_sec = Some(floor);
         row.ratio_to_floor = Some(row.cycles_per_sec / floor);

@@ -1,62 +1,109 @@
 //! Redis's floor: the two EVALSHA of dlock's acquire and release scripts, on one multiplexed
 //! connection.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use super::{Job, Timed, err, timed_since};
 
 /// The floor's cycles on the Redis of the job's URL, on the name `<ns>/floor`.
 pub(super) async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
     let (url, ns, start) = (job.url, job.ns, job.start);
-    let client = redis::Client::open(url).map_err(|e| err("redis", "connect", e))?;
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| err("redis", "connect", e))?;
+    let mut c = connect(url).await?;
     let name = format!("{ns}/floor");
-    let token = format!("redisson_lock_token:{{{name}}}");
-    let channel = format!("redisson_lock__channel:{{{name}}}");
-    let (lock, unlock) = (
-        dlock_redis::raw::lock_script(),
-        dlock_redis::raw::unlock_script(),
-    );
-    // Each acquisition has a field of its own, as dlock's do: the release's latch is keyed
-    // by it.
-    let cycle = |c: &mut redis::aio::MultiplexedConnection, n: u64| {
-        let mut c = c.clone();
-        let (name, token, channel) = (name.clone(), token.clone(), channel.clone());
-        let field = format!("f:{n}");
-        let latch = format!("redisson_unlock_latch:{{{name}}}:{field}");
-        async move {
-            let _: redis::Value = lock
-                .key(&name)
-                .key(&token)
-                .arg(30_000)
-                .arg(&field)
-                .invoke_async(&mut c)
-                .await?;
-            let _: redis::Value = unlock
-                .key(&name)
-                .key(&channel)
-                .key(&latch)
-                .arg(0)
-                .arg(30_000)
-                .arg(&field)
-                .arg("publish")
-                .arg(30_000)
-                .invoke_async(&mut c)
-                .await?;
-            Ok::<_, redis::RedisError>(())
-        }
-    };
-    cycle(&mut c, 0)
+    cycle(&mut c, &name, 0)
         .await
         .map_err(|e| err("redis", "warm-up", e))?;
     let started = start.go().await;
     for n in 1..=job.cycles {
-        cycle(&mut c, n)
+        cycle(&mut c, &name, n)
             .await
             .map_err(|e| err("redis", "cycle", e))?;
     }
     Ok(timed_since(started))
+}
+
+/// The W7 floor: `tasks` tasks on one multiplexed connection, each making `cycles` cycles on
+/// `<ns>/floor<task>`, started together; their cycles per second, from the first start to the
+/// last end.
+pub(super) async fn shared(
+    url: &str,
+    tasks: u64,
+    cycles: u64,
+    ns: &str,
+) -> dlock::Result<Option<f64>> {
+    let c = connect(url).await?;
+    let together = Arc::new(tokio::sync::Barrier::new(
+        usize::try_from(tasks).unwrap_or(usize::MAX),
+    ));
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let (mut c, together) = (c.clone(), Arc::clone(&together));
+        let name = format!("{ns}/floor{task}");
+        set.spawn(async move {
+            cycle(&mut c, &name, 0).await?;
+            together.wait().await;
+            let began = Instant::now();
+            for n in 1..=cycles {
+                cycle(&mut c, &name, n).await?;
+            }
+            Ok::<_, redis::RedisError>((began, Instant::now()))
+        });
+    }
+    let mut span: Option<(Instant, Instant)> = None;
+    while let Some(done) = set.join_next().await {
+        let (began, ended) = done
+            .map_err(|e| err("redis", "a floor task", e))?
+            .map_err(|e| err("redis", "cycle", e))?;
+        span = Some(span.map_or((began, ended), |(b, e)| (b.min(began), e.max(ended))));
+    }
+    Ok(span.and_then(|(began, ended)| {
+        let secs = ended.saturating_duration_since(began).as_secs_f64();
+        let all = tasks.saturating_mul(cycles);
+        (all > 0 && secs > 0.0).then(|| all as f64 / secs)
+    }))
+}
+
+/// One multiplexed connection to the Redis of `url`.
+async fn connect(url: &str) -> dlock::Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).map_err(|e| err("redis", "connect", e))?;
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| err("redis", "connect", e))
+}
+
+/// One floor cycle on `name`: the two EVALSHA of dlock's acquire and release scripts, the
+/// `n`th acquisition with a field of its own, as dlock's have (the release's latch is keyed
+/// by it).
+async fn cycle(
+    c: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    n: u64,
+) -> Result<(), redis::RedisError> {
+    let token = format!("redisson_lock_token:{{{name}}}");
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    let field = format!("f:{n}");
+    let latch = format!("redisson_unlock_latch:{{{name}}}:{field}");
+    let _: redis::Value = dlock_redis::raw::lock_script()
+        .key(name)
+        .key(&token)
+        .arg(30_000)
+        .arg(&field)
+        .invoke_async(c)
+        .await?;
+    let _: redis::Value = dlock_redis::raw::unlock_script()
+        .key(name)
+        .key(&channel)
+        .key(&latch)
+        .arg(0)
+        .arg(30_000)
+        .arg(&field)
+        .arg("publish")
+        .arg(30_000)
+        .invoke_async(c)
+        .await?;
+    Ok(())
 }
 
 /// The clients the Redis of `url` counts, less the one asking.
