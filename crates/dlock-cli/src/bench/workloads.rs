@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock::backend::Mutex;
 use dlock::{Lease, LockOptions};
+use hdrhistogram::Histogram;
 
 use super::floor::{self, Floor};
 use super::measure::{
@@ -172,7 +173,7 @@ async fn contended(
     // The worker that held last (8: nobody yet), and how often the holder changed.
     let last = Arc::new(AtomicU64::new(8));
     let switches = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(target.client().await?);
@@ -209,7 +210,7 @@ async fn contended(
         );
         let me = i as u64;
         let together = Arc::clone(&together);
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let _client = p; // its connections live as long as the worker
             together.wait().await;
             let mut done = 0u64;
@@ -236,17 +237,9 @@ async fn contended(
                 done += 1;
             }
             Ok::<_, dlock::Error>((h, done))
-        }));
+        });
     }
-    let mut h = histogram()?;
-    let mut done = 0;
-    for t in tasks {
-        let (th, n) = t
-            .await
-            .map_err(|e| dlock::Error::config(format!("worker panicked: {e}")))??;
-        let _ = h.add(&th);
-        done += n;
-    }
+    let (h, done) = gather(tasks).await?;
     finish(row, done, started.elapsed());
     row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
     fill_latency(row, &h);
@@ -264,6 +257,22 @@ async fn contended(
         row.ratio_to_floor = Some(row.cycles_per_sec / floor);
     }
     Ok(())
+}
+
+/// The latencies and cycles of a workload's workers, added up; the first error (or panic)
+/// of one ends the workload.
+async fn gather(
+    mut workers: tokio::task::JoinSet<dlock::Result<(Histogram<u64>, u64)>>,
+) -> dlock::Result<(Histogram<u64>, u64)> {
+    let mut h = histogram()?;
+    let mut done = 0;
+    while let Some(worker) = workers.join_next().await {
+        let (th, n) =
+            worker.map_err(|e| dlock::Error::config(format!("a worker panicked: {e}")))??;
+        let _ = h.add(&th);
+        done += n;
+    }
+    Ok((h, done))
 }
 
 /// W7, W7H: how many tasks share one provider.
@@ -327,14 +336,7 @@ async fn many_tasks(
             Ok::<_, dlock::Error>((h, done))
         });
     }
-    let mut h = histogram()?;
-    let mut done = 0;
-    while let Some(task) = tasks.join_next().await {
-        let (th, n) =
-            task.map_err(|e| dlock::Error::config(format!("a W7 task panicked: {e}")))??;
-        let _ = h.add(&th);
-        done += n;
-    }
+    let (h, done) = gather(tasks).await?;
     finish(row, done, started.elapsed());
     row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
     fill_latency(row, &h);
