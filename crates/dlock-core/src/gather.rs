@@ -7,8 +7,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::runtime::{Handle, Id};
@@ -103,6 +103,31 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             queues: Mutex::new(Vec::new()),
             batches: Arc::default(),
         }
+    }
+
+    /// A batcher whose batches are sent with `owner`, held weakly because the owner (a
+    /// provider's session) usually owns the batcher: once the owner is gone, every item of a
+    /// batch fails (retryable) with "the provider was dropped", and `flush` is not called.
+    pub fn with_owner<O, F, Fut>(backend: &'static str, owner: Weak<O>, flush: F) -> Self
+    where
+        O: Send + Sync + 'static,
+        F: Fn(Arc<O>, Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Result<R>>> + Send + 'static,
+    {
+        Self::new(backend, move |items: Vec<T>| {
+            let sent = match owner.upgrade() {
+                Some(owner) => Ok(flush(owner, items)),
+                None => Err(items.len()),
+            };
+            async move {
+                match sent {
+                    Ok(sent) => sent.await,
+                    Err(n) => (0..n)
+                        .map(|_| Err(Error::no_answer(backend, "the provider was dropped")))
+                        .collect(),
+                }
+            }
+        })
     }
 
     /// Sends `item` in a batch that leaves within `within`, and returns its answer.
@@ -233,6 +258,28 @@ mod tests {
                     .collect()
             }
         })
+    }
+
+    /// An owned batcher sends with its owner while it lives, and answers every item with a
+    /// retryable error, without sending, once it is gone.
+    #[tokio::test(start_paused = true)]
+    async fn an_owned_batcher_fails_its_items_once_the_owner_is_gone() {
+        let owner = Arc::new(10_u32);
+        let b = Batcher::with_owner(
+            "test",
+            Arc::downgrade(&owner),
+            |o: Arc<u32>, items: Vec<u32>| async move {
+                items.into_iter().map(|n| Ok(n + *o)).collect()
+            },
+        );
+        let w = Duration::from_millis(5);
+        assert_eq!(b.call(1, w).await.ok(), Some(11));
+        drop(owner);
+        let gone = b.call(1, w).await;
+        assert!(
+            matches!(&gone, Err(e) if e.is_retryable() && e.to_string().contains("the provider was dropped")),
+            "{gone:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,7 @@
 //! holds' keys live in, and one linearizable transaction of gets per [`TXN_OPS`] keys, each
 //! key's create revision telling its hold whether it lives.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{Batcher, later};
@@ -29,21 +29,13 @@ pub(crate) struct Renewal {
 
 /// The batcher of `session`'s renewals (it holds the session weakly: the session owns it).
 pub(crate) fn batcher(session: Weak<Session>) -> Batcher<Renewal, bool> {
-    Batcher::new(BACKEND, move |items| {
-        renew_all(Weak::clone(&session), items)
-    })
+    Batcher::with_owner(BACKEND, session, renew_all)
 }
 
 /// Renews one batch: whether each hold's key lives (`Ok(false)`: it is gone, or its lease is
 /// not the provider's any more). A key that lives while the keep-alive was not confirmed is a
 /// retryable error: the keeper tries again until the hold's end.
-async fn renew_all(session: Weak<Session>, items: Vec<Renewal>) -> Vec<Result<bool>> {
-    let Some(session) = session.upgrade() else {
-        return items
-            .iter()
-            .map(|_| Err(Error::no_answer(BACKEND, "the provider was dropped")))
-            .collect();
-    };
+async fn renew_all(session: Arc<Session>, items: Vec<Renewal>) -> Vec<Result<bool>> {
     let Some(lease) = session.lease_now() else {
         return items.iter().map(|_| Ok(false)).collect();
     };

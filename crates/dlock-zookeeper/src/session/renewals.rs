@@ -4,11 +4,11 @@
 //! multi-read answers it with `Unimplemented` and closes the connection; the session then
 //! asks node by node from there on.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::sync::atomic::Ordering;
 
 use dlock_core::backend::Batcher;
-use dlock_core::{Error, Result};
+use dlock_core::Result;
 use zookeeper_client as zk;
 
 use super::Session;
@@ -57,19 +57,11 @@ pub(crate) enum Node {
 
 /// The batcher of `session`'s renewals (it holds the session weakly: the session owns it).
 pub(crate) fn batcher(session: Weak<Session>) -> Batcher<String, Node> {
-    Batcher::new(BACKEND, move |paths| {
-        check_all(Weak::clone(&session), paths)
-    })
+    Batcher::with_owner(BACKEND, session, check_all)
 }
 
 /// Whether each of `paths` is there: one multi-read per [`READS`] paths.
-async fn check_all(session: Weak<Session>, paths: Vec<String>) -> Vec<Result<Node>> {
-    let Some(session) = session.upgrade() else {
-        return paths
-            .iter()
-            .map(|_| Err(Error::no_answer(BACKEND, "the provider was dropped")))
-            .collect();
-    };
+async fn check_all(session: Arc<Session>, paths: Vec<String>) -> Vec<Result<Node>> {
     let mut answers = Vec::with_capacity(paths.len());
     for chunk in chunks(&paths) {
         if !session.multi_read.load(Ordering::Relaxed) {
