@@ -4,11 +4,11 @@
 //! multi-read answers it with `Unimplemented` and closes the connection; the session then
 //! asks node by node from there on.
 
-use std::sync::{Arc, Weak};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
-use dlock_core::backend::Batcher;
 use dlock_core::Result;
+use dlock_core::backend::Batcher;
 use zookeeper_client as zk;
 
 use super::Session;
