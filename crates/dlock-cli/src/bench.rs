@@ -180,12 +180,11 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
                     progress.suspend(|| {
                         eprintln!("dlock bench: {} {workload:?}: {e}", target.label);
                     });
-                    Row {
-                        backend: target.label.clone(),
-                        workload: format!("{workload:?}"),
-                        skipped: Some(format!("error: {e}")),
-                        ..Row::default()
-                    }
+                    Row::skipped(
+                        &target.label,
+                        format!("{workload:?}"),
+                        format!("error: {e}"),
+                    )
                 }
             };
             rows.push(row);
@@ -245,12 +244,7 @@ async fn scale_rows(target: &Target, opts: &BenchOpts, progress: &ProgressBar) -
                     _ => format!("did not finish within {limit:?}"),
                 };
                 progress.suspend(|| eprintln!("dlock bench: {} W8/{holds}: {e}", target.label));
-                Row {
-                    backend: target.label.clone(),
-                    workload: format!("W8/{holds}"),
-                    skipped: Some(format!("error: {e}")),
-                    ..Row::default()
-                }
+                Row::skipped(&target.label, format!("W8/{holds}"), format!("error: {e}"))
             }
         };
         rows.push(row);

@@ -152,6 +152,15 @@ impl StoreOpts {
         }
         Ok(self.url.clone().unwrap_or_else(dlock::default_url))
     }
+
+    /// [`url`](Self::url) for a subcommand: an unreadable `--url-file` is said on stderr, and
+    /// is the exit status CONFIG.
+    pub(crate) fn url_or_status(&self) -> Result<String, u8> {
+        self.url().map_err(|e| {
+            eprintln!("dlock: {e}");
+            crate::exit::CONFIG
+        })
+    }
 }
 
 /// Parses a duration: `500ms`, `2s`, `1m30s`, `1h`, or a plain number of seconds.

@@ -91,12 +91,9 @@ pub struct RunOpts {
 }
 
 pub(crate) async fn run(opts: RunOpts) -> u8 {
-    let url = match opts.store.url() {
+    let url = match opts.store.url_or_status() {
         Ok(u) => u,
-        Err(e) => {
-            eprintln!("dlock: {e}");
-            return exit::CONFIG;
-        }
+        Err(code) => return code,
     };
     let locks = match dlock::connect(&url).await {
         Ok(l) => l,

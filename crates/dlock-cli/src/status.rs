@@ -31,12 +31,9 @@ struct Report<'a> {
 }
 
 pub(crate) async fn status(opts: StatusOpts) -> u8 {
-    let url = match opts.store.url() {
+    let url = match opts.store.url_or_status() {
         Ok(u) => u,
-        Err(e) => {
-            eprintln!("dlock: {e}");
-            return exit::CONFIG;
-        }
+        Err(code) => return code,
     };
     let described = describe(&url, &opts.name).await;
     let status = match described {

@@ -63,12 +63,7 @@ pub(super) async fn rows(
     let skipped = |why: String| {
         wanted
             .iter()
-            .map(|w| Row {
-                backend: LABEL.into(),
-                workload: format!("{w:?}"),
-                skipped: Some(why.clone()),
-                ..Row::default()
-            })
+            .map(|w| Row::skipped(LABEL, format!("{w:?}"), why.clone()))
             .collect()
     };
     let Some(url) = url else {
@@ -249,11 +244,7 @@ fn parse(line: &str, wanted: &[Workload]) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     for w in wanted {
         let name = format!("{w:?}");
-        let mut row = Row {
-            backend: LABEL.into(),
-            workload: name.clone(),
-            ..Row::default()
-        };
+        let mut row = Row::new(LABEL, name.clone());
         match by_workload.remove(&name) {
             None => row.skipped = Some("error: CuratorBench reported nothing".into()),
             Some(m) => {

@@ -90,6 +90,25 @@ pub struct Row {
     pub skipped: Option<String>,
 }
 
+impl Row {
+    /// The row of `workload` on `backend`, with nothing measured yet.
+    pub(super) fn new(backend: &str, workload: String) -> Self {
+        Self {
+            backend: backend.to_owned(),
+            workload,
+            ..Self::default()
+        }
+    }
+
+    /// The row of `workload` on `backend`, skipped for the reason `why`.
+    pub(super) fn skipped(backend: &str, workload: String, why: String) -> Self {
+        Self {
+            skipped: Some(why),
+            ..Self::new(backend, workload)
+        }
+    }
+}
+
 /// A ratio to the floor that fell more than this fraction below the baseline's.
 const REGRESSION: f64 = 0.20;
 

@@ -60,11 +60,7 @@ fn renewals_since_last(s: &Snapshotter) -> (u64, u64) {
 
 /// W8 with `holds` names on `target`: its row.
 pub(super) async fn scale(target: &Target, holds: u64, opts: &BenchOpts) -> dlock::Result<Row> {
-    let mut row = Row {
-        backend: target.label.clone(),
-        workload: format!("W8/{holds}"),
-        ..Row::default()
-    };
+    let mut row = Row::new(&target.label, format!("W8/{holds}"));
     let Some(metrics) = snapshotter() else {
         row.skipped = Some("another metrics recorder is installed".into());
         return Ok(row);

@@ -32,11 +32,7 @@ pub(super) async fn rows(
     };
     let mut rows = Vec::new();
     for w in workloads {
-        let mut row = Row {
-            backend: LABEL.into(),
-            workload: format!("{w:?}"),
-            ..Row::default()
-        };
+        let mut row = Row::new(LABEL, format!("{w:?}"));
         let ran = match w {
             Workload::W1 => uncontended(&run, &mut row).await,
             Workload::W3 => handoff(&run, &mut row).await,

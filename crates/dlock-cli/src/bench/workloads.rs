@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlock::backend::Mutex;
-use dlock::{Lease, LockOptions};
+use dlock::{DynLock, Lease, LockOptions};
 use hdrhistogram::Histogram;
 
 use super::floor::{self, Floor};
@@ -26,11 +26,7 @@ pub(super) async fn run_workload(
     workload: Workload,
     opts: &BenchOpts,
 ) -> dlock::Result<Row> {
-    let mut row = Row {
-        backend: target.label.clone(),
-        workload: format!("{workload:?}"),
-        ..Row::default()
-    };
+    let mut row = Row::new(&target.label, format!("{workload:?}"));
     let ns = namespace();
     match workload {
         Workload::W1 => uncontended(target, &ns, opts, &mut row).await?,
@@ -162,7 +158,6 @@ async fn contended(
     opts: &BenchOpts,
     row: &mut Row,
 ) -> dlock::Result<()> {
-    let limit = opts.duration;
     let one_name = workload != Workload::W4;
     let fair = workload == Workload::W2F;
     let total = opts.cycles * 2;
@@ -200,7 +195,12 @@ async fn contended(
     // one would otherwise run many cycles alone (no contention, no owner switch)
     // before the last one is spawned. Nothing a worker does before it waits can fail.
     let together = Arc::new(tokio::sync::Barrier::new(workers.len()));
-    for (i, p, lock, mut h) in workers {
+    let cycles = Cycles {
+        per,
+        started,
+        limit: opts.duration,
+    };
+    for (i, p, lock, h) in workers {
         let (counter, inside, overlaps, last, switches) = (
             Arc::clone(&counter),
             Arc::clone(&inside),
@@ -212,38 +212,29 @@ async fn contended(
         let together = Arc::clone(&together);
         tasks.spawn(async move {
             let _client = p; // its connections live as long as the worker
-            together.wait().await;
-            let mut done = 0u64;
-            while done < per && !out_of_time(started, limit) {
-                let t = Instant::now();
-                let g = lock.acquire().await?;
-                let _ = h.record(us(t.elapsed()));
-                // On one name, the critical section checks exclusion and counts the
-                // owner switches; W4's names are each worker's own, so it does
-                // nothing its floor does not.
+            // Borrowed by the critical section of every cycle.
+            let (counter, inside, overlaps, last, switches) =
+                (&*counter, &*inside, &*overlaps, &*last, &*switches);
+            // On one name, the critical section checks exclusion and counts the owner
+            // switches; W4's names are each worker's own, so it does nothing its floor
+            // does not.
+            worker(&lock, &together, cycles, h, || async move {
                 if one_name {
-                    if inside.fetch_add(1, Ordering::SeqCst) > 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
-                    }
-                    if last.swap(me, Ordering::SeqCst) != me {
-                        switches.fetch_add(1, Ordering::SeqCst);
-                    }
-                    let seen = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(seen + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
+                    watched(inside, overlaps, async {
+                        if last.swap(me, Ordering::SeqCst) != me {
+                            switches.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let seen = counter.load(Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        counter.store(seen + 1, Ordering::SeqCst);
+                    })
+                    .await;
                 }
-                g.release().await?;
-                done += 1;
-            }
-            Ok::<_, dlock::Error>((h, done))
+            })
+            .await
         });
     }
-    let (h, done) = gather(tasks).await?;
-    finish(row, done, started.elapsed());
-    row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
-    fill_latency(row, &h);
-    row.max_wait_ms = Some(h.max() as f64 / 1000.0);
+    let done = gather(row, tasks, started, cpu).await?;
     if one_name {
         let lost = done.saturating_sub(counter.load(Ordering::SeqCst));
         row.violations = overlaps.load(Ordering::SeqCst) + lost;
@@ -259,11 +250,15 @@ async fn contended(
     Ok(())
 }
 
-/// The latencies and cycles of a workload's workers, added up; the first error (or panic)
-/// of one ends the workload.
+/// Waits for a workload's workers, begun at `started` with the process's CPU time at `cpu`,
+/// and fills the row from their cycles and latencies added up (the longest wait: the longest
+/// acquire of any); the cycles done. The first error (or panic) of one ends the workload.
 async fn gather(
+    row: &mut Row,
     mut workers: tokio::task::JoinSet<dlock::Result<(Histogram<u64>, u64)>>,
-) -> dlock::Result<(Histogram<u64>, u64)> {
+    started: Instant,
+    cpu: Option<Duration>,
+) -> dlock::Result<u64> {
     let mut h = histogram()?;
     let mut done = 0;
     while let Some(worker) = workers.join_next().await {
@@ -272,7 +267,52 @@ async fn gather(
         let _ = h.add(&th);
         done += n;
     }
+    finish(row, done, started.elapsed());
+    row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
+    fill_latency(row, &h);
+    row.max_wait_ms = Some(h.max() as f64 / 1000.0);
+    Ok(done)
+}
+
+/// How many cycles a worker runs: `per` at most, fewer once `limit` from `started` is up.
+#[derive(Clone, Copy)]
+struct Cycles {
+    per: u64,
+    started: Instant,
+    limit: Option<Duration>,
+}
+
+/// One worker of a workload: once every worker waits at `together`, it runs its `cycles` of
+/// `lock`, each acquire timed into `h` and its critical section `section`; its latencies and
+/// cycles done.
+async fn worker<S: Future<Output = ()>>(
+    lock: &DynLock,
+    together: &tokio::sync::Barrier,
+    cycles: Cycles,
+    mut h: Histogram<u64>,
+    section: impl Fn() -> S,
+) -> dlock::Result<(Histogram<u64>, u64)> {
+    together.wait().await;
+    let mut done = 0u64;
+    while done < cycles.per && !out_of_time(cycles.started, cycles.limit) {
+        let t = Instant::now();
+        let g = lock.acquire().await?;
+        let _ = h.record(us(t.elapsed()));
+        section().await;
+        g.release().await?;
+        done += 1;
+    }
     Ok((h, done))
+}
+
+/// Runs `section`, a critical section of a name whose holders inside now `inside` counts;
+/// adds one to `overlaps` if another holder was inside already when it began.
+async fn watched(inside: &AtomicU64, overlaps: &AtomicU64, section: impl Future<Output = ()>) {
+    if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+        overlaps.fetch_add(1, Ordering::SeqCst);
+    }
+    section.await;
+    inside.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// W7, W7H: how many tasks share one provider.
@@ -288,7 +328,6 @@ async fn many_tasks(
     opts: &BenchOpts,
     row: &mut Row,
 ) -> dlock::Result<()> {
-    let limit = opts.duration;
     let hot = workload == Workload::W7H;
     let per = (opts.cycles * 2 / W7_TASKS).max(1);
     let p = target.client().await?;
@@ -308,39 +347,30 @@ async fn many_tasks(
     let cpu = cpu_time();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
+    let cycles = Cycles {
+        per,
+        started,
+        limit: opts.duration,
+    };
     for (slot, lock) in locks {
         let (inside, overlaps, together) = (
             Arc::clone(&inside),
             Arc::clone(&overlaps),
             Arc::clone(&together),
         );
-        let mut h = histogram()?;
+        let h = histogram()?;
         tasks.spawn(async move {
-            together.wait().await;
-            let mut done = 0u64;
-            while done < per && !out_of_time(started, limit) {
-                let t = Instant::now();
-                let g = lock.acquire().await?;
-                let _ = h.record(us(t.elapsed()));
+            // Borrowed by the critical section of every cycle.
+            let (here, overlaps) = (&inside[usize::try_from(slot).unwrap_or(0)], &*overlaps);
+            worker(&lock, &together, cycles, h, || async move {
                 if hot {
-                    let here = &inside[usize::try_from(slot).unwrap_or(0)];
-                    if here.fetch_add(1, Ordering::SeqCst) > 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
-                    }
-                    tokio::task::yield_now().await;
-                    here.fetch_sub(1, Ordering::SeqCst);
+                    watched(here, overlaps, tokio::task::yield_now()).await;
                 }
-                g.release().await?;
-                done += 1;
-            }
-            Ok::<_, dlock::Error>((h, done))
+            })
+            .await
         });
     }
-    let (h, done) = gather(tasks).await?;
-    finish(row, done, started.elapsed());
-    row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
-    fill_latency(row, &h);
-    row.max_wait_ms = Some(h.max() as f64 / 1000.0);
+    gather(row, tasks, started, cpu).await?;
     row.violations = overlaps.load(Ordering::SeqCst);
     drop(p);
     if !hot

@@ -108,29 +108,28 @@ async fn cycle(
 
 /// The clients the Redis of `url` counts, less the one asking.
 pub(super) async fn connections(url: &str) -> Option<i64> {
-    let client = redis::Client::open(url).ok()?;
-    let mut c = client.get_multiplexed_async_connection().await.ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query_async(&mut c)
+    info_number(url, "clients", "connected_clients")
         .await
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .and_then(|n| n.trim().parse::<i64>().ok())
         .map(|n| n - 1) // ourselves
 }
 
 /// The server's `used_memory`, bytes.
 pub(super) async fn used_memory(url: &str) -> Option<i64> {
+    info_number(url, "memory", "used_memory").await
+}
+
+/// The number `field` of the `section` of `INFO` on the Redis of `url`, asked on a connection
+/// of its own.
+async fn info_number(url: &str, section: &str, field: &str) -> Option<i64> {
     let client = redis::Client::open(url).ok()?;
     let mut c = client.get_multiplexed_async_connection().await.ok()?;
     let info: String = redis::cmd("INFO")
-        .arg("memory")
+        .arg(section)
         .query_async(&mut c)
         .await
         .ok()?;
+    let prefix = format!("{field}:");
     info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|n| n.trim().parse::<i64>().ok())
 }
