@@ -5,9 +5,9 @@ use std::time::Duration;
 use dlock_core::{LockOptions, MultiLock};
 
 use super::{
-    ZERO, assert_busy, assert_cut_off, clients, clients_if, cuts, granted_within, lock, lock_with,
-    release, residue_is, residue_reaches, rw, sem, short_watchdog, take, take_permit, take_read,
-    take_write, until_free,
+    FAIR_LOCKS, READ_WRITE_LOCKS, SEMAPHORES, WATCHDOG_LEASES, ZERO, assert_busy, assert_cut_off,
+    clients, clients_if, contended, cuts, granted_within, lock, lock_with, release, residue_is,
+    residue_reaches, rw, sem, short_watchdog, take, take_permit, take_read, take_write, until_free,
 };
 use crate::Factory;
 use crate::support::Names;
@@ -16,8 +16,7 @@ use crate::support::Names;
 pub async fn cancelled_waiter_leaves_nothing(f: &impl Factory) {
     let [a, b] = clients(f).await;
     let name = Names::new().name("cancel");
-    let g = take(f, &lock(&a, &name)).await;
-    let lb = lock(&b, &name);
+    let (g, lb) = contended(f, [&a, &b], &name).await;
     let r = tokio::time::timeout(Duration::from_millis(100), lb.acquire()).await;
     assert!(r.is_err(), "the waiter should still be waiting");
     residue_is(f, &name, 1, "only the holder is left").await;
@@ -51,7 +50,7 @@ pub async fn cancel_at_every_point_leaves_nothing(f: &impl Factory) {
 /// Fair waiters cancelled while queued, and at many points of their acquisition, leave no
 /// queue entry: the queue is back to the holder alone, and a newcomer is not blocked later.
 pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, |c| c.fair, "no fair locks").await else {
+    let Some([a, b, c]) = clients_if(f, FAIR_LOCKS).await else {
         return;
     };
     let name = Names::new().name("cancel-fair");
@@ -84,7 +83,7 @@ pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
 /// Readers and writers cancelled while a writer holds, and writers cancelled while a reader
 /// holds, leave nothing behind.
 pub async fn cancelled_readers_and_writers_leave_nothing(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some([a, b, c]) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
     let name = Names::new().name("cancel-rw");
@@ -111,7 +110,7 @@ pub async fn cancelled_readers_and_writers_leave_nothing(f: &impl Factory) {
 /// Semaphore waiters cancelled while every permit is held leave nothing behind and take no
 /// permit.
 pub async fn cancelled_semaphore_waiters_leave_nothing(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+    let Some([a, b, c]) = clients_if(f, SEMAPHORES).await else {
         return;
     };
     let name = Names::new().name("cancel-sem");
@@ -183,7 +182,7 @@ pub async fn a_cancelled_release_finishes_and_is_no_loss(f: &impl Factory) {
 /// A released hold is never reported lost: a `lost()` future that outlives a clean release
 /// stays pending past the old lease end.
 pub async fn lost_never_resolves_after_a_clean_release(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+    let Some([a]) = clients_if(f, WATCHDOG_LEASES).await else {
         return;
     };
     let g = take(

@@ -6,8 +6,8 @@ use dlock_core::LockOptions;
 use futures::future::join_all;
 
 use super::{
-    ZERO, assert_unsupported, caps, client, clients_if, lock_with, not_applicable, release,
-    residue_is, take,
+    FAIR_LOCKS, ZERO, assert_unsupported, caps, client, clients_if, lock_with, not_applicable,
+    release, residue_is, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -16,7 +16,7 @@ use crate::support::{Names, must};
 /// barge past them.
 pub async fn fair_lock_grants_in_waiting_order(f: &impl Factory) {
     const WAITERS: usize = 8;
-    let Some([a, b]) = clients_if(f, |c| c.fair, "no fair locks").await else {
+    let Some([a, b]) = clients_if(f, FAIR_LOCKS).await else {
         return;
     };
     let name = Names::new().name("fair");

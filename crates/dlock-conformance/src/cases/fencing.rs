@@ -3,15 +3,15 @@
 use dlock_core::Capabilities;
 
 use super::{
-    acquired, assert_lock_lost, client, clients_if, dropped_behind_the_back, expiry_wait, fixed,
-    lease_wait, lock, lock_with, release, short_watchdog, take,
+    FENCING_TOKENS, Need, acquired, assert_lock_lost, client, clients_if, dropped_behind_the_back,
+    expiry_wait, fixed, lease_wait, lock, lock_with, release, short_watchdog, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
 
 /// Tokens strictly increase over 100 handoffs between two clients.
 pub async fn fencing_increases_across_handoffs(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.fencing, "no fencing tokens").await else {
+    let Some([a, b]) = clients_if(f, FENCING_TOKENS).await else {
         return;
     };
     let name = Names::new().name("fence");
@@ -31,7 +31,7 @@ pub async fn fencing_increases_across_handoffs(f: &impl Factory) {
 
 /// Tokens keep increasing for a client that connects after the lock was released.
 pub async fn fencing_increases_across_clients(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.fencing, "no fencing tokens").await else {
+    let Some([a]) = clients_if(f, FENCING_TOKENS).await else {
         return;
     };
     let name = Names::new().name("fence-new");
@@ -49,9 +49,9 @@ pub async fn fencing_increases_across_clients(f: &impl Factory) {
 /// fixed lease ran out, after the store dropped a hold behind its holder's back, and after a
 /// dead holder's lease expired.
 pub async fn fencing_increases_across_expiry_and_takeover(f: &impl Factory) {
-    let need = |c: &Capabilities| c.fencing && c.fixed_lease && c.watchdog;
+    let offered = |c: &Capabilities| c.fencing && c.fixed_lease && c.watchdog;
     let why = "no fencing tokens with fixed and watchdog leases";
-    let Some([a, b, c]) = clients_if(f, need, why).await else {
+    let Some([a, b, c]) = clients_if(f, Need(offered, why)).await else {
         return;
     };
     let name = Names::new().name("fence-expiry");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dlock_core::{DynLockProvider, Error, LockGuard, LockOptions};
 
-use super::{caps, clients, clients_if, lock, release, rw, sem};
+use super::{READ_WRITE_LOCKS, SEMAPHORES, caps, clients, clients_if, lock, release, rw, sem};
 use crate::Factory;
 use crate::support::{Names, must};
 
@@ -96,7 +96,7 @@ async fn exclude(f: &impl Factory, first: Kind, second: Kind) {
 /// A mutex and a read-write lock on one name exclude each other, both ways: a writer or a
 /// reader is never granted beside a mutex holder, nor a mutex beside them.
 pub async fn a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other(f: &impl Factory) {
-    let Some([_a]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some([_a]) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
     for (first, second) in [
@@ -111,7 +111,7 @@ pub async fn a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other(f: &im
 
 /// A lock (mutex or write) and a semaphore on one name exclude each other, both ways.
 pub async fn a_lock_and_a_semaphore_on_one_name_exclude_each_other(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+    let Some([a]) = clients_if(f, SEMAPHORES).await else {
         return;
     };
     exclude(f, Kind::Mutex, Kind::Permit).await;

@@ -3,22 +3,23 @@
 use std::time::Duration;
 
 use dlock_core::backend::{from_now, later};
-use dlock_core::{Capabilities, Error, Lease, LockOptions, LossReason};
+use dlock_core::{DynLockProvider, Error, Lease, LockGuard, LockOptions, LossReason};
 use tokio::time::Instant;
 
 use super::{
-    ZERO, acquired, assert_busy, assert_lock_lost, client, clients, clients_if,
-    cuttable_clients_if, dropped_behind_the_back, expiry_wait, fixed, granted_within, lease_wait,
-    lock, lock_with, on_a_runtime_of_its_own, release, short_watchdog, take, until_free,
+    FIXED_LEASES, Need, WATCHDOG_LEASES, WATCHDOG_LEASES_WITH_LOSS_DETECTION, WatchdogProbes, ZERO,
+    acquired, assert_busy, assert_lock_lost, client, clients, clients_if, cuttable_clients_if,
+    dropped_behind_the_back, expiry_wait, fixed, granted_within, lease_wait, lock, lock_with,
+    on_a_runtime_of_its_own, release, short_watchdog, take, until_free,
 };
 use crate::Factory;
 use crate::record::inconclusive_by_chance;
-use crate::support::{ExplainsALoss, Names, StallProbe, StoreProbe, must};
+use crate::support::{Names, StallProbe, must};
 
 /// A fixed lease runs out, another takes the lock, and the old guard's release is
 /// `LockLost` and does not disturb the new holder.
 pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let name = Names::new().name("takeover");
@@ -38,48 +39,66 @@ pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
 pub async fn stale_release_reaches_the_store(f: &impl Factory) {
     let [a, b, c] = clients(f).await;
     let name = Names::new().name("stale-release");
-    let old = take(f, &lock(&a, &name)).await;
-    if !dropped_behind_the_back(f, &name).await {
+    let taken_over = taken_over_behind_the_back(f, [&a, &b], &name, LockOptions::default());
+    let Some((old, new)) = taken_over.await else {
         return;
-    }
-    let what = "takeover after the store dropped the hold: the lock is free once it did";
-    let new = granted_within(f.slack(), what, lock(&b, &name).try_acquire(f.slack())).await;
+    };
     assert_lock_lost(
         old.release().await,
         "the store must refuse a release by the old owner",
     );
-    assert!(new.is_held(), "the new holder was disturbed");
-    assert_busy(&lock(&c, &name), "the new holder must keep excluding").await;
-    release(new).await;
+    assert_undisturbed(&c, &name, new).await;
 }
 
 /// As [`stale_release_reaches_the_store`], for `extend` on a long fixed lease.
 pub async fn stale_extend_reaches_the_store(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a, b, c]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let name = Names::new().name("stale-extend");
     let long = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
-    let old = take(f, &lock_with(&a, &name, long)).await;
-    if !dropped_behind_the_back(f, &name).await {
+    let Some((old, new)) = taken_over_behind_the_back(f, [&a, &b], &name, long).await else {
         return;
-    }
-    let what = "takeover after the store dropped the hold: the lock is free once it did";
-    let new = granted_within(f.slack(), what, lock(&b, &name).try_acquire(f.slack())).await;
+    };
     assert_lock_lost(
         old.extend(Duration::from_secs(60)).await,
         "the store must refuse an extend by the old owner",
     );
     assert!(!old.is_held(), "a refused extend means the hold is lost");
+    assert_undisturbed(&c, &name, new).await;
+}
+
+/// A hold on `name` taken through `a` with `options`, which the store then drops behind its
+/// holder's back, and the hold `b` takes at once after it: the old guard (its keeper has not
+/// noticed) and the new one. `None` where the factory cannot drop a hold (the case is then
+/// noted skipped, and the caller returns).
+async fn taken_over_behind_the_back(
+    f: &impl Factory,
+    [a, b]: [&DynLockProvider; 2],
+    name: &str,
+    options: LockOptions,
+) -> Option<(LockGuard, LockGuard)> {
+    let old = take(f, &lock_with(a, name, options)).await;
+    if !dropped_behind_the_back(f, name).await {
+        return None;
+    }
+    let what = "takeover after the store dropped the hold: the lock is free once it did";
+    let new = granted_within(f.slack(), what, lock(b, name).try_acquire(f.slack())).await;
+    Some((old, new))
+}
+
+/// Asserts that `new`, the holder that took `name` over, was left alone by the old owner's
+/// refused call: it still holds, and excludes the client `c`. Then releases it.
+async fn assert_undisturbed(c: &DynLockProvider, name: &str, new: LockGuard) {
     assert!(new.is_held(), "the new holder was disturbed");
-    assert_busy(&lock(&c, &name), "the new holder must keep excluding").await;
+    assert_busy(&lock(c, name), "the new holder must keep excluding").await;
     release(new).await;
 }
 
 /// A holder that dies (stops renewing without releasing) frees the lock within its lease
 /// (some backends free it at once: a dead connection ends a row lock).
 pub async fn abandoned_hold_expires(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+    let Some([a, b]) = clients_if(f, WATCHDOG_LEASES).await else {
         return;
     };
     let name = Names::new().name("abandoned");
@@ -93,7 +112,7 @@ pub async fn abandoned_hold_expires(f: &impl Factory) {
 
 /// The watchdog keeps a live holder's lock well past its TTL.
 pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+    let Some([a, b]) = clients_if(f, WATCHDOG_LEASES).await else {
         return;
     };
     let name = Names::new().name("watchdog");
@@ -101,27 +120,16 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
     // stress run on two cores saw one) loses it, as it should.
     // So does a store that answers too slowly for renewals to get through in time (a stress
     // run saw a Redis Cluster node do so): another client's tries measure it.
-    let probe = StallProbe::start();
+    let stalls = StallProbe::start();
     let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
-    let store = StoreProbe::start(lock(&b, &name));
-    let span = f.short_lease() * 7 / 2;
-    let lost = tokio::time::timeout(span, g.lost()).await;
     let lease = f.short_lease();
     let what = "watchdog_keeps_hold_past_three_ttls";
-    if lost.is_ok()
-        && (probe.explains_a_loss(what, lease, g.loss_reason())
-            || store.explains_a_loss(what, lease, g.loss_reason()))
-    {
+    let probes = WatchdogProbes::new(what, lease, stalls, lock(&b, &name));
+    let span = lease * 7 / 2;
+    let why = "the watchdog let the hold go";
+    if !probes.kept(&g, span, span, why).await {
         return;
     }
-    assert!(
-        lost.is_err(),
-        "the watchdog let the hold go: {:?} (the runtime stalled {:?} at most; the store \
-         answered another client within {:?})",
-        g.loss_reason(),
-        probe.worst_within(span),
-        store.slowest_within(span)
-    );
     assert!(g.is_held());
     assert_busy(&lock(&b, &name), "the watchdog keeps it").await;
     // The probes run until the release: a release that finds the hold gone says what the
@@ -131,8 +139,8 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
         released.is_ok(),
         "the release failed: {released:?} (the runtime stalled {:?} at most in the last two \
          leases; the store answered another client within {:?})",
-        probe.worst_within(lease * 2),
-        store.slowest_within(lease * 2)
+        probes.runtime.worst_within(lease * 2),
+        probes.store.slowest_within(lease * 2)
     );
 }
 
@@ -145,7 +153,7 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
 /// waits for the lock looks like this), unless the runtime was kept from running for half
 /// the lease or more meanwhile (a stall probe); then the case says so and checks the rest.
 pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let name = Names::new().name("fixed");
@@ -238,7 +246,7 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
 /// and on a loaded machine a short lease can run out between the acquire and the extend (a
 /// loss the contract calls for, not the case under test).
 pub async fn extend_keeps_fixed_lease(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let name = Names::new().name("extend");
@@ -281,7 +289,7 @@ pub async fn extend_keeps_fixed_lease(f: &impl Factory) {
 
 /// `extend` after the hold was lost is `LockLost`.
 pub async fn extend_after_loss_is_lock_lost(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let g = take(f, &lock_with(&a, &Names::new().name("late"), fixed(f))).await;
@@ -291,7 +299,7 @@ pub async fn extend_after_loss_is_lock_lost(f: &impl Factory) {
 
 /// `extend` is for fixed leases; on a watchdog lease it is an invalid argument.
 pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+    let Some([a]) = clients_if(f, WATCHDOG_LEASES).await else {
         return;
     };
     let g = take(f, &lock(&a, &Names::new().name("wd-extend"))).await;
@@ -306,7 +314,7 @@ pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
 
 /// A hold removed behind the holder's back is reported lost, within one renewal period.
 pub async fn forced_expiry_reports_loss(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.loss_detection, "no loss detection").await else {
+    let Some([a, b]) = clients_if(f, Need(|c| c.loss_detection, "no loss detection")).await else {
         return;
     };
     let name = Names::new().name("forced");
@@ -328,9 +336,7 @@ pub async fn forced_expiry_reports_loss(f: &impl Factory) {
 /// the loss by the lease end, others get the lock once the store lets the hold go, and after
 /// the outage the old guard's release is `LockLost`.
 pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory) {
-    let need = |c: &Capabilities| c.watchdog && c.loss_detection;
-    let Some((p, cut, b)) =
-        cuttable_clients_if(f, need, "no watchdog leases with loss detection").await
+    let Some((p, cut, b)) = cuttable_clients_if(f, WATCHDOG_LEASES_WITH_LOSS_DETECTION).await
     else {
         return;
     };
@@ -374,7 +380,7 @@ pub async fn renewal_outage_longer_than_the_lease_reports_loss(f: &impl Factory)
 /// lease keeper never runs again): `is_held()` is false once the lease end has passed, and says
 /// why.
 pub async fn is_held_is_false_at_the_lease_end_on_a_stalled_runtime(f: &impl Factory) {
-    let Some([probe]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+    let Some([probe]) = clients_if(f, WATCHDOG_LEASES).await else {
         return;
     };
     drop(probe);

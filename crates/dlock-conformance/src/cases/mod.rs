@@ -45,7 +45,7 @@ use dlock_core::{
 use tokio::task::JoinHandle;
 
 use crate::record::{Outcome, note};
-use crate::support::{eventually, must};
+use crate::support::{ExplainsALoss, StallProbe, StoreProbe, eventually, must};
 use crate::{Factory, Partition};
 
 const ZERO: Duration = Duration::ZERO;
@@ -69,16 +69,43 @@ async fn clients<const N: usize>(f: &impl Factory) -> [DynLockProvider; N] {
     }
 }
 
-/// `N` clients, if the backend offers what the case tests (`offered`, asked of the first
-/// client's capabilities); otherwise `None`, and the case is noted [`unsupported`] for `why`.
-async fn clients_if<const N: usize>(
-    f: &impl Factory,
-    offered: impl FnOnce(&Capabilities) -> bool,
-    why: &str,
-) -> Option<[DynLockProvider; N]> {
+/// What a case needs of the backend: whether a backend's capabilities offer it, and what the
+/// case is noted [`unsupported`] for where they do not.
+#[derive(Clone, Copy)]
+struct Need(fn(&Capabilities) -> bool, &'static str);
+
+impl Need {
+    /// Whether `caps` offer what the case needs; if not, the case is noted [`unsupported`], and
+    /// the caller returns.
+    fn met(self, f: &impl Factory, caps: &Capabilities) -> bool {
+        let Self(offered, missing) = self;
+        let met = offered(caps);
+        if !met {
+            unsupported(f, missing);
+        }
+        met
+    }
+}
+
+// Needs that several cases share: each is noted unsupported in the same words everywhere.
+const FAIR_LOCKS: Need = Need(|c| c.fair, "no fair locks");
+const FENCING_TOKENS: Need = Need(|c| c.fencing, "no fencing tokens");
+const FIXED_LEASES: Need = Need(|c| c.fixed_lease, "no fixed leases");
+const READ_WRITE_LOCKS: Need = Need(|c| c.read_write, "no read-write locks");
+const REENTRANT_LOCKS: Need = Need(|c| c.reentrant, "no reentrant locks");
+const SEMAPHORES: Need = Need(|c| c.semaphore, "no semaphores");
+const WATCHDOG_LEASES: Need = Need(|c| c.watchdog, "no watchdog leases");
+const WATCHDOG_LEASES_WITH_LOSS_DETECTION: Need = Need(
+    |c| c.watchdog && c.loss_detection,
+    "no watchdog leases with loss detection",
+);
+
+/// `N` clients, if the backend offers what the case needs (asked of the first client's
+/// capabilities); otherwise `None`, and the case is noted [`unsupported`].
+async fn clients_if<const N: usize>(f: &impl Factory, need: Need) -> Option<[DynLockProvider; N]> {
     let all: [DynLockProvider; N] = clients(f).await;
-    let offered = all.first().is_some_and(|p| offered(&caps(p)));
-    require(f, offered, why).then_some(all)
+    let met = all.first().is_some_and(|p| need.met(f, &caps(p)));
+    met.then_some(all)
 }
 
 /// A client the case can cut off the store, with its cut ([`Factory::connect_partitionable`]),
@@ -95,29 +122,18 @@ async fn cuttable_clients(
     Some((p, cut, client(f).await))
 }
 
-/// As [`cuttable_clients`], where the backend offers what the case tests (`offered`); if it
-/// does not, the case is noted [`unsupported`] for `why`, and the caller returns.
+/// As [`cuttable_clients`], where the backend offers what the case needs; if it does not, the
+/// case is noted [`unsupported`], and the caller returns.
 async fn cuttable_clients_if(
     f: &impl Factory,
-    offered: impl FnOnce(&Capabilities) -> bool,
-    why: &str,
+    need: Need,
 ) -> Option<(DynLockProvider, Box<dyn Partition>, DynLockProvider)> {
     let clients = cuttable_clients(f).await?;
-    let offered = offered(&caps(&clients.0));
-    require(f, offered, why).then_some(clients)
+    need.met(f, &caps(&clients.0)).then_some(clients)
 }
 
 fn caps(p: &DynLockProvider) -> Capabilities {
     p.capabilities()
-}
-
-/// Whether the backend offers what the case tests (`offered`); if not, the case is noted
-/// [`unsupported`] for `why`, and the caller returns.
-fn require(f: &impl Factory, offered: bool, why: &str) -> bool {
-    if !offered {
-        unsupported(f, why);
-    }
-    offered
 }
 
 /// The case cannot run here: the factory lacks a hook it needs.
@@ -202,6 +218,17 @@ async fn take(f: &impl Factory, l: &DynLock) -> LockGuard {
     }
 }
 
+/// `name` contended: held through `a` (the guard), and a handle of it through `b`, for the
+/// case's waits and tries while it is held.
+async fn contended(
+    f: &impl Factory,
+    [a, b]: [&DynLockProvider; 2],
+    name: &str,
+) -> (LockGuard, DynLock) {
+    let g = take(f, &lock(a, name)).await;
+    (g, lock(b, name))
+}
+
 /// The guard of a try that must have been granted; fails the case with `what` if the try
 /// failed or was not granted.
 fn granted<G>(got: Result<Option<G>, Error>, what: &str) -> G {
@@ -280,6 +307,56 @@ where
     let early = tokio::time::timeout(for_at_least, &mut task).await;
     assert!(early.is_err(), "{why}: {early:?}");
     task
+}
+
+/// The probes of what can take a live holder's watchdog hold away however correct the backend
+/// (see [`ExplainsALoss`]): the holder's runtime, and the store as another client sees it. A
+/// case that asserts a live holder keeps its hold asks them before it fails.
+struct WatchdogProbes {
+    runtime: StallProbe,
+    store: StoreProbe,
+    /// The case, named where a loss the probes explain is noted.
+    what: &'static str,
+    /// The hold's lease.
+    lease: Duration,
+}
+
+impl WatchdogProbes {
+    /// Probes for the case `what` on a hold with `lease`: `runtime`, started where the holder
+    /// must be live from, and a store probe started now on `other` (a handle of the lock
+    /// through another client than the holder's).
+    fn new(what: &'static str, lease: Duration, runtime: StallProbe, other: DynLock) -> Self {
+        let store = StoreProbe::start(other);
+        Self {
+            runtime,
+            store,
+            what,
+            lease,
+        }
+    }
+
+    /// Waits `span` for `g` to be lost: true if it kept its hold. A loss that a probe explains
+    /// is noted as such and false (the run proves nothing, and the caller returns); any other
+    /// fails the case with `why`, and the worst each probe saw within `window`.
+    async fn kept(&self, g: &LockGuard, span: Duration, window: Duration, why: &str) -> bool {
+        let (what, lease) = (self.what, self.lease);
+        let lost = tokio::time::timeout(span, g.lost()).await;
+        if lost.is_ok()
+            && (self.runtime.explains_a_loss(what, lease, g.loss_reason())
+                || self.store.explains_a_loss(what, lease, g.loss_reason()))
+        {
+            return false;
+        }
+        assert!(
+            lost.is_err(),
+            "{why}: {:?} (the runtime stalled {:?} at most; the store answered another client \
+             within {:?})",
+            g.loss_reason(),
+            self.runtime.worst_within(window),
+            self.store.slowest_within(window)
+        );
+        true
+    }
 }
 
 /// Asserts that a call on a hold that is gone failed with `LockLost`: `what` (the call, and

@@ -3,8 +3,9 @@
 use dlock_core::{Capabilities, Error, Lease, LockOptions, Member, MultiLock};
 
 use super::{
-    ZERO, acquired, assert_busy, assert_not_granted, caps, client, clients, clients_if, is_free,
-    lock, lock_with, release, rw, sem, skip, take, take_permit, take_read, take_write,
+    FIXED_LEASES, Need, ZERO, acquired, assert_busy, assert_not_granted, caps, client, clients,
+    clients_if, is_free, lock, lock_with, release, rw, sem, skip, take, take_permit, take_read,
+    take_write,
 };
 use crate::Factory;
 use crate::support::{Names, eventually, must};
@@ -91,9 +92,9 @@ pub async fn multilock_rejects_duplicates(f: &impl Factory) {
 /// A MultiLock over a mutex, a read hold and a semaphore permit takes all three: the mutex
 /// and the permit exclude, the read shares with readers and excludes writers.
 pub async fn multilock_mixes_reads_and_permits(f: &impl Factory) {
-    let need = |c: &Capabilities| c.read_write && c.semaphore;
-    let Some([a, b]) = clients_if(f, need, "no read-write locks and semaphores to mix").await
-    else {
+    let offered = |c: &Capabilities| c.read_write && c.semaphore;
+    let why = "no read-write locks and semaphores to mix";
+    let Some([a, b]) = clients_if(f, Need(offered, why)).await else {
         return;
     };
     let names = Names::new();
@@ -133,7 +134,7 @@ pub async fn multilock_mixes_reads_and_permits(f: &impl Factory) {
 /// A member with a fixed lease runs out while the MultiLock waits for a later member: the
 /// MultiLock checks every member before it returns, rolls back, and says `LockLost`.
 pub async fn multilock_rechecks_members_before_returning(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let names = Names::new();

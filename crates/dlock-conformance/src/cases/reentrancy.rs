@@ -8,8 +8,8 @@ use std::time::Duration;
 use dlock_core::LockOptions;
 
 use super::{
-    ZERO, acquired, assert_busy, caps, client, clients, clients_if, is_free, lock, lock_with,
-    release, take,
+    Need, REENTRANT_LOCKS, ZERO, acquired, assert_busy, caps, client, clients, clients_if, is_free,
+    lock, lock_with, release, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -21,7 +21,7 @@ fn reentrant() -> LockOptions {
 
 /// The owner re-acquires at once and gets the same token.
 pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.reentrant, "no reentrant locks").await else {
+    let Some([a]) = clients_if(f, REENTRANT_LOCKS).await else {
         return;
     };
     let l = lock_with(&a, &Names::new().name("re"), reentrant());
@@ -41,7 +41,7 @@ pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
 
 /// The lock is free for others only when the owner's last guard is released.
 pub async fn reentrant_lock_freed_by_last_guard(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.reentrant, "no reentrant locks").await else {
+    let Some([a, b]) = clients_if(f, REENTRANT_LOCKS).await else {
         return;
     };
     let name = Names::new().name("count");
@@ -152,7 +152,7 @@ pub async fn explicit_reentry_hands_the_hold_to_another_task(f: &impl Factory) {
 
 /// `reentrant(false)`: the same handle waits for itself.
 pub async fn non_reentrant_waits_for_itself(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.non_reentrant, "no non-reentrant locks").await else {
+    let Some([a]) = clients_if(f, Need(|c| c.non_reentrant, "no non-reentrant locks")).await else {
         return;
     };
     let not_reentrant = LockOptions::new().with_reentrant(false);

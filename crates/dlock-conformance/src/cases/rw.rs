@@ -3,35 +3,43 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::{Capabilities, Error, LockOptions};
+use dlock_core::{Capabilities, DynLockProvider, DynReadWriteLock, Error, LockOptions};
 
 use super::{
-    ZERO, assert_not_granted, clients_if, granted_within, joined, release, residue_reaches, rw,
-    take_read, take_write, unsupported,
+    Need, READ_WRITE_LOCKS, ZERO, assert_not_granted, clients_if, granted_within, joined, release,
+    residue_reaches, rw, take_read, take_write, unsupported,
 };
 use crate::Factory;
 use crate::support::{Names, must};
 
+/// Handles of one read-write lock (a fresh name ending in `suffix`), one through each client.
+fn handles_of_one_lock<const N: usize>(
+    clients: &[DynLockProvider; N],
+    suffix: &str,
+) -> [DynReadWriteLock; N] {
+    let name = Names::new().name(suffix);
+    clients.each_ref().map(|p| rw(p, &name))
+}
+
 /// Readers of different clients share.
 pub async fn rw_readers_share(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some(clients) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
-    let name = Names::new().name("rw-share");
-    let r1 = take_read(f, &rw(&a, &name), "reader 1").await;
-    let r2 = take_read(f, &rw(&b, &name), "reader 2").await;
+    let [la, lb] = handles_of_one_lock(&clients, "rw-share");
+    let r1 = take_read(f, &la, "reader 1").await;
+    let r2 = take_read(f, &lb, "reader 2").await;
     release(r1).await;
     release(r2).await;
 }
 
 /// A writer excludes readers and writers.
 pub async fn rw_writer_excludes_everyone(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some(clients) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
-    let name = Names::new().name("rw-write");
-    let w = take_write(f, &rw(&a, &name), "writer").await;
-    let other = rw(&b, &name);
+    let [l, other] = handles_of_one_lock(&clients, "rw-write");
+    let w = take_write(f, &l, "writer").await;
     assert_not_granted(other.try_read(ZERO).await, "read during a write");
     assert_not_granted(other.try_write(ZERO).await, "write during a write");
     release(w).await;
@@ -40,12 +48,11 @@ pub async fn rw_writer_excludes_everyone(f: &impl Factory) {
 
 /// A reader blocks writers; the writer gets in after the reader leaves.
 pub async fn rw_reader_blocks_writer(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some(clients) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
-    let name = Names::new().name("rw-read");
-    let r = take_read(f, &rw(&a, &name), "reader").await;
-    let writer = rw(&b, &name);
+    let [l, writer] = handles_of_one_lock(&clients, "rw-read");
+    let r = take_read(f, &l, "reader").await;
     assert_not_granted(writer.try_write(ZERO).await, "write during a read");
     release(r).await;
     release(take_write(f, &writer, "write after the read").await).await;
@@ -53,12 +60,11 @@ pub async fn rw_reader_blocks_writer(f: &impl Factory) {
 
 /// The writer may take the read lock (downgrade) and keep reading after releasing the write.
 pub async fn rw_downgrade(f: &impl Factory) {
-    let need = |c: &Capabilities| c.read_write && c.reentrant;
-    let Some([a, b]) = clients_if(f, need, "no reentrant read-write locks").await else {
+    let offered = |c: &Capabilities| c.read_write && c.reentrant;
+    let Some(clients) = clients_if(f, Need(offered, "no reentrant read-write locks")).await else {
         return;
     };
-    let name = Names::new().name("rw-down");
-    let l = rw(&a, &name);
+    let [l, other] = handles_of_one_lock(&clients, "rw-down");
     let w = take_write(f, &l, "writer").await;
     let r = granted_within(
         f.slack(),
@@ -67,7 +73,6 @@ pub async fn rw_downgrade(f: &impl Factory) {
     )
     .await;
     release(w).await;
-    let other = rw(&b, &name);
     assert_not_granted(other.try_write(ZERO).await, "the downgraded read holds");
     release(take_read(f, &other, "readers share after downgrade").await).await;
     release(r).await;
@@ -75,7 +80,7 @@ pub async fn rw_downgrade(f: &impl Factory) {
 
 /// A reader asking for the write lock gets `WouldDeadlock` at once.
 pub async fn rw_upgrade_would_deadlock(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some([a]) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
     let l = rw(&a, &Names::new().name("rw-up"));
@@ -90,8 +95,9 @@ pub async fn rw_upgrade_would_deadlock(f: &impl Factory) {
 /// writer waits behind it: that writer waits for this very write, so queueing the read
 /// behind it would deadlock.
 pub async fn rw_fair_downgrade_with_a_writer_queued(f: &impl Factory) {
-    let need = |c: &Capabilities| c.read_write && c.fair && c.reentrant;
-    let Some([a, b]) = clients_if(f, need, "no fair reentrant read-write locks").await else {
+    let offered = |c: &Capabilities| c.read_write && c.fair && c.reentrant;
+    let why = "no fair reentrant read-write locks";
+    let Some([a, b]) = clients_if(f, Need(offered, why)).await else {
         return;
     };
     let name = Names::new().name("rw-fair-down");
@@ -122,7 +128,7 @@ pub async fn rw_fair_downgrade_with_a_writer_queued(f: &impl Factory) {
 /// another task's write wait (not `WouldDeadlock`, which is for the reader itself), and the
 /// write gets in once the read is released.
 pub async fn rw_a_sibling_tasks_read_makes_a_writer_wait(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.read_write, "no read-write locks").await else {
+    let Some([a]) = clients_if(f, READ_WRITE_LOCKS).await else {
         return;
     };
     let l = rw(&a, &Names::new().name("rw-sibling"));

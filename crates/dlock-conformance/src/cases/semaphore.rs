@@ -5,15 +5,15 @@ use std::collections::BTreeSet;
 use dlock_core::{Capabilities, Error, LockGuard, LockOptions};
 
 use super::{
-    ZERO, acquired, assert_not_granted, caps, clients_if, expiry_wait, granted_within, release,
-    sem, short_watchdog, take_permit,
+    Need, SEMAPHORES, ZERO, acquired, assert_not_granted, caps, clients_if, expiry_wait,
+    granted_within, release, sem, short_watchdog, take_permit,
 };
 use crate::Factory;
 use crate::support::{Names, must};
 
 /// At most `permits` holders; a released permit lets the next one in.
 pub async fn semaphore_limits_holders(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+    let Some([a, b]) = clients_if(f, SEMAPHORES).await else {
         return;
     };
     let name = Names::new().name("sem");
@@ -36,7 +36,7 @@ pub async fn semaphore_limits_holders(f: &impl Factory) {
 
 /// Every acquisition takes a permit, even through the same handle.
 pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+    let Some([a]) = clients_if(f, SEMAPHORES).await else {
         return;
     };
     let name = Names::new().name("sem-same");
@@ -50,8 +50,9 @@ pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
 
 /// A permit whose holder died comes back after its lease.
 pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
-    let need = |c: &Capabilities| c.semaphore && c.watchdog;
-    let Some([a, b]) = clients_if(f, need, "no semaphores with watchdog leases").await else {
+    let offered = |c: &Capabilities| c.semaphore && c.watchdog;
+    let why = "no semaphores with watchdog leases";
+    let Some([a, b]) = clients_if(f, Need(offered, why)).await else {
         return;
     };
     let name = Names::new().name("sem-dead");
@@ -69,7 +70,7 @@ pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
 /// handle enforcing its own limit); handles that agree go on, and once every permit is back
 /// the count may change.
 pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+    let Some([a, b]) = clients_if(f, SEMAPHORES).await else {
         return;
     };
     let name = Names::new().name("sem-count");
@@ -101,7 +102,7 @@ pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
 /// (of any handle), one more per release, and a leaked permit whose fixed lease ended counts as
 /// free although nobody released it.
 pub async fn semaphore_counts_available_permits(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, |c| c.semaphore, "no semaphores").await else {
+    let Some([a, b]) = clients_if(f, SEMAPHORES).await else {
         return;
     };
     let name = Names::new().name("sem-available");

@@ -10,8 +10,8 @@ use dlock_core::{Capabilities, DistributedLockExt, DriftAllowance, Lease, LockOp
 use tokio::time::Instant;
 
 use super::{
-    ZERO, assert_busy, caps, client, cuttable_clients, cuttable_clients_if, lock, lock_with,
-    release, skip, take, unsupported,
+    Need, WATCHDOG_LEASES_WITH_LOSS_DETECTION, ZERO, assert_busy, caps, client, cuttable_clients,
+    cuttable_clients_if, lock, lock_with, release, skip, take,
 };
 use crate::Factory;
 use crate::record::{Outcome, measure, note};
@@ -51,8 +51,8 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
     let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
     let b = client(f).await;
     let caps = caps(&p);
-    if !caps.watchdog || !caps.loss_detection {
-        return unsupported(f, "no watchdog leases with loss detection");
+    if !WATCHDOG_LEASES_WITH_LOSS_DETECTION.met(f, &caps) {
+        return;
     }
     let name = Names::new().name("silent");
     // Reentrant, so that the work can re-enter the hold to watch it; the settings are the
@@ -186,10 +186,9 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
 /// `lost()` resolves (a drift allowance of a third of the lease, here) while the store still
 /// keeps the hold, never after it freed the lock.
 pub async fn a_partitioned_holders_loss_comes_before_the_store_frees_the_lock(f: &impl Factory) {
-    let need = |c: &Capabilities| c.fixed_lease && c.loss_detection;
-    let Some((p, cut, b)) =
-        cuttable_clients_if(f, need, "no fixed leases with loss detection").await
-    else {
+    let offered = |c: &Capabilities| c.fixed_lease && c.loss_detection;
+    let why = "no fixed leases with loss detection";
+    let Some((p, cut, b)) = cuttable_clients_if(f, Need(offered, why)).await else {
         return;
     };
     let name = Names::new().name("before-free");

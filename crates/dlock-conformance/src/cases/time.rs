@@ -7,12 +7,12 @@ use dlock_core::{DynLockProvider, Error, Lease, LockGuard, LockOptions, LossReas
 use tokio::time::Instant;
 
 use super::{
-    ZERO, acquired, assert_busy, caps, client, clients, clients_if, fixed, granted_within, joined,
-    lock, lock_with, refusals, release, residue_is, rw, sem, short_watchdog, take, until_free,
-    waiting,
+    FIXED_LEASES, WATCHDOG_LEASES, WatchdogProbes, ZERO, acquired, assert_busy, caps, client,
+    clients, clients_if, contended, fixed, granted_within, joined, lock, lock_with, refusals,
+    release, residue_is, rw, sem, short_watchdog, take, until_free, waiting,
 };
 use crate::Factory;
-use crate::support::{ExplainsALoss, Names, StallProbe, StoreProbe, must};
+use crate::support::{Names, StallProbe, must};
 
 /// A hold granted after a long wait: a lock held through the first client, and a waiter for it
 /// through the second, with `options` (a lease of the factory's short lease), that must still
@@ -38,7 +38,7 @@ async fn after_a_long_wait<T>(
 /// A waiter that waited twice its own (watchdog) lease before the holder let go holds a live
 /// lock: held on arrival, and kept by its watchdog for three more leases.
 pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, |c| c.watchdog, "no watchdog leases").await else {
+    let Some([a, b, c]) = clients_if(f, WATCHDOG_LEASES).await else {
         return;
     };
     let name = Names::new().name("long-wait");
@@ -46,7 +46,7 @@ pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
     // hold, and a runtime stalled for most of the lease loses it, as it should (see
     // `watchdog_keeps_hold_past_three_ttls`).
     let watchdog = short_watchdog(f);
-    let (g, probe) = after_a_long_wait(f, [&a, &b], &name, watchdog, StallProbe::start).await;
+    let (g, stalls) = after_a_long_wait(f, [&a, &b], &name, watchdog, StallProbe::start).await;
     let what = "waiter_longer_than_its_lease_keeps_it";
     assert!(
         g.is_held(),
@@ -54,23 +54,12 @@ pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
         g.loss_reason()
     );
     let lease = f.short_lease();
-    let store = StoreProbe::start(lock(&c, &name));
-    let lost = tokio::time::timeout(lease * 3, g.lost()).await;
-    if lost.is_ok()
-        && (probe.explains_a_loss(what, lease, g.loss_reason())
-            || store.explains_a_loss(what, lease, g.loss_reason()))
-    {
+    let probes = WatchdogProbes::new(what, lease, stalls, lock(&c, &name));
+    let why = "lost after the grant although its watchdog runs";
+    if !probes.kept(&g, lease * 3, lease * 4, why).await {
         return;
     }
-    assert!(
-        lost.is_err(),
-        "lost after the grant although its watchdog runs: {:?} (the runtime stalled {:?} at \
-         most; the store answered another client within {:?})",
-        g.loss_reason(),
-        probe.worst_within(lease * 4),
-        store.slowest_within(lease * 4)
-    );
-    drop(store);
+    drop(probes.store);
     assert!(g.is_held());
     assert_busy(&lock(&c, &name), "the waiter holds it now").await;
     release(g).await;
@@ -81,7 +70,7 @@ pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
 /// seen, which a slow machine only makes later (a stress run saw the guard half a lease
 /// after the grant, and "not lost within half a lease of seeing it" ran past its end).
 pub async fn waiter_longer_than_its_fixed_lease_keeps_it(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a, b, c]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     let name = Names::new().name("long-wait-fixed");
@@ -143,8 +132,7 @@ pub async fn try_acquire_max_on_a_free_lock(f: &impl Factory) {
 pub async fn try_acquire_max_on_a_held_lock_waits(f: &impl Factory) {
     let [a, b] = clients(f).await;
     let name = Names::new().name("max-held");
-    let holder = take(f, &lock(&a, &name)).await;
-    let lb = lock(&b, &name);
+    let (holder, lb) = contended(f, [&a, &b], &name).await;
     let cancelled =
         tokio::time::timeout(Duration::from_millis(300), lb.try_acquire(Duration::MAX)).await;
     assert!(
@@ -207,7 +195,7 @@ pub async fn huge_leases_are_invalid_arguments(f: &impl Factory) {
 /// `extend(Duration::MAX)`, and one past the backend's `max_lease`, are `InvalidArgument`
 /// and leave the hold as it was; `extend(max_lease)` works.
 pub async fn extend_by_huge_durations_never_panics(f: &impl Factory) {
-    let Some([a]) = clients_if(f, |c| c.fixed_lease, "no fixed leases").await else {
+    let Some([a]) = clients_if(f, FIXED_LEASES).await else {
         return;
     };
     // A long lease: a short one could end on a loaded machine before the extends reach the

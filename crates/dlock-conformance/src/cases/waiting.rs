@@ -8,7 +8,9 @@ use dlock_core::backend::CALL_GRACE;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::{ZERO, acquired, assert_busy, client, clients, joined, lock, release, take, waiting};
+use super::{
+    ZERO, acquired, assert_busy, client, clients, contended, joined, lock, release, waiting,
+};
 use crate::Factory;
 use crate::support::{Names, must};
 
@@ -16,8 +18,7 @@ use crate::support::{Names, must};
 pub async fn try_acquire_zero_does_not_wait(f: &impl Factory) {
     let [a, b] = clients(f).await;
     let name = Names::new().name("zero");
-    let g = take(f, &lock(&a, &name)).await;
-    let lb = lock(&b, &name);
+    let (g, lb) = contended(f, [&a, &b], &name).await;
     // The first try opens the client's connections; the second is one round trip.
     assert_busy(&lb, "it is held").await;
     let started = Instant::now();
@@ -78,8 +79,7 @@ pub async fn try_acquire_zero_on_first_use_is_bounded(f: &impl Factory) {
 pub async fn try_acquire_returns_within_wait(f: &impl Factory) {
     let [a, b] = clients(f).await;
     let name = Names::new().name("bounded");
-    let g = take(f, &lock(&a, &name)).await;
-    let lb = lock(&b, &name);
+    let (g, lb) = contended(f, [&a, &b], &name).await;
     let wait = Duration::from_millis(300);
     let started = Instant::now();
     let r = must(wait + f.slack(), "try_acquire(300ms)", lb.try_acquire(wait)).await;
@@ -97,8 +97,7 @@ pub async fn try_acquire_returns_within_wait(f: &impl Factory) {
 pub async fn waiter_gets_lock_after_release(f: &impl Factory) {
     let [a, b] = clients(f).await;
     let name = Names::new().name("handoff");
-    let g = take(f, &lock(&a, &name)).await;
-    let lb = lock(&b, &name);
+    let (g, lb) = contended(f, [&a, &b], &name).await;
     let why = "the waiter must wait while the lock is held";
     let wait = async move { lb.acquire().await };
     let waiter = waiting(Duration::from_millis(300), why, wait).await;
