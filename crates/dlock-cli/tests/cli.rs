@@ -613,10 +613,12 @@ fn bench_sets_each_sql_strategy_against_its_own_statements() {
     ];
     let mut servers = Vec::new();
     if cfg!(feature = "mysql") {
-        servers.extend(
-            service_url("DLOCK_MYSQL_URL")
-                .map(|u| (u, &["unique-insert", "optimistic", "for-update"][..])),
-        );
+        servers.extend(service_url("DLOCK_MYSQL_URL").map(|u| {
+            (
+                u,
+                &["unique-insert", "optimistic", "for-update", "get-lock"][..],
+            )
+        }));
     }
     if cfg!(feature = "postgres") {
         servers.extend(service_url("DLOCK_POSTGRES_URL").map(|u| {

@@ -37,16 +37,21 @@ pub enum Strategy {
     /// name's key, a number the name is given once in a table (never a hash); the session's
     /// `idle_session_timeout` is the lease (PostgreSQL 14+).
     Advisory,
+    /// A dedicated session holds the server's named lock (`GET_LOCK`) for the name; no table
+    /// holds the lock itself, only its fencing token; the session's `wait_timeout` is the
+    /// lease (MySQL 5.7+, MariaDB).
+    GetLock,
 }
 
 impl Strategy {
     /// Every strategy, for reading one by its name: a strategy missing here cannot be named
     /// in a URL.
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::UniqueInsert,
         Self::Optimistic,
         Self::ForUpdate,
         Self::Advisory,
+        Self::GetLock,
     ];
 
     /// The name used in URLs (`?strategy=`).
@@ -56,13 +61,14 @@ impl Strategy {
             Self::Optimistic => "optimistic",
             Self::ForUpdate => "for-update",
             Self::Advisory => "advisory",
+            Self::GetLock => "get-lock",
         }
     }
 
     /// Whether each held or waiting lock pins a connection of its own (whose session holds
     /// the lock, and whose end ends it).
     pub(crate) const fn pins_connections(self) -> bool {
-        matches!(self, Self::ForUpdate | Self::Advisory)
+        matches!(self, Self::ForUpdate | Self::Advisory | Self::GetLock)
     }
 }
 
@@ -80,8 +86,8 @@ impl FromStr for Strategy {
         let named = Self::ALL.into_iter().find(|k| k.as_str() == s);
         named.ok_or_else(|| {
             Error::config(format!(
-                "unknown strategy {s:?}: expected unique-insert, optimistic, for-update or \
-                 advisory (PostgreSQL)"
+                "unknown strategy {s:?}: expected unique-insert, optimistic, for-update, \
+                 advisory (PostgreSQL) or get-lock (MySQL/MariaDB)"
             ))
         })
     }
@@ -97,7 +103,7 @@ impl FromStr for Strategy {
 ///
 /// | query parameter | meaning | default |
 /// | --- | --- | --- |
-/// | `strategy` | `unique-insert`, `optimistic` or `for-update` | `unique-insert` |
+/// | `strategy` | `unique-insert`, `optimistic`, `for-update`, `advisory` (PostgreSQL) or `get-lock` (MySQL/MariaDB) | `unique-insert` |
 /// | `table` | prefix of the tables dlock creates (`[A-Za-z0-9_]`, at most 40) | `dlock` |
 /// | `pool` | maximum connections of the provider's pool | `16` (MySQL), `8` (SQLite) |
 /// | `create_tables` | `false`: never create dlock's tables, only check them (a role without `CREATE`; see [`SqlConfig::table_ddl`]) | `true` |
@@ -297,7 +303,7 @@ impl SqlConfig {
                 "the for-update strategy (SQLite has no row locks: use unique-insert or optimistic)",
             ));
         }
-        check_advisory(dialect, strategy)?;
+        check_dialect(dialect, strategy)?;
         let mut driver_url = parsed.expose().clone();
         driver_url.set_query(None);
         if dialect == Dialect::Sqlite
@@ -420,18 +426,25 @@ fn decode_path(text: &str) -> Option<String> {
     percent_decode(&spelled)
 }
 
-/// The advisory strategy is PostgreSQL's.
-pub(crate) fn check_advisory(dialect: Dialect, strategy: Strategy) -> Result<()> {
-    if strategy != Strategy::Advisory || dialect == Dialect::Postgres {
-        return Ok(());
+/// The strategies of one server family: advisory is PostgreSQL's, get-lock MySQL's.
+pub(crate) fn check_dialect(dialect: Dialect, strategy: Strategy) -> Result<()> {
+    let backend = match dialect {
+        Dialect::MySql => "mysql",
+        Dialect::Sqlite => "sqlite",
+        Dialect::Postgres => "postgres",
+    };
+    match strategy {
+        Strategy::Advisory if dialect != Dialect::Postgres => Err(Error::unsupported(
+            backend,
+            "the advisory strategy (PostgreSQL advisory locks: use for-update or unique-insert)",
+        )),
+        Strategy::GetLock if dialect != Dialect::MySql => Err(Error::unsupported(
+            backend,
+            "the get-lock strategy (MySQL and MariaDB named locks: use advisory on PostgreSQL, \
+             unique-insert on SQLite)",
+        )),
+        _ => Ok(()),
     }
-    Err(Error::unsupported(
-        match dialect {
-            Dialect::MySql => "mysql",
-            _ => "sqlite",
-        },
-        "the advisory strategy (PostgreSQL advisory locks: use for-update or unique-insert)",
-    ))
 }
 
 /// A table prefix dlock can format into its statements unquoted on every dialect: 1 to 40 of
@@ -525,6 +538,15 @@ mod tests {
         assert!(e.to_string().contains("strategy, table, pool"), "{e}");
         let e = SqlConfig::from_url("sqlite://x.db?strategy=for-update").unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+        for url in [
+            "postgres://u:secret@h/db?strategy=get-lock",
+            "sqlite://x.db?strategy=get-lock",
+            "mysql://u:secret@h/db?strategy=advisory",
+        ] {
+            let e = SqlConfig::from_url(url).unwrap_err();
+            assert!(matches!(e, Error::Unsupported { .. }), "{url}: {e}");
+        }
+        assert!(SqlConfig::from_url("mariadb://u@h/db?strategy=get-lock").is_ok());
     }
 }
 

@@ -20,6 +20,7 @@
 
 use crate::Dialect;
 use crate::sql::{AdvisoryMode, AdvisorySql, OptimisticSql, RowLockSql, Tables, UniqueInsertSql};
+use crate::strategy::get_lock::GetLockSql;
 
 /// The origin a raw release names in its notification (no provider's: no waiter of a
 /// provider takes it for its own).
@@ -34,6 +35,7 @@ pub struct Cycle {
     optimistic: OptimisticSql,
     advisory: AdvisorySql,
     rows: RowLockSql,
+    named: GetLockSql,
 }
 
 impl Cycle {
@@ -59,6 +61,7 @@ impl Cycle {
             optimistic: OptimisticSql::new(tables),
             advisory: AdvisorySql::new(tables),
             rows: RowLockSql::new(tables),
+            named: GetLockSql::new(tables),
         })
     }
 
@@ -168,6 +171,21 @@ impl Cycle {
     /// and its row lock alive. `None` on PostgreSQL, whose fence statement proves it.
     pub fn confirm_lease(&self) -> Option<&str> {
         (self.dialect != Dialect::Postgres).then_some(self.rows.hold_timeout.as_str())
+    }
+
+    /// get-lock's acquire (MySQL), without waiting, in one round trip of several statements
+    /// (send it unprepared, on a session of [`lock_session`](Self::lock_session)): the
+    /// session's idle timeout set to `lease_secs`, the named lock of `name`, and if granted
+    /// its fencing token, committed. Answers (1 if granted, 0 if busy; the token; the session's
+    /// id) in the last row.
+    pub fn named_lock(&self, name: &[u8], lease_secs: i64) -> String {
+        self.named.lock(name, lease_secs, 0)
+    }
+
+    /// get-lock's release (MySQL), one round trip (send it unprepared): the session's default
+    /// idle timeout back, then `RELEASE_LOCK` (1 if the session held it).
+    pub fn named_unlock(&self, name: &[u8]) -> String {
+        self.named.release(name)
     }
 
     /// for-update's release, one round trip (send it unprepared): ends the transaction,

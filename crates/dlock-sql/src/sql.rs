@@ -326,8 +326,20 @@ fn session_id(dialect: Dialect) -> &'static str {
     }
 }
 
-/// The digits of a name in [`RowLockSql::lock_row_first_try`].
+/// The digits of a name in a statement that is not prepared ([`hex`]).
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// `bytes` as lower-case hexadecimal digits, for a name in a statement that cannot take
+/// parameters (several statements in one round trip): no name (quotes, backslashes, comment
+/// marks, any byte) can end a literal spelled this way.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut hex = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    hex
+}
 
 /// for-update: the row of a name, locked by a transaction, and its fencing tokens.
 #[derive(Debug, Clone)]
@@ -503,11 +515,7 @@ impl RowLockSql {
     /// `reset_hold_timeout`. The statements cannot be prepared together, so the name goes in
     /// as hexadecimal digits.
     pub(crate) fn lock_row_first_try(&self, name: &[u8], lease_secs: i64) -> String {
-        let mut hex = String::with_capacity(2 * name.len());
-        for b in name {
-            hex.push(char::from(HEX[usize::from(b >> 4)]));
-            hex.push(char::from(HEX[usize::from(b & 0xf)]));
-        }
+        let hex = hex(name);
         match self.dialect {
             Dialect::Postgres => {
                 let ms = lease_secs.saturating_mul(1000).clamp(1, 2_147_483_647);

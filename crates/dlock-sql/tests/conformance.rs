@@ -1,4 +1,4 @@
-//! The conformance suite for every SQL strategy: MySQL/MariaDB at `DLOCK_MYSQL_URL` (three
+//! The conformance suite for every SQL strategy: MySQL/MariaDB at `DLOCK_MYSQL_URL` (four
 //! strategies), PostgreSQL at `DLOCK_POSTGRES_URL` (three strategies) and SQLite on a
 //! temporary file (two strategies); and providers made from the application's own sqlx pool
 //! (`SqlProvider::from_pool`).
@@ -211,6 +211,38 @@ impl SqlFactory {
 }
 
 impl SqlFactory {
+    /// MySQL named locks (get-lock): the session that holds `name`'s lock and the sessions
+    /// whose statement waits in `GET_LOCK` for it (a cancelled waiter whose statement still
+    /// waits on the server counts). A waiting statement spells the name in hexadecimal
+    /// digits, as the holder's server-wide lock name is computed from it.
+    async fn get_lock_residue(&self, name: &str) -> usize {
+        let admin = self.admin().await;
+        let t = prefix(self.strategy);
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        let key = format!(
+            "SHA2(CONCAT_WS(X'00', CAST(DATABASE() AS BINARY), CAST('{t}' AS BINARY), \
+             CAST(X'{hex}' AS BINARY)), 256)"
+        );
+        let held: Option<i64> = sqlx::query(&format!("SELECT IS_USED_LOCK({key})"))
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        let waiting: i64 = sqlx::query(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE ID <> CONNECTION_ID() AND INFO LIKE CONCAT('%GET_LOCK(%', ?, '%')",
+        )
+        .bind(format!("X'{hex}'"))
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+        admin.close().await;
+        usize::from(held.is_some()) + usize::try_from(waiting).unwrap()
+    }
+
     /// PostgreSQL advisory locks: the sessions that hold or wait for `name`'s key, from the
     /// lock manager (a cancelled waiter whose statement still waits counts).
     async fn advisory_residue(&self, name: &str) -> usize {
@@ -376,6 +408,7 @@ impl Factory for SqlFactory {
                 format!("SELECT COUNT(*) FROM {t}_versions WHERE name = ? AND owner <> ''")
             }
             "advisory" => return Some(Ok(self.advisory_residue(name).await)),
+            "get-lock" => return Some(Ok(self.get_lock_residue(name).await)),
             _ => return Some(Ok(self.for_update_residue(name).await)),
         };
         let admin = self.admin().await;
@@ -404,6 +437,18 @@ mod mysql_optimistic {
 mod mysql_for_update {
     use super::*;
     dlock_conformance::conformance_tests!(SqlFactory::mysql("for-update"));
+}
+
+mod mysql_get_lock {
+    use super::*;
+    dlock_conformance::conformance_tests!(SqlFactory::mysql("get-lock"));
+}
+
+mod mysql_get_lock_own_pool {
+    use super::*;
+    dlock_conformance::conformance_tests!(
+        SqlFactory::mysql("get-lock").map(SqlFactory::on_own_pool)
+    );
 }
 
 mod sqlite_unique_insert {

@@ -137,14 +137,18 @@ pub(super) fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
                 continue;
             };
             // One set of tables serves one strategy: each gets its own prefix.
-            let advisory = (var == "DLOCK_POSTGRES_URL").then_some(("advisory", "dlock_advisory"));
+            let pinned_own = if var == "DLOCK_POSTGRES_URL" {
+                ("advisory", "dlock_advisory")
+            } else {
+                ("get-lock", "dlock_get_lock")
+            };
             for (s, table) in [
                 ("unique-insert", "dlock"),
                 ("optimistic", "dlock_optimistic"),
                 ("for-update", "dlock_for_update"),
             ]
             .into_iter()
-            .chain(advisory)
+            .chain([pinned_own])
             {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 urls.push(format!("{url}{sep}strategy={s}&table={table}&pool=64"));

@@ -16,7 +16,8 @@ use crate::db::{Conn, query};
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
 /// while it still holds its connection, it closes it (the server then rolls back and
 /// releases). It goes back to the pool only when the session is clean: after a
-/// [`free`](Self::free), an [`unlock`](Self::unlock) that released, or
+/// [`free`](Self::free), an [`unlock`](Self::unlock) or [`unlock_batch`](Self::unlock_batch)
+/// that released, or
 /// [`busy`](Self::busy) at the deadline.
 #[derive(Debug)]
 pub(crate) struct Pinned {
@@ -191,6 +192,28 @@ impl Pinned {
         };
         let released = match query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await {
             Ok(row) => row.int(0).is_ok_and(|held| held == 1),
+            Err(_) => false,
+        };
+        if released {
+            self.return_to_pool();
+        } else {
+            self.close();
+        }
+        released
+    }
+
+    /// Runs `release`, statements not prepared whose first row answers 1 when the session
+    /// held the lock it gives back (they also reset the session), and returns the connection
+    /// to the pool; whether the session held the lock. A session that did not, or that
+    /// fails, is closed (which frees whatever it holds).
+    pub(crate) async fn unlock_batch(&mut self, release: &str) -> bool {
+        let Some(c) = self.conn.as_mut() else {
+            return false;
+        };
+        let released = match c.batch(release).await {
+            Ok(rows) => rows
+                .first()
+                .is_some_and(|row| row.int(0).is_ok_and(|held| held == 1)),
             Err(_) => false,
         };
         if released {

@@ -128,7 +128,7 @@ impl SqlProvider {
             return Err(Error::unsupported("sqlite", "the for-update strategy"));
         }
         // Before the lock pool opens: a strategy the database does not offer opens nothing.
-        config::check_advisory(dialect, strategy)?;
+        config::check_dialect(dialect, strategy)?;
         let table = config.table.as_str();
         // The database without credentials, the table prefix and the strategy (as a URL's
         // store id).
@@ -164,7 +164,7 @@ impl SqlProvider {
         store_id: String,
     ) -> Result<Self> {
         let backend = backend_name(dialect);
-        config::check_advisory(dialect, kind)?;
+        config::check_dialect(dialect, kind)?;
         if kind == Strategy::Advisory {
             check_advisory_server(&pool).await?;
         }

@@ -7,6 +7,7 @@
 //! | optimistic | [`optimistic`] | a claimed version of the name's row, with a lease | polls (woken by releases) |
 //! | for-update | [`for_update`] | a row lock of a pinned connection's transaction | on the row lock |
 //! | advisory | [`advisory`] | an advisory lock of a pinned PostgreSQL session | on the advisory lock |
+//! | get-lock | [`get_lock`] | a named lock (`GET_LOCK`) of a pinned MySQL session | in `GET_LOCK` |
 //!
 //! The row strategies share [`rows`] (the attempt on one connection, undone if dropped, the
 //! hold of an owner-checked row, and their [`LockStrategy`]); the pinned ones share
@@ -34,6 +35,7 @@ use crate::sql::Tables;
 
 pub(crate) mod advisory;
 pub(crate) mod for_update;
+pub(crate) mod get_lock;
 pub(crate) mod optimistic;
 pub(crate) mod rows;
 pub(crate) mod unique_insert;
@@ -102,6 +104,7 @@ pub(crate) fn build(
         Strategy::Optimistic => Arc::new(optimistic::Optimistic::new(inner, tables)),
         Strategy::ForUpdate => Arc::new(ForUpdate::new(inner, tables)),
         Strategy::Advisory => Arc::new(Advisory::new(inner, tables)),
+        Strategy::GetLock => Arc::new(get_lock::GetLock::new(inner, tables)),
     }
 }
 

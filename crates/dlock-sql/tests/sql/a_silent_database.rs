@@ -20,7 +20,7 @@ const CONNECT_GRACE: Duration = Duration::from_secs(1);
 fn servers() -> Vec<(String, u16, String)> {
     let mut out = Vec::new();
     if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
-        for s in ["unique-insert", "optimistic", "for-update"] {
+        for s in ["unique-insert", "optimistic", "for-update", "get-lock"] {
             let url = with_query(&mysql, &format!("strategy={s}&table={}", prefix(s)));
             out.push((url, 3306, format!("mysql/{s}")));
         }
@@ -122,7 +122,9 @@ async fn a_try_through_a_silent_network_is_an_error_not_a_held_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_a_connection_ends_at_the_deadline() {
     on_every_server(|url, port, label| async move {
-        let pinned = label.ends_with("for-update") || label.ends_with("advisory");
+        let pinned = ["for-update", "advisory", "get-lock"]
+            .iter()
+            .any(|s| label.ends_with(s));
         let url = if pinned {
             url
         } else {

@@ -1,5 +1,5 @@
-//! Holds that live in a pinned connection (for-update, advisory): the connection is the lease,
-//! and its end is the hold's end.
+//! Holds that live in a pinned connection (for-update, advisory, get-lock): the connection is
+//! the lease, and its end is the hold's end.
 
 use std::time::Duration;
 
@@ -19,6 +19,15 @@ async fn killed_for_update_connection_reports_loss() {
         return;
     };
     holder_connection_ended_reports_loss(&mysql, "KILL", "for-update").await;
+}
+
+/// The same for a MySQL named lock (get-lock): its session is the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_get_lock_connection_reports_loss() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    holder_connection_ended_reports_loss(&mysql, "KILL", "get-lock").await;
 }
 
 /// The same on PostgreSQL: `pg_terminate_backend` of the holder's backend is
@@ -220,7 +229,7 @@ async fn pinned_holds_released_before_their_first_check_leave_no_task() {
             .metrics()
             .num_alive_tasks()
     };
-    for (url, label, _) in targets_with_postgres(&["for-update", "advisory"]) {
+    for (url, label, _) in targets_with_postgres(&["for-update", "advisory", "get-lock"]) {
         let p = SqlProvider::connect(&url).await.unwrap();
         let lock = p
             .lock(&Names::new().name("no-task"), LockOptions::default())

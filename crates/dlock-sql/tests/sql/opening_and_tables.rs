@@ -78,10 +78,12 @@ async fn applications_opening_one_new_sqlite_file_at_once_all_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applications_creating_one_new_set_of_tables_at_once_all_connect() {
     let mut servers = Vec::new();
-    servers.extend(
-        service_url("DLOCK_MYSQL_URL")
-            .map(|u| (u, &["unique-insert", "optimistic", "for-update"][..])),
-    );
+    servers.extend(service_url("DLOCK_MYSQL_URL").map(|u| {
+        (
+            u,
+            &["unique-insert", "optimistic", "for-update", "get-lock"][..],
+        )
+    }));
     servers.extend(service_url("DLOCK_POSTGRES_URL").map(|u| {
         (
             u,
@@ -332,6 +334,14 @@ async fn from_pool_reads_its_config() {
         .await
         .expect_err("advisory on SQLite");
     assert!(matches!(e, dlock_core::Error::Unsupported { .. }), "{e}");
+    let get_lock_here = config.clone().with_strategy(Strategy::GetLock);
+    let e = SqlProvider::from_pool(pool.clone(), &get_lock_here)
+        .await
+        .expect_err("get-lock on SQLite");
+    assert!(
+        matches!(e, dlock_core::Error::Unsupported { .. }) && e.to_string().contains("get-lock"),
+        "{e}"
+    );
 
     let other = SqlConfig::from_url("postgres://localhost").unwrap();
     let e = SqlProvider::from_pool(pool, &other)

@@ -81,9 +81,13 @@ async fn processes_contending_keep_the_counter_exact() {
     const PROCESSES: u32 = 4;
     const CYCLES: u32 = 25;
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in
-        targets_with_postgres(&["unique-insert", "optimistic", "for-update", "advisory"])
-    {
+    for (url, label, file) in targets_with_postgres(&[
+        "unique-insert",
+        "optimistic",
+        "for-update",
+        "advisory",
+        "get-lock",
+    ]) {
         let name = Names::new().name("cross");
         // Creates dlock's tables before the workers race to.
         let _p = SqlProvider::connect(&url).await.unwrap();
@@ -147,9 +151,13 @@ async fn processes_contending_keep_the_counter_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_process_frees_the_lock() {
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in
-        targets_with_postgres(&["unique-insert", "optimistic", "for-update", "advisory"])
-    {
+    for (url, label, file) in targets_with_postgres(&[
+        "unique-insert",
+        "optimistic",
+        "for-update",
+        "advisory",
+        "get-lock",
+    ]) {
         let name = Names::new().name("sigkill");
         let mut child = spawn_worker("hold", &url, &name, 0);
         await_held(&mut child, &label);
@@ -191,9 +199,13 @@ async fn killed_holder_process_frees_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_holder_process_loses_the_lock_within_its_lease() {
     let _serial = SERIAL.lock().await;
-    for (url, label, file) in
-        targets_with_postgres(&["unique-insert", "optimistic", "for-update", "advisory"])
-    {
+    for (url, label, file) in targets_with_postgres(&[
+        "unique-insert",
+        "optimistic",
+        "for-update",
+        "advisory",
+        "get-lock",
+    ]) {
         let name = Names::new().name("sigstop");
         let mut child = spawn_worker("hold", &url, &name, 0);
         await_held(&mut child, &label);
@@ -239,7 +251,7 @@ async fn frozen_holder_process_loses_the_lock_within_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holder_loses_its_fixed_lease_at_its_end() {
     let _serial = SERIAL.lock().await;
-    for (url, label, _) in targets_with_postgres(&["for-update", "advisory"]) {
+    for (url, label, _) in targets_with_postgres(&["for-update", "advisory", "get-lock"]) {
         let name = Names::new().name("fixed-freeze");
         let mut child = spawn_worker("hold-fixed", &url, &name, 0);
         await_held(&mut child, &label);

@@ -89,9 +89,10 @@ pub(crate) fn targets(strategies: &[&str]) -> Vec<(String, String, Option<std::p
             ));
         }
     }
+    // SQLite has neither row locks nor named locks.
     for s in strategies
         .iter()
-        .filter(|s| **s != "for-update" && **s != "advisory")
+        .filter(|s| !["for-update", "advisory", "get-lock"].contains(*s))
     {
         let (url, path) = sqlite_url(s);
         out.push((url, format!("sqlite/{s}"), Some(path)));
@@ -105,7 +106,8 @@ pub(crate) fn targets_with_postgres(
 ) -> Vec<(String, String, Option<std::path::PathBuf>)> {
     let mut out = targets(strategies);
     if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
-        for s in strategies {
+        // Named locks (get-lock) are MySQL's.
+        for s in strategies.iter().filter(|s| **s != "get-lock") {
             out.push((
                 with_query(&pg, &format!("strategy={s}&table={}", prefix(s))),
                 format!("postgres/{s}"),

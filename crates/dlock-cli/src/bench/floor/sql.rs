@@ -154,8 +154,8 @@ trait Driver: Database {
     async fn insert_hold(sql: &Sql, c: &mut Self::Connection) -> dlock::Result<()>;
 }
 
-/// The floor's cycles of `sql`'s strategy (for-update, optimistic, or else unique-insert) on
-/// `pool`.
+/// The floor's cycles of `sql`'s strategy (for-update, get-lock, optimistic, or else
+/// unique-insert) on `pool`.
 async fn floor_on<DB>(pool: &Pool<DB>, sql: &Sql, job: &Job<'_>) -> dlock::Result<Option<Timed>>
 where
     DB: Driver,
@@ -223,6 +223,36 @@ where
                 }
                 (&mut *c)
                     .execute(unlock.as_str())
+                    .await
+                    .map_err(sql.e("unlock"))?;
+            }
+            Ok(timed_since(started))
+        }
+        "get-lock" => {
+            // The session of dlock's holds (autocommit off): the token's INSERT commits in
+            // the lock's round trip, as dlock's.
+            for setting in cycle.lock_session() {
+                (&mut *c)
+                    .execute(*setting)
+                    .await
+                    .map_err(sql.e("set the lock session"))?;
+            }
+            let (lock, unlock) = (cycle.named_lock(name, LEASE_SECS), cycle.named_unlock(name));
+            let started = start.go().await;
+            for _ in 0..cycles {
+                let rows = (&mut *c)
+                    .fetch_all(lock.as_str())
+                    .await
+                    .map_err(sql.e("lock"))?;
+                if rows.is_empty() {
+                    return Err(err(
+                        "mysql",
+                        "lock",
+                        "GET_LOCK's round trip answered no row",
+                    ));
+                }
+                (&mut *c)
+                    .fetch_all(unlock.as_str())
                     .await
                     .map_err(sql.e("unlock"))?;
             }
