@@ -11,7 +11,7 @@ use dlock_core::{Error, LockName, Result};
 use tokio::time::Instant;
 
 use super::server_seconds;
-use crate::db::{Conn, query};
+use crate::db::{Conn, Row, query};
 
 /// A connection that must not go back to the pool with a lock or an open transaction: dropped
 /// while it still holds its connection, it closes it (the server then rolls back and
@@ -190,16 +190,8 @@ impl Pinned {
         let Some(c) = self.conn.as_mut() else {
             return false;
         };
-        let released = match query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await {
-            Ok(row) => row.int(0).is_ok_and(|held| held == 1),
-            Err(_) => false,
-        };
-        if released {
-            self.return_to_pool();
-        } else {
-            self.close();
-        }
-        released
+        let answer = query(unlock).bind(i64::from(key)).fetch_one(&mut *c).await;
+        self.released_if(answer.ok().as_ref())
     }
 
     /// Runs `release`, statements not prepared whose first row answers 1 when the session
@@ -210,12 +202,14 @@ impl Pinned {
         let Some(c) = self.conn.as_mut() else {
             return false;
         };
-        let released = match c.batch(release).await {
-            Ok(rows) => rows
-                .first()
-                .is_some_and(|row| row.int(0).is_ok_and(|held| held == 1)),
-            Err(_) => false,
-        };
+        let answer = c.batch(release).await;
+        self.released_if(answer.ok().as_ref().and_then(|rows| rows.first()))
+    }
+
+    /// Whether `answer`, the first row of a release (none if it failed), says the session
+    /// held the lock (1): the connection then goes back to the pool, and is closed otherwise.
+    fn released_if(&mut self, answer: Option<&Row>) -> bool {
+        let released = answer.is_some_and(|row| row.int(0).is_ok_and(|held| held == 1));
         if released {
             self.return_to_pool();
         } else {

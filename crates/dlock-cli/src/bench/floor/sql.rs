@@ -154,6 +154,20 @@ trait Driver: Database {
     async fn insert_hold(sql: &Sql, c: &mut Self::Connection) -> dlock::Result<()>;
 }
 
+/// Sets `c` up as the session dlock's pinned holds live in ([`Cycle::lock_session`]).
+async fn lock_session<DB>(sql: &Sql, c: &mut DB::Connection) -> dlock::Result<()>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    for setting in sql.cycle.lock_session() {
+        c.execute(*setting)
+            .await
+            .map_err(sql.e("set the lock session"))?;
+    }
+    Ok(())
+}
+
 /// The floor's cycles of `sql`'s strategy (for-update, get-lock, optimistic, or else
 /// unique-insert) on `pool`.
 async fn floor_on<DB>(pool: &Pool<DB>, sql: &Sql, job: &Job<'_>) -> dlock::Result<Option<Timed>>
@@ -197,14 +211,9 @@ where
                 }
                 return Ok(timed_since(started));
             }
-            // The session of dlock's holds: on MySQL autocommit off, so that the row stays
-            // locked until the ROLLBACK (the fence's connection keeps autocommit, as dlock's).
-            for setting in cycle.lock_session() {
-                (&mut *c)
-                    .execute(*setting)
-                    .await
-                    .map_err(sql.e("set the lock session"))?;
-            }
+            // On MySQL autocommit off, so that the row stays locked until the ROLLBACK (the
+            // fence's connection keeps autocommit, as dlock's).
+            lock_session::<DB>(sql, &mut c).await?;
             let mut f = pool.acquire().await.map_err(sql.e("connect"))?;
             let (lock, unlock) = (cycle.lock_row(name, LEASE_SECS), cycle.unlock_row());
             let started = start.go().await;
@@ -229,14 +238,8 @@ where
             Ok(timed_since(started))
         }
         "get-lock" => {
-            // The session of dlock's holds (autocommit off): the token's INSERT commits in
-            // the lock's round trip, as dlock's.
-            for setting in cycle.lock_session() {
-                (&mut *c)
-                    .execute(*setting)
-                    .await
-                    .map_err(sql.e("set the lock session"))?;
-            }
+            // Autocommit off: the token's INSERT commits in the lock's round trip, as dlock's.
+            lock_session::<DB>(sql, &mut c).await?;
             let (lock, unlock) = (cycle.named_lock(name, LEASE_SECS), cycle.named_unlock(name));
             let started = start.go().await;
             for _ in 0..cycles {
