@@ -39,7 +39,7 @@ pub enum Strategy {
     Advisory,
     /// A dedicated session holds the server's named lock (`GET_LOCK`) for the name; no table
     /// holds the lock itself, only its fencing token; the session's `wait_timeout` is the
-    /// lease (MySQL 5.7+, MariaDB).
+    /// lease (MySQL 8, MariaDB).
     GetLock,
 }
 

@@ -211,16 +211,17 @@ impl SqlFactory {
 }
 
 impl SqlFactory {
-    /// MySQL named locks (get-lock): the session that holds `name`'s lock and the sessions
-    /// whose statement waits in `GET_LOCK` for it (a cancelled waiter whose statement still
-    /// waits on the server counts). A waiting statement spells the name in hexadecimal
-    /// digits, as the holder's server-wide lock name is computed from it.
+    /// MySQL named locks (get-lock): the session that holds `name`'s lock, the sessions whose
+    /// statement waits in `GET_LOCK` for it (a cancelled waiter whose statement still waits
+    /// on the server counts), and an open transaction on a holder's session (a token's
+    /// INSERT left uncommitted would hold the fence row). A waiting statement spells the name
+    /// in hexadecimal digits, as the holder's server-wide lock name is computed from it.
     async fn get_lock_residue(&self, name: &str) -> usize {
         let admin = self.admin().await;
         let t = prefix(self.strategy);
         let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
         let key = format!(
-            "SHA2(CONCAT_WS(X'00', CAST(DATABASE() AS BINARY), CAST('{t}' AS BINARY), \
+            "SHA2(CONCAT_WS(X'00', CAST(LOWER(DATABASE()) AS BINARY), CAST('{t}' AS BINARY), \
              CAST(X'{hex}' AS BINARY)), 256)"
         );
         let held: Option<i64> = sqlx::query(&format!("SELECT IS_USED_LOCK({key})"))
@@ -239,8 +240,28 @@ impl SqlFactory {
         .unwrap()
         .try_get(0)
         .unwrap();
+        let holders: Vec<u64> = self
+            .providers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.holder_connection_id(name))
+            .collect();
+        let mut open = 0;
+        for id in holders {
+            let n: i64 = sqlx::query(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?",
+            )
+            .bind(i64::try_from(id).unwrap())
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+            open += usize::try_from(n).unwrap();
+        }
         admin.close().await;
-        usize::from(held.is_some()) + usize::try_from(waiting).unwrap()
+        usize::from(held.is_some()) + usize::try_from(waiting).unwrap() + open
     }
 
     /// PostgreSQL advisory locks: the sessions that hold or wait for `name`'s key, from the

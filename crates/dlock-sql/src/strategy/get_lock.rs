@@ -1,4 +1,4 @@
-//! get-lock (MySQL 5.7+, MariaDB): a pinned session holds the server's named lock
+//! get-lock (MySQL 8, MariaDB): a pinned session holds the server's named lock
 //! (`GET_LOCK`); a waiter waits in `GET_LOCK` itself. No table holds the lock: the lock's
 //! server-wide name is the SHA-256 of the database, the table prefix and the lock's name (64
 //! hexadecimal digits, the most `GET_LOCK` takes), so two databases or two prefixes never
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use dlock_core::backend::{Deadline, later};
-use dlock_core::{LockKind, LockName, LockStatus, Result, async_trait};
+use dlock_core::{Error, LockKind, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
 use super::{Attempt, Grant, LockStrategy, missing_id, unusable};
@@ -166,18 +166,25 @@ impl GetLock {
                     }));
                 }
                 Some(0) => {
-                    if conn.busy(deadline, Some(&self.sql.reset)).await {
+                    // A busy try put the server's default idle timeout back itself.
+                    if conn.busy(deadline, None).await {
                         return Ok(None);
                     }
                 }
                 _ => {
-                    // NULL: the server refused the lock (its session killed meanwhile, or an
-                    // error it reports only so).
+                    // NULL: the wait was interrupted (`KILL QUERY`, a statement time limit
+                    // the server enforces anyway); nothing is held. The session is closed all
+                    // the same, and the caller may try again.
                     conn.close();
-                    return Err(unusable(
-                        self.inner.backend,
-                        format!("GET_LOCK answered NULL for {:?}", a.name.as_str()),
-                    ));
+                    return Err(Error::Backend {
+                        backend: self.inner.backend,
+                        message: format!(
+                            "GET_LOCK was interrupted (answered NULL) for {:?}",
+                            a.name.as_str()
+                        ),
+                        retryable: true,
+                        source: None,
+                    });
                 }
             }
         }
@@ -190,6 +197,8 @@ impl GetLock {
 pub(crate) struct GetLockSql {
     /// The table prefix (checked: it goes into the statements as it is).
     prefix: String,
+    /// MariaDB rather than MySQL: how a statement lifts the server's time limit.
+    mariadb: bool,
     /// The server-side lease of a held lock (`?`: seconds).
     hold_timeout: String,
     /// The session back to the server's default idle timeout.
@@ -204,6 +213,7 @@ impl GetLockSql {
         let t = s.prefix;
         Self {
             prefix: t.to_owned(),
+            mariadb: s.mariadb,
             hold_timeout: "SET SESSION wait_timeout = ?".to_owned(),
             reset: "SET SESSION wait_timeout = DEFAULT".to_owned(),
             describe: format!(
@@ -215,28 +225,47 @@ impl GetLockSql {
 
     /// The server-wide name of the lock of the name that `name` (an SQL expression) gives:
     /// its SHA-256, with the database and the prefix, in 64 hexadecimal digits. Every part is
-    /// bytes: a name need not be valid in the connection's character set.
+    /// bytes: a name need not be valid in the connection's character set. The database and
+    /// the prefix are folded to lower case, because a server with `lower_case_table_names`
+    /// gives two spellings the same tables; folding can only make two sets of tables share
+    /// locks, never one set have two.
     fn key(prefix: &str, name: &str) -> String {
+        let prefix = prefix.to_ascii_lowercase();
         format!(
-            "SHA2(CONCAT_WS(X'00', CAST(DATABASE() AS BINARY), CAST('{prefix}' AS BINARY), \
+            "SHA2(CONCAT_WS(X'00', CAST(LOWER(DATABASE()) AS BINARY), CAST('{prefix}' AS BINARY), \
              CAST({name} AS BINARY)), 256)"
         )
     }
 
-    /// One try at `name`'s lock, in one round trip: the session's idle timeout becomes the
-    /// hold's lease (`lease` seconds), then `GET_LOCK` waits at most `wait` seconds, and if
-    /// it granted, the same session takes the name's next fencing token and commits it (the
-    /// lock pool's sessions run with autocommit off). It answers (1 if granted, 0 if busy,
-    /// NULL on an error; the token, or NULL; the session's id).
+    /// One try at `name`'s lock, in one round trip. A try that waits (`wait` seconds) first
+    /// makes the session's idle timeout the hold's lease (`lease` seconds), so that a waiter
+    /// frozen or cut off when it is granted is disconnected after its lease. `GET_LOCK` then
+    /// waits, free of the server's statement time limit (the wait is the caller's); if it
+    /// granted, the same session takes the name's next fencing token and commits it (the
+    /// lock pool's sessions run with autocommit off). Last, the idle timeout becomes the
+    /// lease if granted and the server's default if not, so a busy session goes back to the
+    /// pool as it came. It answers (1 if granted, 0 if busy, NULL if interrupted; the token,
+    /// or NULL; the session's id).
     pub(crate) fn lock(&self, name: &[u8], lease: i64, wait: i64) -> String {
         let (t, hex) = (&self.prefix, hex(name));
         let key = Self::key(t, &format!("X'{hex}'"));
+        let lease_first = if wait > 0 {
+            format!("SET SESSION wait_timeout = {lease}; ")
+        } else {
+            String::new()
+        };
+        let get_lock = format!("SELECT GET_LOCK({key}, {wait}) INTO @dlock_got");
+        let get_lock = if self.mariadb {
+            format!("SET STATEMENT max_statement_time = 0 FOR {get_lock}")
+        } else {
+            get_lock.replacen("SELECT ", "SELECT /*+ MAX_EXECUTION_TIME(0) */ ", 1)
+        };
         format!(
-            "SET SESSION wait_timeout = {lease}; \
-             SELECT GET_LOCK({key}, {wait}) INTO @dlock_got; \
+            "{lease_first}{get_lock}; \
              INSERT INTO {t}_fence (name, token) SELECT X'{hex}', LAST_INSERT_ID(1) FROM DUAL \
              WHERE @dlock_got = 1 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
-             COMMIT; \
+             COMMIT AND NO CHAIN NO RELEASE; \
+             SET SESSION wait_timeout = IF(@dlock_got = 1, {lease}, @@GLOBAL.wait_timeout); \
              SELECT @dlock_got, IF(@dlock_got = 1, LAST_INSERT_ID(), NULL), CONNECTION_ID()"
         )
     }
@@ -266,7 +295,7 @@ mod tests {
     /// The name goes into the unprepared statements as hexadecimal digits only, and the
     /// lock's server-wide name includes the database and the prefix.
     #[test]
-    fn a_try_spells_the_name_in_hex_digits() {
+    fn a_try_spells_the_name_in_hex_digits_and_lifts_the_time_limit() {
         let sql = GetLockSql::new(Tables {
             dialect: Dialect::MySql,
             prefix: "dlock_t",
@@ -276,15 +305,24 @@ mod tests {
         let name = "a'; DROP TABLE t; -- \\ \" é";
         let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
         let key = format!(
-            "SHA2(CONCAT_WS(X'00', CAST(DATABASE() AS BINARY), CAST('dlock_t' AS BINARY), \
+            "SHA2(CONCAT_WS(X'00', CAST(LOWER(DATABASE()) AS BINARY), CAST('dlock_t' AS BINARY), \
              CAST(X'{hex}' AS BINARY)), 256)"
         );
         let lock = sql.lock(name.as_bytes(), 30, 0);
         assert!(
-            lock.starts_with("SET SESSION wait_timeout = 30; "),
+            lock.starts_with("SET STATEMENT max_statement_time = 0 FOR SELECT GET_LOCK("),
             "{lock}"
         );
         assert!(lock.contains(&format!("GET_LOCK({key}, 0)")), "{lock}");
+        assert!(
+            lock.contains("wait_timeout = IF(@dlock_got = 1, 30, @@GLOBAL.wait_timeout)"),
+            "{lock}"
+        );
+        let waiting = sql.lock(name.as_bytes(), 30, 5);
+        assert!(
+            waiting.starts_with("SET SESSION wait_timeout = 30; SET STATEMENT"),
+            "{waiting}"
+        );
         assert!(
             lock.contains(&format!("SELECT X'{hex}', LAST_INSERT_ID(1)")),
             "{lock}"

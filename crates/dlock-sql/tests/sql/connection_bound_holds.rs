@@ -735,3 +735,63 @@ fn a_pinned_guard_dropped_after_its_runtime_gives_its_pool_slot_back() {
         .expect("the server freed the row of the closed connection");
     second.block_on(g.release()).unwrap();
 }
+
+/// A get-lock waiter whose `GET_LOCK` is interrupted (`KILL QUERY`, as pt-kill does; a
+/// statement time limit answers the same NULL) goes on waiting: it held nothing, and the wait
+/// is the caller's. It gets the lock once the holder releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_get_lock_wait_goes_on() {
+    let Some(mysql) = service_url("DLOCK_MYSQL_URL") else {
+        return;
+    };
+    let url = with_query(
+        &mysql,
+        &format!("strategy=get-lock&table={}", prefix("get-lock")),
+    );
+    let holder = SqlProvider::connect(&url).await.unwrap();
+    let waiter = SqlProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("interrupted");
+    let g = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let lock = waiter.lock(&name, LockOptions::default()).unwrap();
+    let waiting = tokio::spawn(async move { lock.try_acquire(Duration::from_secs(30)).await });
+    let db = admin(&mysql).await;
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    let id: i64 = eventually(
+        Duration::from_secs(10),
+        "the waiter's GET_LOCK waits on the server",
+        || async {
+            sqlx::query(
+                "SELECT ID FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE CONCAT('%GET_LOCK(%', ?, '%') AND ID <> CONNECTION_ID()",
+            )
+            .bind(format!("X'{hex}'"))
+            .fetch_optional(&db)
+            .await
+            .unwrap()
+            .map(|row| sqlx::Row::try_get::<i64, _>(&row, 0).unwrap())
+            .ok_or("not yet")
+        },
+    )
+    .await;
+    sqlx::query(&format!("KILL QUERY {id}"))
+        .execute(&db)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let got = must(
+        Duration::from_secs(20),
+        "the waiter after its wait was interrupted",
+        waiting,
+    )
+    .await
+    .unwrap();
+    match got {
+        Ok(Some(g)) => g.release().await.unwrap(),
+        other => panic!("the interrupted waiter: {other:?}"),
+    }
+}
