@@ -105,7 +105,7 @@ impl FromStr for Strategy {
 /// | --- | --- | --- |
 /// | `strategy` | `unique-insert`, `optimistic`, `for-update`, `advisory` (PostgreSQL) or `get-lock` (MySQL/MariaDB) | `unique-insert` |
 /// | `table` | prefix of the tables dlock creates (`[A-Za-z0-9_]`, at most 40) | `dlock` |
-/// | `pool` | maximum connections of the provider's pool | `16` (MySQL), `8` (SQLite) |
+/// | `pool` | maximum connections of the provider's pool; for `for-update`, `advisory` and `get-lock`, of its lock pool (a connection per held or waiting lock), beside a statements' pool of at most 16 | `16` (MySQL), `8` (SQLite) |
 /// | `create_tables` | `false`: never create dlock's tables, only check them (a role without `CREATE`; see [`SqlConfig::table_ddl`]) | `true` |
 /// | `synchronous` | SQLite only: `full` (a commit survives an OS crash, so a fencing token never repeats) or `normal` (faster; a crash may lose the last commits, and with them tokens) | `full` |
 ///

@@ -15,7 +15,8 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
         #[cfg(feature = "mysql")]
         Dialect::MySql => {
             let options = mysql_options(config)?;
-            let pool = mysql_pool(config.pool, options.clone(), MYSQL_STATEMENTS).await?;
+            let pool =
+                mysql_pool(statements_size(config), options.clone(), MYSQL_STATEMENTS).await?;
             let lock_pool = if config.strategy.pins_connections() {
                 Some(mysql_pool(config.pool, options, MYSQL_LOCKS).await?)
             } else {
@@ -53,7 +54,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
         Dialect::Postgres => {
             use sqlx::ConnectOptions;
             let options = sqlx::postgres::PgConnectOptions::from_url(config.url.expose())?;
-            let pool = pg_pool(config.pool, options.clone(), "2s").await?;
+            let pool = pg_pool(statements_size(config), options.clone(), "2s").await?;
             let lock_pool = if config.strategy.pins_connections() {
                 Some(pg_pool(config.pool, options, "5s").await?)
             } else {
@@ -82,6 +83,23 @@ pub(crate) fn setup_pauses() -> dlock_core::backend::Backoff {
 
 /// How long a statement waits for a pooled connection before the pool reports itself busy.
 const POOL_WAIT: Duration = Duration::from_secs(10);
+
+/// The most connections the statements' pool opens beside a lock pool: the pinned
+/// strategies' statements (a fence, a key, a kill, `describe`) are short, and `?pool=N` sizes
+/// the lock pool to the locks held at once, which would otherwise double the connections a
+/// provider asks of the server.
+pub(crate) const STATEMENTS_BESIDE_LOCKS: u32 = 16;
+
+/// The size of the statements' pool for `config`: `?pool=N`, at most
+/// [`STATEMENTS_BESIDE_LOCKS`] where a lock pool of N connections stands beside it.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+fn statements_size(config: &SqlConfig) -> u32 {
+    if config.strategy.pins_connections() {
+        config.pool.min(STATEMENTS_BESIDE_LOCKS)
+    } else {
+        config.pool
+    }
+}
 
 /// The options every pool of `size` connections shares, whatever its driver: no ping before a
 /// checkout (a dead connection shows as a statement error, which is retried), and

@@ -363,3 +363,55 @@ fn a_provider_with_warm_connections_outlives_its_runtime() {
     drop(runtime);
     drop(provider);
 }
+
+/// A pinned strategy's `?pool=N` sizes its lock pool (a connection per held or waiting lock);
+/// its statements' pool stays at most 16 beside it, so a provider asks the server for N + 16
+/// connections, not 2N (with N = 64, twice that passed PostgreSQL's default 100 and stalled
+/// acquires while connections were refused). Many `describe`s at once, which run on the
+/// statements' pool, open no more than 16 connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_providers_statements_pool_stays_small() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let app = format!(
+        "dlock_pool_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let url = with_query(
+        &pg,
+        &format!(
+            "strategy=advisory&table={}&pool=48&application_name={app}",
+            prefix("advisory")
+        ),
+    );
+    let p = SqlProvider::connect(&url).await.unwrap();
+    let name = Names::new().name("statements-pool");
+    for _ in 0..5 {
+        let describes: Vec<_> = (0..48)
+            .map(|_| {
+                let (p, name) = (p.clone(), name.clone());
+                tokio::spawn(async move { p.describe(&name).await })
+            })
+            .collect();
+        for d in describes {
+            d.await.unwrap().unwrap();
+        }
+    }
+    let db = admin(&pg).await;
+    let open: i64 = sqlx::Row::try_get(
+        &sqlx::query(&format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = '{app}'"
+        ))
+        .fetch_one(&db)
+        .await
+        .unwrap(),
+        0,
+    )
+    .unwrap();
+    // The statements' pool's 16, and the connection the lock pool opened when it was made.
+    assert!(
+        (1..=17).contains(&open),
+        "{open} connections of the provider after 48 describes at once"
+    );
+}
