@@ -88,7 +88,8 @@ const POOL_WAIT: Duration = Duration::from_secs(10);
 /// strategies' statements (a fence, a key, a kill, `describe`) are short, and `?pool=N` sizes
 /// the lock pool to the locks held at once, which would otherwise double the connections a
 /// provider asks of the server.
-pub(crate) const STATEMENTS_BESIDE_LOCKS: u32 = 16;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+const STATEMENTS_BESIDE_LOCKS: u32 = 16;
 
 /// The size of the statements' pool for `config`: `?pool=N`, at most
 /// [`STATEMENTS_BESIDE_LOCKS`] where a lock pool of N connections stands beside it.
