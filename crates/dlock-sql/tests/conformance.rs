@@ -184,6 +184,14 @@ impl SqlFactory {
         for row in rows {
             threads.insert(row.try_get::<i64, _>(0).unwrap());
         }
+        threads.extend(self.holders_in_a_transaction(&admin, name).await);
+        admin.close().await;
+        threads.len()
+    }
+
+    /// MySQL: the server connections this case's providers know hold `name` whose
+    /// transaction is still open (InnoDB's `INNODB_TRX`).
+    async fn holders_in_a_transaction(&self, admin: &AnyPool, name: &str) -> Vec<i64> {
         let holders: Vec<u64> = self
             .providers
             .lock()
@@ -191,22 +199,23 @@ impl SqlFactory {
             .iter()
             .filter_map(|p| p.holder_connection_id(name))
             .collect();
+        let mut open = Vec::new();
         for id in holders {
-            let open: i64 = sqlx::query(
+            let id = i64::try_from(id).unwrap();
+            let n: i64 = sqlx::query(
                 "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?",
             )
-            .bind(i64::try_from(id).unwrap())
-            .fetch_one(&admin)
+            .bind(id)
+            .fetch_one(admin)
             .await
             .unwrap()
             .try_get(0)
             .unwrap();
-            if open > 0 {
-                threads.insert(i64::try_from(id).unwrap());
+            if n > 0 {
+                open.push(id);
             }
         }
-        admin.close().await;
-        threads.len()
+        open
     }
 }
 
@@ -240,26 +249,7 @@ impl SqlFactory {
         .unwrap()
         .try_get(0)
         .unwrap();
-        let holders: Vec<u64> = self
-            .providers
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p.holder_connection_id(name))
-            .collect();
-        let mut open = 0;
-        for id in holders {
-            let n: i64 = sqlx::query(
-                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?",
-            )
-            .bind(i64::try_from(id).unwrap())
-            .fetch_one(&admin)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
-            open += usize::try_from(n).unwrap();
-        }
+        let open = self.holders_in_a_transaction(&admin, name).await.len();
         admin.close().await;
         usize::from(held.is_some()) + usize::try_from(waiting).unwrap() + open
     }

@@ -80,6 +80,15 @@ impl Row {
         }
     }
 
+    /// Column `i` as an integer, `None` if it is NULL.
+    pub(crate) fn optional_int(&self, i: usize) -> Result<Option<i64>, sqlx::Error> {
+        if self.is_null(i)? {
+            Ok(None)
+        } else {
+            self.int(i).map(Some)
+        }
+    }
+
     /// Whether column `i` is NULL.
     pub(crate) fn is_null(&self, i: usize) -> Result<bool, sqlx::Error> {
         use sqlx::{Row as _, ValueRef as _};

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{Attempt, Grant, LockStrategy, missing_id, unusable};
 use crate::Inner;
-use crate::db::{Conn, Row, query};
+use crate::db::{Conn, query};
 use crate::pinned::{Held, PinnedHold, Pinning, Release, Waits, server_seconds, server_wait};
 use crate::sql::{Tables, hex};
 
@@ -62,7 +62,8 @@ impl LockStrategy for GetLock {
             .fetch_one(&self.inner.pool)
             .await
             .map_err(err)?;
-        let token = optional_int(&row, 1)
+        let token = row
+            .optional_int(1)
             .map_err(err)?
             .and_then(|t| u64::try_from(t).ok());
         if row.is_null(0).map_err(err)? {
@@ -128,7 +129,7 @@ impl GetLock {
                     "GET_LOCK's round trip answered no row".to_owned(),
                 ));
             };
-            let parsed = (|| Ok((optional_int(&row, 0)?, optional_int(&row, 1)?, row.int(2)?)))();
+            let parsed = (|| Ok((row.optional_int(0)?, row.optional_int(1)?, row.int(2)?)))();
             let (got, token, session) = match parsed {
                 Ok(parsed) => parsed,
                 Err(e) => {
@@ -275,15 +276,6 @@ impl GetLockSql {
     pub(crate) fn release(&self, name: &[u8]) -> String {
         let key = Self::key(&self.prefix, &format!("X'{}'", hex(name)));
         format!("{}; SELECT RELEASE_LOCK({key})", self.reset)
-    }
-}
-
-/// Column `i` as an integer, `None` if it is NULL.
-fn optional_int(row: &Row, i: usize) -> std::result::Result<Option<i64>, sqlx::Error> {
-    if row.is_null(i)? {
-        Ok(None)
-    } else {
-        row.int(i).map(Some)
     }
 }
 

@@ -9,7 +9,7 @@ use dlock_core::{Error, Lease, LockName, LossReason, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Advisory, AdvisoryGrant, AdvisoryHold, Unlock, optional_int, release};
+use super::{Advisory, AdvisoryGrant, AdvisoryHold, Unlock, release};
 use crate::db::query;
 use crate::error::{Meaning, from_sqlx, meaning};
 use crate::pinned::session::Membership;
@@ -243,7 +243,7 @@ impl Advisory {
                 return Ok(Beside::SessionGone);
             }
         };
-        let token = match optional_int(&row, 0) {
+        let token = match row.optional_int(0) {
             Ok(token) => token.and_then(|t| u64::try_from(t).ok()),
             Err(e) => {
                 close_and_lose(c, session);

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{Attempt, Grant, LockStrategy, NameCache, missing_id, read_row};
 use crate::Inner;
-use crate::db::{Conn, Row, query};
+use crate::db::{Conn, query};
 use crate::error::{Meaning, meaning};
 use crate::pinned::session::Membership;
 use crate::pinned::{
@@ -304,7 +304,7 @@ impl Advisory {
                 let (pid, locked) = waits.run(&self.pinning, &mut conn, lock).await?;
                 match locked {
                     Ok(row) => {
-                        let token = optional_int(&row, 0).map_err(self.inner.err("lock"))?;
+                        let token = row.optional_int(0).map_err(self.inner.err("lock"))?;
                         // The statement may have waited long: the lease runs from after it
                         // (as the server's idle time does), not from when it was sent.
                         sent = self.pinning.start_lease(&mut conn, a.ttl()).await?;
@@ -340,7 +340,7 @@ impl Advisory {
                 if row.is_null(1).map_err(self.inner.err("lock"))? {
                     None
                 } else {
-                    Some((optional_int(&row, 0).map_err(self.inner.err("lock"))?, pid))
+                    Some((row.optional_int(0).map_err(self.inner.err("lock"))?, pid))
                 }
             };
             match granted {
@@ -393,14 +393,5 @@ impl Advisory {
             token,
             sent,
         })
-    }
-}
-
-/// Column `i` as an integer, `None` if it is NULL.
-fn optional_int(row: &Row, i: usize) -> std::result::Result<Option<i64>, sqlx::Error> {
-    if row.is_null(i)? {
-        Ok(None)
-    } else {
-        row.int(i).map(Some)
     }
 }
