@@ -208,7 +208,11 @@ mod tests {
     use super::*;
 
     fn path(name: &str) -> String {
-        lock_path("", &LockName::new(name).unwrap())
+        path_under("", name)
+    }
+
+    fn path_under(chroot: &str, name: &str) -> String {
+        lock_path(chroot, &LockName::new(name).unwrap())
     }
 
     #[test]
@@ -216,10 +220,7 @@ mod tests {
         assert_eq!(path("orders/42"), "/orders/42");
         assert_eq!(path("a b:c{d}'\"\\*?"), "/a b:c{d}'\"\\*?");
         assert_eq!(path("é"), "/é");
-        assert_eq!(
-            lock_path("/base", &LockName::new("x/y").unwrap()),
-            "/base/x/y"
-        );
+        assert_eq!(path_under("/base", "x/y"), "/base/x/y");
     }
 
     #[test]
@@ -233,10 +234,7 @@ mod tests {
         assert_eq!(path("🔒"), "/%F0%9F%94%92");
         assert_eq!(path("\u{e000}"), "/%EE%80%80");
         assert_eq!(path("zookeeper/x"), "/%7Aookeeper/x");
-        assert_eq!(
-            lock_path("/base", &LockName::new("zookeeper").unwrap()),
-            "/base/zookeeper"
-        );
+        assert_eq!(path_under("/base", "zookeeper"), "/base/zookeeper");
         assert_eq!(path("x/zookeeper"), "/x/zookeeper");
     }
 
