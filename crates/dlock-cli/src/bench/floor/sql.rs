@@ -161,11 +161,24 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
     for setting in sql.cycle.lock_session() {
-        c.execute(*setting)
-            .await
-            .map_err(sql.e("set the lock session"))?;
+        text::<DB>(sql, c, setting, "set the lock session").await?;
     }
     Ok(())
+}
+
+/// Runs `statements` (one or more, sent as text, as dlock sends its pinned ones) on `c`: the
+/// rows they answered.
+async fn text<DB>(
+    sql: &Sql,
+    c: &mut DB::Connection,
+    statements: &str,
+    what: &'static str,
+) -> dlock::Result<Vec<DB::Row>>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    c.fetch_all(statements).await.map_err(sql.e(what))
 }
 
 /// The floor's cycles of `sql`'s strategy (for-update, get-lock, optimistic, or else
@@ -198,16 +211,13 @@ where
                 );
                 let started = start.go().await;
                 for _ in 0..cycles {
-                    (&mut *c).execute("BEGIN").await.map_err(sql.e("BEGIN"))?;
+                    text::<DB>(sql, &mut c, "BEGIN", "BEGIN").await?;
                     sqlx::query(&lock)
                         .bind(name)
                         .fetch_optional(&mut *c)
                         .await
                         .map_err(sql.e("SELECT FOR UPDATE"))?;
-                    (&mut *c)
-                        .execute("ROLLBACK")
-                        .await
-                        .map_err(sql.e("ROLLBACK"))?;
+                    text::<DB>(sql, &mut c, "ROLLBACK", "ROLLBACK").await?;
                 }
                 return Ok(timed_since(started));
             }
@@ -218,10 +228,7 @@ where
             let (lock, unlock) = (cycle.lock_row(name, LEASE_SECS), cycle.unlock_row());
             let started = start.go().await;
             for _ in 0..cycles {
-                let rows = (&mut *c)
-                    .fetch_all(lock.as_str())
-                    .await
-                    .map_err(sql.e("lock"))?;
+                let rows = text::<DB>(sql, &mut c, &lock, "lock").await?;
                 DB::fence(sql, &rows, &mut f).await?;
                 if let Some(confirm) = cycle.confirm_lease() {
                     sqlx::query(confirm)
@@ -230,10 +237,7 @@ where
                         .await
                         .map_err(sql.e("confirm the lease"))?;
                 }
-                (&mut *c)
-                    .execute(unlock.as_str())
-                    .await
-                    .map_err(sql.e("unlock"))?;
+                text::<DB>(sql, &mut c, &unlock, "unlock").await?;
             }
             Ok(timed_since(started))
         }
@@ -243,10 +247,7 @@ where
             let (lock, unlock) = (cycle.named_lock(name, LEASE_SECS), cycle.named_unlock(name));
             let started = start.go().await;
             for _ in 0..cycles {
-                let rows = (&mut *c)
-                    .fetch_all(lock.as_str())
-                    .await
-                    .map_err(sql.e("lock"))?;
+                let rows = text::<DB>(sql, &mut c, &lock, "lock").await?;
                 if rows.is_empty() {
                     return Err(err(
                         "mysql",
@@ -254,10 +255,7 @@ where
                         "GET_LOCK's round trip answered no row",
                     ));
                 }
-                (&mut *c)
-                    .fetch_all(unlock.as_str())
-                    .await
-                    .map_err(sql.e("unlock"))?;
+                text::<DB>(sql, &mut c, &unlock, "unlock").await?;
             }
             Ok(timed_since(started))
         }
