@@ -20,6 +20,16 @@ use super::{BenchOpts, Row, Workload};
 /// W1 runs its cycles in this many blocks, each followed by as many cycles of its floor.
 const W1_BLOCKS: u64 = 8;
 
+/// One workload's run against one target: what every workload function starts from.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    target: &'a Target,
+    workload: Workload,
+    /// The prefix of the run's lock names.
+    ns: &'a str,
+    opts: &'a BenchOpts,
+}
+
 /// Runs one workload against `target`: its row, or the error that ended it.
 pub(super) async fn run_workload(
     target: &Target,
@@ -28,15 +38,19 @@ pub(super) async fn run_workload(
 ) -> dlock::Result<Row> {
     let mut row = Row::new(&target.label, format!("{workload:?}"));
     let ns = namespace();
+    let run = Run {
+        target,
+        workload,
+        ns: &ns,
+        opts,
+    };
     match workload {
-        Workload::W1 => uncontended(target, &ns, opts, &mut row).await?,
-        Workload::W2 | Workload::W2F | Workload::W4 => {
-            contended(target, workload, &ns, opts, &mut row).await?;
-        }
-        Workload::W3 => handoff(target, &ns, opts, &mut row).await?,
-        Workload::W5 => fairness(target, &ns, &mut row).await?,
-        Workload::W6 => scale(target, &ns, opts, &mut row).await?,
-        Workload::W7 | Workload::W7H => many_tasks(target, workload, &ns, opts, &mut row).await?,
+        Workload::W1 => uncontended(&run, &mut row).await?,
+        Workload::W2 | Workload::W2F | Workload::W4 => contended(&run, &mut row).await?,
+        Workload::W3 => handoff(&run, &mut row).await?,
+        Workload::W5 => fairness(&run, &mut row).await?,
+        Workload::W6 => scale(&run, &mut row).await?,
+        Workload::W7 | Workload::W7H => many_tasks(&run, &mut row).await?,
         // A row per `--holds` count, made by `scale::scale`.
         Workload::W8 => row.skipped = Some("W8 has a row per --holds count".into()),
     }
@@ -45,12 +59,10 @@ pub(super) async fn run_workload(
 
 /// W1: one client acquires and releases one name, after a warm-up, in blocks that take turns
 /// with blocks of the floor's cycles.
-async fn uncontended(
-    target: &Target,
-    ns: &str,
-    opts: &BenchOpts,
-    row: &mut Row,
-) -> dlock::Result<()> {
+async fn uncontended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run {
+        target, ns, opts, ..
+    } = *run;
     let limit = opts.duration;
     let p = target.client().await?;
     let lock = p.lock(&format!("{ns}/w1"), LockOptions::default())?;
@@ -151,15 +163,12 @@ impl FloorSum {
 /// W2, W2F, W4: 8 clients, each with a share of twice W1's cycles; on one name (W2, W2F with
 /// the fair lock) the critical section checks exclusion and counts owner switches, on a name
 /// each (W4) it is set against the floor of 8 clients.
-async fn contended(
-    target: &Target,
-    workload: Workload,
-    ns: &str,
-    opts: &BenchOpts,
-    row: &mut Row,
-) -> dlock::Result<()> {
-    let one_name = workload != Workload::W4;
-    let fair = workload == Workload::W2F;
+async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run {
+        target, ns, opts, ..
+    } = *run;
+    let one_name = run.workload != Workload::W4;
+    let fair = run.workload == Workload::W2F;
     let total = opts.cycles * 2;
     let per = total / 8;
     let counter = Arc::new(AtomicU64::new(0));
@@ -321,14 +330,11 @@ const W7_TASKS: u64 = 64;
 /// W7, W7H: 64 tasks on one provider, each with a share of twice W1's cycles; on a name each
 /// (W7), set against the floor of as many tasks on one connection where the store has one,
 /// or on 8 names, 8 tasks to a name (W7H), whose critical sections check exclusion.
-async fn many_tasks(
-    target: &Target,
-    workload: Workload,
-    ns: &str,
-    opts: &BenchOpts,
-    row: &mut Row,
-) -> dlock::Result<()> {
-    let hot = workload == Workload::W7H;
+async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run {
+        target, ns, opts, ..
+    } = *run;
+    let hot = run.workload == Workload::W7H;
     let per = (opts.cycles * 2 / W7_TASKS).max(1);
     let p = target.client().await?;
     let mut locks = Vec::new();
@@ -385,7 +391,10 @@ async fn many_tasks(
 
 /// W3: two clients pass the lock back and forth; a handoff is the time from the holder's
 /// release call to the waiter's acquire returning.
-async fn handoff(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dlock::Result<()> {
+async fn handoff(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run {
+        target, ns, opts, ..
+    } = *run;
     let handoffs = (opts.cycles / 4).max(2);
     let name = format!("{ns}/w3");
     let a = target.client().await?.lock(&name, LockOptions::default())?;
@@ -428,7 +437,8 @@ async fn handoff(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> 
 }
 
 /// W5: 8 waiters queue in a known order on a fair lock; how many are served out of order.
-async fn fairness(target: &Target, ns: &str, row: &mut Row) -> dlock::Result<()> {
+async fn fairness(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run { target, ns, .. } = *run;
     let p = target.client().await?;
     if !p.capabilities().fair {
         row.skipped = Some("no fair locks".into());
@@ -481,7 +491,10 @@ async fn fairness(target: &Target, ns: &str, row: &mut Row) -> dlock::Result<()>
 }
 
 /// W6: one client holds 1,000 locks at once, then releases them.
-async fn scale(target: &Target, ns: &str, opts: &BenchOpts, row: &mut Row) -> dlock::Result<()> {
+async fn scale(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run {
+        target, ns, opts, ..
+    } = *run;
     let count = opts.cycles.clamp(2, 1000);
     let before_conn = floor::server_connections(&target.url).await;
     let rss_before = rss_kib();
