@@ -6,8 +6,9 @@ use dlock_core::{LockOptions, MultiLock};
 
 use super::{
     FAIR_LOCKS, READ_WRITE_LOCKS, SEMAPHORES, WATCHDOG_LEASES, ZERO, assert_busy, assert_cut_off,
-    clients, clients_if, contended, cuts, granted_within, lock, lock_with, release, residue_is,
-    residue_reaches, rw, sem, short_watchdog, take, take_permit, take_read, take_write, until_free,
+    clients, clients_if, contended, cuts, granted_within, lock, lock_with, named_clients_if,
+    release, residue_is, residue_reaches, rw, sem, short_watchdog, take, take_permit, take_read,
+    take_write, until_free,
 };
 use crate::Factory;
 use crate::support::Names;
@@ -50,10 +51,9 @@ pub async fn cancel_at_every_point_leaves_nothing(f: &impl Factory) {
 /// Fair waiters cancelled while queued, and at many points of their acquisition, leave no
 /// queue entry: the queue is back to the holder alone, and a newcomer is not blocked later.
 pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, FAIR_LOCKS).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, FAIR_LOCKS, "cancel-fair").await else {
         return;
     };
-    let name = Names::new().name("cancel-fair");
     let opts = LockOptions::new().with_fair(true);
     let holder = take(f, &lock_with(&a, &name, opts)).await;
     residue_is(f, &name, 1, "the holder alone").await;
@@ -83,10 +83,9 @@ pub async fn cancelled_fair_waiters_leave_nothing(f: &impl Factory) {
 /// Readers and writers cancelled while a writer holds, and writers cancelled while a reader
 /// holds, leave nothing behind.
 pub async fn cancelled_readers_and_writers_leave_nothing(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, READ_WRITE_LOCKS).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, READ_WRITE_LOCKS, "cancel-rw").await else {
         return;
     };
-    let name = Names::new().name("cancel-rw");
     let writer = take_write(f, &rw(&a, &name), "the writer").await;
     let other = rw(&b, &name);
     for cut in cuts() {
@@ -110,10 +109,9 @@ pub async fn cancelled_readers_and_writers_leave_nothing(f: &impl Factory) {
 /// Semaphore waiters cancelled while every permit is held leave nothing behind and take no
 /// permit.
 pub async fn cancelled_semaphore_waiters_leave_nothing(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, SEMAPHORES).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, SEMAPHORES, "cancel-sem").await else {
         return;
     };
-    let name = Names::new().name("cancel-sem");
     let opts = LockOptions::default();
     let held = take_permit(f, &sem(&a, &name, 1, opts), "the permit").await;
     let waiter = sem(&b, &name, 1, opts);

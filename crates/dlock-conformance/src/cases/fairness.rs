@@ -6,8 +6,8 @@ use dlock_core::LockOptions;
 use futures::future::join_all;
 
 use super::{
-    FAIR_LOCKS, ZERO, assert_unsupported, caps, client, clients_if, lock_with, not_applicable,
-    release, residue_is, take,
+    FAIR_LOCKS, ZERO, assert_unsupported, caps, client, lock_with, named_clients_if,
+    not_applicable, release, residue_is, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -16,10 +16,9 @@ use crate::support::{Names, must};
 /// barge past them.
 pub async fn fair_lock_grants_in_waiting_order(f: &impl Factory) {
     const WAITERS: usize = 8;
-    let Some([a, b]) = clients_if(f, FAIR_LOCKS).await else {
+    let Some(([a, b], name)) = named_clients_if(f, FAIR_LOCKS, "fair").await else {
         return;
     };
-    let name = Names::new().name("fair");
     let opts = LockOptions::new().with_fair(true);
     let holder = take(f, &lock_with(&a, &name, opts)).await;
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));

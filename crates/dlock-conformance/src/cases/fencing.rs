@@ -3,18 +3,17 @@
 use dlock_core::Capabilities;
 
 use super::{
-    FENCING_TOKENS, Need, acquired, assert_lock_lost, client, clients_if, dropped_behind_the_back,
-    expiry_wait, fixed, lease_wait, lock, lock_with, release, short_watchdog, take,
+    FENCING_TOKENS, Need, acquired, assert_lock_lost, client, dropped_behind_the_back, expiry_wait,
+    fixed, lease_wait, lock, lock_with, named_clients_if, release, short_watchdog, take,
 };
 use crate::Factory;
-use crate::support::{Names, must};
+use crate::support::must;
 
 /// Tokens strictly increase over 100 handoffs between two clients.
 pub async fn fencing_increases_across_handoffs(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, FENCING_TOKENS).await else {
+    let Some(([a, b], name)) = named_clients_if(f, FENCING_TOKENS, "fence").await else {
         return;
     };
-    let name = Names::new().name("fence");
     let (la, lb) = (lock(&a, &name), lock(&b, &name));
     let mut last = None;
     for i in 0..100 {
@@ -31,10 +30,9 @@ pub async fn fencing_increases_across_handoffs(f: &impl Factory) {
 
 /// Tokens keep increasing for a client that connects after the lock was released.
 pub async fn fencing_increases_across_clients(f: &impl Factory) {
-    let Some([a]) = clients_if(f, FENCING_TOKENS).await else {
+    let Some(([a], name)) = named_clients_if(f, FENCING_TOKENS, "fence-new").await else {
         return;
     };
-    let name = Names::new().name("fence-new");
     let g = take(f, &lock(&a, &name)).await;
     let t1 = g.fencing_token();
     release(g).await;
@@ -51,10 +49,10 @@ pub async fn fencing_increases_across_clients(f: &impl Factory) {
 pub async fn fencing_increases_across_expiry_and_takeover(f: &impl Factory) {
     let offered = |c: &Capabilities| c.fencing && c.fixed_lease && c.watchdog;
     let why = "no fencing tokens with fixed and watchdog leases";
-    let Some([a, b, c]) = clients_if(f, Need(offered, why)).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, Need(offered, why), "fence-expiry").await
+    else {
         return;
     };
-    let name = Names::new().name("fence-expiry");
     let wait = expiry_wait(f);
     // 1. A fixed lease runs out; another client takes over.
     let g1 = take(f, &lock_with(&a, &name, fixed(f))).await;

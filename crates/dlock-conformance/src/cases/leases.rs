@@ -10,7 +10,7 @@ use super::{
     FIXED_LEASES, Need, WATCHDOG_LEASES, WATCHDOG_LEASES_WITH_LOSS_DETECTION, WatchdogProbes, ZERO,
     acquired, assert_busy, assert_lock_lost, client, clients, clients_if, cuttable_clients_if,
     dropped_behind_the_back, expiry_wait, fixed, granted_within, lease_wait, lock, lock_with,
-    on_a_runtime_of_its_own, release, short_watchdog, take, until_free,
+    named_clients_if, on_a_runtime_of_its_own, release, short_watchdog, take, until_free,
 };
 use crate::Factory;
 use crate::record::inconclusive_by_chance;
@@ -19,10 +19,9 @@ use crate::support::{Names, StallProbe, must};
 /// A fixed lease runs out, another takes the lock, and the old guard's release is
 /// `LockLost` and does not disturb the new holder.
 pub async fn release_after_takeover_is_lock_lost(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, FIXED_LEASES, "takeover").await else {
         return;
     };
-    let name = Names::new().name("takeover");
     let old = take(f, &lock_with(&a, &name, fixed(f))).await;
     must(lease_wait(f), "fixed lease end", old.lost()).await;
     let lb = lock(&b, &name);
@@ -52,10 +51,9 @@ pub async fn stale_release_reaches_the_store(f: &impl Factory) {
 
 /// As [`stale_release_reaches_the_store`], for `extend` on a long fixed lease.
 pub async fn stale_extend_reaches_the_store(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, FIXED_LEASES).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, FIXED_LEASES, "stale-extend").await else {
         return;
     };
-    let name = Names::new().name("stale-extend");
     let long = LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(60)));
     let Some((old, new)) = taken_over_behind_the_back(f, [&a, &b], &name, long).await else {
         return;
@@ -98,10 +96,9 @@ async fn assert_undisturbed(c: &DynLockProvider, name: &str, new: LockGuard) {
 /// A holder that dies (stops renewing without releasing) frees the lock within its lease
 /// (some backends free it at once: a dead connection ends a row lock).
 pub async fn abandoned_hold_expires(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, WATCHDOG_LEASES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, WATCHDOG_LEASES, "abandoned").await else {
         return;
     };
-    let name = Names::new().name("abandoned");
     let _token = take(f, &lock_with(&a, &name, short_watchdog(f)))
         .await
         .leak();
@@ -112,10 +109,9 @@ pub async fn abandoned_hold_expires(f: &impl Factory) {
 
 /// The watchdog keeps a live holder's lock well past its TTL.
 pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, WATCHDOG_LEASES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, WATCHDOG_LEASES, "watchdog").await else {
         return;
     };
-    let name = Names::new().name("watchdog");
     // Keeping a hold is promised to a live holder: a runtime stalled for most of the lease (a
     // stress run on two cores saw one) loses it, as it should.
     // So does a store that answers too slowly for renewals to get through in time (a stress
@@ -153,10 +149,9 @@ pub async fn watchdog_keeps_hold_past_three_ttls(f: &impl Factory) {
 /// waits for the lock looks like this), unless the runtime was kept from running for half
 /// the lease or more meanwhile (a stall probe); then the case says so and checks the rest.
 pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, FIXED_LEASES, "fixed").await else {
         return;
     };
-    let name = Names::new().name("fixed");
     let lease = f.short_lease();
     let stalls = StallProbe::start();
     let started = Instant::now();
@@ -246,10 +241,9 @@ pub async fn fixed_lease_is_exclusive_until_its_end(f: &impl Factory) {
 /// and on a loaded machine a short lease can run out between the acquire and the extend (a
 /// loss the contract calls for, not the case under test).
 pub async fn extend_keeps_fixed_lease(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, FIXED_LEASES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, FIXED_LEASES, "extend").await else {
         return;
     };
-    let name = Names::new().name("extend");
     let lease = f.short_lease();
     let first = LockOptions::new().with_lease(Lease::Fixed(lease * 3));
     let g = take(f, &lock_with(&a, &name, first)).await;
@@ -314,10 +308,11 @@ pub async fn extend_on_watchdog_lease_is_invalid(f: &impl Factory) {
 
 /// A hold removed behind the holder's back is reported lost, within one renewal period.
 pub async fn forced_expiry_reports_loss(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, Need(|c| c.loss_detection, "no loss detection")).await else {
+    let Some(([a, b], name)) =
+        named_clients_if(f, Need(|c| c.loss_detection, "no loss detection"), "forced").await
+    else {
         return;
     };
-    let name = Names::new().name("forced");
     let g = take(f, &lock_with(&a, &name, short_watchdog(f))).await;
     if !dropped_behind_the_back(f, &name).await {
         return;

@@ -45,7 +45,7 @@ use dlock_core::{
 use tokio::task::JoinHandle;
 
 use crate::record::{Outcome, note};
-use crate::support::{ExplainsALoss, StallProbe, StoreProbe, eventually, must};
+use crate::support::{ExplainsALoss, Names, StallProbe, StoreProbe, eventually, must};
 use crate::{Factory, Partition};
 
 const ZERO: Duration = Duration::ZERO;
@@ -106,6 +106,17 @@ async fn clients_if<const N: usize>(f: &impl Factory, need: Need) -> Option<[Dyn
     let all: [DynLockProvider; N] = clients(f).await;
     let met = all.first().is_some_and(|p| need.met(f, &caps(p)));
     met.then_some(all)
+}
+
+/// `N` clients and a fresh lock name ending in `suffix`, if the backend offers what the case
+/// needs; otherwise `None`, as [`clients_if`].
+async fn named_clients_if<const N: usize>(
+    f: &impl Factory,
+    need: Need,
+    suffix: &str,
+) -> Option<([DynLockProvider; N], String)> {
+    let clients = clients_if(f, need).await?;
+    Some((clients, Names::new().name(suffix)))
 }
 
 /// A client the case can cut off the store, with its cut ([`Factory::connect_partitionable`]),

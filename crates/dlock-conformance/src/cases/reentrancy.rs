@@ -9,7 +9,7 @@ use dlock_core::LockOptions;
 
 use super::{
     Need, REENTRANT_LOCKS, ZERO, acquired, assert_busy, caps, client, clients, clients_if, is_free,
-    lock, lock_with, release, take,
+    lock, lock_with, named_clients_if, release, take,
 };
 use crate::Factory;
 use crate::support::{Names, must};
@@ -41,10 +41,9 @@ pub async fn reentrant_acquire_returns_same_token(f: &impl Factory) {
 
 /// The lock is free for others only when the owner's last guard is released.
 pub async fn reentrant_lock_freed_by_last_guard(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, REENTRANT_LOCKS).await else {
+    let Some(([a, b], name)) = named_clients_if(f, REENTRANT_LOCKS, "count").await else {
         return;
     };
-    let name = Names::new().name("count");
     let l = lock_with(&a, &name, reentrant());
     let other = lock(&b, &name);
     let g1 = take(f, &l).await;

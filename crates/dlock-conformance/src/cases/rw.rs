@@ -6,27 +6,31 @@ use std::time::Duration;
 use dlock_core::{Capabilities, DynLockProvider, DynReadWriteLock, Error, LockOptions};
 
 use super::{
-    Need, READ_WRITE_LOCKS, ZERO, assert_not_granted, clients_if, granted_within, joined, release,
-    residue_reaches, rw, take_read, take_write, unsupported,
+    Need, READ_WRITE_LOCKS, ZERO, assert_not_granted, clients_if, granted_within, joined,
+    named_clients_if, release, residue_reaches, rw, take_read, take_write, unsupported,
 };
 use crate::Factory;
 use crate::support::{Names, must};
 
-/// Handles of one read-write lock (a fresh name ending in `suffix`), one through each client.
-fn handles_of_one_lock<const N: usize>(
-    clients: &[DynLockProvider; N],
+/// Handles of one read-write lock (a fresh name ending in `suffix`), one through each of `N`
+/// fresh clients (returned with them, to keep them open), if the backend offers what `need`
+/// asks; `None` otherwise (the case is then noted skipped, and the caller returns).
+async fn handles_of_one_lock<const N: usize>(
+    f: &impl Factory,
+    need: Need,
     suffix: &str,
-) -> [DynReadWriteLock; N] {
-    let name = Names::new().name(suffix);
-    clients.each_ref().map(|p| rw(p, &name))
+) -> Option<([DynLockProvider; N], [DynReadWriteLock; N])> {
+    let (clients, name) = named_clients_if(f, need, suffix).await?;
+    let handles = clients.each_ref().map(|p| rw(p, &name));
+    Some((clients, handles))
 }
 
 /// Readers of different clients share.
 pub async fn rw_readers_share(f: &impl Factory) {
-    let Some(clients) = clients_if(f, READ_WRITE_LOCKS).await else {
+    let Some((_clients, [la, lb])) = handles_of_one_lock(f, READ_WRITE_LOCKS, "rw-share").await
+    else {
         return;
     };
-    let [la, lb] = handles_of_one_lock(&clients, "rw-share");
     let r1 = take_read(f, &la, "reader 1").await;
     let r2 = take_read(f, &lb, "reader 2").await;
     release(r1).await;
@@ -35,10 +39,10 @@ pub async fn rw_readers_share(f: &impl Factory) {
 
 /// A writer excludes readers and writers.
 pub async fn rw_writer_excludes_everyone(f: &impl Factory) {
-    let Some(clients) = clients_if(f, READ_WRITE_LOCKS).await else {
+    let Some((_clients, [l, other])) = handles_of_one_lock(f, READ_WRITE_LOCKS, "rw-write").await
+    else {
         return;
     };
-    let [l, other] = handles_of_one_lock(&clients, "rw-write");
     let w = take_write(f, &l, "writer").await;
     assert_not_granted(other.try_read(ZERO).await, "read during a write");
     assert_not_granted(other.try_write(ZERO).await, "write during a write");
@@ -48,10 +52,10 @@ pub async fn rw_writer_excludes_everyone(f: &impl Factory) {
 
 /// A reader blocks writers; the writer gets in after the reader leaves.
 pub async fn rw_reader_blocks_writer(f: &impl Factory) {
-    let Some(clients) = clients_if(f, READ_WRITE_LOCKS).await else {
+    let Some((_clients, [l, writer])) = handles_of_one_lock(f, READ_WRITE_LOCKS, "rw-read").await
+    else {
         return;
     };
-    let [l, writer] = handles_of_one_lock(&clients, "rw-read");
     let r = take_read(f, &l, "reader").await;
     assert_not_granted(writer.try_write(ZERO).await, "write during a read");
     release(r).await;
@@ -61,10 +65,11 @@ pub async fn rw_reader_blocks_writer(f: &impl Factory) {
 /// The writer may take the read lock (downgrade) and keep reading after releasing the write.
 pub async fn rw_downgrade(f: &impl Factory) {
     let offered = |c: &Capabilities| c.read_write && c.reentrant;
-    let Some(clients) = clients_if(f, Need(offered, "no reentrant read-write locks")).await else {
+    let Some((_clients, [l, other])) =
+        handles_of_one_lock(f, Need(offered, "no reentrant read-write locks"), "rw-down").await
+    else {
         return;
     };
-    let [l, other] = handles_of_one_lock(&clients, "rw-down");
     let w = take_write(f, &l, "writer").await;
     let r = granted_within(
         f.slack(),
@@ -97,10 +102,9 @@ pub async fn rw_upgrade_would_deadlock(f: &impl Factory) {
 pub async fn rw_fair_downgrade_with_a_writer_queued(f: &impl Factory) {
     let offered = |c: &Capabilities| c.read_write && c.fair && c.reentrant;
     let why = "no fair reentrant read-write locks";
-    let Some([a, b]) = clients_if(f, Need(offered, why)).await else {
+    let Some(([a, b], name)) = named_clients_if(f, Need(offered, why), "rw-fair-down").await else {
         return;
     };
-    let name = Names::new().name("rw-fair-down");
     let fair = LockOptions::new().with_fair(true);
     let mine = match a.read_write_lock(&name, fair) {
         Ok(l) => l,

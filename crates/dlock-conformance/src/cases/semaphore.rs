@@ -5,18 +5,17 @@ use std::collections::BTreeSet;
 use dlock_core::{Capabilities, Error, LockGuard, LockOptions};
 
 use super::{
-    Need, SEMAPHORES, ZERO, acquired, assert_not_granted, caps, clients_if, expiry_wait,
-    granted_within, release, sem, short_watchdog, take_permit,
+    Need, SEMAPHORES, ZERO, acquired, assert_not_granted, caps, expiry_wait, granted_within,
+    named_clients_if, release, sem, short_watchdog, take_permit,
 };
 use crate::Factory;
-use crate::support::{Names, must};
+use crate::support::must;
 
 /// At most `permits` holders; a released permit lets the next one in.
 pub async fn semaphore_limits_holders(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, SEMAPHORES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, SEMAPHORES, "sem").await else {
         return;
     };
-    let name = Names::new().name("sem");
     let opts = LockOptions::default();
     let mut held = Vec::new();
     for i in 0..3 {
@@ -36,10 +35,9 @@ pub async fn semaphore_limits_holders(f: &impl Factory) {
 
 /// Every acquisition takes a permit, even through the same handle.
 pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
-    let Some([a]) = clients_if(f, SEMAPHORES).await else {
+    let Some(([a], name)) = named_clients_if(f, SEMAPHORES, "sem-same").await else {
         return;
     };
-    let name = Names::new().name("sem-same");
     let s = sem(&a, &name, 2, LockOptions::default());
     let g1 = take_permit(f, &s, "permit 1").await;
     let g2 = take_permit(f, &s, "permit 2").await;
@@ -52,10 +50,9 @@ pub async fn semaphore_each_acquire_takes_a_permit(f: &impl Factory) {
 pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
     let offered = |c: &Capabilities| c.semaphore && c.watchdog;
     let why = "no semaphores with watchdog leases";
-    let Some([a, b]) = clients_if(f, Need(offered, why)).await else {
+    let Some(([a, b], name)) = named_clients_if(f, Need(offered, why), "sem-dead").await else {
         return;
     };
-    let name = Names::new().name("sem-dead");
     let _ = take_permit(f, &sem(&a, &name, 1, short_watchdog(f)), "the permit")
         .await
         .leak();
@@ -70,10 +67,9 @@ pub async fn semaphore_permits_of_dead_holders_return(f: &impl Factory) {
 /// handle enforcing its own limit); handles that agree go on, and once every permit is back
 /// the count may change.
 pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, SEMAPHORES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, SEMAPHORES, "sem-count").await else {
         return;
     };
-    let name = Names::new().name("sem-count");
     let opts = LockOptions::default();
     let held = take_permit(f, &sem(&a, &name, 3, opts), "a permit of 3").await;
     for (permits, wait) in [(5, ZERO), (1, ZERO), (5, f.slack())] {
@@ -102,10 +98,9 @@ pub async fn semaphore_handles_must_agree_on_permits(f: &impl Factory) {
 /// (of any handle), one more per release, and a leaked permit whose fixed lease ended counts as
 /// free although nobody released it.
 pub async fn semaphore_counts_available_permits(f: &impl Factory) {
-    let Some([a, b]) = clients_if(f, SEMAPHORES).await else {
+    let Some(([a, b], name)) = named_clients_if(f, SEMAPHORES, "sem-available").await else {
         return;
     };
-    let name = Names::new().name("sem-available");
     let s = sem(&a, &name, 3, LockOptions::default());
     let other = sem(&b, &name, 3, LockOptions::default());
     let free = |s: &dlock_core::DynSemaphore| {

@@ -8,8 +8,9 @@ use tokio::time::Instant;
 
 use super::{
     FIXED_LEASES, WATCHDOG_LEASES, WatchdogProbes, ZERO, acquired, assert_busy, caps, client,
-    clients, clients_if, contended, fixed, granted_within, joined, lock, lock_with, refusals,
-    release, residue_is, rw, sem, short_watchdog, take, until_free, waiting,
+    clients, clients_if, contended, fixed, granted_within, joined, lock, lock_with,
+    named_clients_if, refusals, release, residue_is, rw, sem, short_watchdog, take, until_free,
+    waiting,
 };
 use crate::Factory;
 use crate::support::{Names, StallProbe, must};
@@ -38,10 +39,9 @@ async fn after_a_long_wait<T>(
 /// A waiter that waited twice its own (watchdog) lease before the holder let go holds a live
 /// lock: held on arrival, and kept by its watchdog for three more leases.
 pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, WATCHDOG_LEASES).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, WATCHDOG_LEASES, "long-wait").await else {
         return;
     };
-    let name = Names::new().name("long-wait");
     // The stall probe starts at the release: from there the waiter's watchdog must keep a live
     // hold, and a runtime stalled for most of the lease loses it, as it should (see
     // `watchdog_keeps_hold_past_three_ttls`).
@@ -70,10 +70,9 @@ pub async fn waiter_longer_than_its_lease_keeps_it(f: &impl Factory) {
 /// seen, which a slow machine only makes later (a stress run saw the guard half a lease
 /// after the grant, and "not lost within half a lease of seeing it" ran past its end).
 pub async fn waiter_longer_than_its_fixed_lease_keeps_it(f: &impl Factory) {
-    let Some([a, b, c]) = clients_if(f, FIXED_LEASES).await else {
+    let Some(([a, b, c], name)) = named_clients_if(f, FIXED_LEASES, "long-wait-fixed").await else {
         return;
     };
-    let name = Names::new().name("long-wait-fixed");
     let (g, releasing) = after_a_long_wait(f, [&a, &b], &name, fixed(f), Instant::now).await;
     let lease = f.short_lease();
     if g.remaining() > lease / 2 {
