@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::Batcher;
 use dlock_core::{LockName, LockStatus, Result, async_trait};
 
-use super::rows::{RowRenewal, RowStrategy, changed, described, own_row, row_renewals};
+use super::rows::{RowBase, RowStrategy, changed, described, own_row};
 use super::{Attempt, NameCache, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
 use crate::config::Dialect;
@@ -23,19 +22,18 @@ const MAX_MINTS: u32 = 10_000;
 /// The optimistic strategy of one provider.
 #[derive(Debug)]
 pub(crate) struct Optimistic {
-    inner: Arc<Inner>,
+    base: RowBase,
     sql: OptimisticSql,
     /// The version last seen per name (saves the read before the claim).
     versions: NameCache<i64>,
-    renewals: Batcher<RowRenewal, bool>,
 }
 
 impl Optimistic {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = OptimisticSql::new(tables);
+        let base = RowBase::new(inner, sql.renew_versions.clone(), true);
         Self {
-            renewals: row_renewals(Arc::clone(&inner), sql.renew_versions.clone()),
-            inner,
+            base,
             sql,
             versions: NameCache::new(),
         }
@@ -57,7 +55,7 @@ impl Optimistic {
                 .bind(version)
                 .fetch_optional(&mut *conn)
                 .await
-                .map_err(self.inner.err("read the version"))?;
+                .map_err(self.base.inner.err("read the version"))?;
             if free.is_none() {
                 return Ok(None);
             }
@@ -70,7 +68,7 @@ impl Optimistic {
                 .bind(version)
                 .execute(&mut *conn)
                 .await
-                .map_err(self.inner.err("move to a new seed"))?;
+                .map_err(self.base.inner.err("move to a new seed"))?;
             if moved.rows_affected != 1 {
                 return Ok(None); // held, or claimed or moved by someone else
             }
@@ -84,13 +82,13 @@ impl Optimistic {
             .bind(ms(a.ttl()))
             .bind(a.key())
             .bind(version);
-        let missing = || missing_id(self.inner.backend, &a.name);
-        let next = match self.inner.dialect {
+        let missing = || missing_id(self.base.inner.backend, &a.name);
+        let next = match self.base.inner.dialect {
             Dialect::MySql => {
                 let done = q
                     .execute(&mut *conn)
                     .await
-                    .map_err(self.inner.err("acquire"))?;
+                    .map_err(self.base.inner.err("acquire"))?;
                 if done.rows_affected != 1 {
                     None
                 } else {
@@ -102,9 +100,9 @@ impl Optimistic {
                 let row = q
                     .fetch_optional(&mut *conn)
                     .await
-                    .map_err(self.inner.err("acquire"))?;
+                    .map_err(self.base.inner.err("acquire"))?;
                 match row {
-                    Some(row) => Some(row.int(0).map_err(self.inner.err("acquire"))?),
+                    Some(row) => Some(row.int(0).map_err(self.base.inner.err("acquire"))?),
                     None => None,
                 }
             }
@@ -119,16 +117,16 @@ impl Optimistic {
     /// AUTO_INCREMENT row, deleted again at once: the counter, not the row, remembers it).
     async fn mint_seed(&self, conn: &mut Conn) -> Result<i64> {
         let s = &self.sql;
-        let err = self.inner.err("seed");
+        let err = self.base.inner.err("seed");
         let q = query(&s.new_seed);
-        let seed = match self.inner.dialect {
+        let seed = match self.base.inner.dialect {
             Dialect::MySql => {
                 let done = q.execute(&mut *conn).await.map_err(err)?;
                 done.last_insert_id
                     .and_then(|id| i64::try_from(id).ok())
                     .ok_or_else(|| {
                         unusable(
-                            self.inner.backend,
+                            self.base.inner.backend,
                             "the database returned no id for a new seed",
                         )
                     })?
@@ -156,7 +154,7 @@ impl Optimistic {
             let seed = self.mint_seed(conn).await?;
             let first = seeded(seed).ok_or_else(|| {
                 unusable(
-                    self.inner.backend,
+                    self.base.inner.backend,
                     format!("the seed {seed} no longer fits a fencing token"),
                 )
             })?;
@@ -165,7 +163,7 @@ impl Optimistic {
             }
         }
         Err(unusable(
-            self.inner.backend,
+            self.base.inner.backend,
             format!(
                 "{MAX_MINTS} seeds minted without passing version {floor}: the version was set \
                  by hand far above what dlock hands out"
@@ -176,16 +174,8 @@ impl Optimistic {
 
 #[async_trait]
 impl RowStrategy for Optimistic {
-    fn inner(&self) -> &Inner {
-        &self.inner
-    }
-
-    fn renewals(&self) -> &Batcher<RowRenewal, bool> {
-        &self.renewals
-    }
-
-    fn renewal(&self, a: &Attempt, token: u64, ttl: Duration) -> RowRenewal {
-        RowRenewal::new(a, Some(token), ttl)
+    fn base(&self) -> &RowBase {
+        &self.base
     }
 
     /// `UPDATE … WHERE version = ?` with the version last seen for this name; on a miss, read
@@ -202,7 +192,7 @@ impl RowStrategy for Optimistic {
             .bind(a.key())
             .fetch_optional(&mut *conn)
             .await
-            .map_err(self.inner.err("read the version"))?;
+            .map_err(self.base.inner.err("read the version"))?;
         if row.is_none() {
             // A new row starts at the versions of a new seed, above every token an earlier
             // row of this name gave (one deleted by hand, say): tokens never go backwards.
@@ -212,15 +202,17 @@ impl RowStrategy for Optimistic {
                 .bind(first)
                 .execute(&mut *conn)
                 .await
-                .map_err(self.inner.err("create the row"))?;
+                .map_err(self.base.inner.err("create the row"))?;
             row = query(&s.select_version)
                 .bind(a.key())
                 .fetch_optional(&mut *conn)
                 .await
-                .map_err(self.inner.err("read the version"))?;
+                .map_err(self.base.inner.err("read the version"))?;
         }
         let Some(row) = row else { return Ok(None) };
-        let version = row.int(0).map_err(self.inner.err("read the version"))?;
+        let version = row
+            .int(0)
+            .map_err(self.base.inner.err("read the version"))?;
         self.versions.remember(&a.name, version);
         if cached == Some(version) {
             return Ok(None); // the claim above already failed on this very version
@@ -235,11 +227,11 @@ impl RowStrategy for Optimistic {
             None => &s.release_version_by_owner,
         };
         let release = own_row(statement, None, a, token);
-        changed(&self.inner, release, conn, "release").await
+        changed(&self.base.inner, release, conn, "release").await
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
-        let row = described(&self.inner, &self.sql.describe_version, name).await?;
+        let row = described(&self.base.inner, &self.sql.describe_version, name).await?;
         let Some((owner, [version, left])) = row else {
             return Ok(LockStatus::free(None));
         };
@@ -256,8 +248,8 @@ impl RowStrategy for Optimistic {
     /// was deleted) starts above them. Tables of an older dlock counted versions from 0, past
     /// 2^20 for a busy name, with no seed behind them.
     async fn prepare(&self) -> Result<()> {
-        let err = self.inner.err("read the highest version");
-        let mut conn = self.inner.pool.acquire().await.map_err(err)?;
+        let err = self.base.inner.err("read the highest version");
+        let mut conn = self.base.inner.pool.acquire().await.map_err(err)?;
         let max = query(&self.sql.max_version)
             .fetch_one(&mut conn)
             .await
@@ -272,7 +264,7 @@ impl RowStrategy for Optimistic {
 
     async fn renew(&self, a: &Attempt, version: u64, ttl: Duration) -> Result<bool> {
         let renew = own_row(&self.sql.renew_version, Some(ttl), a, Some(version));
-        changed(&self.inner, renew, &self.inner.pool, "renew").await
+        changed(&self.base.inner, renew, &self.base.inner.pool, "renew").await
     }
 }
 

@@ -22,8 +22,8 @@ use crate::sql::RenewMany;
 /// connection.
 #[async_trait]
 pub(crate) trait RowStrategy: fmt::Debug + Send + Sync + 'static {
-    /// The provider's database.
-    fn inner(&self) -> &Inner;
+    /// The provider's database and the renewals of this strategy's holds.
+    fn base(&self) -> &RowBase;
 
     /// The statements that may take the lock for `a` on `conn`: the token if they did,
     /// `None` if the lock is held.
@@ -36,18 +36,40 @@ pub(crate) trait RowStrategy: fmt::Debug + Send + Sync + 'static {
     /// Makes `a`'s hold of `token` last `ttl` from now: whether it is still `a`'s.
     async fn renew(&self, a: &Attempt, token: u64, ttl: Duration) -> Result<bool>;
 
-    /// The renewals of this strategy's holds, gathered into batches ([`row_renewals`]).
-    fn renewals(&self) -> &Batcher<RowRenewal, bool>;
-
-    /// `a`'s hold of `token` as a row to renew for `ttl`, in a batch of [`renewals`](Self::renewals).
-    fn renewal(&self, a: &Attempt, token: u64, ttl: Duration) -> RowRenewal;
-
     /// What the row of `name` says (see [`LockStrategy::describe`]).
     async fn describe(&self, name: &LockName) -> Result<LockStatus>;
 
     /// See [`LockStrategy::prepare`].
     async fn prepare(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// What every row strategy has: the provider's database, and the batcher that sends its
+/// holds' renewals together.
+#[derive(Debug)]
+pub(crate) struct RowBase {
+    pub(crate) inner: Arc<Inner>,
+    renewals: Batcher<RowRenewal, bool>,
+    /// Whether a renewal names the hold's version (its token) besides its owner: the rows of
+    /// the optimistic table are versioned.
+    by_version: bool,
+}
+
+impl RowBase {
+    /// The base of a strategy of `inner` whose batches of renewals `many` sends.
+    pub(crate) fn new(inner: Arc<Inner>, many: RenewMany, by_version: bool) -> Self {
+        Self {
+            renewals: row_renewals(Arc::clone(&inner), many),
+            inner,
+            by_version,
+        }
+    }
+
+    /// Renews `a`'s hold of `token` for `ttl` in the next batch: whether it is still `a`'s.
+    async fn renew(&self, a: &Attempt, token: u64, ttl: Duration) -> Result<bool> {
+        let row = RowRenewal::new(a, self.by_version.then_some(token), ttl);
+        self.renewals.call(row, renewal_window(ttl)).await
     }
 }
 
@@ -99,13 +121,8 @@ impl<S: RowStrategy> Hold for RowHold<S> {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let row = self.strategy.renewal(&self.attempt, self.token, ttl);
-        if self
-            .strategy
-            .renewals()
-            .call(row, renewal_window(ttl))
-            .await?
-        {
+        let base = self.strategy.base();
+        if base.renew(&self.attempt, self.token, ttl).await? {
             Ok(())
         } else {
             Err(Error::lock_lost(&self.attempt.name))
@@ -124,7 +141,7 @@ async fn acquire<S: RowStrategy>(
     // The statements that may take the lock, and the undo that frees it if this future is
     // dropped, run on one connection: a dropped statement still runs to its end on the
     // server (or SQLite's worker), and the undo must come after it, never before.
-    let conn = connection_by(strategy.inner(), &attempt.name, deadline).await?;
+    let conn = connection_by(&strategy.base().inner, &attempt.name, deadline).await?;
     let conn = Arc::new(tokio::sync::Mutex::new(conn));
     // The lease runs from the claim, not from the wait for a pooled connection (which may
     // take seconds under load: a lease counted from before it could end on arrival).
@@ -162,7 +179,7 @@ async fn acquire<S: RowStrategy>(
     };
     undo.disarm();
     done(conn);
-    let attempt = Arc::try_unwrap(attempt).map_err(|_| shared_attempt(strategy.inner()))?;
+    let attempt = Arc::try_unwrap(attempt).map_err(|_| shared_attempt(&strategy.base().inner))?;
     Ok(Some(Grant {
         hold: Arc::new(RowHold {
             strategy,
@@ -208,7 +225,7 @@ async fn undo<S: RowStrategy>(p: Pending<S>) {
 
 /// Frees `a`'s hold (see [`RowStrategy::free_on`]) on a connection of the pool.
 async fn free<S: RowStrategy>(s: &S, a: &Attempt, token: Option<u64>) -> Result<bool> {
-    let mut conn = connection(s.inner()).await?;
+    let mut conn = connection(&s.base().inner).await?;
     let freed = free_on(s, a, &mut conn, token).await?;
     conn.done();
     Ok(freed)
@@ -223,7 +240,7 @@ async fn free_on<S: RowStrategy>(
 ) -> Result<bool> {
     let freed = s.free_on(a, conn, token).await?;
     if freed {
-        s.inner().released(&a.name);
+        s.base().inner.released(&a.name);
     }
     Ok(freed)
 }
@@ -290,7 +307,7 @@ const RENEW_AT_ONCE: usize = 2_000;
 /// one statement `many` per lease length (almost always one: the watchdog's). A hold is its
 /// owner's still if the statement changed as many rows as it named; otherwise (a hold lost,
 /// or one named twice) one SELECT says which of them are.
-pub(crate) fn row_renewals(inner: Arc<Inner>, many: RenewMany) -> Batcher<RowRenewal, bool> {
+fn row_renewals(inner: Arc<Inner>, many: RenewMany) -> Batcher<RowRenewal, bool> {
     let backend = inner.backend;
     let statements = Arc::new((inner, many));
     Batcher::new(backend, move |items| {

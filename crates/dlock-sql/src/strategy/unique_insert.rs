@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::Batcher;
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 
-use super::rows::{RowRenewal, RowStrategy, changed, described, own_row, row_renewals};
+use super::rows::{RowBase, RowStrategy, changed, described, own_row};
 use super::{Attempt, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
 use crate::config::Dialect;
@@ -18,19 +17,15 @@ use crate::sql::{Tables, UniqueInsertSql};
 /// The unique-insert strategy of one provider.
 #[derive(Debug)]
 pub(crate) struct UniqueInsert {
-    inner: Arc<Inner>,
+    base: RowBase,
     sql: UniqueInsertSql,
-    renewals: Batcher<RowRenewal, bool>,
 }
 
 impl UniqueInsert {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = UniqueInsertSql::new(tables);
-        Self {
-            renewals: row_renewals(Arc::clone(&inner), sql.renew_holds.clone()),
-            inner,
-            sql,
-        }
+        let base = RowBase::new(inner, sql.renew_holds.clone(), false);
+        Self { base, sql }
     }
 
     /// A token from row `id` and its `takeovers`; an id too large to shift is an error,
@@ -38,7 +33,7 @@ impl UniqueInsert {
     fn token(&self, a: &Attempt, id: i64, takeovers: i64) -> Result<u64> {
         unique_insert_token(id, takeovers).ok_or_else(|| {
             unusable(
-                self.inner.backend,
+                self.base.inner.backend,
                 format!(
                     "the row id {id} of lock {:?} no longer fits a fencing token",
                     a.name
@@ -50,16 +45,8 @@ impl UniqueInsert {
 
 #[async_trait]
 impl RowStrategy for UniqueInsert {
-    fn inner(&self) -> &Inner {
-        &self.inner
-    }
-
-    fn renewals(&self) -> &Batcher<RowRenewal, bool> {
-        &self.renewals
-    }
-
-    fn renewal(&self, a: &Attempt, _token: u64, ttl: Duration) -> RowRenewal {
-        RowRenewal::new(a, None, ttl)
+    fn base(&self) -> &RowBase {
+        &self.base
     }
 
     /// INSERT the hold; on a duplicate, take an expired row over with a conditional UPDATE.
@@ -72,11 +59,11 @@ impl RowStrategy for UniqueInsert {
         // MySQL hands the AUTO_INCREMENT id back with the INSERT and answers a held name
         // with a duplicate-key error; SQLite and PostgreSQL answer the id through RETURNING,
         // and no row for a held name.
-        let inserted = match self.inner.dialect {
+        let inserted = match self.base.inner.dialect {
             Dialect::MySql => match insert.execute(&mut *conn).await {
                 Ok(done) => match done.last_insert_id.and_then(|id| i64::try_from(id).ok()) {
                     Some(id) => Ok(Some(id)),
-                    None => return Err(missing_id(self.inner.backend, &a.name)),
+                    None => return Err(missing_id(self.base.inner.backend, &a.name)),
                 },
                 Err(e) if meaning(&e) == Meaning::Duplicate => Ok(None),
                 Err(e) => Err(e),
@@ -93,7 +80,7 @@ impl RowStrategy for UniqueInsert {
         match inserted {
             Ok(Some(id)) => return self.token(a, id, 0).map(Some),
             Ok(None) => {}
-            Err(e) => return Err(self.inner.err("acquire")(e)),
+            Err(e) => return Err(self.base.inner.err("acquire")(e)),
         }
         let taken = query(&s.take_over_hold)
             .bind(&a.owner)
@@ -101,7 +88,7 @@ impl RowStrategy for UniqueInsert {
             .bind(a.key())
             .execute(&mut *conn)
             .await
-            .map_err(self.inner.err("take over"))?;
+            .map_err(self.base.inner.err("take over"))?;
         if taken.rows_affected != 1 {
             return Ok(None);
         }
@@ -110,18 +97,18 @@ impl RowStrategy for UniqueInsert {
             .bind(&a.owner)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(self.inner.err("read the token"))?;
+            .map_err(self.base.inner.err("read the token"))?;
         let Some(row) = row else {
             // Taken over from us already (our lease was shorter than the round trip).
             return Ok(None);
         };
-        let id = row.int(0).map_err(self.inner.err("read the token"))?;
-        let takeovers = row.int(1).map_err(self.inner.err("read the token"))?;
+        let id = row.int(0).map_err(self.base.inner.err("read the token"))?;
+        let takeovers = row.int(1).map_err(self.base.inner.err("read the token"))?;
         if takeovers >= 1 << TAKEOVER_BITS {
             // The row's token space is used up. The attempt's undo deletes the row (it is
             // ours now) and the retry inserts a new one, whose larger id gives larger tokens.
             return Err(Error::Backend {
-                backend: self.inner.backend,
+                backend: self.base.inner.backend,
                 message: format!(
                     "lock {:?} was taken over 2^20 times without a release; starting a new row",
                     a.name
@@ -135,11 +122,11 @@ impl RowStrategy for UniqueInsert {
 
     async fn free_on(&self, a: &Attempt, conn: &mut Conn, _token: Option<u64>) -> Result<bool> {
         let release = own_row(&self.sql.delete_hold, None, a, None);
-        changed(&self.inner, release, conn, "release").await
+        changed(&self.base.inner, release, conn, "release").await
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
-        let row = described(&self.inner, &self.sql.describe_hold, name).await?;
+        let row = described(&self.base.inner, &self.sql.describe_hold, name).await?;
         let Some((owner, [id, takeovers, left])) = row else {
             return Ok(LockStatus::free(None));
         };
@@ -151,7 +138,7 @@ impl RowStrategy for UniqueInsert {
 
     async fn renew(&self, a: &Attempt, _token: u64, ttl: Duration) -> Result<bool> {
         let renew = own_row(&self.sql.renew_hold, Some(ttl), a, None);
-        changed(&self.inner, renew, &self.inner.pool, "renew").await
+        changed(&self.base.inner, renew, &self.base.inner.pool, "renew").await
     }
 }
 
