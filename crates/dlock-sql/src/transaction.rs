@@ -112,8 +112,8 @@ impl SqlProvider {
         // outside one would hold nothing.
         let in_tx = sqlx::Connection::is_in_transaction(&*conn);
         let (name, fu) = self.in_transaction(name, Dialect::MySql, in_tx)?;
-        let backend = fu.inner.backend;
-        let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
+        let backend = self.inner.backend;
+        let err = |what| self.inner.err(what);
         let session = query(if fu.sql.mariadb {
             "SELECT @@in_transaction, @@innodb_rollback_on_timeout"
         } else {
@@ -215,8 +215,8 @@ impl SqlProvider {
     ) -> Result<Option<TxLock>> {
         let in_tx = sqlx::Connection::is_in_transaction(&*conn);
         let (name, fu) = self.in_transaction(name, Dialect::Postgres, in_tx)?;
-        let backend = fu.inner.backend;
-        let err = |what: &'static str| move |e| from_sqlx(backend, what, e);
+        let backend = self.inner.backend;
+        let err = |what| self.inner.err(what);
         // As on MySQL: the row exists before the transaction reads it, committed at once.
         fu.create_row(&name).await?;
         let session = query(

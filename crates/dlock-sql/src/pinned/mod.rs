@@ -42,7 +42,8 @@ use session::Membership;
 /// lease, and its live holds.
 #[derive(Debug)]
 pub(crate) struct Pinning {
-    inner: Arc<Inner>,
+    /// The provider's database.
+    pub(crate) inner: Arc<Inner>,
     session: SessionSql,
     /// The statement that sets a hold's server-side lease (`?`: seconds).
     renew: Arc<str>,
@@ -53,13 +54,13 @@ pub(crate) struct Pinning {
 
 impl Pinning {
     /// The pinning of a strategy of `inner` whose holds' server-side lease `renew` sets.
-    pub(crate) fn new(inner: &Arc<Inner>, renew: &str) -> Self {
+    pub(crate) fn new(inner: Arc<Inner>, renew: &str) -> Self {
         Self {
-            inner: Arc::clone(inner),
             session: SessionSql::new(inner.dialect),
             renew: Arc::from(renew),
             holders: Arc::default(),
             pinners: Arc::default(),
+            inner,
         }
     }
 

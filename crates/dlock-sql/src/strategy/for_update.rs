@@ -24,7 +24,6 @@ use crate::sql::{RowLockSql, Tables};
 /// The for-update strategy of one provider.
 #[derive(Debug)]
 pub(crate) struct ForUpdate {
-    pub(crate) inner: Arc<Inner>,
     pub(crate) sql: RowLockSql,
     pinning: Pinning,
 }
@@ -107,8 +106,14 @@ impl LockStrategy for ForUpdate {
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
-        let err = self.inner.err("describe");
-        let row = read_row(&self.inner, &self.sql.describe_fence, name, "describe").await?;
+        let err = self.pinning.inner.err("describe");
+        let row = read_row(
+            &self.pinning.inner,
+            &self.sql.describe_fence,
+            name,
+            "describe",
+        )
+        .await?;
         let token = match row {
             Some(row) => u64::try_from(row.int(0).map_err(err)?).ok(),
             None => None,
@@ -133,11 +138,8 @@ impl LockStrategy for ForUpdate {
 impl ForUpdate {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = RowLockSql::new(tables);
-        Self {
-            pinning: Pinning::new(&inner, &sql.hold_timeout),
-            sql,
-            inner,
-        }
+        let pinning = Pinning::new(inner, &sql.hold_timeout);
+        Self { sql, pinning }
     }
 
     /// Takes the row lock on a dedicated connection (the row is created on first use),
@@ -154,7 +156,7 @@ impl ForUpdate {
     /// server.
     pub(crate) async fn lock(&self, a: &Attempt, deadline: Deadline) -> Result<Option<Granted>> {
         let s = &self.sql;
-        let postgres = self.inner.dialect == Dialect::Postgres;
+        let postgres = self.pinning.inner.dialect == Dialect::Postgres;
         let mut conn = self.pinning.pin(&a.name, deadline).await?;
         // The statements that wait for the row, killed if dropped while they wait.
         let mut waits = Waits::default();
@@ -183,19 +185,21 @@ impl ForUpdate {
                     query("BEGIN")
                         .execute(conn.get()?)
                         .await
-                        .map_err(self.inner.err("begin"))?;
+                        .map_err(self.pinning.inner.err("begin"))?;
                     let row = set_wait
                         .fetch_one(conn.get()?)
                         .await
-                        .map_err(self.inner.err("set the lock wait"))?;
-                    let id = row.int(2).map_err(self.inner.err("connection id"))?;
+                        .map_err(self.pinning.inner.err("set the lock wait"))?;
+                    let id = row
+                        .int(2)
+                        .map_err(self.pinning.inner.err("connection id"))?;
                     waits.session_is(u64::try_from(id).unwrap_or(0));
                 } else {
                     lease_set = true;
                     set_wait
                         .execute(conn.get()?)
                         .await
-                        .map_err(self.inner.err("set the lock wait"))?;
+                        .map_err(self.pinning.inner.err("set the lock wait"))?;
                 }
                 let lock =
                     async |c: &mut Conn| query(&s.lock_row).bind(a.key()).fetch_optional(c).await;
@@ -213,8 +217,8 @@ impl ForUpdate {
             };
             match locked {
                 Ok(Some(row)) => {
-                    let id = row.int(0).map_err(self.inner.err("lock"))?;
-                    let transaction = row.int(1).map_err(self.inner.err("lock"))?;
+                    let id = row.int(0).map_err(self.pinning.inner.err("lock"))?;
+                    let transaction = row.int(1).map_err(self.pinning.inner.err("lock"))?;
                     return Ok(Some(Granted {
                         conn,
                         connection_id: u64::try_from(id).unwrap_or(0),
@@ -245,7 +249,7 @@ impl ForUpdate {
                         return Ok(None);
                     }
                 }
-                Err(e) => return Err(self.inner.err("lock")(e)),
+                Err(e) => return Err(self.pinning.inner.err("lock")(e)),
             }
         }
     }
@@ -263,7 +267,7 @@ impl ForUpdate {
         granted: &mut Granted,
         left: impl FnOnce() -> Duration,
     ) -> Result<u64> {
-        if self.inner.dialect != Dialect::Postgres {
+        if self.pinning.inner.dialect != Dialect::Postgres {
             let fence = self.next_fence(&a.name).await?;
             self.confirm_lease(&mut granted.conn, left()).await?;
             return Ok(fence);
@@ -273,17 +277,17 @@ impl ForUpdate {
             .bind(a.key())
             .bind(granted.transaction)
             .bind(session)
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&self.pinning.inner.pool)
             .await
-            .map_err(self.inner.err("fence"))?;
+            .map_err(self.pinning.inner.err("fence"))?;
         match row {
-            Some(row) => {
-                Ok(u64::try_from(row.int(0).map_err(self.inner.err("fence"))?).unwrap_or(0))
-            }
+            Some(row) => Ok(
+                u64::try_from(row.int(0).map_err(self.pinning.inner.err("fence"))?).unwrap_or(0),
+            ),
             None => {
                 granted.conn.close();
                 Err(Error::Backend {
-                    backend: self.inner.backend,
+                    backend: self.pinning.inner.backend,
                     message: format!(
                         "the connection that was granted lock {:?} ended before its fencing \
                          token was taken",
@@ -309,23 +313,23 @@ impl ForUpdate {
     /// take its token back).
     pub(crate) async fn next_fence(&self, name: &LockName) -> Result<u64> {
         let q = query(&self.sql.next_fence).bind(name.as_str().as_bytes());
-        let v = match self.inner.dialect {
+        let v = match self.pinning.inner.dialect {
             Dialect::MySql => {
                 let done = q
-                    .execute(&self.inner.pool)
+                    .execute(&self.pinning.inner.pool)
                     .await
-                    .map_err(self.inner.err("fence"))?;
+                    .map_err(self.pinning.inner.err("fence"))?;
                 let id = done
                     .last_insert_id
-                    .ok_or_else(|| missing_id(self.inner.backend, name))?;
-                i64::try_from(id).map_err(|_| missing_id(self.inner.backend, name))?
+                    .ok_or_else(|| missing_id(self.pinning.inner.backend, name))?;
+                i64::try_from(id).map_err(|_| missing_id(self.pinning.inner.backend, name))?
             }
             Dialect::Sqlite | Dialect::Postgres => {
                 let row = q
-                    .fetch_one(&self.inner.pool)
+                    .fetch_one(&self.pinning.inner.pool)
                     .await
-                    .map_err(self.inner.err("fence"))?;
-                row.int(0).map_err(self.inner.err("fence"))?
+                    .map_err(self.pinning.inner.err("fence"))?;
+                row.int(0).map_err(self.pinning.inner.err("fence"))?
             }
         };
         Ok(u64::try_from(v).unwrap_or(0))
@@ -336,17 +340,17 @@ impl ForUpdate {
     pub(crate) async fn create_row(&self, name: &LockName) -> Result<()> {
         let exists = query(&self.sql.row_exists)
             .bind(name.as_str().as_bytes())
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(&self.pinning.inner.pool)
             .await
-            .map_err(self.inner.err("look for the lock row"))?;
+            .map_err(self.pinning.inner.err("look for the lock row"))?;
         if exists.is_some() {
             return Ok(());
         }
         query(&self.sql.insert_row)
             .bind(name.as_str().as_bytes())
-            .execute(&self.inner.pool)
+            .execute(&self.pinning.inner.pool)
             .await
-            .map_err(self.inner.err("create the lock row"))?;
+            .map_err(self.pinning.inner.err("create the lock row"))?;
         Ok(())
     }
 
@@ -354,8 +358,8 @@ impl ForUpdate {
     /// not wait, in a transaction rolled back at once: it never takes the lock (a plain try
     /// would) nor bumps the fence.
     async fn row_locked(&self, name: &LockName) -> Result<bool> {
-        let backend = self.inner.backend;
-        let Some(lock_pool) = &self.inner.lock_pool else {
+        let backend = self.pinning.inner.backend;
+        let Some(lock_pool) = &self.pinning.inner.lock_pool else {
             return Ok(false);
         };
         let conn = lock_pool

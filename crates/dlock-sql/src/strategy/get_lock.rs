@@ -21,7 +21,6 @@ use crate::sql::{Tables, hex};
 /// The get-lock strategy of one provider.
 #[derive(Debug)]
 pub(crate) struct GetLock {
-    inner: Arc<Inner>,
     sql: GetLockSql,
     pinning: Pinning,
 }
@@ -54,12 +53,12 @@ impl LockStrategy for GetLock {
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
-        let err = self.inner.err("describe");
+        let err = self.pinning.inner.err("describe");
         let bytes = name.as_str().as_bytes();
         let row = query(&self.sql.describe)
             .bind(bytes)
             .bind(bytes)
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&self.pinning.inner.pool)
             .await
             .map_err(err)?;
         let token = row
@@ -81,11 +80,8 @@ impl LockStrategy for GetLock {
 impl GetLock {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = GetLockSql::new(tables);
-        Self {
-            pinning: Pinning::new(&inner, &sql.hold_timeout),
-            sql,
-            inner,
-        }
+        let pinning = Pinning::new(inner, &sql.hold_timeout);
+        Self { sql, pinning }
     }
 
     /// Takes the named lock of `a`'s name on a session of its own, waiting until `deadline`,
@@ -98,7 +94,7 @@ impl GetLock {
     /// if the acquisition is dropped, so nothing it might be granted outlives it. A session
     /// whose try failed is closed, never returned to the pool: it may hold the lock.
     async fn lock(self: &Arc<Self>, a: Attempt, deadline: Deadline) -> Result<Option<Grant>> {
-        let err = self.inner.err("lock");
+        let err = self.pinning.inner.err("lock");
         let mut conn = self.pinning.pin(&a.name, deadline).await?;
         let lease = server_seconds(a.ttl());
         let name = a.name.as_str().as_bytes();
@@ -125,7 +121,7 @@ impl GetLock {
             let Some(row) = row else {
                 conn.close();
                 return Err(unusable(
-                    self.inner.backend,
+                    self.pinning.inner.backend,
                     "GET_LOCK's round trip answered no row".to_owned(),
                 ));
             };
@@ -143,7 +139,7 @@ impl GetLock {
                 Some(1) => {
                     let Some(token) = token.and_then(|t| u64::try_from(t).ok()) else {
                         conn.close();
-                        return Err(missing_id(self.inner.backend, &a.name));
+                        return Err(missing_id(self.pinning.inner.backend, &a.name));
                     };
                     if wait.is_some() {
                         // The lock may have been waited for long: the client's lease runs
@@ -178,7 +174,7 @@ impl GetLock {
                     // the same, and the caller may try again.
                     conn.close();
                     return Err(Error::Backend {
-                        backend: self.inner.backend,
+                        backend: self.pinning.inner.backend,
                         message: format!(
                             "GET_LOCK was interrupted (answered NULL) for {:?}",
                             a.name.as_str()

@@ -168,7 +168,7 @@ impl Advisory {
             Some(rx) => rx.await,
             None => {
                 return Err(from_sqlx(
-                    self.inner.backend,
+                    self.pinning.inner.backend,
                     "downgrade",
                     sqlx::Error::PoolClosed,
                 ));
@@ -177,9 +177,9 @@ impl Advisory {
         answer.disarm();
         match answered {
             Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(e)) => Err(self.inner.err("downgrade")(e)),
+            Ok(Err(e)) => Err(self.pinning.inner.err("downgrade")(e)),
             Err(_) => Err(Error::Backend {
-                backend: self.inner.backend,
+                backend: self.pinning.inner.backend,
                 message: "the downgrade's task ended without an answer".into(),
                 retryable: true,
                 source: None,

@@ -27,7 +27,6 @@ pub(crate) use downgrade::WriteSession;
 /// The advisory strategy of one provider.
 #[derive(Debug)]
 pub(crate) struct Advisory {
-    pub(crate) inner: Arc<Inner>,
     sql: AdvisorySql,
     pinning: Pinning,
     /// The key of each name seen (a name's key never changes).
@@ -82,8 +81,8 @@ impl LockStrategy for Advisory {
 
     async fn describe(&self, name: &LockName) -> Result<LockStatus> {
         let s = &self.sql;
-        let err = self.inner.err("describe");
-        let token = match read_row(&self.inner, &s.token, name, "describe").await? {
+        let err = self.pinning.inner.err("describe");
+        let token = match read_row(&self.pinning.inner, &s.token, name, "describe").await? {
             Some(row) => u64::try_from(row.int(0).map_err(err)?)
                 .ok()
                 .filter(|t| *t > 0),
@@ -91,7 +90,7 @@ impl LockStrategy for Advisory {
         };
         let held = match self.keys.get(name) {
             Some(k) => Some(k),
-            None => match read_row(&self.inner, &s.key, name, "describe").await? {
+            None => match read_row(&self.pinning.inner, &s.key, name, "describe").await? {
                 Some(row) => i32::try_from(row.int(0).map_err(err)?).ok(),
                 None => None,
             },
@@ -101,7 +100,7 @@ impl LockStrategy for Advisory {
             Some(k) => {
                 let row = query(&s.holders)
                     .bind(i64::from(k))
-                    .fetch_one(&self.inner.pool)
+                    .fetch_one(&self.pinning.inner.pool)
                     .await
                     .map_err(err)?;
                 (row.int(0).map_err(err)?, row.int(1).map_err(err)?)
@@ -206,10 +205,10 @@ async fn release(
 impl Advisory {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = AdvisorySql::new(tables);
+        let pinning = Pinning::new(inner, &sql.hold_timeout);
         Self {
-            pinning: Pinning::new(&inner, &sql.hold_timeout),
             sql,
-            inner,
+            pinning,
             keys: NameCache::new(),
         }
     }
@@ -222,12 +221,12 @@ impl Advisory {
         let s = &self.sql;
         let bytes = name.as_str().as_bytes();
         let read = || async {
-            let row = read_row(&self.inner, &s.key, name, "read the advisory key").await?;
+            let row = read_row(&self.pinning.inner, &s.key, name, "read the advisory key").await?;
             match row {
                 Some(row) => row
                     .int(0)
                     .map(Some)
-                    .map_err(self.inner.err("read the advisory key")),
+                    .map_err(self.pinning.inner.err("read the advisory key")),
                 None => Ok(None),
             }
         };
@@ -236,15 +235,15 @@ impl Advisory {
             None => {
                 query(&s.new_key)
                     .bind(bytes)
-                    .execute(&self.inner.pool)
+                    .execute(&self.pinning.inner.pool)
                     .await
-                    .map_err(self.inner.err("give the name an advisory key"))?;
+                    .map_err(self.pinning.inner.err("give the name an advisory key"))?;
                 read()
                     .await?
-                    .ok_or_else(|| missing_id(self.inner.backend, name))?
+                    .ok_or_else(|| missing_id(self.pinning.inner.backend, name))?
             }
         };
-        let key = i32::try_from(id).map_err(|_| missing_id(self.inner.backend, name))?;
+        let key = i32::try_from(id).map_err(|_| missing_id(self.pinning.inner.backend, name))?;
         self.keys.remember(name, key);
         Ok(key)
     }
@@ -254,7 +253,7 @@ impl Advisory {
     fn key_gone(&self, name: &LockName) -> Error {
         self.keys.forget(name);
         Error::Backend {
-            backend: self.inner.backend,
+            backend: self.pinning.inner.backend,
             message: format!("the advisory key of {:?} vanished", name.as_str()),
             retryable: true,
             source: None,
@@ -294,7 +293,7 @@ impl Advisory {
                     .bind(lease)
                     .execute(conn.get()?)
                     .await
-                    .map_err(self.inner.err("set the lock wait"))?;
+                    .map_err(self.pinning.inner.err("set the lock wait"))?;
                 let lock = async |c: &mut Conn| {
                     query(&s.lock[mode.index()])
                         .bind(i64::from(key))
@@ -304,7 +303,9 @@ impl Advisory {
                 let (pid, locked) = waits.run(&self.pinning, &mut conn, lock).await?;
                 match locked {
                     Ok(row) => {
-                        let token = row.optional_int(0).map_err(self.inner.err("lock"))?;
+                        let token = row
+                            .optional_int(0)
+                            .map_err(self.pinning.inner.err("lock"))?;
                         // The statement may have waited long: the lease runs from after it
                         // (as the server's idle time does), not from when it was sent.
                         sent = self.pinning.start_lease(&mut conn, a.ttl()).await?;
@@ -316,7 +317,7 @@ impl Advisory {
                         // closed, never reused or returned to the pool.
                         conn.close();
                         if meaning(&e) != Meaning::Busy {
-                            return Err(self.inner.err("lock")(e));
+                            return Err(self.pinning.inner.err("lock")(e));
                         }
                         if deadline.has_passed() {
                             return Ok(None);
@@ -333,20 +334,25 @@ impl Advisory {
                     .bind(lease)
                     .fetch_one(conn.get()?)
                     .await
-                    .map_err(self.inner.err("lock"))?;
-                let pid = u64::try_from(row.int(2).map_err(self.inner.err("lock"))?).unwrap_or(0);
+                    .map_err(self.pinning.inner.err("lock"))?;
+                let pid =
+                    u64::try_from(row.int(2).map_err(self.pinning.inner.err("lock"))?).unwrap_or(0);
                 waits.session_is(pid);
                 // The second column is the lease set on a grant, NULL while the lock is busy.
-                if row.is_null(1).map_err(self.inner.err("lock"))? {
+                if row.is_null(1).map_err(self.pinning.inner.err("lock"))? {
                     None
                 } else {
-                    Some((row.optional_int(0).map_err(self.inner.err("lock"))?, pid))
+                    Some((
+                        row.optional_int(0)
+                            .map_err(self.pinning.inner.err("lock"))?,
+                        pid,
+                    ))
                 }
             };
             match granted {
                 Some((Some(token), pid)) => {
                     let token = u64::try_from(token)
-                        .map_err(|_| missing_id(self.inner.backend, &a.name))?;
+                        .map_err(|_| missing_id(self.pinning.inner.backend, &a.name))?;
                     return self.granted(conn, a, pid, key, mode, token, sent).map(Some);
                 }
                 Some((None, _)) => {
