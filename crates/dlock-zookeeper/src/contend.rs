@@ -51,7 +51,17 @@ pub(crate) struct Recipe<'a> {
     pub(crate) markers: &'static [&'static str],
     pub(crate) role: Role,
     pub(crate) apart: Apart<'a>,
+    /// A directory whose children the holder lists first thing once it holds (a semaphore's
+    /// `leases`): listed in the create's round trip, and handed back with the node if the
+    /// listing sent with it granted the node. That listing is as good as one sent after the
+    /// grant: it was taken after the create, when every earlier node had gone, so it sees
+    /// what their holders wrote before they let go.
+    pub(crate) then_list: Option<&'a str>,
 }
+
+/// A node that holds, and the children of its recipe's [`then_list`](Recipe::then_list)
+/// where they came with the grant.
+pub(crate) type Contended = (Created, Option<Vec<String>>);
 
 /// Runs `attempt` (one acquisition) again after a retryable error while `deadline` allows,
 /// with a growing pause: an unbounded `acquire()` waits out an outage, and a timed one
@@ -91,7 +101,7 @@ pub(crate) async fn acquire(
     deadline: Deadline,
 ) -> Result<Option<(LockGuard, Created)>> {
     let mut undo = undo::node_undo(session);
-    let Some(created) = contend(session, recipe, deadline, &mut undo).await? else {
+    let Some((created, _)) = contend(session, recipe, deadline, &mut undo).await? else {
         return Ok(None);
     };
     let guard = grant(session, recipe.name, kind, &created, lease, &mut undo);
@@ -160,7 +170,7 @@ pub(crate) async fn contend(
     recipe: Recipe<'_>,
     deadline: Deadline,
     undo: &mut NodeUndo,
-) -> Result<Option<Created>> {
+) -> Result<Option<Contended>> {
     let answer = by_deadline(
         deadline,
         recipe.dir,
@@ -178,11 +188,12 @@ async fn contend_until(
     recipe: Recipe<'_>,
     deadline: Deadline,
     undo: &mut NodeUndo,
-) -> Result<Option<Created>> {
-    let lists: Vec<&str> = match recipe.apart {
+) -> Result<Option<Contended>> {
+    let mut lists: Vec<&str> = match recipe.apart {
         Apart::FromSemaphore => vec![recipe.dir],
         Apart::FromLocks(name_path) => vec![recipe.dir, name_path],
     };
+    lists.extend(recipe.then_list);
     for _ in 0..RECREATES {
         let (mut ours, listed) =
             create_listed(session, recipe.dir, recipe.marker, &[], undo, &lists).await?;
@@ -196,11 +207,13 @@ async fn contend_until(
             }
             apart_checked = true;
         }
+        let mut then_listed = recipe.then_list.and_then(|_| listed.next().flatten());
         loop {
             // The first listing went out with the create (and so did the lease's start).
             let (listed, children) = match prelisted.take() {
                 Some(children) => (ours.granted, children),
                 None => {
+                    then_listed = None;
                     let listed = Instant::now();
                     match session.retrying(|| session.children(recipe.dir)).await {
                         Ok(c) => (listed, c),
@@ -224,7 +237,7 @@ async fn contend_until(
             let watch = match standing {
                 Standing::Granted => {
                     ours.granted = listed;
-                    return Ok(Some(ours));
+                    return Ok(Some((ours, then_listed)));
                 }
                 Standing::Missing => break,
                 Standing::Watch(node) => format!("{}/{node}", recipe.dir),

@@ -13,6 +13,8 @@ use crate::nodes;
 use crate::session::Session;
 use crate::undo::{Armed, NodeUndo};
 
+type ZkResult<T> = std::result::Result<T, zk::Error>;
+
 /// How many times a create is retried after `NoNode` (parents missing, or a container parent
 /// removed by the server in between).
 const PARENT_RETRIES: usize = 8;
@@ -54,23 +56,8 @@ impl Created {
     }
 }
 
-/// Creates `{dir}/{protected prefix}{marker}{seq}` as EPHEMERAL_SEQUENTIAL, creating missing
-/// parents as containers, and after a connection loss finds the node by its protected prefix
-/// instead of creating a second one (Curator's protection mode). `undo` is armed with it.
-pub(crate) async fn create_protected(
-    session: &Session,
-    dir: &str,
-    marker: &str,
-    data: &[u8],
-    undo: &mut NodeUndo,
-) -> Result<Created> {
-    Ok(create_listed(session, dir, marker, data, undo, &[])
-        .await?
-        .0)
-}
-
-/// [`create_protected`], with the children of each of `lists` asked for right behind the
-/// create, in the same round trip: ZooKeeper answers a session's requests in the order they
+/// Creates a contender's node (see [`create_then`]), with the children of each of `lists`
+/// asked for right behind the create, in the same round trip: ZooKeeper answers a session's requests in the order they
 /// were sent, so each listing sees the node. The listings come back only from the first
 /// create, if it made the node (`None` for a listing that failed); otherwise the list is
 /// empty and the caller lists for itself.
@@ -82,6 +69,45 @@ pub(crate) async fn create_listed(
     undo: &mut NodeUndo,
     lists: &[&str],
 ) -> Result<(Created, Vec<Option<Vec<String>>>)> {
+    let first = async |path: &str| session.create_and_list(path, data, MODE, lists).await;
+    let (created, listed) = create_then(session, dir, marker, data, undo, first).await?;
+    let listed = listed.map(|l| l.into_iter().map(Result::ok).collect());
+    Ok((created, listed.unwrap_or_default()))
+}
+
+/// Creates a contender's node (see [`create_then`]), with the children of `watched` listed
+/// and watched right behind the create, in the same round trip (see [`create_listed`]): `None` unless the first create
+/// made the node and the listing was answered; the caller then lists for itself.
+pub(crate) async fn create_watching(
+    session: &Session,
+    dir: &str,
+    marker: &str,
+    data: &[u8],
+    undo: &mut NodeUndo,
+    watched: &str,
+) -> Result<(Created, Option<(Vec<String>, zk::OneshotWatcher)>)> {
+    let first = async |path: &str| session.create_and_watch(path, data, MODE, watched).await;
+    let (created, listed) = create_then(session, dir, marker, data, undo, first).await?;
+    Ok((created, listed.and_then(Result::ok)))
+}
+
+/// A contender's node: ephemeral and sequential.
+const MODE: zk::CreateMode = zk::CreateMode::EphemeralSequential;
+
+/// Creates `{dir}/{protected prefix}{marker}{seq}` as EPHEMERAL_SEQUENTIAL, creating missing
+/// parents as containers, and after a connection loss finds the node by its protected prefix
+/// instead of creating a second one (Curator's protection mode). `undo` is armed with it.
+///
+/// The first create is `first`'s, which sends requests of its own behind it: their answers
+/// (`T`) come back only if that first create made the node.
+async fn create_then<T>(
+    session: &Session,
+    dir: &str,
+    marker: &str,
+    data: &[u8],
+    undo: &mut NodeUndo,
+    first: impl AsyncFnOnce(&str) -> (ZkResult<(zk::Stat, zk::CreateSequence)>, T),
+) -> Result<(Created, Option<T>)> {
     let prefix = nodes::protected_prefix();
     let base = format!("{dir}/{prefix}{marker}");
     undo.arm(Armed::Creating {
@@ -90,24 +116,23 @@ pub(crate) async fn create_listed(
     });
     let mut parent_tries = 0;
     let mut losses = 0;
-    let mut lists = lists;
+    let mut first = Some(first);
     loop {
         let sent = Instant::now();
-        let mode = zk::CreateMode::EphemeralSequential;
-        let (created, listed) = if lists.is_empty() {
-            (session.create_with(&base, data, mode).await, Vec::new())
-        } else {
-            let (created, listed) = session.create_and_list(&base, data, mode, lists).await;
-            (created, listed.into_iter().map(|l| l.ok()).collect())
+        let (created, behind) = match first.take() {
+            Some(first) => {
+                let (created, behind) = first(&base).await;
+                (created, Some(behind))
+            }
+            None => (session.create_with(&base, data, MODE).await, None),
         };
-        lists = &[];
         match created {
             Ok((stat, seq)) => {
                 let seq = seq.to_string();
                 let node = format!("{prefix}{marker}{seq}");
                 let created = Created::new(dir, node, seq, &stat, sent);
                 undo.arm(Armed::Created(created.path.clone()));
-                return Ok((created, listed));
+                return Ok((created, behind));
             }
             Err(zk::Error::NoNode) if parent_tries < PARENT_RETRIES => {
                 parent_tries += 1;
@@ -121,7 +146,7 @@ pub(crate) async fn create_listed(
                 tokio::time::sleep(Duration::from_millis(20 << losses)).await;
                 if let Some(found) = find_protected(session, dir, &prefix, marker).await? {
                     undo.arm(Armed::Created(found.path.clone()));
-                    return Ok((found, Vec::new()));
+                    return Ok((found, None));
                 }
             }
             Err(e) => return Err(from_zk(&format!("create {base}"), e)),

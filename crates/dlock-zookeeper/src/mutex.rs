@@ -44,6 +44,7 @@ impl RawLock for ZkMutex {
             markers: LOCK_MARKERS,
             role: Role::Exclusive,
             apart: Apart::FromSemaphore,
+            then_list: None,
         };
         persist(req.name, req.deadline, || async {
             let granted = acquire(

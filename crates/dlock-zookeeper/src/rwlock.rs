@@ -64,6 +64,7 @@ impl ZkReadWrite {
             markers: LOCK_MARKERS,
             role,
             apart: Apart::FromSemaphore,
+            then_list: None,
         };
         acquire(&self.session, recipe, kind, options.lease, deadline).await
     }

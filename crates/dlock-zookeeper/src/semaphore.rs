@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::contend::{Recipe, Role, by_deadline, contend, give_up, persist};
-use crate::create::create_protected;
-use crate::error::{from_zk, unexpected};
+use crate::create::create_watching;
+use crate::error::{from_zk, is_transient, unexpected};
 use crate::hold::grant;
 use crate::kinds::Apart;
 use crate::nodes::{self, LEASE, LEASES, LOCK, LOCKS};
@@ -50,13 +50,15 @@ async fn acquire_lease(
             markers: &[LOCK],
             role: Role::Exclusive,
             apart: Apart::FromLocks(path),
+            then_list: Some(&leases),
         };
-        let Some(mutex) = contend(session, recipe, deadline, &mut internal).await? else {
+        let Some((mutex, held)) = contend(session, recipe, deadline, &mut internal).await? else {
             return Ok(None);
         };
         // Release the internal mutex (left armed in `internal` by `contend`).
         let lease = Lease {
             leases: &leases,
+            held,
             mutex: &mutex.path,
             permits,
         };
@@ -101,11 +103,12 @@ enum Taken {
     Vanished,
 }
 
-/// Where one lease attempt takes its lease: the `leases` directory, the internal mutex node
-/// it holds while it waits, and the permits it counts with.
-#[derive(Clone, Copy)]
+/// Where one lease attempt takes its lease: the `leases` directory (and its children, if they
+/// were listed with the internal mutex's grant), the internal mutex node it holds while it
+/// waits, and the permits it counts with.
 struct Lease<'a> {
     leases: &'a str,
+    held: Option<Vec<String>>,
     mutex: &'a str,
     permits: u32,
 }
@@ -115,26 +118,38 @@ async fn take_lease(
     name: &LockName,
     Lease {
         leases,
+        held,
         mutex,
         permits,
     }: Lease<'_>,
     options: &LockOptions,
     deadline: Deadline,
 ) -> Result<Taken> {
-    agree_on_permits(session, leases, permits).await?;
+    let held = match held {
+        Some(held) => held,
+        None => session.list(leases).await?,
+    };
+    agree_on_permits(session, leases, &held, permits).await?;
     let data = permits_data(permits);
     let permits = usize::try_from(permits).unwrap_or(usize::MAX);
     let mut undo = undo::node_undo(session);
-    let mut ours = create_protected(session, leases, LEASE, &data, &mut undo).await?;
+    // The lease's create carries the first watched listing of the leases.
+    let (mut ours, mut prelisted) =
+        create_watching(session, leases, LEASE, &data, &mut undo, leases).await?;
     loop {
-        let listed = Instant::now();
-        let (children, watcher) = match session.retrying(|| session.children_watch(leases)).await {
-            Ok(found) => found,
-            Err(zk::Error::NoNode) => {
-                undo.disarm();
-                return Ok(Taken::Vanished);
+        let (listed, (children, watcher)) = match prelisted.take() {
+            Some(found) => (ours.granted, found),
+            None => {
+                let listed = Instant::now();
+                match session.retrying(|| session.children_watch(leases)).await {
+                    Ok(found) => (listed, found),
+                    Err(zk::Error::NoNode) => {
+                        undo.disarm();
+                        return Ok(Taken::Vanished);
+                    }
+                    Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
+                }
             }
-            Err(e) => return Err(from_zk(&format!("list {leases}"), e)),
         };
         if !children.contains(&ours.node) {
             undo.disarm();
@@ -202,34 +217,51 @@ fn read_permits(data: &[u8]) -> Option<u32> {
         .ok()
 }
 
+/// How many leases' data one round trip reads, looking for a dlock lease's permit count.
+const READS_AT_ONCE: usize = 8;
+
 /// One rule for permit counts on every backend: while leases are held, a handle with another
-/// count gets `InvalidArgument`. Runs under the internal mutex, so the leases listed are the
-/// holders' (each checked on its way in): the first dlock lease found speaks for all.
-async fn agree_on_permits(session: &Session, leases: &str, permits: u32) -> Result<()> {
-    for child in session
-        .list(leases)
-        .await?
+/// count gets `InvalidArgument`. Runs under the internal mutex, so the leases listed (`held`,
+/// the children of `leases`) are the holders' (each checked on its way in): the first dlock
+/// lease found speaks for all. Their data is read [`READS_AT_ONCE`] at a time, in one round
+/// trip each, until one speaks.
+async fn agree_on_permits(
+    session: &Session,
+    leases: &str,
+    held: &[String],
+    permits: u32,
+) -> Result<()> {
+    let paths: Vec<String> = held
         .iter()
         .filter(|c| nodes::sequence(c, LEASE).is_some())
-    {
-        let path = format!("{leases}/{child}");
-        let data = match session.retrying(|| session.data(&path)).await {
-            Ok(data) => data,
-            Err(zk::Error::NoNode) => continue,
-            Err(e) => return Err(from_zk(&format!("read {path}"), e)),
-        };
-        match read_permits(&data) {
-            Some(held) if held != permits => {
-                return Err(Error::invalid_argument(
-                    "permits",
-                    format!(
-                        "the semaphore is in use with {held} permits; this handle counts \
-                         {permits} (handles must agree while any permit is held)"
-                    ),
-                ));
+        .map(|c| format!("{leases}/{c}"))
+        .collect();
+    for paths in paths.chunks(READS_AT_ONCE) {
+        for (path, data) in paths.iter().zip(session.data_of_each(paths).await) {
+            let data = match data {
+                Ok(data) => data,
+                Err(zk::Error::NoNode) => continue,
+                // A read that failed on the way (a connection lost) is made again on its own.
+                Err(e) if is_transient(&e) => match session.retrying(|| session.data(path)).await {
+                    Ok(data) => data,
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(from_zk(&format!("read {path}"), e)),
+                },
+                Err(e) => return Err(from_zk(&format!("read {path}"), e)),
+            };
+            match read_permits(&data) {
+                Some(held) if held != permits => {
+                    return Err(Error::invalid_argument(
+                        "permits",
+                        format!(
+                            "the semaphore is in use with {held} permits; this handle counts \
+                             {permits} (handles must agree while any permit is held)"
+                        ),
+                    ));
+                }
+                Some(_) => return Ok(()),
+                None => {}
             }
-            Some(_) => return Ok(()),
-            None => {}
         }
     }
     Ok(())

@@ -31,6 +31,10 @@ pub struct ZkStats {
     pub wakeups: u64,
     /// Sessions opened: one at connect, and one after each expiry.
     pub sessions: u64,
+    /// Round trips: requests sent together and then awaited (a create with the listings sent
+    /// behind it, a batch of reads) count once; `sync` counts too. Not part of
+    /// [`calls`](Self::calls), which counts requests.
+    pub round_trips: u64,
     /// Probes: `exists("/")` calls that keep the session's horizon moving while holds are live
     /// and nothing else was heard from the server for a quarter of the session timeout. Not
     /// part of [`calls`](Self::calls), which counts the recipes' own calls.
@@ -67,6 +71,7 @@ impl Call<'_> {
 impl Session {
     /// Takes the client and the send time for a call about to be made.
     pub(super) fn call(&self) -> Call<'_> {
+        self.counters.count(|s| &mut s.round_trips);
         let client = self.client();
         Call {
             session: self,
@@ -139,6 +144,46 @@ impl Session {
             listed.push(call.ended(listing.await));
         }
         (created, listed)
+    }
+
+    /// Creates `path` and lists the children of `dir` with a watch on them, in one round trip
+    /// (as [`create_and_list`](Self::create_and_list)).
+    pub(crate) async fn create_and_watch(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: zk::CreateMode,
+        dir: &str,
+    ) -> (
+        ZkResult<(zk::Stat, zk::CreateSequence)>,
+        ZkResult<(Vec<String>, zk::OneshotWatcher)>,
+    ) {
+        let options = mode.with_acls(zk::Acls::anyone_all());
+        self.counters.count(|s| &mut s.creates);
+        self.counters.count(|s| &mut s.get_children);
+        let call = self.call();
+        let created = call.client.create(path, data, &options);
+        let listing = call.client.list_and_watch_children(dir);
+        let created = call.ended(created.await);
+        (created, call.ended(listing.await))
+    }
+
+    /// The data of each of `paths`, read in one round trip: every request is sent before any
+    /// answer is read.
+    pub(crate) async fn data_of_each(&self, paths: &[String]) -> Vec<ZkResult<Vec<u8>>> {
+        let call = self.call();
+        let reads: Vec<_> = paths
+            .iter()
+            .map(|path| {
+                self.counters.count(|s| &mut s.get_data);
+                call.client.get_data(path)
+            })
+            .collect();
+        let mut data = Vec::with_capacity(reads.len());
+        for read in reads {
+            data.push(call.ended(read.await).map(|(data, _)| data));
+        }
+        data
     }
 
     /// The data of `path`.

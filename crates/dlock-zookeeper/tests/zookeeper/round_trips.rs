@@ -1,8 +1,9 @@
-//! Round trips and wake-ups: an uncontended cycle is three calls, and one release wakes one
-//! waiter.
+//! Round trips and wake-ups: an uncontended cycle is three calls in two round trips, a
+//! semaphore's at most Curator's, and one release wakes one waiter.
 
 use dlock_conformance::{Names, eventually, must};
 use dlock_core::{LockOptions, LockProvider};
+use dlock_zookeeper::zookeeper_client as zk;
 
 use crate::support::{LIMIT, admin, ask, hold, last_cxid, provider, recipe_children, url};
 
@@ -27,7 +28,57 @@ async fn uncontended_cycle_is_three_calls() {
         assert_eq!(after.get_children - before.get_children, 1);
         assert_eq!(after.deletes - before.deletes, 1);
         assert_eq!(after.calls() - before.calls(), 3, "{before:?} -> {after:?}");
+        assert_eq!(
+            after.round_trips - before.round_trips,
+            2,
+            "{before:?} -> {after:?}"
+        );
         assert_eq!(server, 3, "requests the server saw for one cycle");
+    }
+}
+
+/// Curator's `InterProcessSemaphoreV2` takes six round trips for a cycle: create and list the
+/// internal mutex, create and list the lease, delete the mutex, and (the release) delete the
+/// lease. dlock sends each create with the listings behind it, so an uncontended cycle is
+/// four; with leases held by others, whose data must be read (do they count the same
+/// permits?), the reads go out together: one more, however many leases there are.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_semaphore_cycle_takes_fewer_round_trips_than_curators() {
+    const CURATOR: u64 = 6;
+    let Some(url) = url() else { return };
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("sem-round-trips");
+    let s = p.semaphore(&name, 4, LockOptions::default()).unwrap();
+    // Warm up: the first acquisition also creates the parents.
+    s.acquire().await.unwrap().release().await.unwrap();
+    let cycle = || async {
+        let before = p.stats();
+        let xid = last_cxid(&url, p.session_id()).await;
+        s.acquire().await.unwrap().release().await.unwrap();
+        let after = p.stats();
+        let server = last_cxid(&url, p.session_id()).await - xid;
+        (
+            after.round_trips - before.round_trips,
+            format!("{before:?} -> {after:?}, {server} requests on the server"),
+        )
+    };
+    for _ in 0..3 {
+        let (round_trips, seen) = cycle().await;
+        assert_eq!(round_trips, 4, "{seen}");
+        assert!(round_trips < CURATOR);
+    }
+    // Three leases of other participants (a Curator peer writes no permit count): their data
+    // is read in one round trip.
+    let leases = format!("{}/leases", p.lock_path(&name).unwrap());
+    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    for _ in 0..3 {
+        let node = format!("{leases}/_c_{}-lease-", uuid::Uuid::new_v4());
+        admin.create(&node, b"", &mode).await.unwrap();
+    }
+    for _ in 0..3 {
+        let (round_trips, seen) = cycle().await;
+        assert_eq!(round_trips, 5, "{seen}");
+        assert!(round_trips < CURATOR);
     }
 }
 
