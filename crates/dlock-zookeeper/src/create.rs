@@ -75,22 +75,6 @@ pub(crate) async fn create_listed(
     Ok((created, listed.unwrap_or_default()))
 }
 
-/// Creates a contender's node (see [`create_then`]), with the children of `watched` listed
-/// and watched right behind the create, in the same round trip (see [`create_listed`]): `None` unless the first create
-/// made the node and the listing was answered; the caller then lists for itself.
-pub(crate) async fn create_watching(
-    session: &Session,
-    dir: &str,
-    marker: &str,
-    data: &[u8],
-    undo: &mut NodeUndo,
-    watched: &str,
-) -> Result<(Created, Option<(Vec<String>, zk::OneshotWatcher)>)> {
-    let first = async |path: &str| session.create_and_watch(path, data, MODE, watched).await;
-    let (created, listed) = create_then(session, dir, marker, data, undo, first).await?;
-    Ok((created, listed.and_then(Result::ok)))
-}
-
 /// A contender's node: ephemeral and sequential.
 const MODE: zk::CreateMode = zk::CreateMode::EphemeralSequential;
 

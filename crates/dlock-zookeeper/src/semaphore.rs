@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::contend::{Recipe, Role, by_deadline, contend, give_up, persist};
-use crate::create::create_watching;
+use crate::create::create_listed;
 use crate::error::{from_zk, is_transient, unexpected};
 use crate::hold::grant;
 use crate::kinds::Apart;
@@ -133,16 +133,18 @@ async fn take_lease(
     let data = permits_data(permits);
     let permits = usize::try_from(permits).unwrap_or(usize::MAX);
     let mut undo = undo::node_undo(session);
-    // The lease's create carries the first watched listing of the leases.
-    let (mut ours, mut prelisted) =
-        create_watching(session, leases, LEASE, &data, &mut undo, leases).await?;
+    // The lease's create carries the first listing of the leases, without a watch: a lease
+    // granted at once leaves no watch behind to be taken back.
+    let (mut ours, listed) =
+        create_listed(session, leases, LEASE, &data, &mut undo, &[leases]).await?;
+    let mut prelisted = listed.into_iter().next().flatten();
     loop {
-        let (listed, (children, watcher)) = match prelisted.take() {
-            Some(found) => (ours.granted, found),
+        let (listed, children, watcher) = match prelisted.take() {
+            Some(children) => (ours.granted, children, None),
             None => {
                 let listed = Instant::now();
                 match session.retrying(|| session.children_watch(leases)).await {
-                    Ok(found) => (listed, found),
+                    Ok((children, watcher)) => (listed, children, Some(watcher)),
                     Err(zk::Error::NoNode) => {
                         undo.disarm();
                         return Ok(Taken::Vanished);
@@ -166,6 +168,10 @@ async fn take_lease(
                 &mut undo,
             )));
         }
+        // Too many leases: list them again with a watch before waiting.
+        let Some(watcher) = watcher else {
+            continue;
+        };
         // While we wait, only the holder of the internal mutex may add a lease. Without our
         // mutex node (an operator deleting it to unstick a name, a session that ended) another
         // waiter takes the mutex and adds its lease beside ours, and with one permit the two

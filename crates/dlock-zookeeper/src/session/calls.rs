@@ -146,28 +146,6 @@ impl Session {
         (created, listed)
     }
 
-    /// Creates `path` and lists the children of `dir` with a watch on them, in one round trip
-    /// (as [`create_and_list`](Self::create_and_list)).
-    pub(crate) async fn create_and_watch(
-        &self,
-        path: &str,
-        data: &[u8],
-        mode: zk::CreateMode,
-        dir: &str,
-    ) -> (
-        ZkResult<(zk::Stat, zk::CreateSequence)>,
-        ZkResult<(Vec<String>, zk::OneshotWatcher)>,
-    ) {
-        let options = mode.with_acls(zk::Acls::anyone_all());
-        self.counters.count(|s| &mut s.creates);
-        self.counters.count(|s| &mut s.get_children);
-        let call = self.call();
-        let created = call.client.create(path, data, &options);
-        let listing = call.client.list_and_watch_children(dir);
-        let created = call.ended(created.await);
-        (created, call.ended(listing.await))
-    }
-
     /// The data of each of `paths`, read in one round trip: every request is sent before any
     /// answer is read.
     pub(crate) async fn data_of_each(&self, paths: &[String]) -> Vec<ZkResult<Vec<u8>>> {
