@@ -34,12 +34,14 @@ use self::workloads::run_workload;
 /// The longest one workload may take on one backend before it is reported as failed.
 const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
 
-/// The workloads (W1-W8, described in `docs/benchmarks.md`).
+/// The workloads (W1-W8 and their variants, described in `docs/benchmarks.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[value(rename_all = "UPPER")]
 pub enum Workload {
     /// 1 client, one name: acquire + release cycles after a warm-up.
     W1,
+    /// W1 on a semaphore of 4 permits: one permit taken and given back per cycle.
+    W1S,
     /// 8 clients on one name; the critical section reads, yields and writes a counter.
     W2,
     /// W2 with the fair lock (backends that have one): how often the holder changes, and the
@@ -74,7 +76,8 @@ pub struct BenchOpts {
     ///
     /// Every zk:// store (and, by default, the place of DLOCK_ZK_URL even when it is unset) is
     /// followed by a `curator (java)` target: W1-W4 run through Apache Curator's
-    /// InterProcessMutex on the same ZooKeeper (its first server) for comparison. Its Java
+    /// InterProcessMutex, W1S through its InterProcessSemaphoreV2, on the same ZooKeeper (its
+    /// first server) for comparison. Its Java
     /// program is compiled with javac at bench time against the Curator jars in DLOCK_JAVA_DIR
     /// (default /usr/share/java); without them (or without DLOCK_ZK_URL) its rows are skipped.
     #[arg(long = "url", value_name = "URL")]
@@ -84,7 +87,7 @@ pub struct BenchOpts {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "W1,W2,W2F,W3,W4,W5,W6,W7,W7H"
+        default_value = "W1,W1S,W2,W2F,W3,W4,W5,W6,W7,W7H"
     )]
     pub workload: Vec<Workload>,
 

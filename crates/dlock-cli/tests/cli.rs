@@ -530,7 +530,7 @@ fn bench_smoke_writes_json_and_chart() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 18, "2 stores × 9 workloads");
+    assert_eq!(rows.len(), 20, "2 stores × 10 workloads");
     for row in rows {
         for key in [
             "backend",
@@ -563,6 +563,12 @@ fn bench_smoke_writes_json_and_chart() {
             .find(|r| r["workload"] == workload && r["backend"] == backend)
             .unwrap()
     };
+    // A permit of a semaphore, where the store has semaphores.
+    assert!(of("memory", "W1S")["cycles"].as_u64().unwrap() > 0);
+    assert_eq!(
+        of("sqlite/unique-insert", "W1S")["skipped"],
+        "no semaphores"
+    );
     // 64 tasks on one provider, on a name each and on 8 names.
     for wl in ["W7", "W7H"] {
         let r = of("memory", wl);

@@ -1,5 +1,6 @@
-//! The `curator (java)` target: workloads W1-W4 through Apache Curator's `InterProcessMutex`
-//! against the same ZooKeeper, for comparison with the `zk` rows of the same run.
+//! The `curator (java)` target: workloads W1-W4 through Apache Curator's `InterProcessMutex`,
+//! and W1S through its `InterProcessSemaphoreV2`, against the same ZooKeeper, for comparison
+//! with the `zk` rows of the same run.
 //!
 //! A small Java program (`CuratorBench.java`, embedded here) is compiled with `javac` at bench
 //! time against the Curator 5.x jars in `DLOCK_JAVA_DIR` (default `/usr/share/java`, Debian's
@@ -39,11 +40,14 @@ const JARS: &[&str] = &[
 
 /// The workloads the Java program runs.
 fn supported(w: Workload) -> bool {
-    matches!(w, Workload::W1 | Workload::W2 | Workload::W3 | Workload::W4)
+    matches!(
+        w,
+        Workload::W1 | Workload::W1S | Workload::W2 | Workload::W3 | Workload::W4
+    )
 }
 
-/// Runs the requested workloads of W1-W4 through Curator against the ZooKeeper of `url`
-/// (`None`: no zk:// store is configured). One row per requested workload of W1-W4; a row's
+/// Runs the requested workloads of W1-W4 and W1S through Curator against the ZooKeeper of
+/// `url` (`None`: no zk:// store is configured). One row per requested workload of those; a row's
 /// `skipped` starts with `error:` when the run failed, and gives the reason when it could not
 /// run at all.
 pub(super) async fn rows(

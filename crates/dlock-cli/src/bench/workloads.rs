@@ -46,6 +46,7 @@ pub(super) async fn run_workload(
     };
     match workload {
         Workload::W1 => uncontended(&run, &mut row).await?,
+        Workload::W1S => uncontended_permits(&run, &mut row).await?,
         Workload::W2 | Workload::W2F | Workload::W4 => contended(&run, &mut row).await?,
         Workload::W3 => handoff(&run, &mut row).await?,
         Workload::W5 => fairness(&run, &mut row).await?,
@@ -109,6 +110,40 @@ async fn uncontended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
         row.lock_floor_cycles_per_sec = Some(rate);
         row.ratio_to_lock_floor = Some(row.cycles_per_sec / rate);
     }
+    Ok(())
+}
+
+/// W1S: the permits of its semaphore.
+pub(super) const W1S_PERMITS: u32 = 4;
+
+/// W1S: one client takes and gives back one permit of a semaphore of [`W1S_PERMITS`], after a
+/// warm-up (set against Curator's `InterProcessSemaphoreV2` on ZooKeeper, not a floor).
+async fn uncontended_permits(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
+    let Run {
+        target, ns, opts, ..
+    } = *run;
+    let p = target.client().await?;
+    if !p.capabilities().semaphore {
+        row.skipped = Some("no semaphores".into());
+        return Ok(());
+    }
+    let sem = p.semaphore(&format!("{ns}/w1s"), W1S_PERMITS, LockOptions::default())?;
+    for _ in 0..200.min(opts.cycles) {
+        sem.acquire().await?.release().await?;
+    }
+    let mut h = histogram()?;
+    let cpu = cpu_time();
+    let started = Instant::now();
+    let mut n = 0;
+    while n < opts.cycles && !out_of_time(started, opts.duration) {
+        let t = Instant::now();
+        sem.acquire().await?.release().await?;
+        let _ = h.record(us(t.elapsed()));
+        n += 1;
+    }
+    finish(row, n, started.elapsed());
+    row.cpu_us_per_cycle = cpu_per_cycle(cpu, n);
+    fill_latency(row, &h);
     Ok(())
 }
 

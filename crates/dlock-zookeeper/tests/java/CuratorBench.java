@@ -1,10 +1,11 @@
 // The benchmark workloads W1-W4 of `dlock bench` run through Apache Curator's InterProcessMutex,
-// for comparison with dlock's zk:// backend in the same run. `dlock bench` (crates/dlock-cli,
+// and W1S through its InterProcessSemaphoreV2, for comparison with dlock's zk:// backend in the same run. `dlock bench` (crates/dlock-cli,
 // src/bench/curator.rs) compiles this file with javac against Debian's Curator jars and runs it.
 //
-//   java CuratorBench <connect string[/chroot]> <base path> <cycles> <limit ms (0: none)> W1,W2,W3,W4
+//   java CuratorBench <connect string[/chroot]> <base path> <cycles> <limit ms (0: none)> W1,W1S,W2,W3,W4
 //
-// Like dlock bench: W1 is one client's acquire+release cycles on one mutex after a warm-up, W2
+// Like dlock bench: W1 is one client's acquire+release cycles on one mutex after a warm-up, W1S
+// the same with one lease of a semaphore of 4 (acquire + returnLease), W2
 // 8 clients (8 sessions) on one mutex (cycles * 2 in all), W3 two clients passing one mutex back
 // and forth (cycles / 4 handoffs; a handoff is from the holder's release call to the waiter's
 // acquire returning), W4 8 clients each on its own mutex. Prints one JSON line:
@@ -25,6 +26,8 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryNTimes;
 
 public class CuratorBench {
@@ -86,6 +89,29 @@ public class CuratorBench {
                 long t = System.nanoTime();
                 m.acquire();
                 m.release();
+                lat[n++] = System.nanoTime() - t;
+            }
+            return result(n, System.nanoTime() - started, lat, n, 0);
+        } finally {
+            c.close();
+        }
+    }
+
+    /** W1S: W1 with one lease of a semaphore of 4 (dlock's W1S_PERMITS). */
+    static String w1s(String base, long cycles) throws Exception {
+        CuratorFramework c = client();
+        try {
+            InterProcessSemaphoreV2 s = new InterProcessSemaphoreV2(c, base + "/w1s", 4);
+            for (int i = 0; i < WARM_UP; i++) {
+                s.returnLease(s.acquire());
+            }
+            long[] lat = new long[(int) cycles];
+            long started = System.nanoTime();
+            int n = 0;
+            while (n < cycles && !outOfTime(started)) {
+                long t = System.nanoTime();
+                Lease lease = s.acquire();
+                s.returnLease(lease);
                 lat[n++] = System.nanoTime() - t;
             }
             return result(n, System.nanoTime() - started, lat, n, 0);
@@ -218,6 +244,9 @@ public class CuratorBench {
             switch (w) {
                 case "W1":
                     r = w1(base, cycles);
+                    break;
+                case "W1S":
+                    r = w1s(base, cycles);
                     break;
                 case "W2":
                     r = many(base, cycles, true);
