@@ -66,6 +66,21 @@ impl Call<'_> {
         self.session.heard(&self.client, self.sent, &result);
         result
     }
+
+    /// Sends one request per item of `items` (`send` makes it: the client sends it when it is
+    /// called), none awaited yet.
+    fn send_each<I, F>(&self, items: &[I], send: impl Fn(&I) -> F) -> Vec<F> {
+        items.iter().map(send).collect()
+    }
+
+    /// The answers of `sent`, in the order they were sent, each recorded as it ends.
+    async fn answers<T>(&self, sent: Vec<impl Future<Output = ZkResult<T>>>) -> Vec<ZkResult<T>> {
+        let mut answers = Vec::with_capacity(sent.len());
+        for answer in sent {
+            answers.push(self.ended(answer.await));
+        }
+        answers
+    }
 }
 
 impl Session {
@@ -131,37 +146,27 @@ impl Session {
         self.counters.count(|s| &mut s.creates);
         let call = self.call();
         let created = call.client.create(path, data, &options);
-        let listings: Vec<_> = dirs
-            .iter()
-            .map(|dir| {
-                self.counters.count(|s| &mut s.get_children);
-                call.client.list_children(dir)
-            })
-            .collect();
+        let listings = call.send_each(dirs, |dir| {
+            self.counters.count(|s| &mut s.get_children);
+            call.client.list_children(dir)
+        });
         let created = call.ended(created.await);
-        let mut listed = Vec::with_capacity(listings.len());
-        for listing in listings {
-            listed.push(call.ended(listing.await));
-        }
-        (created, listed)
+        (created, call.answers(listings).await)
     }
 
     /// The data of each of `paths`, read in one round trip: every request is sent before any
     /// answer is read.
     pub(crate) async fn data_of_each(&self, paths: &[String]) -> Vec<ZkResult<Vec<u8>>> {
         let call = self.call();
-        let reads: Vec<_> = paths
-            .iter()
-            .map(|path| {
-                self.counters.count(|s| &mut s.get_data);
-                call.client.get_data(path)
-            })
-            .collect();
-        let mut data = Vec::with_capacity(reads.len());
-        for read in reads {
-            data.push(call.ended(read.await).map(|(data, _)| data));
-        }
-        data
+        let reads = call.send_each(paths, |path| {
+            self.counters.count(|s| &mut s.get_data);
+            call.client.get_data(path)
+        });
+        let answers = call.answers(reads).await;
+        answers
+            .into_iter()
+            .map(|r| r.map(|(data, _)| data))
+            .collect()
     }
 
     /// The data of `path`.
