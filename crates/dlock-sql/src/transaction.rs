@@ -10,7 +10,7 @@ use sqlx::MySqlConnection;
 #[cfg(feature = "postgres")]
 use sqlx::PgConnection;
 
-use crate::db::{On, query};
+use crate::db::{On, Pool, query};
 use crate::error::{Meaning, from_sqlx, meaning, mysql_deadlock};
 #[cfg(feature = "mysql")]
 use crate::pinned::server_seconds;
@@ -129,7 +129,8 @@ impl SqlProvider {
         // The row must exist before the transaction reads it: a locking read of a missing row
         // takes a gap lock, which would block its creation until the transaction ends. It is
         // created outside the transaction (committed at once, so other holders see it).
-        fu.create_row(&name).await?;
+        fu.create_row(self.inner.beside_the_callers(), &name)
+            .await?;
         // The wait is the statement's own (the session's setting is never touched, so a
         // lock_in dropped half-way leaves the caller's connection as it was).
         let statement = if wait.is_zero() {
@@ -158,7 +159,7 @@ impl SqlProvider {
             }
             other => other.map_err(|e| e.into_error(backend, &name)),
         };
-        fenced(&fu, name, locked?).await
+        fenced(&fu, self.inner.beside_the_callers(), name, locked?).await
     }
 
     /// Takes the `for-update` lock `name` inside the caller's open PostgreSQL transaction,
@@ -218,7 +219,8 @@ impl SqlProvider {
         let backend = self.inner.backend;
         let err = |what| self.inner.err(what);
         // As on MySQL: the row exists before the transaction reads it, committed at once.
-        fu.create_row(&name).await?;
+        fu.create_row(self.inner.beside_the_callers(), &name)
+            .await?;
         let session = query(
             "SELECT current_setting('lock_timeout'), current_setting('transaction_isolation')",
         )
@@ -281,7 +283,7 @@ impl SqlProvider {
             .execute(&mut *conn)
             .await
             .map_err(err("release the savepoint"))?;
-        fenced(&fu, name, locked?).await
+        fenced(&fu, self.inner.beside_the_callers(), name, locked?).await
     }
 
     /// What a lock in the caller's transaction on `dialect` starts from, checked in this
@@ -390,12 +392,17 @@ fn vanished(backend: &'static str, name: &LockName) -> Error {
 }
 
 /// The lock of a try that `locked` `name`'s row in the caller's transaction, with its fencing
-/// token (committed on its own); `None` if the row stayed busy.
-async fn fenced(fu: &ForUpdate, name: LockName, locked: bool) -> Result<Option<TxLock>> {
+/// token (committed on its own, on a connection of `beside`); `None` if the row stayed busy.
+async fn fenced(
+    fu: &ForUpdate,
+    beside: &Pool,
+    name: LockName,
+    locked: bool,
+) -> Result<Option<TxLock>> {
     if !locked {
         return Ok(None);
     }
-    let token = fu.next_fence(&name).await?;
+    let token = fu.next_fence(beside, &name).await?;
     Ok(Some(TxLock {
         name,
         token: FencingToken::new(token),

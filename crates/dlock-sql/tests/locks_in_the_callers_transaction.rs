@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_conformance::{Names, must, service_url};
-use dlock_core::{LockOptions, LockProvider};
+use dlock_core::{FencingToken, LockOptions, LockProvider};
 use dlock_sql::{SqlProvider, Strategy};
 
 use crate::support::*;
@@ -501,4 +501,64 @@ async fn a_dropped_lock_in_leaves_the_session_as_it_was() {
     assert_eq!(after, before, "the session's lock wait was left changed");
     drop(tx);
     held.release().await.unwrap();
+}
+
+/// `lock_in` and `lock_in_pg` on a provider made from the application's pool need no second
+/// connection of that pool: with a pool of one connection, which the caller's transaction
+/// holds, the lock is taken (its row and its fencing token come from the provider's own
+/// connections) and a second one in a new transaction gets a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_needs_no_second_connection_of_the_callers_pool() {
+    if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
+        let app = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(POOL_PATIENCE)
+            .connect(&mysql)
+            .await
+            .unwrap();
+        let locks = on_pool(app.clone(), Strategy::ForUpdate, &prefix("one-conn"), 2)
+            .await
+            .unwrap();
+        let name = Names::new().name("one-conn");
+        twice_in_turn("lock_in", async || {
+            let mut tx = app.begin().await.unwrap();
+            let lock = locks.lock_in(&mut tx, &name, Duration::ZERO).await;
+            tx.commit().await.unwrap();
+            lock.unwrap().expect("a free lock").token()
+        })
+        .await;
+    }
+    if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
+        let app = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(POOL_PATIENCE)
+            .connect(&pg)
+            .await
+            .unwrap();
+        let locks = on_pool(app.clone(), Strategy::ForUpdate, &prefix("one-conn"), 2)
+            .await
+            .unwrap();
+        let name = Names::new().name("one-conn-pg");
+        twice_in_turn("lock_in_pg", async || {
+            let mut tx = app.begin().await.unwrap();
+            let lock = locks.lock_in_pg(&mut tx, &name, Duration::ZERO).await;
+            tx.commit().await.unwrap();
+            lock.unwrap().expect("a free lock").token()
+        })
+        .await;
+    }
+}
+
+/// How long the one-connection pools wait for their connection: longer than a `lock_in` is
+/// given, so that one waiting for the pool fails the test by taking too long.
+const POOL_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Takes a lock twice through `lock_in_a_transaction` (`what` in a new transaction of the
+/// one-connection pool, committed), each within 20 s: the second token is the higher.
+async fn twice_in_turn(what: &str, mut lock_in_a_transaction: impl AsyncFnMut() -> FencingToken) {
+    let wait = Duration::from_secs(20);
+    let what = format!("{what} with the pool's one connection in the transaction");
+    let first = must(wait, &what, lock_in_a_transaction()).await;
+    let second = must(wait, &what, lock_in_a_transaction()).await;
+    assert!(second > first, "{first:?} then {second:?}");
 }

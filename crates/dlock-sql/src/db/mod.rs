@@ -31,7 +31,7 @@ mod row;
 pub(crate) use open::MYSQL_LOCKS;
 pub(crate) use open::{SETUP_PATIENCE, connect, setup_pauses};
 #[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
-pub(crate) use open::{lock_pool_beside, server_of};
+pub(crate) use open::{lock_pool_beside, server_of, statements_beside};
 pub(crate) use pool::{Conn, Driver, Pool};
 pub(crate) use query::{On, Query, query};
 pub(crate) use row::Row;

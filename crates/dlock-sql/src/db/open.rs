@@ -212,6 +212,27 @@ pub(crate) async fn lock_pool_beside(driver: &Driver, size: u32) -> Result<Pool,
     }
 }
 
+/// A pool of `size` connections for statements, opened with the connect options of an
+/// application's MySQL or PostgreSQL pool, set up as dlock's own statements' pools are.
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn statements_beside(driver: &Driver, size: u32) -> Result<Pool, sqlx::Error> {
+    match driver {
+        #[cfg(feature = "mysql")]
+        Driver::MySql(p) => {
+            mysql_pool(size, (*p.connect_options()).clone(), MYSQL_STATEMENTS).await
+        }
+        #[cfg(feature = "postgres")]
+        Driver::Postgres(p) => pg_pool(size, (*p.connect_options()).clone(), "2s").await,
+        #[cfg(feature = "sqlite")]
+        Driver::Sqlite(_) => {
+            let _ = size;
+            Err(sqlx::Error::Configuration(
+                "SQLite has no pool beside the application's".into(),
+            ))
+        }
+    }
+}
+
 /// A PostgreSQL pool whose statements give up on a row lock after `lock_timeout` (they are
 /// retried; the for-update pool sets its own bound per wait).
 #[cfg(feature = "postgres")]

@@ -54,6 +54,11 @@ pub(crate) struct Inner {
     /// For the pinned strategies only: connections with autocommit off, one per held or
     /// waiting lock.
     pub(crate) lock_pool: Option<Pool>,
+    /// For `for-update` on the application's pool: connections of the provider's own for the
+    /// statements `lock_in` makes beside the caller's transaction (the lock's row, its token),
+    /// which must never wait for a connection of the caller's pool.
+    #[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+    pub(crate) beside: Option<Pool>,
     pub(crate) dialect: Dialect,
     pub(crate) strategy: Strategy,
     pub(crate) backend: &'static str,
@@ -79,6 +84,12 @@ impl fmt::Debug for SqlProvider {
 }
 
 impl Inner {
+    /// The pool of the statements a `lock_in` makes beside the caller's transaction.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    pub(crate) fn beside_the_callers(&self) -> &Pool {
+        self.beside.as_ref().unwrap_or(&self.pool)
+    }
+
     /// A fresh owner for one acquisition: `<client uuid>:<n>`.
     pub(crate) fn next_owner(&self) -> String {
         let n = self.ids.fetch_add(1, Ordering::Relaxed) + 1;

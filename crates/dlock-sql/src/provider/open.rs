@@ -20,6 +20,20 @@ use crate::strategy;
 use crate::wait::notify;
 use crate::wait::{WakeSources, registry};
 
+/// The pools of a provider: the statements' (the application's, for a provider made with
+/// [`SqlProvider::from_pool`]), the lock pool of a pinned strategy, and for `for-update` on
+/// the application's pool the provider's own connections for the statements `lock_in` makes
+/// beside the caller's transaction.
+struct Pools {
+    pool: Pool,
+    lock_pool: Option<Pool>,
+    beside: Option<Pool>,
+}
+
+/// The connections of the pool a `for-update` provider on the application's pool opens for
+/// `lock_in`'s statements beside the caller's transaction (each a short statement).
+const LOCK_IN_STATEMENTS: u32 = 4;
+
 impl SqlProvider {
     /// Connects to the database a `mysql://`, `mariadb://` or `sqlite://` URL names and creates
     /// dlock's tables if they are missing.
@@ -62,9 +76,14 @@ impl SqlProvider {
             .await
             .map_err(|e| from_sqlx(backend, &what, e))?;
         let tables = (config.table.as_str(), config.create_tables);
-        Self::start(
+        // The statements' pool is the provider's own: `lock_in` needs nothing beside it.
+        let pools = Pools {
             pool,
             lock_pool,
+            beside: None,
+        };
+        Self::start(
+            pools,
             config.dialect,
             config.strategy,
             tables,
@@ -83,7 +102,10 @@ impl SqlProvider {
     /// costs no connection of its own. The strategies that pin a connection per held or
     /// waiting lock (`for-update`, `advisory`) take it from a second pool of `config.pool`
     /// connections that dlock opens with the same connect options: your pool's connections
-    /// are never left with a transaction open or a session setting changed. On MySQL, leases
+    /// are never left with a transaction open or a session setting changed. With
+    /// `for-update`, a third pool of at most 4 connections serves the statements `lock_in`
+    /// makes beside your transaction (the lock's row, its token), which never wait for one of
+    /// your pool's connections. On MySQL, leases
     /// are computed on the server's clock in the session's time zone: keep sqlx's default,
     /// UTC.
     ///
@@ -109,7 +131,7 @@ impl SqlProvider {
     ///
     /// [`Error::Config`] for a bad table prefix or a config of another dialect than the
     /// pool's, [`Error::Unsupported`] for a strategy the database does not offer,
-    /// [`Error::Connection`] if the second pool cannot connect, [`Error::Backend`] if the
+    /// [`Error::Connection`] if the provider's own pools cannot connect, [`Error::Backend`] if the
     /// tables cannot be created or are not dlock's.
     #[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
     pub async fn from_pool(pool: impl Into<crate::SqlPool>, config: &SqlConfig) -> Result<Self> {
@@ -144,20 +166,36 @@ impl SqlProvider {
         } else {
             None
         };
-        let pool = Pool::theirs(pool);
+        // `lock_in` takes a lock's row and its token beside the caller's transaction, which
+        // holds a connection of the caller's pool: on connections of the provider's own, or
+        // a pool of one connection would wait for itself.
+        let beside = if strategy == Strategy::ForUpdate {
+            let opened = db::statements_beside(&pool, LOCK_IN_STATEMENTS).await;
+            Some(opened.map_err(|e| from_sqlx(backend, "open the pool beside yours", e))?)
+        } else {
+            None
+        };
+        let pools = Pools {
+            pool: Pool::theirs(pool),
+            lock_pool,
+            beside,
+        };
         if dialect == Dialect::Sqlite {
             let wal = "PRAGMA journal_mode = WAL";
-            setup(&pool, backend, "switch the database to WAL mode", wal).await?;
+            setup(&pools.pool, backend, "switch the database to WAL mode", wal).await?;
         }
         let tables = (table, config.create_tables);
-        Self::start(pool, lock_pool, dialect, strategy, tables, store).await
+        Self::start(pools, dialect, strategy, tables, store).await
     }
 
     /// Checks the server, creates (if `create`) and checks the tables `<table>_…`, and
     /// makes the provider around its pools.
     async fn start(
-        pool: Pool,
-        lock_pool: Option<Pool>,
+        Pools {
+            pool,
+            lock_pool,
+            beside,
+        }: Pools,
         dialect: Dialect,
         kind: Strategy,
         (table, create): (&str, bool),
@@ -219,6 +257,7 @@ impl SqlProvider {
         let inner = Arc::new(Inner {
             pool,
             lock_pool,
+            beside,
             dialect,
             strategy: kind,
             backend,

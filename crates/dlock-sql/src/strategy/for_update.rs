@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{Attempt, Grant, LockStrategy, missing_id, read_row};
 use crate::Inner;
 use crate::config::Dialect;
-use crate::db::{Conn, query};
+use crate::db::{Conn, Pool, query};
 use crate::error::{self, Meaning, from_sqlx, meaning};
 use crate::pinned::{
     ClosedUnlessReturned, Held, Pinned, PinnedHold, Pinning, Release, Waits, server_seconds,
@@ -231,7 +231,7 @@ impl ForUpdate {
                     // transaction (it locks nothing, but none is left open), create the row,
                     // retry.
                     conn.rollback().await;
-                    self.create_row(&a.name).await?;
+                    self.create_row(&self.pinning.inner.pool, &a.name).await?;
                 }
                 Err(e) if meaning(&e) == Meaning::Busy => {
                     let reset = if lease_set {
@@ -268,7 +268,7 @@ impl ForUpdate {
         left: impl FnOnce() -> Duration,
     ) -> Result<u64> {
         if self.pinning.inner.dialect != Dialect::Postgres {
-            let fence = self.next_fence(&a.name).await?;
+            let fence = self.next_fence(&self.pinning.inner.pool, &a.name).await?;
             self.confirm_lease(&mut granted.conn, left()).await?;
             return Ok(fence);
         }
@@ -311,12 +311,12 @@ impl ForUpdate {
 
     /// The next fencing token of `name`, committed on its own (a holder that dies cannot
     /// take its token back).
-    pub(crate) async fn next_fence(&self, name: &LockName) -> Result<u64> {
+    pub(crate) async fn next_fence(&self, pool: &Pool, name: &LockName) -> Result<u64> {
         let q = query(&self.sql.next_fence).bind(name.as_str().as_bytes());
         let v = match self.pinning.inner.dialect {
             Dialect::MySql => {
                 let done = q
-                    .execute(&self.pinning.inner.pool)
+                    .execute(pool)
                     .await
                     .map_err(self.pinning.inner.err("fence"))?;
                 let id = done
@@ -326,7 +326,7 @@ impl ForUpdate {
             }
             Dialect::Sqlite | Dialect::Postgres => {
                 let row = q
-                    .fetch_one(&self.pinning.inner.pool)
+                    .fetch_one(pool)
                     .await
                     .map_err(self.pinning.inner.err("fence"))?;
                 row.int(0).map_err(self.pinning.inner.err("fence"))?
@@ -337,10 +337,10 @@ impl ForUpdate {
 
     /// Creates `name`'s row if it is missing. Only then: INSERT IGNORE on an existing row
     /// waits for the holder's row lock, where a plain SELECT reads without locking.
-    pub(crate) async fn create_row(&self, name: &LockName) -> Result<()> {
+    pub(crate) async fn create_row(&self, pool: &Pool, name: &LockName) -> Result<()> {
         let exists = query(&self.sql.row_exists)
             .bind(name.as_str().as_bytes())
-            .fetch_optional(&self.pinning.inner.pool)
+            .fetch_optional(pool)
             .await
             .map_err(self.pinning.inner.err("look for the lock row"))?;
         if exists.is_some() {
@@ -348,7 +348,7 @@ impl ForUpdate {
         }
         query(&self.sql.insert_row)
             .bind(name.as_str().as_bytes())
-            .execute(&self.pinning.inner.pool)
+            .execute(pool)
             .await
             .map_err(self.pinning.inner.err("create the lock row"))?;
         Ok(())
