@@ -32,6 +32,7 @@ struct Pools {
 
 /// The connections of the pool a `for-update` provider on the application's pool opens for
 /// `lock_in`'s statements beside the caller's transaction (each a short statement).
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 const LOCK_IN_STATEMENTS: u32 = 4;
 
 impl SqlProvider {
