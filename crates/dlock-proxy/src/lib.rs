@@ -28,6 +28,9 @@ pub enum Fault {
     Latency(Duration),
     /// Move nothing either way; connections stay open and bytes wait (a partition).
     Partition,
+    /// A host that went away: the open connections stall as in [`Partition`](Self::Partition),
+    /// and new ones are closed as soon as they are accepted.
+    Vanished,
     /// Move nothing from the client to the server (one-way partition).
     Upstream,
     /// Move nothing from the server to the client (one-way partition).
@@ -47,7 +50,7 @@ impl Fault {
     fn stalls(self, dir: Direction) -> bool {
         matches!(
             (self, dir),
-            (Self::Partition, _)
+            (Self::Partition | Self::Vanished, _)
                 | (Self::Upstream, Direction::Up)
                 | (Self::Downstream, Direction::Down)
         )
@@ -187,6 +190,10 @@ async fn accept_loop(
         };
         let Ok((client, _)) = accepted else { continue };
         shared.accepted.fetch_add(1, Ordering::SeqCst);
+        if *shared.fault.borrow() == Fault::Vanished {
+            drop(client);
+            continue;
+        }
         let reset = shared
             .reset
             .lock()
@@ -317,6 +324,18 @@ mod tests {
         read_within(&mut s, &mut buf, long).await?;
         assert_eq!(&buf, b"ping");
 
+        // A vanished host: the open connection stalls, a new one is closed at once.
+        proxy.set_fault(Fault::Vanished);
+        assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await?, None);
+        let mut turned_away = TcpStream::connect(proxy.addr()).await?;
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(long, turned_away.read(&mut byte))
+            .await
+            .map_err(io::Error::other)?;
+        assert!(matches!(n, Ok(0) | Err(_)), "a new connection is closed");
+        proxy.set_fault(Fault::None);
+        read_within(&mut s, &mut buf, long).await?;
+
         proxy.set_fault(Fault::Downstream);
         assert_eq!(round_trip(&mut s, Duration::from_millis(200)).await?, None);
         proxy.set_fault(Fault::None);
@@ -337,7 +356,7 @@ mod tests {
         assert!(matches!(n, Ok(0) | Err(_)), "a reset connection ends");
         let mut again = TcpStream::connect(proxy.addr()).await?;
         assert!(round_trip(&mut again, long).await?.is_some());
-        assert_eq!(proxy.accepted_connections(), 2);
+        assert_eq!(proxy.accepted_connections(), 3);
         Ok(())
     }
 }

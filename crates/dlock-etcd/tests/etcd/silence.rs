@@ -143,16 +143,19 @@ async fn a_try_through_a_silent_network_is_an_error_not_held() {
 }
 
 /// A waiter whose watch rides a connection gone silent (nothing arrives, nothing comes back,
-/// the connection stays open: a member host that vanished, a half-open middlebox), while
-/// its provider reaches the cluster through another endpoint too, gets the lock after the
-/// holder releases, within a few time-to-lives: its client pings its connections and ends
-/// the silent one within two thirds of one (typically the whole delay), and its wait is
-/// bounded by one; a call that lands on the silent endpoint again (it still accepts
-/// connections) costs its time limit, one more, and a keep-alive that did may cost the
-/// lease. A waiter that never heard the release would hold everyone out for good: its key
-/// is first in the queue.
+/// the connection stays open) to a member host that vanished (new connections to it are
+/// turned away), while its provider reaches the cluster through another endpoint too, gets
+/// the lock after the holder releases, within a few time-to-lives: its client pings its
+/// connections and ends the silent one within a little less than one (a ping every 6 s, 3.3 s
+/// to answer it), and its wait is bounded by one. A waiter that never heard the release would
+/// hold everyone out for good: its key is first in the queue.
 ///
-/// The provider has two endpoints, two proxies of one member; one of them goes silent. The
+/// An endpoint that keeps accepting connections and then stays silent is not bounded so:
+/// the client's balancer sends each new call to either endpoint, and each that lands on the
+/// silent one costs its time limit (a lease whose keep-alives land there twice in a row is
+/// lost, and the acquisition starts over).
+///
+/// The provider has two endpoints, two proxies of one member; one of them vanishes. The
 /// client spreads its calls over both, so the watch lands on the silent one in about half
 /// the rounds: a round whose waiter is granted at once had it on the other, and another
 /// round runs, until one had it on the silent proxy (12 rounds at most).
@@ -178,7 +181,7 @@ async fn a_waiter_whose_watch_went_silent_still_gets_the_lock() {
         let lock = waiter.lock(&name, LockOptions::default()).unwrap();
         let waiting = tokio::spawn(async move { lock.acquire().await });
         await_queued(&url, &lock_name, 2, "the waiter queues").await;
-        silent.set_fault(dlock_proxy::Fault::Partition);
+        silent.set_fault(dlock_proxy::Fault::Vanished);
         g.release().await.unwrap();
         let released = Instant::now();
         let mut waiting = std::pin::pin!(waiting);
