@@ -10,7 +10,7 @@ use sqlx::MySqlConnection;
 #[cfg(feature = "postgres")]
 use sqlx::PgConnection;
 
-use crate::db::{On, Pool, query};
+use crate::db::{On, query};
 use crate::error::{Meaning, from_sqlx, meaning, mysql_deadlock};
 #[cfg(feature = "mysql")]
 use crate::pinned::server_seconds;
@@ -90,7 +90,9 @@ impl SqlProvider {
     /// [`Error::InvalidArgument`] if `conn` has no open transaction (the row lock would end
     /// with the statement) or `name` is not a valid lock name; [`Error::Backend`] or
     /// [`Error::Connection`] for a failed statement (the transaction may then be unusable, as
-    /// for any failed statement).
+    /// for any failed statement); a non-retryable [`Error::Backend`] if the transaction ended
+    /// (its connection killed, say) before its fencing token was taken: no token is handed
+    /// out that a later holder's could be below.
     ///
     /// # Cancel safety
     ///
@@ -159,7 +161,32 @@ impl SqlProvider {
             }
             other => other.map_err(|e| e.into_error(backend, &name)),
         };
-        fenced(&fu, self.inner.beside_the_callers(), name, locked?).await
+        if !locked? {
+            return Ok(None);
+        }
+        let token = fu
+            .next_fence(self.inner.beside_the_callers(), &name)
+            .await?;
+        // The token was taken on another connection: only a transaction that still holds the
+        // row after it was may have it (one that ended before could see a later holder take
+        // the lock with a lower token). A statement on the caller's connection says so; a
+        // transaction cannot end between the two without a statement of its own, except with
+        // its connection.
+        let alive = query(if fu.sql.mariadb {
+            "SELECT @@in_transaction"
+        } else {
+            "SELECT 1"
+        })
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| ended(backend, &name, Some(e)))?;
+        if alive.int(0).map_err(|e| ended(backend, &name, Some(e)))? != 1 {
+            return Err(ended(backend, &name, None));
+        }
+        Ok(Some(TxLock {
+            name,
+            token: FencingToken::new(token),
+        }))
     }
 
     /// Takes the `for-update` lock `name` inside the caller's open PostgreSQL transaction,
@@ -198,7 +225,9 @@ impl SqlProvider {
     /// [`Error::Unsupported`] unless the provider is PostgreSQL with `for-update`;
     /// [`Error::InvalidArgument`] if `conn` has no open transaction (begun through sqlx) or
     /// `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
-    /// failed statement.
+    /// failed statement; a non-retryable [`Error::Backend`] if the transaction ended before
+    /// its fencing token was taken (a token that could not be taken leaves the transaction
+    /// without the row lock).
     ///
     /// # Cancel safety
     ///
@@ -263,27 +292,45 @@ impl SqlProvider {
             }
             other => other.map_err(|e| e.into_error(backend, &name)),
         };
-        if matches!(locked, Ok(true)) {
-            // Granted: releasing the savepoint keeps the row lock with the transaction; the
-            // lock wait goes back to what it was.
-            query("SELECT set_config('lock_timeout', $1, true)")
-                .bind(previous.as_str())
-                .execute(&mut *conn)
-                .await
-                .map_err(err("restore the lock wait"))?;
-        } else {
-            // Busy or failed: PostgreSQL aborted the transaction; rolling back to the
-            // savepoint makes it usable again and undoes the lock wait.
+        // Granted, the fencing token is taken (on another connection) while the savepoint is
+        // open: releasing it after the token proves that the transaction still held the row
+        // when the token was taken (one that ended before could see a later holder take the
+        // lock with a lower token), and a token that could not be taken rolls the row lock
+        // back with the savepoint.
+        let token = match locked {
+            Ok(true) => {
+                query("SELECT set_config('lock_timeout', $1, true)")
+                    .bind(previous.as_str())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(err("restore the lock wait"))?;
+                fu.next_fence(self.inner.beside_the_callers(), &name)
+                    .await
+                    .map(Some)
+            }
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
+        };
+        if !matches!(token, Ok(Some(_))) {
+            // Busy, failed, or without a token: PostgreSQL may have aborted the transaction;
+            // rolling back to the savepoint makes it usable again and undoes the lock wait
+            // and any row lock.
             query("ROLLBACK TO SAVEPOINT dlock_lock_in")
                 .execute(&mut *conn)
                 .await
                 .map_err(err("roll back to the savepoint"))?;
         }
-        query("RELEASE SAVEPOINT dlock_lock_in")
+        let released = query("RELEASE SAVEPOINT dlock_lock_in")
             .execute(&mut *conn)
-            .await
-            .map_err(err("release the savepoint"))?;
-        fenced(&fu, self.inner.beside_the_callers(), name, locked?).await
+            .await;
+        match (token?, released) {
+            (Some(token), Ok(_)) => Ok(Some(TxLock {
+                name,
+                token: FencingToken::new(token),
+            })),
+            (Some(_), Err(e)) => Err(ended(backend, &name, Some(e))),
+            (None, released) => released.map(|_| None).map_err(err("release the savepoint")),
+        }
     }
 
     /// What a lock in the caller's transaction on `dialect` starts from, checked in this
@@ -391,20 +438,18 @@ fn vanished(backend: &'static str, name: &LockName) -> Error {
     }
 }
 
-/// The lock of a try that `locked` `name`'s row in the caller's transaction, with its fencing
-/// token (committed on its own, on a connection of `beside`); `None` if the row stayed busy.
-async fn fenced(
-    fu: &ForUpdate,
-    beside: &Pool,
-    name: LockName,
-    locked: bool,
-) -> Result<Option<TxLock>> {
-    if !locked {
-        return Ok(None);
+/// The error of a lock whose transaction ended (`e`: how its connection answered) before
+/// its fencing token was known to be taken while it held the row: the token is not handed
+/// out, and the transaction, if it goes on, must be rolled back.
+fn ended(backend: &'static str, name: &LockName, e: Option<sqlx::Error>) -> Error {
+    Error::Backend {
+        backend,
+        message: format!(
+            "the caller's transaction that was granted lock {name:?} did not outlive the \
+             taking of its fencing token (its connection ended, or it was rolled back): the \
+             lock may be someone else's now; begin a new transaction"
+        ),
+        retryable: false,
+        source: e.map(|e| Box::new(e) as _),
     }
-    let token = fu.next_fence(beside, &name).await?;
-    Ok(Some(TxLock {
-        name,
-        token: FencingToken::new(token),
-    }))
 }

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_conformance::{Names, must, service_url};
+use dlock_conformance::{Names, Partition, ProxyPartition, eventually, must, service_url};
 use dlock_core::{FencingToken, LockOptions, LockProvider};
 use dlock_sql::{SqlProvider, Strategy};
 
@@ -561,4 +561,128 @@ async fn twice_in_turn(what: &str, mut lock_in_a_transaction: impl AsyncFnMut() 
     let first = must(wait, &what, lock_in_a_transaction()).await;
     let second = must(wait, &what, lock_in_a_transaction()).await;
     assert!(second > first, "{first:?} then {second:?}");
+}
+
+/// A `lock_in` whose transaction ended after the grant but before its fencing token was
+/// taken gets an error, never the token: by then a later holder may have taken the lock with
+/// a lower one. The fault: the provider's statements go through a proxy that is partitioned
+/// while the caller's transaction (on a connection of its own) waits for the row, so the
+/// token's statement stalls after the grant; the caller's connection is then killed, a plain
+/// holder takes the lock and its token, and the partition heals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_ended_before_its_token_gets_no_token() {
+    use sqlx::Connection;
+    if let Some(mysql) = service_url("DLOCK_MYSQL_URL") {
+        let (proxy, proxied) = ProxyPartition::start(&mysql, 3306).await.unwrap();
+        let app = sqlx::MySqlPool::connect(&proxied).await.unwrap();
+        let locks = on_pool(app, Strategy::ForUpdate, &prefix("for-update"), 2)
+            .await
+            .unwrap();
+        let mut caller = sqlx::MySqlConnection::connect(&mysql).await.unwrap();
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut caller)
+            .await
+            .unwrap();
+        let name = Names::new().name("ended-before-token");
+        let taken = {
+            let name = name.clone();
+            async move {
+                let mut tx = caller.begin().await.unwrap();
+                locks.lock_in(&mut tx, &name, Duration::from_secs(60)).await
+            }
+        };
+        let state = format!(
+            "SELECT CASE WHEN t.trx_state = 'LOCK WAIT' THEN 'waiting' \
+             WHEN p.COMMAND = 'Sleep' THEN 'idle' ELSE 'busy' END \
+             FROM information_schema.PROCESSLIST p \
+             LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID \
+             WHERE p.ID = {id}"
+        );
+        let kill = format!("KILL CONNECTION {id}");
+        ended_before_its_token(&mysql, &name, &proxy, taken, &state, &kill).await;
+    }
+    if let Some(pg) = service_url("DLOCK_POSTGRES_URL") {
+        let (proxy, proxied) = ProxyPartition::start(&pg, 5432).await.unwrap();
+        let app = sqlx::PgPool::connect(&proxied).await.unwrap();
+        let locks = on_pool(app, Strategy::ForUpdate, &prefix("for-update"), 2)
+            .await
+            .unwrap();
+        let mut caller = sqlx::PgConnection::connect(&pg).await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut caller)
+            .await
+            .unwrap();
+        let name = Names::new().name("ended-before-token-pg");
+        let taken = {
+            let name = name.clone();
+            async move {
+                let mut tx = caller.begin().await.unwrap();
+                locks
+                    .lock_in_pg(&mut tx, &name, Duration::from_secs(60))
+                    .await
+            }
+        };
+        let state = format!(
+            "SELECT CASE WHEN wait_event_type = 'Lock' THEN 'waiting' \
+             WHEN state = 'idle in transaction' THEN 'idle' ELSE 'busy' END \
+             FROM pg_stat_activity WHERE pid = {pid}"
+        );
+        let kill = format!("SELECT pg_terminate_backend({pid})");
+        ended_before_its_token(&pg, &name, &proxy, taken, &state, &kill).await;
+    }
+}
+
+/// The case of [`a_transaction_that_ended_before_its_token_gets_no_token`] on the server
+/// `url`: `taken` takes `name` in the caller's transaction (its provider behind `proxy`);
+/// `state` says whether the caller's connection is `waiting` for a row lock or `idle`;
+/// `kill` ends it.
+async fn ended_before_its_token(
+    url: &str,
+    name: &str,
+    proxy: &ProxyPartition,
+    taken: impl Future<Output = dlock_core::Result<Option<dlock_sql::TxLock>>> + Send + 'static,
+    state: &str,
+    kill: &str,
+) {
+    let limit = Duration::from_secs(20);
+    let admin = admin(url).await;
+    let caller_is = async |wanted: &str| {
+        let what = format!("the caller's connection {wanted}");
+        eventually(limit, &what, async || {
+            let now: String = sqlx::query_scalar(state)
+                .fetch_one(&admin)
+                .await
+                .map_err(|e| e.to_string())?;
+            if now == wanted { Ok(()) } else { Err(now) }
+        })
+        .await
+    };
+    let plain = SqlProvider::connect(&for_update(url)).await.unwrap();
+    let first = plain.lock(name, LockOptions::default()).unwrap();
+    let first = first.acquire().await.unwrap();
+    let taken = tokio::spawn(taken);
+    caller_is("waiting").await;
+    // Granted at the release, the caller's transaction asks for its token through the
+    // partitioned proxy: the statement waits there.
+    proxy.set_partitioned(true);
+    first.release().await.unwrap();
+    caller_is("idle").await;
+    sqlx::query(kill).execute(&admin).await.unwrap();
+    let next = plain.lock(name, LockOptions::default()).unwrap();
+    let next = must(limit, "the lock after the caller's end", next.acquire())
+        .await
+        .unwrap();
+    proxy.set_partitioned(false);
+    let taken = must(limit, "the caller's lock", taken).await.unwrap();
+    match taken {
+        Err(e) => assert!(
+            !e.is_retryable() && e.to_string().contains("did not outlive"),
+            "the error must say the transaction ended: {e}"
+        ),
+        Ok(lock) => panic!(
+            "a transaction that had ended got {lock:?}, beside the holder's {:?}",
+            next.fencing_token()
+        ),
+    }
+    next.release().await.unwrap();
 }
