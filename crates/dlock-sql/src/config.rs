@@ -99,7 +99,10 @@ impl FromStr for Strategy {
 /// - `mysql://user:password@host[:port]/database[?strategy=…&table=…&pool=N]` (also
 ///   `mariadb://`);
 /// - `sqlite://path/to/file.db[?strategy=…&table=…]` (relative path) or
-///   `sqlite:///absolute/path.db`; the file is created if missing.
+///   `sqlite:///absolute/path.db`; the file is created if missing. A relative path is taken
+///   from the working directory at connect, so processes started in different directories
+///   use different files and do not exclude each other: give processes that share locks an
+///   absolute path.
 ///
 /// | query parameter | meaning | default |
 /// | --- | --- | --- |

@@ -1,11 +1,14 @@
 //! Where a SQLite file lives: SQLite's locks (and so dlock's exclusion) rely on the file
-//! system's locking, which network file systems (NFS, SMB, sshfs …) do not always honour
-//! across hosts, and WAL mode needs shared memory that only works on one host. dlock warns
-//! when a SQLite file is on one (Linux; elsewhere it cannot tell and says nothing).
+//! system's locking, which network file systems (NFS, SMB, sshfs …) and the folders a virtual
+//! machine or container shares with its host (virtiofs, Docker Desktop's grpcfuse, VirtualBox
+//! and VMware shared folders) do not always honour across the two sides, and WAL mode needs
+//! shared memory that only works within one kernel. dlock warns when a SQLite file is on one
+//! (Linux; elsewhere it cannot tell and says nothing).
 
 use std::path::{Path, PathBuf};
 
-/// File system types that are shared over a network, as `/proc/self/mounts` names them.
+/// File system types that are shared over a network or with a virtual machine's host, as
+/// `/proc/self/mounts` names them.
 const NETWORK: &[&str] = &[
     "nfs",
     "nfs4",
@@ -22,6 +25,12 @@ const NETWORK: &[&str] = &[
     "fuse.rclone",
     "davfs",
     "fuse.glusterfs",
+    "virtiofs",
+    "fuse.grpcfuse",
+    "vboxsf",
+    "vmhgfs",
+    "fuse.vmhgfs-fuse",
+    "prl_fs",
 ];
 
 /// The network file system `path` is on, if it is on one (and the system says so).
@@ -38,9 +47,10 @@ pub(crate) fn warn_if_shared(path: &Path) {
         tracing::warn!(
             path = %path.display(),
             file_system = %fs,
-            "the SQLite file is on a network file system: its locks may not exclude processes \
-             on other hosts, and WAL mode works on one host only; use a local file, or a \
-             server backend for locks shared between hosts"
+            "the SQLite file is on a network file system or one shared with a virtual \
+             machine's host: its locks may not exclude processes on the other side, and WAL \
+             mode works within one kernel only; use a local file, or a server backend for \
+             locks shared between hosts"
         );
     }
 }
@@ -93,6 +103,7 @@ server:/export /mnt/shared nfs4 rw,vers=4.2 0 0
 /dev/sdb1 /mnt/shared/local ext4 rw 0 0
 //nas/team /srv/team\\040files cifs rw 0 0
 tmpfs /tmp tmpfs rw 0 0
+myfs /run/host virtiofs rw 0 0
 ";
 
     #[test]
@@ -104,6 +115,9 @@ tmpfs /tmp tmpfs rw 0 0
         assert_eq!(fs("/mnt/sharedness/locks.db").as_deref(), Some("ext4"));
         assert_eq!(fs("/srv/team files/locks.db").as_deref(), Some("cifs"));
         assert_eq!(fs("/tmp/locks.db").as_deref(), Some("tmpfs"));
+        let shared = fs("/run/host/app/locks.db");
+        assert_eq!(shared.as_deref(), Some("virtiofs"));
+        assert!(NETWORK.contains(&shared.unwrap_or_default().as_str()));
     }
 
     #[test]

@@ -282,6 +282,10 @@ fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptio
     let path = config
         .sqlite_path()
         .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+    // A relative path names a file in the working directory at connect: every connection of
+    // the provider opens that one file, even after the process changes directory.
+    let path = std::path::absolute(&path)
+        .map_err(|e| sqlx::Error::Configuration(format!("{}: {e}", path.display()).into()))?;
     let mut options = SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(true)
@@ -320,4 +324,20 @@ fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptio
         };
     }
     Ok(options)
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    /// A relative SQLite path is made absolute once, at connect: a pool connection opened
+    /// after the process changed directory opens the same file.
+    #[test]
+    fn a_relative_sqlite_path_is_fixed_at_connect() {
+        let config = SqlConfig::from_url("sqlite://relative/locks.db").expect("a valid URL");
+        let options = sqlite_options(&config).expect("valid options");
+        let file = options.get_filename();
+        assert!(file.is_absolute(), "{}", file.display());
+        assert!(file.ends_with("relative/locks.db"), "{}", file.display());
+    }
 }
