@@ -36,6 +36,7 @@ pub struct Cycle {
     advisory: AdvisorySql,
     rows: RowLockSql,
     named: GetLockSql,
+    announcement: Option<String>,
 }
 
 impl Cycle {
@@ -62,6 +63,7 @@ impl Cycle {
             advisory: AdvisorySql::new(tables),
             rows: RowLockSql::new(tables),
             named: GetLockSql::new(tables),
+            announcement: tables.announcement(),
         })
     }
 
@@ -84,8 +86,7 @@ impl Cycle {
         &self.unique.insert_hold
     }
 
-    /// unique-insert's release: deletes the hold (on PostgreSQL it notifies the waiters of the
-    /// name). Binds the name and the owner.
+    /// unique-insert's release: deletes the hold. Binds the name and the owner.
     pub fn delete_hold(&self) -> &str {
         &self.unique.delete_hold
     }
@@ -108,10 +109,16 @@ impl Cycle {
         &self.optimistic.claim_version
     }
 
-    /// optimistic's release (on PostgreSQL it notifies the waiters of the name). Binds the
-    /// name, the owner and the version claimed.
+    /// optimistic's release. Binds the name, the owner and the version claimed.
     pub fn release_version(&self) -> &str {
         &self.optimistic.release_version
+    }
+
+    /// What follows a release of unique-insert or optimistic on PostgreSQL (`None`
+    /// elsewhere): it announces the release to the waiters of the name, in a statement of its
+    /// own. Binds the name.
+    pub fn announce_release(&self) -> Option<&str> {
+        self.announcement.as_deref()
     }
 
     /// advisory (PostgreSQL): gives a name its advisory key (nothing if it has one). Binds the

@@ -117,20 +117,21 @@ impl Tables<'_> {
         }
     }
 
-    /// A release statement that also announces the release on PostgreSQL: the rows it
-    /// changed `NOTIFY` the provider's channel with their names in hex (any name, in any
-    /// database encoding; sent when the statement commits), then `/` and the release's
-    /// origin (hex digits); its row count is still the number of rows released. Elsewhere the
-    /// statement as it is.
-    fn notifying(&self, release: String) -> String {
-        if self.dialect != Dialect::Postgres {
-            return release;
-        }
+    /// On PostgreSQL, the statement that announces a release of a name (`?`: the name) to the
+    /// waiters of other processes: a `NOTIFY` of the provider's channel with the name in hex
+    /// (any name, in any database encoding), then `/` and the release's origin (hex digits).
+    /// It is a statement of its own, sent after the release committed and committed without
+    /// waiting for its flush: a release never holds PostgreSQL's cluster-wide notify lock
+    /// through its own commit, and never fails because the notify queue is full (a listener
+    /// that stopped reading holds it back); an announcement lost costs a waiter one poll.
+    pub(crate) fn announcement(&self) -> Option<String> {
         let (t, origin) = (self.prefix, self.origin);
-        format!(
-            "WITH released AS ({release} RETURNING name) \
-             SELECT pg_notify('{t}_release', encode(name, 'hex') || '/{origin}') FROM released"
-        )
+        (self.dialect == Dialect::Postgres).then(|| {
+            format!(
+                "SELECT set_config('synchronous_commit', 'off', true), \
+                 pg_notify('{t}_release', encode($1, 'hex') || '/{origin}')"
+            )
+        })
     }
 }
 
@@ -145,7 +146,7 @@ pub(crate) struct UniqueInsertSql {
     pub(crate) take_over_hold: String,
     /// The id and takeovers of an owner's hold (`?`: name, owner).
     pub(crate) select_hold_token: String,
-    /// Deletes an owner's hold, announcing the release on PostgreSQL (`?`: name, owner).
+    /// Deletes an owner's hold (`?`: name, owner).
     pub(crate) delete_hold: String,
     /// Renews an owner's hold (`?`: lease in ms, name, owner).
     pub(crate) renew_hold: String,
@@ -179,9 +180,9 @@ impl UniqueInsertSql {
             select_hold_token: s.stmt(format!(
                 "SELECT id, takeovers FROM {t}_holds WHERE name = ? AND owner = ?"
             )),
-            delete_hold: s.stmt(s.notifying(format!(
+            delete_hold: s.stmt(format!(
                 "DELETE FROM {t}_holds WHERE name = ? AND owner = ?"
-            ))),
+            )),
             renew_hold: s.stmt(format!(
                 "UPDATE {t}_holds SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
             )),
@@ -203,10 +204,10 @@ pub(crate) struct OptimisticSql {
     pub(crate) select_version: String,
     /// Creates a name's row at a version (`?`: name, version), nothing if it exists.
     pub(crate) insert_version: String,
-    /// Frees an owner's claim of a version, announcing it on PostgreSQL (`?`: name, owner,
+    /// Frees an owner's claim of a version (`?`: name, owner,
     /// version).
     pub(crate) release_version: String,
-    /// Frees an owner's claim of any version, announcing it on PostgreSQL (`?`: name, owner).
+    /// Frees an owner's claim of any version (`?`: name, owner).
     pub(crate) release_version_by_owner: String,
     /// Renews an owner's claim (`?`: lease in ms, name, owner, version).
     pub(crate) renew_version: String,
@@ -251,14 +252,14 @@ impl OptimisticSql {
             insert_version: s.stmt(format!(
                 "{insert_ignore} {t}_versions (name, version) VALUES (?, ?){ignore_suffix}"
             )),
-            release_version: s.stmt(s.notifying(format!(
+            release_version: s.stmt(format!(
                 "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
                  WHERE name = ? AND owner = ? AND version = ?"
-            ))),
-            release_version_by_owner: s.stmt(s.notifying(format!(
+            )),
+            release_version_by_owner: s.stmt(format!(
                 "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
                  WHERE name = ? AND owner = ?"
-            ))),
+            )),
             renew_version: s.stmt(format!(
                 "UPDATE {t}_versions SET expires_at = {now} + ? \
                  WHERE name = ? AND owner = ? AND version = ?"

@@ -31,7 +31,7 @@ pub(crate) struct Optimistic {
 impl Optimistic {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = OptimisticSql::new(tables);
-        let base = RowBase::new(inner, sql.renew_versions.clone(), true);
+        let base = RowBase::new(inner, tables, sql.renew_versions.clone(), true);
         Self {
             base,
             sql,

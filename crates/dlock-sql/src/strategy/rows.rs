@@ -16,7 +16,7 @@ use super::{Attempt, CONNECT_GRACE, Grant, LockStrategy, ms, read_row};
 use crate::Inner;
 use crate::db::{Conn, On, Query, query};
 use crate::error::from_sqlx;
-use crate::sql::RenewMany;
+use crate::sql::{RenewMany, Tables};
 
 /// A strategy whose lock is a row with an owner and a lease, taken by a few statements on one
 /// connection.
@@ -54,15 +54,45 @@ pub(crate) struct RowBase {
     /// Whether a renewal names the hold's version (its token) besides its owner: the rows of
     /// the optimistic table are versioned.
     by_version: bool,
+    /// The statement that announces a release to other processes' waiters (PostgreSQL; see
+    /// [`Tables::announcement`]).
+    announcement: Option<String>,
 }
 
 impl RowBase {
-    /// The base of a strategy of `inner` whose batches of renewals `many` sends.
-    pub(crate) fn new(inner: Arc<Inner>, many: RenewMany, by_version: bool) -> Self {
+    /// The base of a strategy of `inner` on `tables` whose batches of renewals `many` sends.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        tables: Tables<'_>,
+        many: RenewMany,
+        by_version: bool,
+    ) -> Self {
         Self {
             renewals: row_renewals(Arc::clone(&inner), many),
             inner,
             by_version,
+            announcement: tables.announcement(),
+        }
+    }
+
+    /// Announces the release of `name`, committed, to other processes' waiters (PostgreSQL),
+    /// on `conn`. Its failure is not the release's: it is logged, and the waiters find the
+    /// lock free at their next poll.
+    async fn announce(&self, name: &LockName, conn: &mut Conn) {
+        let Some(announcement) = &self.announcement else {
+            return;
+        };
+        let sent = query(announcement)
+            .bind(name.as_str().as_bytes())
+            .execute(conn)
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(
+                lock = %name,
+                error = %e,
+                "the release of a lock was not announced to waiters in other processes; they \
+                 find it free at their next poll"
+            );
         }
     }
 
@@ -241,6 +271,7 @@ async fn free_on<S: RowStrategy>(
     let freed = s.free_on(a, conn, token).await?;
     if freed {
         s.base().inner.released(&a.name);
+        s.base().announce(&a.name, conn).await;
     }
     Ok(freed)
 }

@@ -24,7 +24,7 @@ pub(crate) struct UniqueInsert {
 impl UniqueInsert {
     pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
         let sql = UniqueInsertSql::new(tables);
-        let base = RowBase::new(inner, sql.renew_holds.clone(), false);
+        let base = RowBase::new(inner, tables, sql.renew_holds.clone(), false);
         Self { base, sql }
     }
 

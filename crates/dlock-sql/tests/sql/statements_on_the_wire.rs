@@ -47,6 +47,49 @@ async fn uncontended_round_trips() {
     }
 }
 
+/// A PostgreSQL release of unique-insert or optimistic is a statement of its own, and its
+/// announcement to other processes' waiters (a `SELECT pg_notify(…)`) another, after it: the
+/// release commits without PostgreSQL's cluster-wide notify lock, and a notify that fails (a
+/// full notify queue behind a listener that stopped reading) cannot undo it. Counted as in
+/// [`uncontended_round_trips`]: 10 cycles send 10 releases and 10 announcements.
+#[tokio::test]
+async fn postgres_releases_commit_before_their_announcement() {
+    let statements = Statements::installed();
+    statements.watch_this_thread();
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    for strategy in ["unique-insert", "optimistic"] {
+        let url = with_query(
+            &pg,
+            &format!("strategy={strategy}&table={}", prefix(strategy)),
+        );
+        let (release, acquire) = if strategy == "unique-insert" {
+            (("DELETE", 10), ("INSERT", 10))
+        } else {
+            (("UPDATE", 20), ("INSERT", 0))
+        };
+        let expect = [release, acquire, ("SELECT", 10), ("WITH", 0)];
+        let p = SqlProvider::connect(&url).await.unwrap();
+        let lock = p
+            .lock(&Names::new().name("announced"), LockOptions::default())
+            .unwrap();
+        lock.acquire().await.unwrap().release().await.unwrap(); // creates rows, learns the version
+        statements.take();
+        for _ in 0..10 {
+            lock.acquire().await.unwrap().release().await.unwrap();
+        }
+        let sent = statements.take();
+        for (verb, want) in expect {
+            let got = sent.get(verb).copied().unwrap_or(0);
+            assert_eq!(
+                got, want,
+                "postgres/{strategy}: {verb} statements for 10 cycles; all: {sent:?}"
+            );
+        }
+    }
+}
+
 /// Names with quotes, backslashes, LIKE wildcards, emoji and 255 bytes are stored as given;
 /// 256 bytes is rejected before any SQL runs.
 #[tokio::test]

@@ -260,7 +260,7 @@ where
             Ok(timed_since(started))
         }
         // optimistic, or else unique-insert: the driver's claim or insert, then the release,
-        // which names the owner (unique-insert's notifies on PostgreSQL, as dlock's does).
+        // which names the owner, and on PostgreSQL its announcement, as dlock's.
         strategy => {
             let optimistic = strategy == "optimistic";
             let mut version = 0;
@@ -289,6 +289,13 @@ where
                     (release, "delete")
                 };
                 release.execute(&mut *c).await.map_err(sql.e(what))?;
+                if let Some(announce) = cycle.announce_release() {
+                    sqlx::query(announce)
+                        .bind(name)
+                        .execute(&mut *c)
+                        .await
+                        .map_err(sql.e("announce"))?;
+                }
             }
             Ok(timed_since(started))
         }
