@@ -27,23 +27,35 @@ async fn uncontended_round_trips() {
         } else {
             [("INSERT", 0), ("DELETE", 0), ("UPDATE", 20), ("SELECT", 0)]
         };
-        let p = SqlProvider::connect(&url).await.unwrap();
-        let lock = p
-            .lock(&Names::new().name("rtt"), LockOptions::default())
-            .unwrap();
-        lock.acquire().await.unwrap().release().await.unwrap(); // creates rows, learns the version
-        statements.take();
-        for _ in 0..10 {
-            lock.acquire().await.unwrap().release().await.unwrap();
-        }
-        let sent = statements.take();
-        for (verb, want) in expect {
-            let got = sent.get(verb).copied().unwrap_or(0);
-            assert_eq!(
-                got, want,
-                "{label}: {verb} statements for 10 cycles; all: {sent:?}"
-            );
-        }
+        ten_cycles_send(statements, &url, &label, &expect).await;
+    }
+}
+
+/// Runs 10 uncontended cycles on a provider of `url` (after one that creates the rows and
+/// learns the version) and checks the statements this thread sent, by first word, against
+/// `expect`.
+async fn ten_cycles_send(
+    statements: &Statements,
+    url: &str,
+    label: &str,
+    expect: &[(&str, usize)],
+) {
+    let p = SqlProvider::connect(url).await.unwrap();
+    let lock = p
+        .lock(&Names::new().name("rtt"), LockOptions::default())
+        .unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    statements.take();
+    for _ in 0..10 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    let sent = statements.take();
+    for (verb, want) in expect {
+        let got = sent.get(*verb).copied().unwrap_or(0);
+        assert_eq!(
+            got, *want,
+            "{label}: {verb} statements for 10 cycles; all: {sent:?}"
+        );
     }
 }
 
@@ -70,23 +82,7 @@ async fn postgres_releases_commit_before_their_announcement() {
             (("UPDATE", 20), ("INSERT", 0))
         };
         let expect = [release, acquire, ("SELECT", 10), ("WITH", 0)];
-        let p = SqlProvider::connect(&url).await.unwrap();
-        let lock = p
-            .lock(&Names::new().name("announced"), LockOptions::default())
-            .unwrap();
-        lock.acquire().await.unwrap().release().await.unwrap(); // creates rows, learns the version
-        statements.take();
-        for _ in 0..10 {
-            lock.acquire().await.unwrap().release().await.unwrap();
-        }
-        let sent = statements.take();
-        for (verb, want) in expect {
-            let got = sent.get(verb).copied().unwrap_or(0);
-            assert_eq!(
-                got, want,
-                "postgres/{strategy}: {verb} statements for 10 cycles; all: {sent:?}"
-            );
-        }
+        ten_cycles_send(statements, &url, &format!("postgres/{strategy}"), &expect).await;
     }
 }
 
