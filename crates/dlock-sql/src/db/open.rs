@@ -129,8 +129,13 @@ fn mysql_options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions,
 /// 1 s is answered as busy and retried by the caller, so that a try with no wait answers
 /// within the 2 s the core lets a call run past its wait (racers creating a new name's row
 /// wait on the winner's row lock).
+///
+/// On MariaDB (the `/*M! … */` part, a comment to MySQL) no `max_statement_time` of the user
+/// or the server ends a statement: dlock bounds its waits itself, and one ended by the
+/// server would be a hard failure where the caller asked to wait.
 #[cfg(feature = "mysql")]
-const MYSQL_STATEMENTS: &[&str] = &["SET SESSION innodb_lock_wait_timeout = 1"];
+const MYSQL_STATEMENTS: &[&str] =
+    &["SET SESSION innodb_lock_wait_timeout = 1 /*M!, max_statement_time = 0 */"];
 
 /// The for-update pool: connections with autocommit off, one per held or waiting lock. Every
 /// `SELECT … FOR UPDATE` opens a transaction that the release ends (ROLLBACK); a blocked one
@@ -144,7 +149,8 @@ const MYSQL_STATEMENTS: &[&str] = &["SET SESSION innodb_lock_wait_timeout = 1"];
 pub(crate) const MYSQL_LOCKS: &[&str] = &[
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     "SET autocommit = 0",
-    "SET SESSION innodb_lock_wait_timeout = 5",
+    // As in the statements' pool, no MariaDB max_statement_time ends a wait.
+    "SET SESSION innodb_lock_wait_timeout = 5 /*M!, max_statement_time = 0 */",
 ];
 
 /// A MySQL pool whose connections run `session` when they open. No ping before a checkout: a

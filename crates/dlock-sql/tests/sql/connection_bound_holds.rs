@@ -661,6 +661,49 @@ async fn a_statement_timeout_does_not_end_a_wait() {
     }
 }
 
+/// MariaDB's `MAX_STATEMENT_TIME` of a user (or of the server; managed services set one)
+/// does not cut a waiting for-update or get-lock acquire short either: the waiter logs in as
+/// a user whose statements the server ends after 1 s (`DLOCK_MYSQL_TIMED_URL`, made by
+/// `scripts/services`), waits its whole 3 s and is answered "held".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_statement_time_does_not_end_a_wait() {
+    let (Some(mysql), Some(timed)) = (
+        service_url("DLOCK_MYSQL_URL"),
+        service_url("DLOCK_MYSQL_TIMED_URL"),
+    ) else {
+        return;
+    };
+    for strategy in ["for-update", "get-lock"] {
+        let tables = format!("strategy={strategy}&table={}", prefix(strategy));
+        let holder = SqlProvider::connect(&with_query(&mysql, &tables))
+            .await
+            .unwrap();
+        let waiter = SqlProvider::connect(&with_query(&timed, &tables))
+            .await
+            .unwrap();
+        let name = Names::new().name("statement-time");
+        let g = holder
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let wait = Duration::from_secs(3);
+        let started = Instant::now();
+        let r = waiter
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(wait)
+            .await;
+        assert!(
+            matches!(r, Ok(None)),
+            "{strategy}: a wait past the user's max_statement_time: {r:?}"
+        );
+        assert!(started.elapsed() >= wait, "{strategy}: gave up early");
+        g.release().await.unwrap();
+    }
+}
+
 /// PostgreSQL keeps a pinned hold for a stopped client by a session timeout of at most
 /// 2^31 - 1 ms (24.8 days): a longer lease is refused where the hold is pinned (its store
 /// would free a hold its client still vouches for), and accepted where the lease is a row's.
