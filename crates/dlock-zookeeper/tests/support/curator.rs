@@ -146,6 +146,24 @@ impl Peer {
         self.finish().await;
     }
 
+    /// Sends the peer process `signal` (`STOP`, `CONT`, `KILL`), as `kill -<signal>`.
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("the peer runs").to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    /// Kills the peer (SIGKILL, stopped or not) and waits until it is gone.
+    pub(crate) async fn kill(&mut self) {
+        self.signal("KILL");
+        must(LIMIT, "the killed peer exits", self.child.wait())
+            .await
+            .unwrap();
+    }
+
     /// Waits for the peer to exit, successfully.
     pub(crate) async fn finish(&mut self) {
         let status = must(LIMIT, "peer exits", self.child.wait()).await.unwrap();

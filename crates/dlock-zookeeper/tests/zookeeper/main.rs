@@ -6,6 +6,7 @@
 mod support;
 
 mod curator;
+mod curator_sessions;
 mod kinds;
 mod layout;
 mod names;
