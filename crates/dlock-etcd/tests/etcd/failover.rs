@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use dlock_conformance::contention::Contention;
-use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_conformance::{Names, must, service_url};
 use dlock_core::{DynLock, LockOptions, LockProvider};
 use dlock_etcd::{EtcdConfig, EtcdProvider};
 use tokio::time::Instant;
 
 use crate::support::SERIAL;
-use crate::support::cluster::{Restore, leader_among, member_pid};
+use crate::support::cluster::{kill_and_elect, leading_member};
 
 const CONTENDERS: usize = 4;
 /// Acquisitions every contender must make before the kill, and after the election.
@@ -37,22 +37,7 @@ async fn leader_killed_during_contention() {
 async fn failover(url: String) {
     let endpoints = EtcdConfig::from_url(&url).unwrap().endpoints;
     assert!(endpoints.len() >= 3, "{url} names fewer than 3 members");
-    let leader = eventually(Duration::from_secs(10), "the cluster has a leader", || {
-        leader_among(&endpoints)
-    })
-    .await;
-    let leader_port = leader.rsplit(':').next().unwrap().to_owned();
-    let Some(pid) = member_pid(&leader_port) else {
-        let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-        let why = format!(
-            "the leader {leader} was not started by scripts/services (no etcd/{leader_port}/etcd.pid), \
-             so it cannot be killed"
-        );
-        assert!(
-            require.is_empty(),
-            "{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping"
-        );
-        eprintln!("skipped: {why}");
+    let Some((leader, pid)) = leading_member(&endpoints).await else {
         return;
     };
 
@@ -88,30 +73,8 @@ async fn failover(url: String) {
     )
     .await;
 
-    let restore = Restore;
-    let killed_at = Instant::now();
-    let ok = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -KILL {pid}");
-    let others: Vec<String> = endpoints
-        .iter()
-        .filter(|e| **e != leader)
-        .cloned()
-        .collect();
-    let new_leader = eventually(
-        Duration::from_secs(20),
-        "the survivors elect a leader",
-        || leader_among(&others),
-    )
-    .await;
-    let elected_at = Instant::now();
-    eprintln!(
-        "killed the leader {leader} (pid {pid}); {new_leader} leads after {:?}",
-        elected_at - killed_at
-    );
+    let killed = kill_and_elect(&endpoints, &leader, pid).await;
+    let (killed_at, elected_at) = (killed.at, killed.elected_at);
     run.await_progress(
         elected_at,
         PROGRESS,
@@ -121,7 +84,7 @@ async fn failover(url: String) {
     )
     .await;
     let report = run.stop(Duration::from_secs(20)).await;
-    drop(restore);
+    drop(killed);
     report.print("etcd leader killed");
     report.check();
     assert!(

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dlock_conformance::eventually;
 use dlock_etcd::etcd_client::Client;
+use tokio::time::Instant;
 
 /// The pid `scripts/services` recorded for the cluster member with client port `port`, if
 /// that process still runs that member (its command line names the member's data dir).
@@ -76,5 +78,71 @@ impl Drop for Restore {
         if let Err(e) = Self::run() {
             eprintln!("{e}");
         }
+    }
+}
+
+/// The member that leads the cluster of `endpoints`, and its process; `None` (the test skips,
+/// and says so) if `scripts/services` did not start it, which `DLOCK_TEST_REQUIRE` forbids.
+pub(crate) async fn leading_member(endpoints: &[String]) -> Option<(String, u32)> {
+    let leader = eventually(Duration::from_secs(10), "the cluster has a leader", || {
+        leader_among(endpoints)
+    })
+    .await;
+    let port = leader.rsplit(':').next().unwrap_or_default().to_owned();
+    if let Some(pid) = member_pid(&port) {
+        return Some((leader, pid));
+    }
+    let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+    let why = format!(
+        "the leader {leader} was not started by scripts/services (no etcd/{port}/etcd.pid), so \
+         it cannot be killed"
+    );
+    assert!(
+        require.is_empty(),
+        "{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// A leader killed by [`kill_and_elect`]: the cluster is made whole again when it is dropped.
+pub(crate) struct Killed {
+    /// When the leader was killed.
+    pub(crate) at: Instant,
+    /// When the other members were found led again.
+    pub(crate) elected_at: Instant,
+    /// The endpoints of the members that live.
+    pub(crate) survivors: Vec<String>,
+    _restore: Restore,
+}
+
+/// Kills the leading member `leader` (process `pid`) of the cluster of `endpoints` with
+/// SIGKILL and waits until the others elect a leader.
+pub(crate) async fn kill_and_elect(endpoints: &[String], leader: &str, pid: u32) -> Killed {
+    let restore = Restore;
+    let at = Instant::now();
+    let ok = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -KILL {pid}");
+    let others: Vec<String> = endpoints.iter().filter(|e| *e != leader).cloned().collect();
+    let new_leader = eventually(
+        Duration::from_secs(20),
+        "the survivors elect a leader",
+        || leader_among(&others),
+    )
+    .await;
+    let elected_at = Instant::now();
+    eprintln!(
+        "killed the leader {leader} (pid {pid}); {new_leader} leads after {:?}",
+        elected_at - at
+    );
+    Killed {
+        at,
+        elected_at,
+        survivors: others,
+        _restore: restore,
     }
 }

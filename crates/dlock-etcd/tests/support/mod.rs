@@ -170,10 +170,27 @@ impl Proc {
 /// `etcdctl lock NAME` on the members of `url`: prints the key once it holds the lock and
 /// keeps it until interrupted (its own session lease, 10 s by default).
 pub(crate) fn etcdctl_lock(url: &str, lock_name: &str) -> Proc {
+    etcdctl(url, &["lock", lock_name])
+}
+
+/// `etcdctl elect NAME PROPOSAL` on the members of `url`: campaigns, prints the key and the
+/// proposal once it leads, and leads until interrupted (then it resigns).
+pub(crate) fn etcdctl_elect(url: &str, name: &str, proposal: &str) -> Proc {
+    etcdctl(url, &["elect", name, proposal])
+}
+
+/// `etcdctl elect -l NAME` on the members of `url`: prints the key and the value of each
+/// leader of the election, as it comes.
+pub(crate) fn etcdctl_observe(url: &str, name: &str) -> Proc {
+    etcdctl(url, &["elect", "-l", name])
+}
+
+/// `etcdctl` (API 3) on the members of `url`, with `args`.
+fn etcdctl(url: &str, args: &[&str]) -> Proc {
     Proc::spawn(
         Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", endpoints(url)))
-            .args(["lock", lock_name]),
+            .args(args),
     )
 }
