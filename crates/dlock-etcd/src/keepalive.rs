@@ -53,10 +53,28 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
         options = options.with_tls(tls_options(tls)?);
     }
     let store = config.store_id();
-    let client = Client::connect(&config.endpoints, Some(options))
+    let client = Client::connect(&config.endpoints, Some(options.clone()))
         .await
         .map_err(|e| from_etcd(&format!("connect to {store}"), e))?;
-    start(config, client).await
+    let (endpoints, scheme) = (config.endpoints.clone(), scheme(&config));
+    let session = start(config, client).await?;
+    crate::members::watch(
+        Arc::downgrade(&session),
+        session.client(),
+        endpoints,
+        scheme,
+        options,
+    );
+    Ok(session)
+}
+
+/// How etcd-client names the endpoints of `config` in its balance.
+fn scheme(config: &EtcdConfig) -> &'static str {
+    if config.tls.is_some() {
+        "https://"
+    } else {
+        "http://"
+    }
 }
 
 /// A session over a client the application already has: grants its lease and starts the

@@ -10,6 +10,7 @@ mod error;
 mod hold;
 mod keepalive;
 mod keys;
+mod members;
 mod mutex;
 mod provider;
 mod renewals;

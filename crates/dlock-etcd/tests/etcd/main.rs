@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod a_dead_member;
 mod connecting;
 mod failover;
 mod frozen;
