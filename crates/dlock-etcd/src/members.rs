@@ -71,24 +71,23 @@ pub(crate) fn watch(
                 continue;
             }
             for (m, answers) in members.iter().zip(answering) {
-                match (answers, out.contains(&m.uri)) {
-                    (false, false) => {
-                        if client.remove_endpoint(&m.uri).await.is_ok() {
-                            tracing::warn!(
-                                member = %m.endpoint,
-                                "etcd: a member does not answer; its calls go to the others \
-                                 until it does"
-                            );
-                            out.insert(m.uri.clone());
-                        }
-                    }
-                    (true, true) => {
-                        if client.add_endpoint(&m.uri).await.is_ok() {
-                            tracing::info!(member = %m.endpoint, "etcd: a member answers again");
-                            out.remove(&m.uri);
-                        }
-                    }
-                    _ => {}
+                let moved = match (answers, out.contains(&m.uri)) {
+                    (false, false) => client.remove_endpoint(&m.uri).await.is_ok(),
+                    (true, true) => client.add_endpoint(&m.uri).await.is_ok(),
+                    _ => false,
+                };
+                if !moved {
+                    continue;
+                }
+                if answers {
+                    tracing::info!(member = %m.endpoint, "etcd: a member answers again");
+                    out.remove(&m.uri);
+                } else {
+                    tracing::warn!(
+                        member = %m.endpoint,
+                        "etcd: a member does not answer; its calls go to the others until it does"
+                    );
+                    out.insert(m.uri.clone());
                 }
             }
         }

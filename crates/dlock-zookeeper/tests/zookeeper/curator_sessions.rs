@@ -37,7 +37,7 @@ enum Kind {
 
 impl Kind {
     /// The peer's arguments for the holder's side (`holder`) or the waiter's.
-    fn curator_args<'a>(self, path: &'a str, holder: bool) -> Vec<&'a str> {
+    fn curator_args(self, path: &str, holder: bool) -> Vec<&str> {
         let mode = match (self, holder) {
             (Self::Mutex, _) => "mutex",
             (Self::WriteThenRead, true) => "write",
