@@ -4,31 +4,25 @@
 
 use std::time::Duration;
 
-use dlock_conformance::{Names, eventually, service_url};
+use dlock_conformance::{Names, eventually};
 use dlock_core::{LockOptions, LockProvider};
-use dlock_etcd::{EtcdConfig, EtcdProvider};
+use dlock_etcd::EtcdProvider;
 
-use crate::support::SERIAL;
-use crate::support::cluster::{kill_and_elect, leading_member};
+use crate::support::cluster::ToKill;
 
 /// Tries in a row that must all be answered once the dead member is out of the balance.
 const IN_A_ROW: usize = 30;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tries_with_no_wait_are_answered_by_the_members_that_live() {
-    let Some(url) = service_url("DLOCK_ETCD_CLUSTER_URL") else {
+    let Some(cluster) = ToKill::find().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let endpoints = EtcdConfig::from_url(&url).unwrap().endpoints;
-    let Some((leader, pid)) = leading_member(&endpoints).await else {
-        return;
-    };
-    let p = EtcdProvider::connect(&url).await.unwrap();
+    let p = EtcdProvider::connect(&cluster.url).await.unwrap();
     let lock = p
         .lock(&Names::new().name("dead-member"), LockOptions::default())
         .unwrap();
-    let killed = kill_and_elect(&endpoints, &leader, pid).await;
+    let killed = cluster.kill_the_leader().await;
     // A few looks of the provider at its members take the dead one out of the balance.
     let what = format!("{IN_A_ROW} tries with no wait in a row answered");
     eventually(Duration::from_secs(20), &what, || async {

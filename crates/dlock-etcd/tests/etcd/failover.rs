@@ -5,13 +5,12 @@
 use std::time::Duration;
 
 use dlock_conformance::contention::Contention;
-use dlock_conformance::{Names, must, service_url};
+use dlock_conformance::{Names, must};
 use dlock_core::{DynLock, LockOptions, LockProvider};
-use dlock_etcd::{EtcdConfig, EtcdProvider};
+use dlock_etcd::EtcdProvider;
 use tokio::time::Instant;
 
-use crate::support::SERIAL;
-use crate::support::cluster::{kill_and_elect, leading_member};
+use crate::support::cluster::ToKill;
 
 const CONTENDERS: usize = 4;
 /// Acquisitions every contender must make before the kill, and after the election.
@@ -22,24 +21,19 @@ const PROGRESS: usize = 3;
 /// the election.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_killed_during_contention() {
-    let Some(url) = service_url("DLOCK_ETCD_CLUSTER_URL") else {
+    let Some(cluster) = ToKill::find().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
     must(
         Duration::from_secs(120),
         "the failover scenario",
-        failover(url),
+        failover(cluster),
     )
     .await;
 }
 
-async fn failover(url: String) {
-    let endpoints = EtcdConfig::from_url(&url).unwrap().endpoints;
-    assert!(endpoints.len() >= 3, "{url} names fewer than 3 members");
-    let Some((leader, pid)) = leading_member(&endpoints).await else {
-        return;
-    };
+async fn failover(cluster: ToKill) {
+    let url = cluster.url.clone();
 
     let name = Names::new().name("failover");
     let mut providers = Vec::new();
@@ -73,7 +67,7 @@ async fn failover(url: String) {
     )
     .await;
 
-    let killed = kill_and_elect(&endpoints, &leader, pid).await;
+    let killed = cluster.kill_the_leader().await;
     let (killed_at, elected_at) = (killed.at, killed.elected_at);
     run.await_progress(
         elected_at,

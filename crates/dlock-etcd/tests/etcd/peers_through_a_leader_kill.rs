@@ -7,13 +7,13 @@
 
 use std::time::Duration;
 
-use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_conformance::{Names, eventually, must};
 use dlock_core::{LockOptions, LockProvider};
+use dlock_etcd::EtcdProvider;
 use dlock_etcd::etcd_client::Client;
-use dlock_etcd::{EtcdConfig, EtcdProvider};
 
-use crate::support::cluster::{kill_and_elect, leading_member};
-use crate::support::{Proc, SERIAL, await_queued, etcdctl_elect, etcdctl_lock, etcdctl_observe};
+use crate::support::cluster::ToKill;
+use crate::support::{Proc, await_queued, etcdctl_elect, etcdctl_lock, etcdctl_observe};
 
 /// How long a step may take on the cluster.
 const STEP: Duration = Duration::from_secs(10);
@@ -71,20 +71,18 @@ impl Tool {
 }
 
 async fn through_a_leader_kill(tool: Tool) {
-    let Some(url) = service_url("DLOCK_ETCD_CLUSTER_URL") else {
+    let Some(cluster) = ToKill::find().await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let endpoints = EtcdConfig::from_url(&url).unwrap().endpoints;
-    let Some((leader, pid)) = leading_member(&endpoints).await else {
-        return;
-    };
+    let url = cluster.url.clone();
     let p = EtcdProvider::connect(&url).await.unwrap();
     let name = Names::new().name("peers-kill");
     let lock_name = p.config().etcd_lock_name(&name).unwrap();
     let lock = p.lock(&name, LockOptions::default()).unwrap();
     let mut observer = etcdctl_observe(&url, &lock_name);
-    let mut admin = Client::connect(endpoints.clone(), None).await.unwrap();
+    let mut admin = Client::connect(cluster.endpoints.clone(), None)
+        .await
+        .unwrap();
 
     // The tool holds; dlock queues behind it.
     let mut ctl = tool.start(&url, &lock_name, "first");
@@ -101,7 +99,7 @@ async fn through_a_leader_kill(tool: Tool) {
 
     // The leader dies: both keep their keys, and both sessions are kept alive after the
     // election; dlock still waits.
-    let killed = kill_and_elect(&endpoints, &leader, pid).await;
+    let killed = cluster.kill_the_leader().await;
     // (The test's own client asks the members that live: etcd-client does not pass a call
     // on to another endpoint when the one it picked refuses.)
     let mut admin = Client::connect(killed.survivors.clone(), None)

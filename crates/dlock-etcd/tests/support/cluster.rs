@@ -81,31 +81,59 @@ impl Drop for Restore {
     }
 }
 
-/// The member that leads the cluster of `endpoints`, and its process; `None` (the test skips,
-/// and says so) if `scripts/services` did not start it, which `DLOCK_TEST_REQUIRE` forbids.
-pub(crate) async fn leading_member(endpoints: &[String]) -> Option<(String, u32)> {
-    let leader = eventually(Duration::from_secs(10), "the cluster has a leader", || {
-        leader_among(endpoints)
-    })
-    .await;
-    let port = leader.rsplit(':').next().unwrap_or_default().to_owned();
-    if let Some(pid) = member_pid(&port) {
-        return Some((leader, pid));
-    }
-    let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-    let why = format!(
-        "the leader {leader} was not started by scripts/services (no etcd/{port}/etcd.pid), so \
-         it cannot be killed"
-    );
-    assert!(
-        require.is_empty(),
-        "{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping"
-    );
-    eprintln!("skipped: {why}");
-    None
+/// The cluster of `DLOCK_ETCD_CLUSTER_URL`, for a test that kills its leader: taken for the
+/// test alone ([`SERIAL`](super::SERIAL)), with the member that leads it and its process.
+pub(crate) struct ToKill {
+    pub(crate) url: String,
+    pub(crate) endpoints: Vec<String>,
+    leader: String,
+    pid: u32,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
-/// A leader killed by [`kill_and_elect`]: the cluster is made whole again when it is dropped.
+impl ToKill {
+    /// The cluster and its leader; `None` (the test skips, and says so) if the URL is not
+    /// set or `scripts/services` did not start the leader, which `DLOCK_TEST_REQUIRE` forbids.
+    pub(crate) async fn find() -> Option<Self> {
+        let url = dlock_conformance::service_url("DLOCK_ETCD_CLUSTER_URL")?;
+        let serial = super::SERIAL.lock().await;
+        let endpoints = dlock_etcd::EtcdConfig::from_url(&url).ok()?.endpoints;
+        assert!(endpoints.len() >= 3, "{url} names fewer than 3 members");
+        let leader = eventually(Duration::from_secs(10), "the cluster has a leader", || {
+            leader_among(&endpoints)
+        })
+        .await;
+        let port = leader.rsplit(':').next().unwrap_or_default().to_owned();
+        let Some(pid) = member_pid(&port) else {
+            let require = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+            let why = format!(
+                "the leader {leader} was not started by scripts/services (no \
+                 etcd/{port}/etcd.pid), so it cannot be killed"
+            );
+            assert!(
+                require.is_empty(),
+                "{why}, but DLOCK_TEST_REQUIRE={require} forbids skipping"
+            );
+            eprintln!("skipped: {why}");
+            return None;
+        };
+        Some(Self {
+            url,
+            endpoints,
+            leader,
+            pid,
+            _serial: serial,
+        })
+    }
+
+    /// Kills the leader (SIGKILL) and waits until the other members elect one.
+    pub(crate) async fn kill_the_leader(&self) -> Killed {
+        kill_and_elect(&self.endpoints, &self.leader, self.pid).await
+    }
+}
+
+/// A leader killed by [`ToKill::kill_the_leader`]: the cluster is made whole again when it
+/// is dropped.
 pub(crate) struct Killed {
     /// When the leader was killed.
     pub(crate) at: Instant,
@@ -118,7 +146,7 @@ pub(crate) struct Killed {
 
 /// Kills the leading member `leader` (process `pid`) of the cluster of `endpoints` with
 /// SIGKILL and waits until the others elect a leader.
-pub(crate) async fn kill_and_elect(endpoints: &[String], leader: &str, pid: u32) -> Killed {
+async fn kill_and_elect(endpoints: &[String], leader: &str, pid: u32) -> Killed {
     let restore = Restore;
     let at = Instant::now();
     let ok = std::process::Command::new("kill")

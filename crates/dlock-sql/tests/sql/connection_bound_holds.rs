@@ -633,31 +633,8 @@ async fn a_statement_timeout_does_not_end_a_wait() {
             &pg,
             &format!("strategy={strategy}&table={}", prefix(strategy)),
         );
-        let holder = SqlProvider::connect(&url).await.unwrap();
-        let waiter =
-            SqlProvider::connect(&with_query(&url, "options=-c%20statement_timeout%3D500"))
-                .await
-                .unwrap();
-        let name = Names::new().name("statement-timeout");
-        let g = holder
-            .lock(&name, LockOptions::default())
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap();
-        let wait = Duration::from_secs(2);
-        let started = Instant::now();
-        let r = waiter
-            .lock(&name, LockOptions::default())
-            .unwrap()
-            .try_acquire(wait)
-            .await;
-        assert!(
-            matches!(r, Ok(None)),
-            "{strategy}: a wait past the session's statement_timeout: {r:?}"
-        );
-        assert!(started.elapsed() >= wait, "{strategy}: gave up early");
-        g.release().await.unwrap();
+        let waiter = with_query(&url, "options=-c%20statement_timeout%3D500");
+        waits_its_whole_wait(strategy, &url, &waiter, Duration::from_secs(2)).await;
     }
 }
 
@@ -675,33 +652,35 @@ async fn a_users_statement_time_does_not_end_a_wait() {
     };
     for strategy in ["for-update", "get-lock"] {
         let tables = format!("strategy={strategy}&table={}", prefix(strategy));
-        let holder = SqlProvider::connect(&with_query(&mysql, &tables))
-            .await
-            .unwrap();
-        let waiter = SqlProvider::connect(&with_query(&timed, &tables))
-            .await
-            .unwrap();
-        let name = Names::new().name("statement-time");
-        let g = holder
-            .lock(&name, LockOptions::default())
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap();
-        let wait = Duration::from_secs(3);
-        let started = Instant::now();
-        let r = waiter
-            .lock(&name, LockOptions::default())
-            .unwrap()
-            .try_acquire(wait)
-            .await;
-        assert!(
-            matches!(r, Ok(None)),
-            "{strategy}: a wait past the user's max_statement_time: {r:?}"
-        );
-        assert!(started.elapsed() >= wait, "{strategy}: gave up early");
-        g.release().await.unwrap();
+        let (holder, waiter) = (with_query(&mysql, &tables), with_query(&timed, &tables));
+        waits_its_whole_wait(strategy, &holder, &waiter, Duration::from_secs(3)).await;
     }
+}
+
+/// A provider of `holder` holds a lock, and one of `waiter` (whose statements the server
+/// would end sooner) tries it for `wait`: it is answered "held", after the whole wait.
+async fn waits_its_whole_wait(strategy: &str, holder: &str, waiter: &str, wait: Duration) {
+    let holder = SqlProvider::connect(holder).await.unwrap();
+    let waiter = SqlProvider::connect(waiter).await.unwrap();
+    let name = Names::new().name("statement-time");
+    let g = holder
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let r = waiter
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(wait)
+        .await;
+    assert!(
+        matches!(r, Ok(None)),
+        "{strategy}: a wait past the server's statement time limit: {r:?}"
+    );
+    assert!(started.elapsed() >= wait, "{strategy}: gave up early");
+    g.release().await.unwrap();
 }
 
 /// PostgreSQL keeps a pinned hold for a stopped client by a session timeout of at most
