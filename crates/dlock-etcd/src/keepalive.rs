@@ -49,11 +49,19 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
             .with_user(user.clone(), password.clone())
             .with_auto_token_refresh(true);
     }
+    // The connections that ask the members whether they answer (see `members`): short
+    // limits, no leader required (a member without one is seen as such), and no credentials
+    // (a refusal is an answer too, and no look costs the cluster a password check).
+    let mut probe = ConnectOptions::new()
+        .with_timeout(crate::members::ANSWER_WITHIN)
+        .with_connect_timeout(crate::members::ANSWER_WITHIN);
     if let Some(tls) = &config.tls {
-        options = options.with_tls(tls_options(tls)?);
+        let tls = tls_options(tls)?;
+        options = options.with_tls(tls.clone());
+        probe = probe.with_tls(tls);
     }
     let store = config.store_id();
-    let client = Client::connect(&config.endpoints, Some(options.clone()))
+    let client = Client::connect(&config.endpoints, Some(options))
         .await
         .map_err(|e| from_etcd(&format!("connect to {store}"), e))?;
     let (endpoints, scheme) = (config.endpoints.clone(), scheme(&config));
@@ -63,7 +71,7 @@ pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Session>> {
         session.client(),
         endpoints,
         scheme,
-        options,
+        probe,
     );
     Ok(session)
 }

@@ -385,13 +385,15 @@ pub(crate) struct RowLockSql {
 impl RowLockSql {
     /// MySQL/MariaDB: `lock_row` waiting at most `seconds` for the row, set for the statement
     /// alone (MariaDB's `SET STATEMENT`, MySQL's `SET_VAR` hint), so the session's own
-    /// `innodb_lock_wait_timeout` is never changed.
+    /// `innodb_lock_wait_timeout` is never changed. On MariaDB no `max_statement_time` of the
+    /// session or the user ends the wait sooner.
     #[cfg(feature = "mysql")]
     pub(crate) fn lock_row_within(&self, seconds: i64) -> String {
         let seconds = seconds.max(1);
         if self.mariadb {
             format!(
-                "SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {}",
+                "SET STATEMENT innodb_lock_wait_timeout = {seconds}, max_statement_time = 0 \
+                 FOR {}",
                 self.lock_row
             )
         } else {

@@ -92,7 +92,10 @@ impl SqlProvider {
     /// [`Error::Connection`] for a failed statement (the transaction may then be unusable, as
     /// for any failed statement); a non-retryable [`Error::Backend`] if the transaction ended
     /// (its connection killed, say) before its fencing token was taken: no token is handed
-    /// out that a later holder's could be below.
+    /// out that a later holder's could be below. An error after the row was granted (its
+    /// token could not be taken) leaves the row locked by the transaction, without a token:
+    /// roll the transaction back, or call `lock_in` again in it (the row lock is the
+    /// transaction's, so it is granted at once).
     ///
     /// # Cancel safety
     ///
@@ -225,9 +228,10 @@ impl SqlProvider {
     /// [`Error::Unsupported`] unless the provider is PostgreSQL with `for-update`;
     /// [`Error::InvalidArgument`] if `conn` has no open transaction (begun through sqlx) or
     /// `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
-    /// failed statement; a non-retryable [`Error::Backend`] if the transaction ended before
-    /// its fencing token was taken (a token that could not be taken leaves the transaction
-    /// without the row lock).
+    /// failed statement (the transaction may then be unusable, as for any failed statement);
+    /// a non-retryable [`Error::Backend`] if the transaction ended before its fencing token
+    /// was taken (a token that could not be taken leaves the transaction without the row
+    /// lock).
     ///
     /// # Cancel safety
     ///

@@ -171,20 +171,23 @@ async fn keys(admin: &mut Client, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the lease of `key` is renewed (its time to live, in whole seconds, goes up from
-/// the lowest seen so far): its holder's session reaches the cluster.
+/// Waits until the lease of `key` is renewed by its holder: its time to live (whole seconds)
+/// goes up after it was seen 2 s or more below the time to live granted. (A new leader
+/// extends every lease once when it takes over; a rise after such a low is a keep-alive.)
 async fn kept_alive(admin: &mut Client, key: &str) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicI64, Ordering};
     let got = admin.get(key, None).await.unwrap();
     let lease = got.kvs().first().map(|kv| kv.lease()).expect("the key");
-    let lowest = Arc::new(AtomicI64::new(ttl(admin, lease).await));
+    let (left, granted) = ttl(admin, lease).await;
+    let lowest = Arc::new(AtomicI64::new(left));
     let what = format!("a keep-alive of {key}'s lease after the election");
     eventually(KEEP_ALIVE, &what, || {
         let (mut admin, lowest) = (admin.clone(), Arc::clone(&lowest));
         async move {
-            let now = ttl(&mut admin, lease).await;
-            if now > lowest.fetch_min(now, Ordering::SeqCst) {
+            let (now, _) = ttl(&mut admin, lease).await;
+            let low = lowest.fetch_min(now, Ordering::SeqCst);
+            if low <= granted - 2 && now > low {
                 Ok(())
             } else {
                 Err(now)
@@ -194,9 +197,10 @@ async fn kept_alive(admin: &mut Client, key: &str) {
     .await;
 }
 
-/// What is left of `lease`'s time to live, in seconds.
-async fn ttl(admin: &mut Client, lease: i64) -> i64 {
-    admin.lease_time_to_live(lease, None).await.unwrap().ttl()
+/// What is left of `lease`'s time to live, and the time to live it was granted, in seconds.
+async fn ttl(admin: &mut Client, lease: i64) -> (i64, i64) {
+    let r = admin.lease_time_to_live(lease, None).await.unwrap();
+    (r.ttl(), r.granted_ttl())
 }
 
 /// Waits until the observer prints the leader `key` and its `value`.
