@@ -111,10 +111,30 @@ impl ZkConfig {
         })
     }
 
-    /// Sets the session timeout.
+    /// Sets the session timeout (checked at connect: see [`check`](Self::check)).
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
+    }
+
+    /// Checks what the setters cannot: the session and connection timeouts are positive whole
+    /// milliseconds up to `i32::MAX` (the protocol's count; a longer one would wrap).
+    /// [`ZkProvider::connect_with`](crate::ZkProvider::connect_with) calls it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the timeout out of range.
+    pub fn check(&self) -> Result<()> {
+        let timeouts = [
+            ("session_timeout", Some(self.session_timeout)),
+            ("connection_timeout", self.connection_timeout),
+        ];
+        for (key, timeout) in timeouts {
+            if let Some(t) = timeout.filter(|t| !fits_the_wire(*t)) {
+                return Err(out_of_range(key, &format!("{t:?}")));
+            }
+        }
+        Ok(())
     }
 
     /// Sets the connection timeout.
@@ -256,14 +276,24 @@ fn positive_ms(key: &str, value: &str) -> Result<Duration> {
     value
         .parse::<u64>()
         .ok()
-        .filter(|ms| *ms > 0 && *ms <= u64::from(i32::MAX.unsigned_abs()))
         .map(Duration::from_millis)
-        .ok_or_else(|| {
-            Error::config(format!(
-                "{key}={value:?}: expected a positive number of milliseconds up to {}",
-                i32::MAX
-            ))
-        })
+        .filter(|d| fits_the_wire(*d))
+        .ok_or_else(|| out_of_range(key, value))
+}
+
+/// Whether `d` is a positive whole number of milliseconds the protocol can carry (a signed
+/// 32-bit count).
+fn fits_the_wire(d: Duration) -> bool {
+    !d.is_zero()
+        && d.subsec_nanos() % 1_000_000 == 0
+        && d.as_millis() <= u128::from(i32::MAX.unsigned_abs())
+}
+
+fn out_of_range(key: &str, value: &str) -> Error {
+    Error::config(format!(
+        "{key}={value}: expected a positive number of milliseconds up to {}",
+        i32::MAX
+    ))
 }
 
 #[cfg(test)]

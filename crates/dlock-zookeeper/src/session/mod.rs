@@ -91,6 +91,7 @@ impl Session {
                 "the zookeeper backend runs on tokio: connect from within a tokio runtime",
             ));
         };
+        config.check()?;
         let sent = Instant::now();
         let client = open(&config).await?;
         let watcher = client.state_watcher();

@@ -304,3 +304,25 @@ async fn a_provider_on_the_applications_connector() {
         let _ = alice.delete(path, None).await;
     }
 }
+
+/// A session or connection timeout the protocol cannot carry (its signed 32-bit count of
+/// milliseconds) is refused at connect with a configuration error, never sent wrapped.
+#[tokio::test(flavor = "multi_thread")]
+async fn timeouts_the_protocol_cannot_carry_are_refused() {
+    let Some(url) = url() else { return };
+    let config = ZkConfig::from_url(&url).unwrap();
+    let month = Duration::from_secs(30 * 24 * 60 * 60);
+    for config in [
+        config.clone().with_session_timeout(month),
+        config.clone().with_session_timeout(Duration::ZERO),
+        config
+            .clone()
+            .with_session_timeout(Duration::from_micros(10_500)),
+        config.clone().with_connection_timeout(month),
+    ] {
+        match ZkProvider::connect_with(config.clone()).await {
+            Err(dlock_core::Error::Config { .. }) => {}
+            other => panic!("{config:?}: {:?}", other.map(|p| p.session_id())),
+        }
+    }
+}
