@@ -285,7 +285,7 @@ fn positive_ms(key: &str, value: &str) -> Result<Duration> {
 /// 32-bit count).
 fn fits_the_wire(d: Duration) -> bool {
     !d.is_zero()
-        && d.subsec_nanos() % 1_000_000 == 0
+        && d.subsec_nanos().is_multiple_of(1_000_000)
         && d.as_millis() <= u128::from(i32::MAX.unsigned_abs())
 }
 

@@ -88,13 +88,10 @@ impl ZkHold {
 /// Deletes `path` in the background from `at` on, retrying until the server answers or the
 /// session ends (which removes the node anyway).
 fn delete_in_background(session: &Arc<Session>, path: String, at: Instant) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let session = Arc::clone(session);
-    runtime.spawn(async move {
+    let owned = Arc::clone(session);
+    session.spawn(async move {
         tokio::time::sleep_until(at).await;
-        if let Err(e) = session.delete_guaranteed(&path).await {
+        if let Err(e) = owned.delete_guaranteed(&path).await {
             tracing::debug!(path, error = %e, "could not delete a hold's node; the session's end removes it");
         }
     });

@@ -60,10 +60,10 @@ async fn delete(session: &Session, armed: Armed) -> bool {
 /// Undoes in the background, without waiting.
 pub(crate) fn in_background(session: &Arc<Session>, undo: &mut NodeUndo) {
     let Some(armed) = undo.disarm() else { return };
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        let session = Arc::clone(session);
-        drop(runtime.spawn(async move { delete(&session, armed).await }));
-    }
+    let owned = Arc::clone(session);
+    session.spawn(async move {
+        delete(&owned, armed).await;
+    });
 }
 
 /// Undoes now and waits at most `grace` for it (it finishes in the background otherwise):

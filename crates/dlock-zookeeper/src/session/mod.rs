@@ -48,6 +48,9 @@ pub(crate) struct Session {
     pub(crate) renewals: Batcher<String, Node>,
     /// Whether the server knows multi-read (until it answers one with `Unimplemented`).
     multi_read: AtomicBool,
+    /// The runtime the session was opened on: where clean-ups run that are started where no
+    /// runtime is (a guard leaked, an acquisition dropped, on a plain thread).
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Session {
@@ -108,10 +111,20 @@ impl Session {
             client: Mutex::new(client),
             counters,
             probe_wake: Arc::clone(&probe_wake),
+            runtime: runtime.clone(),
         });
         runtime.spawn(watch_state(Arc::downgrade(&session), watcher));
         runtime.spawn(keep_horizon(Arc::downgrade(&session), probe_wake));
         Ok(session)
+    }
+
+    /// Runs `task` in the background: on the runtime of the caller if there is one, else on
+    /// the one the session was opened on (a runtime shutting down drops it quietly; the
+    /// session's end then removes what it would have).
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let runtime =
+            tokio::runtime::Handle::try_current().unwrap_or_else(|_| self.runtime.clone());
+        drop(runtime.spawn(task));
     }
 
     /// The current session's client (a cheap clone).

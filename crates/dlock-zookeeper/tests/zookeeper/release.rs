@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use dlock_conformance::{Names, eventually, must};
-use dlock_core::{LockOptions, LockProvider};
+use dlock_core::{Lease, LockOptions, LockProvider};
 use dlock_zookeeper::ZkConfig;
 
 use crate::support::server::PrivateZk;
@@ -135,4 +135,29 @@ async fn released_locks_leave_their_containers_to_the_server() {
         if left.is_empty() { Ok(()) } else { Err(left) }
     })
     .await;
+}
+
+/// A hold leaked where no runtime runs (a plain thread) still ends at its lease's end: its
+/// node is deleted on the runtime the provider was opened on, not left until the session
+/// ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_leaked_outside_a_runtime_ends_with_its_lease() {
+    let Some(url) = url() else { return };
+    let (p, admin) = (provider(&url).await, admin(&url).await);
+    let name = Names::new().name("leaked-off-runtime");
+    let path = p.lock_path(&name).unwrap();
+    let lease = Lease::Fixed(Duration::from_secs(2));
+    let g = p
+        .lock(&name, LockOptions::new().with_lease(lease))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    await_nodes(&admin, &path, 1, "the hold's node").await;
+    std::thread::spawn(move || {
+        g.leak();
+    })
+    .join()
+    .unwrap();
+    await_nodes(&admin, &path, 0, "the leaked hold's node, after its lease").await;
 }
