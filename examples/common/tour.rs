@@ -1,4 +1,4 @@
-//! The tour `redis.rs`, `zookeeper.rs` and `mysql.rs` take: a mutex, what the store records,
+//! The tour `redis.rs`, `zookeeper.rs`, `mysql.rs`, `postgres.rs` and `etcd.rs` take: a mutex, what the store records,
 //! two readers, a semaphore. Included by each with `#[path]`.
 
 use std::time::Duration;
