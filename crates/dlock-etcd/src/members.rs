@@ -78,34 +78,67 @@ pub(crate) fn watch(
             if session.strong_count() == 0 {
                 return;
             }
-            if members.iter().all(|m| m.misses > 0) {
-                // None answers (this host is cut off, or the whole cluster is down): every
-                // member stays, or goes back, in the balance.
-                for m in &members {
-                    if out.contains(&m.uri) && change(&client, &m.uri, true).await {
-                        out.remove(&m.uri);
-                    }
+            // The members that come back come first (see `moves`): if one could not, none
+            // leaves in this look, so the balance is never left empty.
+            let mut kept_out = false;
+            for (uri, back) in moves(&members, &out) {
+                if kept_out && !back {
+                    break;
                 }
-                continue;
-            }
-            for m in &members {
-                let left = out.contains(&m.uri);
-                if !left && m.misses >= MISSES_TO_LEAVE && change(&client, &m.uri, false).await {
+                if !change(&client, &uri, back).await {
+                    kept_out |= back;
+                    continue;
+                }
+                let member = members.iter().find(|m| m.uri == uri);
+                let endpoint = member.map_or(uri.as_str(), |m| m.endpoint.as_str());
+                if back {
+                    tracing::info!(member = %endpoint, "etcd: a member answers again");
+                    out.remove(&uri);
+                } else {
                     tracing::warn!(
-                        member = %m.endpoint,
+                        member = %endpoint,
                         "etcd: a member does not answer; its calls go to the others until it does"
                     );
-                    out.insert(m.uri.clone());
-                } else if left
-                    && m.answers >= ANSWERS_TO_RETURN
-                    && change(&client, &m.uri, true).await
-                {
-                    tracing::info!(member = %m.endpoint, "etcd: a member answers again");
-                    out.remove(&m.uri);
+                    out.insert(uri);
                 }
             }
         }
     });
+}
+
+/// What the balance should change after a look, given the `members` and the ones `out` of it:
+/// each `(uri, back)` puts a member back (`true`) or takes it out. A member leaves after
+/// [`MISSES_TO_LEAVE`] missed looks and returns after [`ANSWERS_TO_RETURN`] answers; while
+/// none answers, every member goes back; and the balance never ends up empty. The returns
+/// come first.
+fn moves(members: &[Member], out: &BTreeSet<String>) -> Vec<(String, bool)> {
+    if members.iter().all(|m| m.misses > 0) {
+        // None answers (this host is cut off, or the whole cluster is down).
+        return members
+            .iter()
+            .filter(|m| out.contains(&m.uri))
+            .map(|m| (m.uri.clone(), true))
+            .collect();
+    }
+    let mut plan = Vec::new();
+    for m in members.iter().filter(|m| out.contains(&m.uri)) {
+        if m.answers >= ANSWERS_TO_RETURN {
+            plan.push((m.uri.clone(), true));
+        }
+    }
+    let returning = plan.len();
+    let staying = members.iter().filter(|m| !out.contains(&m.uri));
+    let (mut leaving, keeping): (Vec<&Member>, Vec<&Member>) =
+        staying.partition(|m| m.misses >= MISSES_TO_LEAVE);
+    // At least one member stays in: the one with the fewest misses, if all would leave.
+    if keeping.is_empty() && returning == 0 {
+        leaving.sort_by_key(|m| m.misses);
+        if !leaving.is_empty() {
+            leaving.remove(0);
+        }
+    }
+    plan.extend(leaving.into_iter().map(|m| (m.uri.clone(), false)));
+    plan
 }
 
 /// Puts `uri` back in `client`'s balance (`back`) or takes it out: whether the balance took
@@ -186,5 +219,61 @@ impl Member {
     fn answered(&mut self) {
         self.answers = self.answers.saturating_add(1);
         self.misses = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, misses: u32, answers: u32) -> Member {
+        Member {
+            endpoint: name.to_owned(),
+            uri: format!("http://{name}"),
+            probe: None,
+            misses,
+            answers,
+        }
+    }
+
+    fn out(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| format!("http://{n}")).collect()
+    }
+
+    fn plan(members: &[Member], left: &[&str]) -> Vec<(String, bool)> {
+        moves(members, &out(left))
+    }
+
+    #[test]
+    fn a_member_leaves_after_two_misses_and_returns_after_two_answers() {
+        let one_miss = [member("a", 1, 0), member("b", 0, 5), member("c", 0, 5)];
+        assert_eq!(plan(&one_miss, &[]), []);
+        let two = [member("a", 2, 0), member("b", 0, 5), member("c", 0, 5)];
+        assert_eq!(plan(&two, &[]), [("http://a".to_owned(), false)]);
+        let one_answer = [member("a", 0, 1), member("b", 0, 5), member("c", 0, 5)];
+        assert_eq!(plan(&one_answer, &["a"]), []);
+        let back = [member("a", 0, 2), member("b", 0, 5), member("c", 0, 5)];
+        assert_eq!(plan(&back, &["a"]), [("http://a".to_owned(), true)]);
+    }
+
+    #[test]
+    fn when_none_answers_every_member_goes_back() {
+        let none = [member("a", 9, 0), member("b", 1, 0), member("c", 3, 0)];
+        let mut back = plan(&none, &["a", "c"]);
+        back.sort();
+        assert_eq!(
+            back,
+            [("http://a".to_owned(), true), ("http://c".to_owned(), true)]
+        );
+    }
+
+    /// The last member in the balance stays even when it misses while one left out has
+    /// answered once (not yet enough to come back): calls need an endpoint.
+    #[test]
+    fn the_balance_never_ends_up_empty() {
+        let last = [member("a", 0, 1), member("b", 4, 0), member("c", 2, 0)];
+        assert_eq!(plan(&last, &["a", "b"]), []);
+        let both = [member("a", 0, 1), member("b", 3, 0), member("c", 2, 0)];
+        assert_eq!(plan(&both, &["a"]), [("http://b".to_owned(), false)]);
     }
 }

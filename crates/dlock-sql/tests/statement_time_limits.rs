@@ -66,12 +66,7 @@ async fn a_users_statement_time_does_not_end_a_wait() {
         .await
         .unwrap();
     let name = Names::new().name("statement-time-in-tx");
-    let g = holder
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&holder, &name).await;
     let mut tx = app.begin().await.unwrap();
     let started = Instant::now();
     let r = locks.lock_in(&mut tx, &name, wait).await;
@@ -90,12 +85,7 @@ async fn waits_its_whole_wait(strategy: &str, holder: &str, waiter: &str, wait: 
     let holder = SqlProvider::connect(holder).await.unwrap();
     let waiter = SqlProvider::connect(waiter).await.unwrap();
     let name = Names::new().name("statement-time");
-    let g = holder
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
+    let g = hold(&holder, &name).await;
     let started = Instant::now();
     let r = waiter
         .lock(&name, LockOptions::default())

@@ -23,6 +23,16 @@ pub(crate) use workers::{await_held, spawn_worker};
 /// timing does not depend on each other's load.
 pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A mutex on `name` of `p`, with the default options, acquired.
+pub(crate) async fn hold(p: &SqlProvider, name: &str) -> dlock_core::LockGuard {
+    use dlock_core::{LockOptions, LockProvider};
+    p.lock(name, LockOptions::default())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+}
+
 pub(crate) async fn admin(url: &str) -> AnyPool {
     sqlx::any::install_default_drivers();
     let url = url.split('?').next().unwrap();
