@@ -30,8 +30,11 @@ pub enum Strategy {
     /// One row per name that stays; acquire is `UPDATE … WHERE version = ?`; the version is the
     /// fencing token.
     Optimistic,
-    /// A dedicated connection holds `SELECT … FOR UPDATE` on the name's row in an open
-    /// transaction (MySQL/MariaDB and PostgreSQL).
+    /// A lock the caller's own transactions can take too (`lock_in`, `lock_in_pg`). On
+    /// MySQL/MariaDB a dedicated connection holds `SELECT … FOR UPDATE` on the name's row in
+    /// an open transaction; on PostgreSQL (14+) a dedicated session holds the name's advisory
+    /// lock, as [`Advisory`](Self::Advisory) does, outside any transaction (a row lock there
+    /// would keep a transaction id open, which holds back `VACUUM` in the whole database).
     ForUpdate,
     /// A dedicated session holds a PostgreSQL advisory lock (`pg_advisory_lock`) on the
     /// name's key, a number the name is given once in a table (never a hash); the session's

@@ -103,9 +103,9 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             // every connection exception (class 08), and a session the server ended for
             // sitting idle, which the client reads as the answer to its next statement (that
             // statement never ran): 57P05 `idle_session_timeout` (which managed services set
-            // on their roles) on a connection idle in the pool, 25P03
-            // `idle_in_transaction_session_timeout` (the for-update lease) on an
-            // acquisition's connection. The database could not be reached on that
+            // on their roles) on a connection idle in the pool or a pinned hold's (its
+            // lease), 25P03 `idle_in_transaction_session_timeout` on a connection the
+            // application left in a transaction. The database could not be reached on that
             // connection, which no caller may read as "held", and another connection can
             // help. 53300: too many connections.
             if pg_connection_code(&code) || code == "53300" {
@@ -128,7 +128,7 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
 
 /// Whether `e` is MySQL's or MariaDB's deadlock answer (ER_LOCK_DEADLOCK): InnoDB then rolls
 /// back the victim's whole transaction, not only its statement.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
+#[cfg(feature = "mysql")]
 pub(crate) fn mysql_deadlock(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(mysql_code)

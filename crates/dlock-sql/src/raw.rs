@@ -67,10 +67,9 @@ impl Cycle {
         })
     }
 
-    /// The settings of the session a for-update hold lives in, to run once on a connection
-    /// before its cycles: on MySQL autocommit off (the row lock's transaction lasts until
-    /// [`unlock_row`](Self::unlock_row)) and READ COMMITTED; none on PostgreSQL, whose
-    /// [`lock_row`](Self::lock_row) opens the transaction itself.
+    /// The settings of the session a MySQL for-update or get-lock hold lives in, to run once
+    /// on a connection before its cycles: autocommit off (the row lock's transaction lasts
+    /// until [`unlock_row`](Self::unlock_row)) and READ COMMITTED; none elsewhere.
     pub fn lock_session(&self) -> &'static [&'static str] {
         match self.dialect {
             #[cfg(feature = "mysql")]
@@ -121,18 +120,18 @@ impl Cycle {
         self.announcement.as_deref()
     }
 
-    /// advisory (PostgreSQL): gives a name its advisory key (nothing if it has one). Binds the
-    /// name.
+    /// advisory and for-update (PostgreSQL): gives a name its advisory key (nothing if it
+    /// has one). Binds the name twice.
     pub fn advisory_new_key(&self) -> &str {
         &self.advisory.new_key
     }
 
-    /// advisory (PostgreSQL): the advisory key of a name (an `INTEGER`). Binds the name.
+    /// advisory and for-update (PostgreSQL): the advisory key of a name (an `INTEGER`). Binds the name.
     pub fn advisory_key(&self) -> &str {
         &self.advisory.key
     }
 
-    /// advisory's acquire (PostgreSQL), without waiting: the exclusive lock of a key, its
+    /// advisory's and for-update's acquire (PostgreSQL), without waiting: the exclusive lock of a key, its
     /// fencing token and the session's server-side lease in one statement. Binds the key and
     /// the lease in seconds (both `BIGINT`); returns the token (NULL while the lock is busy),
     /// the lease set (NULL while busy) and the session's backend pid.
@@ -140,44 +139,36 @@ impl Cycle {
         &self.advisory.try_lock[AdvisoryMode::Exclusive.index()]
     }
 
-    /// advisory's release (PostgreSQL): unlocks the key and resets the session for the pool.
+    /// advisory's and for-update's release (PostgreSQL): unlocks the key and resets the session for the pool.
     /// Binds the key (`BIGINT`).
     pub fn advisory_unlock(&self) -> &str {
         &self.advisory.unlock[AdvisoryMode::Exclusive.index()]
     }
 
-    /// for-update: creates the row a name's holders lock (nothing if it exists). Binds the
-    /// name.
+    /// for-update on MySQL: creates the row a name's holders lock (nothing if it exists).
+    /// Binds the name.
     pub fn insert_row(&self) -> &str {
         &self.rows.insert_row
     }
 
-    /// for-update's acquire, in one round trip of several statements (send it unprepared):
-    /// the hold's server-side lease of `lease_secs` seconds (on PostgreSQL after opening the
-    /// transaction), then the row of `name` locked without waiting, answering the session's
-    /// id and (PostgreSQL) the id of the transaction that holds the row.
+    /// for-update's acquire on MySQL, in one round trip of several statements (send it
+    /// unprepared): the hold's server-side lease of `lease_secs` seconds, then the row of
+    /// `name` locked without waiting, answering the session's id.
     pub fn lock_row(&self, name: &[u8], lease_secs: i64) -> String {
         self.rows.lock_row_first_try(name, lease_secs)
     }
 
-    /// for-update's fencing token, taken on another connection and committed there.
-    ///
-    /// MySQL and SQLite: binds the name; MySQL answers the token as the last insert id,
-    /// SQLite returns it. PostgreSQL: takes the token only while the holder's transaction
-    /// runs, binding the name, the transaction id and the session id that
-    /// [`lock_row`](Self::lock_row) answered; returns the token.
+    /// for-update's fencing token on MySQL, taken on another connection and committed
+    /// there. Binds the name; answers the token as the last insert id.
     pub fn next_fence(&self) -> &str {
-        match self.dialect {
-            Dialect::Postgres => &self.rows.next_fence_held,
-            _ => &self.rows.next_fence,
-        }
+        &self.rows.next_fence
     }
 
     /// for-update on MySQL: the statement that sets the hold's server-side lease again on the
     /// holding connection after the fence (binds the seconds), which proves the connection
-    /// and its row lock alive. `None` on PostgreSQL, whose fence statement proves it.
-    pub fn confirm_lease(&self) -> Option<&str> {
-        (self.dialect != Dialect::Postgres).then_some(self.rows.hold_timeout.as_str())
+    /// and its row lock alive.
+    pub fn confirm_lease(&self) -> &str {
+        &self.rows.hold_timeout
     }
 
     /// get-lock's acquire (MySQL), without waiting, in one round trip of several statements
@@ -195,13 +186,10 @@ impl Cycle {
         self.named.release(name)
     }
 
-    /// for-update's release, one round trip (send it unprepared): ends the transaction,
-    /// which frees the row, and on MySQL puts the session's default idle timeout back.
+    /// for-update's release on MySQL, one round trip (send it unprepared): ends the
+    /// transaction, which frees the row, and puts the session's default idle timeout back.
     pub fn unlock_row(&self) -> String {
-        match &self.rows.reset_hold_timeout {
-            Some(reset) => format!("{reset}; ROLLBACK"),
-            None => "ROLLBACK".to_owned(),
-        }
+        format!("{}; ROLLBACK", self.rows.reset_hold_timeout)
     }
 }
 
@@ -219,14 +207,11 @@ mod tests {
             origin: ORIGIN,
         };
         assert_eq!(pg.insert_hold(), UniqueInsertSql::new(tables).insert_hold);
-        assert_eq!(pg.next_fence(), RowLockSql::new(tables).next_fence_held);
-        assert!(pg.confirm_lease().is_none());
         assert!(pg.advisory_lock().contains("pg_try_advisory_lock("));
         assert!(pg.advisory_unlock().contains("pg_advisory_unlock("));
-        assert_eq!(pg.unlock_row(), "ROLLBACK");
         let my = Cycle::new(Dialect::MySql, "t")?;
         assert!(my.next_fence().contains("LAST_INSERT_ID"));
-        assert_eq!(my.confirm_lease(), Some("SET SESSION wait_timeout = ?"));
+        assert_eq!(my.confirm_lease(), "SET SESSION wait_timeout = ?");
         assert_eq!(
             my.unlock_row(),
             "SET SESSION wait_timeout = DEFAULT; ROLLBACK"

@@ -1,11 +1,19 @@
 //! dlock's tables: the statements that create them per dialect, the columns each must have,
 //! and the settings recorded with them (the strategy they serve, the layout's version).
 
-use crate::config::Dialect;
+use crate::config::{Dialect, Strategy};
 use crate::sql::Tables;
 
-/// The version of the tables' layout this dlock reads and writes, recorded in `<t>_meta`.
-pub(crate) const SCHEMA_VERSION: &str = "1";
+/// The version of the tables' layout this dlock reads and writes for `strategy` on
+/// `dialect`, recorded in `<t>_meta`: 2 for for-update on PostgreSQL, whose locks are
+/// advisory locks on the keys of `<t>_names` (in version 1 they were row locks of
+/// `<t>_rows`, which advisory locks do not exclude), 1 for the rest.
+pub(crate) const fn schema_version(dialect: Dialect, strategy: Strategy) -> &'static str {
+    match (dialect, strategy) {
+        (Dialect::Postgres, Strategy::ForUpdate) => "2",
+        _ => "1",
+    }
+}
 
 /// The tables, and the strategy they serve.
 #[derive(Debug, Clone)]

@@ -10,17 +10,24 @@ use sqlx::MySqlConnection;
 #[cfg(feature = "postgres")]
 use sqlx::PgConnection;
 
-use crate::db::{On, query};
-use crate::error::{Meaning, from_sqlx, meaning, mysql_deadlock};
-#[cfg(feature = "mysql")]
-use crate::pinned::server_seconds;
-use crate::strategy::ForUpdate;
+#[cfg(feature = "postgres")]
+use crate::config::Strategy;
+use crate::db::query;
+use crate::error::{Meaning, meaning};
 use crate::{Dialect, SqlProvider};
+#[cfg(feature = "mysql")]
+use crate::{
+    db::On,
+    error::{from_sqlx, mysql_deadlock},
+    pinned::server_seconds,
+    strategy::ForUpdate,
+};
 
 /// A for-update lock held by the caller's transaction (see [`SqlProvider::lock_in`]).
 ///
-/// It is the transaction's row lock: it ends when the transaction commits or rolls back (or
-/// its connection closes), and dropping this value changes nothing. There is no lease to
+/// It is the transaction's lock (a row lock on MySQL/MariaDB, a transaction-level advisory
+/// lock on PostgreSQL): it ends when the transaction commits or rolls back (or its connection
+/// closes), and dropping this value changes nothing. There is no lease to
 /// renew and nothing to release.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use = "the fencing token is the reason to take the lock in the transaction"]
@@ -116,7 +123,7 @@ impl SqlProvider {
         // commit may have ended the transaction behind sqlx's back, and a locking read
         // outside one would hold nothing.
         let in_tx = sqlx::Connection::is_in_transaction(&*conn);
-        let (name, fu) = self.in_transaction(name, Dialect::MySql, in_tx)?;
+        let (name, fu) = self.in_transaction(name, in_tx)?;
         let backend = self.inner.backend;
         let err = |what| self.inner.err(what);
         let session = query(if fu.sql.mariadb {
@@ -194,9 +201,12 @@ impl SqlProvider {
 
     /// Takes the `for-update` lock `name` inside the caller's open PostgreSQL transaction,
     /// waiting up to `wait` (`Duration::ZERO` does not wait). `Ok(None)` if another holder
-    /// kept it that long. As [`lock_in`](Self::lock_in) for MySQL: the lock is the
-    /// transaction's row lock and ends with it; it excludes the plain `for-update` locks of
-    /// providers on the same tables, and they exclude it.
+    /// kept it that long. As [`lock_in`](Self::lock_in) for MySQL, the lock is the
+    /// transaction's and ends with it; it excludes the plain `for-update` locks of providers
+    /// on the same tables, and they exclude it. It is a transaction-level advisory lock on the
+    /// name's key (`pg_advisory_xact_lock`), as plain for-update holds on PostgreSQL are
+    /// session-level ones: no snapshot hides it (a new name can be locked in a REPEATABLE
+    /// READ transaction), and it adds no transaction id of its own.
     ///
     /// The lock is tried inside a savepoint, so a lock that stays busy (PostgreSQL ends such
     /// a statement with an error, which would abort the whole transaction) leaves the caller's
@@ -230,14 +240,14 @@ impl SqlProvider {
     /// `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
     /// failed statement (the transaction may then be unusable, as for any failed statement);
     /// a non-retryable [`Error::Backend`] if the transaction ended before its fencing token
-    /// was taken (a token that could not be taken leaves the transaction without the row
+    /// was taken (a token that could not be taken leaves the transaction without the
     /// lock).
     ///
     /// # Cancel safety
     ///
     /// Not cancel safe: dropped while it waits, it leaves the caller's transaction inside its
-    /// savepoint, with the locking statement's answer still to come (the row may then be
-    /// locked without a fencing token, or the transaction aborted by a lock timeout). Roll
+    /// savepoint, with the locking statement's answer still to come (the lock may then be
+    /// held without a fencing token, or the transaction aborted by a lock timeout). Roll
     /// the transaction back after a dropped `lock_in_pg`.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -248,77 +258,82 @@ impl SqlProvider {
         wait: Duration,
     ) -> Result<Option<TxLock>> {
         let in_tx = sqlx::Connection::is_in_transaction(&*conn);
-        let (name, fu) = self.in_transaction(name, Dialect::Postgres, in_tx)?;
+        let name = LockName::new(name)?;
+        let advisory = match Arc::clone(&self.strategy).advisory() {
+            Some(a) if self.inner.strategy == Strategy::ForUpdate => a,
+            _ => return Err(self.not_for_update(Dialect::Postgres)),
+        };
+        if !in_tx {
+            return Err(not_in_transaction());
+        }
         let backend = self.inner.backend;
         let err = |what| self.inner.err(what);
-        // As on MySQL: the row exists before the transaction reads it, committed at once.
-        fu.create_row(self.inner.beside_the_callers(), &name)
-            .await?;
-        let session = query(
-            "SELECT current_setting('lock_timeout'), current_setting('transaction_isolation')",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(err("read the session"))?;
-        let previous = session.text(0).map_err(err("read the session"))?;
-        let isolation = session.text(1).map_err(err("read the session"))?;
+        // The key is read (or given) beside the caller's transaction, committed at once.
+        let beside = self.inner.beside_the_callers();
+        let key = advisory.key_on(beside, &name).await?;
+        let (lock, try_lock) = advisory.in_transaction_sql();
+        let previous = query("SELECT current_setting('lock_timeout')")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(err("read the session"))?
+            .text(0)
+            .map_err(err("read the session"))?;
         query("SAVEPOINT dlock_lock_in")
             .execute(&mut *conn)
             .await
             .map_err(err("open a savepoint"))?;
-        let statement = if wait.is_zero() {
-            &fu.sql.lock_row_nowait
+        // Inside the savepoint a lock timeout or a deadlock aborts only the savepoint, which
+        // is rolled back below: the caller's transaction goes on, and a retry can help.
+        let locked = if wait.is_zero() {
+            match query(try_lock)
+                .bind(i64::from(key))
+                .fetch_one(&mut *conn)
+                .await
+            {
+                Ok(row) => row.int(0).map(|got| got != 0).map_err(err("lock")),
+                Err(e) => Err(err("lock")(e)),
+            }
         } else {
             let ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
-            query("SELECT set_config('lock_timeout', LEAST($1, 2147483647)::TEXT, true)")
-                .bind(ms.max(1))
-                .execute(&mut *conn)
-                .await
-                .map_err(err("set the lock wait"))?;
-            &fu.sql.lock_row
-        };
-        // Inside the savepoint a deadlock aborts only the savepoint, which is rolled back
-        // below: the caller's transaction goes on, and a retry can help.
-        let locked = match lock_row(backend, &name, statement, &mut *conn).await {
-            // A row committed after the transaction's snapshot is invisible to it under
-            // REPEATABLE READ and SERIALIZABLE: trying again would never see it.
-            Err(RowError::Missing)
-                if matches!(isolation.as_str(), "repeatable read" | "serializable") =>
-            {
-                Err(Error::invalid_argument(
-                    "conn",
-                    format!(
-                        "lock {name:?} is new, and the transaction ({isolation}) took its snapshot \
-                     before dlock created the lock's row: take the lock first in the \
-                     transaction, or use READ COMMITTED"
-                    ),
-                ))
+            let waited =
+                match query("SELECT set_config('lock_timeout', LEAST($1, 2147483647)::TEXT, true)")
+                    .bind(ms.max(1))
+                    .execute(&mut *conn)
+                    .await
+                {
+                    Ok(_) => query(lock).bind(i64::from(key)).execute(&mut *conn).await,
+                    Err(e) => Err(e),
+                };
+            match waited {
+                Ok(_) => Ok(true),
+                Err(e) if meaning(&e) == Meaning::Busy => Ok(false),
+                Err(e) => Err(err("lock")(e)),
             }
-            other => other.map_err(|e| e.into_error(backend, &name)),
         };
         // Granted, the fencing token is taken (on another connection) while the savepoint is
-        // open: releasing it after the token proves that the transaction still held the row
+        // open: releasing it after the token proves that the transaction still held the lock
         // when the token was taken (one that ended before could see a later holder take the
-        // lock with a lower token), and a token that could not be taken rolls the row lock
-        // back with the savepoint.
+        // lock with a lower token), and a token that could not be taken rolls the lock back
+        // with the savepoint.
         let token = match locked {
             Ok(true) => {
-                query("SELECT set_config('lock_timeout', $1, true)")
+                let restored = query("SELECT set_config('lock_timeout', $1, true)")
                     .bind(previous.as_str())
                     .execute(&mut *conn)
                     .await
-                    .map_err(err("restore the lock wait"))?;
-                fu.next_fence(self.inner.beside_the_callers(), &name)
-                    .await
-                    .map(Some)
+                    .map_err(err("restore the lock wait"));
+                match restored {
+                    Ok(_) => advisory.next_token(beside, &name, key).await.map(Some),
+                    Err(e) => Err(e),
+                }
             }
             Ok(false) => Ok(None),
             Err(e) => Err(e),
         };
         if !matches!(token, Ok(Some(_))) {
-            // Busy, failed, or without a token: PostgreSQL may have aborted the transaction;
-            // rolling back to the savepoint makes it usable again and undoes the lock wait
-            // and any row lock.
+            // Busy, failed, or without a token: PostgreSQL may have aborted the savepoint;
+            // rolling back to it makes the transaction usable again and undoes the lock wait
+            // and the lock (a transaction's advisory lock taken in a savepoint ends with it).
             query("ROLLBACK TO SAVEPOINT dlock_lock_in")
                 .execute(&mut *conn)
                 .await
@@ -337,33 +352,36 @@ impl SqlProvider {
         }
     }
 
-    /// What a lock in the caller's transaction on `dialect` starts from, checked in this
-    /// order: a valid name, the provider's for-update strategy on that dialect, and a
-    /// connection inside a transaction (`in_transaction`).
+    /// What a lock in the caller's MySQL transaction starts from, checked in this order: a
+    /// valid name, the provider's for-update strategy on MySQL, and a connection inside a
+    /// transaction (`in_transaction`).
+    #[cfg(feature = "mysql")]
     fn in_transaction(
         &self,
         name: &str,
-        dialect: Dialect,
         in_transaction: bool,
     ) -> Result<(LockName, Arc<ForUpdate>)> {
         let name = LockName::new(name)?;
-        let inner = &self.inner;
         let fu = match Arc::clone(&self.strategy).for_update() {
-            Some(fu) if inner.dialect == dialect => fu,
-            _ => {
-                return Err(Error::unsupported(
-                    inner.backend,
-                    format!(
-                        "locks in the caller's transaction without the for-update strategy on \
-                         {dialect:?} (connect with ?strategy=for-update)"
-                    ),
-                ));
-            }
+            Some(fu) if self.inner.dialect == Dialect::MySql => fu,
+            _ => return Err(self.not_for_update(Dialect::MySql)),
         };
         if !in_transaction {
             return Err(not_in_transaction());
         }
         Ok((name, fu))
+    }
+
+    /// The error of a lock in the caller's transaction on a provider that is not for-update
+    /// on `dialect`.
+    fn not_for_update(&self, dialect: Dialect) -> Error {
+        Error::unsupported(
+            self.inner.backend,
+            format!(
+                "locks in the caller's transaction without the for-update strategy on \
+                 {dialect:?} (connect with ?strategy=for-update)"
+            ),
+        )
     }
 }
 
@@ -375,6 +393,7 @@ fn not_in_transaction() -> Error {
     )
 }
 
+#[cfg(feature = "mysql")]
 /// Why a lock of a row in the caller's transaction failed.
 enum RowError {
     /// The transaction does not see the lock's row.
@@ -385,6 +404,7 @@ enum RowError {
     Other(Error),
 }
 
+#[cfg(feature = "mysql")]
 impl RowError {
     /// The error as any other statement's: a deadlock is then contention (retryable), a
     /// missing row one deleted by hand.
@@ -397,6 +417,7 @@ impl RowError {
     }
 }
 
+#[cfg(feature = "mysql")]
 /// Locks `name`'s row with `statement` on the caller's connection: whether it was granted
 /// (`false`: busy at the end of the wait).
 async fn lock_row<'c>(
@@ -433,6 +454,7 @@ fn rolled_back(backend: &'static str, name: &LockName, why: &str, e: sqlx::Error
     }
 }
 
+#[cfg(feature = "mysql")]
 fn vanished(backend: &'static str, name: &LockName) -> Error {
     Error::Backend {
         backend,

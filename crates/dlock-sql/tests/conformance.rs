@@ -165,7 +165,8 @@ impl SqlFactory {
     /// statement still waits on the server counts.
     async fn for_update_residue(&self, name: &str) -> usize {
         if self.is_postgres() {
-            return self.pg_for_update_residue(name).await;
+            // for-update on PostgreSQL is held as an advisory lock.
+            return self.advisory_residue(name).await;
         }
         let admin = self.admin().await;
         let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
@@ -280,48 +281,6 @@ impl SqlFactory {
         };
         admin.close().await;
         usize::try_from(n).unwrap()
-    }
-
-    /// PostgreSQL: the backends this case's providers know hold `name` whose transaction is
-    /// still open, and every backend blocked by one of them (a cancelled waiter whose
-    /// statement still waits on the server counts).
-    async fn pg_for_update_residue(&self, name: &str) -> usize {
-        let admin = self.admin().await;
-        let holders: Vec<u64> = self
-            .providers
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p.holder_connection_id(name))
-            .collect();
-        let mut pids = std::collections::BTreeSet::new();
-        for id in holders {
-            let id = i64::try_from(id).unwrap();
-            let open: i64 = sqlx::query(
-                "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1 AND xact_start IS NOT NULL",
-            )
-            .bind(id)
-            .fetch_one(&admin)
-            .await
-            .unwrap()
-            .try_get(0)
-            .unwrap();
-            if open > 0 {
-                pids.insert(id);
-            }
-            let blocked = sqlx::query(
-                "SELECT pid::BIGINT FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-            )
-            .bind(id)
-            .fetch_all(&admin)
-            .await
-            .unwrap();
-            for row in blocked {
-                pids.insert(row.try_get::<i64, _>(0).unwrap());
-            }
-        }
-        admin.close().await;
-        pids.len()
     }
 }
 

@@ -407,10 +407,11 @@ async fn a_deadlock_that_rolls_back_the_callers_transaction_is_not_retryable() {
 }
 
 /// `lock_in_pg` of a new name in a REPEATABLE READ transaction that has already taken its
-/// snapshot: the lock's row, committed after it, is invisible to the transaction for good, so
-/// the error says so and is not retryable. Taken first in such a transaction, the lock works.
+/// snapshot is granted: the lock is the key's advisory lock, which no snapshot hides (a row
+/// lock of a row committed after the snapshot could not be taken in it). Taken there, it
+/// excludes a plain holder until the transaction ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_lock_in_a_repeatable_read_snapshot_is_a_clear_error() {
+async fn a_new_lock_in_a_repeatable_read_snapshot_is_granted() {
     let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
         return;
     };
@@ -425,28 +426,34 @@ async fn a_new_lock_in_a_repeatable_read_snapshot_is_a_clear_error() {
         .unwrap();
     sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
     let name = Names::new().name("in-snapshot");
-    let e = locks
-        .lock_in_pg(&mut tx, &name, Duration::from_millis(200))
-        .await
-        .expect_err("a row the snapshot cannot see");
-    assert!(
-        !e.is_retryable() && e.to_string().contains("snapshot"),
-        "the error must say why, and not invite a retry: {e}"
-    );
-    tx.rollback().await.unwrap();
-
-    let mut tx = app.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let name = Names::new().name("first-in-snapshot");
     let held = locks
         .lock_in_pg(&mut tx, &name, Duration::from_millis(200))
         .await
         .unwrap();
-    assert!(held.is_some(), "taken first in the transaction");
+    assert!(
+        held.is_some(),
+        "a new name, taken in a snapshot taken before it"
+    );
+    let plain = locks
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(plain.is_none(), "a plain holder got the transaction's lock");
     tx.rollback().await.unwrap();
+    let plain = locks
+        .lock(&name, LockOptions::default())
+        .unwrap()
+        .try_acquire(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free once the transaction ended");
+    assert!(
+        plain.fencing_token() > held.unwrap().token(),
+        "tokens go on rising"
+    );
+    plain.release().await.unwrap();
 }
 
 /// A `lock_in` dropped while it waits (a caller's timeout) leaves the caller's connection's

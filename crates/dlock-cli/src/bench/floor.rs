@@ -104,9 +104,9 @@ struct Job<'a> {
 async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
     let url = job.url;
     let scheme = url.split("://").next().unwrap_or_default();
-    // Only a SQL for-update lock has a row lock to measure alone (decided before connecting).
-    let for_update = matches!(scheme, "mysql" | "mariadb" | "postgres" | "postgresql")
-        && strategy_of(url) == "for-update";
+    // Only a MySQL for-update lock has a row lock to measure alone (decided before
+    // connecting; for-update on PostgreSQL is an advisory lock).
+    let for_update = matches!(scheme, "mysql" | "mariadb") && strategy_of(url) == "for-update";
     if job.floor == Floor::LockOnly && !for_update {
         return Ok(None);
     }

@@ -268,6 +268,14 @@ async fn pg_pool(
                      WHERE current_setting('server_version_num')::INT >= 170000)",
                 )
                 .await?;
+                // The session's own idle_session_timeout (the role's, the database's or the
+                // URL's), which a pinned hold's lease replaces while it holds: its release
+                // puts this back (`IDLE_SESSION_DEFAULT`), not 0.
+                conn.execute(
+                    "SELECT set_config('dlock.idle_session_timeout', \
+                     COALESCE(current_setting('idle_session_timeout', true), '0'), false)",
+                )
+                .await?;
                 Ok(())
             })
         })

@@ -13,7 +13,7 @@ use crate::db::{self, Pool, query};
 use crate::error::{self, from_sqlx};
 #[cfg(feature = "sqlite")]
 use crate::mounts;
-use crate::schema::{SCHEMA_VERSION, SchemaSql};
+use crate::schema::{SchemaSql, schema_version};
 use crate::sql::Tables;
 use crate::strategy;
 #[cfg(feature = "postgres")]
@@ -204,8 +204,9 @@ impl SqlProvider {
     ) -> Result<Self> {
         let backend = backend_name(dialect);
         config::check_dialect(dialect, kind)?;
-        if kind == Strategy::Advisory {
-            check_advisory_server(&pool).await?;
+        // for-update on PostgreSQL is held as an advisory lock too (see `strategy::build`).
+        if dialect == Dialect::Postgres && kind.pins_connections() {
+            check_advisory_server(&pool, kind).await?;
         }
         let mariadb = match dialect {
             Dialect::MySql => check_mysql_server(&pool).await?,
@@ -225,7 +226,7 @@ impl SqlProvider {
             }
         }
         check_tables(&pool, &schema, backend, create).await?;
-        check_recorded(&pool, &schema, backend, kind, table).await?;
+        check_recorded(&pool, &schema, (dialect, kind), table).await?;
         let polls = !kind.pins_connections();
         let wakes = WakeSources::new(&store_id, polls);
         // Releases of the polling strategies are announced on PostgreSQL (the pinned
@@ -249,9 +250,8 @@ impl SqlProvider {
         caps.connection_bound = kind.pins_connections();
         caps.min_lease = MIN_LEASE;
         if dialect == Dialect::Postgres && kind.pins_connections() {
-            // The server-side lease is idle_in_transaction_session_timeout (for-update) or
-            // idle_session_timeout (advisory), in milliseconds up to 2^31 - 1, set to the
-            // lease rounded up to whole seconds.
+            // The server-side lease is idle_session_timeout, in milliseconds up to 2^31 - 1,
+            // set to the lease rounded up to whole seconds.
             caps.max_lease = crate::pinned::max_lease(dialect);
         }
         let meta = ProviderMeta::new(caps, store_id.as_str());
@@ -402,7 +402,7 @@ fn check_single_primary(settings: &[(String, String)]) -> Result<()> {
 
 /// The advisory strategy's server-side lease is `idle_session_timeout`, which PostgreSQL 14
 /// brought: an older server is refused (a paused holder would keep its lock for ever).
-async fn check_advisory_server(pool: &Pool) -> Result<()> {
+async fn check_advisory_server(pool: &Pool, kind: Strategy) -> Result<()> {
     let err = |e| from_sqlx("postgres", "read the server version", e);
     let version = query("SELECT current_setting('server_version_num')::BIGINT")
         .fetch_one(pool)
@@ -413,8 +413,9 @@ async fn check_advisory_server(pool: &Pool) -> Result<()> {
         return Err(Error::unsupported(
             "postgres",
             format!(
-                "the advisory strategy on server version {version}: it needs PostgreSQL 14 or \
-                 later (idle_session_timeout is the lease); use for-update"
+                "the {kind} strategy on server version {version}: it holds advisory locks, \
+                 which need PostgreSQL 14 or later (idle_session_timeout is the lease); use \
+                 unique-insert"
             ),
         ));
     }
@@ -470,10 +471,10 @@ async fn check_tables(
 async fn check_recorded(
     pool: &Pool,
     sql: &SchemaSql,
-    backend: &'static str,
-    strategy: Strategy,
+    (dialect, strategy): (Dialect, Strategy),
     table: &str,
 ) -> Result<()> {
+    let backend = backend_name(dialect);
     let wanted = strategy.to_string();
     let recorded = record(pool, sql, backend, "strategy", &wanted, table).await?;
     if recorded != wanted {
@@ -483,15 +484,25 @@ async fn check_recorded(
              ?strategy={recorded} like the others, or another ?table= prefix"
         )));
     }
-    let version = record(pool, sql, backend, "schema", SCHEMA_VERSION, table).await?;
-    if version != SCHEMA_VERSION {
+    let wanted = schema_version(dialect, strategy);
+    let version = record(pool, sql, backend, "schema", wanted, table).await?;
+    if version == wanted {
+        return Ok(());
+    }
+    if dialect == Dialect::Postgres && strategy == Strategy::ForUpdate && version == "1" {
         return Err(Error::config(format!(
-            "the tables {table}_… have schema version {version}, and this dlock reads and \
-             writes version {SCHEMA_VERSION}: use a dlock of their version, or another \
+            "the tables {table}_… were written by a dlock that held for-update locks on \
+             PostgreSQL as row locks (schema version 1); this one holds them as advisory locks \
+             (version {wanted}), and the two do not exclude each other. Stop every older dlock \
+             that uses these tables, then run `UPDATE {table}_meta SET value = '{wanted}' \
+             WHERE name = 'schema'` once (tokens go on from where they were), or use another \
              ?table= prefix"
         )));
     }
-    Ok(())
+    Err(Error::config(format!(
+        "the tables {table}_… have schema version {version}, and this dlock reads and writes \
+         version {wanted}: use a dlock of their version, or another ?table= prefix"
+    )))
 }
 
 /// Records `value` for the setting `key` of the tables `<table>_…` unless one is recorded,

@@ -1,18 +1,20 @@
-//! for-update (MySQL/MariaDB, PostgreSQL): a pinned connection's transaction holds
-//! `SELECT … FOR UPDATE` on the name's row; a waiter waits on the row lock itself. Fencing
-//! tokens come from a counter row per name, taken on another connection while the hold is
-//! proven alive.
+//! for-update on MySQL/MariaDB: a pinned connection's transaction holds `SELECT … FOR
+//! UPDATE` on the name's row; a waiter waits on the row lock itself. Fencing tokens come from
+//! a counter row per name, taken on another connection while the hold is proven alive.
+//!
+//! for-update on PostgreSQL is held by [`super::advisory`]'s statements: a PostgreSQL row
+//! lock needs a transaction id, which held open keeps `VACUUM` from removing the row
+//! versions that die after it anywhere in the database.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{Deadline, later};
-use dlock_core::{Error, LockKind, LockName, LockStatus, Result, async_trait};
+use dlock_core::{LockKind, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
 use super::{Attempt, Grant, LockStrategy, missing_id, read_row};
 use crate::Inner;
-use crate::config::Dialect;
 use crate::db::{Conn, Pool, query};
 use crate::error::{self, Meaning, from_sqlx, meaning};
 use crate::pinned::{
@@ -35,8 +37,6 @@ pub(crate) struct Granted {
     pub(crate) conn: Pinned,
     /// The server's id of that connection.
     pub(crate) connection_id: u64,
-    /// PostgreSQL: the id of the transaction that holds the row (0 elsewhere).
-    pub(crate) transaction: i64,
     /// When the statement that set the hold's server-side lease and took the row without
     /// waiting was sent; `None` after a wait (the lease then starts with
     /// [`Pinning::start_lease`]).
@@ -55,7 +55,7 @@ pub(crate) struct EndTransaction {
 #[async_trait]
 impl Release for EndTransaction {
     async fn release(&self, hold: &PinnedHold) -> bool {
-        let reset = self.strategy.sql.reset_hold_timeout.as_deref();
+        let reset = Some(self.strategy.sql.reset_hold_timeout.as_str());
         hold.conn.lock().await.free(reset).await.is_ok()
     }
 }
@@ -129,7 +129,7 @@ impl LockStrategy for ForUpdate {
         self.pinning.holder_connection_id(name)
     }
 
-    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    #[cfg(feature = "mysql")]
     fn for_update(self: Arc<Self>) -> Option<Arc<ForUpdate>> {
         Some(self)
     }
@@ -145,28 +145,21 @@ impl ForUpdate {
     /// Takes the row lock on a dedicated connection (the row is created on first use),
     /// waiting until `deadline`.
     ///
-    /// The hold's lease is the server's: the connection's idle timeout (MySQL's
-    /// `wait_timeout`, PostgreSQL's `idle_in_transaction_session_timeout`), so a holder that
-    /// stops talking (paused, cut off) is disconnected by the server and its row freed. The
-    /// first try sets it and takes the row without waiting in one round trip; a try that
-    /// waits sets it before it waits, and [`Pinning::start_lease`] again at the
+    /// The hold's lease is the server's: the connection's idle timeout (`wait_timeout`), so a
+    /// holder that stops talking (paused, cut off) is disconnected by the server and its row
+    /// freed. The first try sets it and takes the row without waiting in one round trip; a
+    /// try that waits sets it before it waits, and [`Pinning::start_lease`] again at the
     /// grant. The connection of a statement that waits for the row is killed (`KILL
-    /// CONNECTION`, on PostgreSQL `pg_terminate_backend`, from another connection) if the
-    /// acquisition is dropped, so a cancelled waiter leaves no waiting statement on the
-    /// server.
+    /// CONNECTION`, from another connection) if the acquisition is dropped, so a cancelled
+    /// waiter leaves no waiting statement on the server.
     pub(crate) async fn lock(&self, a: &Attempt, deadline: Deadline) -> Result<Option<Granted>> {
         let s = &self.sql;
-        let postgres = self.pinning.inner.dialect == Dialect::Postgres;
         let mut conn = self.pinning.pin(&a.name, deadline).await?;
         // The statements that wait for the row, killed if dropped while they wait.
         let mut waits = Waits::default();
         // The first try never waits (NOWAIT): an uncontended lock costs one round trip, with
         // no lock-wait setting and no connection id for the killer of a waiting statement.
         let mut first = true;
-        // Whether a try set the session's server-side lease, to be put back before the
-        // connection returns to the pool, where the server would otherwise close it (MySQL;
-        // PostgreSQL's is local to the transaction, which a busy try rolls back).
-        let mut lease_set = false;
         loop {
             let wait = server_wait(std::mem::take(&mut first), deadline);
             let mut lease_sent = None;
@@ -175,39 +168,17 @@ impl ForUpdate {
                 // cut off while it waits, and granted the row then, is disconnected after its
                 // lease of idleness instead of the server's default (8 h). The client's lease
                 // starts later (at `start_lease`), so the client still gives up first.
-                let set_wait = query(&s.lock_wait_timeout)
+                query(&s.lock_wait_timeout)
                     .bind(lock_wait)
-                    .bind(server_seconds(a.ttl()));
-                if postgres {
-                    // PostgreSQL has no autocommit switch: the row lock's transaction is
-                    // opened by hand (MySQL's lock pool opens one with every statement), and
-                    // the settings, local to it, come with the session's id.
-                    query("BEGIN")
-                        .execute(conn.get()?)
-                        .await
-                        .map_err(self.pinning.inner.err("begin"))?;
-                    let row = set_wait
-                        .fetch_one(conn.get()?)
-                        .await
-                        .map_err(self.pinning.inner.err("set the lock wait"))?;
-                    let id = row
-                        .int(2)
-                        .map_err(self.pinning.inner.err("connection id"))?;
-                    waits.session_is(u64::try_from(id).unwrap_or(0));
-                } else {
-                    lease_set = true;
-                    set_wait
-                        .execute(conn.get()?)
-                        .await
-                        .map_err(self.pinning.inner.err("set the lock wait"))?;
-                }
+                    .bind(server_seconds(a.ttl()))
+                    .execute(conn.get()?)
+                    .await
+                    .map_err(self.pinning.inner.err("set the lock wait"))?;
                 let lock =
                     async |c: &mut Conn| query(&s.lock_row).bind(a.key()).fetch_optional(c).await;
                 waits.run(&self.pinning, &mut conn, lock).await?.1
             } else {
-                // One round trip: the lease (and on PostgreSQL the transaction), then the
-                // row without waiting.
-                lease_set |= !postgres;
+                // One round trip: the lease, then the row without waiting.
                 let batch = s.lock_row_first_try(a.key(), server_seconds(a.ttl()));
                 lease_sent = Some(Instant::now());
                 conn.get()?
@@ -218,11 +189,9 @@ impl ForUpdate {
             match locked {
                 Ok(Some(row)) => {
                     let id = row.int(0).map_err(self.pinning.inner.err("lock"))?;
-                    let transaction = row.int(1).map_err(self.pinning.inner.err("lock"))?;
                     return Ok(Some(Granted {
                         conn,
                         connection_id: u64::try_from(id).unwrap_or(0),
-                        transaction,
                         lease_sent,
                     }));
                 }
@@ -234,11 +203,10 @@ impl ForUpdate {
                     self.create_row(&self.pinning.inner.pool, &a.name).await?;
                 }
                 Err(e) if meaning(&e) == Meaning::Busy => {
-                    let reset = if lease_set {
-                        s.reset_hold_timeout.as_deref()
-                    } else {
-                        None
-                    };
+                    // Every try set the session's server-side lease: it is put back before
+                    // the connection returns to the pool, where the server would otherwise
+                    // close it.
+                    let reset = Some(s.reset_hold_timeout.as_str());
                     if deadline.has_passed() {
                         // The last try: the rollback and the reset in one round trip.
                         conn.end(reset).await;
@@ -256,48 +224,18 @@ impl ForUpdate {
 
     /// The fencing token of a for-update hold just granted, taken while the hold is proven
     /// alive, so that no guard carries a token above the real holder's (a connection that
-    /// died after its grant, while another holder took the row and a token).
-    ///
-    /// PostgreSQL proves it in the statement that takes the token (the holder's transaction
-    /// is still in progress); MySQL sets the hold's server-side lease again on the holding
-    /// connection after the token, to `left()`, what is left of the hold's lease.
+    /// died after its grant, while another holder took the row and a token): the hold's
+    /// server-side lease is set again on the holding connection after the token, to `left()`,
+    /// what is left of the hold's lease.
     pub(crate) async fn fence_held(
         &self,
         a: &Attempt,
         granted: &mut Granted,
         left: impl FnOnce() -> Duration,
     ) -> Result<u64> {
-        if self.pinning.inner.dialect != Dialect::Postgres {
-            let fence = self.next_fence(&self.pinning.inner.pool, &a.name).await?;
-            self.confirm_lease(&mut granted.conn, left()).await?;
-            return Ok(fence);
-        }
-        let session = i64::try_from(granted.connection_id).unwrap_or(0);
-        let row = query(&self.sql.next_fence_held)
-            .bind(a.key())
-            .bind(granted.transaction)
-            .bind(session)
-            .fetch_optional(&self.pinning.inner.pool)
-            .await
-            .map_err(self.pinning.inner.err("fence"))?;
-        match row {
-            Some(row) => Ok(
-                u64::try_from(row.int(0).map_err(self.pinning.inner.err("fence"))?).unwrap_or(0),
-            ),
-            None => {
-                granted.conn.close();
-                Err(Error::Backend {
-                    backend: self.pinning.inner.backend,
-                    message: format!(
-                        "the connection that was granted lock {:?} ended before its fencing \
-                         token was taken",
-                        a.name
-                    ),
-                    retryable: true,
-                    source: None,
-                })
-            }
-        }
+        let fence = self.next_fence(&self.pinning.inner.pool, &a.name).await?;
+        self.confirm_lease(&mut granted.conn, left()).await?;
+        Ok(fence)
     }
 
     /// Proves the holding connection (and so the row lock) is alive after the fence was
@@ -312,27 +250,13 @@ impl ForUpdate {
     /// The next fencing token of `name`, committed on its own (a holder that dies cannot
     /// take its token back).
     pub(crate) async fn next_fence(&self, pool: &Pool, name: &LockName) -> Result<u64> {
-        let q = query(&self.sql.next_fence).bind(name.as_str().as_bytes());
-        let v = match self.pinning.inner.dialect {
-            Dialect::MySql => {
-                let done = q
-                    .execute(pool)
-                    .await
-                    .map_err(self.pinning.inner.err("fence"))?;
-                let id = done
-                    .last_insert_id
-                    .ok_or_else(|| missing_id(self.pinning.inner.backend, name))?;
-                i64::try_from(id).map_err(|_| missing_id(self.pinning.inner.backend, name))?
-            }
-            Dialect::Sqlite | Dialect::Postgres => {
-                let row = q
-                    .fetch_one(pool)
-                    .await
-                    .map_err(self.pinning.inner.err("fence"))?;
-                row.int(0).map_err(self.pinning.inner.err("fence"))?
-            }
-        };
-        Ok(u64::try_from(v).unwrap_or(0))
+        let backend = self.pinning.inner.backend;
+        let done = query(&self.sql.next_fence)
+            .bind(name.as_str().as_bytes())
+            .execute(pool)
+            .await
+            .map_err(self.pinning.inner.err("fence"))?;
+        done.last_insert_id.ok_or_else(|| missing_id(backend, name))
     }
 
     /// Creates `name`'s row if it is missing. Only then: INSERT IGNORE on an existing row
@@ -387,5 +311,5 @@ impl ForUpdate {
     }
 }
 
-#[cfg(all(test, any(feature = "mysql", feature = "postgres")))]
+#[cfg(all(test, feature = "mysql"))]
 mod tests;

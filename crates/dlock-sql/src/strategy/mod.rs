@@ -5,7 +5,7 @@
 //! | --- | --- | --- | --- |
 //! | unique-insert | [`unique_insert`] | a row per held lock, with a lease | polls (woken by releases) |
 //! | optimistic | [`optimistic`] | a claimed version of the name's row, with a lease | polls (woken by releases) |
-//! | for-update | [`for_update`] | a row lock of a pinned connection's transaction | on the row lock |
+//! | for-update | [`for_update`] (MySQL), [`advisory`] (PostgreSQL) | a row lock of a pinned MySQL connection's transaction; on PostgreSQL an advisory lock | on the row lock, the advisory lock |
 //! | advisory | [`advisory`] | an advisory lock of a pinned PostgreSQL session | on the advisory lock |
 //! | get-lock | [`get_lock`] | a named lock (`GET_LOCK`) of a pinned MySQL session | in `GET_LOCK` |
 //!
@@ -29,7 +29,7 @@ use dlock_core::{Error, LockKind, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
 use crate::Inner;
-use crate::config::Strategy;
+use crate::config::{Dialect, Strategy};
 use crate::db::{Row, query};
 use crate::sql::Tables;
 
@@ -81,7 +81,7 @@ pub(crate) trait LockStrategy: fmt::Debug + Send + Sync + 'static {
     }
 
     /// This strategy as for-update (for locks in the caller's transaction).
-    #[cfg(any(feature = "mysql", feature = "postgres"))]
+    #[cfg(feature = "mysql")]
     fn for_update(self: Arc<Self>) -> Option<Arc<ForUpdate>> {
         None
     }
@@ -93,6 +93,13 @@ pub(crate) trait LockStrategy: fmt::Debug + Send + Sync + 'static {
 }
 
 /// The strategy `kind` on `inner`'s database, with its statements for `tables`.
+///
+/// for-update on PostgreSQL is held as an advisory lock of the session, outside any
+/// transaction: a PostgreSQL row lock needs a transaction id, and a transaction id held open
+/// keeps `VACUUM` from removing any row version that dies after it, in every table of the
+/// database, for as long as the lock is held. Locks in the caller's transaction
+/// ([`crate::SqlProvider::lock_in_pg`]) take the same key with a transaction-level advisory
+/// lock.
 pub(crate) fn build(
     kind: Strategy,
     inner: &Arc<Inner>,
@@ -102,6 +109,9 @@ pub(crate) fn build(
     match kind {
         Strategy::UniqueInsert => Arc::new(unique_insert::UniqueInsert::new(inner, tables)),
         Strategy::Optimistic => Arc::new(optimistic::Optimistic::new(inner, tables)),
+        Strategy::ForUpdate if inner.dialect == Dialect::Postgres => {
+            Arc::new(Advisory::new(inner, tables))
+        }
         Strategy::ForUpdate => Arc::new(ForUpdate::new(inner, tables)),
         Strategy::Advisory => Arc::new(Advisory::new(inner, tables)),
         Strategy::GetLock => Arc::new(get_lock::GetLock::new(inner, tables)),

@@ -265,7 +265,8 @@ async fn lock_cycles_and_renewals_reuse_one_warm_connection() {
 /// Warm connections the server ended are not an answer to a zero-wait try: the statement that
 /// finds one dead gives the pool's others back to sqlx, and the attempt is made again on a
 /// fresh one. Ended by an administrator, and by the server's `idle_session_timeout` (a managed
-/// PostgreSQL's setting) while the connection was idle but still warm.
+/// PostgreSQL's setting) while the connection was idle but still warm: a pinned hold's
+/// release puts the session's own `idle_session_timeout` back, not none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_connections_the_server_ended_are_not_an_answer() {
     let _serial = SERIAL.lock().await;
@@ -278,6 +279,7 @@ async fn warm_connections_the_server_ended_are_not_an_answer() {
         ("advisory", false),
         ("unique-insert", true),
         ("for-update", true),
+        ("advisory", true),
     ] {
         let app = format!("dlock_warm_{}", uuid::Uuid::new_v4().simple());
         let extra = if idle_timeout {

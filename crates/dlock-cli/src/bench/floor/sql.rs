@@ -75,7 +75,10 @@ pub(super) async fn postgres(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
         .await
         .map_err(|e| err("postgres", "connect", e))?;
     let measured = match Sql::new("postgres", Dialect::Postgres, job) {
-        Ok(sql) if sql.strategy == "advisory" => advisory(&pool, &sql, job).await,
+        // for-update on PostgreSQL is held as an advisory lock: the same statements.
+        Ok(sql) if matches!(sql.strategy.as_str(), "advisory" | "for-update") => {
+            advisory(&pool, &sql, job).await
+        }
         Ok(sql) => floor_on(&pool, &sql, job).await,
         Err(e) => Err(e),
     };
@@ -230,13 +233,11 @@ where
             for _ in 0..cycles {
                 let rows = text::<DB>(sql, &mut c, &lock, "lock").await?;
                 DB::fence(sql, &rows, &mut f).await?;
-                if let Some(confirm) = cycle.confirm_lease() {
-                    sqlx::query(confirm)
-                        .bind(LEASE_SECS)
-                        .execute(&mut *c)
-                        .await
-                        .map_err(sql.e("confirm the lease"))?;
-                }
+                sqlx::query(cycle.confirm_lease())
+                    .bind(LEASE_SECS)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(sql.e("confirm the lease"))?;
                 text::<DB>(sql, &mut c, &unlock, "unlock").await?;
             }
             Ok(timed_since(started))
@@ -356,21 +357,13 @@ impl Driver for sqlx::Any {
 impl Driver for sqlx::Postgres {
     const FIRST_PARAM: &'static str = "$1";
 
-    async fn fence(sql: &Sql, rows: &[Self::Row], f: &mut Self::Connection) -> dlock::Result<()> {
-        use sqlx::Row;
-        let row = rows
-            .first()
-            .ok_or_else(|| err("postgres", "lock", "the row was not granted"))?;
-        let session: i64 = row.try_get(0).map_err(sql.e("lock"))?;
-        let transaction: i64 = row.try_get(1).map_err(sql.e("lock"))?;
-        sqlx::query(sql.cycle.next_fence())
-            .bind(&sql.name)
-            .bind(transaction)
-            .bind(session)
-            .fetch_one(&mut *f)
-            .await
-            .map_err(sql.e("fence"))?;
-        Ok(())
+    async fn fence(_: &Sql, _: &[Self::Row], _: &mut Self::Connection) -> dlock::Result<()> {
+        // for-update on PostgreSQL is measured as the advisory cycle it is.
+        Err(err(
+            "postgres",
+            "fence",
+            "for-update on PostgreSQL has no row lock to fence",
+        ))
     }
 
     async fn claim(sql: &Sql, c: &mut Self::Connection, version: i64) -> dlock::Result<i64> {
@@ -405,6 +398,7 @@ async fn advisory(pool: &sqlx::PgPool, sql: &Sql, job: &Job<'_>) -> dlock::Resul
     let cycle = &sql.cycle;
     let mut c = pool.acquire().await.map_err(sql.e("connect"))?;
     sqlx::query(cycle.advisory_new_key())
+        .bind(&sql.name)
         .bind(&sql.name)
         .execute(&mut *c)
         .await

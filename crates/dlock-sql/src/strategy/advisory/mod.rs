@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{Attempt, Grant, LockStrategy, NameCache, missing_id, read_row};
 use crate::Inner;
-use crate::db::{Conn, query};
+use crate::db::{Conn, Pool, query};
 use crate::error::{Meaning, meaning};
 use crate::pinned::session::Membership;
 use crate::pinned::{
@@ -215,18 +215,28 @@ impl Advisory {
 
     /// The advisory key of `name`: its number in `<prefix>_names`, given on first use.
     async fn key(&self, name: &LockName) -> Result<i32> {
+        self.key_on(&self.pinning.inner.pool, name).await
+    }
+
+    /// [`key`](Self::key), asked on `pool`'s connections.
+    pub(crate) async fn key_on(&self, pool: &Pool, name: &LockName) -> Result<i32> {
         if let Some(key) = self.keys.get(name) {
             return Ok(key);
         }
         let s = &self.sql;
+        let inner = &self.pinning.inner;
         let bytes = name.as_str().as_bytes();
         let read = || async {
-            let row = read_row(&self.pinning.inner, &s.key, name, "read the advisory key").await?;
+            let row = query(&s.key)
+                .bind(bytes)
+                .fetch_optional(pool)
+                .await
+                .map_err(inner.err("read the advisory key"))?;
             match row {
                 Some(row) => row
                     .int(0)
                     .map(Some)
-                    .map_err(self.pinning.inner.err("read the advisory key")),
+                    .map_err(inner.err("read the advisory key")),
                 None => Ok(None),
             }
         };
@@ -235,17 +245,44 @@ impl Advisory {
             None => {
                 query(&s.new_key)
                     .bind(bytes)
-                    .execute(&self.pinning.inner.pool)
+                    .bind(bytes)
+                    .execute(pool)
                     .await
-                    .map_err(self.pinning.inner.err("give the name an advisory key"))?;
+                    .map_err(inner.err("give the name an advisory key"))?;
                 read()
                     .await?
-                    .ok_or_else(|| missing_id(self.pinning.inner.backend, name))?
+                    .ok_or_else(|| missing_id(inner.backend, name))?
             }
         };
-        let key = i32::try_from(id).map_err(|_| missing_id(self.pinning.inner.backend, name))?;
+        let key = i32::try_from(id).map_err(|_| missing_id(inner.backend, name))?;
         self.keys.remember(name, key);
         Ok(key)
+    }
+
+    /// The next fencing token of `name` (advisory key `key`), taken on `pool` and committed
+    /// on its own: a lock in the caller's transaction takes its token this way, so that a
+    /// rollback of the transaction cannot take it back.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn next_token(&self, pool: &Pool, name: &LockName, key: i32) -> Result<u64> {
+        let inner = &self.pinning.inner;
+        let row = query(&self.sql.next_token)
+            .bind(i64::from(key))
+            .fetch_optional(pool)
+            .await
+            .map_err(inner.err("fence"))?;
+        let Some(row) = row else {
+            // The name's row was deleted by hand.
+            return Err(self.key_gone(name));
+        };
+        let token = row.int(0).map_err(inner.err("fence"))?;
+        u64::try_from(token).map_err(|_| missing_id(inner.backend, name))
+    }
+
+    /// The statements of locks in the caller's transaction: (wait for the key's lock, try
+    /// it without waiting).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn in_transaction_sql(&self) -> (&str, &str) {
+        (&self.sql.xact_lock, &self.sql.try_xact_lock)
     }
 
     /// The key of `name` vanished (its row was deleted by hand): it gets a key again on its

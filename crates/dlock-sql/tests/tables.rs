@@ -1,0 +1,149 @@
+//! dlock's tables against real databases: their upgrade, and that
+//! a hold of any length leaves them (and the rest of the database) to `VACUUM`. A
+//! PostgreSQL for-update hold keeps no transaction id open, so `VACUUM` goes on removing dead
+//! rows while it lasts; tables whose for-update locks were row locks are refused until they
+//! are upgraded, with tokens that go on from where they were. A test binary of its own: the
+//! `sql` binary fills one shard of `scripts/test`.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use dlock_conformance::{Names, eventually, must, service_url};
+use dlock_sql::SqlProvider;
+use sqlx::Row;
+
+use crate::support::*;
+
+/// A for-update hold on PostgreSQL, held with the defaults (a 30 s watchdog lease), does not
+/// hold back `VACUUM`: rows that die while it is held are removed. A row lock would need a
+/// transaction id, and a transaction id held open keeps every row version that dies after it
+/// "not yet removable", in every table of the database, for as long as the hold lasts.
+///
+/// Other tests' transactions on the same database hold the horizon back for a moment too, so
+/// `VACUUM` is run again until the dead rows are gone (within 30 s); a hold that pins the
+/// horizon keeps them for its whole life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_for_update_hold_on_postgres_keeps_no_dead_rows() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let url = with_query(&pg, "strategy=for-update&table=dlock_long_holds");
+    let provider = SqlProvider::connect(&url).await.unwrap();
+    let db = sqlx::PgPool::connect(&pg).await.unwrap();
+    let churn = format!("dlock_churn_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {churn} (id INT PRIMARY KEY, v INT) WITH (autovacuum_enabled = false); \
+         INSERT INTO {churn} SELECT g, 0 FROM generate_series(1, 1000) g"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    let name = Names::new().name("long");
+    let guard = hold(&provider, &name).await;
+    let pid = provider.holder_connection_id(&name).expect("a pinned hold");
+    let holder = sqlx::query(
+        "SELECT backend_xid IS NULL, backend_xmin IS NULL FROM pg_stat_activity WHERE pid = $1",
+    )
+    .bind(i64::try_from(pid).unwrap())
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    let (no_xid, no_xmin): (bool, bool) = (holder.get(0), holder.get(1));
+    assert!(
+        no_xid && no_xmin,
+        "the holder's session keeps a transaction id (none: {no_xid}) or a snapshot (none: \
+         {no_xmin}) open"
+    );
+    // 1,000 dead row versions, made while the lock is held.
+    sqlx::raw_sql(&format!("UPDATE {churn} SET v = v + 1"))
+        .execute(&db)
+        .await
+        .unwrap();
+    let vacuum = format!("VACUUM {churn}");
+    let dead = format!("SELECT pg_stat_get_dead_tuples('{churn}'::regclass)");
+    eventually(
+        Duration::from_secs(30),
+        "VACUUM removes the rows that died while the lock is held",
+        || async {
+            sqlx::raw_sql(&vacuum).execute(&db).await.unwrap();
+            let left: i64 = sqlx::query_scalar(&dead).fetch_one(&db).await.unwrap();
+            if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} dead rows left"))
+            }
+        },
+    )
+    .await;
+    assert!(guard.is_held(), "the lock was held all along");
+    guard.release().await.unwrap();
+    sqlx::raw_sql(&format!("DROP TABLE {churn}"))
+        .execute(&db)
+        .await
+        .unwrap();
+}
+
+/// Tables that served for-update on PostgreSQL as row locks (schema version 1) are refused:
+/// their old holders' row locks and this dlock's advisory locks would not exclude each other.
+/// The error names the one statement that upgrades them once the old dlocks are stopped;
+/// after it, tokens go on from the last one the row locks handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_lock_tables_are_refused_until_upgraded_and_tokens_go_on() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let table = format!(
+        "dlock_v1_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let url = with_query(&pg, &format!("strategy=for-update&table={table}"));
+    SqlProvider::connect(&url).await.unwrap();
+    let db = sqlx::PgPool::connect(&pg).await.unwrap();
+    let name = Names::new().name("upgraded");
+    // What a dlock of version 1 leaves: its version, and a token handed out by row locks.
+    sqlx::query(&format!(
+        "UPDATE {table}_meta SET value = '1' WHERE name = 'schema'"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {table}_fence (name, token) VALUES ($1, 41)"
+    ))
+    .bind(name.as_bytes())
+    .execute(&db)
+    .await
+    .unwrap();
+    let e = SqlProvider::connect(&url)
+        .await
+        .expect_err("tables of schema version 1");
+    let upgrade = format!("UPDATE {table}_meta SET value = '2' WHERE name = 'schema'");
+    assert!(
+        !e.is_retryable() && e.to_string().contains(&upgrade),
+        "the error must name the upgrade: {e}"
+    );
+    sqlx::query(&upgrade).execute(&db).await.unwrap();
+    let provider = must(
+        Duration::from_secs(10),
+        "connect",
+        SqlProvider::connect(&url),
+    )
+    .await
+    .unwrap();
+    let guard = hold(&provider, &name).await;
+    assert_eq!(
+        guard.fencing_token().get(),
+        42,
+        "the token after the row locks' 41"
+    );
+    guard.release().await.unwrap();
+    let mut drop = String::new();
+    for t in [
+        "meta", "holds", "versions", "seeds", "fence", "rows", "names",
+    ] {
+        drop.push_str(&format!("DROP TABLE {table}_{t}; "));
+    }
+    sqlx::raw_sql(&drop).execute(&db).await.unwrap();
+}
