@@ -27,6 +27,10 @@ pub(crate) struct SchemaSql {
     pub(crate) claim: String,
     /// A recorded setting (`?`: its name).
     pub(crate) read: String,
+    /// How many unique indexes of one column, `name`, a table has (`?`: the table), for the
+    /// tables whose names must be unique: a table without one (made by hand) would let two
+    /// holders in. (table, statement)
+    pub(crate) unique_names: Vec<(String, String)>,
 }
 
 impl SchemaSql {
@@ -49,6 +53,40 @@ impl SchemaSql {
                 "{insert_ignore} {t}_meta (name, value) VALUES (?, ?){ignore_suffix}"
             )),
             read: s.stmt(format!("SELECT value FROM {t}_meta WHERE name = ?")),
+            unique_names: columns(s.dialect)
+                .into_iter()
+                .filter(|(_, columns)| columns.starts_with("name"))
+                .map(|(table, _)| {
+                    (
+                        format!("{t}_{table}"),
+                        s.stmt(unique_name_indexes(s.dialect)),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The statement that counts a table's unique indexes of the one column `name` (`?`: the
+/// table's name), partial ones left out: what makes two rows of one name impossible.
+fn unique_name_indexes(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::MySql => {
+            "SELECT COUNT(*) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = DATABASE() AND LOWER(TABLE_NAME) = LOWER(?) AND NON_UNIQUE = 0 \
+             GROUP BY INDEX_NAME HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'name') AS u"
+        }
+        Dialect::Postgres => {
+            "SELECT COUNT(*) FROM pg_index i JOIN pg_attribute a \
+             ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+             WHERE i.indrelid = to_regclass(?) AND i.indisunique AND i.indnatts = 1 \
+             AND i.indpred IS NULL AND a.attname = 'name'"
+        }
+        Dialect::Sqlite => {
+            "SELECT COUNT(*) FROM pragma_index_list(?) AS l \
+             WHERE l.\"unique\" = 1 AND l.partial = 0 \
+             AND (SELECT COUNT(*) FROM pragma_index_info(l.name)) = 1 \
+             AND (SELECT i.name FROM pragma_index_info(l.name) AS i) = 'name'"
         }
     }
 }

@@ -1,9 +1,10 @@
-//! dlock's tables against real databases: their upgrade, and that
+//! dlock's tables against real databases: the shape they must have, their upgrade, and that
 //! a hold of any length leaves them (and the rest of the database) to `VACUUM`. A
 //! PostgreSQL for-update hold keeps no transaction id open, so `VACUUM` goes on removing dead
 //! rows while it lasts; tables whose for-update locks were row locks are refused until they
-//! are upgraded, with tokens that go on from where they were. A test binary of its own: the
-//! `sql` binary fills one shard of `scripts/test`.
+//! are upgraded, with tokens that go on from where they were; tables made by hand without a
+//! unique `name` are refused. A test binary of its own: the `sql` binary fills one shard of
+//! `scripts/test`.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -11,7 +12,8 @@ mod support;
 use std::time::Duration;
 
 use dlock_conformance::{Names, eventually, must, service_url};
-use dlock_sql::SqlProvider;
+use dlock_core::{LockOptions, LockProvider};
+use dlock_sql::{SqlConfig, SqlProvider};
 use sqlx::Row;
 
 use crate::support::*;
@@ -146,4 +148,74 @@ async fn row_lock_tables_are_refused_until_upgraded_and_tokens_go_on() {
         drop.push_str(&format!("DROP TABLE {table}_{t}; "));
     }
     sqlx::raw_sql(&drop).execute(&db).await.unwrap();
+}
+
+/// Tables made by hand (`create_tables=false`) whose `<prefix>_holds` has no unique index of
+/// `name` are refused at connect, naming the table and the index to add: two INSERTs of one
+/// name would both succeed, and both callers hold the lock. With the index added, the
+/// provider connects and excludes. On every dialect this machine has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_made_tables_without_a_unique_name_are_refused() {
+    let (sqlite, path) = sqlite_url("unique-insert");
+    std::fs::File::create(&path).unwrap();
+    let mut bases = vec![sqlite];
+    bases.extend(service_url("DLOCK_MYSQL_URL"));
+    bases.extend(service_url("DLOCK_POSTGRES_URL"));
+    for base in bases {
+        let table = format!(
+            "dlock_hm_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let url = with_query(
+            &base,
+            &format!("strategy=unique-insert&table={table}&create_tables=false"),
+        );
+        let db = admin(&base).await;
+        for ddl in SqlConfig::from_url(&url).unwrap().table_ddl() {
+            // The holds table without its key on the name (SQLite: without UNIQUE).
+            let ddl = if ddl.contains(&format!("{table}_holds (")) {
+                ddl.replace("NOT NULL PRIMARY KEY, id", "NOT NULL, id")
+                    .replace("name BLOB NOT NULL UNIQUE", "name BLOB NOT NULL")
+            } else {
+                ddl
+            };
+            sqlx::query(&ddl).execute(&db).await.unwrap();
+        }
+        let e = SqlProvider::connect(&url)
+            .await
+            .expect_err("a holds table whose names need not be unique");
+        assert!(
+            matches!(e, dlock_core::Error::Config { .. })
+                && e.to_string()
+                    .contains(&format!("{table}_holds has no unique index")),
+            "{url}: {e}"
+        );
+        sqlx::query(&format!(
+            "CREATE UNIQUE INDEX {table}_by_name ON {table}_holds (name)"
+        ))
+        .execute(&db)
+        .await
+        .unwrap();
+        let p = SqlProvider::connect(&url).await.expect("the index added");
+        let name = Names::new().name("hand-made");
+        let g = hold(&p, &name).await;
+        let second = p
+            .lock(&name, LockOptions::default())
+            .unwrap()
+            .try_acquire(std::time::Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(second.is_none(), "{url}: two holders");
+        g.release().await.unwrap();
+        drop(p);
+        for t in [
+            "meta", "holds", "versions", "seeds", "fence", "rows", "names",
+        ] {
+            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{t}"))
+                .execute(&db)
+                .await;
+        }
+        db.close().await;
+    }
+    remove_sqlite(&path);
 }

@@ -433,7 +433,8 @@ fn backend_name(dialect: Dialect) -> &'static str {
 
 /// Refuses tables a statement of dlock would fail on: a table missing (never created, with
 /// `create_tables=false`) or one of the same name made by someone else without the columns
-/// dlock uses.
+/// dlock uses; and tables that would not keep two rows of one name apart (made by hand
+/// without a unique index of `name`).
 async fn check_tables(
     pool: &Pool,
     sql: &SchemaSql,
@@ -460,6 +461,22 @@ async fn check_tables(
             ),
             source: Some(Box::new(e)),
         });
+    }
+    for (table, count) in &sql.unique_names {
+        let unique = query(count)
+            .bind(table.as_str())
+            .fetch_one(pool)
+            .await
+            .and_then(|row| row.int(0))
+            .map_err(|e| from_sqlx(backend, "check dlock's tables", e))?;
+        if unique == 0 {
+            return Err(Error::config(format!(
+                "the table {table} has no unique index of its column name alone, so two rows \
+                 of one lock name (two holders) could both be written: create the tables as \
+                 SqlConfig::table_ddl gives them, or add one \
+                 (CREATE UNIQUE INDEX … ON {table} (name))"
+            )));
+        }
     }
     Ok(())
 }
