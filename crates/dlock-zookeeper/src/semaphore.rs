@@ -60,6 +60,7 @@ async fn acquire_lease(
             leases: &leases,
             held,
             mutex: &mutex.path,
+            mutex_session: mutex.session,
             permits,
         };
         let taken = by_deadline(
@@ -105,11 +106,12 @@ enum Taken {
 
 /// Where one lease attempt takes its lease: the `leases` directory (and its children, if they
 /// were listed with the internal mutex's grant), the internal mutex node it holds while it
-/// waits, and the permits it counts with.
+/// waits and the session that owns that node, and the permits it counts with.
 struct Lease<'a> {
     leases: &'a str,
     held: Option<Vec<String>>,
     mutex: &'a str,
+    mutex_session: i64,
     permits: u32,
 }
 
@@ -120,6 +122,7 @@ async fn take_lease(
         leases,
         held,
         mutex,
+        mutex_session,
         permits,
     }: Lease<'_>,
     options: &LockOptions,
@@ -137,6 +140,14 @@ async fn take_lease(
     // granted at once leaves no watch behind to be taken back.
     let (mut ours, listed) =
         create_listed(session, leases, LEASE, &data, &mut undo, &[leases]).await?;
+    // An acquisition is bound to the session that holds its internal mutex. A lease created
+    // by another (the first one expired while this process stalled, and the create went to
+    // the session opened after it) was made without the mutex, which ended with its session:
+    // it is taken back, and the acquisition starts over from the mutex.
+    if ours.session != mutex_session {
+        undo.run_now().await;
+        return Ok(Taken::Vanished);
+    }
     let mut prelisted = listed.into_iter().next().flatten();
     loop {
         let (listed, children, watcher) = match prelisted.take() {
@@ -320,6 +331,47 @@ impl RawSemaphore for ZkSemaphore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease whose create lands on another session than the one that holds the internal
+    /// mutex (a process that stalled past its session between the two) is not granted, even
+    /// with a permit free: it is deleted and the acquisition starts over, bound again to one
+    /// session. Here the mutex node is another session's, as after an expiry.
+    #[tokio::test]
+    async fn a_lease_made_beside_another_sessions_mutex_is_taken_back() {
+        let Some(session) = Session::for_test().await else {
+            return;
+        };
+        let other = zk::Client::connect(&session.config.connect_string())
+            .await
+            .unwrap();
+        let path = format!("/dlock-test/z2-bound-{}", uuid::Uuid::new_v4().simple());
+        let (locks, leases) = (format!("{path}/{LOCKS}"), format!("{path}/{LEASES}"));
+        session.ensure_parents(&locks).await.unwrap();
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let (stat, seq) = other
+            .create(&format!("{locks}/_c_x-{LOCK}"), &[], &mode)
+            .await
+            .unwrap();
+        let mutex = format!("{locks}/_c_x-{LOCK}{seq}");
+        let name = LockName::new("z2-bound").unwrap();
+        let lease = Lease {
+            leases: &leases,
+            held: None,
+            mutex: &mutex,
+            mutex_session: stat.ephemeral_owner,
+            permits: 1,
+        };
+        let deadline = Deadline::after(std::time::Duration::from_secs(5));
+        let taken = take_lease(&session, &name, lease, &LockOptions::default(), deadline)
+            .await
+            .unwrap();
+        assert!(
+            matches!(taken, Taken::Vanished),
+            "a lease made without its session's mutex was kept"
+        );
+        assert_eq!(lease_count(&session.list(&leases).await.unwrap()), 0);
+        drop(other);
+    }
 
     #[test]
     fn permit_counts_round_trip_and_foreign_data_has_no_opinion() {
