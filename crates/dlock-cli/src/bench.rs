@@ -57,7 +57,7 @@ pub enum Workload {
     /// One client holds 1,000 locks at once, then releases them.
     W6,
     /// 64 tasks on one provider (as an application shares one), each on its own name; set
-    /// against the floor of 64 tasks on one connection where the store has one (Redis).
+    /// against the floor of 64 tasks on one shared client (Redis, ZooKeeper, etcd).
     W7,
     /// 64 tasks on one provider on 8 names, 8 tasks to a name.
     W7H,

@@ -607,7 +607,7 @@ fn bench_smoke_writes_json_and_chart() {
 }
 
 /// Every SQL strategy's W1 is set against its own statements made raw (`dlock_sql::raw`),
-/// whose client CPU is measured too; for-update also against its row lock alone. A floor
+/// whose client CPU is measured too; MySQL for-update also against its row lock alone. A floor
 /// that fails (a statement that does not fit the strategy's tables) leaves the row without a
 /// ratio.
 #[test]
@@ -674,6 +674,55 @@ fn bench_sets_each_sql_strategy_against_its_own_statements() {
             r["ratio_to_lock_floor"].as_f64().is_some_and(|x| x > 0.0),
             row_lock,
             "only a MySQL for-update lock is set against its row lock alone: {r}"
+        );
+    }
+    let _ = std::fs::remove_file(json);
+}
+
+/// W7 (64 tasks on one provider) is set against 64 raw tasks on one shared client where the
+/// store multiplexes one: Redis, ZooKeeper and etcd.
+#[test]
+fn bench_sets_w7_against_raw_tasks_on_one_client() {
+    let mut urls = Vec::new();
+    for (var, built) in [
+        ("DLOCK_REDIS_URL", cfg!(feature = "redis")),
+        ("DLOCK_ZK_URL", cfg!(feature = "zookeeper")),
+        ("DLOCK_ETCD_URL", cfg!(feature = "etcd")),
+    ] {
+        if built {
+            urls.extend(service_url(var));
+        }
+    }
+    if urls.is_empty() {
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("dlock-w7-{}.json", rand_suffix()));
+    let mut args = vec!["bench", "--workload", "W7", "--cycles", "128"];
+    for u in &urls {
+        args.extend(["--url", u.as_str()]);
+    }
+    args.extend(["--json", json.to_str().unwrap()]);
+    let out = output(dlock("", &args));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows: Vec<_> = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["workload"] == "W7" && !r["backend"].as_str().unwrap().starts_with("curator"))
+        .collect();
+    assert_eq!(rows.len(), urls.len(), "{doc}");
+    for r in rows {
+        assert_eq!(r["violations"], 0, "{r}");
+        assert!(
+            r["floor_cycles_per_sec"].as_f64().is_some_and(|x| x > 0.0)
+                && r["ratio_to_floor"].as_f64().is_some_and(|x| x > 0.0),
+            "W7 without its floor: {r}"
         );
     }
     let _ = std::fs::remove_file(json);

@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
 //! | ZooKeeper | create (ephemeral sequential) and getChildren sent together, then delete |
+//! | W7 (Redis, ZooKeeper, etcd) | 64 tasks of the floor cycle on one shared client, a name each |
 //! | MySQL, PostgreSQL, SQLite | dlock's statements of the strategy's uncontended cycle ([`dlock_sql::raw::Cycle`]), on one connection (for-update's fence on a second one, as dlock takes it from its pool) |
 //! | MySQL, PostgreSQL for-update, besides | the row lock alone: BEGIN + SELECT … FOR UPDATE + ROLLBACK, no fence ([`Floor::LockOnly`]) |
 //! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
@@ -176,11 +177,11 @@ pub(super) async fn concurrent_cycles_per_sec(
     Ok(span.and_then(|s| s.rate(all)))
 }
 
-/// The W7 floor: `tasks` tasks of the client library on one shared connection, each on a
-/// name of its own making `cycles` floor cycles, started together; all the cycles over the
-/// time from the first task's start to the last one's end, or `None` where the store has no
-/// such floor (only Redis has one: its multiplexed connection is what dlock's provider
-/// shares among its tasks).
+/// The W7 floor: `tasks` tasks of the client library on one shared client (as dlock's
+/// provider shares one among its tasks), each on a name of its own making `cycles` floor
+/// cycles, started together; all the cycles over the time from the first task's start to the
+/// last one's end, or `None` where the store has no such floor (the SQL stores: a pinned lock
+/// takes a connection of its own, a row strategy's statements one of the pool's).
 pub(super) async fn shared_cycles_per_sec(
     url: &str,
     tasks: u64,
@@ -194,8 +195,53 @@ pub(super) async fn shared_cycles_per_sec(
         "redis" | "rediss" if !url.contains("cluster=true") => {
             redis::shared(url, tasks, cycles, ns).await
         }
+        #[cfg(feature = "zookeeper")]
+        "zk" => zookeeper::shared(url, tasks, cycles).await,
+        #[cfg(feature = "etcd")]
+        "etcd" => etcd::shared(url, tasks, cycles, ns).await,
         _ => Ok(None),
     }
+}
+
+/// `tasks` tasks, each making one warm-up cycle (`cycle(task, 0)`), then, all together,
+/// `cycles` more (`cycle(task, 1..=cycles)`): all the timed cycles over the time from the
+/// first task's start to the last one's end. The first error ends them all.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "zookeeper", feature = "etcd")),
+    allow(dead_code)
+)]
+async fn tasks_together<F, Fut>(tasks: u64, cycles: u64, cycle: F) -> dlock::Result<Option<f64>>
+where
+    F: Fn(u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = dlock::Result<()>> + Send,
+{
+    let together = Arc::new(tokio::sync::Barrier::new(
+        usize::try_from(tasks).unwrap_or(usize::MAX),
+    ));
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let (cycle, together) = (cycle.clone(), Arc::clone(&together));
+        set.spawn(async move {
+            cycle(task, 0).await?;
+            together.wait().await;
+            let began = Instant::now();
+            for n in 1..=cycles {
+                cycle(task, n).await?;
+            }
+            Ok::<_, dlock::Error>((began, Instant::now()))
+        });
+    }
+    let mut span: Option<(Instant, Instant)> = None;
+    while let Some(done) = set.join_next().await {
+        let (began, ended) =
+            done.map_err(|e| dlock::Error::config(format!("a floor task panicked: {e}")))??;
+        span = Some(span.map_or((began, ended), |(b, e)| (b.min(began), e.max(ended))));
+    }
+    Ok(span.and_then(|(began, ended)| {
+        let secs = ended.saturating_duration_since(began).as_secs_f64();
+        let all = tasks.saturating_mul(cycles);
+        (all > 0 && secs > 0.0).then(|| all as f64 / secs)
+    }))
 }
 
 /// When a floor's timed cycles begin: at once, or once every client of a W4 floor is

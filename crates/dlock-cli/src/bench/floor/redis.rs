@@ -1,10 +1,7 @@
 //! Redis's floor: the two EVALSHA of dlock's acquire and release scripts, on one multiplexed
 //! connection.
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use super::{Job, Timed, err, timed_since};
+use super::{Job, Timed, err, tasks_together, timed_since};
 
 /// The floor's cycles on the Redis of the job's URL, on the name `<ns>/floor`.
 pub(super) async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
@@ -33,35 +30,16 @@ pub(super) async fn shared(
     ns: &str,
 ) -> dlock::Result<Option<f64>> {
     let c = connect(url).await?;
-    let together = Arc::new(tokio::sync::Barrier::new(
-        usize::try_from(tasks).unwrap_or(usize::MAX),
-    ));
-    let mut set = tokio::task::JoinSet::new();
-    for task in 0..tasks {
-        let (mut c, together) = (c.clone(), Arc::clone(&together));
-        let name = format!("{ns}/floor{task}");
-        set.spawn(async move {
-            cycle(&mut c, &name, 0).await?;
-            together.wait().await;
-            let began = Instant::now();
-            for n in 1..=cycles {
-                cycle(&mut c, &name, n).await?;
-            }
-            Ok::<_, redis::RedisError>((began, Instant::now()))
-        });
-    }
-    let mut span: Option<(Instant, Instant)> = None;
-    while let Some(done) = set.join_next().await {
-        let (began, ended) = done
-            .map_err(|e| err("redis", "a floor task", e))?
-            .map_err(|e| err("redis", "cycle", e))?;
-        span = Some(span.map_or((began, ended), |(b, e)| (b.min(began), e.max(ended))));
-    }
-    Ok(span.and_then(|(began, ended)| {
-        let secs = ended.saturating_duration_since(began).as_secs_f64();
-        let all = tasks.saturating_mul(cycles);
-        (all > 0 && secs > 0.0).then(|| all as f64 / secs)
-    }))
+    let ns = ns.to_owned();
+    tasks_together(tasks, cycles, move |task, n| {
+        let (mut c, name) = (c.clone(), format!("{ns}/floor{task}"));
+        async move {
+            cycle(&mut c, &name, n)
+                .await
+                .map_err(|e| err("redis", "cycle", e))
+        }
+    })
+    .await
 }
 
 /// One multiplexed connection to the Redis of `url`.
