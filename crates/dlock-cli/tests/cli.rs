@@ -680,7 +680,8 @@ fn bench_sets_each_sql_strategy_against_its_own_statements() {
 }
 
 /// W7 (64 tasks on one provider) is set against 64 raw tasks on one shared client where the
-/// store multiplexes one: Redis, ZooKeeper and etcd.
+/// store multiplexes one (Redis, ZooKeeper, etcd), and on PostgreSQL's advisory locks against
+/// 64 raw tasks on a pool the size of the provider's lock pool.
 #[test]
 fn bench_sets_w7_against_raw_tasks_on_one_client() {
     let mut urls = Vec::new();
@@ -692,6 +693,12 @@ fn bench_sets_w7_against_raw_tasks_on_one_client() {
         if built {
             urls.extend(service_url(var));
         }
+    }
+    if cfg!(feature = "postgres") {
+        urls.extend(
+            service_url("DLOCK_POSTGRES_URL")
+                .map(|u| format!("{u}?strategy=advisory&table=dlock_floor_advisory")),
+        );
     }
     if urls.is_empty() {
         return;

@@ -6,6 +6,7 @@
 //! | Redis | the two EVALSHA of dlock's acquire and release scripts |
 //! | ZooKeeper | create (ephemeral sequential) and getChildren sent together, then delete |
 //! | W7 (Redis, ZooKeeper, etcd) | 64 tasks of the floor cycle on one shared client, a name each |
+//! | W7 (PostgreSQL advisory, for-update) | 64 tasks of the advisory cycle on a pool of the provider's lock pool's size, a connection per cycle |
 //! | MySQL, PostgreSQL, SQLite | dlock's statements of the strategy's uncontended cycle ([`dlock_sql::raw::Cycle`]), on one connection (for-update's fence on a second one, as dlock takes it from its pool) |
 //! | MySQL, PostgreSQL for-update, besides | the row lock alone: BEGIN + SELECT … FOR UPDATE + ROLLBACK, no fence ([`Floor::LockOnly`]) |
 //! | etcd | the put-if-absent transaction (with the lease, reading the key and the first key by create revision) + the delete transaction |
@@ -180,8 +181,9 @@ pub(super) async fn concurrent_cycles_per_sec(
 /// The W7 floor: `tasks` tasks of the client library on one shared client (as dlock's
 /// provider shares one among its tasks), each on a name of its own making `cycles` floor
 /// cycles, started together; all the cycles over the time from the first task's start to the
-/// last one's end, or `None` where the store has no such floor (the SQL stores: a pinned lock
-/// takes a connection of its own, a row strategy's statements one of the pool's).
+/// last one's end, or `None` where the store has no such floor. PostgreSQL's pinned
+/// strategies share a pool of connections instead, as their provider's lock pool
+/// ([`sql::postgres_shared`]); MySQL's and the row strategies have none yet.
 pub(super) async fn shared_cycles_per_sec(
     url: &str,
     tasks: u64,
@@ -199,6 +201,8 @@ pub(super) async fn shared_cycles_per_sec(
         "zk" => zookeeper::shared(url, tasks, cycles).await,
         #[cfg(feature = "etcd")]
         "etcd" => etcd::shared(url, tasks, cycles, ns).await,
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => sql::postgres_shared(url, tasks, cycles, ns).await,
         _ => Ok(None),
     }
 }
@@ -207,7 +211,12 @@ pub(super) async fn shared_cycles_per_sec(
 /// `cycles` more (`cycle(task, 1..=cycles)`): all the timed cycles over the time from the
 /// first task's start to the last one's end. The first error ends them all.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "zookeeper", feature = "etcd")),
+    not(any(
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "etcd",
+        feature = "postgres"
+    )),
     allow(dead_code)
 )]
 async fn tasks_together<F, Fut>(tasks: u64, cycles: u64, cycle: F) -> dlock::Result<Option<f64>>

@@ -4,6 +4,8 @@
 //! PostgreSQL through its own; [`floor_on`] makes the statements they share, a [`Driver`]
 //! those each makes its own way.
 
+use std::sync::Arc;
+
 use dlock_sql::Dialect;
 use dlock_sql::raw::Cycle;
 use sqlx::pool::Pool;
@@ -430,6 +432,82 @@ async fn advisory(pool: &sqlx::PgPool, sql: &Sql, job: &Job<'_>) -> dlock::Resul
             .map_err(sql.e("unlock"))?;
     }
     Ok(timed_since(started))
+}
+
+/// PostgreSQL's W7 floor for the pinned strategies (advisory, and for-update, which is held
+/// the same way): `tasks` tasks on one pool of as many connections as the provider's lock
+/// pool (`?pool=`, 16 by default), each on a name of its own; a cycle takes a connection,
+/// sends the advisory cycle's two statements on it and gives it back, as a pinned hold takes
+/// and gives back a connection of its provider's lock pool. `None` for the row strategies,
+/// whose statements take turns on the provider's pool another way.
+#[cfg(feature = "postgres")]
+pub(super) async fn postgres_shared(
+    url: &str,
+    tasks: u64,
+    cycles: u64,
+    ns: &str,
+) -> dlock::Result<Option<f64>> {
+    use sqlx::Row;
+    if !matches!(strategy_of(url), "advisory" | "for-update") {
+        return Ok(None);
+    }
+    let config = dlock_sql::SqlConfig::from_url(url)?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(config.pool)
+        .test_before_acquire(false)
+        .connect(url.split('?').next().unwrap_or(url))
+        .await
+        .map_err(|e| err("postgres", "connect", e))?;
+    let cycle = Arc::new(Cycle::new(Dialect::Postgres, &table_of(url))?);
+    let mut keys = Vec::new();
+    for task in 0..tasks {
+        let name = format!("{ns}/floor{task}").into_bytes();
+        sqlx::query(cycle.advisory_new_key())
+            .bind(&name)
+            .bind(&name)
+            .execute(&pool)
+            .await
+            .map_err(|e| err("postgres", "give a name a key", e))?;
+        let key: i32 = sqlx::query_scalar(cycle.advisory_key())
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| err("postgres", "read a key", e))?;
+        keys.push(i64::from(key));
+    }
+    let (keys, shared) = (Arc::new(keys), pool.clone());
+    let measured = super::tasks_together(tasks, cycles, move |task, _| {
+        let (pool, cycle, keys) = (shared.clone(), Arc::clone(&cycle), Arc::clone(&keys));
+        async move {
+            let key = usize::try_from(task)
+                .ok()
+                .and_then(|t| keys.get(t).copied())
+                .ok_or_else(|| err("postgres", "lock", "a task without its key"))?;
+            let mut c = pool
+                .acquire()
+                .await
+                .map_err(|e| err("postgres", "connect", e))?;
+            let row = sqlx::query(cycle.advisory_lock())
+                .bind(key)
+                .bind(LEASE_SECS)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(|e| err("postgres", "lock", e))?;
+            let leased: Option<String> = row.try_get(1).map_err(|e| err("postgres", "lock", e))?;
+            if leased.is_none() {
+                return Err(err("postgres", "lock", "the advisory lock was not granted"));
+            }
+            sqlx::query(cycle.advisory_unlock())
+                .bind(key)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(|e| err("postgres", "unlock", e))?;
+            Ok(())
+        }
+    })
+    .await;
+    pool.close().await;
+    measured
 }
 
 /// The threads the MySQL of `url` counts as connected, less the one asking.
