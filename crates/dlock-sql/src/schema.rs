@@ -68,19 +68,29 @@ impl SchemaSql {
 }
 
 /// The statement that counts a table's unique indexes of the one column `name` (`?`: the
-/// table's name), partial ones left out: what makes two rows of one name impossible.
+/// table's name): what makes two rows of one name impossible. Partial, prefix (MySQL) and
+/// invalid (PostgreSQL) ones are left out, and on PostgreSQL a deferrable one makes the
+/// count 0 whatever else there is (`ON CONFLICT` refuses to work beside it); included columns
+/// (`INCLUDE`) do not count as keys. MySQL names the table exactly where the server's table
+/// names are case-sensitive (`lower_case_table_names = 0`).
 fn unique_name_indexes(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::MySql => {
-            "SELECT COUNT(*) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = DATABASE() AND LOWER(TABLE_NAME) = LOWER(?) AND NON_UNIQUE = 0 \
-             GROUP BY INDEX_NAME HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'name') AS u"
+            "SELECT COUNT(*) FROM (SELECT s.INDEX_NAME \
+             FROM information_schema.STATISTICS AS s, (SELECT ? AS t) AS w \
+             WHERE s.TABLE_SCHEMA = DATABASE() AND s.NON_UNIQUE = 0 \
+             AND (BINARY s.TABLE_NAME = BINARY w.t \
+             OR (@@lower_case_table_names <> 0 AND LOWER(s.TABLE_NAME) = LOWER(w.t))) \
+             GROUP BY s.INDEX_NAME \
+             HAVING COUNT(*) = 1 AND MAX(s.COLUMN_NAME) = 'name' AND MAX(s.SUB_PART) IS NULL) AS u"
         }
         Dialect::Postgres => {
-            "SELECT COUNT(*) FROM pg_index i JOIN pg_attribute a \
+            "SELECT CASE WHEN bool_or(NOT i.indimmediate) THEN 0 ELSE COUNT(*) FILTER \
+             (WHERE i.indisvalid AND i.indpred IS NULL) END \
+             FROM pg_index i JOIN pg_attribute a \
              ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-             WHERE i.indrelid = to_regclass(?) AND i.indisunique AND i.indnatts = 1 \
-             AND i.indpred IS NULL AND a.attname = 'name'"
+             WHERE i.indrelid = to_regclass(?) AND i.indisunique AND i.indnkeyatts = 1 \
+             AND a.attname = 'name'"
         }
         Dialect::Sqlite => {
             "SELECT COUNT(*) FROM pragma_index_list(?) AS l \

@@ -460,9 +460,10 @@ pub(crate) const ADVISORY_SPACE: i32 = 0x646c_6f63;
 
 /// The idle_session_timeout a pinned PostgreSQL session goes back to when its hold ends: its
 /// own (the role's, the database's or the URL's), which the lock pool records when it
-/// connects; 0 (none) on a session that did not record one.
+/// connects; 0 (none) on a session that did not record one, or whose record a `RESET ALL` or
+/// `DISCARD ALL` emptied.
 const IDLE_SESSION_DEFAULT: &str =
-    "COALESCE(current_setting('dlock.idle_session_timeout', true), '0')";
+    "COALESCE(NULLIF(current_setting('dlock.idle_session_timeout', true), ''), '0')";
 
 /// The two modes of a PostgreSQL advisory lock: a mutex and a read-write lock's write side
 /// take it exclusive, a read side shared.

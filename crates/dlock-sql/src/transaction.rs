@@ -205,8 +205,12 @@ impl SqlProvider {
     /// transaction's and ends with it; it excludes the plain `for-update` locks of providers
     /// on the same tables, and they exclude it. It is a transaction-level advisory lock on the
     /// name's key (`pg_advisory_xact_lock`), as plain for-update holds on PostgreSQL are
-    /// session-level ones: no snapshot hides it (a new name can be locked in a REPEATABLE
-    /// READ transaction), and it adds no transaction id of its own.
+    /// session-level ones; it adds no transaction id of its own. The transaction must be READ
+    /// COMMITTED (PostgreSQL's default): under REPEATABLE READ or SERIALIZABLE its snapshot
+    /// was taken before the lock was granted (at its first statement, this call's at the
+    /// latest), so it would read what the lock protects as it was before the last holder's
+    /// writes. Unlike InnoDB's row locks, the lock ends with a rollback to a savepoint taken
+    /// before it (a nested sqlx transaction dropped, say) while the transaction goes on.
     ///
     /// The lock is tried inside a savepoint, so a lock that stays busy (PostgreSQL ends such
     /// a statement with an error, which would abort the whole transaction) leaves the caller's
@@ -236,8 +240,8 @@ impl SqlProvider {
     /// # Errors
     ///
     /// [`Error::Unsupported`] unless the provider is PostgreSQL with `for-update`;
-    /// [`Error::InvalidArgument`] if `conn` has no open transaction (begun through sqlx) or
-    /// `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
+    /// [`Error::InvalidArgument`] if `conn` has no open transaction (begun through sqlx), its
+    /// transaction is REPEATABLE READ or SERIALIZABLE, or `name` is not a valid lock name; [`Error::Backend`] or [`Error::Connection`] for a
     /// failed statement (the transaction may then be unusable, as for any failed statement);
     /// a non-retryable [`Error::Backend`] if the transaction ended before its fencing token
     /// was taken (a token that could not be taken leaves the transaction without the
@@ -268,16 +272,42 @@ impl SqlProvider {
         }
         let backend = self.inner.backend;
         let err = |what| self.inner.err(what);
-        // The key is read (or given) beside the caller's transaction, committed at once.
         let beside = self.inner.beside_the_callers();
+        let session = query(
+            "SELECT current_setting('lock_timeout'), current_setting('transaction_isolation'), \
+             current_database()::TEXT",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err("read the session"))?;
+        let previous = session.text(0).map_err(err("read the session"))?;
+        let isolation = session.text(1).map_err(err("read the session"))?;
+        // Advisory locks exclude each other within one database only.
+        let database = session.text(2).map_err(err("read the session"))?;
+        let ours = advisory.database(beside).await?;
+        if database != ours {
+            return Err(Error::invalid_argument(
+                "conn",
+                format!(
+                    "the transaction is on database {database:?}, the provider's locks on \
+                     {ours:?}: a lock taken there would exclude none of them"
+                ),
+            ));
+        }
+        if matches!(isolation.as_str(), "repeatable read" | "serializable") {
+            return Err(Error::invalid_argument(
+                "conn",
+                format!(
+                    "lock {name:?} in a {isolation} transaction: its snapshot was taken before \
+                     the lock could be granted, so it would read what the lock protects as it \
+                     was before the last holder's writes. Take the lock in a READ COMMITTED \
+                     transaction"
+                ),
+            ));
+        }
+        // The key is read (or given) beside the caller's transaction, committed at once.
         let key = advisory.key_on(beside, &name).await?;
         let (lock, try_lock) = advisory.in_transaction_sql();
-        let previous = query("SELECT current_setting('lock_timeout')")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(err("read the session"))?
-            .text(0)
-            .map_err(err("read the session"))?;
         query("SAVEPOINT dlock_lock_in")
             .execute(&mut *conn)
             .await
@@ -388,8 +418,8 @@ impl SqlProvider {
 fn not_in_transaction() -> Error {
     Error::invalid_argument(
         "conn",
-        "lock_in needs a connection inside a transaction (pool.begin()): without one the row \
-         lock would end with its statement",
+        "a lock in the caller's transaction needs a connection inside a transaction \
+         (pool.begin()): without one the lock would end with its statement",
     )
 }
 

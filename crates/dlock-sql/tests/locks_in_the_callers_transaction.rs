@@ -406,12 +406,13 @@ async fn a_deadlock_that_rolls_back_the_callers_transaction_is_not_retryable() {
         .unwrap();
 }
 
-/// `lock_in_pg` of a new name in a REPEATABLE READ transaction that has already taken its
-/// snapshot is granted: the lock is the key's advisory lock, which no snapshot hides (a row
-/// lock of a row committed after the snapshot could not be taken in it). Taken there, it
-/// excludes a plain holder until the transaction ends.
+/// `lock_in_pg` in a REPEATABLE READ (or SERIALIZABLE) transaction is refused, and the
+/// transaction stays usable: its snapshot was taken before the lock could be granted, so it
+/// would read what the lock protects as it was before the last holder's writes. The fault:
+/// a plain holder writes a row and releases; the REPEATABLE READ transaction, whose snapshot
+/// is older, asks for the lock. (Granted, it read the row without the holder's write.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_lock_in_a_repeatable_read_snapshot_is_granted() {
+async fn a_lock_in_a_repeatable_read_transaction_is_refused() {
     let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
         return;
     };
@@ -419,41 +420,63 @@ async fn a_new_lock_in_a_repeatable_read_snapshot_is_granted() {
     let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 2)
         .await
         .unwrap();
-    let mut tx = app.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
     let name = Names::new().name("in-snapshot");
-    let held = locks
-        .lock_in_pg(&mut tx, &name, Duration::from_millis(200))
+    for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let mut tx = app.begin().await.unwrap();
+        sqlx::query(&format!("SET TRANSACTION ISOLATION LEVEL {isolation}"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        // Another holder's turn comes and goes after the snapshot.
+        hold(&locks, &name).await.release().await.unwrap();
+        let e = locks
+            .lock_in_pg(&mut tx, &name, Duration::from_millis(200))
+            .await
+            .expect_err("a lock whose transaction reads an older snapshot");
+        assert!(
+            matches!(e, dlock_core::Error::InvalidArgument { .. })
+                && e.to_string().contains("READ COMMITTED"),
+            "{isolation}: {e}"
+        );
+        sqlx::query("SELECT 1")
+            .execute(&mut *tx)
+            .await
+            .expect("the transaction is still usable");
+        tx.rollback().await.unwrap();
+    }
+}
+
+/// `lock_in_pg` on a transaction of another database than the provider's is refused:
+/// advisory locks exclude each other within one database, so the lock would exclude none of
+/// the provider's holders. The transaction here is on the server's `postgres` database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_a_transaction_of_another_database_is_refused() {
+    let Some(pg) = service_url("DLOCK_POSTGRES_URL") else {
+        return;
+    };
+    let app = sqlx::PgPool::connect(&pg).await.unwrap();
+    let locks = crate::support::on_pool(app.clone(), Strategy::ForUpdate, &prefix("for-update"), 2)
         .await
         .unwrap();
+    let (base, _) = pg.rsplit_once('/').unwrap();
+    let other = sqlx::PgPool::connect(&format!("{base}/postgres"))
+        .await
+        .unwrap();
+    let name = Names::new().name("elsewhere");
+    let held = hold(&locks, &name).await;
+    let mut tx = other.begin().await.unwrap();
+    let e = locks
+        .lock_in_pg(&mut tx, &name, Duration::ZERO)
+        .await
+        .expect_err("a lock on another database, while a holder holds it here");
     assert!(
-        held.is_some(),
-        "a new name, taken in a snapshot taken before it"
+        matches!(e, dlock_core::Error::InvalidArgument { .. })
+            && e.to_string().contains("database"),
+        "{e}"
     );
-    let plain = locks
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .try_acquire(Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(plain.is_none(), "a plain holder got the transaction's lock");
     tx.rollback().await.unwrap();
-    let plain = locks
-        .lock(&name, LockOptions::default())
-        .unwrap()
-        .try_acquire(Duration::from_secs(5))
-        .await
-        .unwrap()
-        .expect("free once the transaction ended");
-    assert!(
-        plain.fencing_token() > held.unwrap().token(),
-        "tokens go on rising"
-    );
-    plain.release().await.unwrap();
+    held.release().await.unwrap();
 }
 
 /// A `lock_in` dropped while it waits (a caller's timeout) leaves the caller's connection's

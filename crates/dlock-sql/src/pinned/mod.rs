@@ -183,7 +183,7 @@ impl Pinning {
     }
 
     /// The statements of a session.
-    #[cfg(all(test, any(feature = "mysql", feature = "postgres")))]
+    #[cfg(all(test, feature = "mysql"))]
     pub(crate) fn session_sql(&self) -> &SessionSql {
         &self.session
     }

@@ -471,7 +471,8 @@ async fn check_tables(
             .map_err(|e| from_sqlx(backend, "check dlock's tables", e))?;
         if unique == 0 {
             return Err(Error::config(format!(
-                "the table {table} has no unique index of its column name alone, so two rows \
+                "the table {table} has no unique index of its column name alone (checked at \
+                 each statement: not deferrable, not partial, not of a prefix), so two rows \
                  of one lock name (two holders) could both be written: create the tables as \
                  SqlConfig::table_ddl gives them, or add one \
                  (CREATE UNIQUE INDEX … ON {table} (name))"

@@ -31,6 +31,10 @@ pub(crate) struct Advisory {
     pinning: Pinning,
     /// The key of each name seen (a name's key never changes).
     keys: NameCache<i32>,
+    /// The database the keys are in, once asked (locks in the caller's transaction must be
+    /// taken in it).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    database: std::sync::OnceLock<String>,
 }
 
 /// An advisory lock just granted: its hold, its token, and when the granting statement was
@@ -210,6 +214,7 @@ impl Advisory {
             sql,
             pinning,
             keys: NameCache::new(),
+            database: std::sync::OnceLock::new(),
         }
     }
 
@@ -276,6 +281,22 @@ impl Advisory {
         };
         let token = row.int(0).map_err(inner.err("fence"))?;
         u64::try_from(token).map_err(|_| missing_id(inner.backend, name))
+    }
+
+    /// The name of the database the locks are in, asked once on `pool`.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn database(&self, pool: &Pool) -> Result<&str> {
+        if let Some(name) = self.database.get() {
+            return Ok(name);
+        }
+        let err = self.pinning.inner.err("read the database's name");
+        let name = query("SELECT current_database()::TEXT")
+            .fetch_one(pool)
+            .await
+            .map_err(err)?
+            .text(0)
+            .map_err(err)?;
+        Ok(self.database.get_or_init(|| name))
     }
 
     /// The statements of locks in the caller's transaction: (wait for the key's lock, try
