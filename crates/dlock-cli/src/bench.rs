@@ -3,8 +3,8 @@
 //! made with the client library.
 //!
 //! [`targets`](mod@targets) lists the stores, [`workloads`] runs each workload against one
-//! of them through dlock (with [`floor`] for its raw floor, [`curator`] and `sqlx_pg` for the
-//! peer locks), and [`report`] prints, writes and compares the rows; [`chart`] draws them.
+//! of them through dlock (with [`floor`] for its raw floor, [`curator`], `rslock` and
+//! `sqlx_pg` for the peer locks), and [`report`] prints, writes and compares the rows; [`chart`] draws them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +20,8 @@ mod curator;
 mod floor;
 mod measure;
 mod report;
+#[cfg(feature = "redis")]
+mod rslock;
 mod scale;
 #[cfg(feature = "postgres")]
 mod sqlx_pg;
@@ -268,12 +270,17 @@ fn report_errors(rows: &[Row], progress: &ProgressBar) -> bool {
     failed
 }
 
-/// The rows of a peer target: Curator's lock, or sqlx's `PgAdvisoryLock` (none without the
-/// `postgres` feature).
+/// The rows of a peer target: Curator's lock, rslock's, or sqlx's `PgAdvisoryLock` (none
+/// without the `postgres` feature).
 async fn peer_rows(target: &Target, opts: &BenchOpts) -> Vec<Row> {
     if target.via == Via::Curator {
         let url = Some(target.url.as_str()).filter(|u| !u.is_empty());
         return curator::rows(url, &opts.workload, opts.cycles, opts.duration).await;
+    }
+    #[cfg(feature = "redis")]
+    if target.via == Via::Rslock {
+        let ns = measure::namespace();
+        return rslock::rows(&target.url, &ns, &opts.workload, opts.cycles, opts.duration).await;
     }
     #[cfg(feature = "postgres")]
     {

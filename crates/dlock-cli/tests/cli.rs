@@ -721,9 +721,23 @@ fn bench_sets_w7_against_raw_tasks_on_one_client() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|r| r["workload"] == "W7" && !r["backend"].as_str().unwrap().starts_with("curator"))
+        .filter(|r| {
+            // Not the peers that follow Redis and ZooKeeper.
+            let backend = r["backend"].as_str().unwrap();
+            r["workload"] == "W7" && backend != "rslock" && !backend.starts_with("curator")
+        })
         .collect();
     assert_eq!(rows.len(), urls.len(), "{doc}");
+    // rslock (crates.io) runs W7 beside the Redis store: 64 tasks on one of its managers.
+    if urls.iter().any(|u| u.starts_with("redis")) {
+        let rslock = doc["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["backend"] == "rslock" && r["workload"] == "W7")
+            .unwrap_or_else(|| panic!("no rslock row: {doc}"));
+        assert!(rslock["cycles"].as_u64().unwrap() > 0, "{rslock}");
+    }
     for r in rows {
         assert_eq!(r["violations"], 0, "{r}");
         assert!(

@@ -314,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn every_zk_store_is_followed_by_curator() {
+    fn every_zk_store_is_followed_by_curator_and_redis_by_rslock() {
         let opts = super::super::BenchOpts {
             urls: vec!["memory://x".into(), "zk://h:1/c".into(), "redis://r".into()],
             workload: vec![Workload::W1],
@@ -329,7 +329,8 @@ mod tests {
         };
         let (targets, _) = super::super::targets::targets(&opts);
         let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
-        assert_eq!(labels, ["memory", "zk", LABEL, "redis"]);
+        // rslock follows a Redis store as Curator follows ZooKeeper.
+        assert_eq!(labels, ["memory", "zk", LABEL, "redis", "rslock"]);
         assert!(targets[2].via == Via::Curator && targets[2].url == "zk://h:1/c");
         assert_eq!(targets[1].via, Via::Dlock);
     }

@@ -1,6 +1,6 @@
 //! The stores a run measures: those of `--url`, or by default the embedded SQLite, memory://
 //! and every store the environment names, each followed by its peer targets (Curator beside
-//! ZooKeeper, sqlx's own advisory lock beside PostgreSQL's).
+//! ZooKeeper, sqlx's own advisory lock beside PostgreSQL's, rslock beside Redis).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,10 +31,15 @@ pub(super) enum Via {
     Curator,
     /// sqlx's own `PgAdvisoryLock` (W1 and W3) against the PostgreSQL of `url`.
     SqlxPg,
+    /// rslock's Redlock (W1, W4 and W7) against the Redis of `url`.
+    Rslock,
 }
 
 /// The backend column of the sqlx `PgAdvisoryLock` rows.
 pub(super) const SQLX_PG: &str = "sqlx PgAdvisoryLock";
+
+/// The backend column of the rslock rows.
+pub(super) const RSLOCK: &str = "rslock";
 
 impl Target {
     /// A store measured through dlock (`broken://`: the test's store without exclusion).
@@ -55,10 +60,10 @@ impl Target {
 
     /// The peer target `via` (Curator's or sqlx's lock) against the server of `url`.
     fn peer(via: Via, url: String) -> Self {
-        let label = if via == Via::Curator {
-            curator::LABEL
-        } else {
-            SQLX_PG
+        let label = match via {
+            Via::Curator => curator::LABEL,
+            Via::Rslock => RSLOCK,
+            _ => SQLX_PG,
         };
         Self {
             label: label.into(),
@@ -69,7 +74,7 @@ impl Target {
 
     /// Whether the workloads run through a peer library's lock, not dlock.
     pub(super) fn is_peer(&self) -> bool {
-        matches!(self.via, Via::Curator | Via::SqlxPg)
+        matches!(self.via, Via::Curator | Via::SqlxPg | Via::Rslock)
     }
 
     /// A new client of the store: its own connections (a private store if `broken`).
@@ -166,11 +171,18 @@ pub(super) fn targets(opts: &BenchOpts) -> (Vec<Target>, Option<PathBuf>) {
         let advisory = cfg!(feature = "postgres")
             && url.starts_with("postgres")
             && url.contains("strategy=advisory");
+        // rslock beside a single Redis server's rows (it has no cluster or Sentinel mode
+        // of dlock's kind).
+        let redis = cfg!(feature = "redis")
+            && (url.starts_with("redis://") || url.starts_with("rediss://"))
+            && !url.contains("cluster=true");
         targets.push(Target::store(url.clone()));
         if zk {
             targets.push(Target::peer(Via::Curator, url));
         } else if advisory {
             targets.push(Target::peer(Via::SqlxPg, url));
+        } else if redis {
+            targets.push(Target::peer(Via::Rslock, url));
         }
     }
     (targets, scratch)
