@@ -641,20 +641,7 @@ fn bench_sets_each_sql_strategy_against_its_own_statements() {
             urls.push(format!("{url}{sep}strategy={s}&table={table}"));
         }
     }
-    let json = std::env::temp_dir().join(format!("dlock-floors-{}.json", rand_suffix()));
-    let mut args = vec!["bench", "--workload", "W1", "--cycles", "20"];
-    for u in &urls {
-        args.extend(["--url", u.as_str()]);
-    }
-    args.extend(["--json", json.to_str().unwrap()]);
-    let out = output(dlock("", &args));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = bench_json(&urls, &["--workload", "W1", "--cycles", "20"]);
     let rows: Vec<_> = doc["rows"]
         .as_array()
         .unwrap()
@@ -676,7 +663,6 @@ fn bench_sets_each_sql_strategy_against_its_own_statements() {
             "only a MySQL for-update lock is set against its row lock alone: {r}"
         );
     }
-    let _ = std::fs::remove_file(json);
 }
 
 /// W7 (64 tasks on one provider) is set against 64 raw tasks on one shared client where the
@@ -703,20 +689,7 @@ fn bench_sets_w7_against_raw_tasks_on_one_client() {
     if urls.is_empty() {
         return;
     }
-    let json = std::env::temp_dir().join(format!("dlock-w7-{}.json", rand_suffix()));
-    let mut args = vec!["bench", "--workload", "W7", "--cycles", "128"];
-    for u in &urls {
-        args.extend(["--url", u.as_str()]);
-    }
-    args.extend(["--json", json.to_str().unwrap()]);
-    let out = output(dlock("", &args));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = bench_json(&urls, &["--workload", "W7", "--cycles", "128"]);
     let rows: Vec<_> = doc["rows"]
         .as_array()
         .unwrap()
@@ -746,7 +719,26 @@ fn bench_sets_w7_against_raw_tasks_on_one_client() {
             "W7 without its floor: {r}"
         );
     }
+}
+
+/// `dlock bench` on `urls` with `args`: its JSON report (the run must succeed).
+fn bench_json(urls: &[String], args: &[&str]) -> serde_json::Value {
+    let json = std::env::temp_dir().join(format!("dlock-bench-{}.json", rand_suffix()));
+    let mut all = vec!["bench"];
+    all.extend(args);
+    for u in urls {
+        all.extend(["--url", u.as_str()]);
+    }
+    all.extend(["--json", json.to_str().unwrap()]);
+    let out = output(dlock("", &all));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(json);
+    doc
 }
 
 /// The exclusion checker can fail: a broken lock (every client its own store) shows

@@ -396,7 +396,6 @@ impl Driver for sqlx::Postgres {
 /// the lock, the token and the lease, one that unlocks (and resets the session).
 #[cfg(feature = "postgres")]
 async fn advisory(pool: &sqlx::PgPool, sql: &Sql, job: &Job<'_>) -> dlock::Result<Option<Timed>> {
-    use sqlx::Row;
     let cycle = &sql.cycle;
     let mut c = pool.acquire().await.map_err(sql.e("connect"))?;
     sqlx::query(cycle.advisory_new_key())
@@ -413,25 +412,34 @@ async fn advisory(pool: &sqlx::PgPool, sql: &Sql, job: &Job<'_>) -> dlock::Resul
     let key = i64::from(key);
     let started = job.start.go().await;
     for _ in 0..job.cycles {
-        let row = sqlx::query(cycle.advisory_lock())
-            .bind(key)
-            .bind(LEASE_SECS)
-            .fetch_one(&mut *c)
-            .await
-            .map_err(sql.e("lock"))?;
-        // The lease column is NULL while the lock is busy: a floor of failed tries would
-        // measure something else.
-        let leased: Option<String> = row.try_get(1).map_err(sql.e("lock"))?;
-        if leased.is_none() {
-            return Err(err("postgres", "lock", "the advisory lock was not granted"));
-        }
-        sqlx::query(cycle.advisory_unlock())
-            .bind(key)
-            .fetch_one(&mut *c)
-            .await
-            .map_err(sql.e("unlock"))?;
+        advisory_cycle(cycle, &mut c, key).await?;
     }
     Ok(timed_since(started))
+}
+
+/// One advisory cycle on `c`: the statement that takes the lock of `key`, its token and its
+/// lease, then the one that unlocks.
+#[cfg(feature = "postgres")]
+async fn advisory_cycle(cycle: &Cycle, c: &mut sqlx::PgConnection, key: i64) -> dlock::Result<()> {
+    use sqlx::Row;
+    let row = sqlx::query(cycle.advisory_lock())
+        .bind(key)
+        .bind(LEASE_SECS)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(|e| err("postgres", "lock", e))?;
+    // The lease column is NULL while the lock is busy: a floor of failed tries would measure
+    // something else.
+    let leased: Option<String> = row.try_get(1).map_err(|e| err("postgres", "lock", e))?;
+    if leased.is_none() {
+        return Err(err("postgres", "lock", "the advisory lock was not granted"));
+    }
+    sqlx::query(cycle.advisory_unlock())
+        .bind(key)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(|e| err("postgres", "unlock", e))?;
+    Ok(())
 }
 
 /// PostgreSQL's W7 floor for the pinned strategies (advisory, and for-update, which is held
@@ -447,7 +455,6 @@ pub(super) async fn postgres_shared(
     cycles: u64,
     ns: &str,
 ) -> dlock::Result<Option<f64>> {
-    use sqlx::Row;
     if !matches!(strategy_of(url), "advisory" | "for-update") {
         return Ok(None);
     }
@@ -487,22 +494,7 @@ pub(super) async fn postgres_shared(
                 .acquire()
                 .await
                 .map_err(|e| err("postgres", "connect", e))?;
-            let row = sqlx::query(cycle.advisory_lock())
-                .bind(key)
-                .bind(LEASE_SECS)
-                .fetch_one(&mut *c)
-                .await
-                .map_err(|e| err("postgres", "lock", e))?;
-            let leased: Option<String> = row.try_get(1).map_err(|e| err("postgres", "lock", e))?;
-            if leased.is_none() {
-                return Err(err("postgres", "lock", "the advisory lock was not granted"));
-            }
-            sqlx::query(cycle.advisory_unlock())
-                .bind(key)
-                .fetch_one(&mut *c)
-                .await
-                .map_err(|e| err("postgres", "unlock", e))?;
-            Ok(())
+            advisory_cycle(&cycle, &mut c, key).await
         }
     })
     .await;
