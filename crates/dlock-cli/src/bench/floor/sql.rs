@@ -4,6 +4,7 @@
 //! PostgreSQL through its own; [`floor_on`] makes the statements they share, a [`Driver`]
 //! those each makes its own way.
 
+#[cfg(feature = "postgres")]
 use std::sync::Arc;
 
 use dlock_sql::Dialect;
