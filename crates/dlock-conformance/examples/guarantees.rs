@@ -77,9 +77,8 @@ const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
          `terminated_postgres_advisory_holder_reports_loss`). No test restarts the server",
         "not covered: an asynchronous standby can lose a hold",
         "a partitioned holder is lost by its lease end and others get in after it; the server \
-         enforces the lease too: `idle_in_transaction_session_timeout` (for-update), \
-         `idle_session_timeout` (advisory) \
-         (`renewal_outage_longer_than_the_lease_reports_loss`)",
+         enforces the lease too: `idle_session_timeout` (advisory, and for-update, which is \
+         held as an advisory lock there) (`renewal_outage_longer_than_the_lease_reports_loss`)",
         "paused (SIGSTOP) and killed holders, every strategy: freed within the lease \
          (`frozen_holder_process_loses_the_lock_within_its_lease`), fixed leases at their \
          end (`a_frozen_holder_loses_its_fixed_lease_at_its_end`); no overlap, no stuck lock \
