@@ -97,21 +97,21 @@ impl Run<'_> {
                 Ok::<_, String>((started, Instant::now(), n, h))
             }
         };
-        let mut set = tokio::task::JoinSet::new();
+        let mut done = Vec::new();
         if self.tasks == 1 {
             // One client runs in the bench's own task, as dlock's W1 and its floor do: where a
             // future is polled changes how soon it is woken after each reply.
-            let done = task(0).await;
-            set.spawn(async move { done });
+            done.push(task(0).await);
         } else {
-            for t in 0..self.tasks {
-                set.spawn(task(t));
+            let mut set: tokio::task::JoinSet<_> = (0..self.tasks).map(task).collect();
+            while let Some(joined) = set.join_next().await {
+                done.push(joined.map_err(|e| format!("a task panicked: {e}"))?);
             }
         }
         let mut all: Histogram<u64> = histogram().map_err(|e| e.to_string())?;
         let (mut span, mut cycles) = (None::<(Instant, Instant)>, 0);
-        while let Some(done) = set.join_next().await {
-            let (began, ended, n, h) = done.map_err(|e| format!("a task panicked: {e}"))??;
+        for done in done {
+            let (began, ended, n, h) = done?;
             all.add(&h).map_err(|e| e.to_string())?;
             cycles += n;
             span = Some(span.map_or((began, ended), |(b, e)| (b.min(began), e.max(ended))));

@@ -259,20 +259,16 @@ async fn pg_pool(
                 )
                 .await?;
                 // A statement_timeout (or PostgreSQL 17's transaction_timeout) of the role,
-                // the database or the URL would end a wait for a lock as a hard failure, and
-                // a held for-update row's transaction with it. dlock bounds its waits itself
-                // (lock_timeout, the caller's deadline).
+                // the database or the URL would end a wait for a lock as a hard failure.
+                // dlock bounds its waits itself (lock_timeout, the caller's deadline). In the
+                // same round trip, the session's own idle_session_timeout (the role's, the
+                // database's or the URL's) is recorded: a pinned hold's lease replaces it
+                // while it holds, and its release puts it back (`IDLE_SESSION_DEFAULT`).
                 conn.execute(
                     "SELECT set_config('statement_timeout', '0', false), \
                      (SELECT set_config('transaction_timeout', '0', false) \
-                     WHERE current_setting('server_version_num')::INT >= 170000)",
-                )
-                .await?;
-                // The session's own idle_session_timeout (the role's, the database's or the
-                // URL's), which a pinned hold's lease replaces while it holds: its release
-                // puts this back (`IDLE_SESSION_DEFAULT`), not 0.
-                conn.execute(
-                    "SELECT set_config('dlock.idle_session_timeout', \
+                     WHERE current_setting('server_version_num')::INT >= 170000), \
+                     set_config('dlock.idle_session_timeout', \
                      COALESCE(current_setting('idle_session_timeout', true), '0'), false)",
                 )
                 .await?;
