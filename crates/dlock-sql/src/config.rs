@@ -7,6 +7,10 @@ use std::time::Duration;
 use dlock_core::backend::percent_decode;
 use dlock_core::{Error, RedactedUrl, Result};
 
+/// How long the row of a name nobody holds stays by default ([`SqlConfig::prune_after`]):
+/// long enough that a name in use keeps its row (and its cached version) between holds.
+const PRUNE_AFTER: Duration = Duration::from_secs(3600);
+
 /// The database family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -113,6 +117,7 @@ impl FromStr for Strategy {
 /// | `table` | prefix of the tables dlock creates (`[A-Za-z0-9_]`, at most 40) | `dlock` |
 /// | `pool` | maximum connections of the provider's pool; for `for-update`, `advisory` and `get-lock`, of its lock pool (a connection per held or waiting lock), beside a statements' pool of at most 16 | `16` (MySQL), `8` (SQLite) |
 /// | `create_tables` | `false`: never create dlock's tables, only check them (a role without `CREATE`; see [`SqlConfig::table_ddl`]) | `true` |
+/// | `prune_after_ms` | unique-insert and optimistic: delete the row of a name nobody has held for this long (a holder that died, a name used once); `0`: never (see [`SqlConfig::prune_after`]) | `3600000` (an hour) |
 /// | `synchronous` | SQLite only: `full` (a commit survives an OS crash, so a fencing token never repeats) or `normal` (faster; a crash may lose the last commits, and with them tokens) | `full` |
 ///
 /// The driver's parameters are passed on: for MySQL `ssl-mode`, `ssl-ca`, `ssl-cert`,
@@ -144,6 +149,16 @@ pub struct SqlConfig {
     /// [`table_ddl`](Self::table_ddl) makes them). Either way the tables are checked at
     /// connect, and one of the wrong shape or schema version is refused.
     pub create_tables: bool,
+    /// unique-insert and optimistic: how long a name's row stays after its last hold ended
+    /// (released, or expired with a holder that died) before the provider deletes it, so
+    /// that tables do not keep a row for every name ever used; `None` keeps them
+    /// (`?prune_after_ms=0`). Every provider looks for such rows every quarter of this (at
+    /// most every 10 minutes), a few hundred rows per statement. A row is deleted only while
+    /// its lease has been over for this long, checked in the `DELETE` itself, so a held
+    /// name's row is never touched; a name used again after its row went gets a new row
+    /// whose tokens lie above the old ones (they come from counters that are never reused).
+    /// The other strategies keep a row per name: it counts its tokens.
+    pub prune_after: Option<Duration>,
 }
 
 /// A pool the application already has, for [`SqlProvider::from_pool`](crate::SqlProvider::from_pool):
@@ -247,6 +262,7 @@ impl SqlConfig {
         let mut passed = Vec::new();
         let mut durable = true;
         let mut create_tables = true;
+        let mut prune_after = Some(PRUNE_AFTER);
         for (key, value) in parsed.query_pairs() {
             match key.as_str() {
                 "strategy" => strategy = value.parse()?,
@@ -280,6 +296,14 @@ impl SqlConfig {
                     ));
                 }
                 "table" => table = value,
+                "prune_after_ms" => {
+                    let ms: u64 = value.parse().map_err(|_| {
+                        Error::config(format!(
+                            "prune_after_ms={value:?}: expected a number of milliseconds (0: never)"
+                        ))
+                    })?;
+                    prune_after = (ms > 0).then(|| Duration::from_millis(ms));
+                }
                 "pool" => {
                     pool = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
                         Error::config(format!("pool={value:?}: expected a positive integer"))
@@ -290,7 +314,7 @@ impl SqlConfig {
                     // A typo (`stratgey=for-update`) must not silently mean the default.
                     return Err(Error::config(format!(
                         "unknown query parameter {other:?} (dlock's: strategy, table, pool, \
-                         create_tables{}; \
+                         create_tables, prune_after_ms{}; \
                          the driver's: {})",
                         if dialect == Dialect::Sqlite {
                             ", synchronous"
@@ -332,6 +356,7 @@ impl SqlConfig {
             busy_timeout: Duration::from_secs(5),
             durable,
             create_tables,
+            prune_after,
         })
     }
 
@@ -380,6 +405,13 @@ impl SqlConfig {
     /// [`create_tables`](Self::create_tables)).
     pub fn with_create_tables(mut self, create: bool) -> Self {
         self.create_tables = create;
+        self
+    }
+
+    /// Sets how long a name's row stays after its last hold ended (see
+    /// [`prune_after`](Self::prune_after)); `None` keeps every row.
+    pub fn with_prune_after(mut self, after: Option<Duration>) -> Self {
+        self.prune_after = after;
         self
     }
 
@@ -492,6 +524,20 @@ mod tests {
         assert_eq!(c.store_id(), "mysql://127.0.0.1:3306/db#locks_1/optimistic");
         let m = SqlConfig::from_url("mariadb://u@h/db").unwrap();
         assert_eq!(m.store_id(), "mysql://h:3306/db#dlock/unique-insert");
+        assert_eq!(m.prune_after, Some(Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn prune_after_is_milliseconds_or_never() {
+        let c = SqlConfig::from_url("sqlite://l.db?prune_after_ms=1500").unwrap();
+        assert_eq!(c.prune_after, Some(Duration::from_millis(1500)));
+        assert!(c.url.expose().query().is_none());
+        let never = SqlConfig::from_url("sqlite://l.db?prune_after_ms=0").unwrap();
+        assert_eq!(never.prune_after, None);
+        for bad in ["-1", "1h", ""] {
+            let e = SqlConfig::from_url(&format!("sqlite://l.db?prune_after_ms={bad}"));
+            assert!(matches!(e, Err(Error::Config { .. })), "{bad}: {e:?}");
+        }
     }
 
     #[test]

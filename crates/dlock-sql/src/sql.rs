@@ -90,6 +90,45 @@ impl RenewMany {
     }
 }
 
+/// The pruning of a row strategy's table: the look for rows whose lease has been over for a
+/// while (`?`: that while in ms; it answers their names, at most [`PRUNE_AT_ONCE`]), and the
+/// `DELETE` of those of them still so (`?`: the while, then the names).
+#[derive(Debug, Clone)]
+pub(crate) struct PruneSql {
+    /// The look.
+    pub(crate) select: String,
+    delete_head: String,
+    dialect: Dialect,
+}
+
+/// The most names one pruning statement names.
+pub(crate) const PRUNE_AT_ONCE: usize = 500;
+
+impl PruneSql {
+    pub(crate) fn new(s: &Tables<'_>, table: &str) -> Self {
+        let (t, now) = (s.prefix, s.now());
+        Self {
+            select: s.stmt(format!(
+                "SELECT name FROM {t}_{table} WHERE expires_at <= {now} - ? LIMIT {PRUNE_AT_ONCE}"
+            )),
+            // The condition again: a name claimed since the look keeps its row (PostgreSQL
+            // checks it on the row's newest version, InnoDB on the row it locks).
+            delete_head: format!(
+                "DELETE FROM {t}_{table} WHERE expires_at <= {now} - ? AND name IN ("
+            ),
+            dialect: s.dialect,
+        }
+    }
+
+    /// The `DELETE` of `names` names.
+    pub(crate) fn delete(&self, names: usize) -> String {
+        let mut sql = self.delete_head.clone();
+        sql.push_str(&vec!["?"; names].join(", "));
+        sql.push(')');
+        numbered(self.dialect, sql)
+    }
+}
+
 impl Tables<'_> {
     /// `sql` as the dialect takes it: PostgreSQL numbers its placeholders (`?` becomes `$1`,
     /// `$2`, …; no statement here has a `?` inside a string literal).
@@ -152,6 +191,8 @@ pub(crate) struct UniqueInsertSql {
     pub(crate) renew_hold: String,
     /// Renews many owners' holds at once (per hold: name, owner).
     pub(crate) renew_holds: RenewMany,
+    /// Deletes the rows of holders that died a while ago.
+    pub(crate) prune_holds: PruneSql,
     /// The owner, id, takeovers and milliseconds left of a name's hold (`?`: name).
     pub(crate) describe_hold: String,
 }
@@ -187,6 +228,7 @@ impl UniqueInsertSql {
                 "UPDATE {t}_holds SET expires_at = {now} + ? WHERE name = ? AND owner = ?"
             )),
             renew_holds: RenewMany::new(&s, "holds", "name, owner"),
+            prune_holds: PruneSql::new(&s, "holds"),
             describe_hold: s.stmt(format!(
                 "SELECT owner, id, takeovers, expires_at - {now} FROM {t}_holds WHERE name = ?"
             )),
@@ -213,6 +255,8 @@ pub(crate) struct OptimisticSql {
     pub(crate) renew_version: String,
     /// Renews many owners' claims at once (per hold: name, owner, version).
     pub(crate) renew_versions: RenewMany,
+    /// Deletes the rows of names nobody has held for a while.
+    pub(crate) prune_versions: PruneSql,
     /// A new seed: a number never handed out before for these tables (an AUTO_INCREMENT
     /// row, deleted again at once; the counter is kept across deletes and restarts).
     pub(crate) new_seed: String,
@@ -249,15 +293,18 @@ impl OptimisticSql {
         Self {
             claim_version: s.stmt(claim_version),
             select_version: s.stmt(format!("SELECT version FROM {t}_versions WHERE name = ?")),
+            // A free row's `expires_at` is when it was made or last freed: how long it has
+            // been idle, for its pruning.
             insert_version: s.stmt(format!(
-                "{insert_ignore} {t}_versions (name, version) VALUES (?, ?){ignore_suffix}"
+                "{insert_ignore} {t}_versions (name, version, expires_at) \
+                 VALUES (?, ?, {now}){ignore_suffix}"
             )),
             release_version: s.stmt(format!(
-                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
+                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = {now} \
                  WHERE name = ? AND owner = ? AND version = ?"
             )),
             release_version_by_owner: s.stmt(format!(
-                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = 0 \
+                "UPDATE {t}_versions SET owner = '', holds = 0, expires_at = {now} \
                  WHERE name = ? AND owner = ?"
             )),
             renew_version: s.stmt(format!(
@@ -265,6 +312,7 @@ impl OptimisticSql {
                  WHERE name = ? AND owner = ? AND version = ?"
             )),
             renew_versions: RenewMany::new(&s, "versions", "name, owner, version"),
+            prune_versions: PruneSql::new(&s, "versions"),
             new_seed: match s.dialect {
                 Dialect::MySql => format!("INSERT INTO {t}_seeds () VALUES ()"),
                 Dialect::Sqlite | Dialect::Postgres => {

@@ -1,10 +1,10 @@
-//! dlock's tables against real databases: the shape they must have, their upgrade, and that
-//! a hold of any length leaves them (and the rest of the database) to `VACUUM`. A
-//! PostgreSQL for-update hold keeps no transaction id open, so `VACUUM` goes on removing dead
-//! rows while it lasts; tables whose for-update locks were row locks are refused until they
-//! are upgraded, with tokens that go on from where they were; tables made by hand without a
-//! unique `name` are refused. A test binary of its own: the `sql` binary fills one shard of
-//! `scripts/test`.
+//! dlock's tables against real databases: the shape they must have, their upgrade, their
+//! pruning, and that a hold of any length leaves them (and the rest of the database) to
+//! `VACUUM`. A PostgreSQL for-update hold keeps no transaction id open, so `VACUUM` goes on
+//! removing dead rows while it lasts; tables whose for-update locks were row locks are refused
+//! until they are upgraded, with tokens that go on from where they were; tables made by hand
+//! without a unique `name` are refused; the rows of names nobody holds are pruned. A test
+//! binary of its own: the `sql` binary fills one shard of `scripts/test`.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -248,4 +248,116 @@ async fn hand_made_tables_without_a_unique_name_are_refused() {
         db.close().await;
     }
     remove_sqlite(&path);
+}
+
+/// unique-insert and optimistic delete the rows of names nobody has held for
+/// `prune_after_ms`, so a table keeps a row per name in use rather than one per name ever
+/// used: the rows of 20 holders that died (unique-insert) or of 20 names used once and released
+/// (optimistic) go, a name held throughout with the defaults (a 30 s watchdog lease) keeps its
+/// row and its lock, and a pruned name used again gets a token above its last one. On every
+/// dialect this machine has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_names_nobody_holds_are_pruned_and_tokens_go_on() {
+    let mut bases = Vec::new();
+    for strategy in ["unique-insert", "optimistic"] {
+        let (sqlite, path) = sqlite_url(strategy);
+        bases.push((sqlite, Some(path)));
+        for env in ["DLOCK_MYSQL_URL", "DLOCK_POSTGRES_URL"] {
+            if let Some(url) = service_url(env) {
+                bases.push((with_query(&url, &format!("strategy={strategy}")), None));
+            }
+        }
+    }
+    for (base, path) in bases {
+        let unique_insert = base.contains("strategy=unique-insert");
+        let (table, rows) = {
+            let t = format!(
+                "dlock_pr_{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            );
+            let rows = format!("{t}_{}", if unique_insert { "holds" } else { "versions" });
+            (t, rows)
+        };
+        let url = with_query(&base, &format!("table={table}&prune_after_ms=1000"));
+        let provider = SqlProvider::connect(&url).await.unwrap();
+        let db = admin(&base).await;
+        let names = Names::new();
+        let kept = names.name("held");
+        let guard = hold(&provider, &kept).await;
+        let mut last = Vec::new();
+        for i in 0..20 {
+            let name = names.name(&format!("once-{i}"));
+            if unique_insert {
+                // A holder that died: its row, its lease long over.
+                sqlx::query(&q(
+                    &base,
+                    &format!(
+                        "INSERT INTO {rows} (name, owner, holds, takeovers, expires_at) \
+                         VALUES (?, 'dead:1', 1, 0, 1000)"
+                    ),
+                ))
+                .bind(name.as_bytes().to_vec())
+                .execute(&db)
+                .await
+                .unwrap();
+                let id: i64 =
+                    sqlx::query_scalar(&q(&base, &format!("SELECT id FROM {rows} WHERE name = ?")))
+                        .bind(name.as_bytes().to_vec())
+                        .fetch_one(&db)
+                        .await
+                        .unwrap();
+                last.push((name, u64::try_from(id).unwrap() << 20));
+            } else {
+                let g = hold(&provider, &name).await;
+                last.push((name, g.fencing_token().get()));
+                g.release().await.unwrap();
+            }
+        }
+        let count = format!("SELECT COUNT(*) FROM {rows}");
+        eventually(
+            Duration::from_secs(30),
+            "the rows of the names nobody holds are pruned",
+            || async {
+                let left: i64 = sqlx::query_scalar(&count).fetch_one(&db).await.unwrap();
+                if left == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} rows"))
+                }
+            },
+        )
+        .await;
+        let held: i64 = sqlx::query_scalar(&q(
+            &base,
+            &format!("SELECT COUNT(*) FROM {rows} WHERE name = ?"),
+        ))
+        .bind(kept.as_bytes().to_vec())
+        .fetch_one(&db)
+        .await
+        .unwrap();
+        assert_eq!(held, 1, "{url}: the held name's row was pruned");
+        assert!(guard.is_held(), "{url}: the held name's lock was lost");
+        for (name, token) in &last[..3] {
+            let g = hold(&provider, name).await;
+            assert!(
+                g.fencing_token().get() > *token,
+                "{url}: {name}'s token after its row went, {}, is not above its last, {token}",
+                g.fencing_token().get()
+            );
+            g.release().await.unwrap();
+        }
+        guard.release().await.unwrap();
+        drop(provider);
+        for t in [
+            "meta", "holds", "versions", "seeds", "fence", "rows", "names",
+        ] {
+            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{t}"))
+                .execute(&db)
+                .await;
+        }
+        db.close().await;
+        if let Some(path) = path {
+            remove_sqlite(&path);
+        }
+    }
 }

@@ -76,27 +76,19 @@ impl SqlProvider {
         let (pool, lock_pool) = db::connect(&config)
             .await
             .map_err(|e| from_sqlx(backend, &what, e))?;
-        let tables = (config.table.as_str(), config.create_tables);
         // The statements' pool is the provider's own: `lock_in` needs nothing beside it.
         let pools = Pools {
             pool,
             lock_pool,
             beside: None,
         };
-        Self::start(
-            pools,
-            config.dialect,
-            config.strategy,
-            tables,
-            config.store_id(),
-        )
-        .await
+        Self::start(pools, &config, config.store_id()).await
     }
 
     /// A provider on a pool the application already has (sqlx's `MySqlPool`, `PgPool` or
     /// `SqlitePool`, made into a [`SqlPool`](crate::SqlPool) by `.into()`), with dlock's tables named
     /// `<table>_…` as `config` says. Of `config`, the strategy, the table prefix,
-    /// `create_tables` and `pool` are read, and its dialect must be the pool's; the pool names
+    /// `create_tables`, `prune_after` and `pool` are read, and its dialect must be the pool's; the pool names
     /// the database (the config's URL is typically the one the pool was made from).
     ///
     /// The statements of the polling strategies run on the pool's connections, so a lock
@@ -185,23 +177,21 @@ impl SqlProvider {
             let wal = "PRAGMA journal_mode = WAL";
             setup(&pools.pool, backend, "switch the database to WAL mode", wal).await?;
         }
-        let tables = (table, config.create_tables);
-        Self::start(pools, dialect, strategy, tables, store).await
+        Self::start(pools, config, store).await
     }
 
-    /// Checks the server, creates (if `create`) and checks the tables `<table>_…`, and
-    /// makes the provider around its pools.
+    /// Checks the server, creates (if `config` says so) and checks the tables `<table>_…`,
+    /// and makes the provider of `config`'s strategy around its pools.
     async fn start(
         Pools {
             pool,
             lock_pool,
             beside,
         }: Pools,
-        dialect: Dialect,
-        kind: Strategy,
-        (table, create): (&str, bool),
+        config: &SqlConfig,
         store_id: String,
     ) -> Result<Self> {
+        let (dialect, kind, table) = (config.dialect, config.strategy, config.table.as_str());
         let backend = backend_name(dialect);
         config::check_dialect(dialect, kind)?;
         // for-update on PostgreSQL is held as an advisory lock too (see `strategy::build`).
@@ -220,12 +210,12 @@ impl SqlProvider {
             origin: &origin,
         };
         let schema = SchemaSql::new(tables);
-        if create {
+        if config.create_tables {
             for ddl in &schema.ddl {
                 setup(&pool, backend, "create dlock's tables", ddl).await?;
             }
         }
-        check_tables(&pool, &schema, backend, create).await?;
+        check_tables(&pool, &schema, backend, config.create_tables).await?;
         check_recorded(&pool, &schema, (dialect, kind), table).await?;
         let polls = !kind.pins_connections();
         let wakes = WakeSources::new(&store_id, polls);
@@ -267,7 +257,7 @@ impl SqlProvider {
             store_id,
             wakes,
         });
-        let strategy = strategy::build(kind, &inner, tables);
+        let strategy = strategy::build(kind, &inner, tables, config.prune_after);
         strategy.prepare().await?;
         Ok(Self {
             inner,

@@ -10,7 +10,8 @@
 //! | get-lock | [`get_lock`] | a named lock (`GET_LOCK`) of a pinned MySQL session | in `GET_LOCK` |
 //!
 //! The row strategies share [`rows`] (the attempt on one connection, undone if dropped, the
-//! hold of an owner-checked row, and their [`LockStrategy`]); the pinned ones share
+//! hold of an owner-checked row, and their [`LockStrategy`]) and [`prune`] (the deletion of
+//! rows nobody has held for a while); the pinned ones share
 //! [`crate::pinned`] (the connection is the lease, and their holds' check and renewal).
 //!
 //! The provider makes its strategy once ([`build`]); past its set-up (the checks of the server,
@@ -37,6 +38,7 @@ pub(crate) mod advisory;
 pub(crate) mod for_update;
 pub(crate) mod get_lock;
 pub(crate) mod optimistic;
+pub(crate) mod prune;
 pub(crate) mod rows;
 pub(crate) mod unique_insert;
 
@@ -92,7 +94,8 @@ pub(crate) trait LockStrategy: fmt::Debug + Send + Sync + 'static {
     }
 }
 
-/// The strategy `kind` on `inner`'s database, with its statements for `tables`.
+/// The strategy `kind` on `inner`'s database, with its statements for `tables`; the row
+/// strategies delete the rows of names nobody has held for `prune_after`.
 ///
 /// for-update on PostgreSQL is held as an advisory lock of the session, outside any
 /// transaction: a PostgreSQL row lock needs a transaction id, and a transaction id held open
@@ -104,11 +107,14 @@ pub(crate) fn build(
     kind: Strategy,
     inner: &Arc<Inner>,
     tables: Tables<'_>,
+    prune_after: Option<Duration>,
 ) -> Arc<dyn LockStrategy> {
     let inner = Arc::clone(inner);
     match kind {
-        Strategy::UniqueInsert => Arc::new(unique_insert::UniqueInsert::new(inner, tables)),
-        Strategy::Optimistic => Arc::new(optimistic::Optimistic::new(inner, tables)),
+        Strategy::UniqueInsert => {
+            Arc::new(unique_insert::UniqueInsert::new(inner, tables, prune_after))
+        }
+        Strategy::Optimistic => Arc::new(optimistic::Optimistic::new(inner, tables, prune_after)),
         Strategy::ForUpdate if inner.dialect == Dialect::Postgres => {
             Arc::new(Advisory::new(inner, tables))
         }

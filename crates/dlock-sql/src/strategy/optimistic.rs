@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dlock_core::{LockName, LockStatus, Result, async_trait};
 
+use super::prune::Pruning;
 use super::rows::{RowBase, RowStrategy, changed, described, own_row};
 use super::{Attempt, NameCache, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
@@ -29,9 +30,16 @@ pub(crate) struct Optimistic {
 }
 
 impl Optimistic {
-    pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
+    /// The strategy on `tables`, deleting the rows of names nobody has held for
+    /// `prune_after`.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        tables: Tables<'_>,
+        prune_after: Option<Duration>,
+    ) -> Self {
         let sql = OptimisticSql::new(tables);
-        let base = RowBase::new(inner, tables, sql.renew_versions.clone(), true);
+        let pruning = Pruning::new(sql.prune_versions.clone(), prune_after);
+        let base = RowBase::new(inner, tables, sql.renew_versions.clone(), true, pruning);
         Self {
             base,
             sql,

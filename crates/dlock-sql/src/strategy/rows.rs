@@ -12,6 +12,7 @@ use dlock_core::backend::{Batcher, Deadline, Hold, UndoOnDrop, from_now, renewal
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 use tokio::time::Instant;
 
+use super::prune::Pruning;
 use super::{Attempt, CONNECT_GRACE, Grant, LockStrategy, ms, read_row};
 use crate::Inner;
 use crate::db::{Conn, On, Query, query};
@@ -57,21 +58,26 @@ pub(crate) struct RowBase {
     /// The statement that announces a release to other processes' waiters (PostgreSQL; see
     /// [`Tables::announcement`]).
     announcement: Option<String>,
+    /// The deletion of rows nobody has held for a while, if the provider prunes.
+    pruning: Option<Pruning>,
 }
 
 impl RowBase {
-    /// The base of a strategy of `inner` on `tables` whose batches of renewals `many` sends.
+    /// The base of a strategy of `inner` on `tables` whose batches of renewals `many` sends,
+    /// and whose idle rows `pruning` deletes.
     pub(crate) fn new(
         inner: Arc<Inner>,
         tables: Tables<'_>,
         many: RenewMany,
         by_version: bool,
+        pruning: Option<Pruning>,
     ) -> Self {
         Self {
             renewals: row_renewals(Arc::clone(&inner), many),
             inner,
             by_version,
             announcement: tables.announcement(),
+            pruning,
         }
     }
 
@@ -119,7 +125,12 @@ impl<S: RowStrategy> LockStrategy for S {
     }
 
     async fn prepare(&self) -> Result<()> {
-        RowStrategy::prepare(self).await
+        RowStrategy::prepare(self).await?;
+        let base = self.base();
+        if let Some(pruning) = &base.pruning {
+            pruning.start(&base.inner);
+        }
+        Ok(())
     }
 }
 

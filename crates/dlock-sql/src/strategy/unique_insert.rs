@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use dlock_core::{Error, LockName, LockStatus, Result, async_trait};
 
+use super::prune::Pruning;
 use super::rows::{RowBase, RowStrategy, changed, described, own_row};
 use super::{Attempt, TAKEOVER_BITS, missing_id, ms, status, unusable};
 use crate::Inner;
@@ -22,9 +23,15 @@ pub(crate) struct UniqueInsert {
 }
 
 impl UniqueInsert {
-    pub(crate) fn new(inner: Arc<Inner>, tables: Tables<'_>) -> Self {
+    /// The strategy on `tables`, deleting the rows of holders gone for `prune_after`.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        tables: Tables<'_>,
+        prune_after: Option<Duration>,
+    ) -> Self {
         let sql = UniqueInsertSql::new(tables);
-        let base = RowBase::new(inner, tables, sql.renew_holds.clone(), false);
+        let pruning = Pruning::new(sql.prune_holds.clone(), prune_after);
+        let base = RowBase::new(inner, tables, sql.renew_holds.clone(), false, pruning);
         Self { base, sql }
     }
 
