@@ -138,7 +138,9 @@ pub mod backend {
     pub use crate::starter::{Later, spawn_at};
     pub use crate::sync::Mutex;
     pub use crate::tally::Tally;
-    pub use crate::time::{Backoff, Deadline, Retries, earlier, from_now, later, worth_a_warning};
+    pub use crate::time::{
+        Backoff, Deadline, Retries, earlier, from_now, jitter, later, worth_a_warning,
+    };
     pub use crate::undo::{UndoFn, UndoOnDrop};
     #[cfg(feature = "serde")]
     pub use crate::url::deserialize_url;

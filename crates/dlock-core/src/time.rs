@@ -251,6 +251,30 @@ impl Backoff {
     }
 }
 
+/// A pause drawn between half of `pause` and `pause`, anew at each call: waiters that began
+/// together (woken by one release, say) then poll apart instead of all at once. Not for
+/// anything that needs unpredictable numbers: the draw is a hash of the moment, keyed per
+/// call by the standard library's per-process random keys.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::backend::jitter;
+///
+/// let pause = Duration::from_millis(200);
+/// for _ in 0..100 {
+///     let j = jitter(pause);
+///     assert!(j >= pause / 2 && j <= pause);
+/// }
+/// assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
+/// ```
+pub fn jitter(pause: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let half = pause / 2;
+    let span = u64::try_from(pause.saturating_sub(half).as_nanos()).unwrap_or(u64::MAX);
+    let draw = RandomState::new().hash_one(Instant::now());
+    half.saturating_add(Duration::from_nanos(draw % span.saturating_add(1).max(1)))
+}
+
 /// The state of one retry loop: the pause before its next try (a [`Backoff`]) and its
 /// failures in a row, of which only some are worth a warning, ever fewer as an outage goes
 /// on (see [`worth_a_warning`]). A loop that retries for as long as it takes (an acquire

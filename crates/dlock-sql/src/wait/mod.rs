@@ -11,9 +11,8 @@
 
 use std::time::Duration;
 
-use dlock_core::backend::{AcquireFn, Deadline, Retries};
+use dlock_core::backend::{AcquireFn, Deadline, Retries, jitter};
 use dlock_core::{Error, LockName, Result};
-use rand::Rng;
 use tokio::time::Instant;
 
 use crate::error;
@@ -196,7 +195,7 @@ pub(crate) async fn until<T>(
         if wakeup.as_ref().is_some_and(registry::Waiting::has_company) {
             pause = pause.max(QUEUED_PAUSE);
         }
-        let jittered = rand::rng().random_range(pause / 2..=pause);
+        let jittered = jitter(pause);
         let sleep = tokio::time::sleep_until(deadline.wake_after(jittered));
         match &wakeup {
             Some(waiting) => {
