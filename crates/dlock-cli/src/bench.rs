@@ -19,6 +19,7 @@ mod chart;
 mod curator;
 mod floor;
 mod measure;
+mod open_loop;
 mod report;
 #[cfg(feature = "redis")]
 mod rslock;
@@ -36,7 +37,7 @@ use self::workloads::run_workload;
 /// The longest one workload may take on one backend before it is reported as failed.
 const WORKLOAD_LIMIT: Duration = Duration::from_secs(300);
 
-/// The workloads (W1-W8 and their variants, described in `docs/benchmarks.md`).
+/// The workloads (W1-W9 and their variants, described in `docs/benchmarks.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[value(rename_all = "UPPER")]
 pub enum Workload {
@@ -66,6 +67,9 @@ pub enum Workload {
     /// One provider keeps `--holds` names held for `--hold-for`: renewals and calls to the
     /// store per second, memory per hold. Not in the default set (it takes minutes).
     W8,
+    /// The open loop: cycles due at a fixed rate, at 50 % and 80 % of W7's closed loop, on
+    /// one provider; latency from when each was due.
+    W9,
 }
 
 /// Options of `dlock bench`.
@@ -89,7 +93,7 @@ pub struct BenchOpts {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "W1,W1S,W2,W2F,W3,W4,W5,W6,W7,W7H"
+        default_value = "W1,W1S,W2,W2F,W3,W4,W5,W6,W7,W7H,W9"
     )]
     pub workload: Vec<Workload>,
 
@@ -169,6 +173,27 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
                 let (scale_rows, scale_failed) = scale_rows(target, &opts, &progress).await;
                 failed |= scale_failed;
                 rows.extend(scale_rows);
+                progress.inc(1);
+                continue;
+            }
+            if *workload == Workload::W9 {
+                let limited = tokio::time::timeout(WORKLOAD_LIMIT, open_loop::rows(target, &opts));
+                match limited.await {
+                    Ok(Ok(load_rows)) => rows.extend(load_rows),
+                    outcome => {
+                        failed = true;
+                        let e = match outcome {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => format!("did not finish within {WORKLOAD_LIMIT:?}"),
+                        };
+                        progress.suspend(|| eprintln!("dlock bench: {} W9: {e}", target.label));
+                        rows.push(Row::skipped(
+                            &target.label,
+                            "W9".into(),
+                            format!("error: {e}"),
+                        ));
+                    }
+                }
                 progress.inc(1);
                 continue;
             }

@@ -741,6 +741,35 @@ fn bench_json(urls: &[String], args: &[&str]) -> serde_json::Value {
     doc
 }
 
+/// W9, the open loop: a row per load, each offering that share of the closed loop's cycles
+/// per second measured in the same run, all its arrivals done, with latencies from when each
+/// was due (p99 from its 1,200 arrivals, p99.9 not: too few samples).
+#[test]
+fn bench_open_loop_offers_shares_of_the_closed_loop() {
+    let doc = bench_json(
+        &["memory://".to_owned()],
+        &["--workload", "W9", "--cycles", "600"],
+    );
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{doc}");
+    for (r, (label, share)) in rows.iter().zip([("W9/50%", 0.5), ("W9/80%", 0.8)]) {
+        assert_eq!(r["workload"], label, "{r}");
+        assert_eq!(r["cycles"], 1200, "{r}");
+        let closed = r["closed_loop_per_sec"].as_f64().unwrap();
+        let offered = r["offered_per_sec"].as_f64().unwrap();
+        assert!(
+            closed > 0.0 && (offered - closed * share).abs() < 1e-6 * closed,
+            "{r}"
+        );
+        let (p50, p99) = (
+            r["acquire_p50_us"].as_u64().unwrap(),
+            r["acquire_p99_us"].as_u64(),
+        );
+        assert!(p99.is_some_and(|p99| p99 >= p50) && p50 > 0, "{r}");
+        assert!(r["acquire_p999_us"].is_null(), "{r}");
+    }
+}
+
 /// The exclusion checker can fail: a broken lock (every client its own store) shows
 /// violations, and the run exits non-zero.
 #[test]

@@ -86,6 +86,14 @@ pub struct Row {
     /// W8: the server's memory growth per hold, bytes, where the store says (Redis).
     #[serde(default)]
     pub server_bytes_per_hold: Option<f64>,
+    /// W9: the cycles per second offered (due at a fixed rate, whatever the store answers);
+    /// its latencies run from when each cycle was due.
+    #[serde(default)]
+    pub offered_per_sec: Option<f64>,
+    /// W9: the cycles per second of the closed loop it offers a share of (W7's, in the same
+    /// run).
+    #[serde(default)]
+    pub closed_loop_per_sec: Option<f64>,
     /// Why the workload was skipped, if it was.
     pub skipped: Option<String>,
 }
@@ -232,6 +240,12 @@ pub(super) fn print_table(rows: &[Row]) {
             notes.push(format!(
                 "{n} holds: {:.0} renewals/s in {c:.1} calls/s",
                 r.cycles_per_sec
+            ));
+        }
+        if let (Some(o), Some(c)) = (r.offered_per_sec, r.closed_loop_per_sec) {
+            notes.push(format!(
+                "offered {o:.0}/s ({:.0}% of the closed loop's {c:.0}/s), latency from due",
+                o / c * 100.0
             ));
         }
         if let Some(t) = r.grant_secs {

@@ -54,6 +54,8 @@ pub(super) async fn run_workload(
         Workload::W7 | Workload::W7H => many_tasks(&run, &mut row).await?,
         // A row per `--holds` count, made by `scale::scale`.
         Workload::W8 => row.skipped = Some("W8 has a row per --holds count".into()),
+        // A row per load, made by `open_loop::rows`.
+        Workload::W9 => row.skipped = Some("W9 has a row per load".into()),
     }
     Ok(row)
 }
@@ -363,8 +365,9 @@ async fn watched(inside: &AtomicU64, overlaps: &AtomicU64, section: impl Future<
 const W7_TASKS: u64 = 64;
 
 /// W7, W7H: 64 tasks on one provider, each with a share of twice W1's cycles; on a name each
-/// (W7), set against the floor of as many tasks on one connection where the store has one,
-/// or on 8 names, 8 tasks to a name (W7H), whose critical sections check exclusion.
+/// (W7, and W9's closed loop), set against the floor of as many tasks on one connection where
+/// the store has one (W7 only), or on 8 names, 8 tasks to a name (W7H), whose critical
+/// sections check exclusion.
 async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
@@ -414,7 +417,7 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     gather(row, tasks, started, cpu).await?;
     row.violations = overlaps.load(Ordering::SeqCst);
     drop(p);
-    if !hot
+    if run.workload == Workload::W7
         && target.via != Via::Broken
         && let Some(floor) = floor::shared_cycles_per_sec(&target.url, W7_TASKS, per, ns).await?
     {
@@ -422,6 +425,21 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
         row.ratio_to_floor = Some(row.cycles_per_sec / floor);
     }
     Ok(())
+}
+
+/// The cycles per second of W7's closed loop on `target` (64 tasks of one provider, a name
+/// each), without its floor: the most that W9's open loop offers a share of.
+pub(super) async fn shared_provider_max(target: &Target, opts: &BenchOpts) -> dlock::Result<f64> {
+    let ns = namespace();
+    let run = Run {
+        target,
+        workload: Workload::W9,
+        ns: &ns,
+        opts,
+    };
+    let mut row = Row::new(&target.label, "W9 closed".into());
+    many_tasks(&run, &mut row).await?;
+    Ok(row.cycles_per_sec)
 }
 
 /// W3: two clients pass the lock back and forth; a handoff is the time from the holder's
