@@ -35,13 +35,17 @@ use std::fmt;
     feature = "etcd"
 ))]
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use dlock_core::{
-    BoxError, Capabilities, DistributedLock, DistributedLockExt, DistributedReadWriteLock,
+    BoxError, Capabilities, Closed, DistributedLock, DistributedLockExt, DistributedReadWriteLock,
     DistributedSemaphore, DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error,
     FencingToken, HoldState, Lease, LockGuard, LockKind, LockName, LockOptions, LockProvider,
     LockStatus, LossReason, Member, MultiGuard, MultiLock, Result, redact,
 };
+
+/// How long [`Locks::close`] gives the releases and clean-ups of a shutdown.
+pub const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
 /// What backend authors need (the generic handles, `Hold`, `Deadline` and the time helpers);
 /// see [`dlock_core::backend`].
@@ -557,6 +561,35 @@ impl Locks {
     /// [`Error::InvalidName`], connection and backend errors.
     pub async fn describe(&self, name: &str) -> Result<LockStatus> {
         self.provider.describe(name).await
+    }
+
+    /// Closes the client for a clean shutdown, within [`CLOSE_WITHIN`] (10 s): releases
+    /// every hold it handed out and still has, waits for the releases and undos that dropped
+    /// guards and cancelled acquisitions left to background tasks, and refuses acquisitions
+    /// from then on ([`Error::Closed`]). Call it before `main` returns: a runtime that shuts
+    /// down drops those tasks unfinished, and what they were to undo (a queued fair waiter,
+    /// a hold) stays on the store until its lease or session ends. Clones of this client
+    /// share its provider, and are closed with it. See [`LockProvider::close`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://").await?;
+    /// let report = locks.lock("jobs/report")?;
+    /// let guard = report.acquire().await?;
+    /// let closed = locks.close().await;
+    /// assert!(closed.is_clean() && closed.released == 1);
+    /// assert!(!guard.is_held());
+    /// assert!(matches!(report.acquire().await, Err(dlock::Error::Closed { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub async fn close(&self) -> Closed {
+        self.provider.close(CLOSE_WITHIN).await
+    }
+
+    /// [`close`](Self::close) within `within`.
+    pub async fn close_within(&self, within: Duration) -> Closed {
+        self.provider.close(within).await
     }
 
     /// A mutex with the given options.

@@ -99,10 +99,39 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot use {}", dlock::redact(&url)), &e),
     };
+    let code = run_on(&locks, opts).await;
+    // Every way out: what the run left to background tasks (a release, the undo of a wait
+    // a signal ended) is finished before the runtime that runs them ends with `main`. A
+    // signal meanwhile (a second Ctrl-C) ends the wait: the store's leases end the rest.
+    let closed = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+            closed = locks.close() => closed,
+            _ = interrupt.recv() => return code,
+            _ = terminate.recv() => return code,
+        },
+        _ => locks.close().await,
+    };
+    if !closed.is_clean() {
+        eprintln!(
+            "dlock: {} hold(s) and {} clean-up(s) were not finished within {}; their leases \
+             end them",
+            closed.unreleased,
+            closed.cleanups_left,
+            humantime::format_duration(dlock::CLOSE_WITHIN)
+        );
+    }
+    code
+}
+
+/// `dlock run` on the store `locks` talks to: the exit status.
+async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     let options = LockOptions::new()
         .with_lease(Lease::watchdog(opts.lease))
         .with_fair(opts.fair);
-    let lock = match member(&locks, &opts, options) {
+    let lock = match member(locks, &opts, options) {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot lock {:?}", opts.name), &e),
     };

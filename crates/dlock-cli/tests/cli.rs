@@ -893,6 +893,53 @@ fn loss_stops_the_whole_process_group() {
     let _ = std::fs::remove_file(&pidfile);
 }
 
+/// A Ctrl-C while `dlock run` waits in a fair queue leaves no queue entry behind: dlock ends
+/// the wait and finishes its undo (the entry's removal, in a background task) before it
+/// exits, rather than letting the runtime drop it with `main`. On Redis, whose fair queue is
+/// a list, the list is empty the moment dlock has exited; a ghost entry would keep every
+/// later fair waiter out until it timed out.
+#[cfg(feature = "redis")]
+#[test]
+fn ctrl_c_during_a_fair_wait_leaves_no_queue_entry() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let name = Names::new().name("ctrl-c-queue");
+    let held = std::env::temp_dir().join(format!("dlock-held-{}", rand_suffix()));
+    let hold = format!("touch {}; read line || true", held.display());
+    let mut holder = dlock(&url, &["run", "--fair", &name, "--", "sh", "-c", &hold])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    within(Duration::from_secs(10), "the holder runs", || held.exists());
+    let waiter = dlock(&url, &["run", "--fair", &name, "--", "true"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut redis = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let queue = format!("redisson_lock_queue:{{{name}}}");
+    let mut queued = || {
+        redis::cmd("LLEN")
+            .arg(&queue)
+            .query::<i64>(&mut redis)
+            .unwrap()
+    };
+    within(Duration::from_secs(10), "the waiter is queued", || {
+        queued() == 1
+    });
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(waiter.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert_eq!(queued(), 0, "the waiter's queue entry outlived it");
+    drop(holder.stdin.take());
+    assert_eq!(holder.wait().unwrap().code(), Some(0));
+    let _ = std::fs::remove_file(&held);
+}
+
 /// A Ctrl-C (SIGINT to dlock's whole process group, as a terminal sends it) reaches the
 /// command exactly once: the command is not in dlock's group, and dlock forwards it.
 #[test]

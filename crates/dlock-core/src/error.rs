@@ -73,6 +73,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// The provider was closed ([`LockProvider::close`](crate::LockProvider::close)): it
+    /// hands out no more holds.
+    #[error("the {backend} provider was closed: {name:?} cannot be acquired")]
+    Closed {
+        /// The backend, e.g. `"redis"`.
+        backend: &'static str,
+        /// The lock's name.
+        name: String,
+    },
+
     /// The backend could not be reached or the connection broke. Retrying can help.
     #[error("{backend} connection error: {message}")]
     Connection {
@@ -105,7 +115,7 @@ impl Error {
     /// Whether the failed call may succeed if made again (after a backoff or a reconnect).
     ///
     /// Connection errors are retryable; backend errors say so themselves; invalid input,
-    /// unsupported options, lost holds and deadlocks never are.
+    /// unsupported options, lost holds, deadlocks and a closed provider never are.
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Connection { .. } => true,
@@ -115,7 +125,8 @@ impl Error {
             | Self::Config { .. }
             | Self::Unsupported { .. }
             | Self::LockLost { .. }
-            | Self::WouldDeadlock { .. } => false,
+            | Self::WouldDeadlock { .. }
+            | Self::Closed { .. } => false,
         }
     }
 
@@ -145,6 +156,10 @@ impl Error {
                 what: what.clone(),
             },
             Self::LockLost { name } => Self::LockLost { name: name.clone() },
+            Self::Closed { backend, name } => Self::Closed {
+                backend,
+                name: name.clone(),
+            },
             Self::WouldDeadlock { name, reason } => Self::WouldDeadlock {
                 name: name.clone(),
                 reason: reason.clone(),

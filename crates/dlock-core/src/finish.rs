@@ -8,6 +8,8 @@ use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
 
+use crate::close::cleanup;
+
 /// Runs `task` in the caller's task, and only if the returned future is dropped after its
 /// first poll and before it is done, finishes it in a task of its own (its output is then
 /// dropped).
@@ -99,9 +101,9 @@ impl<T: Send + 'static> Drop for Finish<T> {
         // A task whose poll panicked cannot be resumed: it is dropped (by `take`) here.
         let task = self.task.take().filter(|_| !self.polling);
         if let (Some(task), Some(runtime)) = (task, self.runtime.take()) {
-            drop(runtime.spawn(async move {
+            drop(runtime.spawn(cleanup(async move {
                 drop(task.await);
-            }));
+            })));
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::{Instant, sleep_until};
 
+use crate::close::as_work_of;
 use crate::error::{Error, Result};
 use crate::finish::finish_if_dropped;
 use crate::hold::{HoldSignal, HoldState, NewHold};
@@ -390,11 +391,10 @@ impl LockGuard {
             shared.clear_release_not_before();
         }
         let span = trace::release(shared.backend, shared.kind, &self.name, false);
-        in_span(
-            &span,
-            finish_if_dropped(async move { shared.release_remote().await }),
-        )
-        .await
+        let in_flight = shared.in_flight().cloned();
+        // A release cut off finishes in the background, a clean-up of the hold's provider.
+        let release = finish_if_dropped(async move { shared.release_remote().await });
+        in_span(&span, as_work_of(in_flight.as_ref(), release)).await
     }
 
     /// Stops renewing and forgets the hold without releasing it: it ends with its lease or

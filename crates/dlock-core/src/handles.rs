@@ -15,6 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::close::{Closer, Ticket, as_work_of};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::loss::{LockKind, LossReason};
@@ -36,6 +37,8 @@ pub struct HandleInfo {
     name: LockName,
     options: LockOptions,
     max_lease: Duration,
+    /// The provider's record of the holds it handed out, if it keeps one.
+    closer: Option<Arc<Closer>>,
 }
 
 impl HandleInfo {
@@ -52,6 +55,43 @@ impl HandleInfo {
             name,
             options,
             max_lease: Lease::MAX,
+            closer: None,
+        }
+    }
+
+    /// The handle's provider's record of its holds: each hold handed out is recorded, and
+    /// nothing is handed out once the provider is closed.
+    pub(crate) fn with_closer(mut self, closer: Arc<Closer>) -> Self {
+        self.closer = Some(closer);
+        self
+    }
+
+    /// The error of an acquisition through a closed provider.
+    fn closed(&self) -> Error {
+        Error::Closed {
+            backend: self.backend,
+            name: self.name.as_str().to_owned(),
+        }
+    }
+
+    /// Fails if the provider is closed.
+    fn check_open(&self) -> Result<()> {
+        match &self.closer {
+            Some(c) if c.is_closed() => Err(self.closed()),
+            _ => Ok(()),
+        }
+    }
+
+    /// `guard`, recorded by the provider as handed out; a provider closed meanwhile gets it
+    /// back instead (its drop releases it at once, in the background) and the caller an
+    /// error.
+    fn admit(&self, guard: LockGuard) -> Result<LockGuard> {
+        match &self.closer {
+            Some(c) if !Closer::register(c, &guard) => {
+                drop(guard);
+                Err(self.closed())
+            }
+            _ => Ok(guard),
         }
     }
 
@@ -213,6 +253,11 @@ async fn live(
     deadline: Deadline,
     mut acquire: impl AcquireFn<LockGuard>,
 ) -> Result<Option<LockGuard>> {
+    info.check_open()?;
+    let closer = info.closer.as_ref();
+    // An acquisition under way counts as a clean-up of its provider: a close waits for it
+    // to end (the close ends it) and for what it leaves behind.
+    let _running = closer.map(|c| Ticket::new(&c.in_flight));
     let attempts = async {
         let mut dead = 0u32;
         loop {
@@ -225,6 +270,7 @@ async fn live(
                 Settled::Held => {
                     // Only a hold handed to the caller keeps its least time: one dropped here
                     // (an error, a cut-off, a cancelled acquire) is released at once.
+                    let guard = info.admit(guard)?;
                     guard.set_hold_at_least(info.options.hold_at_least);
                     return Ok(Some(guard));
                 }
@@ -259,6 +305,19 @@ async fn live(
                 });
             }
             tokio::time::sleep_until(deadline.wake_after(DEAD_ON_ARRIVAL_PAUSE * dead)).await;
+        }
+    };
+    // What the backend leaves to the background (an undo when this is dropped) counts as
+    // a clean-up of the handle's provider.
+    let attempts = as_work_of(closer.map(|c| &c.in_flight), attempts);
+    let attempts = async {
+        match closer {
+            Some(c) => tokio::select! {
+                biased;
+                () = c.closing.cancelled() => Err(info.closed()),
+                acquired = attempts => acquired,
+            },
+            None => attempts.await,
         }
     };
     match deadline.with_grace(CALL_GRACE).run(attempts).await {

@@ -36,6 +36,7 @@ macro_rules! setters {
     };
 }
 
+mod close;
 mod error;
 mod ext;
 mod finish;
@@ -69,6 +70,7 @@ mod traits;
 mod undo;
 mod url;
 
+pub use crate::close::Closed;
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::ext::DistributedLockExt;
 pub use crate::guard::LockGuard;
@@ -122,6 +124,7 @@ pub use async_trait::async_trait;
 /// # Ok(()) }
 /// ```
 pub mod backend {
+    pub use crate::close::cleanup;
     #[cfg(feature = "serde")]
     #[doc(inline)]
     pub use crate::deserialize_from_url;

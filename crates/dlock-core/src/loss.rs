@@ -77,6 +77,9 @@ pub enum LossReason {
     /// The release failed (the store did not answer, or answered with an error): nothing
     /// renews the hold any more, and the store ends it with its lease or session.
     ReleaseFailed,
+    /// Its provider was closed ([`LockProvider::close`](crate::LockProvider::close)), which
+    /// released it.
+    Closed,
 }
 
 impl LossReason {
@@ -99,6 +102,7 @@ impl LossReason {
             Self::Forced => "the hold was ended on purpose",
             Self::KeeperStopped => "the lease keeper stopped (its runtime shut down)",
             Self::ReleaseFailed => "the release failed; the store ends the hold with its lease",
+            Self::Closed => "its provider was closed, which released it",
         }
     }
 }

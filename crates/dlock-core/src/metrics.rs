@@ -20,6 +20,7 @@ fn reason_label(reason: LossReason) -> &'static str {
         LossReason::Forced => "forced",
         LossReason::KeeperStopped => "keeper_stopped",
         LossReason::ReleaseFailed => "release_failed",
+        LossReason::Closed => "closed",
     }
 }
 

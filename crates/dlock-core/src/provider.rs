@@ -4,9 +4,11 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::close::{Closed, Closer};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::handles::{
@@ -20,11 +22,14 @@ use crate::traits::{DynLock, DynReadWriteLock, DynSemaphore, LockProvider};
 /// What every provider of a backend says about itself: what it can do and which store it
 /// talks to. Made once, when the provider is.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProviderMeta {
     /// What the backend can do with this provider's settings.
     pub capabilities: Capabilities,
     /// The store's id (see [`LockProvider::store_id`]), never with credentials.
     pub store_id: Arc<str>,
+    /// The provider's live holds and whether it was closed ([`LockProvider::close`]).
+    closer: Arc<Closer>,
 }
 
 impl ProviderMeta {
@@ -33,6 +38,7 @@ impl ProviderMeta {
         Self {
             capabilities,
             store_id: store_id.into(),
+            closer: Closer::new(),
         }
     }
 }
@@ -149,6 +155,7 @@ fn info<P: RawProvider>(p: &P, name: LockName, options: LockOptions) -> HandleIn
         options,
     )
     .with_max_lease(meta.capabilities.max_lease)
+    .with_closer(Arc::clone(&meta.closer))
 }
 
 #[async_trait]
@@ -193,6 +200,10 @@ impl<P: RawProvider> LockProvider for P {
             permits,
             raw,
         )))
+    }
+
+    async fn close(&self, within: Duration) -> Closed {
+        self.meta().closer.close(within).await
     }
 
     async fn describe(&self, name: &str) -> Result<LockStatus> {

@@ -3,8 +3,8 @@
 //! release it or clean up after its loss.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
+use crate::close::{Closer, InFlight, Ticket, ticket_here};
 use crate::error::{Error, Result};
 use crate::finish::finish_if_dropped;
 use crate::hold::{Hold, HoldSignal, HoldState, Horizon, NewHold};
@@ -78,6 +79,12 @@ pub(crate) struct Shared {
     /// Live guards of this hold; the remote hold is released when it drops to zero, and no
     /// guard joins it after that.
     guards: GuardCount,
+    /// The clean-ups record of the provider that handed the hold out, once it did: its
+    /// background release counts there, for the provider's close.
+    in_flight: OnceLock<Arc<InFlight>>,
+    /// The provider's record of the hold, and its number there, once it was handed out: the
+    /// drop of this state removes it.
+    record: OnceLock<(Weak<Closer>, u64)>,
     /// This hold in the `dlock_holds` gauge while it exists.
     _live: metrics::Live,
 }
@@ -114,8 +121,25 @@ impl Shared {
             runtime,
             runtime_gone: AtomicBool::new(false),
             guards: GuardCount::new(1),
+            in_flight: OnceLock::new(),
+            record: OnceLock::new(),
             _live: metrics::Live::new(new.backend, new.kind),
         }
+    }
+
+    /// Records the clean-ups record of the provider that hands the hold out.
+    pub(crate) fn set_in_flight(&self, in_flight: &Arc<InFlight>) {
+        let _ = self.in_flight.set(Arc::clone(in_flight));
+    }
+
+    /// Records where the provider keeps the hold, to be removed when this state drops.
+    pub(crate) fn set_record(&self, closer: Weak<Closer>, id: u64) {
+        let _ = self.record.set((closer, id));
+    }
+
+    /// The clean-ups record of the provider that handed the hold out, if known.
+    pub(crate) fn in_flight(&self) -> Option<&Arc<InFlight>> {
+        self.in_flight.get()
     }
 
     /// When the lease ends on the store at the earliest.
@@ -402,7 +426,16 @@ impl Shared {
         };
         let span = trace::release(self.backend, self.kind, &self.name, true);
         // A runtime that is shutting down refuses new tasks quietly; the lease then ends the hold.
-        runtime.spawn(async move { self.finish_release(lost).await }.instrument(span));
+        // The provider's, or (a grant given back before it was handed out) that of the
+        // acquisition dropping it.
+        let ticket = self.in_flight().map(Ticket::new).or_else(ticket_here);
+        runtime.spawn(
+            async move {
+                self.finish_release(lost).await;
+                drop(ticket);
+            }
+            .instrument(span),
+        );
     }
 
     /// What the drop of the last guard decides before it spawns the background release:
@@ -426,7 +459,52 @@ impl Shared {
         if lost {
             self.clean_up_after_loss().await;
         } else if let Err(e) = self.release_remote().await {
-            tracing::warn!(error = %e, "background release failed; the lease will end the hold");
+            // A close that came first released the hold itself.
+            if self.signal.reason() != Some(LossReason::Closed) {
+                tracing::warn!(error = %e, "background release failed; the lease will end the hold");
+            }
+        }
+    }
+
+    /// Ends the hold for its provider's close: a hold still vouched for is marked lost
+    /// ([`LossReason::Closed`], so its guards' work stops) and released on the store, at
+    /// once (whatever its least time); a hold lost before whose clean-up nobody claimed is
+    /// cleaned up. `None` if nothing was left to send (released, or its release or clean-up
+    /// under way elsewhere); else whether the store released it. The release runs to its end
+    /// even if this future is dropped.
+    pub(crate) async fn close(&self) -> Option<bool> {
+        self.stop_keeper();
+        self.clear_release_not_before();
+        if self.check() {
+            self.signal.mark_lost(LossReason::Closed);
+        }
+        if self.signal.is_released() || !self.claim_cleanup() {
+            return None;
+        }
+        let hold = Arc::clone(&self.hold);
+        let (backend, name) = (self.backend, self.name.clone());
+        let released = finish_if_dropped(async move { hold.release().await }).await;
+        metrics::released(
+            self.backend,
+            self.kind,
+            if released.is_ok() { "closed" } else { "error" },
+        );
+        match released {
+            Ok(()) => Some(true),
+            Err(e) => {
+                tracing::debug!(backend, lock = %name, error = %e, "a close found the hold gone or could not release it");
+                Some(false)
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some((closer, id)) = self.record.get()
+            && let Some(closer) = closer.upgrade()
+        {
+            closer.forget(*id);
         }
     }
 }

@@ -153,6 +153,7 @@ loss_codes! {
     Forced = 8,
     KeeperStopped = 9,
     ReleaseFailed = 10,
+    Closed = 11,
 }
 
 /// The live guards of one hold.

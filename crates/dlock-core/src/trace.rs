@@ -82,6 +82,17 @@ pub(crate) struct Who {
 /// The `dlock.lost` warning (and the loss metric).
 pub(crate) fn lost(who: Option<&Who>, reason: LossReason) {
     match who {
+        // A close ends its provider's holds on purpose: no warning.
+        Some(w) if reason == LossReason::Closed => {
+            crate::metrics::lost(w.backend, w.kind, reason);
+            tracing::debug!(
+                backend = w.backend,
+                kind = %w.kind,
+                lock = %w.name,
+                token = w.token.get(),
+                "dlock.lost: closed"
+            );
+        }
         Some(w) => {
             crate::metrics::lost(w.backend, w.kind, reason);
             tracing::warn!(

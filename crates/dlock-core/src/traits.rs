@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::close::Closed;
 use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::name::LockName;
@@ -116,6 +117,37 @@ pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
     ///
     /// Cancel safe: it changes nothing.
     async fn describe(&self, name: &str) -> Result<LockStatus>;
+
+    /// Closes the provider, for a clean shutdown: acquisitions through its handles fail with
+    /// [`Error::Closed`](crate::Error::Closed) from now on, every hold they handed out and
+    /// that was not given back is released on the store (its guards turn lost, with
+    /// [`LossReason::Closed`](crate::LossReason::Closed), so work under them stops), and the
+    /// provider's clean-ups in flight are waited for: a dropped guard's release, a cancelled
+    /// acquisition's undo (a queued fair waiter, a lease, a subscription). All within
+    /// `within`; what is left then ends with its lease or session, as after a crash.
+    ///
+    /// Dropping a guard releases in a task of its own, and a runtime that shuts down (when
+    /// `main` returns) drops such tasks unfinished: call `close` before.
+    ///
+    /// ```
+    /// # async fn shutdown(provider: &dyn dlock_core::LockProvider) {
+    /// let closed = provider.close(std::time::Duration::from_secs(5)).await;
+    /// if !closed.is_clean() {
+    ///     eprintln!("left to their leases and sessions: {closed:?}");
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// The default, for a provider whose handles are not the core's, does nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, it stops waiting; releases it began run to their end in the background, and
+    /// the provider stays closed.
+    async fn close(&self, within: Duration) -> Closed {
+        let _ = within;
+        Closed::default()
+    }
 }
 
 /// A handle on one named mutex.

@@ -6,6 +6,7 @@ use std::future::Future;
 
 use tokio::runtime::Handle;
 
+use crate::close::cleanup;
 use crate::finish::finish_if_dropped;
 
 /// What an acquisition has done on the store so far (a queue entry, a node, a row, a key),
@@ -122,7 +123,7 @@ where
         };
         let undo = self.undo.undo(state);
         if let Some(runtime) = self.runtime.take().or_else(|| Handle::try_current().ok()) {
-            drop(runtime.spawn(undo));
+            drop(runtime.spawn(cleanup(undo)));
         }
     }
 }

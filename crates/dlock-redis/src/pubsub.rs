@@ -13,7 +13,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use dlock_core::Result;
-use dlock_core::backend::{Backoff, Mutex};
+use dlock_core::backend::{Backoff, Mutex, cleanup};
 use redis::{PushInfo, PushKind};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
@@ -485,7 +485,10 @@ impl Drop for Listener {
             chan.waiters.is_empty()
         };
         if idle && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(Arc::clone(&self.subs).unsubscribe_if_idle(self.channel.clone()));
+            // A clean-up of the provider: its close waits for the unsubscribe.
+            runtime.spawn(cleanup(
+                Arc::clone(&self.subs).unsubscribe_if_idle(self.channel.clone()),
+            ));
         }
     }
 }

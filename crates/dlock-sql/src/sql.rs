@@ -7,6 +7,8 @@
 //! cannot take parameters, so the name goes in as hexadecimal digits (and the lease as a
 //! number), which no name can break out of.
 
+use std::time::Duration;
+
 use crate::config::Dialect;
 
 /// What the statements of one provider are written for.
@@ -343,13 +345,22 @@ pub(crate) struct SessionSql {
     dialect: Dialect,
     /// The session's id on the server (MySQL's connection id, PostgreSQL's backend pid).
     pub(crate) connection_id: String,
+    /// MySQL: whether a connection is still there (`?`: its id), to wait for a killed one to
+    /// end. PostgreSQL's kill waits itself.
+    pub(crate) connection_left: Option<String>,
 }
+
+/// How long a kill of a cancelled lock wait's session waits for the session to end.
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(2);
 
 impl SessionSql {
     pub(crate) fn new(dialect: Dialect) -> Self {
         Self {
             dialect,
             connection_id: format!("SELECT {}", session_id(dialect)),
+            connection_left: (dialect == Dialect::MySql).then(|| {
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?".to_owned()
+            }),
         }
     }
 
@@ -359,9 +370,16 @@ impl SessionSql {
     /// wait) finds the session idle and is lost, and the statement then waits its whole lock
     /// timeout on a session nobody reads. Connection ids are not reused that soon (MySQL
     /// counts up; a PostgreSQL pid comes back only after the kernel's pid range wraps).
+    /// PostgreSQL's waits up to [`KILL_WAIT`] for the session to end; MySQL's returns at
+    /// once, and [`connection_left`](Self::connection_left) tells when it ended.
     pub(crate) fn kill_connection(&self, id: u64) -> String {
         match self.dialect {
-            Dialect::Postgres => format!("SELECT pg_terminate_backend({id})"),
+            Dialect::Postgres => {
+                format!(
+                    "SELECT pg_terminate_backend({id}, {})",
+                    KILL_WAIT.as_millis()
+                )
+            }
             _ => format!("KILL CONNECTION {id}"),
         }
     }

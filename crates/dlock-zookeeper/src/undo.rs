@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{UndoFn, UndoOnDrop, finish_if_dropped};
+use dlock_core::backend::{UndoFn, UndoOnDrop, cleanup, finish_if_dropped};
 
 use crate::session::Session;
 
@@ -61,9 +61,10 @@ async fn delete(session: &Session, armed: Armed) -> bool {
 pub(crate) fn in_background(session: &Arc<Session>, undo: &mut NodeUndo) {
     let Some(armed) = undo.disarm() else { return };
     let owned = Arc::clone(session);
-    session.spawn(async move {
+    // Counted as a clean-up: a provider's close waits for the node to go.
+    session.spawn(cleanup(async move {
         delete(&owned, armed).await;
-    });
+    }));
 }
 
 /// Undoes now and waits at most `grace` for it (it finishes in the background otherwise):

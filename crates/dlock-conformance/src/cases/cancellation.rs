@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use dlock_core::{LockOptions, MultiLock};
+use dlock_core::{Error, LockOptions, LossReason, MultiLock};
 
 use super::{
     FAIR_LOCKS, READ_WRITE_LOCKS, SEMAPHORES, WATCHDOG_LEASES, ZERO, assert_busy, assert_cut_off,
-    clients, clients_if, contended, cuts, granted_within, lock, lock_with, named_clients_if,
-    release, residue_is, residue_reaches, rw, sem, short_watchdog, take, take_permit, take_read,
-    take_write, until_free,
+    caps, client, clients, clients_if, contended, cuts, granted_within, lock, lock_with,
+    named_clients_if, on_a_runtime_of_its_own, release, residue_is, residue_reaches, rw, sem,
+    short_watchdog, take, take_permit, take_read, take_write, until_free,
 };
 use crate::Factory;
 use crate::support::Names;
@@ -153,6 +153,77 @@ pub async fn dropped_guard_is_released_in_background(f: &impl Factory) {
     let g = take(f, &lock(&a, &name)).await;
     drop(g);
     until_free(f, &lock(&b, &name), ZERO, "background release after drop").await;
+}
+
+/// Closing a provider releases every hold its handles handed out and still had, and waits
+/// for the clean-ups its dropped futures left to the background (a dropped guard's release, a
+/// cut-off waiter's undo; a fair one where the store has fair locks). The closing client runs
+/// on a runtime of its own, dropped as soon as `close` returns (as when `main` returns), so a
+/// clean-up `close` did not wait for dies unfinished. Then another client takes the names at
+/// once (the waiter is gone: after the holder's release a newcomer gets the lock without
+/// waiting), the kept guard reports [`LossReason::Closed`], and the closed provider's handles
+/// refuse to acquire.
+pub async fn close_releases_every_hold_and_waits_for_clean_ups(f: &impl Factory) {
+    let [b] = clients(f).await;
+    let names = Names::new();
+    let (kept, dropped, queued) = (
+        names.name("close-kept"),
+        names.name("close-dropped"),
+        names.name("close-queued"),
+    );
+    let opts = LockOptions::new().with_fair(caps(&b).fair);
+    let holder = take(f, &lock_with(&b, &queued, opts)).await;
+    let (closed, held, reason, refused, released_again) = on_a_runtime_of_its_own(|rt| {
+        let out = rt.block_on(async {
+            let a = client(f).await;
+            let la = lock(&a, &kept);
+            let g = take(f, &la).await;
+            let gone = take(f, &lock(&a, &dropped)).await;
+            let waiter = lock_with(&a, &queued, opts);
+            assert_cut_off(
+                Duration::from_millis(50),
+                waiter.acquire(),
+                "a waiter acquired a held lock",
+            )
+            .await;
+            drop(gone);
+            let closed = a.close(Duration::from_secs(10) + f.slack()).await;
+            let refused = la.try_acquire(ZERO).await;
+            let (held, reason) = (g.is_held(), g.loss_reason());
+            (closed, held, reason, refused, g.release().await)
+        });
+        drop(rt);
+        out
+    });
+    assert!(
+        closed.is_clean() && closed.released >= 1,
+        "{}: close left something: {closed:?}",
+        f.label()
+    );
+    assert!(!held, "a closed provider's hold is still held");
+    assert_eq!(reason, Some(LossReason::Closed));
+    assert!(
+        matches!(refused, Err(Error::Closed { .. })),
+        "a closed provider's handle acquired: {refused:?}"
+    );
+    assert!(
+        matches!(released_again, Err(Error::LockLost { .. })),
+        "a hold its provider's close ended was released again: {released_again:?}"
+    );
+    for name in [&kept, &dropped] {
+        match lock(&b, name).try_acquire(ZERO).await {
+            Ok(Some(g)) => release(g).await,
+            other => panic!("{name:?} is not free when close returns: {other:?}"),
+        }
+    }
+    release(holder).await;
+    match lock_with(&b, &queued, opts).try_acquire(ZERO).await {
+        Ok(Some(g)) => release(g).await,
+        other => panic!("a waiter of the closed provider kept {queued:?}: {other:?}"),
+    }
+    for name in [&kept, &dropped, &queued] {
+        residue_is(f, name, 0, "nothing left of the closed provider").await;
+    }
 }
 
 /// A release cut off at many points (the future dropped while the call is under way)

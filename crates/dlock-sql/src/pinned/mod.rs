@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, HoldSignal, Mutex, UndoFn, UndoOnDrop, from_now};
+use dlock_core::backend::{Backoff, Deadline, HoldSignal, Mutex, UndoFn, UndoOnDrop, from_now};
 use dlock_core::{Error, Lease, LockName, Result};
 use tokio::time::Instant;
 
@@ -24,7 +24,7 @@ use crate::attempt::CONNECT_GRACE;
 use crate::config::Dialect;
 use crate::db::{Conn, query};
 use crate::error::from_sqlx;
-use crate::sql::SessionSql;
+use crate::sql::{KILL_WAIT, SessionSql};
 
 pub(crate) mod conn;
 pub(crate) mod hold;
@@ -368,11 +368,42 @@ struct KillSession {
 impl UndoFn<u64> for KillSession {
     type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+    /// Kills the session, and waits (at most [`KILL_WAIT`]) until it ended: its lock wait is
+    /// gone from the server's queue when the undo is done (a provider's close waits for it).
     fn undo(&self, id: u64) -> Self::Future {
         let (inner, kill) = (Arc::clone(&self.inner), self.sql.kill_connection(id));
+        let left = self.sql.connection_left.clone();
         Box::pin(async move {
             if let Err(e) = query(&kill).execute(&inner.pool).await {
                 tracing::debug!(connection = id, error = %e, "could not kill a cancelled lock wait");
+                return;
+            }
+            let Some(left) = left else { return };
+            let id_arg = i64::try_from(id).unwrap_or(i64::MAX);
+            let mut pause = Backoff::new(Duration::from_millis(5), Duration::from_millis(50));
+            let gone = async {
+                loop {
+                    let there = query(&left)
+                        .bind(id_arg)
+                        .fetch_one(&inner.pool)
+                        .await
+                        .and_then(|row| row.int(0));
+                    match there {
+                        Ok(0) => return,
+                        Ok(_) => pause.wait().await,
+                        Err(e) => {
+                            tracing::debug!(connection = id, error = %e, "could not tell whether a killed session ended");
+                            return;
+                        }
+                    }
+                }
+            };
+            // Each look may wait for a connection of a busy pool: the whole wait is bounded.
+            if Deadline::after(KILL_WAIT).run(gone).await.is_none() {
+                tracing::debug!(
+                    connection = id,
+                    "a killed lock wait's session was still there after {KILL_WAIT:?}"
+                );
             }
         })
     }
