@@ -238,13 +238,7 @@ async fn hand_made_tables_without_a_unique_name_are_refused() {
         assert!(second.is_none(), "{url}: two holders");
         g.release().await.unwrap();
         drop(p);
-        for t in [
-            "meta", "holds", "versions", "seeds", "fence", "rows", "names",
-        ] {
-            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{t}"))
-                .execute(&db)
-                .await;
-        }
+        drop_tables(&db, &table).await;
         db.close().await;
     }
     remove_sqlite(&path);
@@ -348,16 +342,22 @@ async fn rows_of_names_nobody_holds_are_pruned_and_tokens_go_on() {
         }
         guard.release().await.unwrap();
         drop(provider);
-        for t in [
-            "meta", "holds", "versions", "seeds", "fence", "rows", "names",
-        ] {
-            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{t}"))
-                .execute(&db)
-                .await;
-        }
+        drop_tables(&db, &table).await;
         db.close().await;
         if let Some(path) = path {
             remove_sqlite(&path);
         }
+    }
+}
+
+/// Drops the tables a test made with prefix `table` (those of every dialect; missing ones are
+/// skipped).
+async fn drop_tables(db: &sqlx::AnyPool, table: &str) {
+    for t in [
+        "meta", "holds", "versions", "seeds", "fence", "rows", "names",
+    ] {
+        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}_{t}"))
+            .execute(db)
+            .await;
     }
 }

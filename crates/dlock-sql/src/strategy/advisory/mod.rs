@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::{Deadline, finish_if_dropped, later};
+use dlock_core::backend::{Deadline, cleanup, finish_if_dropped, later};
 use dlock_core::{Error, LockKind, LockName, LockStatus, LossReason, Result, async_trait};
 use tokio::time::Instant;
 
@@ -153,7 +153,7 @@ impl Release for Unlock {
         // given back now (once: a release that ran meanwhile finds the hold gone). Without a
         // runtime the session ends when its last hold is dropped.
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn(self.task(hold))),
+            Ok(rt) => drop(rt.spawn(cleanup(self.task(hold)))),
             Err(_) => {
                 let _ = hold.session.leave(&hold.membership);
             }
