@@ -530,7 +530,11 @@ fn bench_smoke_writes_json_and_chart() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 20, "2 stores × 10 workloads");
+    assert_eq!(
+        rows.len(),
+        24,
+        "2 stores × 12 rows (10 workloads, and W9's two loads)"
+    );
     for row in rows {
         for key in [
             "backend",
