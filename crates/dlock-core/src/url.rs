@@ -182,20 +182,22 @@ macro_rules! deserialize_from_url {
 /// assert_eq!(percent_decode("%C3"), None);
 /// ```
 pub fn percent_decode(text: &str) -> Option<String> {
+    // The `percent-encoding` crate decodes; it keeps a `%` that starts no escape as it is,
+    // which a URL's credentials must not be guessed from: such text is refused first.
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let malformed = bytes.iter().enumerate().any(|(i, b)| {
+        *b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// Parses a comma-separated list of `host[:port]` (a `[v6]` host in brackets), as in

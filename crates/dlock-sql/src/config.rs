@@ -4,7 +4,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use dlock_core::backend::percent_decode;
 use dlock_core::{Error, RedactedUrl, Result};
 
 /// How long the row of a name nobody holds stays by default ([`SqlConfig::prune_after`]):
@@ -443,25 +442,14 @@ impl SqlConfig {
     }
 }
 
-/// Decodes the `%XX` escapes of a SQLite path as sqlx's driver does: a `%` that starts no
-/// escape is a `%` (the core's decoder refuses it, so it is spelled `%25` first); `None` if
-/// the result is not UTF-8.
+/// Decodes the `%XX` escapes of a SQLite path as sqlx's driver does (both with the
+/// `percent-encoding` crate): a `%` that starts no escape is a `%`; `None` if the result is
+/// not UTF-8.
 fn decode_path(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let escape = |i: usize| {
-        bytes
-            .get(i + 1..i + 3)
-            .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
-    };
-    let mut spelled = String::with_capacity(text.len());
-    for (i, c) in text.char_indices() {
-        if c == '%' && !escape(i) {
-            spelled.push_str("%25");
-        } else {
-            spelled.push(c);
-        }
-    }
-    percent_decode(&spelled)
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// The strategies of one server family: advisory is PostgreSQL's, get-lock MySQL's.
