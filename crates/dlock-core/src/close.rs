@@ -158,7 +158,6 @@ pub(crate) struct Closer {
 
 #[derive(Default)]
 struct Holds {
-    closed: bool,
     next: u64,
     live: HashMap<u64, Weak<Shared>>,
 }
@@ -189,9 +188,9 @@ impl Closer {
         };
         shared.set_in_flight(&self.in_flight);
         let mut holds = self.holds.lock();
-        // Under the lock that `close` takes its holds under: a hold recorded after the flag
-        // is up is one `close` would not see.
-        if holds.closed {
+        // Under the lock that `close` cancels the token and takes its holds under: a hold
+        // recorded after that is one `close` would not see.
+        if self.is_closed() {
             return false;
         }
         let id = holds.next;
@@ -215,7 +214,6 @@ impl Closer {
         let deadline = Deadline::after(within);
         let holds: Vec<Arc<Shared>> = {
             let mut holds = self.holds.lock();
-            holds.closed = true;
             self.closing.cancel();
             holds
                 .live

@@ -69,11 +69,7 @@ async fn sweeps(pruning: Pruning, inner: Weak<Inner>, every: Duration) {
 
 /// One sweep: the rows idle for `after_ms`, deleted [`PRUNE_AT_ONCE`] at a time. How many
 /// went.
-pub(crate) async fn sweep(
-    inner: &Inner,
-    sql: &PruneSql,
-    after_ms: i64,
-) -> Result<u64, sqlx::Error> {
+async fn sweep(inner: &Inner, sql: &PruneSql, after_ms: i64) -> Result<u64, sqlx::Error> {
     let mut pruned = 0;
     for _ in 0..ROUNDS {
         let rows = query(&sql.select)
