@@ -20,6 +20,7 @@ mod curator;
 mod floor;
 mod measure;
 mod open_loop;
+mod processes;
 mod report;
 #[cfg(feature = "redis")]
 mod rslock;
@@ -27,11 +28,14 @@ mod scale;
 #[cfg(feature = "postgres")]
 mod sqlx_pg;
 mod targets;
+mod worker;
 mod workloads;
 
 pub use self::report::Row;
 use self::report::{compare_with_baseline, load, print_table, write_json};
 use self::targets::{Target, Via, targets};
+pub use self::worker::BenchWorkerOpts;
+pub(crate) use self::worker::worker;
 use self::workloads::run_workload;
 
 /// The longest one workload may take on one backend before it is reported as failed.
@@ -50,9 +54,15 @@ pub enum Workload {
     /// W2 with the fair lock (backends that have one): how often the holder changes, and the
     /// longest wait, against W2's unfair lock.
     W2F,
+    /// W2 with each client a process of its own: every wake-up goes through the store.
+    W2P,
+    /// W2F with each client a process of its own.
+    W2PF,
     /// 2 clients ping-pong on one name: handoff latency, from the holder's release call to
     /// the waiter's acquire returning.
     W3,
+    /// W3 with each client a process of its own.
+    W3P,
     /// 8 clients, each on its own name.
     W4,
     /// 8 waiters queued in a known order on a fair lock.
@@ -67,6 +77,9 @@ pub enum Workload {
     /// One provider keeps `--holds` names held for `--hold-for`: renewals and calls to the
     /// store per second, memory per hold. Not in the default set (it takes minutes).
     W8,
+    /// 1, 4, 16 and 64 worker processes, each with a provider of its own, cycling on names of
+    /// their own: throughput, latency and client CPU as the processes grow (a row each).
+    W8P,
     /// The open loop: cycles due at a fixed rate, at 50 % and 80 % of W7's closed loop, on
     /// one provider; latency from when each was due.
     W9,
@@ -93,7 +106,7 @@ pub struct BenchOpts {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "W1,W1S,W2,W2F,W3,W4,W5,W6,W7,W7H,W9"
+        default_value = "W1,W1S,W2,W2F,W2P,W2PF,W3,W3P,W4,W5,W6,W7,W7H,W9"
     )]
     pub workload: Vec<Workload>,
 
@@ -176,8 +189,12 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
                 progress.inc(1);
                 continue;
             }
-            if *workload == Workload::W9 {
-                let limited = tokio::time::timeout(WORKLOAD_LIMIT, open_loop::rows(target, &opts));
+            if matches!(
+                workload,
+                Workload::W2P | Workload::W2PF | Workload::W3P | Workload::W8P | Workload::W9
+            ) {
+                let limited =
+                    tokio::time::timeout(WORKLOAD_LIMIT, several_rows(target, *workload, &opts));
                 match limited.await {
                     Ok(Ok(load_rows)) => rows.extend(load_rows),
                     outcome => {
@@ -186,10 +203,12 @@ pub(crate) async fn bench(opts: BenchOpts) -> u8 {
                             Ok(Err(e)) => e.to_string(),
                             _ => format!("did not finish within {WORKLOAD_LIMIT:?}"),
                         };
-                        progress.suspend(|| eprintln!("dlock bench: {} W9: {e}", target.label));
+                        progress.suspend(|| {
+                            eprintln!("dlock bench: {} {workload:?}: {e}", target.label);
+                        });
                         rows.push(Row::skipped(
                             &target.label,
-                            "W9".into(),
+                            format!("{workload:?}"),
                             format!("error: {e}"),
                         ));
                     }
@@ -256,6 +275,20 @@ fn draw(path: Option<&Path>, rows: &[Row]) -> Result<(), u8> {
         eprintln!("dlock bench: cannot draw {}: {e}", path.display());
         exit::SOFTWARE
     })
+}
+
+/// The rows of a workload across processes (W2P, W2PF, W3P, W8P: [`processes`]) or of W9
+/// (a row per load).
+async fn several_rows(
+    target: &Target,
+    workload: Workload,
+    opts: &BenchOpts,
+) -> dlock::Result<Vec<Row>> {
+    if workload == Workload::W9 {
+        open_loop::rows(target, opts).await
+    } else {
+        processes::rows(target, workload, opts).await
+    }
 }
 
 /// W8's rows on `target`, one per `--holds` count, and whether one failed.

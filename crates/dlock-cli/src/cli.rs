@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{BenchOpts, RunOpts, StatusOpts, TortureOpts, TortureWorkerOpts};
+use crate::{BenchOpts, BenchWorkerOpts, RunOpts, StatusOpts, TortureOpts, TortureWorkerOpts};
 
 /// dlock: distributed locks from the shell.
 ///
@@ -95,6 +95,9 @@ pub enum Command {
     /// One worker process of `dlock torture` (started by it).
     #[command(hide = true)]
     TortureWorker(TortureWorkerOpts),
+    /// One worker process of `dlock bench`'s workloads across processes (started by it).
+    #[command(hide = true)]
+    BenchWorker(BenchWorkerOpts),
     /// The reaper of `dlock run` (started by it): leads the process group the command joins,
     /// and kills it if that dlock dies without saying it is done.
     #[command(hide = true)]
@@ -188,6 +191,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Bench(opts) => crate::bench::bench(opts).await,
         Command::Torture(opts) => crate::torture::torture(opts).await,
         Command::TortureWorker(opts) => crate::torture::worker(opts).await,
+        Command::BenchWorker(opts) => crate::bench::worker(opts).await,
         Command::Reap => crate::run::reap().await,
         Command::Completions(opts) => completions(&opts),
         Command::Man(opts) => man(&opts),

@@ -16,12 +16,13 @@ macro_rules! say {
 mod bench;
 mod cli;
 pub mod exit;
+mod host;
 mod output;
 mod run;
 mod status;
 mod torture;
 
-pub use crate::bench::{BenchOpts, Row, Workload};
+pub use crate::bench::{BenchOpts, BenchWorkerOpts, Row, Workload};
 pub use crate::cli::{Cli, Command, CompletionsOpts, ManOpts, StoreOpts, parse_duration, run};
 pub(crate) use crate::output::fail;
 pub use crate::run::RunOpts;

@@ -532,8 +532,8 @@ fn bench_smoke_writes_json_and_chart() {
     let rows = doc["rows"].as_array().unwrap();
     assert_eq!(
         rows.len(),
-        24,
-        "2 stores × 12 rows (10 workloads, and W9's two loads)"
+        30,
+        "2 stores × 15 rows (13 workloads, and W9's two loads)"
     );
     for row in rows {
         for key in [
@@ -774,8 +774,62 @@ fn bench_open_loop_offers_shares_of_the_closed_loop() {
     }
 }
 
+/// The workloads across processes: W2P's 8 worker processes on one name (every cycle counted
+/// on their shared board, no violation), W3P's pair timing each handoff, W8P's rows of 1 to 64
+/// processes, drawn as curves; the memory store, one process's, is skipped with its reason.
+#[test]
+fn bench_runs_workers_in_processes_of_their_own() {
+    let scratch = Scratch::new();
+    let svg = std::env::temp_dir().join(format!("dlock-bench-{}.svg", rand_suffix()));
+    let doc = bench_json(
+        &[scratch.url(), "memory://".to_owned()],
+        &[
+            "--workload",
+            "W2P,W3P,W8P",
+            "--cycles",
+            "64",
+            "--chart",
+            svg.to_str().unwrap(),
+        ],
+    );
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(
+        chart.contains("W8P: cycles/s by worker processes") && chart.contains("<polyline"),
+        "no curve of W8P in the chart"
+    );
+    let rows = doc["rows"].as_array().unwrap();
+    let of = |backend: &str, workload: &str| {
+        rows.iter()
+            .find(|r| r["workload"] == workload && r["backend"] == backend)
+            .unwrap_or_else(|| panic!("no {backend} {workload} row in {doc}"))
+    };
+    let sqlite = "sqlite/unique-insert";
+    let w2p = of(sqlite, "W2P");
+    assert_eq!(w2p["cycles"], 128, "{w2p}");
+    assert_eq!(w2p["violations"], 0, "{w2p}");
+    assert!(w2p["owner_switch_pct"].as_f64().is_some(), "{w2p}");
+    assert!(w2p["cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{w2p}");
+    let w3p = of(sqlite, "W3P");
+    assert_eq!(
+        w3p["cycles"], 16,
+        "every handoff timed by its waiter: {w3p}"
+    );
+    assert!(w3p["handoff_p50_us"].as_u64().unwrap() > 0, "{w3p}");
+    for procs in [1, 4, 16, 64] {
+        let r = of(sqlite, &format!("W8P/{procs}"));
+        assert_eq!(r["processes"], procs, "{r}");
+        assert!(r["skipped"].is_null(), "{r}");
+        assert_eq!(r["cycles"].as_u64().unwrap(), 128 / procs * procs, "{r}");
+    }
+    assert_eq!(
+        of("memory", "W2P")["skipped"],
+        "the memory store is one process's"
+    );
+}
+
 /// The exclusion checker can fail: a broken lock (every client its own store) shows
-/// violations, and the run exits non-zero.
+/// violations, in one process (W2) and across processes (W2P), and the run exits non-zero.
 #[test]
 fn bench_reports_injected_violations() {
     let json = std::env::temp_dir().join(format!("dlock-broken-{}.json", rand_suffix()));
@@ -786,7 +840,7 @@ fn bench_reports_injected_violations() {
             "--url",
             "broken://",
             "--workload",
-            "W2",
+            "W2,W2P",
             "--cycles",
             "200",
             "--json",
@@ -796,7 +850,13 @@ fn bench_reports_injected_violations() {
     assert!(!out.status.success());
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert!(doc["rows"][0]["violations"].as_u64().unwrap() > 0, "{doc}");
+    for row in 0..2 {
+        assert!(
+            doc["rows"][row]["violations"].as_u64().unwrap() > 0,
+            "{doc}"
+        );
+    }
+    assert_eq!(doc["rows"][1]["workload"], "W2P", "{doc}");
     let _ = std::fs::remove_file(json);
     let _ = std::io::stderr().flush();
 }

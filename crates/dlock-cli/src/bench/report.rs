@@ -86,6 +86,9 @@ pub struct Row {
     /// W8: the server's memory growth per hold, bytes, where the store says (Redis).
     #[serde(default)]
     pub server_bytes_per_hold: Option<f64>,
+    /// W8P: the worker processes, each with a provider of its own, that ran the cycles.
+    #[serde(default)]
+    pub processes: Option<u64>,
     /// W9: the cycles per second offered (due at a fixed rate, whatever the store answers);
     /// its latencies run from when each cycle was due.
     #[serde(default)]

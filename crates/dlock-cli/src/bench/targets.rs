@@ -43,7 +43,7 @@ pub(super) const RSLOCK: &str = "rslock";
 
 impl Target {
     /// A store measured through dlock (`broken://`: the test's store without exclusion).
-    fn store(url: String) -> Self {
+    pub(super) fn store(url: String) -> Self {
         if url == "broken://" {
             return Self {
                 label: "broken (test)".into(),

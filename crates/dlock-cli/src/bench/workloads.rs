@@ -54,8 +54,10 @@ pub(super) async fn run_workload(
         Workload::W7 | Workload::W7H => many_tasks(&run, &mut row).await?,
         // A row per `--holds` count, made by `scale::scale`.
         Workload::W8 => row.skipped = Some("W8 has a row per --holds count".into()),
-        // A row per load, made by `open_loop::rows`.
-        Workload::W9 => row.skipped = Some("W9 has a row per load".into()),
+        // Rows made by `processes::rows` and `open_loop::rows`.
+        Workload::W2P | Workload::W2PF | Workload::W3P | Workload::W8P | Workload::W9 => {
+            row.skipped = Some(format!("{workload:?} has rows of its own"));
+        }
     }
     Ok(row)
 }

@@ -3,18 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Nanoseconds on the host's monotonic clock (`CLOCK_MONOTONIC`), comparable across the
-/// processes of one host, unlike `Instant`.
-pub(crate) fn now_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .ok()
-        .and_then(|t| {
-            let secs = u64::try_from(t.tv_sec()).ok()?;
-            let nanos = u64::try_from(t.tv_nsec()).ok()?;
-            secs.checked_mul(1_000_000_000)?.checked_add(nanos)
-        })
-        .unwrap_or(0)
-}
+pub(crate) use crate::host::now_ns;
 
 /// What a worker holds during one critical section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -83,9 +83,8 @@ fn emit_error(what: String) {
 /// first read. The coordinator spawns workers from its runtime's threads, which live as long as
 /// it does (the signal follows the thread that spawned the worker).
 fn die_with_the_coordinator() {
-    #[cfg(target_os = "linux")]
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
-        emit_error(format!("PR_SET_PDEATHSIG: {e}"));
+    if let Err(e) = crate::host::die_with_parent() {
+        emit_error(e);
     }
 }
 
