@@ -128,18 +128,8 @@ fn hosts(url: &str) -> Option<Split> {
         "etcd" | "etcds" => 2379,
         _ => return None,
     };
-    let hosts = hostlist
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| {
-            let has_port = h.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']'));
-            if has_port {
-                h.to_owned()
-            } else {
-                format!("{h}:{default}")
-            }
-        })
-        .collect();
+    // A list the store's own parser would refuse is left unproxied; the store says why.
+    let hosts = dlock::backend::parse_host_list(hostlist, default).ok()?;
     Some((format!("{scheme}://{userinfo}"), hosts, tail.to_owned()))
 }
 
