@@ -288,6 +288,12 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // Whether a stop signal reached dlock (and was passed on to the command): the command's
     // end is then no time to keep the lock for --hold-at-least.
     let mut stopping = false;
+    // Job control, where dlock runs in the foreground of a terminal: the command stopped by
+    // the terminal (Ctrl-Z, a read from the background) stops dlock with it.
+    let mut stops = match (terminal.is_some(), command) {
+        (true, Some(pid)) => signal(SignalKind::child()).ok().map(|s| (s, pid)),
+        _ => None,
+    };
     loop {
         tokio::select! {
             // A command that exited is handled first: its status and the release decide.
@@ -366,13 +372,8 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                      killing it (SIGKILL to its process group)",
                     opts.name
                 );
-                let groups = targets();
-                send_to(&groups, Signal::SIGKILL);
-                let _ = child.wait().await;
-                // What the command started in its group goes too.
-                send_to(&groups, Signal::SIGKILL);
                 drop(terminal);
-                Reaper::done(reaper).await;
+                kill_and_reap(&targets(), &mut child, reaper).await;
                 return exit::LOST;
             }
             () = &mut expiring, if !told => {
@@ -393,6 +394,31 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                 let groups = targets();
                 send_to(&groups, opts.signal);
                 send_to(&groups, Signal::SIGCONT);
+            }
+            Some(()) = async { stops.as_mut()?.0.recv().await }, if stops.is_some() => {
+                let Some(pid) = stops.as_ref().map(|(_, pid)| *pid) else { continue };
+                if !stopped(pid) {
+                    continue;
+                }
+                // dlock stops too, so that the shell, which waits for dlock's job, gets its
+                // prompt back; renewals stop with it. Continued (`fg`, `bg`), it lets the
+                // command go on only if the hold is still this run's: a hold whose lease ran
+                // out meanwhile may be someone else's, and the command dies stopped.
+                drop(terminal.take());
+                let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+                if !guard.is_held() {
+                    eprintln!(
+                        "dlock: the lock {:?} (token {token}) ended while the command was \
+                         stopped; killing it (SIGKILL to its process group)",
+                        opts.name
+                    );
+                    kill_and_reap(&targets(), &mut child, reaper).await;
+                    return exit::LOST;
+                }
+                if in_foreground() {
+                    terminal = group.and_then(Foreground::hand_to);
+                }
+                send(Signal::SIGCONT);
             }
             _ = interrupt.recv() => {
                 stopping = true;
@@ -604,6 +630,35 @@ impl Drop for Foreground {
         let stdin = std::io::stdin();
         let _ = with_sigttou_blocked(|| tcsetpgrp(&stdin, self.ours));
     }
+}
+
+/// Kills the command's process `groups`, waits for the command `child`, and kills the groups
+/// again (what the command started in them goes too); then lets the reaper go.
+async fn kill_and_reap(groups: &[Pid], child: &mut tokio::process::Child, reaper: Option<Reaper>) {
+    for g in groups {
+        let _ = killpg(*g, Signal::SIGKILL);
+    }
+    let _ = child.wait().await;
+    for g in groups {
+        let _ = killpg(*g, Signal::SIGKILL);
+    }
+    Reaper::done(reaper).await;
+}
+
+/// Whether the command `pid` (a child of this process) has stopped since last asked: the
+/// stop is taken, never its exit, which is tokio's to reap.
+fn stopped(pid: Pid) -> bool {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    matches!(
+        waitid(Id::Pid(pid), WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG),
+        Ok(WaitStatus::Stopped(..))
+    )
+}
+
+/// Whether this process's group is the foreground of the terminal on its stdin.
+fn in_foreground() -> bool {
+    let stdin = std::io::stdin();
+    stdin.is_terminal() && tcgetpgrp(&stdin).is_ok_and(|g| g == getpgrp())
 }
 
 /// Runs `f` with SIGTTOU blocked on this thread, so that a process not in the terminal's

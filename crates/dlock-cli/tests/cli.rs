@@ -861,6 +861,206 @@ fn bench_reports_injected_violations() {
     let _ = std::io::stderr().flush();
 }
 
+/// An interactive bash under a pseudo-terminal (`script`, of util-linux), typed into and read
+/// as a user would.
+struct Terminal {
+    shell: std::process::Child,
+    keys: std::process::ChildStdin,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    fn new(url: &str) -> Self {
+        let mut shell = Command::new("script")
+            .args(["-qfec", "bash --norc --noprofile -i", "/dev/null"])
+            .env("PS1", "$ ")
+            .env("DLOCK_URL", url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1), of util-linux, runs a shell under a pseudo-terminal");
+        let keys = shell.stdin.take().unwrap();
+        let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut out = shell.stdout.take().unwrap();
+        let seen = std::sync::Arc::clone(&screen);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut out, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Self {
+            shell,
+            keys,
+            screen,
+        }
+    }
+
+    fn type_in(&mut self, text: &str) {
+        self.keys.write_all(text.as_bytes()).unwrap();
+        self.keys.flush().unwrap();
+    }
+
+    fn shows(&self, what: &str) -> bool {
+        self.screen.lock().unwrap().contains(what)
+    }
+
+    /// Types `echo <tag>-$?` and returns once the shell printed the status it stands for.
+    fn status_is(&mut self, tag: &str, status: i32) {
+        self.type_in(&format!("echo {tag}-$?\n"));
+        within(Duration::from_secs(10), "the shell said the status", || {
+            self.shows(&format!("{tag}-{status}"))
+        });
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        self.type_in("exit\n");
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+    }
+}
+
+/// A `dlock run NAME` typed at `terminal` whose command writes its pid to `dir/pid`, waits for
+/// `dir/go` and then writes `dir/done`; once the command runs, its pid and dlock's.
+fn job(terminal: &mut Terminal, dir: &std::path::Path, name: &str) -> (i32, i32) {
+    std::fs::create_dir_all(dir).unwrap();
+    terminal.type_in(&format!(
+        "{DLOCK} run {name} -- sh -c 'echo $$ > {0}/pid; while [ ! -e {0}/go ]; do sleep 0.05; \
+         done; echo done > {0}/done'\n",
+        dir.display()
+    ));
+    let command = pid_in(&dir.join("pid"));
+    (command, parent_of(command))
+}
+
+/// Ctrl-Z at `terminal` stops `command` and dlock (`dlock_pid`) with it, and the shell has its
+/// prompt back.
+fn suspend(terminal: &mut Terminal, command: i32, dlock_pid: i32) {
+    terminal.type_in("\x1a");
+    within(Duration::from_secs(10), "the command stopped", || {
+        state_of(command) == Some('T')
+    });
+    within(Duration::from_secs(10), "dlock stopped with it", || {
+        state_of(dlock_pid) == Some('T')
+    });
+    within(
+        Duration::from_secs(10),
+        "the shell said the job stopped",
+        || terminal.shows("Stopped"),
+    );
+    terminal.type_in("echo prompt-$((20+22))\n");
+    within(
+        Duration::from_secs(10),
+        "the shell has its prompt back",
+        || terminal.shows("prompt-42"),
+    );
+}
+
+/// Job control in an interactive shell, under a pseudo-terminal: Ctrl-Z stops the command and
+/// dlock with it, so the shell gets its prompt back while the lock stays held; `fg` continues
+/// both, the command finishes under the same hold, and dlock exits 0 and frees the name.
+#[test]
+fn ctrl_z_stops_the_job_and_fg_resumes_it_under_the_lock() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("jobs");
+    let dir = std::env::temp_dir().join(format!("dlock-jobs-{}", rand_suffix()));
+    let mut terminal = Terminal::new(&url);
+    let (command, dlock_pid) = job(&mut terminal, &dir, &name);
+    suspend(&mut terminal, command, dlock_pid);
+    let busy = output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]));
+    assert_eq!(
+        busy.status.code(),
+        Some(75),
+        "the stopped job lost its lock"
+    );
+    terminal.type_in("fg\n");
+    within(Duration::from_secs(10), "the command continued", || {
+        state_of(command).is_some_and(|s| s != 'T')
+    });
+    std::fs::write(dir.join("go"), "").unwrap();
+    within(Duration::from_secs(20), "the job finished", || {
+        !alive(dlock_pid)
+    });
+    assert!(dir.join("done").exists(), "the command did not finish");
+    terminal.status_is("exit", 0);
+    let free = output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]));
+    assert!(free.status.success(), "the name was not freed: {free:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job stopped past its lease (the default 30 s watchdog: a stopped dlock renews nothing)
+/// loses the lock to another run; continued with `fg`, its command is killed while still
+/// stopped, never running another instruction without the lock, and dlock exits 76.
+#[test]
+fn a_job_continued_after_its_lease_ended_is_killed_before_it_runs() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("jobs-lost");
+    let dir = std::env::temp_dir().join(format!("dlock-jobs-{}", rand_suffix()));
+    let mut terminal = Terminal::new(&url);
+    let (command, dlock_pid) = job(&mut terminal, &dir, &name);
+    suspend(&mut terminal, command, dlock_pid);
+    // The command would finish at once if it ran again.
+    std::fs::write(dir.join("go"), "").unwrap();
+    let taken = dir.join("taken");
+    within(Duration::from_secs(60), "another run got the name", || {
+        output(dlock(
+            &url,
+            &[
+                "run",
+                "--no-wait",
+                &name,
+                "--",
+                "touch",
+                taken.to_str().unwrap(),
+            ],
+        ))
+        .status
+        .success()
+    });
+    terminal.type_in("fg\n");
+    within(Duration::from_secs(20), "the job ended", || {
+        !alive(dlock_pid)
+    });
+    terminal.status_is("exit", 76);
+    assert!(!alive(command), "the command outlived its lock");
+    assert!(
+        !dir.join("done").exists(),
+        "the command ran on after its lock had passed to another run"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The state letter of process `pid` in `/proc` (`T`: stopped), if it exists.
+fn state_of(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap()
+}
+
 /// Whether process `pid` still runs (a zombie counts as gone).
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
