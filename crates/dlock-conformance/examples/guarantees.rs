@@ -215,6 +215,15 @@ fn render(dir: &Path) -> Result<String, String> {
          inject the fault there), *inconclusive* (the case ran, but its run proves nothing; \
          never counted as passed).\n"
     );
+    let _ = writeln!(
+        w,
+        "**Exclusion** means: one holder per name for as long as no holder has been told its \
+         hold is lost. Every hold has a lease (or a session) that ends it if its holder goes \
+         quiet, and excludes while its holder runs within it: a holder paused past it (a stop, a long collection, a suspended machine) may still act \
+         after another was granted the name, and only the fencing token, checked by the \
+         resource, makes that late write harmless (`docs/reliability.md` counts such \
+         overlaps, each explained by a fault and reported to its holder).\n"
+    );
     let _ = write!(w, "| promise |");
     for c in &cols {
         let _ = write!(w, " {c} |");
