@@ -1204,6 +1204,52 @@ fn ctrl_c_during_a_fair_wait_leaves_no_queue_entry() {
     let _ = std::fs::remove_file(&held);
 }
 
+/// A Ctrl-C while the command runs, on every store: the command gets it and ends, dlock
+/// releases and exits with the command's status (130), and the name is free at once, nothing
+/// of the hold left on the store for its lease or session to end.
+#[test]
+fn ctrl_c_while_the_command_runs_leaves_the_name_free() {
+    let scratch = Scratch::new();
+    let mut urls = stores(&scratch);
+    for var in ["DLOCK_POSTGRES_URL", "DLOCK_ETCD_URL"] {
+        if let Some(url) = service_url(var) {
+            urls.push(url);
+        }
+    }
+    for url in urls {
+        let name = Names::new().name("ctrl-c-run");
+        let ready = std::env::temp_dir().join(format!("dlock-run-{}", rand_suffix()));
+        let script = format!(
+            "echo $$ > {}; sleep 30 </dev/null >/dev/null 2>&1 & wait",
+            ready.display()
+        );
+        let child = dlock(&url, &["run", &name, "--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        pid_in(&ready);
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(130), "{url}: {out:?}");
+        let status: serde_json::Value =
+            serde_json::from_slice(&output(dlock(&url, &["status", "--json", &name])).stdout)
+                .unwrap();
+        assert_eq!(
+            status["held"], false,
+            "{url}: the hold outlived dlock: {status}"
+        );
+        let next = output(dlock(&url, &["run", "--no-wait", &name, "--", "true"]));
+        assert!(
+            next.status.success(),
+            "{url}: the name is not free: {next:?}"
+        );
+        let _ = std::fs::remove_file(&ready);
+    }
+}
+
 /// A Ctrl-C (SIGINT to dlock's whole process group, as a terminal sends it) reaches the
 /// command exactly once: the command is not in dlock's group, and dlock forwards it.
 #[test]
