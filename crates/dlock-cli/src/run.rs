@@ -208,12 +208,28 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // it starts, and a Ctrl-C meant for it is not delivered twice (once by the terminal, once
     // by dlock). The group is the reaper's, started first, so the reaper knows it before the
     // command runs: a dlock killed at any moment after that takes the command along.
-    let reaper = Reaper::start().await;
+    let mut reaper = Reaper::start().await;
     // The terminal goes to that group before the command runs: a command that reads from it
     // at once must not be stopped as a background job (SIGTTIN) before it is handed over.
     let mut terminal = reaper
         .as_ref()
         .and_then(|r| Foreground::hand_to(Pid::from_raw(r.group())));
+    // Job control. A command stopped by the terminal (Ctrl-Z, a read from the background)
+    // stops dlock and its job with it, where dlock runs in a terminal (its stdin is one); a
+    // SIGTSTP to dlock itself (Ctrl-Z while dlock's group has the terminal, or sent to it)
+    // stops the command first, wherever dlock runs. Registered before the command starts,
+    // so that no early stop goes unseen.
+    let mut child_events = if std::io::stdin().is_terminal() {
+        signal(SignalKind::child()).ok()
+    } else {
+        None
+    };
+    let Ok(mut suspend_requests) = signal(SignalKind::from_raw(nix::libc::SIGTSTP)) else {
+        eprintln!("dlock: cannot install signal handlers");
+        Reaper::done(reaper).await;
+        let _ = guard.release().await;
+        return exit::SOFTWARE;
+    };
     let mut command = tokio::process::Command::new(program);
     command
         .args(args)
@@ -288,12 +304,8 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // Whether a stop signal reached dlock (and was passed on to the command): the command's
     // end is then no time to keep the lock for --hold-at-least.
     let mut stopping = false;
-    // Job control, where dlock runs in the foreground of a terminal: the command stopped by
-    // the terminal (Ctrl-Z, a read from the background) stops dlock with it.
-    let mut stops = match (terminal.is_some(), command) {
-        (true, Some(pid)) => signal(SignalKind::child()).ok().map(|s| (s, pid)),
-        _ => None,
-    };
+    // A stop that came before the command was being watched.
+    let mut stop_pending = child_events.is_some() && command.is_some_and(stopped);
     loop {
         tokio::select! {
             // A command that exited is handled first: its status and the release decide.
@@ -395,42 +407,75 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                 send_to(&groups, opts.signal);
                 send_to(&groups, Signal::SIGCONT);
             }
-            Some(()) = async { stops.as_mut()?.0.recv().await }, if stops.is_some() => {
-                let Some(pid) = stops.as_ref().map(|(_, pid)| *pid) else { continue };
-                if !stopped(pid) {
+            Some(()) = async {
+                if stop_pending {
+                    return Some(());
+                }
+                child_events.as_mut()?.recv().await
+            }, if child_events.is_some() || stop_pending => {
+                stop_pending = false;
+                if !command.is_some_and(stopped) {
                     continue;
                 }
-                // dlock stops too, so that the shell, which waits for dlock's job, gets its
-                // prompt back; renewals stop with it. Continued (`fg`, `bg`), it lets the
-                // command go on only if the hold is still this run's: a hold whose lease ran
-                // out meanwhile may be someone else's, and the command dies stopped.
-                drop(terminal.take());
-                let _ = nix::sys::signal::raise(Signal::SIGSTOP);
-                if !guard.is_held() {
-                    eprintln!(
-                        "dlock: the lock {:?} (token {token}) ended while the command was \
-                         stopped; killing it (SIGKILL to its process group)",
-                        opts.name
-                    );
+                if let Some(code) = suspend(&mut Suspension {
+                    guard: &guard,
+                    opts: &opts,
+                    token,
+                    terminal: &mut terminal,
+                    reaper: &mut reaper,
+                    group,
+                    targets: &targets,
+                }).await {
                     kill_and_reap(&targets(), &mut child, reaper).await;
-                    return exit::LOST;
+                    return code;
                 }
-                if in_foreground() {
-                    terminal = group.and_then(Foreground::hand_to);
+            }
+            Some(()) = suspend_requests.recv() => {
+                // The command is asked to stop first (SIGTSTP: the reaper ignores it; a
+                // command that catches it, as an editor does, stops itself), and dlock waits
+                // for that a second at most, then stops as above. A command that does not
+                // stop, or is continued meanwhile, runs on: the reaper kills it when the
+                // hold ends.
+                send(Signal::SIGTSTP);
+                if let Some(pid) = command {
+                    let _ = Deadline::after(Duration::from_secs(1))
+                        .run(async {
+                            while !is_stopped(pid) {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                        })
+                        .await;
                 }
-                send(Signal::SIGCONT);
+                if let Some(code) = suspend(&mut Suspension {
+                    guard: &guard,
+                    opts: &opts,
+                    token,
+                    terminal: &mut terminal,
+                    reaper: &mut reaper,
+                    group,
+                    targets: &targets,
+                }).await {
+                    kill_and_reap(&targets(), &mut child, reaper).await;
+                    return code;
+                }
             }
             _ = interrupt.recv() => {
                 stopping = true;
                 send(Signal::SIGINT);
+                // A stopped command acts on it only once continued.
+                send(Signal::SIGCONT);
             }
             _ = terminate.recv() => {
                 stopping = true;
                 send(Signal::SIGTERM);
+                // A stopped command acts on it only once continued.
+                send(Signal::SIGCONT);
             }
             _ = hangup.recv() => {
                 stopping = true;
                 send(Signal::SIGHUP);
+                // A stopped command acts on it only once continued.
+                send(Signal::SIGCONT);
             }
         }
     }
@@ -536,6 +581,27 @@ impl Reaper {
         self.group
     }
 
+    /// dlock is about to stop: unless [`resumed`](Self::resumed) comes first, the reaper
+    /// kills the command's group `within` from now, when the hold ends (a stopped dlock
+    /// cannot, and anyone may continue the command meanwhile).
+    async fn stopping(&mut self, within: Duration) {
+        self.say(&format!("deadline {}\n", whole_ms(within).as_millis()))
+            .await;
+    }
+
+    /// dlock runs again: the reaper's deadline is off.
+    async fn resumed(&mut self) {
+        self.say("resumed\n").await;
+    }
+
+    /// Writes a line to the reaper (gone: nothing to tell).
+    async fn say(&mut self, line: &str) {
+        if let Some(stdin) = self.child.stdin.as_mut() {
+            let _ = stdin.write_all(line.as_bytes()).await;
+            let _ = stdin.flush().await;
+        }
+    }
+
     /// The command's group is gone or being handled: the reaper leaves it alone and exits.
     /// It may have been stopped with the group (SIGSTOP cannot be caught): it is continued,
     /// and waited for at most [`REAPER_READY_WITHIN`], then killed.
@@ -560,7 +626,7 @@ impl Reaper {
 /// started it joins; waits for its stdin to close, and kills the group (itself last) unless
 /// "done" came first.
 pub(crate) async fn reap() -> u8 {
-    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncBufReadExt;
     // The signals the group gets (a Ctrl-C at the terminal, those dlock passes on to the
     // command) are caught and dropped: the reaper must outlive the command's interruption.
     // So are the others whose default would end or stop it (an operator's `kill -USR1` to
@@ -593,11 +659,39 @@ pub(crate) async fn reap() -> u8 {
             return 0;
         }
     }
-    let mut said = Vec::new();
-    let _ = tokio::io::stdin().read_to_end(&mut said).await;
+    // dlock's lines: `done` (leave the group alone), `deadline MS` (dlock is about to stop:
+    // kill the group in MS unless `resumed` comes first, for the hold ends then and a stopped
+    // dlock cannot act), `resumed`. The end of input without `done` kills the group.
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut deadline: Option<tokio::time::Instant> = None;
+    let done = loop {
+        let line = match deadline {
+            Some(at) => tokio::select! {
+                line = lines.next_line() => line,
+                () = tokio::time::sleep_until(at) => break false,
+            },
+            None => lines.next_line().await,
+        };
+        match line {
+            Ok(Some(line)) if line == "done" => break true,
+            Ok(Some(line)) if line == "resumed" => deadline = None,
+            Ok(Some(line)) => {
+                if let Some(ms) = line
+                    .strip_prefix("deadline ")
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                {
+                    deadline = Some(later(
+                        tokio::time::Instant::now(),
+                        Duration::from_millis(ms),
+                    ));
+                }
+            }
+            _ => break false,
+        }
+    };
     let me = nix::unistd::getpid();
     // Only a group this process leads (never dlock's own, if it was started otherwise).
-    if !said.starts_with(b"done") && getpgrp() == me && me.as_raw() > 1 {
+    if !done && getpgrp() == me && me.as_raw() > 1 {
         let _ = killpg(me, Signal::SIGKILL);
     }
     0
@@ -632,6 +726,61 @@ impl Drop for Foreground {
     }
 }
 
+/// What [`suspend`] works with.
+struct Suspension<'a> {
+    guard: &'a dlock::LockGuard,
+    opts: &'a RunOpts,
+    token: dlock::FencingToken,
+    terminal: &'a mut Option<Foreground>,
+    reaper: &'a mut Option<Reaper>,
+    /// The command's process group (the reaper's), to hand the terminal to.
+    group: Option<Pid>,
+    /// The groups to continue the command in.
+    targets: &'a (dyn Fn() -> Vec<Pid> + Sync),
+}
+
+/// The command has stopped (or was just told to): dlock stops its own job too (its whole
+/// process group, so that a pipeline it is part of stops with it), and the shell that waits
+/// for that job gets its prompt back. Stopped, dlock renews nothing; the reaper, which never
+/// stops, kills the command's group when the hold ends, should anyone continue the command
+/// meanwhile. Continued (`fg`, `bg`), dlock lets the renewal a long stop made due run first
+/// and continues the command only if the hold is still this run's, vouched for past
+/// `--kill-after`: `Some(76)` if not, and the caller kills the command, still stopped.
+async fn suspend(s: &mut Suspension<'_>) -> Option<u8> {
+    drop(s.terminal.take());
+    if let Some(reaper) = s.reaper.as_mut() {
+        reaper.stopping(s.guard.remaining()).await;
+    }
+    let _ = killpg(getpgrp(), Signal::SIGSTOP);
+    let guard = s.guard;
+    let kill_after = s.opts.kill_after;
+    let _ = Deadline::after(guard.remaining())
+        .run(async {
+            while guard.is_held() && guard.remaining() <= kill_after {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    if let Some(reaper) = s.reaper.as_mut() {
+        reaper.resumed().await;
+    }
+    if !guard.is_held() {
+        eprintln!(
+            "dlock: the lock {:?} (token {}) ended while dlock was stopped; killing the \
+             command (SIGKILL to its process group)",
+            s.opts.name, s.token
+        );
+        return Some(exit::LOST);
+    }
+    if in_foreground() {
+        *s.terminal = s.group.and_then(Foreground::hand_to);
+    }
+    for g in (s.targets)() {
+        let _ = killpg(g, Signal::SIGCONT);
+    }
+    None
+}
+
 /// Kills the command's process `groups`, waits for the command `child`, and kills the groups
 /// again (what the command started in them goes too); then lets the reaper go.
 async fn kill_and_reap(groups: &[Pid], child: &mut tokio::process::Child, reaper: Option<Reaper>) {
@@ -653,6 +802,16 @@ fn stopped(pid: Pid) -> bool {
         waitid(Id::Pid(pid), WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG),
         Ok(WaitStatus::Stopped(..))
     )
+}
+
+/// Whether process `pid` is stopped now, as `/proc` says (its state `T`): set once the
+/// process has stopped, not when its stop is only under way. Linux; elsewhere, never.
+fn is_stopped(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('T'))
+    })
 }
 
 /// Whether this process's group is the foreground of the terminal on its stdin.

@@ -931,14 +931,47 @@ impl Drop for Terminal {
 /// A `dlock run NAME` typed at `terminal` whose command writes its pid to `dir/pid`, waits for
 /// `dir/go` and then writes `dir/done`; once the command runs, its pid and dlock's.
 fn job(terminal: &mut Terminal, dir: &std::path::Path, name: &str) -> (i32, i32) {
+    job_of(
+        terminal,
+        dir,
+        name,
+        "while [ ! -e {dir}/go ]; do sleep 0.05; done; echo done > {dir}/done",
+        "",
+    )
+}
+
+/// A `dlock run NAME` typed at `terminal` (with the shell redirection `redirect`) whose
+/// command writes its pid to `dir/pid` and then runs `script` (`{dir}` stands for `dir`);
+/// once the command runs, its pid and dlock's.
+fn job_of(
+    terminal: &mut Terminal,
+    dir: &std::path::Path,
+    name: &str,
+    script: &str,
+    redirect: &str,
+) -> (i32, i32) {
     std::fs::create_dir_all(dir).unwrap();
+    let dir = dir.display().to_string();
     terminal.type_in(&format!(
-        "{DLOCK} run {name} -- sh -c 'echo $$ > {0}/pid; while [ ! -e {0}/go ]; do sleep 0.05; \
-         done; echo done > {0}/done'\n",
-        dir.display()
+        "{DLOCK} run {name} -- sh -c 'echo $$ > {dir}/pid; {}' {redirect}\n",
+        script.replace("{dir}", &dir)
     ));
-    let command = pid_in(&dir.join("pid"));
+    let command = pid_in(&std::path::Path::new(&dir).join("pid"));
     (command, parent_of(command))
+}
+
+/// Polls `dlock run --no-wait NAME -- sh -c SCRIPT` every 200 ms until it runs, failing after
+/// `limit`.
+fn until_another_run_gets(url: &str, name: &str, script: &str, limit: Duration) {
+    within(limit, "another run got the name", || {
+        std::thread::sleep(Duration::from_millis(200));
+        output(dlock(
+            url,
+            &["run", "--no-wait", name, "--", "sh", "-c", script],
+        ))
+        .status
+        .success()
+    });
 }
 
 /// Ctrl-Z at `terminal` stops `command` and dlock (`dlock_pid`) with it, and the shell has its
@@ -1011,22 +1044,7 @@ fn a_job_continued_after_its_lease_ended_is_killed_before_it_runs() {
     suspend(&mut terminal, command, dlock_pid);
     // The command would finish at once if it ran again.
     std::fs::write(dir.join("go"), "").unwrap();
-    let taken = dir.join("taken");
-    within(Duration::from_secs(60), "another run got the name", || {
-        output(dlock(
-            &url,
-            &[
-                "run",
-                "--no-wait",
-                &name,
-                "--",
-                "touch",
-                taken.to_str().unwrap(),
-            ],
-        ))
-        .status
-        .success()
-    });
+    until_another_run_gets(&url, &name, "true", Duration::from_secs(60));
     terminal.type_in("fg\n");
     within(Duration::from_secs(20), "the job ended", || {
         !alive(dlock_pid)
@@ -1037,6 +1055,103 @@ fn a_job_continued_after_its_lease_ended_is_killed_before_it_runs() {
         !dir.join("done").exists(),
         "the command ran on after its lock had passed to another run"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stopped job whose command someone else continues (`kill -CONT`) while dlock stays
+/// stopped: the reaper, which never stops, kills the command when the hold ends (the default
+/// 30 s lease), so it writes nothing after another run got the name; `fg` then ends dlock
+/// with 76.
+#[test]
+fn a_command_continued_behind_a_stopped_dlock_dies_when_the_hold_ends() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("jobs-cont");
+    let dir = std::env::temp_dir().join(format!("dlock-jobs-{}", rand_suffix()));
+    let mut terminal = Terminal::new(&url);
+    let (command, dlock_pid) = job_of(
+        &mut terminal,
+        &dir,
+        &name,
+        "while true; do date +%s%N >> {dir}/stamps; sleep 0.05; done",
+        "",
+    );
+    suspend(&mut terminal, command, dlock_pid);
+    // `kill -CONT -GROUP`: the command and what it runs (its `sleep`, stopped with it).
+    let group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(command))).unwrap();
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGCONT).unwrap();
+    within(Duration::from_secs(10), "the command ran again", || {
+        state_of(command).is_some_and(|s| s != 'T')
+    });
+    assert_eq!(state_of(dlock_pid), Some('T'), "dlock did not stay stopped");
+    let taken = dir.join("taken");
+    until_another_run_gets(
+        &url,
+        &name,
+        &format!("date +%s%N > {}", taken.display()),
+        Duration::from_secs(60),
+    );
+    let taken: u128 = std::fs::read_to_string(&taken)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let last = std::fs::read_to_string(dir.join("stamps"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u128>().ok())
+        .max()
+        .unwrap();
+    assert!(
+        last < taken,
+        "the continued command wrote at {last}, after another run got the name at {taken}"
+    );
+    terminal.type_in("fg\n");
+    within(Duration::from_secs(20), "the job ended", || {
+        !alive(dlock_pid)
+    });
+    terminal.status_is("exit", 76);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ctrl-Z while dlock's own group has the terminal (its stdin is not the terminal, so it
+/// keeps it): dlock asks the command to stop, then stops itself, and the shell has its
+/// prompt back (the command may run on meanwhile, under the reaper's deadline: Linux
+/// sometimes continues it); `fg` continues both and the command finishes under the lock.
+#[test]
+fn ctrl_z_to_dlock_itself_stops_the_job() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("jobs-tstp");
+    let dir = std::env::temp_dir().join(format!("dlock-jobs-{}", rand_suffix()));
+    let mut terminal = Terminal::new(&url);
+    let (command, dlock_pid) = job_of(
+        &mut terminal,
+        &dir,
+        &name,
+        "while [ ! -e {dir}/go ]; do sleep 0.05; done; echo done > {dir}/done",
+        "< /dev/null",
+    );
+    terminal.type_in("\x1a");
+    within(Duration::from_secs(10), "dlock stopped", || {
+        state_of(dlock_pid) == Some('T')
+    });
+    terminal.type_in("echo prompt-$((20+22))\n");
+    within(
+        Duration::from_secs(10),
+        "the shell has its prompt back",
+        || terminal.shows("prompt-42"),
+    );
+    terminal.type_in("fg\n");
+    within(Duration::from_secs(10), "the command continued", || {
+        state_of(command).is_some_and(|s| s != 'T')
+    });
+    std::fs::write(dir.join("go"), "").unwrap();
+    within(Duration::from_secs(20), "the job finished", || {
+        !alive(dlock_pid)
+    });
+    assert!(dir.join("done").exists(), "the command did not finish");
+    terminal.status_is("exit", 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

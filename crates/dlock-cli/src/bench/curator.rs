@@ -17,7 +17,7 @@ use super::{Row, WORKLOAD_LIMIT, Workload};
 /// The backend column of the Curator rows.
 pub(super) const LABEL: &str = "curator (java)";
 
-const SOURCE: &str = include_str!("../../../dlock-zookeeper/tests/java/CuratorBench.java");
+const SOURCE: &str = include_str!("CuratorBench.java");
 
 const JARS: &[&str] = &[
     "curator-recipes.jar",

@@ -17,7 +17,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use super::measure::{fill_handoff, fill_latency, finish, histogram, namespace, uuid_like};
 use super::targets::Target;
-use super::worker::{BOARD_BYTES, Board, Report, Role, Slot};
+use super::worker::{BOARD_BYTES, Board, Report, Role, Slot, WORKER_URL};
 use super::{BenchOpts, Row, Workload};
 
 /// W2P's worker processes, as W2's clients.
@@ -186,13 +186,20 @@ impl Crew<'_> {
         for w in &mut workers {
             w.go().await?;
         }
+        // All reports at once: the first worker that fails (or ends without a report) ends
+        // the run, and the others, which may wait for it (W3P's pair), are killed as the
+        // crew is dropped.
+        let reports = futures::future::try_join_all(workers.iter_mut().map(|w| async {
+            let r = w.report().await?;
+            match r.error {
+                Some(e) => Err(worker_failed(w.id, e)),
+                None => Ok(r),
+            }
+        }))
+        .await?;
         let mut latencies = histogram()?;
         let (mut cycles, mut cpu) = (0, Some(Duration::ZERO));
-        for w in &mut workers {
-            let r = w.report().await?;
-            if let Some(e) = r.error {
-                return Err(worker_failed(w.id, e));
-            }
+        for r in reports {
             cycles += r.cycles;
             cpu = cpu
                 .zip(r.cpu_us)
@@ -220,8 +227,8 @@ impl Crew<'_> {
         cmd.arg("bench-worker")
             .arg("--id")
             .arg(id.to_string())
-            .arg("--url")
-            .arg(&self.target.url)
+            // The URL may carry a password: in the environment, not on the command line.
+            .env(WORKER_URL, &self.target.url)
             .arg("--name")
             .arg((self.name)(id))
             .arg("--role")

@@ -25,6 +25,9 @@ use super::targets::Target;
 use crate::exit;
 use crate::host::now_ns;
 
+/// The variable that gives a worker its store's URL.
+pub(super) const WORKER_URL: &str = "DLOCK_BENCH_WORKER_URL";
+
 /// What a worker process does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Role {
@@ -42,8 +45,8 @@ pub struct BenchWorkerOpts {
     /// This worker's number (0 holds first in W3P).
     #[arg(long)]
     id: u64,
-    /// The store.
-    #[arg(long)]
+    /// The store (from the environment: a password in it does not show in `ps`).
+    #[arg(long, env = WORKER_URL, hide_env_values = true)]
     url: String,
     /// The lock's name.
     #[arg(long)]
