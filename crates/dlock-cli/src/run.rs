@@ -417,16 +417,6 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                 if !command.is_some_and(stopped) {
                     continue;
                 }
-                // A shell's `fg` of a job that ran in the background gives the terminal to
-                // dlock's group without telling dlock; the command, reading it, stopped (it
-                // was not its group's). dlock hands the terminal on and continues it.
-                if terminal.is_none() && in_foreground() {
-                    terminal = group.and_then(Foreground::hand_to);
-                    if terminal.is_some() {
-                        send(Signal::SIGCONT);
-                        continue;
-                    }
-                }
                 if let Some(code) = suspend(&mut Suspension {
                     guard: &guard,
                     opts: &opts,

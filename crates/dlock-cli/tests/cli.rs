@@ -1058,53 +1058,6 @@ fn a_job_continued_after_its_lease_ended_is_killed_before_it_runs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Ctrl-Z, `bg`, then `fg`: the job runs in the background and then in the foreground
-/// again, and the command, given the terminal back at the `fg`, reads what is typed at once
-/// (not stopped a second time by a read from the background).
-#[test]
-fn bg_then_fg_gives_the_command_the_terminal() {
-    let scratch = Scratch::new();
-    let url = scratch.url();
-    let name = Names::new().name("jobs-bg");
-    let dir = std::env::temp_dir().join(format!("dlock-jobs-{}", rand_suffix()));
-    let mut terminal = Terminal::new(&url);
-    let (command, dlock_pid) = job_of(
-        &mut terminal,
-        &dir,
-        &name,
-        "while [ ! -e {dir}/go ]; do sleep 0.05; done; read line; echo \"$line\" > {dir}/done",
-        "",
-    );
-    suspend(&mut terminal, command, dlock_pid);
-    terminal.type_in("bg\n");
-    within(
-        Duration::from_secs(10),
-        "the job runs in the background",
-        || {
-            state_of(dlock_pid).is_some_and(|s| s != 'T')
-                && state_of(command).is_some_and(|s| s != 'T')
-        },
-    );
-    terminal.type_in("fg\n");
-    within(
-        Duration::from_secs(10),
-        "the shell brought the job back",
-        || terminal.shows("fg\r\n"),
-    );
-    std::fs::write(dir.join("go"), "").unwrap();
-    terminal.type_in("typed-line\n");
-    within(Duration::from_secs(20), "the job finished", || {
-        !alive(dlock_pid)
-    });
-    assert_eq!(
-        std::fs::read_to_string(dir.join("done")).unwrap().trim(),
-        "typed-line",
-        "the command did not read the line typed after fg"
-    );
-    terminal.status_is("exit", 0);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// A stopped job whose command someone else continues (`kill -CONT`) while dlock stays
 /// stopped: the reaper, which never stops, kills the command when the hold ends (the default
 /// 30 s lease), so it writes nothing after another run got the name; `fg` then ends dlock
