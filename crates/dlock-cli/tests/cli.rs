@@ -922,7 +922,8 @@ impl Terminal {
 
 impl Drop for Terminal {
     fn drop(&mut self) {
-        self.type_in("exit\n");
+        // Also while a failed test unwinds: a panic here would abort the whole binary.
+        let _ = self.keys.write_all(b"exit\n");
         let _ = self.shell.kill();
         let _ = self.shell.wait();
     }
