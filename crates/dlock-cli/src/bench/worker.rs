@@ -100,6 +100,9 @@ pub(super) enum Slot {
     Granted = 7,
 }
 
+/// How long a W3P worker waits for its partner's move on the board before it gives up.
+const PARTNER_WITHIN: Duration = Duration::from_secs(60);
+
 /// The board's size, bytes: every [`Slot`].
 pub(super) const BOARD_BYTES: usize = 8 * 8;
 
@@ -127,6 +130,23 @@ impl Board {
     /// Sets the counter in `slot` to `value`.
     pub(super) fn set(&self, slot: Slot, value: u64) -> std::io::Result<()> {
         self.0.write_all_at(&value.to_le_bytes(), slot as u64 * 8)
+    }
+
+    /// Waits until the counter in `slot` reads `value` (the other worker of a W3P pair says
+    /// so), polling every 200 µs, at most [`PARTNER_WITHIN`]: a partner gone is an error.
+    async fn wait_for(&self, slot: Slot, value: u64) -> dlock::Result<()> {
+        let polled = dlock::backend::Deadline::after(PARTNER_WITHIN).run(async {
+            while self.get(slot)? != value {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        match polled.await {
+            Some(read) => read.map_err(board_error),
+            None => Err(dlock::Error::config(format!(
+                "the other worker did not move {slot:?} to {value} within {PARTNER_WITHIN:?}"
+            ))),
+        }
     }
 
     /// Adds one to the counter in `slot`: not atomic across processes, so only while holding
@@ -307,15 +327,11 @@ async fn handoff(
                 let Some(g) = held.take() else {
                     return Err(dlock::Error::config("a holder without its hold"));
                 };
-                while board.get(Slot::Waiting).map_err(board_error)? != k + 1 {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+                board.wait_for(Slot::Waiting, k + 1).await?;
                 tokio::time::sleep(REACH_THE_STORE).await;
                 board.set(Slot::Released, now_ns()).map_err(board_error)?;
                 g.release().await?;
-                while board.get(Slot::Granted).map_err(board_error)? != k + 1 {
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
+                board.wait_for(Slot::Granted, k + 1).await?;
             } else {
                 board.set(Slot::Waiting, k + 1).map_err(board_error)?;
                 let g = lock.acquire().await?;
