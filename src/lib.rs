@@ -10,12 +10,14 @@
 //! | feature | backend | schemes |
 //! | --- | --- | --- |
 //! | `memory` (default) | [`memory`]: in-process reference backend | `memory://` |
-//! | `redis` | [`redis`]: Redisson-compatible locks on Redis or Redis Cluster | `redis://`, `rediss://` |
+//! | `redis` | [`redis`]: Redisson-compatible locks on Redis, Redis Cluster or a master behind Sentinel | `redis://`, `rediss://`, `redis+sentinel://` |
 //! | `zookeeper` | [`zookeeper`]: Curator-compatible locks on ZooKeeper | `zk://` |
-//! | `mysql` | [`sql`]: MySQL / MariaDB (unique-insert, optimistic, for-update) | `mysql://`, `mariadb://` |
-//! | `sqlite` (default) | [`sql`]: embedded SQLite, the default store | `sqlite://` |
-//! | `postgres` | [`sql`]: PostgreSQL (unique-insert, optimistic, for-update) | `postgres://`, `postgresql://` |
-//! | `etcd` | [`etcd`]: locks on etcd, compatible with `etcdctl lock` (needs `protoc` to build) | `etcd://` |
+//! | `mysql` | [`sql`]: MySQL / MariaDB (unique-insert, optimistic, for-update, get-lock) | `mysql://`, `mariadb://` |
+//! | `sqlite` (default) | [`sql`]: embedded SQLite, the default store, its C source compiled in | `sqlite://` |
+//! | `sqlite-unbundled` | [`sql`]: embedded SQLite linked to the system's `libsqlite3` (needs libclang to build; turn the default features off) | `sqlite://` |
+//! | `postgres` | [`sql`]: PostgreSQL (unique-insert, optimistic, for-update, advisory) | `postgres://`, `postgresql://` |
+//! | `etcd` | [`etcd`]: locks on etcd, compatible with `etcdctl lock` (needs `protoc` to build) | `etcd://`, `etcds://` |
+//! | `sql-native-roots` | MySQL and PostgreSQL over TLS trust the operating system's certificate store, not the built-in Mozilla roots | |
 //! | `all-backends` | every backend below, for CI and docs | |
 //!
 //! # Guards and release
@@ -30,7 +32,7 @@ use std::fmt;
     feature = "redis",
     feature = "zookeeper",
     feature = "mysql",
-    feature = "sqlite",
+    feature = "_sqlite",
     feature = "postgres",
     feature = "etcd"
 ))]
@@ -80,10 +82,10 @@ pub mod zookeeper {
 }
 
 /// SQL locks: MySQL / MariaDB (`mysql://`) and embedded SQLite (`sqlite://`).
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 #[cfg_attr(
     docsrs,
-    doc(cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres")))
+    doc(cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres")))
 )]
 pub mod sql {
     pub use dlock_sql::*;
@@ -105,6 +107,10 @@ pub mod docs {
     pub mod benchmarks {
         #![doc = include_str!("../docs/benchmarks.md")]
     }
+    /// The `dlock bench` runs of 2026-11-22 to 2026-11-28, as written on their day.
+    pub mod benchmarks_history {
+        #![doc = include_str!("../docs/benchmarks-history.md")]
+    }
 }
 
 /// The URL schemes this build of `dlock` can connect to (depends on the enabled features).
@@ -123,7 +129,7 @@ pub const SCHEMES: &[&str] = &[
     "mysql",
     #[cfg(feature = "mysql")]
     "mariadb",
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     "sqlite",
     #[cfg(feature = "postgres")]
     "postgres",
@@ -131,6 +137,8 @@ pub const SCHEMES: &[&str] = &[
     "postgresql",
     #[cfg(feature = "etcd")]
     "etcd",
+    #[cfg(feature = "etcd")]
+    "etcds",
 ];
 
 /// Every scheme dlock knows, with the feature that enables it.
@@ -154,11 +162,11 @@ const KNOWN: &[(&str, &str)] = &[
 /// | scheme | backend | feature |
 /// | --- | --- | --- |
 /// | `memory://`, `memory://NAME` | in-process store (private, or shared by name) | `memory` |
-/// | `redis://host[:port][/db]`, `rediss://…` (`?cluster=true` for a cluster seed) | Redis, Redisson-compatible | `redis` |
+/// | `redis://host[:port][/db]`, `rediss://…` (`?cluster=true` for a cluster seed), `redis+sentinel://s1,s2,s3/master` | Redis, Redisson-compatible | `redis` |
 /// | `zk://host:port[,host:port…][/chroot][?session_timeout_ms=N]` | ZooKeeper, Curator-compatible | `zookeeper` |
-/// | `mysql://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | MySQL / MariaDB | `mysql` |
-/// | `sqlite://path/to/locks.db[?strategy=unique-insert\|optimistic]` | embedded SQLite (file created if missing) | `sqlite` |
-/// | `postgres://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update]` | PostgreSQL | `postgres` |
+/// | `mysql://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update\|get-lock]` (or `mariadb://`) | MySQL / MariaDB | `mysql` |
+/// | `sqlite://path/to/locks.db[?strategy=unique-insert\|optimistic]` | embedded SQLite (file created if missing) | `sqlite` or `sqlite-unbundled` |
+/// | `postgres://user:pass@host/db[?strategy=unique-insert\|optimistic\|for-update\|advisory]` (or `postgresql://`) | PostgreSQL | `postgres` |
 /// | `etcd://host:port[,host:port…][/prefix][?ttl_s=N]`, `etcds://…?ca_file=…` (TLS) | etcd, compatible with `etcdctl lock` | `etcd` |
 ///
 /// Swapping backends is a URL change: the returned [`Locks`] behaves the same everywhere,
@@ -187,7 +195,7 @@ const KNOWN: &[(&str, &str)] = &[
         feature = "redis",
         feature = "zookeeper",
         feature = "mysql",
-        feature = "sqlite",
+        feature = "_sqlite",
         feature = "postgres",
         feature = "etcd"
     )),
@@ -215,7 +223,7 @@ pub async fn connect(url: &str) -> Result<Locks> {
         "zk" => Arc::new(dlock_zookeeper::ZkProvider::connect(url).await?),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
-        #[cfg(feature = "sqlite")]
+        #[cfg(feature = "_sqlite")]
         "sqlite" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Arc::new(dlock_sql::SqlProvider::connect(url).await?),
@@ -491,6 +499,10 @@ fn schemes_list() -> String {
 }
 
 /// A client of one lock store: a cheap `Clone` handle over the backend's provider.
+///
+/// Connect once per store and clone the handle wherever it is needed (application state,
+/// each task): every [`connect`] opens the backend's own pools, sessions or leases, and the
+/// clones share them.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

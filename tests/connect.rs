@@ -48,6 +48,27 @@ async fn schemes_of_disabled_backends_name_their_feature() {
     }
 }
 
+/// `SCHEMES` lists every scheme the backends of this build accept: with every backend on,
+/// each scheme one of them takes is there.
+#[cfg(feature = "all-backends")]
+#[test]
+fn schemes_lists_every_scheme_of_the_backends() {
+    let backends = [
+        dlock::memory::SCHEMES,
+        dlock::redis::SCHEMES,
+        &["zk"],
+        dlock::sql::SCHEMES,
+        dlock::etcd::SCHEMES,
+    ];
+    for scheme in backends.iter().flat_map(|s| s.iter()) {
+        assert!(
+            dlock::SCHEMES.contains(scheme),
+            "{scheme} is missing from {:?}",
+            dlock::SCHEMES
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_names_and_options_are_clear_errors() {
     let locks = dlock::connect("memory://").await.unwrap();

@@ -189,8 +189,8 @@ impl From<sqlx::PgPool> for SqlPool {
     }
 }
 
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+#[cfg(feature = "_sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "_sqlite")))]
 impl From<sqlx::SqlitePool> for SqlPool {
     fn from(pool: sqlx::SqlitePool) -> Self {
         Self(crate::db::Driver::Sqlite(pool))

@@ -10,7 +10,7 @@ mod config;
 mod db;
 mod error;
 mod handles;
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 mod mounts;
 mod pinned;
 mod provider;

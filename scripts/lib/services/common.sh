@@ -39,6 +39,7 @@ usage() {
 usage: scripts/services up|down|status|env|crash|failover [redis] [zookeeper] [mysql] [postgres]
                                           [redis-cluster] [zk-ensemble] [redis-sentinel]
                                           [etcd] [etcd-cluster] [tools]
+       scripts/services compose-check
 
   up      start (or reuse) the services; prints export lines on stdout
   down    stop the services this script started (never touches others)
@@ -53,6 +54,9 @@ usage: scripts/services up|down|status|env|crash|failover [redis] [zookeeper] [m
           crash loses its keys)
   failover  redis-sentinel only: SENTINEL FAILOVER, then wait until the Sentinels agree
           on the new master and it has its replica online
+  compose-check  start the redis service of compose/docker-compose.yml alone on a spare
+          port (project dlock-compose-check), PING it, take it down; skipped (exit 0)
+          without docker compose or a Docker daemon
 
 Ports can be overridden with DLOCK_REDIS_PORT, DLOCK_ZK_PORT, DLOCK_MYSQL_PORT,
 DLOCK_POSTGRES_PORT and DLOCK_REDIS_CLUSTER_PORT (base of 3 consecutive ports, default 7000); the state
@@ -469,7 +473,7 @@ install_missing_packages() {
                 if ! mysql_answers "$MYSQL_PORT"; then
                     if ! find_bin mariadbd mysqld >/dev/null || ! command -v mariadb-install-db >/dev/null 2>&1; then
                         required+=(mariadb-server)
-                        hints+=("mariadb-server (MariaDB >= 10.5)")
+                        hints+=("mariadb-server (MariaDB >= 10.3)")
                     fi
                 fi
                 if ! mysql_client_bin >/dev/null; then
@@ -511,6 +515,19 @@ install_missing_packages() {
                 if [[ ! -f /usr/include/google/protobuf/descriptor.proto && -z ${PROTOC_INCLUDE:-} ]]; then
                     required+=(libprotobuf-dev)
                     hints+=("libprotobuf-dev (protoc's well-known .proto files), or set PROTOC_INCLUDE")
+                fi
+                # The `sqlite-unbundled` feature (on in every --all-features build) generates
+                # SQLite's bindings with libclang and links the system's libsqlite3.
+                if [[ -z ${LIBCLANG_PATH:-} ]] && {
+                    ! compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null ||
+                        ! compgen -G '/usr/lib/llvm-*/lib/clang/*/include/stdarg.h' >/dev/null
+                }; then
+                    required+=(libclang-dev)
+                    hints+=("libclang-dev (SQLite's bindings for the sqlite-unbundled feature), or set LIBCLANG_PATH")
+                fi
+                if ! pkg-config --exists sqlite3 2>/dev/null; then
+                    required+=(libsqlite3-dev pkg-config)
+                    hints+=("libsqlite3-dev and pkg-config (the system SQLite of the sqlite-unbundled feature)")
                 fi
                 ;;
             postgres)

@@ -12,7 +12,7 @@
 //! - [`row`](mod@row): a bare connection of one driver and a row read by position;
 //! - [`open`](mod@open): the pools of a provider made from a URL, with each pool's session settings.
 #![cfg_attr(
-    not(any(feature = "mysql", feature = "sqlite")),
+    not(any(feature = "mysql", feature = "_sqlite")),
     allow(
         dead_code,
         unused_imports,
@@ -30,7 +30,7 @@ mod row;
 #[cfg(feature = "mysql")]
 pub(crate) use open::MYSQL_LOCKS;
 pub(crate) use open::{SETUP_PATIENCE, connect, setup_pauses};
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 pub(crate) use open::{lock_pool_beside, server_of, statements_beside};
 pub(crate) use pool::{Conn, Driver, Pool};
 pub(crate) use query::{On, Query, query};

@@ -24,7 +24,7 @@ pub(crate) async fn connect(config: &SqlConfig) -> Result<(Pool, Option<Pool>), 
             };
             Ok((pool, lock_pool))
         }
-        #[cfg(feature = "sqlite")]
+        #[cfg(feature = "_sqlite")]
         Dialect::Sqlite => {
             let options = sqlite_options(config)?;
             crate::mounts::warn_if_shared(options.get_filename());
@@ -105,7 +105,7 @@ fn statements_size(config: &SqlConfig) -> u32 {
 /// The options every pool of `size` connections shares, whatever its driver: no ping before a
 /// checkout (a dead connection shows as a statement error, which is retried), and
 /// [`POOL_WAIT`] for a connection.
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 fn pool_options<DB: sqlx::Database>(size: u32) -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .max_connections(size)
@@ -180,7 +180,7 @@ async fn mysql_pool(
 
 /// Where an application's pool connects, without credentials: `host:port/database` of a
 /// server, the file of SQLite (as a URL's store id names them).
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 pub(crate) fn server_of(driver: &Driver) -> String {
     // The server drivers' connect options have getters of the same names, and no trait.
     #[cfg(any(feature = "mysql", feature = "postgres"))]
@@ -196,21 +196,21 @@ pub(crate) fn server_of(driver: &Driver) -> String {
         Driver::MySql(p) => endpoint!(p.connect_options()),
         #[cfg(feature = "postgres")]
         Driver::Postgres(p) => endpoint!(p.connect_options()),
-        #[cfg(feature = "sqlite")]
+        #[cfg(feature = "_sqlite")]
         Driver::Sqlite(p) => p.connect_options().get_filename().display().to_string(),
     }
 }
 
 /// A lock pool of `size` connections opened with the connect options of an application's
 /// MySQL or PostgreSQL pool, set up as dlock's own lock pools are.
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 pub(crate) async fn lock_pool_beside(driver: &Driver, size: u32) -> Result<Pool, sqlx::Error> {
     match driver {
         #[cfg(feature = "mysql")]
         Driver::MySql(p) => mysql_pool(size, (*p.connect_options()).clone(), MYSQL_LOCKS).await,
         #[cfg(feature = "postgres")]
         Driver::Postgres(p) => pg_pool(size, (*p.connect_options()).clone(), "5s").await,
-        #[cfg(feature = "sqlite")]
+        #[cfg(feature = "_sqlite")]
         Driver::Sqlite(_) => {
             let _ = size;
             Err(sqlx::Error::Configuration("SQLite has no lock pool".into()))
@@ -220,7 +220,7 @@ pub(crate) async fn lock_pool_beside(driver: &Driver, size: u32) -> Result<Pool,
 
 /// A pool of `size` connections for statements, opened with the connect options of an
 /// application's MySQL or PostgreSQL pool, set up as dlock's own statements' pools are.
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 pub(crate) async fn statements_beside(driver: &Driver, size: u32) -> Result<Pool, sqlx::Error> {
     match driver {
         #[cfg(feature = "mysql")]
@@ -229,7 +229,7 @@ pub(crate) async fn statements_beside(driver: &Driver, size: u32) -> Result<Pool
         }
         #[cfg(feature = "postgres")]
         Driver::Postgres(p) => pg_pool(size, (*p.connect_options()).clone(), "2s").await,
-        #[cfg(feature = "sqlite")]
+        #[cfg(feature = "_sqlite")]
         Driver::Sqlite(_) => {
             let _ = size;
             Err(sqlx::Error::Configuration(
@@ -283,7 +283,7 @@ async fn pg_pool(
 /// The driver's options for a `sqlite://` URL: the file by its path (never re-parsed as a
 /// URL, so any directory name works), WAL, the busy timeout, and the driver parameters the
 /// URL names.
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
     let bad = |key: &str, value: &str, expected: &str| {
@@ -336,7 +336,7 @@ fn sqlite_options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptio
     Ok(options)
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(all(test, feature = "_sqlite"))]
 mod tests {
     use super::*;
 

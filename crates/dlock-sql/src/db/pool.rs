@@ -12,7 +12,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::mysql::{MySql, MySqlPool};
 #[cfg(feature = "postgres")]
 use sqlx::postgres::{PgPool, Postgres};
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 use sqlx::sqlite::{Sqlite, SqlitePool};
 
 use super::row::{Exec, Row};
@@ -49,7 +49,7 @@ pub(crate) enum Driver {
     #[cfg(feature = "mysql")]
     MySql(MySqlPool),
     /// SQLite.
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     Sqlite(SqlitePool),
     /// PostgreSQL.
     #[cfg(feature = "postgres")]
@@ -71,7 +71,7 @@ pub(crate) struct Conn {
 enum Raw {
     #[cfg(feature = "mysql")]
     MySql(PoolConnection<MySql>),
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     Sqlite(PoolConnection<Sqlite>),
     #[cfg(feature = "postgres")]
     Postgres(PoolConnection<Postgres>),
@@ -236,7 +236,7 @@ impl Driver {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(_) => Dialect::MySql,
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(_) => Dialect::Sqlite,
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => Dialect::Postgres,
@@ -247,7 +247,7 @@ impl Driver {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref p) => p.acquire().await.map(Raw::MySql),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref p) => p.acquire().await.map(Raw::Sqlite),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref p) => p.acquire().await.map(Raw::Postgres),
@@ -258,7 +258,7 @@ impl Driver {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref p) => p.is_closed(),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref p) => p.is_closed(),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref p) => p.is_closed(),
@@ -338,7 +338,7 @@ impl Pool {
         match self.driver {
             #[cfg(feature = "mysql")]
             Driver::MySql(ref p) => p.options().get_max_connections(),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Driver::Sqlite(ref p) => p.options().get_max_connections(),
             #[cfg(feature = "postgres")]
             Driver::Postgres(ref p) => p.options().get_max_connections(),
@@ -351,7 +351,7 @@ impl Pool {
         let (size, idle): (u32, usize) = match self.driver {
             #[cfg(feature = "mysql")]
             Driver::MySql(ref p) => (p.size(), p.num_idle()),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Driver::Sqlite(ref p) => (p.size(), p.num_idle()),
             #[cfg(feature = "postgres")]
             Driver::Postgres(ref p) => (p.size(), p.num_idle()),
@@ -364,11 +364,11 @@ impl Pool {
     pub(crate) async fn raw(&self, sql: &str) -> Result<(), sqlx::Error> {
         let mut conn = self.acquire().await?;
         let r = match conn.exec() {
-            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            #[cfg(not(any(feature = "mysql", feature = "_sqlite", feature = "postgres")))]
             Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
             Exec::MySql(c) => c.execute(sql).await.map(drop),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Exec::Sqlite(c) => c.execute(sql).await.map(drop),
             #[cfg(feature = "postgres")]
             Exec::Postgres(c) => c.execute(sql).await.map(drop),
@@ -383,7 +383,7 @@ impl Raw {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref mut c) => c.ping().await,
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref mut c) => c.ping().await,
             #[cfg(feature = "postgres")]
             Self::Postgres(ref mut c) => c.ping().await,
@@ -394,7 +394,7 @@ impl Raw {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref mut c) => c.close_on_drop(),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref mut c) => c.close_on_drop(),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref mut c) => c.close_on_drop(),
@@ -406,7 +406,7 @@ impl Raw {
         match self {
             #[cfg(feature = "mysql")]
             Self::MySql(c) => drop(c.detach()),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(c) => drop(c.detach()),
             #[cfg(feature = "postgres")]
             Self::Postgres(c) => drop(c.detach()),
@@ -424,14 +424,14 @@ impl Conn {
     /// returns the rows of all of them (the server stops at the first that fails).
     pub(crate) async fn batch(&mut self, sql: &str) -> Result<Vec<Row>, sqlx::Error> {
         let rows = match self.exec() {
-            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            #[cfg(not(any(feature = "mysql", feature = "_sqlite", feature = "postgres")))]
             Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
             Exec::MySql(c) => c
                 .fetch_all(sql)
                 .await
                 .map(|rows| rows.into_iter().map(Row::MySql).collect()),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Exec::Sqlite(c) => c
                 .fetch_all(sql)
                 .await
@@ -450,7 +450,7 @@ impl Conn {
         match self.raw {
             #[cfg(feature = "mysql")]
             Raw::MySql(ref mut c) => Exec::MySql(c),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Raw::Sqlite(ref mut c) => Exec::Sqlite(c),
             #[cfg(feature = "postgres")]
             Raw::Postgres(ref mut c) => Exec::Postgres(c),
@@ -503,7 +503,7 @@ impl Conn {
     }
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(all(test, feature = "_sqlite"))]
 mod tests {
     use super::*;
 

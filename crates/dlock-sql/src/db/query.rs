@@ -7,7 +7,7 @@ use sqlx::{Database, Encode, Type};
 use sqlx::mysql::{MySql, MySqlConnection};
 #[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnection, Postgres};
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use super::pool::{Conn, Pool};
@@ -49,7 +49,7 @@ impl<'c> From<&'c mut PgConnection> for On<'c> {
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 impl<'c> From<&'c mut SqliteConnection> for On<'c> {
     fn from(conn: &'c mut SqliteConnection) -> Self {
         On::Exec(Exec::Sqlite(conn))
@@ -145,14 +145,14 @@ where
 macro_rules! on_driver {
     ($query:ident, $exec:expr, $method:ident, $mysql:expr, $sqlite:expr, $pg:expr) => {
         match $exec {
-            #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+            #[cfg(not(any(feature = "mysql", feature = "_sqlite", feature = "postgres")))]
             Exec::Unused(_, never) => match never {},
             #[cfg(feature = "mysql")]
             Exec::MySql(c) => typed::<MySql>($query.sql, &$query.args, $query.persistent)
                 .$method(c)
                 .await
                 .map($mysql),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Exec::Sqlite(c) => typed::<Sqlite>($query.sql, &$query.args, $query.persistent)
                 .$method(c)
                 .await
@@ -289,7 +289,7 @@ fn pg_done(r: sqlx::postgres::PgQueryResult) -> Done {
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 fn sqlite_done(r: sqlx::sqlite::SqliteQueryResult) -> Done {
     Done {
         rows_affected: r.rows_affected(),

@@ -5,19 +5,19 @@
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 #[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnection, PgRow};
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 
 /// A bare connection of one driver.
 pub(crate) enum Exec<'c> {
     #[cfg(feature = "mysql")]
     MySql(&'c mut MySqlConnection),
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     Sqlite(&'c mut SqliteConnection),
     #[cfg(feature = "postgres")]
     Postgres(&'c mut PgConnection),
     /// Without a driver there is no connection.
-    #[cfg(not(any(feature = "mysql", feature = "sqlite", feature = "postgres")))]
+    #[cfg(not(any(feature = "mysql", feature = "_sqlite", feature = "postgres")))]
     Unused(std::marker::PhantomData<&'c ()>, std::convert::Infallible),
 }
 
@@ -41,7 +41,7 @@ where
 pub(crate) enum Row {
     #[cfg(feature = "mysql")]
     MySql(MySqlRow),
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     Sqlite(SqliteRow),
     #[cfg(feature = "postgres")]
     Postgres(PgRow),
@@ -65,7 +65,7 @@ impl Row {
                     r.try_get::<i64, _>(i)
                 }
             }
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref r) => r.try_get::<i64, _>(i),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref r) => {
@@ -95,7 +95,7 @@ impl Row {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref r) => r.try_get_raw(i).map(|v| v.is_null()),
@@ -108,7 +108,7 @@ impl Row {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref r) => r.try_get::<Vec<u8>, _>(i),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref r) => r.try_get::<Vec<u8>, _>(i),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref r) => r.try_get::<Vec<u8>, _>(i),
@@ -121,7 +121,7 @@ impl Row {
         match *self {
             #[cfg(feature = "mysql")]
             Self::MySql(ref r) => r.try_get::<String, _>(i),
-            #[cfg(feature = "sqlite")]
+            #[cfg(feature = "_sqlite")]
             Self::Sqlite(ref r) => r.try_get::<String, _>(i),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref r) => r.try_get::<String, _>(i),

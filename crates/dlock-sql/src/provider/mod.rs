@@ -28,7 +28,7 @@ pub const SCHEMES: &[&str] = &[
     "mysql",
     #[cfg(feature = "mysql")]
     "mariadb",
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     "sqlite",
     #[cfg(feature = "postgres")]
     "postgres",

@@ -11,7 +11,7 @@ use super::{Inner, MIN_LEASE, SqlProvider};
 use crate::config::{self, Dialect, SqlConfig, Strategy};
 use crate::db::{self, Pool, query};
 use crate::error::{self, from_sqlx};
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "_sqlite")]
 use crate::mounts;
 use crate::schema::{SchemaSql, schema_version};
 use crate::sql::Tables;
@@ -32,7 +32,7 @@ struct Pools {
 
 /// The connections of the pool a `for-update` provider on the application's pool opens for
 /// `lock_in`'s statements beside the caller's transaction (each a short statement).
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
 const LOCK_IN_STATEMENTS: u32 = 4;
 
 impl SqlProvider {
@@ -57,7 +57,7 @@ impl SqlProvider {
         let backend = backend_name(config.dialect);
         let enabled = match config.dialect {
             Dialect::MySql => cfg!(feature = "mysql"),
-            Dialect::Sqlite => cfg!(feature = "sqlite"),
+            Dialect::Sqlite => cfg!(feature = "_sqlite"),
             Dialect::Postgres => cfg!(feature = "postgres"),
         };
         if !enabled {
@@ -126,7 +126,7 @@ impl SqlProvider {
     /// pool's, [`Error::Unsupported`] for a strategy the database does not offer,
     /// [`Error::Connection`] if the provider's own pools cannot connect, [`Error::Backend`] if the
     /// tables cannot be created or are not dlock's.
-    #[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "mysql", feature = "_sqlite", feature = "postgres"))]
     pub async fn from_pool(pool: impl Into<crate::SqlPool>, config: &SqlConfig) -> Result<Self> {
         let pool = pool.into().0;
         let dialect = pool.dialect();
@@ -148,7 +148,7 @@ impl SqlProvider {
         // The database without credentials, the table prefix and the strategy (as a URL's
         // store id).
         let store = format!("{backend}://{}#{table}/{strategy}", db::server_of(&pool));
-        #[cfg(feature = "sqlite")]
+        #[cfg(feature = "_sqlite")]
         #[allow(irrefutable_let_patterns)] // SQLite alone is the only driver
         if let db::Driver::Sqlite(p) = &pool {
             mounts::warn_if_shared(p.connect_options().get_filename());

@@ -218,7 +218,7 @@ mod tests {
 
     /// A release wakes the waiters of its name in this process at once, not at their next
     /// poll.
-    #[cfg(feature = "sqlite")]
+    #[cfg(feature = "_sqlite")]
     #[tokio::test]
     async fn a_release_wakes_the_waiters_of_its_name() {
         use dlock_core::{LockOptions, LockProvider};
