@@ -43,6 +43,7 @@ impl Cli {
                     "dlock_redis",
                     "dlock_zookeeper",
                     "dlock_sql",
+                    "dlock_etcd",
                     "dlock_proxy",
                 ];
                 let spec: Vec<String> = crates.iter().map(|c| format!("{c}={level}")).collect();
@@ -71,8 +72,10 @@ pub enum Command {
     /// and it was not had in time (-E to change); 76 if the lock was lost, or about to end,
     /// while the command ran (also when the loss is found only at the release after the
     /// command exited); 69 if the store could not be reached or did not answer (an error, not
-    /// "held by someone"); 78 for a bad URL, name or duration, or a --kill-after not shorter
-    /// than the hold; 127 if the command is not found.
+    /// "held by someone"); 78 for a bad URL or name, a duration past what the store can hold
+    /// (a lease over a year), or a --kill-after not shorter than the hold; 2 for a
+    /// command line that does not parse (a malformed duration among them); 70 for a failure of
+    /// dlock itself or of the store; 127 if the command is not found.
     Run(RunOpts),
     /// Show whether a lock is held, by whom, for how long, and its last fencing token.
     Status(StatusOpts),

@@ -89,8 +89,10 @@ pub struct RunOpts {
     /// The lock's name.
     name: String,
 
-    /// The command and its arguments (after `--`).
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    /// The command and its arguments: `NAME COMMAND [ARGS...]`, as flock(1) takes them, or
+    /// after `--` (`NAME -- COMMAND [ARGS...]`), which also lets a command begin with `-`.
+    /// Everything from the command on is the command's, options included.
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
@@ -213,6 +215,16 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // by dlock). The group is the reaper's, started first, so the reaper knows it before the
     // command runs: a dlock killed at any moment after that takes the command along.
     let mut reaper = Reaper::start().await;
+    // The reaper kills the group when the hold ends unless dlock, at each tick, tells it a
+    // later end: a dlock that is stopped (a SIGSTOP to it alone cannot be caught) cannot.
+    // A tick every sixth of what the hold has left, so the end it knows is never far behind.
+    let mut tick = tokio::time::interval(
+        (guard.remaining() / 6).clamp(Duration::from_millis(50), Duration::from_secs(1)),
+    );
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if let Some(r) = reaper.as_mut() {
+        r.vouched_for(guard.remaining()).await;
+    }
     // The terminal goes to that group before the command runs: a command that reads from it
     // at once must not be stopped as a background job (SIGTTIN) before it is handed over.
     let mut terminal = reaper
@@ -438,6 +450,11 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                 if let Some(code) = suspend(&mut suspension!()).await {
                     kill_and_reap(&targets(), &mut child, reaper).await;
                     return code;
+                }
+            }
+            _ = tick.tick() => {
+                if let Some(r) = reaper.as_mut() {
+                    r.vouched_for(guard.remaining()).await;
                 }
             }
             Some(()) = suspend_requests.recv() => {

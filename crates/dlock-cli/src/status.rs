@@ -16,6 +16,11 @@ pub struct StatusOpts {
     #[arg(long)]
     json: bool,
 
+    /// Exit 0 if the lock is held and 1 if it is free (as `test`), so a script need not parse
+    /// the output; without it, 0 either way.
+    #[arg(long)]
+    check: bool,
+
     /// The lock's name.
     name: String,
 }
@@ -50,6 +55,7 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         last_token: status.last_token,
     };
+    let code = if opts.check && !report.held { 1 } else { 0 };
     if opts.json {
         match serde_json::to_string(&report) {
             Ok(text) => say!("{text}"),
@@ -58,7 +64,7 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
                 return exit::SOFTWARE;
             }
         }
-        return 0;
+        return code;
     }
     let mut line = format!("{:?}: ", opts.name);
     if let Some(kind) = status.kind {
@@ -77,7 +83,7 @@ pub(crate) async fn status(opts: StatusOpts) -> u8 {
         None => line.push_str(", no fencing token recorded"),
     }
     say!("{line}");
-    0
+    code
 }
 
 /// Asks the store the URL names, through the facade.

@@ -140,6 +140,9 @@ fn exit_statuses() {
     assert_eq!(out.status.code(), Some(7));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with(&name), "{text}");
+    // As flock(1) takes it, without `--`: the command's own options stay its own.
+    let out = output(dlock(&url, &["run", &name, "sh", "-c", "exit 9", "-v"]));
+    assert_eq!(out.status.code(), Some(9), "{out:?}");
     assert!(
         text.trim()
             .rsplit(' ')
@@ -408,11 +411,17 @@ fn status_shows_a_hold_taken_by_the_library() {
         let text =
             String::from_utf8_lossy(&output(dlock(&url, &["status", &name])).stdout).to_string();
         assert!(text.contains("held"), "{url}: {text}");
+        let checked = output(dlock(&url, &["status", "--check", &name]));
+        assert_eq!(checked.status.code(), Some(0), "{url}: held: {checked:?}");
         rt.block_on(guard.release()).unwrap();
         let v: serde_json::Value =
             serde_json::from_slice(&output(dlock(&url, &["status", "--json", &name])).stdout)
                 .unwrap();
         assert_eq!(v["held"], false, "{url}: {v}");
+        let checked = output(dlock(&url, &["status", "--check", "--json", &name]));
+        assert_eq!(checked.status.code(), Some(1), "{url}: free: {checked:?}");
+        let unchecked = output(dlock(&url, &["status", &name]));
+        assert_eq!(unchecked.status.code(), Some(0), "{url}: {unchecked:?}");
     }
 }
 
@@ -1115,6 +1124,80 @@ fn a_command_continued_behind_a_stopped_dlock_dies_when_the_hold_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A SIGSTOP to dlock alone (which it cannot catch) while its command runs: dlock renews
+/// nothing, and its command runs on. The reaper, which dlock keeps told of the hold's end,
+/// kills the command when that end passes (the default 30 s lease), so it writes nothing
+/// after another run got the name; continued, dlock finds the hold gone and exits 76.
+#[test]
+fn the_command_of_a_dlock_stopped_alone_dies_when_the_hold_ends() {
+    let scratch = Scratch::new();
+    let url = scratch.url();
+    let name = Names::new().name("sigstop");
+    let dir = std::env::temp_dir().join(format!("dlock-sigstop-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stamps = dir.join("stamps");
+    let pidfile = dir.join("pid");
+    let script = format!(
+        "echo $$ > {}; while true; do date +%s%N >> {}; sleep 0.05; done",
+        pidfile.display(),
+        stamps.display()
+    );
+    let child = dlock(&url, &["run", &name, "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    within(Duration::from_secs(10), "the command runs", || {
+        stamps.exists()
+    });
+    let command = pid_in(&pidfile);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    // A failed assertion must not leave a stopped dlock behind (it is not waited for then).
+    struct KillOnUnwind(nix::unistd::Pid);
+    impl Drop for KillOnUnwind {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+    let _kill = KillOnUnwind(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let taken = dir.join("taken");
+    until_another_run_gets(
+        &url,
+        &name,
+        &format!("date +%s%N > {}", taken.display()),
+        Duration::from_secs(60),
+    );
+    // Killed (a zombie: its parent, stopped, cannot reap it) before the name could pass on.
+    assert!(
+        !alive(command),
+        "the command of the stopped dlock still ran when another run got the name"
+    );
+    let taken: u128 = std::fs::read_to_string(&taken)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let last = std::fs::read_to_string(&stamps)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u128>().ok())
+        .max()
+        .unwrap();
+    assert!(
+        last < taken,
+        "the command of the stopped dlock wrote at {last}, after another run got the name at \
+         {taken}"
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Ctrl-Z while dlock's own group has the terminal (its stdin is not the terminal, so it
 /// keeps it): dlock asks the command to stop, then stops itself, and the shell has its
 /// prompt back (the command may run on meanwhile, under the reaper's deadline: Linux
@@ -1318,6 +1401,141 @@ fn ctrl_c_during_a_fair_wait_leaves_no_queue_entry() {
     drop(holder.stdin.take());
     assert_eq!(holder.wait().unwrap().code(), Some(0));
     let _ = std::fs::remove_file(&held);
+}
+
+/// A Ctrl-C while `dlock run` waits, on every store: dlock ends the wait and finishes its
+/// undo before it exits, so nothing of the waiter is left on the store (no contender node on
+/// ZooKeeper, no key on etcd, no subscription on Redis; the SQL strategies keep nothing of a
+/// waiter there), and the next run gets the name as soon as its holder ends. A ghost
+/// contender would keep that run out for a session (10 s) or a lease (60 s).
+#[test]
+fn ctrl_c_during_a_wait_leaves_nothing_of_the_waiter() {
+    let scratch = Scratch::new();
+    let mut urls = stores(&scratch);
+    for var in ["DLOCK_POSTGRES_URL", "DLOCK_ETCD_URL"] {
+        if let Some(url) = service_url(var) {
+            urls.push(url);
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for url in urls {
+        let name = Names::new().name("ctrl-c-wait");
+        let held = std::env::temp_dir().join(format!("dlock-held-{}", rand_suffix()));
+        let hold = format!("touch {}; read line || true", held.display());
+        let mut holder = dlock(&url, &["run", &name, "--", "sh", "-c", &hold])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        within(Duration::from_secs(10), "the holder runs", || held.exists());
+        let alone = rt.block_on(contenders(&url, &name));
+        let waiter = dlock(&url, &["run", &name, "--", "true"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(waiter.id()).unwrap());
+        // dlock catches SIGINT from when it has connected and asks for the lock; where the
+        // store shows a waiter, the waiter is there too.
+        within(Duration::from_secs(10), "the waiter waits", || {
+            catches_sigint(pid.as_raw())
+                && alone.is_none_or(|alone| rt.block_on(contenders(&url, &name)) == Some(alone + 1))
+        });
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let out = waiter.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(130), "{url}: {out:?}");
+        assert_eq!(
+            rt.block_on(contenders(&url, &name)),
+            alone,
+            "{url}: the waiter's contender outlived it"
+        );
+        drop(holder.stdin.take());
+        assert_eq!(holder.wait().unwrap().code(), Some(0), "{url}");
+        let next = output(dlock(&url, &["run", "--wait", "5s", &name, "--", "true"]));
+        assert!(
+            next.status.success(),
+            "{url}: the name did not come to the next run when its holder ended: {next:?}"
+        );
+        let _ = std::fs::remove_file(&held);
+    }
+}
+
+/// Whether process `pid` has a handler of its own for SIGINT (`SigCgt` in `/proc`).
+fn catches_sigint(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << (nix::libc::SIGINT - 1)) != 0)
+    })
+}
+
+/// How many contenders for `name` the store of `url` records: nodes under the lock's path on
+/// ZooKeeper, keys under its name on etcd, subscribers of its channel on Redis. `None` for
+/// the stores whose waiters keep nothing there (SQL).
+async fn contenders(url: &str, name: &str) -> Option<usize> {
+    if url.starts_with("redis://") {
+        return redis_subscribers(url, name);
+    }
+    if url.starts_with("zk://") {
+        return zk_children(url, name).await;
+    }
+    if url.starts_with("etcd://") {
+        let endpoint = url.trim_start_matches("etcd://").split(['/', '?']).next()?;
+        let key = format!("dlock/{}/", name.replace('%', "%25").replace('/', "%2F"));
+        let out = Command::new("etcdctl")
+            .args([
+                "--endpoints",
+                endpoint,
+                "get",
+                "--prefix",
+                "--keys-only",
+                &key,
+            ])
+            .output()
+            .expect("etcdctl (scripts/services installs it with etcd)");
+        assert!(out.status.success(), "etcdctl get: {out:?}");
+        return Some(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count(),
+        );
+    }
+    None
+}
+
+#[cfg(feature = "redis")]
+fn redis_subscribers(url: &str, name: &str) -> Option<usize> {
+    let mut redis = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    let counts: Vec<(String, usize)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channel)
+        .query(&mut redis)
+        .unwrap();
+    Some(counts.first().map_or(0, |(_, n)| *n))
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_subscribers(_: &str, _: &str) -> Option<usize> {
+    None
+}
+
+#[cfg(feature = "zookeeper")]
+async fn zk_children(url: &str, name: &str) -> Option<usize> {
+    let hosts = url.trim_start_matches("zk://").split(['/', '?']).next()?;
+    let client = zookeeper_client::Client::connect(hosts).await.unwrap();
+    match client.list_children(&format!("/{name}")).await {
+        Ok(children) => Some(children.len()),
+        Err(zookeeper_client::Error::NoNode) => Some(0),
+        Err(e) => panic!("list the contenders of {name:?}: {e}"),
+    }
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn zk_children(_: &str, _: &str) -> Option<usize> {
+    None
 }
 
 /// A Ctrl-C while the command runs, on every store: the command gets it and ends, dlock

@@ -15,7 +15,8 @@ use super::{RunOpts, whole_ms};
 use crate::exit;
 
 /// A process of dlock's own (`dlock reap`) that kills the command's process group if this
-/// dlock dies before saying it is done, even by SIGKILL: nothing keeps running unlocked. It
+/// dlock dies before saying it is done, even by SIGKILL, or when the hold's end that dlock
+/// last told it passes (a dlock that is stopped cannot act): nothing keeps running unlocked. It
 /// leads that group (the command joins it), so it knows the group before the command runs. It
 /// reads its stdin (a pipe from this process) until EOF; "done" before EOF means leave the
 /// group alone. Signals sent to the group (a Ctrl-C, dlock's own) do not end it.
@@ -72,17 +73,13 @@ impl Reaper {
         self.group
     }
 
-    /// dlock is about to stop: unless [`resumed`](Self::resumed) comes first, the reaper
-    /// kills the command's group `within` from now, when the hold ends (a stopped dlock
-    /// cannot, and anyone may continue the command meanwhile).
-    async fn stopping(&mut self, within: Duration) {
+    /// The hold is vouched for `within` from now: unless told a later end first, the reaper
+    /// kills the command's group then. dlock says so at every tick of its run loop and before
+    /// it stops, so a dlock that cannot act (stopped by Ctrl-Z, or by a SIGSTOP to it alone,
+    /// which it cannot catch) still has its command stopped when the hold ends.
+    pub(super) async fn vouched_for(&mut self, within: Duration) {
         self.say(&format!("deadline {}\n", whole_ms(within).as_millis()))
             .await;
-    }
-
-    /// dlock runs again: the reaper's deadline is off.
-    async fn resumed(&mut self) {
-        self.say("resumed\n").await;
     }
 
     /// Writes a line to the reaper (gone: nothing to tell).
@@ -150,9 +147,9 @@ pub(crate) async fn reap() -> u8 {
             return 0;
         }
     }
-    // dlock's lines: `done` (leave the group alone), `deadline MS` (dlock is about to stop:
-    // kill the group in MS unless `resumed` comes first, for the hold ends then and a stopped
-    // dlock cannot act), `resumed`. The end of input without `done` kills the group.
+    // dlock's lines: `done` (leave the group alone), `deadline MS` (the hold is vouched for
+    // MS from now: kill the group then unless a later deadline comes first, for a dlock that
+    // is stopped or frozen cannot act). The end of input without `done` kills the group.
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut deadline: Option<tokio::time::Instant> = None;
     let done = loop {
@@ -165,7 +162,6 @@ pub(crate) async fn reap() -> u8 {
         };
         match line {
             Ok(Some(line)) if line == "done" => break true,
-            Ok(Some(line)) if line == "resumed" => deadline = None,
             Ok(Some(line)) => {
                 if let Some(ms) = line
                     .strip_prefix("deadline ")
@@ -240,7 +236,7 @@ pub(super) struct Suspension<'a> {
 pub(super) async fn suspend(s: &mut Suspension<'_>) -> Option<u8> {
     drop(s.terminal.take());
     if let Some(reaper) = s.reaper.as_mut() {
-        reaper.stopping(s.guard.remaining()).await;
+        reaper.vouched_for(s.guard.remaining()).await;
     }
     let _ = killpg(getpgrp(), Signal::SIGSTOP);
     let guard = s.guard;
@@ -253,7 +249,7 @@ pub(super) async fn suspend(s: &mut Suspension<'_>) -> Option<u8> {
         })
         .await;
     if let Some(reaper) = s.reaper.as_mut() {
-        reaper.resumed().await;
+        reaper.vouched_for(guard.remaining()).await;
     }
     if !guard.is_held() {
         eprintln!(
