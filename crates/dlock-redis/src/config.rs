@@ -24,6 +24,7 @@ use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
 /// | `pubsub` | a cluster's wake-up messages: `sharded` (SPUBLISH/SSUBSCRIBE, Redis 7+), `classic` (PUBLISH/SUBSCRIBE) or `auto` (sharded where the cluster has it); see [`PubSubMode`] | `auto` |
+/// | `key_prefix` | put before every lock name, so that applications sharing one server keep apart (`key_prefix=billing:` keeps lock `nightly` at key `billing:nightly`); as a Redisson `NameMapper` that prefixes names; no `{` or `}` | none |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RedisConfig {
@@ -49,6 +50,10 @@ pub struct RedisConfig {
     /// the client's certificate (`ca_file`, `cert_file`, `key_file`); empty: the system's
     /// roots, no client certificate.
     pub tls: TlsFiles,
+    /// Put before every lock name (`key_prefix`): lock `nightly` lives at key
+    /// `billing:nightly` with the prefix `billing:`, as a Redisson client with a `NameMapper`
+    /// that adds it keeps it. Empty: none.
+    pub key_prefix: String,
     /// The application's own client, from [`RedisConfig::from_client`]: its address,
     /// credentials and TLS settings are used instead of the URL's.
     pub(crate) client: Option<ClientInfo>,
@@ -238,6 +243,7 @@ impl RedisConfig {
         let mut sentinel_username = None;
         let mut sentinel_password = None;
         let mut tls = TlsFiles::default();
+        let mut key_prefix = String::new();
         // File paths are read from the raw query with core's strict %-decoding (as etcds://
         // reads them): a `+` stays a `+`, and a malformed escape is refused.
         for part in parsed.expose().query().unwrap_or("").split('&') {
@@ -285,6 +291,7 @@ impl RedisConfig {
                 "pubsub" => pubsub = value.parse()?,
                 "sentinel_username" => sentinel_username = Some(value),
                 "sentinel_password" => sentinel_password = Some(value),
+                "key_prefix" => key_prefix = value,
                 "protocol" => {
                     return Err(Error::config(
                         "protocol= is chosen by dlock (RESP3 for its subscriptions); remove it",
@@ -295,7 +302,8 @@ impl RedisConfig {
                     return Err(Error::config(format!(
                         "unknown query parameter {other:?} (known: cluster, timeout_ms, \
                          fair_wait_ms, wait_replicas, pubsub, sentinel_username, \
-                         sentinel_password; with rediss:// also ca_file, cert_file, key_file)"
+                         sentinel_password, key_prefix; with rediss:// also ca_file, \
+                         cert_file, key_file)"
                     )));
                 }
             }
@@ -328,6 +336,7 @@ impl RedisConfig {
             pubsub,
             sentinel,
             tls: tls.checked()?,
+            key_prefix,
             client: None,
         }
         .checked()
@@ -375,12 +384,22 @@ impl RedisConfig {
             pubsub: PubSubMode::Auto,
             sentinel: None,
             tls: TlsFiles::default(),
+            key_prefix: String::new(),
             client: Some(ClientInfo(info)),
         })
     }
 
     /// Refuses combinations dlock cannot keep.
     pub(crate) fn checked(self) -> Result<Self> {
+        // A lock's keys share the name's hash tag (its `{...}`, or the whole name): braces in
+        // the prefix would make the prefix the tag of every name, or split a name's keys.
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(Error::config(format!(
+                "key_prefix={:?}: no `{{` or `}}` (a lock's keys take their hash tag from its \
+                 name)",
+                self.key_prefix
+            )));
+        }
         // A fair waiter looks every third of the wait, and a look may take the response
         // timeout: it must land before the wait is up.
         let least = MIN_FAIR_WAIT.max(self.response_timeout.saturating_mul(2));
@@ -446,6 +465,13 @@ impl RedisConfig {
     #[must_use]
     pub fn with_wait_replicas(mut self, wait: impl Into<WaitReplicas>) -> Self {
         self.wait_replicas = wait.into();
+        self
+    }
+
+    /// Sets the prefix put before every lock name (see [`key_prefix`](Self::key_prefix)).
+    #[must_use]
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
         self
     }
 

@@ -116,7 +116,8 @@ impl RedisProvider {
     /// Refuses a name whose keys the layout cannot keep apart from other names' keys, or, in
     /// a cluster, in one slot.
     fn check_name(&self, name: &LockName) -> Result<()> {
-        if let Some(whose) = bookkeeping_key(name.as_str()) {
+        let key_name = self.key_name(name);
+        if let Some(whose) = bookkeeping_key(&key_name) {
             return Err(Error::InvalidName {
                 name: name.to_string(),
                 reason: format!(
@@ -126,8 +127,8 @@ impl RedisProvider {
             });
         }
         if self.inner.conn.is_cluster()
-            && name.as_str().contains(['{', '}'])
-            && hash_tag(name.as_str()).is_none()
+            && key_name.contains(['{', '}'])
+            && hash_tag(&key_name).is_none()
         {
             return Err(Error::InvalidName {
                 name: name.to_string(),
@@ -139,9 +140,14 @@ impl RedisProvider {
         Ok(())
     }
 
-    /// The keys of `name`, shared by every acquisition of its handle.
-    fn keys(name: &LockName) -> Arc<Keys> {
-        Arc::new(Keys::new(name.as_str()))
+    /// The keys of `name` (under the key prefix), shared by every acquisition of its handle.
+    fn keys(&self, name: &LockName) -> Arc<Keys> {
+        Arc::new(Keys::new(&self.key_name(name)))
+    }
+
+    /// The name `name`'s keys derive from: the key prefix and the name.
+    fn key_name(&self, name: &LockName) -> String {
+        format!("{}{}", self.inner.key_prefix, name.as_str())
     }
 }
 
@@ -172,14 +178,14 @@ impl RawProvider for RedisProvider {
     fn raw_lock(&self, name: &LockName, _options: &LockOptions) -> Result<RedisMutex> {
         Ok(RedisMutex {
             inner: Arc::clone(&self.inner),
-            keys: Self::keys(name),
+            keys: self.keys(name),
         })
     }
 
     fn raw_read_write(&self, name: &LockName, _options: &LockOptions) -> Result<RedisReadWrite> {
         Ok(RedisReadWrite {
             inner: Arc::clone(&self.inner),
-            keys: Self::keys(name),
+            keys: self.keys(name),
             write_field: Mutex::new(None),
         })
     }
@@ -192,7 +198,7 @@ impl RawProvider for RedisProvider {
     ) -> Result<RedisSemaphore> {
         Ok(RedisSemaphore {
             inner: Arc::clone(&self.inner),
-            keys: Self::keys(name),
+            keys: self.keys(name),
         })
     }
 
@@ -201,7 +207,7 @@ impl RawProvider for RedisProvider {
     /// the last fencing token.
     async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {
         self.check_name(name)?;
-        let keys = Keys::new(name.as_str());
+        let keys = Keys::new(&self.key_name(name));
         let call = Call::new("describe", &DESCRIBE)
             .key(&keys.name)
             .key(&keys.token);

@@ -43,6 +43,8 @@ pub(crate) struct Inner {
     pub(crate) renewals: Option<Batcher<Call<'static>, Value>>,
     /// The last hold id given out, for hash fields.
     hold_ids: AtomicU64,
+    /// Put before every lock name (`key_prefix`).
+    pub(crate) key_prefix: String,
 }
 
 impl fmt::Debug for Inner {
@@ -86,6 +88,7 @@ impl Inner {
             replicas,
             conn,
             hold_ids: AtomicU64::new(0),
+            key_prefix: config.key_prefix.clone(),
         }
     }
 

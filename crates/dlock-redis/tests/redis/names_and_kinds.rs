@@ -316,3 +316,74 @@ async fn describe_tells_a_write_hold_from_a_read_hold() {
     r.release().await.unwrap();
     forget(&url, &name).await;
 }
+
+/// `key_prefix` keeps applications that share one server apart: the same name under two
+/// prefixes (and none) is three locks, each at its prefixed key in Redisson's layout, and two
+/// providers of one prefix exclude each other. A prefix with braces is refused (it would take
+/// the hash tag from the names).
+#[tokio::test]
+async fn a_key_prefix_keeps_applications_apart() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let names = Names::new();
+    let name = names.name("prefixed");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let billing = RedisProvider::connect(&format!("{url}{sep}key_prefix=billing:"))
+        .await
+        .unwrap();
+    let billing_too = RedisProvider::connect(&format!("{url}{sep}key_prefix=billing:"))
+        .await
+        .unwrap();
+    let reports = RedisProvider::connect(&format!("{url}{sep}key_prefix=reports:"))
+        .await
+        .unwrap();
+    let plain = RedisProvider::connect(&url).await.unwrap();
+    let held: Vec<_> = [&billing, &reports, &plain]
+        .into_iter()
+        .map(|p| p.lock(&name, LockOptions::default()).unwrap())
+        .collect();
+    let mut guards = Vec::new();
+    for l in &held {
+        guards.push(
+            l.try_acquire(Duration::ZERO)
+                .await
+                .unwrap()
+                .expect("another prefix's hold kept this one out"),
+        );
+    }
+    let other = billing_too.lock(&name, LockOptions::default()).unwrap();
+    assert!(
+        other.try_acquire(Duration::ZERO).await.unwrap().is_none(),
+        "two providers of one prefix did not exclude each other"
+    );
+    let mut redis = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for key in [
+        format!("billing:{name}"),
+        format!("reports:{name}"),
+        name.clone(),
+    ] {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(kind, "hash", "{key} is not a Redisson lock hash");
+    }
+    assert_eq!(
+        billing.describe(&name).await.unwrap().holders.len(),
+        1,
+        "describe reads the prefixed key"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    let e = RedisProvider::connect(&format!("{url}{sep}key_prefix=%7Bapp%7D:"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock_core::Error::Config { .. }), "{e:?}");
+}
