@@ -149,7 +149,8 @@ impl Proxy {
         tracing::debug!(proxy = %self.addr, ?fault, "dlock-proxy fault");
     }
 
-    /// Closes every connection open now (new ones are accepted as usual).
+    /// Resets every connection open now: both its ends get a TCP reset (RST), as from a
+    /// middlebox or a host that lost the connection; new ones are accepted as usual.
     pub fn reset(&self) {
         let mut reset = self
             .shared
@@ -205,32 +206,65 @@ async fn accept_loop(
             shared.open.fetch_add(1, Ordering::SeqCst);
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = reset.cancelled() => {}
-                () = connection(client, upstream, &shared) => {}
+                () = connection(client, upstream, &shared, &reset) => {}
             }
             shared.open.fetch_sub(1, Ordering::SeqCst);
         });
     }
 }
 
-async fn connection(client: TcpStream, upstream: SocketAddr, shared: &Shared) {
-    let Ok(server) = TcpStream::connect(upstream).await else {
-        return;
+/// Forwards one connection until either side closes it, or until `reset`: then both sides get
+/// a TCP reset (RST, as from a middlebox or a host that lost the connection's state), not an
+/// orderly close.
+async fn connection(
+    client: TcpStream,
+    upstream: SocketAddr,
+    shared: &Shared,
+    reset: &CancellationToken,
+) {
+    let server = tokio::select! {
+        () = reset.cancelled() => return,
+        server = TcpStream::connect(upstream) => match server {
+            Ok(server) => server,
+            Err(_) => return,
+        },
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (server_read, server_write) = server.into_split();
-    tokio::select! {
-        () = pump(client_read, server_write, shared.fault.subscribe(), Direction::Up) => {}
-        () = pump(server_read, client_write, shared.fault.subscribe(), Direction::Down) => {}
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = pump(
+        &mut client_read,
+        &mut server_write,
+        shared.fault.subscribe(),
+        Direction::Up,
+    );
+    let down = pump(
+        &mut server_read,
+        &mut client_write,
+        shared.fault.subscribe(),
+        Direction::Down,
+    );
+    let was_reset = tokio::select! {
+        () = up => false,
+        () = down => false,
+        () = reset.cancelled() => true,
+    };
+    if was_reset {
+        // Whole again, a stream closes without the shutdown (FIN) a write half's drop sends,
+        // and with a zero linger its close sends RST.
+        for (read, write) in [(client_read, client_write), (server_read, server_write)] {
+            if let Ok(stream) = read.reunite(write) {
+                let _ = stream.set_zero_linger();
+            }
+        }
     }
 }
 
 /// Copies `from` to `to`, applying the fault in force to each chunk.
 async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
     mut fault: watch::Receiver<Fault>,
     dir: Direction,
 ) {
@@ -353,7 +387,10 @@ mod tests {
         let n = tokio::time::timeout(long, s.read(&mut buf))
             .await
             .map_err(io::Error::other)?;
-        assert!(matches!(n, Ok(0) | Err(_)), "a reset connection ends");
+        assert!(
+            matches!(&n, Err(e) if e.kind() == io::ErrorKind::ConnectionReset),
+            "a reset connection ends with a TCP reset, not an orderly close: {n:?}"
+        );
         let mut again = TcpStream::connect(proxy.addr()).await?;
         assert!(round_trip(&mut again, long).await?.is_some());
         assert_eq!(proxy.accepted_connections(), 3);
