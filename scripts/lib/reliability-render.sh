@@ -120,7 +120,10 @@ process and cannot be tortured, so it has no row.
 
 How to read a table (the checker's rules):
 
-- **Fenced violations must be 0**: a token accepted out of order, or a fenced update lost.
+- **Fenced violations must be 0**: the harness's check of its own fenced resource (a token
+  accepted out of order, or a fenced update lost), which refuses a stale token itself; it shows
+  the resource worked, not that the store did. The store's tokens are judged apart: one issued
+  twice for a name, or lower than an earlier grant's, is a violation of its own in the list.
 - An **overlap** is a hold that another worker's hold began inside. It is **explained** only by
   a fault that hit the older holder and outlasted what its hold was vouched for: it began at
   least two thirds of a span (less the drift allowance and 50 ms) before the newer grant and

@@ -62,7 +62,8 @@ const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
     (
         "MySQL / MariaDB",
         "unique-insert and optimistic rows are InnoDB rows; for-update holds end with their \
-         connection and are reported lost at the next renewal. No test restarts the server",
+         connection and are reported lost at the next renewal. No test of the suite restarts the server; `dlock torture --faults restart` does, in \
+         `docs/reliability.md`",
         "not covered: an asynchronous replica can lose a hold",
         "a partitioned holder is lost by its lease end and others get in after it; for \
          for-update the server's `wait_timeout` is the lease \
@@ -74,7 +75,8 @@ const UNDER_FAILURE: &[(&str, &str, &str, &str, &str)] = &[
         "PostgreSQL",
         "unique-insert and optimistic rows are table rows; for-update and advisory holds end \
          with their session and are reported lost within a second (the watcher's pings; \
-         `terminated_postgres_advisory_holder_reports_loss`). No test restarts the server",
+         `terminated_postgres_advisory_holder_reports_loss`). No test of the suite restarts the server; `dlock torture --faults restart` does, in \
+         `docs/reliability.md`",
         "not covered: an asynchronous standby can lose a hold",
         "a partitioned holder is lost by its lease end and others get in after it; the server \
          enforces the lease too: `idle_session_timeout` (advisory, and for-update, which is \

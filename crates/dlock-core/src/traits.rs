@@ -192,7 +192,18 @@ pub trait DistributedLock: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: dropping the future at any await leaves no hold, queue entry or node behind.
+    /// Cancel safe: dropping the future at any await leaves no hold, queue entry or node
+    /// behind, at this cost:
+    ///
+    /// - What the attempt may already have placed on the store (a fair-queue entry, a
+    ///   contender node or key, a grant whose answer was still on its way) is removed by a
+    ///   clean-up task on the runtime the attempt ran on. A runtime that shuts down first (when
+    ///   `main` returns) drops it, and the store keeps the leftover until its lease or session
+    ///   ends: await [`LockProvider::close`] before.
+    /// - A dropped fair waiter gives up its place: asking again queues it last.
+    /// - On the connection-bound SQL strategies (for-update, advisory, get-lock) the waiting
+    ///   statement is ended on the server from another connection (`KILL`,
+    ///   `pg_terminate_backend`), so the waiter's connection is closed, not reused.
     async fn acquire(&self) -> Result<LockGuard>;
 
     /// Waits at most `wait` for the lock; `Ok(None)` if the store says someone else holds it
@@ -233,7 +244,7 @@ pub trait DistributedReadWriteLock: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe, at the cost [`DistributedLock::acquire`] describes.
     async fn read(&self) -> Result<LockGuard>;
 
     /// Waits at most `wait` for a read hold.
@@ -244,7 +255,7 @@ pub trait DistributedReadWriteLock: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe, at the cost [`DistributedLock::acquire`] describes.
     async fn try_read(&self, wait: Duration) -> Result<Option<LockGuard>>;
 
     /// Waits for the exclusive (write) hold.
@@ -256,7 +267,7 @@ pub trait DistributedReadWriteLock: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe, at the cost [`DistributedLock::acquire`] describes.
     async fn write(&self) -> Result<LockGuard>;
 
     /// Waits at most `wait` for the write hold.
@@ -267,7 +278,7 @@ pub trait DistributedReadWriteLock: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe, at the cost [`DistributedLock::acquire`] describes.
     async fn try_write(&self, wait: Duration) -> Result<Option<LockGuard>>;
 }
 
@@ -295,7 +306,7 @@ pub trait DistributedSemaphore: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe, at the cost [`DistributedLock::acquire`] describes.
     async fn acquire(&self) -> Result<LockGuard>;
 
     /// Waits at most `wait` for a permit.
@@ -306,7 +317,7 @@ pub trait DistributedSemaphore: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe, at the cost [`DistributedLock::acquire`] describes.
     async fn try_acquire(&self, wait: Duration) -> Result<Option<LockGuard>>;
 
     /// How many of the [`permits`](Self::permits) are free right now, as the store counts

@@ -89,9 +89,13 @@ impl Target {
 /// The backend column of a store's rows: its scheme, and a SQL store's strategy.
 fn label_of(url: &str) -> String {
     let scheme = url.split("://").next().unwrap_or("?");
-    let strategy = url
-        .split_once("strategy=")
-        .map(|(_, s)| s.split('&').next().unwrap_or(s).to_owned());
+    // A host list (`h1,h2`) is no URL host the `url` crate takes; the query is all we read.
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let param = |key: &str| {
+        url::form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    };
     match scheme {
         "mysql" | "mariadb" | "sqlite" | "postgres" | "postgresql" => {
             let scheme = if scheme == "postgresql" {
@@ -99,12 +103,10 @@ fn label_of(url: &str) -> String {
             } else {
                 scheme
             };
-            format!(
-                "{scheme}/{}",
-                strategy.unwrap_or_else(|| "unique-insert".into())
-            )
+            let strategy = param("strategy").unwrap_or_else(|| "unique-insert".into());
+            format!("{scheme}/{strategy}")
         }
-        "redis" | "rediss" if url.contains("cluster=true") => "redis-cluster".into(),
+        "redis" | "rediss" if param("cluster").as_deref() == Some("true") => "redis-cluster".into(),
         other => other.to_owned(),
     }
 }
@@ -209,5 +211,12 @@ mod tests {
         assert_eq!(label_of("postgres://u@h/db"), "postgres/unique-insert");
         assert_eq!(label_of("redis://h:7000/?cluster=true"), "redis-cluster");
         assert_eq!(label_of("zk://h:2181"), "zk");
+        // A key that only ends in `strategy` or a value that only holds `cluster=true` is not
+        // the parameter.
+        assert_eq!(
+            label_of("mysql://u@h/db?table=my_strategy&x_strategy=for-update"),
+            "mysql/unique-insert"
+        );
+        assert_eq!(label_of("redis://h/?name=cluster%3Dtrue"), "redis");
     }
 }

@@ -1,6 +1,7 @@
 //! Fenced writes, from the resource's ledger: accepted tokens rise per name, and its counter
-//! equals its accepted writes (no lost fenced update). Also counts the unfenced counter's lost
-//! updates (what fencing saved).
+//! equals its accepted writes (no lost fenced update). The resource refuses a stale token
+//! itself, so this checks the harness, not the store (the store's tokens are `tokens`' to
+//! judge). Also counts the unfenced counter's lost updates (what fencing saved).
 
 use std::collections::HashMap;
 
