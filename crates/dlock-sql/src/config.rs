@@ -16,7 +16,7 @@ const PRUNE_AFTER: Duration = Duration::from_secs(3600);
 pub enum Dialect {
     /// MySQL 8 or MariaDB 10.3+ (older servers are refused at connect).
     MySql,
-    /// SQLite 3.42+ (embedded, file-based).
+    /// SQLite 3.35+ (embedded, file-based; older libraries are refused at connect).
     Sqlite,
     /// PostgreSQL 12+.
     Postgres,

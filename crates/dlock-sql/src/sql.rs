@@ -142,7 +142,11 @@ impl Tables<'_> {
     fn now(&self) -> &'static str {
         match self.dialect {
             Dialect::MySql => "CAST(ROUND(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(3)) * 1000) AS SIGNED)",
-            Dialect::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+            // julianday() keeps SQLite's clock to the millisecond (unixepoch('subsec') would
+            // need SQLite 3.42, newer than many systems' libsqlite3).
+            Dialect::Sqlite => {
+                "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+            }
             // clock_timestamp(), not now(): now() is the start of the transaction.
             Dialect::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
         }

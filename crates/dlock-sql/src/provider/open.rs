@@ -200,7 +200,11 @@ impl SqlProvider {
         }
         let mariadb = match dialect {
             Dialect::MySql => check_mysql_server(&pool).await?,
-            Dialect::Sqlite | Dialect::Postgres => false,
+            Dialect::Sqlite => {
+                check_sqlite_library(&pool).await?;
+                false
+            }
+            Dialect::Postgres => false,
         };
         let origin = registry::origin(&store_id);
         let tables = Tables {
@@ -312,6 +316,29 @@ async fn check_mysql_server(pool: &Pool) -> Result<bool> {
     }
     check_single_primary(&settings)?;
     Ok(mariadb)
+}
+
+/// Refuses a SQLite library older than the statements need (`RETURNING`: 3.35), which only a
+/// system library (`sqlite-unbundled`) can be.
+async fn check_sqlite_library(pool: &Pool) -> Result<()> {
+    let what = "read the SQLite library's version";
+    let row = query("SELECT sqlite_version()")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| from_sqlx("sqlite", what, e))?;
+    let version = row.text(0).map_err(|e| from_sqlx("sqlite", what, e))?;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) < (3, 35) {
+        return Err(Error::unsupported(
+            "sqlite",
+            format!(
+                "SQLite {version}: dlock's statements need 3.35 or newer (RETURNING); link a \
+                 newer libsqlite3, or build with the `sqlite` feature, which compiles one in"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a server on which fencing tokens could go backwards; says whether it is MariaDB.
