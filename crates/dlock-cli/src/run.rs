@@ -215,16 +215,14 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // by dlock). The group is the reaper's, started first, so the reaper knows it before the
     // command runs: a dlock killed at any moment after that takes the command along.
     let mut reaper = Reaper::start().await;
-    // The reaper kills the group when the hold ends unless dlock, at each tick, tells it a
-    // later end: a dlock that is stopped (a SIGSTOP to it alone cannot be caught) cannot.
-    // A tick every sixth of what the hold has left, so the end it knows is never far behind.
-    let mut tick = tokio::time::interval(
-        (guard.remaining() / 6).clamp(Duration::from_millis(50), Duration::from_secs(1)),
-    );
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    if let Some(r) = reaper.as_mut() {
-        r.vouched_for(guard.remaining()).await;
+    // The reaper kills the group when the hold ends unless dlock tells it a later end: a dlock
+    // that is stopped (a SIGSTOP to it alone cannot be caught) cannot. dlock tells it again a
+    // sixth of what the hold has left later (10 ms to 1 s): always before the end it last
+    // told, so a renewal reaches the reaper before the end it moved.
+    if let Some(r) = &reaper {
+        r.vouched_for(guard.remaining());
     }
+    let mut report_at = tokio::time::Instant::now();
     // The terminal goes to that group before the command runs: a command that reads from it
     // at once must not be stopped as a background job (SIGTTIN) before it is handed over.
     let mut terminal = reaper
@@ -452,10 +450,15 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                     return code;
                 }
             }
-            _ = tick.tick() => {
-                if let Some(r) = reaper.as_mut() {
-                    r.vouched_for(guard.remaining()).await;
+            () = tokio::time::sleep_until(report_at) => {
+                let left = guard.remaining();
+                if let Some(r) = &reaper {
+                    r.vouched_for(left);
                 }
+                report_at = later(
+                    tokio::time::Instant::now(),
+                    (left / 6).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+                );
             }
             Some(()) = suspend_requests.recv() => {
                 // The command is asked to stop first (SIGTSTP: the reaper ignores it; a

@@ -223,7 +223,10 @@ async fn connection(
     reset: &CancellationToken,
 ) {
     let server = tokio::select! {
-        () = reset.cancelled() => return,
+        () = reset.cancelled() => {
+            let _ = client.set_zero_linger();
+            return;
+        }
         server = TcpStream::connect(upstream) => match server {
             Ok(server) => server,
             Err(_) => return,

@@ -476,8 +476,19 @@ impl RedisConfig {
     }
 
     /// The store id: the URL without credentials or query; for Sentinel, the Sentinels and
-    /// the master's name (whichever server is master now).
+    /// the master's name (whichever server is master now); with a key prefix, the prefix
+    /// after `#` (its locks are another set than the same names' without it).
     pub(crate) fn store_id(&self) -> String {
+        let id = self.server_id();
+        if self.key_prefix.is_empty() {
+            id
+        } else {
+            format!("{id}#{}", self.key_prefix)
+        }
+    }
+
+    /// The server's part of [`store_id`](Self::store_id).
+    fn server_id(&self) -> String {
         match &self.sentinel {
             // Database 0 is the default: `redis://h/0` and `redis://h` are one store.
             None => {

@@ -11,7 +11,7 @@ use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::{RunOpts, whole_ms};
+use super::RunOpts;
 use crate::exit;
 
 /// A process of dlock's own (`dlock reap`) that kills the command's process group if this
@@ -23,6 +23,42 @@ use crate::exit;
 pub(super) struct Reaper {
     child: tokio::process::Child,
     group: i32,
+    /// What the reaper is to hear next; a task of its own writes it to the pipe, so that a
+    /// reaper that does not read (stopped with the command's group) never holds up dlock.
+    said: tokio::sync::watch::Sender<Said>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+/// What dlock tells its reaper: the hold's end (on the host's monotonic clock, in ns), or
+/// that it is done. Only the latest is written: a reaper that reads late learns the latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    Nothing,
+    Until(u64),
+    Done,
+}
+
+/// Writes what dlock says to the reaper's stdin, the latest each time, until `done` (then the
+/// pipe closes) or until dlock drops its reaper (the pipe closes without it: the reaper kills
+/// the group).
+async fn tell(
+    mut stdin: tokio::process::ChildStdin,
+    mut heard: tokio::sync::watch::Receiver<Said>,
+) {
+    while heard.changed().await.is_ok() {
+        let said = *heard.borrow_and_update();
+        let line = match said {
+            Said::Nothing => continue,
+            Said::Until(ns) => format!("until {ns}\n"),
+            Said::Done => "done\n".to_owned(),
+        };
+        if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+            return;
+        }
+        if said == Said::Done {
+            return;
+        }
+    }
 }
 
 /// How long `dlock run` waits for its reaper to be ready before it runs the command without.
@@ -65,7 +101,15 @@ impl Reaper {
             cannot(&"it did not say it was ready");
             return None;
         }
-        Some(Self { child, group })
+        let stdin = child.stdin.take()?;
+        let (said, heard) = tokio::sync::watch::channel(Said::Nothing);
+        let writer = tokio::spawn(tell(stdin, heard));
+        Some(Self {
+            child,
+            group,
+            said,
+            writer,
+        })
     }
 
     /// The process group the command joins: the reaper's own.
@@ -74,20 +118,22 @@ impl Reaper {
     }
 
     /// The hold is vouched for `within` from now: unless told a later end first, the reaper
-    /// kills the command's group then. dlock says so at every tick of its run loop and before
-    /// it stops, so a dlock that cannot act (stopped by Ctrl-Z, or by a SIGSTOP to it alone,
-    /// which it cannot catch) still has its command stopped when the hold ends.
-    pub(super) async fn vouched_for(&mut self, within: Duration) {
-        self.say(&format!("deadline {}\n", whole_ms(within).as_millis()))
-            .await;
-    }
-
-    /// Writes a line to the reaper (gone: nothing to tell).
-    async fn say(&mut self, line: &str) {
-        if let Some(stdin) = self.child.stdin.as_mut() {
-            let _ = stdin.write_all(line.as_bytes()).await;
-            let _ = stdin.flush().await;
-        }
+    /// kills the command's group then. dlock says so again and again while the command runs
+    /// and before it stops, so a dlock that cannot act (stopped by Ctrl-Z, or by a SIGSTOP to
+    /// it alone, which it cannot catch) still has its command killed when the hold ends. The
+    /// end is absolute (the host's monotonic clock, which both processes read) and only ever
+    /// moves later: a line the reaper reads late cannot cut a hold short.
+    pub(super) fn vouched_for(&self, within: Duration) {
+        let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
+        let until = crate::host::now_ns().saturating_add(within);
+        self.said.send_if_modified(|said| match *said {
+            Said::Until(old) if old >= until => false,
+            Said::Done => false,
+            _ => {
+                *said = Said::Until(until);
+                true
+            }
+        });
     }
 
     /// The command's group is gone or being handled: the reaper leaves it alone and exits.
@@ -95,11 +141,17 @@ impl Reaper {
     /// and waited for at most [`REAPER_READY_WITHIN`], then killed.
     pub(super) async fn done(reaper: Option<Self>) {
         let Some(mut reaper) = reaper else { return };
-        if let Some(mut stdin) = reaper.child.stdin.take() {
-            let _ = stdin.write_all(b"done\n").await;
-            drop(stdin);
-        }
+        reaper.said.send_replace(Said::Done);
+        // Continued first: a reaper stopped with the group reads nothing, and its pipe may be
+        // full.
         let _ = nix::sys::signal::kill(Pid::from_raw(reaper.group), Signal::SIGCONT);
+        if Deadline::after(REAPER_READY_WITHIN)
+            .run(&mut reaper.writer)
+            .await
+            .is_none()
+        {
+            reaper.writer.abort();
+        }
         if Deadline::after(REAPER_READY_WITHIN)
             .run(reaper.child.wait())
             .await
@@ -147,30 +199,33 @@ pub(crate) async fn reap() -> u8 {
             return 0;
         }
     }
-    // dlock's lines: `done` (leave the group alone), `deadline MS` (the hold is vouched for
-    // MS from now: kill the group then unless a later deadline comes first, for a dlock that
-    // is stopped or frozen cannot act). The end of input without `done` kills the group.
+    // dlock's lines: `done` (leave the group alone), `until NS` (the hold is vouched for
+    // until NS on the host's monotonic clock: kill the group then unless a later end comes
+    // first, for a dlock that is stopped or frozen cannot act; an earlier one changes
+    // nothing). The end of input without `done` kills the group. A line waiting to be read
+    // goes before the end: the reader may have been stopped past an end a later line moved.
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    let mut deadline: Option<tokio::time::Instant> = None;
+    let mut until: Option<u64> = None;
     let done = loop {
-        let line = match deadline {
-            Some(at) => tokio::select! {
-                line = lines.next_line() => line,
-                () = tokio::time::sleep_until(at) => break false,
-            },
+        let line = match until {
+            Some(ns) => {
+                let left = Duration::from_nanos(ns.saturating_sub(crate::host::now_ns()));
+                tokio::select! {
+                    biased;
+                    line = lines.next_line() => line,
+                    () = tokio::time::sleep_until(later(tokio::time::Instant::now(), left)) => break false,
+                }
+            }
             None => lines.next_line().await,
         };
         match line {
             Ok(Some(line)) if line == "done" => break true,
             Ok(Some(line)) => {
-                if let Some(ms) = line
-                    .strip_prefix("deadline ")
-                    .and_then(|ms| ms.parse::<u64>().ok())
+                if let Some(ns) = line
+                    .strip_prefix("until ")
+                    .and_then(|ns| ns.parse::<u64>().ok())
                 {
-                    deadline = Some(later(
-                        tokio::time::Instant::now(),
-                        Duration::from_millis(ms),
-                    ));
+                    until = Some(until.map_or(ns, |old| old.max(ns)));
                 }
             }
             _ => break false,
@@ -236,7 +291,7 @@ pub(super) struct Suspension<'a> {
 pub(super) async fn suspend(s: &mut Suspension<'_>) -> Option<u8> {
     drop(s.terminal.take());
     if let Some(reaper) = s.reaper.as_mut() {
-        reaper.vouched_for(s.guard.remaining()).await;
+        reaper.vouched_for(s.guard.remaining());
     }
     let _ = killpg(getpgrp(), Signal::SIGSTOP);
     let guard = s.guard;
@@ -249,7 +304,7 @@ pub(super) async fn suspend(s: &mut Suspension<'_>) -> Option<u8> {
         })
         .await;
     if let Some(reaper) = s.reaper.as_mut() {
-        reaper.vouched_for(guard.remaining()).await;
+        reaper.vouched_for(guard.remaining());
     }
     if !guard.is_held() {
         eprintln!(

@@ -382,6 +382,9 @@ async fn a_key_prefix_keeps_applications_apart() {
     for g in guards {
         g.release().await.unwrap();
     }
+    // Another set of locks, so another store to MultiLock (which keeps one name per store).
+    assert_ne!(billing.store_id(), plain.store_id());
+    assert_eq!(billing.store_id(), billing_too.store_id());
     let e = RedisProvider::connect(&format!("{url}{sep}key_prefix=%7Bapp%7D:"))
         .await
         .unwrap_err();
