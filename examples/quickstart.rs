@@ -59,7 +59,7 @@ async fn main() -> dlock::Result<()> {
         () = tokio::time::sleep(lease * 10) => println!("carol's hold was never reported lost"),
     }
     match guard.release().await {
-        Err(dlock::Error::LockLost { name }) => {
+        Err(dlock::Error::LockLost { name, .. }) => {
             println!("releasing it says: lock {name:?} was lost")
         }
         other => println!("releasing it says: {other:?}"),

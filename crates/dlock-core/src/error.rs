@@ -13,11 +13,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// "Not acquired within the wait" is not an error: [`try_acquire`](crate::DistributedLock::try_acquire)
 /// returns `Ok(None)` for it. Use [`Error::is_retryable`] to decide whether the same call may
 /// succeed later.
+///
+/// Each variant is `#[non_exhaustive]` as well, so that fields can be added: outside this
+/// crate, build one with its constructor ([`Error::config`], [`Error::backend`],
+/// [`Error::connection`], …) and end a pattern that names fields with `..`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock name is not acceptable (see [`LockName`](crate::LockName)).
     #[error("invalid lock name {name:?}: {reason}")]
+    #[non_exhaustive]
     InvalidName {
         /// The name as given (possibly shortened for display).
         name: String,
@@ -27,6 +32,7 @@ pub enum Error {
 
     /// An argument other than the name is out of range: zero permits, a zero or too-short lease.
     #[error("invalid argument `{argument}`: {reason}")]
+    #[non_exhaustive]
     InvalidArgument {
         /// Which argument.
         argument: &'static str,
@@ -38,6 +44,7 @@ pub enum Error {
     /// backend whose Cargo feature is not enabled. URLs in the message have their password
     /// redacted.
     #[error("invalid configuration: {message}")]
+    #[non_exhaustive]
     Config {
         /// What is wrong, for a human.
         message: String,
@@ -48,6 +55,7 @@ pub enum Error {
 
     /// The backend cannot honour an option or operation; it refuses rather than pretend.
     #[error("{backend} does not support {what}")]
+    #[non_exhaustive]
     Unsupported {
         /// The backend, e.g. `"redis"`.
         backend: &'static str,
@@ -58,6 +66,7 @@ pub enum Error {
     /// The hold this guard stood for is gone: it expired, its session ended, or someone else
     /// took the lock. Nothing was changed on the server.
     #[error("the hold on lock {name:?} was lost")]
+    #[non_exhaustive]
     LockLost {
         /// The lock's name.
         name: String,
@@ -66,6 +75,7 @@ pub enum Error {
     /// The call would wait forever on a lock the caller itself holds, e.g. asking for the
     /// write lock while holding the read lock of the same read-write lock.
     #[error("acquiring {name:?} would deadlock: {reason}")]
+    #[non_exhaustive]
     WouldDeadlock {
         /// The lock's name.
         name: String,
@@ -76,6 +86,7 @@ pub enum Error {
     /// The provider was closed ([`LockProvider::close`](crate::LockProvider::close)): it
     /// hands out no more holds.
     #[error("the {backend} provider was closed: {name:?} cannot be acquired")]
+    #[non_exhaustive]
     Closed {
         /// The backend, e.g. `"redis"`.
         backend: &'static str,
@@ -85,6 +96,7 @@ pub enum Error {
 
     /// The backend could not be reached or the connection broke. Retrying can help.
     #[error("{backend} connection error: {message}")]
+    #[non_exhaustive]
     Connection {
         /// The backend, e.g. `"redis"`.
         backend: &'static str,
@@ -97,6 +109,7 @@ pub enum Error {
 
     /// The backend answered with an error.
     #[error("{backend} error: {message}")]
+    #[non_exhaustive]
     Backend {
         /// The backend, e.g. `"mysql"`.
         backend: &'static str,
@@ -195,6 +208,23 @@ impl Error {
         }
     }
 
+    /// Shorthand for [`Error::Config`] with a source: the parser's or the client library's
+    /// error that made the configuration unusable.
+    pub fn config_caused(message: impl fmt::Display, source: impl Into<BoxError>) -> Self {
+        Self::Config {
+            message: message.to_string(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidName`]: `name` as given, and why it was rejected.
+    pub fn invalid_name(name: impl fmt::Display, reason: impl fmt::Display) -> Self {
+        Self::InvalidName {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid_argument(argument: &'static str, reason: impl fmt::Display) -> Self {
         Self::InvalidArgument {
@@ -229,6 +259,24 @@ impl Error {
         }
     }
 
+    /// Shorthand for [`Error::WouldDeadlock`]: the lock's name, and which hold of the
+    /// caller's blocks the request.
+    pub fn would_deadlock(name: impl fmt::Display, reason: impl fmt::Display) -> Self {
+        Self::WouldDeadlock {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Shorthand for [`Error::Closed`]: an acquisition of `name` through a closed provider
+    /// of `backend`.
+    pub fn closed(backend: &'static str, name: impl fmt::Display) -> Self {
+        Self::Closed {
+            backend,
+            name: name.to_string(),
+        }
+    }
+
     /// Shorthand for [`Error::Connection`] with a source.
     pub fn connection(
         backend: &'static str,
@@ -252,6 +300,17 @@ impl Error {
         }
     }
 
+    /// [`Error::Connection`] without a source: the backend could not be reached or the
+    /// connection broke, and no client library error says more than `message`. (For a
+    /// store that did not answer in time, see [`Error::no_answer`].)
+    pub fn connection_failed(backend: &'static str, message: impl fmt::Display) -> Self {
+        Self::Connection {
+            backend,
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
     /// Shorthand for [`Error::Backend`] with a source.
     pub fn backend(
         backend: &'static str,
@@ -264,6 +323,22 @@ impl Error {
             message: message.to_string(),
             retryable,
             source: Some(source.into()),
+        }
+    }
+
+    /// [`Error::Backend`] without a source: the backend's answer (or what dlock made of it)
+    /// is all there is to say, in `message`; `retryable` says whether the same call may
+    /// succeed if tried again.
+    pub fn backend_failed(
+        backend: &'static str,
+        message: impl fmt::Display,
+        retryable: bool,
+    ) -> Self {
+        Self::Backend {
+            backend,
+            message: message.to_string(),
+            retryable,
+            source: None,
         }
     }
 }
@@ -299,6 +374,51 @@ mod tests {
         assert!(
             matches!(Error::lock_lost("a").duplicate(), Error::LockLost { name } if name == "a")
         );
+    }
+
+    #[test]
+    fn the_shorthands_build_their_variant() {
+        use std::error::Error as _;
+
+        let e = Error::invalid_name("", "empty");
+        assert!(
+            matches!(&e, Error::InvalidName { name, reason } if name.is_empty() && reason == "empty")
+        );
+        assert!(!e.is_retryable());
+
+        let e = Error::would_deadlock("rw", "holds the read lock");
+        assert!(
+            matches!(&e, Error::WouldDeadlock { name, reason } if name == "rw" && reason == "holds the read lock")
+        );
+        assert!(!e.is_retryable());
+
+        let e = Error::closed("redis", "a");
+        assert!(matches!(&e, Error::Closed { backend: "redis", name } if name == "a"));
+        assert!(!e.is_retryable());
+
+        let e = Error::config_caused("bad port", "invalid digit");
+        assert!(matches!(&e, Error::Config { message, source: Some(_) } if message == "bad port"));
+        assert_eq!(
+            e.source().map(ToString::to_string).as_deref(),
+            Some("invalid digit")
+        );
+        assert!(!e.is_retryable());
+
+        let e = Error::connection_failed("sqlite", "the connection broke");
+        assert!(matches!(
+            &e,
+            Error::Connection { backend: "sqlite", message, source: None } if message == "the connection broke"
+        ));
+        assert!(e.is_retryable());
+
+        for retryable in [true, false] {
+            let e = Error::backend_failed("mysql", "unexpected reply", retryable);
+            assert!(matches!(
+                &e,
+                Error::Backend { backend: "mysql", message, source: None, .. } if message == "unexpected reply"
+            ));
+            assert_eq!(e.is_retryable(), retryable);
+        }
     }
 
     #[test]

@@ -160,15 +160,14 @@ impl Hold for EtcdHold {
                     tokio::time::sleep_until(from_now(pause).min(until)).await;
                 }
                 Ok(false) => {
-                    return Err(Error::Backend {
-                        backend: BACKEND,
-                        message: format!(
+                    return Err(Error::backend_failed(
+                        BACKEND,
+                        format!(
                             "the lease of {} was not kept alive in time, though the key lives",
                             self.key
                         ),
-                        retryable: true,
-                        source: None,
-                    });
+                        true,
+                    ));
                 }
                 Err(e) => return Err(e),
             }

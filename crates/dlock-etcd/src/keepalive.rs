@@ -136,12 +136,11 @@ impl Session {
                 Ok(true)
             }
             Round::Gone => Ok(false),
-            Round::Failed => Err(Error::Backend {
-                backend: BACKEND,
-                message: format!("keeping lease {lease:x} alive on {} failed", self.store_id),
-                retryable: true,
-                source: None,
-            }),
+            Round::Failed => Err(Error::backend_failed(
+                BACKEND,
+                format!("keeping lease {lease:x} alive on {} failed", self.store_id),
+                true,
+            )),
         }
     }
 }

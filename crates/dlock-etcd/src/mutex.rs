@@ -76,12 +76,7 @@ impl RawLock for EtcdMutex {
                 }
                 Err(e) if is_transient(&e) || is_lease_gone(&e) => {
                     // A lease gone is a retry with the next lease (the session noted its end).
-                    let e = Error::Backend {
-                        backend: BACKEND,
-                        message: format!("put {key}: {e}"),
-                        retryable: true,
-                        source: Some(e.into()),
-                    };
+                    let e = Error::backend(BACKEND, format!("put {key}: {e}"), true, e);
                     if deadline.has_passed() {
                         return Err(e);
                     }

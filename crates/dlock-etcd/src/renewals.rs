@@ -55,14 +55,11 @@ async fn renew_all(session: Arc<Session>, items: Vec<Renewal>) -> Vec<Result<boo
             Ok(alive) => answers.extend(alive.into_iter().map(|alive| match &kept {
                 _ if !alive => Ok(false),
                 Ok(true) => Ok(true),
-                Ok(false) | Err(_) => Err(Error::Backend {
-                    backend: BACKEND,
-                    message: format!(
-                        "the lease {lease:x} was not kept alive in time, though the key lives"
-                    ),
-                    retryable: true,
-                    source: None,
-                }),
+                Ok(false) | Err(_) => Err(Error::backend_failed(
+                    BACKEND,
+                    format!("the lease {lease:x} was not kept alive in time, though the key lives"),
+                    true,
+                )),
             })),
             Err(e) => answers.extend(chunk.iter().map(|_| Err(e.duplicate()))),
         }

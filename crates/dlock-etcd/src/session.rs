@@ -58,12 +58,7 @@ impl GrantFailure {
         if self.connection {
             Error::no_answer(BACKEND, &self.message)
         } else {
-            Error::Backend {
-                backend: BACKEND,
-                message: self.message.clone(),
-                retryable: self.retryable,
-                source: None,
-            }
+            Error::backend_failed(BACKEND, &self.message, self.retryable)
         }
     }
 }

@@ -259,11 +259,7 @@ pub(crate) struct Store {
 }
 
 fn unreachable_store(why: &str) -> Error {
-    Error::Connection {
-        backend: BACKEND,
-        message: format!("the store is unreachable ({why})"),
-        source: None,
-    }
+    Error::connection_failed(BACKEND, format!("the store is unreachable ({why})"))
 }
 
 impl Store {
@@ -493,11 +489,10 @@ impl Store {
     fn extend(&self, key: &LockName, id: u64, ttl: Duration) -> Result<()> {
         let mut state = self.state.lock();
         if state.faults.fail_renewals || state.faults.broken(Sabotage::NoRenewal) {
-            return Err(Error::Connection {
-                backend: BACKEND,
-                message: "renewal refused (simulated fault)".into(),
-                source: None,
-            });
+            return Err(Error::connection_failed(
+                BACKEND,
+                "renewal refused (simulated fault)",
+            ));
         }
         let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
         let early = state.faults.broken(Sabotage::FreeEarly);

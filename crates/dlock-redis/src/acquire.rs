@@ -191,16 +191,15 @@ impl<P: Primitive> Acquisition<P> {
         match self.attempt(queue).await? {
             Attempt::Repeated => {
                 self.undo().await?;
-                Err(Error::Backend {
-                    backend: BACKEND,
-                    message: format!(
+                Err(Error::backend_failed(
+                    BACKEND,
+                    format!(
                         "acquire of {:?}: the script kept running twice (a client retry); \
                          gave the hold back",
                         self.name
                     ),
-                    retryable: true,
-                    source: None,
-                })
+                    true,
+                ))
             }
             a => Ok((a, sent)),
         }

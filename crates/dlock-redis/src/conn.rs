@@ -224,9 +224,8 @@ impl Conn {
             let client = match certs {
                 // The files were read; what the client library refuses in them (a PEM it
                 // cannot decode) is the configuration's fault, not the network's.
-                Some(certs) => Client::build_with_tls(info, certs).map_err(|e| Error::Config {
-                    message: format!("{what}: the TLS files of the URL: {e}"),
-                    source: Some(Box::new(e)),
+                Some(certs) => Client::build_with_tls(info, certs).map_err(|e| {
+                    Error::config_caused(format!("{what}: the TLS files of the URL: {e}"), e)
                 })?,
                 None => Client::open(info).map_err(|e| from_redis(&what, e))?,
             };

@@ -50,12 +50,11 @@ pub(crate) fn from_redis_on(reach: Reach, what: &str, e: RedisError) -> Error {
 
 /// A reply of a shape the scripts never produce: reported, not panicked on.
 pub(crate) fn unexpected(what: &str, reply: impl std::fmt::Debug) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        message: format!("{what}: unexpected reply {reply:?}"),
-        retryable: false,
-        source: None,
-    }
+    Error::backend_failed(
+        BACKEND,
+        format!("{what}: unexpected reply {reply:?}"),
+        false,
+    )
 }
 
 /// The key of `name` is another kind's: a script answered `{-6, type}` before changing

@@ -118,24 +118,23 @@ impl RedisProvider {
     fn check_name(&self, name: &LockName) -> Result<()> {
         let key_name = self.key_name(name);
         if let Some(whose) = bookkeeping_key(&key_name) {
-            return Err(Error::InvalidName {
-                name: name.to_string(),
-                reason: format!(
+            return Err(Error::invalid_name(
+                name,
+                format!(
                     "it is the key where the lock layout keeps {whose}, so the two would \
                      overwrite each other (in Redisson too)"
                 ),
-            });
+            ));
         }
         if self.inner.conn.is_cluster()
             && key_name.contains(['{', '}'])
             && hash_tag(&key_name).is_none()
         {
-            return Err(Error::InvalidName {
-                name: name.to_string(),
-                reason: "in a Redis Cluster a name with `{` or `}` needs a non-empty {hash \
-                         tag}, or its keys would fall in different slots"
-                    .into(),
-            });
+            return Err(Error::invalid_name(
+                name,
+                "in a Redis Cluster a name with `{` or `}` needs a non-empty {hash \
+                 tag}, or its keys would fall in different slots",
+            ));
         }
         Ok(())
     }

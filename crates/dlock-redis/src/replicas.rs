@@ -70,14 +70,13 @@ impl Ack {
                 acked,
                 wanted,
                 within,
-            } => Some(Error::Backend {
-                backend: BACKEND,
-                message: format!(
+            } => Some(Error::backend_failed(
+                BACKEND,
+                format!(
                     "{what}: only {acked} of {wanted} replicas acknowledged it within {within:?}"
                 ),
-                retryable: true,
-                source: None,
-            }),
+                true,
+            )),
         }
     }
 }

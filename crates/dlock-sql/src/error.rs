@@ -93,10 +93,7 @@ pub(crate) fn from_sqlx(backend: &'static str, what: &str, e: sqlx::Error) -> Er
             Error::connection(backend, format!("{what}: {e}"), e)
         }
         sqlx::Error::Tls(_) => Error::connection(backend, format!("{what}: {e}"), e),
-        sqlx::Error::Configuration(_) => Error::Config {
-            message: format!("{what}: {e}"),
-            source: Some(Box::new(e)),
-        },
+        sqlx::Error::Configuration(_) => Error::config_caused(format!("{what}: {e}"), e),
         sqlx::Error::Database(db) if pg_code(db.as_ref()).is_some() => {
             let code = pg_code(db.as_ref()).unwrap_or_default();
             // Connection errors: the server shutting down or refusing connections for now,

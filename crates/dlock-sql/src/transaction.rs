@@ -159,15 +159,14 @@ impl SqlProvider {
             // innodb_rollback_on_timeout; MySQL's NOWAIT refusal (3572) only its statement,
             // while MariaDB answers NOWAIT with 1205 too.
             Ok(false) if rollback_on_timeout && (fu.sql.mariadb || !wait.is_zero()) => {
-                Err(Error::Backend {
+                Err(Error::backend_failed(
                     backend,
-                    message: format!(
+                    format!(
                         "lock {name:?} stayed busy, and the server rolled back the caller's whole \
                      transaction (innodb_rollback_on_timeout is on): begin a new one"
                     ),
-                    retryable: false,
-                    source: None,
-                })
+                    false,
+                ))
             }
             other => other.map_err(|e| e.into_error(backend, &name)),
         };
@@ -473,39 +472,33 @@ async fn lock_row<'c>(
 /// transaction is gone.
 #[cfg(feature = "mysql")]
 fn rolled_back(backend: &'static str, name: &LockName, why: &str, e: sqlx::Error) -> Error {
-    Error::Backend {
-        backend,
-        message: format!(
-            "the server rolled back the caller's whole transaction on {why} while locking \
-             {name:?}: begin a new transaction (a retry on this one would lock nothing): {e}"
-        ),
-        retryable: false,
-        source: Some(Box::new(e)),
-    }
+    let message = format!(
+        "the server rolled back the caller's whole transaction on {why} while locking \
+         {name:?}: begin a new transaction (a retry on this one would lock nothing): {e}"
+    );
+    Error::backend(backend, message, false, e)
 }
 
 #[cfg(feature = "mysql")]
 fn vanished(backend: &'static str, name: &LockName) -> Error {
-    Error::Backend {
+    Error::backend_failed(
         backend,
-        message: format!("the row of lock {name:?} vanished (deleted by hand?)"),
-        retryable: true,
-        source: None,
-    }
+        format!("the row of lock {name:?} vanished (deleted by hand?)"),
+        true,
+    )
 }
 
 /// The error of a lock whose transaction ended (`e`: how its connection answered) before
 /// its fencing token was known to be taken while it held the row: the token is not handed
 /// out, and the transaction, if it goes on, must be rolled back.
 fn ended(backend: &'static str, name: &LockName, e: Option<sqlx::Error>) -> Error {
-    Error::Backend {
-        backend,
-        message: format!(
-            "the caller's transaction that was granted lock {name:?} did not outlive the \
-             taking of its fencing token (its connection ended, or it was rolled back): the \
-             lock may be someone else's now; begin a new transaction"
-        ),
-        retryable: false,
-        source: e.map(|e| Box::new(e) as _),
+    let message = format!(
+        "the caller's transaction that was granted lock {name:?} did not outlive the \
+         taking of its fencing token (its connection ended, or it was rolled back): the \
+         lock may be someone else's now; begin a new transaction"
+    );
+    match e {
+        Some(e) => Error::backend(backend, message, false, e),
+        None => Error::backend_failed(backend, message, false),
     }
 }

@@ -67,12 +67,7 @@ pub(crate) fn for_hold(name: &LockName, what: &str, e: zk::Error) -> Error {
 
 /// Something the server never answers, reported rather than panicked on.
 pub(crate) fn unexpected(what: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        message: what.to_string(),
-        retryable: true,
-        source: None,
-    }
+    Error::backend_failed(BACKEND, what, true)
 }
 
 #[cfg(test)]

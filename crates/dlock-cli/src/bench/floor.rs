@@ -311,12 +311,7 @@ fn timed_since(began: Began) -> Option<Timed> {
 
 /// A floor's failure: what it was doing on which backend, and the client library's error.
 fn err(backend: &'static str, what: &str, e: impl std::fmt::Display) -> dlock::Error {
-    dlock::Error::Backend {
-        backend,
-        message: format!("floor: {what}: {e}"),
-        retryable: false,
-        source: None,
-    }
+    dlock::Error::backend_failed(backend, format!("floor: {what}: {e}"), false)
 }
 
 /// The strategy a SQL store's URL names (`unique-insert` when it names none).

@@ -74,10 +74,8 @@ impl Pinned {
     pub(crate) fn get(&mut self) -> Result<&mut Conn> {
         // A connection closed after a failed ROLLBACK (a reset): the database could not be
         // asked on it, and a new attempt gets another.
-        self.conn.as_mut().ok_or_else(|| Error::Connection {
-            backend: self.backend,
-            message: "the connection of this acquisition broke".into(),
-            source: None,
+        self.conn.as_mut().ok_or_else(|| {
+            Error::connection_failed(self.backend, "the connection of this acquisition broke")
         })
     }
 

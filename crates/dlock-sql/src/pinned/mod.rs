@@ -143,11 +143,8 @@ impl Pinning {
         let session = Session::new();
         let membership = session
             .join(&signal, Arc::clone(&fixed), ttl)
-            .ok_or_else(|| Error::Backend {
-                backend: self.inner.backend,
-                message: "a new session took no hold".into(),
-                retryable: true,
-                source: None,
+            .ok_or_else(|| {
+                Error::backend_failed(self.inner.backend, "a new session took no hold", true)
             })?;
         let (watched, statement) = (session.clone(), Arc::clone(&self.renew));
         let conn = conn.watched(session::watch_period(ttl), move |me| {
@@ -212,16 +209,17 @@ async fn pin(
             "a lock on a connection of its own",
         ));
     };
-    let exhausted = || Error::Backend {
-        backend,
-        message: format!(
-            "{} pins one connection per held or waiting lock, and all {} of the \
-             pool are in use: raise ?pool=N (within the server's max_connections)",
-            inner.strategy,
-            lock_pool.max_connections()
-        ),
-        retryable: false,
-        source: None,
+    let exhausted = || {
+        Error::backend_failed(
+            backend,
+            format!(
+                "{} pins one connection per held or waiting lock, and all {} of the \
+                 pool are in use: raise ?pool=N (within the server's max_connections)",
+                inner.strategy,
+                lock_pool.max_connections()
+            ),
+            false,
+        )
     };
     // A connect that timed out while the pool had room is a slow server (retryable), not
     // an exhausted pool.
@@ -229,14 +227,13 @@ async fn pin(
         if lock_pool.all_in_use() {
             exhausted()
         } else {
-            Error::Connection {
+            Error::no_answer(
                 backend,
-                message: format!(
+                format!(
                     "opening a connection for a {} lock timed out",
                     inner.strategy
                 ),
-                source: None,
-            }
+            )
         }
     };
     let pooled = match deadline.instant() {
@@ -257,9 +254,9 @@ async fn pin(
                         if lock_pool.all_in_use()
                             && pinners.waits_for_itself(lock_pool.max_connections()) =>
                     {
-                        return Err(Error::WouldDeadlock {
-                            name: name.to_string(),
-                            reason: format!(
+                        return Err(Error::would_deadlock(
+                            name,
+                            format!(
                                 "all {1} connections of the {0} lock pool are pinned by this \
                                  task's locks and by waiters for them, and it holds them while \
                                  it waits for one more: release its lock first, or raise \
@@ -267,7 +264,7 @@ async fn pin(
                                 inner.strategy,
                                 lock_pool.max_connections()
                             ),
-                        });
+                        ));
                     }
                     Err(sqlx::Error::PoolTimedOut) => {
                         waits = waits.saturating_add(1);

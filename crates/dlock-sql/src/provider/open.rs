@@ -275,12 +275,14 @@ impl SqlProvider {
 fn create_parent_dir(config: &SqlConfig) -> Result<()> {
     let path = config.sqlite_path()?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Config {
-            message: format!(
-                "cannot create the directory {} for the SQLite file: {e}",
-                dir.display()
-            ),
-            source: Some(Box::new(e)),
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::config_caused(
+                format!(
+                    "cannot create the directory {} for the SQLite file: {e}",
+                    dir.display()
+                ),
+                e,
+            )
         })?;
     }
     Ok(())
@@ -472,12 +474,10 @@ async fn check_tables(
             "create the tables as SqlConfig::table_ddl gives them, or connect once with \
              create_tables=true"
         };
-        return Err(Error::Config {
-            message: format!(
-                "the table {table} is missing or lacks the columns dlock uses ({e}): {fix}"
-            ),
-            source: Some(Box::new(e)),
-        });
+        return Err(Error::config_caused(
+            format!("the table {table} is missing or lacks the columns dlock uses ({e}): {fix}"),
+            e,
+        ));
     }
     for (table, count) in &sql.unique_names {
         let unique = query(count)
@@ -566,12 +566,11 @@ async fn record(
                     .map_err(|e| from_sqlx(backend, "read the tables' settings", e));
             }
             Ok(None) => {
-                return Err(Error::Backend {
+                return Err(Error::backend_failed(
                     backend,
-                    message: format!("{table}_meta has no {key} after recording one"),
-                    retryable: true,
-                    source: None,
-                });
+                    format!("{table}_meta has no {key} after recording one"),
+                    true,
+                ));
             }
             Err(e) => {
                 let e = from_sqlx(backend, "record the tables' settings", e);

@@ -173,15 +173,14 @@ impl GetLock {
                     // the server enforces anyway); nothing is held. The session is closed all
                     // the same, and the caller may try again.
                     conn.close();
-                    return Err(Error::Backend {
-                        backend: self.pinning.inner.backend,
-                        message: format!(
+                    return Err(Error::backend_failed(
+                        self.pinning.inner.backend,
+                        format!(
                             "GET_LOCK was interrupted (answered NULL) for {:?}",
                             a.name.as_str()
                         ),
-                        retryable: true,
-                        source: None,
-                    });
+                        true,
+                    ));
                 }
             }
         }

@@ -158,12 +158,7 @@ pub(crate) fn missing_id(backend: &'static str, name: &LockName) -> Error {
 /// The database answered with what dlock cannot use (a missing id, a number past what a
 /// fencing token holds): a backend error that trying again does not mend.
 pub(crate) fn unusable(backend: &'static str, message: impl fmt::Display) -> Error {
-    Error::Backend {
-        backend,
-        message: message.to_string(),
-        retryable: false,
-        source: None,
-    }
+    Error::backend_failed(backend, message, false)
 }
 
 /// A duration in whole milliseconds, at least 1, as the lease statements bind it.

@@ -492,12 +492,11 @@ fn done(conn: Shared) {
 }
 
 fn shared_attempt(inner: &Inner) -> Error {
-    Error::Backend {
-        backend: inner.backend,
-        message: "an attempt was still shared when it became a hold".into(),
-        retryable: true,
-        source: None,
-    }
+    Error::backend_failed(
+        inner.backend,
+        "an attempt was still shared when it became a hold",
+        true,
+    )
 }
 
 /// Runs an owner-checked call, once more after a retryable failure (a dropped connection

@@ -114,15 +114,14 @@ impl RowStrategy for UniqueInsert {
         if takeovers >= 1 << TAKEOVER_BITS {
             // The row's token space is used up. The attempt's undo deletes the row (it is
             // ours now) and the retry inserts a new one, whose larger id gives larger tokens.
-            return Err(Error::Backend {
-                backend: self.base.inner.backend,
-                message: format!(
+            return Err(Error::backend_failed(
+                self.base.inner.backend,
+                format!(
                     "lock {:?} was taken over 2^20 times without a release; starting a new row",
                     a.name
                 ),
-                retryable: true,
-                source: None,
-            });
+                true,
+            ));
         }
         self.token(a, id, takeovers).map(Some)
     }

@@ -178,12 +178,11 @@ impl Advisory {
         match answered {
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(e)) => Err(self.pinning.inner.err("downgrade")(e)),
-            Err(_) => Err(Error::Backend {
-                backend: self.pinning.inner.backend,
-                message: "the downgrade's task ended without an answer".into(),
-                retryable: true,
-                source: None,
-            }),
+            Err(_) => Err(Error::backend_failed(
+                self.pinning.inner.backend,
+                "the downgrade's task ended without an answer",
+                true,
+            )),
         }
     }
 

@@ -310,12 +310,11 @@ impl Advisory {
     /// next grant, and this attempt fails, retryably.
     fn key_gone(&self, name: &LockName) -> Error {
         self.keys.forget(name);
-        Error::Backend {
-            backend: self.pinning.inner.backend,
-            message: format!("the advisory key of {:?} vanished", name.as_str()),
-            retryable: true,
-            source: None,
-        }
+        Error::backend_failed(
+            self.pinning.inner.backend,
+            format!("the advisory key of {:?} vanished", name.as_str()),
+            true,
+        )
     }
 
     /// Takes the advisory lock of `attempt`'s name in `mode` on a session of its own,
