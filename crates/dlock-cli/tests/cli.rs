@@ -988,6 +988,45 @@ fn until_another_run_gets(url: &str, name: &str, script: &str, limit: Duration) 
     });
 }
 
+/// Another run gets `name` (once the stopped holder's lease is over), and `command` (`what`),
+/// which writes stamps to `dir`/stamps while it lives, was killed before that: it is dead
+/// (a zombie: its parent, stopped, cannot reap it) and its last stamp is older than the
+/// other run's.
+fn died_before_another_run_got_it(
+    url: &str,
+    name: &str,
+    dir: &std::path::Path,
+    command: i32,
+    what: &str,
+) {
+    let taken = dir.join("taken");
+    until_another_run_gets(
+        url,
+        name,
+        &format!("date +%s%N > {}", taken.display()),
+        Duration::from_secs(60),
+    );
+    assert!(
+        !alive(command),
+        "{what} still ran when another run got the name"
+    );
+    let taken: u128 = std::fs::read_to_string(&taken)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let last = std::fs::read_to_string(dir.join("stamps"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u128>().ok())
+        .max()
+        .unwrap();
+    assert!(
+        last < taken,
+        "{what} wrote at {last}, after another run got the name at {taken}"
+    );
+}
+
 /// Ctrl-Z at `terminal` stops `command` and dlock (`dlock_pid`) with it, and the shell has its
 /// prompt back.
 fn suspend(terminal: &mut Terminal, command: i32, dlock_pid: i32) {
@@ -1098,33 +1137,7 @@ fn a_command_continued_behind_a_stopped_dlock_dies_when_the_hold_ends() {
         state_of(command).is_some_and(|s| s != 'T')
     });
     assert_eq!(state_of(dlock_pid), Some('T'), "dlock did not stay stopped");
-    let taken = dir.join("taken");
-    until_another_run_gets(
-        &url,
-        &name,
-        &format!("date +%s%N > {}", taken.display()),
-        Duration::from_secs(60),
-    );
-    // Killed (a zombie: dlock, stopped, cannot reap it) before the name could pass on.
-    assert!(
-        !alive(command),
-        "the continued command still ran when another run got the name"
-    );
-    let taken: u128 = std::fs::read_to_string(&taken)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let last = std::fs::read_to_string(dir.join("stamps"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.trim().parse::<u128>().ok())
-        .max()
-        .unwrap();
-    assert!(
-        last < taken,
-        "the continued command wrote at {last}, after another run got the name at {taken}"
-    );
+    died_before_another_run_got_it(&url, &name, &dir, command, "the continued command");
     terminal.type_in("fg\n");
     within(Duration::from_secs(20), "the job ended", || {
         !alive(dlock_pid)
@@ -1173,33 +1186,12 @@ fn the_command_of_a_dlock_stopped_alone_dies_when_the_hold_ends() {
     });
     let command = pid_in(&pidfile);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let taken = dir.join("taken");
-    until_another_run_gets(
+    died_before_another_run_got_it(
         &url,
         &name,
-        &format!("date +%s%N > {}", taken.display()),
-        Duration::from_secs(60),
-    );
-    // Killed (a zombie: its parent, stopped, cannot reap it) before the name could pass on.
-    assert!(
-        !alive(command),
-        "the command of the stopped dlock still ran when another run got the name"
-    );
-    let taken: u128 = std::fs::read_to_string(&taken)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let last = std::fs::read_to_string(&stamps)
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.trim().parse::<u128>().ok())
-        .max()
-        .unwrap();
-    assert!(
-        last < taken,
-        "the command of the stopped dlock wrote at {last}, after another run got the name at \
-         {taken}"
+        &dir,
+        command,
+        "the command of the stopped dlock",
     );
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     let out = child.wait_with_output().unwrap();
