@@ -637,14 +637,18 @@ fn a_slow_clock_is_caught_beyond_the_drift_allowance_and_safe_within_it() {
     };
     // A silent network catches the slow clock only when it cuts the holder off while another
     // worker waits for its name, and one way of the two (replies only) costs no hold: up to
-    // four seeds, each of 30 s, must catch it, the first that does ends the search.
+    // six seeds, each of 30 s, must catch it (on a loaded machine the faults land later, and
+    // a seed may find no waiter in the gap), the first that does ends the search.
     let mut outputs = Vec::new();
-    let caught = ["909", "910", "911", "912"].iter().any(|seed| {
-        let (code, all) = attack("0.7", seed);
-        let caught = code == Some(1) && (all.contains("told late") || all.contains("never told"));
-        outputs.push(all);
-        caught
-    });
+    let caught = ["909", "910", "911", "912", "913", "914"]
+        .iter()
+        .any(|seed| {
+            let (code, all) = attack("0.7", seed);
+            let caught =
+                code == Some(1) && (all.contains("told late") || all.contains("never told"));
+            outputs.push(all);
+            caught
+        });
     assert!(caught, "a clock 30 % slow was never caught: {outputs:#?}");
     // Within the allowance every attack passes, and one at least where the silent networks
     // cost holds: the pass is a pass under the fault.
@@ -654,7 +658,7 @@ fn a_slow_clock_is_caught_beyond_the_drift_allowance_and_safe_within_it() {
         !all.contains("losses reported: 0;")
     });
     assert!(hit, "no silent network cost a hold of a clock 0.5 % slow");
-    for seed in ["909", "910", "911", "912"] {
+    for seed in ["909", "910", "911", "912", "913", "914"] {
         assert!(
             processes_with(&format!("--seed {seed}")).is_empty(),
             "workers left running"
