@@ -153,8 +153,14 @@ impl<P: Primitive> Acquisition<P> {
 
     /// One try; `queue` lets a fair waiter take its place in the queue.
     async fn attempt(&self, queue: bool) -> Result<Attempt> {
-        let call = self.primitive.acquire_call(&self.holder, queue);
-        let (reply, ack) = self.inner.call_replicated(&call, is_grant).await?;
+        let call = self
+            .primitive
+            .acquire_call(&self.holder, queue)
+            .into_owned();
+        let (reply, ack) = self
+            .inner
+            .call_replicated_to_its_end(call, is_grant, &self.in_flight)
+            .await?;
         let lock = P::KIND != LockKind::Permit;
         if let Some(e) = read_other_kind(&reply, self.name.as_str(), lock) {
             return Err(e);
@@ -265,6 +271,8 @@ impl<P: Primitive> Acquisition<P> {
     /// may have been granted by a call whose answer was never read. Every step is
     /// owner-checked, so it cannot touch anyone else's hold.
     pub(crate) async fn undo(&self) -> Result<()> {
+        // After the attempt still in flight, if its future was dropped: it may queue or grant.
+        let _settled = self.in_flight.lock().await;
         // Both steps run whatever the other did: a failed leave must not keep a hold that the
         // unanswered call may have granted.
         let mut left = Ok(());

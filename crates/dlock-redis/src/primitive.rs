@@ -122,6 +122,9 @@ pub(crate) struct Acquisition<P> {
     pub(crate) holder: Holder,
     pub(crate) lease: Lease,
     pub(crate) primitive: P,
+    /// Held while an attempt's call runs on a connection of its own (see
+    /// [`Inner::call_replicated_to_its_end`]); the undo waits for it, so that it comes after.
+    pub(crate) in_flight: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<P: Primitive> Acquisition<P> {
@@ -143,6 +146,7 @@ impl<P: Primitive> Acquisition<P> {
             },
             lease: req.options.lease,
             primitive,
+            in_flight: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 }

@@ -133,6 +133,51 @@ impl Inner {
         let Some(wanted) = self.replicas.wanted(&self.conn).await else {
             return Ok((self.call(call).await?, Ack::Enough));
         };
+        self.send_replicated(call, wrote, wanted).await
+    }
+
+    /// [`call_replicated`](Self::call_replicated) for a call that must reach the server
+    /// before whatever its caller sends next, even if the caller stops waiting for it: on a
+    /// connection of its own (replicas to wait for), a call dropped in flight could still
+    /// run after a later call on the shared connection (an acquisition's undo, which would
+    /// then find nothing to undo and leave what the late call did). Such a call runs to its
+    /// answer in a task of its own, holding `in_flight` until then, which the undo locks
+    /// first. On the shared connection, calls run in the order they were sent.
+    pub(crate) async fn call_replicated_to_its_end(
+        self: &Arc<Self>,
+        call: Call<'static>,
+        wrote: fn(&Value) -> bool,
+        in_flight: &Arc<tokio::sync::Mutex<()>>,
+    ) -> Result<(Value, Ack)> {
+        let Some(wanted) = self.replicas.wanted(&self.conn).await else {
+            return Ok((self.call(&call).await?, Ack::Enough));
+        };
+        let held = Arc::clone(in_flight).lock_owned().await;
+        let inner = Arc::clone(self);
+        let what = call.what;
+        tokio::spawn(async move {
+            let answer = inner.send_replicated(&call, wrote, wanted).await;
+            drop(held);
+            answer
+        })
+        .await
+        .map_err(|e| {
+            dlock_core::Error::backend_failed(
+                BACKEND,
+                format!("{what}: the call's task failed: {e}"),
+                true,
+            )
+        })?
+    }
+
+    /// Sends `call` on a connection of its own, then `WAIT`s for `wanted` replicas there if
+    /// `wrote` says its reply wrote something.
+    async fn send_replicated(
+        &self,
+        call: &Call<'_>,
+        wrote: impl Fn(&Value) -> bool,
+        wanted: u32,
+    ) -> Result<(Value, Ack)> {
         let calls = std::slice::from_ref(call);
         let wrote = |replies: &[redis::RedisResult<Value>]| {
             replies.iter().any(|r| r.as_ref().is_ok_and(&wrote))
