@@ -843,6 +843,8 @@ fn bench_runs_workers_in_processes_of_their_own() {
 
 /// The exclusion checker can fail: a broken lock (every client its own store) shows
 /// violations, in one process (W2) and across processes (W2P), and the run exits non-zero.
+/// Enough cycles that the worker processes of W2P run at once on a loaded machine (with 25
+/// each, one could finish its cycles before the next was scheduled).
 #[test]
 fn bench_reports_injected_violations() {
     let json = std::env::temp_dir().join(format!("dlock-broken-{}.json", rand_suffix()));
@@ -855,7 +857,7 @@ fn bench_reports_injected_violations() {
             "--workload",
             "W2,W2P",
             "--cycles",
-            "200",
+            "4000",
             "--json",
             json.to_str().unwrap(),
         ],
