@@ -63,6 +63,17 @@ fn stores(scratch: &Scratch) -> Vec<String> {
     urls
 }
 
+/// [`stores`], and PostgreSQL and etcd where configured: every backend the CLI has.
+fn every_store(scratch: &Scratch) -> Vec<String> {
+    let mut urls = stores(scratch);
+    for var in ["DLOCK_POSTGRES_URL", "DLOCK_ETCD_URL"] {
+        if let Some(url) = service_url(var) {
+            urls.push(url);
+        }
+    }
+    urls
+}
+
 fn dlock(url: &str, args: &[&str]) -> Command {
     let mut c = Command::new(DLOCK);
     c.args(args).env("DLOCK_URL", url).env_remove("RUST_LOG");
@@ -1414,12 +1425,7 @@ fn ctrl_c_during_a_fair_wait_leaves_no_queue_entry() {
 #[test]
 fn ctrl_c_during_a_wait_leaves_nothing_of_the_waiter() {
     let scratch = Scratch::new();
-    let mut urls = stores(&scratch);
-    for var in ["DLOCK_POSTGRES_URL", "DLOCK_ETCD_URL"] {
-        if let Some(url) = service_url(var) {
-            urls.push(url);
-        }
-    }
+    let urls = every_store(&scratch);
     let rt = tokio::runtime::Runtime::new().unwrap();
     for url in urls {
         let name = Names::new().name("ctrl-c-wait");
@@ -1558,12 +1564,7 @@ async fn zk_children(_: &str, _: &str) -> Option<usize> {
 #[test]
 fn ctrl_c_while_the_command_runs_leaves_the_name_free() {
     let scratch = Scratch::new();
-    let mut urls = stores(&scratch);
-    for var in ["DLOCK_POSTGRES_URL", "DLOCK_ETCD_URL"] {
-        if let Some(url) = service_url(var) {
-            urls.push(url);
-        }
-    }
+    let urls = every_store(&scratch);
     for url in urls {
         let name = Names::new().name("ctrl-c-run");
         let ready = std::env::temp_dir().join(format!("dlock-run-{}", rand_suffix()));

@@ -153,10 +153,7 @@ impl<P: Primitive> Acquisition<P> {
 
     /// One try; `queue` lets a fair waiter take its place in the queue.
     async fn attempt(&self, queue: bool) -> Result<Attempt> {
-        let call = self
-            .primitive
-            .acquire_call(&self.holder, queue)
-            .into_owned();
+        let call = self.primitive.acquire_call(&self.holder, queue);
         let (reply, ack) = self
             .inner
             .call_replicated_to_its_end(call, is_grant, &self.in_flight)

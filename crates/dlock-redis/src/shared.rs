@@ -145,13 +145,15 @@ impl Inner {
     /// first. On the shared connection, calls run in the order they were sent.
     pub(crate) async fn call_replicated_to_its_end(
         self: &Arc<Self>,
-        call: Call<'static>,
+        call: Call<'_>,
         wrote: fn(&Value) -> bool,
         in_flight: &Arc<tokio::sync::Mutex<()>>,
     ) -> Result<(Value, Ack)> {
         let Some(wanted) = self.replicas.wanted(&self.conn).await else {
             return Ok((self.call(&call).await?, Ack::Enough));
         };
+        // Owned only on this path: the task outlives the caller's borrow.
+        let call = call.into_owned();
         let held = Arc::clone(in_flight).lock_owned().await;
         let inner = Arc::clone(self);
         let what = call.what;
