@@ -969,7 +969,10 @@ fn job(terminal: &mut Terminal, dir: &std::path::Path, name: &str) -> (i32, i32)
 
 /// A `dlock run NAME` typed at `terminal` (with the shell redirection `redirect`) whose
 /// command writes its pid to `dir/pid` and then runs `script` (`{dir}` stands for `dir`);
-/// once the command runs, its pid and dlock's.
+/// once the command runs, its pid and dlock's. The command is bash, not sh: dash (Debian's sh)
+/// starts commands with vfork, and a Ctrl-Z that stops the child between vfork and exec leaves
+/// the shell in an uninterruptible wait for it, never stopped, so no job control (bash's own
+/// included) sees the job stop.
 fn job_of(
     terminal: &mut Terminal,
     dir: &std::path::Path,
@@ -980,7 +983,7 @@ fn job_of(
     std::fs::create_dir_all(dir).unwrap();
     let dir = dir.display().to_string();
     terminal.type_in(&format!(
-        "{DLOCK} run {name} -- sh -c 'echo $$ > {dir}/pid; {}' {redirect}\n",
+        "{DLOCK} run {name} -- bash -c 'echo $$ > {dir}/pid; {}' {redirect}\n",
         script.replace("{dir}", &dir)
     ));
     let command = pid_in(&std::path::Path::new(&dir).join("pid"));
