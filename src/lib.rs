@@ -40,10 +40,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use dlock_core::{
-    BoxError, Capabilities, Closed, DistributedLock, DistributedLockExt, DistributedReadWriteLock,
-    DistributedSemaphore, DynLock, DynLockProvider, DynReadWriteLock, DynSemaphore, Error,
-    FencingToken, HoldState, Lease, LockGuard, LockKind, LockName, LockOptions, LockProvider,
-    LockStatus, LossReason, Member, MultiGuard, MultiLock, Result, redact,
+    BoxError, Capabilities, Closed, DistributedElection, DistributedLock, DistributedLockExt,
+    DistributedReadWriteLock, DistributedSemaphore, DynElection, DynLock, DynLockProvider,
+    DynReadWriteLock, DynSemaphore, Error, FencingToken, HoldState, Leader, Leadership, Lease,
+    LockGuard, LockKind, LockName, LockOptions, LockProvider, LockStatus, LossReason, Member,
+    MultiGuard, MultiLock, Observer, Result, redact,
 };
 
 /// How long [`Locks::close`] gives the releases and clean-ups of a shutdown.
@@ -659,6 +660,46 @@ impl Locks {
         options: LockOptions,
     ) -> Result<DynSemaphore> {
         self.provider.semaphore(name, permits, options)
+    }
+
+    /// A leader election with the default options (a 30 s watchdog lease): one campaigner at
+    /// a time leads, with a proposal the others read ([`DistributedElection::leader`]) and
+    /// watch ([`DistributedElection::observe`]), in a term (the leadership's fencing token)
+    /// that grows with every new leader. On etcd it is `concurrency.Election` (`etcdctl
+    /// elect`), on ZooKeeper Curator's `LeaderLatch`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> dlock::Result<()> {
+    /// let locks = dlock::connect("memory://").await?;
+    /// let election = locks.election("scheduler")?;
+    /// let leadership = election.campaign(b"host-a:8080").await?;
+    /// let leader = election.leader().await?.expect("someone leads");
+    /// assert_eq!((leader.term, leader.proposal_str()), (leadership.term(), Some("host-a:8080")));
+    /// tokio::select! {
+    ///     () = leadership.lost() => { /* deposed: stop acting as the leader */ }
+    ///     () = async { /* lead, passing leadership.term() with every write */ } => {}
+    /// }
+    /// leadership.resign().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], and [`Error::Unsupported`] on a backend without elections
+    /// (Redis and SQL today).
+    pub fn election(&self, name: &str) -> Result<DynElection> {
+        self.provider.election(name, LockOptions::default())
+    }
+
+    /// A leader election with the given options (the lease and drift allowance of its
+    /// leaderships).
+    ///
+    /// # Errors
+    ///
+    /// As [`election`](Self::election), and as [`lock_with`](Self::lock_with) for the options.
+    pub fn election_with(&self, name: &str, options: LockOptions) -> Result<DynElection> {
+        self.provider.election(name, options)
     }
 }
 

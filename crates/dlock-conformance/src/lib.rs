@@ -184,6 +184,7 @@ pub const PROMISES: &[(u8, &str)] = &[
     (15, "Time: leases from the grant, huge durations"),
     (16, "Inspection"),
     (17, "One name, several kinds"),
+    (18, "Leader election"),
 ];
 
 /// Every case, with the promise it checks (see [`PROMISES`]). The macro below runs exactly
@@ -278,6 +279,11 @@ pub const CASES: &[(&str, u8)] = &[
         17,
     ),
     ("a_lock_and_a_semaphore_on_one_name_exclude_each_other", 17),
+    ("election_has_one_leader_and_says_who", 18),
+    ("election_resign_hands_over_with_a_greater_term", 18),
+    ("election_observer_sees_each_change", 18),
+    ("election_cancelled_campaign_leaves_nothing", 18),
+    ("election_a_silent_leader_knows_before_another_leads", 18),
 ];
 
 /// Instantiates every conformance case as a `#[tokio::test]` in the calling module.
@@ -371,6 +377,11 @@ macro_rules! conformance_tests {
             a_drift_allowance_over_half_the_lease_is_rejected,
             a_mutex_and_a_read_write_lock_on_one_name_exclude_each_other,
             a_lock_and_a_semaphore_on_one_name_exclude_each_other,
+            election_has_one_leader_and_says_who,
+            election_resign_hands_over_with_a_greater_term,
+            election_observer_sees_each_change,
+            election_cancelled_campaign_leaves_nothing,
+            election_a_silent_leader_knows_before_another_leads,
         );
     };
 }

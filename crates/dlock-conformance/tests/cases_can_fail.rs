@@ -174,6 +174,7 @@ caught!(
     cancelled_readers_and_writers_leave_nothing,
     cancelled_semaphore_waiters_leave_nothing,
     try_acquire_max_on_a_held_lock_waits,
+    election_cancelled_campaign_leaves_nothing,
 );
 
 caught!(
@@ -193,6 +194,7 @@ caught!(
     multilock_mixes_reads_and_permits,
     tasks_sharing_a_handle_exclude_each_other,
     semaphore_limits_holders,
+    election_has_one_leader_and_says_who,
 );
 
 // A release that frees the lock after it returned. The checks that a lock is free after a
@@ -246,6 +248,7 @@ caught!(
     a_store_that_frees_early_is_caught,
     Sabotage::FreeEarly,
     a_silent_holder_stops_before_the_lock_passes_on,
+    election_a_silent_leader_knows_before_another_leads,
 );
 
 caught!(
@@ -268,6 +271,9 @@ async fn an_intact_store_passes_the_same_cases() {
     cases::a_lock_and_a_semaphore_on_one_name_exclude_each_other(&f).await;
     cases::a_silent_store_is_an_error_not_a_held_lock(&f).await;
     cases::rw_fair_downgrade_with_a_writer_queued(&f).await;
+    cases::election_has_one_leader_and_says_who(&f).await;
+    cases::election_cancelled_campaign_leaves_nothing(&f).await;
+    cases::election_a_silent_leader_knows_before_another_leads(&f).await;
 }
 
 /// A factory that cannot count residue fails the cancellation cases; it never passes them in

@@ -124,7 +124,7 @@ impl HandleInfo {
         &self.options
     }
 
-    fn request(&self, deadline: Deadline) -> Request<'_> {
+    pub(crate) fn request(&self, deadline: Deadline) -> Request<'_> {
         Request {
             name: &self.name,
             options: &self.options,
@@ -248,7 +248,7 @@ where
 /// returns by `wait` plus that grace, with a retryable [`Error::Connection`] (the store did not
 /// answer, so nothing says the lock is held). Backends are cancel safe, so what a cut-off call
 /// may have taken is given back by their undo.
-async fn live(
+pub(crate) async fn live(
     info: &HandleInfo,
     deadline: Deadline,
     mut acquire: impl AcquireFn<LockGuard>,
@@ -362,7 +362,11 @@ pub const CALL_GRACE: Duration = Duration::from_secs(2);
 /// Runs the acquisition `acquire` makes inside its span and records how it ended. (It takes
 /// what makes the acquisition, not the acquisition: an `async fn` keeps a future it is given
 /// beside the one it awaits, see [`Deadline::run`].)
-async fn traced<M, F>(info: &HandleInfo, kind: LockKind, acquire: M) -> Result<Option<LockGuard>>
+pub(crate) async fn traced<M, F>(
+    info: &HandleInfo,
+    kind: LockKind,
+    acquire: M,
+) -> Result<Option<LockGuard>>
 where
     M: FnOnce() -> F,
     F: Future<Output = Result<Option<LockGuard>>>,

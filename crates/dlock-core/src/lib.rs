@@ -37,6 +37,7 @@ macro_rules! setters {
 }
 
 mod close;
+mod election;
 mod error;
 mod ext;
 mod finish;
@@ -71,6 +72,7 @@ mod undo;
 mod url;
 
 pub use crate::close::Closed;
+pub use crate::election::{DistributedElection, DynElection, Leader, Leadership, Observer};
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::ext::DistributedLockExt;
 pub use crate::guard::LockGuard;
@@ -128,6 +130,7 @@ pub mod backend {
     #[cfg(feature = "serde")]
     #[doc(inline)]
     pub use crate::deserialize_from_url;
+    pub use crate::election::{Election, POLL, RawElection};
     pub use crate::finish::{Finish, finish_if_dropped};
     pub use crate::gather::{Batcher, renewal_window};
     pub use crate::handles::{

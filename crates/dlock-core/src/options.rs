@@ -221,6 +221,8 @@ pub struct Capabilities {
     pub read_write: bool,
     /// Counting semaphores.
     pub semaphore: bool,
+    /// Leader elections ([`LockProvider::election`](crate::LockProvider::election)).
+    pub election: bool,
     /// A hold lives in one connection to the store (SQL `for-update`: a row lock of that
     /// connection's transaction). A reset or a network fault that ends the connection ends
     /// the hold on the server at once, and the server may grant the lock to the next waiter
@@ -252,6 +254,7 @@ impl Capabilities {
             loss_detection: false,
             read_write: false,
             semaphore: false,
+            election: false,
             connection_bound: false,
             min_lease: Duration::from_millis(1),
             max_lease: Lease::MAX,
@@ -271,6 +274,7 @@ impl Capabilities {
             loss_detection: true,
             read_write: true,
             semaphore: true,
+            election: true,
             connection_bound: false,
             min_lease: Duration::from_millis(1),
             max_lease: Lease::MAX,

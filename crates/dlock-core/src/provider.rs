@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::close::{Closed, Closer};
+use crate::election::{DynElection, Election, Leader, RawElection};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::handles::{
@@ -59,6 +60,8 @@ pub trait RawProvider: fmt::Debug + Send + Sync + 'static {
     type ReadWrite: RawReadWriteLock;
     /// The backend's semaphore, or [`NoPrimitive`].
     type Semaphore: RawSemaphore;
+    /// The backend's leader election, or [`NoPrimitive`].
+    type Election: RawElection;
 
     /// What the provider can do and which store it talks to.
     fn meta(&self) -> &ProviderMeta;
@@ -115,6 +118,19 @@ pub trait RawProvider: fmt::Debug + Send + Sync + 'static {
         ))
     }
 
+    /// The raw election of `name`. The default refuses (for [`NoPrimitive`]).
+    ///
+    /// # Errors
+    ///
+    /// What the backend cannot set up for the name.
+    fn raw_election(&self, name: &LockName, options: &LockOptions) -> Result<Self::Election> {
+        let _ = (name, options);
+        Err(Error::unsupported(
+            self.meta().capabilities.backend,
+            "leader elections",
+        ))
+    }
+
     /// What the store records about `name` right now (see [`LockProvider::describe`]).
     ///
     /// # Errors
@@ -142,6 +158,21 @@ impl RawReadWriteLock for NoPrimitive {
 #[async_trait]
 impl RawSemaphore for NoPrimitive {
     async fn acquire(&self, _: &Request<'_>, _: u32) -> Result<Option<LockGuard>> {
+        match *self {}
+    }
+}
+
+#[async_trait]
+impl RawElection for NoPrimitive {
+    async fn campaign(&self, _: &Request<'_>, _: &[u8]) -> Result<Option<LockGuard>> {
+        match *self {}
+    }
+
+    async fn proclaim(&self, _: &LockGuard, _: &[u8]) -> Result<()> {
+        match *self {}
+    }
+
+    async fn leader(&self) -> Result<Option<Leader>> {
         match *self {}
     }
 }
@@ -200,6 +231,18 @@ impl<P: RawProvider> LockProvider for P {
             permits,
             raw,
         )))
+    }
+
+    fn election(&self, name: &str, options: LockOptions) -> Result<DynElection> {
+        let name = LockName::new(name)?;
+        let caps = self.meta().capabilities;
+        if !caps.election {
+            return Err(Error::unsupported(caps.backend, "leader elections"));
+        }
+        caps.check(&options)?;
+        self.check(&name, LockKind::Mutex, &options)?;
+        let raw = self.raw_election(&name, &options)?;
+        Ok(Arc::new(Election::new(info(self, name, options), raw)))
     }
 
     async fn close(&self, within: Duration) -> Closed {

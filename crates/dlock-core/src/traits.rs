@@ -106,6 +106,32 @@ pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
     /// backend has no semaphores.
     fn semaphore(&self, name: &str, permits: u32, options: LockOptions) -> Result<DynSemaphore>;
 
+    /// A leader election on `name`: one campaigner at a time leads, with a proposal the
+    /// others can read and watch, and a term (the leadership's fencing token) that grows
+    /// with every new leader. An election is a kind of its own: it does not exclude a lock
+    /// of the same name.
+    ///
+    /// ```
+    /// # async fn lead(provider: &dyn dlock_core::LockProvider) -> dlock_core::Result<()> {
+    /// let election = provider.election("scheduler", dlock_core::LockOptions::default())?;
+    /// let leadership = election.campaign(b"host-a:8080").await?;
+    /// println!("leading in term {}", leadership.term());
+    /// leadership.lost().await; // stop acting as the leader
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), and `Unsupported` if the backend has no elections (the
+    /// default).
+    fn election(&self, name: &str, options: LockOptions) -> Result<crate::DynElection> {
+        let _ = (name, options);
+        Err(crate::Error::unsupported(
+            self.capabilities().backend,
+            "leader elections",
+        ))
+    }
+
     /// What the store records about `name` right now: who holds it and how, for how long,
     /// and the last fencing token. Reads only: never takes the lock or issues a token.
     ///

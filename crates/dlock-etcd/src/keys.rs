@@ -56,13 +56,19 @@ fn look_from(ops: &[TxnOpResponse], from: usize) -> Look {
     }
 }
 
-/// Puts this contender's key if it has none, and reads its create revision and the holder's,
-/// in one transaction.
-pub(crate) async fn enter(session: &Session, lease: i64, key: &str, range: &str) -> Entered {
+/// Puts this contender's key with `value` (empty for a lock, the proposal in an election) if
+/// it has none, and reads its create revision and the holder's, in one transaction.
+pub(crate) async fn enter(
+    session: &Session,
+    lease: i64,
+    key: &str,
+    value: &[u8],
+    range: &str,
+) -> Entered {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+            TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
             TxnOp::get(key, None),
             TxnOp::get(range, Some(first_created())),
         ])

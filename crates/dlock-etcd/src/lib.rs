@@ -6,6 +6,7 @@
 )]
 
 mod config;
+mod election;
 mod error;
 mod hold;
 mod keepalive;
@@ -25,6 +26,7 @@ pub use crate::config::{
     DEFAULT_LEASE_TTL, DEFAULT_PORT, DEFAULT_PREFIX, EtcdConfig, EtcdTls, MAX_LEASE_TTL,
     MIN_LEASE_TTL,
 };
+pub use crate::election::EtcdElection;
 pub use crate::provider::EtcdProvider;
 pub use crate::stats::EtcdStats;
 /// The client library, for [`EtcdProvider::from_client`] and [`EtcdProvider::client`].

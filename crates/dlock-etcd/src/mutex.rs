@@ -27,9 +27,20 @@ pub struct EtcdMutex {
 
 #[async_trait]
 impl RawLock for EtcdMutex {
-    /// Enter (put the key, look), wait for the predecessor, look again, until the key is the
-    /// first or the deadline passed.
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
+        self.contend(req, &[]).await
+    }
+}
+
+impl EtcdMutex {
+    /// Enter (put the key with `value`, look), wait for the predecessor, look again, until
+    /// the key is the first or the deadline passed.
+    pub(crate) async fn contend(
+        &self,
+        req: &Request<'_>,
+        value: &[u8],
+    ) -> Result<Option<LockGuard>> {
+        let value: std::sync::Arc<[u8]> = value.into();
         let session = &self.session;
         let deadline = req.deadline;
         let range = range(&self.lock_name);
@@ -63,7 +74,8 @@ impl RawLock for EtcdMutex {
             // cuts a timed acquisition off a grace after it, and the undo gives back the key.
             let put = {
                 let (session, key, range) = (Arc::clone(session), key.clone(), range.clone());
-                tokio::spawn(async move { enter(&session, lease, &key, &range).await })
+                let value = std::sync::Arc::clone(&value);
+                tokio::spawn(async move { enter(&session, lease, &key, &value, &range).await })
             };
             undo.arm(Pending::put(claim, put));
             let Some(entered) = put_answer(&mut undo).await else {

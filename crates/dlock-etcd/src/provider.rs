@@ -10,6 +10,7 @@ use dlock_core::backend::{NoPrimitive, ProviderMeta, RawProvider};
 use dlock_core::{Capabilities, LockKind, LockName, LockOptions, LockStatus, Result};
 
 use crate::config::EtcdConfig;
+use crate::election::EtcdElection;
 use crate::error::from_etcd;
 use crate::keys::{first_created, range};
 use crate::mutex::EtcdMutex;
@@ -118,6 +119,7 @@ impl RawProvider for EtcdProvider {
     type Mutex = EtcdMutex;
     type ReadWrite = NoPrimitive;
     type Semaphore = NoPrimitive;
+    type Election = EtcdElection;
 
     fn meta(&self) -> &ProviderMeta {
         &self.meta
@@ -127,6 +129,12 @@ impl RawProvider for EtcdProvider {
         Ok(EtcdMutex {
             session: Arc::clone(&self.session),
             lock_name: self.session.config.lock_name(name),
+        })
+    }
+
+    fn raw_election(&self, name: &LockName, options: &LockOptions) -> Result<EtcdElection> {
+        Ok(EtcdElection {
+            mutex: self.raw_lock(name, options)?,
         })
     }
 

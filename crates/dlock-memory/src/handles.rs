@@ -33,7 +33,7 @@ impl Client {
             lease: req.options.lease,
         };
         self.store
-            .acquire(&self.link, req.name, want, req.deadline)
+            .acquire(&self.link, req.name, want, req.deadline, None)
             .await
     }
 

@@ -6,12 +6,14 @@
 )]
 
 mod config;
+mod election;
 mod handles;
 mod provider;
 mod store;
 
 use std::time::Duration;
 
+pub use crate::election::MemoryElection;
 pub use crate::provider::MemoryProvider;
 #[cfg(feature = "sabotage")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sabotage")))]

@@ -7,6 +7,7 @@ use dlock_core::backend::{Mutex, ProviderMeta, RawProvider};
 use dlock_core::{Capabilities, LockName, LockOptions, LockStatus, Result};
 
 use crate::config;
+use crate::election::MemoryElection;
 use crate::handles::{Client, MemoryMutex, MemoryReadWrite, MemorySemaphore};
 use crate::store::{Link, Store};
 use crate::{BACKEND, MIN_LEASE};
@@ -135,6 +136,7 @@ impl RawProvider for MemoryProvider {
     type Mutex = MemoryMutex;
     type ReadWrite = MemoryReadWrite;
     type Semaphore = MemorySemaphore;
+    type Election = MemoryElection;
 
     fn meta(&self) -> &ProviderMeta {
         &self.meta
@@ -161,6 +163,13 @@ impl RawProvider for MemoryProvider {
     ) -> Result<MemorySemaphore> {
         Ok(MemorySemaphore {
             client: self.client(),
+        })
+    }
+
+    fn raw_election(&self, name: &LockName, _options: &LockOptions) -> Result<MemoryElection> {
+        Ok(MemoryElection {
+            client: self.client(),
+            name: name.clone(),
         })
     }
 

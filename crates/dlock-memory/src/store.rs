@@ -139,6 +139,9 @@ struct Entry {
     apart: bool,
     /// Sabotaged ([`Sabotage::Unfair`]): a release wakes the newest waiters first.
     unfair: bool,
+    /// An election's leader's proposal, with its term: the leader's only while that term is
+    /// the last token and its hold is there.
+    proposal: Option<(u64, Arc<[u8]>)>,
 }
 
 impl Entry {
@@ -297,6 +300,7 @@ impl Store {
         name: &LockName,
         want: Want,
         deadline: Deadline,
+        proposal: Option<&[u8]>,
     ) -> Result<Option<LockGuard>> {
         let kind = want.kind;
         let called = Instant::now();
@@ -355,6 +359,9 @@ impl Store {
                     *tokens += 1;
                     let token = *tokens;
                     entry.last_token = Some(token);
+                    if let Some(proposal) = proposal {
+                        entry.proposal = Some((token, Arc::from(proposal)));
+                    }
                     // The lease runs from the grant: this instant is when the store said yes.
                     let sent = if faults.broken(Sabotage::LeaseFromCallStart) {
                         called
@@ -580,6 +587,44 @@ impl Store {
         dlock_core::LockStatus::held_by(lock_kind, holders)
             .with_remaining(remaining)
             .with_last_token(last_token)
+    }
+
+    /// The exclusive holder of `name` (an election's leader, or a mutex's holder) as its
+    /// token, with the proposal made for that token if there is one.
+    pub(crate) fn leader(&self, name: &LockName) -> Option<(u64, Option<Arc<[u8]>>)> {
+        let mut state = self.state.lock();
+        let entry = state.entries.get_mut(name)?;
+        entry.prune(Instant::now());
+        let first = entry.holds.first()?;
+        if first.kind != Kind::Mutex || first.mode != Mode::Exclusive {
+            return None;
+        }
+        let token = entry.last_token?;
+        let proposal = entry
+            .proposal
+            .as_ref()
+            .filter(|(term, _)| *term == token)
+            .map(|(_, p)| Arc::clone(p));
+        Some((token, proposal))
+    }
+
+    /// Sets the proposal of the leader of term `token` of `name`: false if that term is not
+    /// the holder's (the hold ended, another leads).
+    pub(crate) fn proclaim(&self, name: &LockName, token: u64, proposal: &[u8]) -> bool {
+        let mut state = self.state.lock();
+        let Some(entry) = state.entries.get_mut(name) else {
+            return false;
+        };
+        entry.prune(Instant::now());
+        let leads = entry.last_token == Some(token)
+            && entry
+                .holds
+                .first()
+                .is_some_and(|h| h.kind == Kind::Mutex && h.mode == Mode::Exclusive);
+        if leads {
+            entry.proposal = Some((token, Arc::from(proposal)));
+        }
+        leads
     }
 
     /// Free permits of semaphore `name` out of `permits`: ended leases count as free.

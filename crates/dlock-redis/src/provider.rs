@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Mutex, ProviderMeta, RawProvider};
+use dlock_core::backend::{Mutex, NoPrimitive, ProviderMeta, RawProvider};
 use dlock_core::{Capabilities, Error, LockKind, LockName, LockOptions, LockStatus, Result};
 use redis::Value;
 
@@ -83,6 +83,7 @@ impl RedisProvider {
         let disconnects = subs.disconnects();
         let mut capabilities = Capabilities::all(BACKEND);
         capabilities.min_lease = MIN_LEASE;
+        capabilities.election = false;
         let meta = ProviderMeta::new(capabilities, config.store_id());
         let inner = Arc::new(Inner::new(conn, subs, meta, &config));
         inner.replicas.ask(&inner.conn).await;
@@ -154,6 +155,7 @@ impl RawProvider for RedisProvider {
     type Mutex = RedisMutex;
     type ReadWrite = RedisReadWrite;
     type Semaphore = RedisSemaphore;
+    type Election = NoPrimitive;
 
     fn meta(&self) -> &ProviderMeta {
         &self.inner.meta

@@ -57,6 +57,8 @@ pub(crate) struct Recipe<'a> {
     /// grant: it was taken after the create, when every earlier node had gone, so it sees
     /// what their holders wrote before they let go.
     pub(crate) then_list: Option<&'a str>,
+    /// The node's data: empty for locks, the proposal of an election's campaigner.
+    pub(crate) data: &'a [u8],
 }
 
 /// A node that holds, and the children of its recipe's [`then_list`](Recipe::then_list)
@@ -195,8 +197,15 @@ async fn contend_until(
     };
     lists.extend(recipe.then_list);
     for _ in 0..RECREATES {
-        let (mut ours, listed) =
-            create_listed(session, recipe.dir, recipe.marker, &[], undo, &lists).await?;
+        let (mut ours, listed) = create_listed(
+            session,
+            recipe.dir,
+            recipe.marker,
+            recipe.data,
+            undo,
+            &lists,
+        )
+        .await?;
         let mut listed = listed.into_iter();
         let mut prelisted = listed.next().flatten();
         let mut apart_checked = false;

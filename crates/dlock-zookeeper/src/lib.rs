@@ -8,6 +8,7 @@
 mod config;
 mod contend;
 mod create;
+mod election;
 mod error;
 mod hold;
 mod kinds;
@@ -20,6 +21,7 @@ mod session;
 mod undo;
 
 pub use crate::config::{DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, ZkConfig};
+pub use crate::election::ZkElection;
 pub use crate::nodes::is_recipe_node;
 pub use crate::provider::{MIN_LEASE, ZkProvider};
 pub use crate::session::ZkStats;

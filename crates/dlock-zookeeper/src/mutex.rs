@@ -45,6 +45,7 @@ impl RawLock for ZkMutex {
             role: Role::Exclusive,
             apart: Apart::FromSemaphore,
             then_list: None,
+            data: &[],
         };
         persist(req.name, req.deadline, || async {
             let granted = acquire(

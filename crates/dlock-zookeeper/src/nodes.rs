@@ -7,12 +7,16 @@ use dlock_core::LockName;
 
 /// Curator's `LockInternals` node prefix of a mutex (`InterProcessMutex`).
 pub(crate) const LOCK: &str = "lock-";
+/// The marker of an election's node (Curator's `LeaderLatch`).
+pub(crate) const LATCH: &str = "latch-";
 /// Curator's read node prefix (`InterProcessReadWriteLock`).
 pub(crate) const READ: &str = "__READ__";
 /// Curator's write node prefix (`InterProcessReadWriteLock`).
 pub(crate) const WRITE: &str = "__WRIT__";
 /// Curator's lease node prefix (`InterProcessSemaphoreV2`).
 pub(crate) const LEASE: &str = "lease-";
+/// Every marker of a contender node: a name segment that parses with one is escaped.
+const MARKERS: [&str; 5] = [LOCK, READ, WRITE, LEASE, LATCH];
 /// The semaphore's internal mutex, under the semaphore's path.
 pub(crate) const LOCKS: &str = "locks";
 /// The semaphore's lease nodes' parent, under the semaphore's path.
@@ -40,8 +44,8 @@ pub(crate) fn forbidden_char(c: char) -> bool {
 /// - a segment below another node (any but the first at the root: under a chroot the first
 ///   is below the chroot's own node, which a provider without the chroot can lock) that a
 ///   recipe of the lock above it would read as its own (`locks` and
-///   `leases`, a semaphore's directories, and names like `lock-0000000001` that parse as
-///   contender nodes) gets one character escaped, so that no name shares a path with another
+///   `leases`, a semaphore's directories, and names like `lock-0000000001` or
+///   `latch-0000000001` that parse as contender nodes) gets one character escaped, so that no name shares a path with another
 ///   lock's internals: `x/locks` lives at `x/%6Cocks`, and `x/lock-0000000001` at
 ///   `x/lock-%30000000001`.
 fn push_segment(out: &mut String, segment: &str, reserved_root: bool, nested: bool) {
@@ -58,7 +62,7 @@ fn push_segment(out: &mut String, segment: &str, reserved_root: bool, nested: bo
         Some(0)
     } else if nested && is_recipe_node(segment) {
         // The first character of the sequence, after the last marker that parses.
-        [LOCK, READ, WRITE, LEASE]
+        MARKERS
             .iter()
             .filter(|m| sequence(segment, m).is_some())
             .filter_map(|m| segment.rfind(m).map(|at| at + m.len()))
@@ -191,14 +195,12 @@ pub(crate) fn reader_standing(sorted: &[Contender], ours: &str) -> Standing {
     Standing::Missing
 }
 
-/// Whether the child name `node` is a contender node dlock (or Curator) creates for a lock:
-/// a mutex, read, write or lease node (`...lock-`, `...__READ__`, `...__WRIT__` or `...lease-`
-/// followed by the sequence). Parents such as `locks` and `leases`, and the containers of
-/// nested lock names, are not.
+/// Whether the child name `node` is a contender node dlock (or Curator) creates for a lock
+/// or an election: a mutex, read, write, lease or latch node (`...lock-`, `...__READ__`,
+/// `...__WRIT__`, `...lease-` or `...latch-` followed by the sequence). Parents such as
+/// `locks` and `leases`, and the containers of nested lock names, are not.
 pub fn is_recipe_node(node: &str) -> bool {
-    [LOCK, READ, WRITE, LEASE]
-        .iter()
-        .any(|m| sequence(node, m).is_some())
+    MARKERS.iter().any(|m| sequence(node, m).is_some())
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use dlock_core::{Capabilities, LockKind, LockName, LockOptions, LockStatus, Resu
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
+use crate::election::ZkElection;
 use crate::error::from_zk;
 use crate::kinds::LOCK_MARKERS;
 use crate::mutex::ZkMutex;
@@ -123,6 +124,7 @@ impl RawProvider for ZkProvider {
     type Mutex = ZkMutex;
     type ReadWrite = ZkReadWrite;
     type Semaphore = ZkSemaphore;
+    type Election = ZkElection;
 
     fn meta(&self) -> &ProviderMeta {
         &self.meta
@@ -138,6 +140,10 @@ impl RawProvider for ZkProvider {
 
     fn raw_semaphore(&self, name: &LockName, _: u32, _: &LockOptions) -> Result<ZkSemaphore> {
         Ok(ZkSemaphore::new(&self.session, self.path(name)))
+    }
+
+    fn raw_election(&self, name: &LockName, _: &LockOptions) -> Result<ZkElection> {
+        Ok(ZkElection::new(&self.session, self.path(name)))
     }
 
     /// What the server records about lock `name`: whether a mutex, a writer or readers hold

@@ -65,6 +65,7 @@ impl ZkReadWrite {
             role,
             apart: Apart::FromSemaphore,
             then_list: None,
+            data: &[],
         };
         acquire(&self.session, recipe, kind, options.lease, deadline).await
     }

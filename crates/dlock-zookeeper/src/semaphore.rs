@@ -51,6 +51,7 @@ async fn acquire_lease(
             role: Role::Exclusive,
             apart: Apart::FromLocks(path),
             then_list: Some(&leases),
+            data: &[],
         };
         let Some((mutex, held)) = contend(session, recipe, deadline, &mut internal).await? else {
             return Ok(None);

@@ -3,6 +3,7 @@
 //! that names what broke. [`CASES`](crate::CASES) maps each to its promise.
 
 mod cancellation;
+mod election;
 mod exclusion;
 mod fairness;
 mod fencing;
@@ -19,6 +20,7 @@ mod time;
 mod waiting;
 
 pub use self::cancellation::*;
+pub use self::election::*;
 pub use self::exclusion::*;
 pub use self::fairness::*;
 pub use self::fencing::*;

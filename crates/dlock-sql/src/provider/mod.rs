@@ -154,6 +154,7 @@ impl RawProvider for SqlProvider {
     type Mutex = SqlMutex;
     type ReadWrite = SqlReadWrite;
     type Semaphore = NoPrimitive;
+    type Election = NoPrimitive;
 
     fn meta(&self) -> &ProviderMeta {
         &self.meta

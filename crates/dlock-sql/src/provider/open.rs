@@ -237,6 +237,7 @@ impl SqlProvider {
         });
         let mut caps = Capabilities::all(backend);
         caps.fair = false;
+        caps.election = false;
         // Readers share an advisory lock on PostgreSQL; the row strategies have one holder
         // per row.
         caps.read_write = kind == Strategy::Advisory;

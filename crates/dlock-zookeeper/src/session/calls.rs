@@ -25,6 +25,8 @@ pub struct ZkStats {
     pub get_data: u64,
     /// `exists` calls (`extend`, and lease renewals on a server before 3.6).
     pub exists: u64,
+    /// `setData` calls (an election's leader proclaiming).
+    pub set_data: u64,
     /// Multi-reads: the watchdog's renewals of up to 5,000 holds in one call.
     pub multi_reads: u64,
     /// Waiters woken by a watch: with no herd, one per handoff.
@@ -49,6 +51,7 @@ impl ZkStats {
             + self.get_children
             + self.get_data
             + self.exists
+            + self.set_data
             + self.multi_reads
     }
 }
@@ -174,6 +177,21 @@ impl Session {
         self.counters.count(|s| &mut s.get_data);
         let call = self.call();
         Ok(call.ended(call.client.get_data(path).await)?.0)
+    }
+
+    /// The data of `path` and its stat.
+    pub(crate) async fn data_and_stat(&self, path: &str) -> ZkResult<(Vec<u8>, zk::Stat)> {
+        self.counters.count(|s| &mut s.get_data);
+        let call = self.call();
+        call.ended(call.client.get_data(path).await)
+    }
+
+    /// Sets the data of `path` if its version is still `version`.
+    pub(crate) async fn set_data(&self, path: &str, data: &[u8], version: i32) -> ZkResult<()> {
+        self.counters.count(|s| &mut s.set_data);
+        let call = self.call();
+        call.ended(call.client.set_data(path, data, Some(version)).await)?;
+        Ok(())
     }
 
     /// Deletes `path`, whatever its version.
