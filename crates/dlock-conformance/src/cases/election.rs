@@ -50,7 +50,9 @@ pub async fn election_has_one_leader_and_says_who(f: &impl Factory) {
     assert_eq!(leader(&eb).await, None, "a leader before any campaign");
     let first = lead(&ea, "host-a:8080").await;
     assert!(first.is_leader());
-    let seen = leader(&eb).await.expect("nobody leads after a campaign won");
+    let seen = leader(&eb)
+        .await
+        .expect("nobody leads after a campaign won");
     assert_eq!(seen.term, first.term(), "the leader's term");
     assert_eq!(seen.proposal_str(), Some("host-a:8080"), "the proposal");
     let second = eb
@@ -58,7 +60,10 @@ pub async fn election_has_one_leader_and_says_who(f: &impl Factory) {
         .await
         .unwrap_or_else(|e| panic!("the second campaign: {e}"));
     assert!(second.is_none(), "two leaders at once");
-    first.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    first
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
 }
 
 /// A resign hands over to the next campaigner, whose term is greater; a leader that
@@ -76,10 +81,17 @@ pub async fn election_resign_hands_over_with_a_greater_term(f: &impl Factory) {
         .unwrap_or_else(|e| panic!("proclaim: {e}"));
     assert_eq!(first.proposal(), b"a, again");
     let seen = leader(&eb).await.expect("a leader");
-    assert_eq!(seen.proposal_str(), Some("a, again"), "the proclaimed proposal");
+    assert_eq!(
+        seen.proposal_str(),
+        Some("a, again"),
+        "the proclaimed proposal"
+    );
     let waiting = tokio::spawn(async move { eb.campaign(b"b").await.map(|l| (eb, l)) });
     let term = first.term();
-    first.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    first
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
     let (eb, second) = must(STEP, "the handover", waiting)
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
@@ -92,7 +104,10 @@ pub async fn election_resign_hands_over_with_a_greater_term(f: &impl Factory) {
     let seen = leader(&ea).await.expect("a leader after the handover");
     assert_eq!((seen.term, seen.proposal_str()), (second.term(), Some("b")));
     drop(eb);
-    second.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    second
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
     eventually(STEP, "nobody leads after both resigned", || async {
         match leader(&ea).await {
             None => Ok(()),
@@ -126,13 +141,19 @@ pub async fn election_observer_sees_each_change(f: &impl Factory) {
     let seen = next("the proclaim").await.expect("a leader");
     assert_eq!((seen.term, seen.proposal_str()), (first.term(), Some("a2")));
     let term = first.term();
-    first.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    first
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
     assert_eq!(next("the resign").await, None);
     let second = lead(&ea, "c").await;
     let seen = next("the second leader").await.expect("a leader");
     assert!(seen.term > term, "term {} after {term}", seen.term);
     assert_eq!(seen.proposal_str(), Some("c"));
-    second.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    second
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
 }
 
 /// A campaign cancelled while it waits leaves nothing: when the leader resigns, nobody
@@ -152,7 +173,10 @@ pub async fn election_cancelled_campaign_leaves_nothing(f: &impl Factory) {
         .await
         .unwrap_or_else(|e| panic!("try_campaign: {e}"));
     assert!(timed.is_none(), "a zero wait led beside the leader");
-    first.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    first
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
     eventually(STEP, "nobody leads once the leader resigned", || async {
         match leader(&ea).await {
             None => Ok(()),
@@ -166,13 +190,20 @@ pub async fn election_cancelled_campaign_leaves_nothing(f: &impl Factory) {
         .await
         .unwrap_or_else(|e| panic!("a new campaign: {e}"));
     let again = again.expect("a new campaign waited behind the cancelled ones");
-    again.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    again
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
 }
 
 /// With the default settings (a 30 s watchdog lease, the backend's default session), a
 /// leader whose network goes silent is told it is deposed (`lost()` resolves, `is_leader()`
 /// turns false) before another campaigner leads, by at least 1 % of the lease.
 pub async fn election_a_silent_leader_knows_before_another_leads(f: &impl Factory) {
+    let b = client(f).await;
+    if !ELECTIONS.met(f, &b.capabilities()) {
+        return;
+    }
     let Some(partitionable) = f.connect_partitionable_as_deployed().await else {
         return skip(
             f,
@@ -180,10 +211,6 @@ pub async fn election_a_silent_leader_knows_before_another_leads(f: &impl Factor
         );
     };
     let (p, cut) = partitionable.unwrap_or_else(|e| panic!("connect: {e}"));
-    let b = client(f).await;
-    if !ELECTIONS.met(f, &p.capabilities()) {
-        return;
-    }
     let name = Names::new().name("elect-silent");
     let (ep, eb) = (election(&p, &name), election(&b, &name));
     let first = lead(&ep, "cut-off").await;
@@ -231,5 +258,8 @@ pub async fn election_a_silent_leader_knows_before_another_leads(f: &impl Factor
         format!("{:.1?}", lost_at - cut_at),
     );
     drop(first);
-    second.resign().await.unwrap_or_else(|e| panic!("resign: {e}"));
+    second
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
 }
