@@ -1,8 +1,10 @@
 // A Curator 5.4 peer for dlock-zookeeper's interop tests (tests/support/curator.rs compiles and runs it).
 //
-//   java CuratorPeer <connect> mutex|semmutex|read|write|semaphore <path> <hold ms> [tryacquire <ms>] [permits <n>]
+//   java CuratorPeer <connect> mutex|semmutex|read|write|semaphore|latch <path> <hold ms> [tryacquire <ms>] [permits <n>] [id <id>]
 //
-// semmutex is InterProcessSemaphoreMutex (Curator's non-reentrant mutex, a one-lease semaphore).
+// semmutex is InterProcessSemaphoreMutex (Curator's non-reentrant mutex, a one-lease semaphore);
+// latch is a LeaderLatch with participant id <id>: it prints SEES <id> each time the leader it
+// reads (getLeader) changes while it waits, and ACQUIRED once it leads.
 //
 // Prints WAITING before it asks for the lock, then ACQUIRED once it holds it (or TIMEOUT if a
 // `tryacquire` wait ran out), then RELEASED after it let go: after <hold ms>, or earlier when a
@@ -15,6 +17,8 @@ import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
@@ -31,11 +35,14 @@ public class CuratorPeer {
         long holdMs = Long.parseLong(args[3]);
         long tryMs = -1;
         int permits = 1;
+        String id = "";
         for (int i = 4; i + 1 < args.length; i += 2) {
             if (args[i].equals("tryacquire")) {
                 tryMs = Long.parseLong(args[i + 1]);
             } else if (args[i].equals("permits")) {
                 permits = Integer.parseInt(args[i + 1]);
+            } else if (args[i].equals("id")) {
+                id = args[i + 1];
             } else {
                 throw new IllegalArgumentException("unknown option " + args[i]);
             }
@@ -46,6 +53,10 @@ public class CuratorPeer {
         client.start();
         client.blockUntilConnected();
 
+        if (mode.equals("latch")) {
+            latch(client, path, id, holdMs, tryMs);
+            return;
+        }
         InterProcessLock lock = null;
         InterProcessSemaphoreV2 semaphore = null;
         switch (mode) {
@@ -92,6 +103,56 @@ public class CuratorPeer {
         System.out.println("ACQUIRED");
         System.out.flush();
 
+        awaitRelease(holdMs);
+
+        if (lock != null) {
+            lock.release();
+        } else {
+            lease.close();
+        }
+        System.out.println("RELEASED");
+        System.out.flush();
+        client.close();
+    }
+
+    static void latch(CuratorFramework client, String path, String id, long holdMs, long tryMs)
+            throws Exception {
+        LeaderLatch latch = new LeaderLatch(client, path, id);
+        latch.start();
+        System.out.println("WAITING");
+        System.out.flush();
+        long until = tryMs >= 0 ? System.currentTimeMillis() + tryMs : Long.MAX_VALUE;
+        String seen = null;
+        while (!latch.hasLeadership()) {
+            if (System.currentTimeMillis() >= until) {
+                System.out.println("TIMEOUT");
+                System.out.flush();
+                latch.close();
+                client.close();
+                return;
+            }
+            try {
+                Participant leader = latch.getLeader();
+                if (leader.isLeader() && !leader.getId().equals(seen)) {
+                    seen = leader.getId();
+                    System.out.println("SEES " + seen);
+                    System.out.flush();
+                }
+            } catch (Exception ignored) {
+                // no participant yet
+            }
+            Thread.sleep(20);
+        }
+        System.out.println("ACQUIRED");
+        System.out.flush();
+        awaitRelease(holdMs);
+        latch.close();
+        System.out.println("RELEASED");
+        System.out.flush();
+        client.close();
+    }
+
+    static void awaitRelease(long holdMs) throws InterruptedException {
         CountDownLatch release = new CountDownLatch(1);
         Thread stdin = new Thread(() -> {
             try {
@@ -104,14 +165,5 @@ public class CuratorPeer {
         stdin.setDaemon(true);
         stdin.start();
         release.await(holdMs, TimeUnit.MILLISECONDS);
-
-        if (lock != null) {
-            lock.release();
-        } else {
-            lease.close();
-        }
-        System.out.println("RELEASED");
-        System.out.flush();
-        client.close();
     }
 }

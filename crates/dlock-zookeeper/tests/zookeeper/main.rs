@@ -7,6 +7,7 @@ mod support;
 
 mod curator;
 mod curator_sessions;
+mod election;
 mod kinds;
 mod layout;
 mod names;
