@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{BenchOpts, BenchWorkerOpts, RunOpts, StatusOpts, TortureOpts, TortureWorkerOpts};
+use crate::{
+    BenchOpts, BenchWorkerOpts, ElectOpts, RunOpts, StatusOpts, TortureOpts, TortureWorkerOpts,
+};
 
 /// dlock: distributed locks from the shell.
 ///
@@ -77,6 +79,18 @@ pub enum Command {
     /// command line that does not parse (a malformed duration among them); 70 for a failure of
     /// dlock itself or of the store; 127 if the command is not found.
     Run(RunOpts),
+    /// Run a command only while leading an election (campaigning until this process leads),
+    /// or with --observe print each leader of an election as it changes.
+    ///
+    /// `dlock elect NAME [PROPOSAL] -- COMMAND`: campaigns with PROPOSAL (what the others read
+    /// as the leader's: an address, an id; default `host:pid`); once this process leads, runs
+    /// COMMAND as `dlock run` does, with the term (the leadership's fencing token, greater than
+    /// every earlier leader's) in DLOCK_FENCING_TOKEN, and stops it before anyone else can
+    /// lead; resigns when it exits. `dlock elect --observe NAME` prints the leader now and each
+    /// change, a line each: the term and the proposal, or `none`. On etcd the election is
+    /// `etcdctl elect`'s, on ZooKeeper Curator's LeaderLatch; Redis and SQL have none (exit
+    /// 78). Exit statuses as `dlock run`.
+    Elect(ElectOpts),
     /// Show whether a lock is held, by whom, for how long, and its last fencing token.
     Status(StatusOpts),
     /// Compare backends: run the benchmark workloads against one or more stores.
@@ -190,6 +204,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub async fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(opts) => crate::run::run(opts).await,
+        Command::Elect(opts) => crate::elect::elect(opts).await,
         Command::Status(opts) => crate::status::status(opts).await,
         Command::Bench(opts) => crate::bench::bench(opts).await,
         Command::Torture(opts) => crate::torture::torture(opts).await,

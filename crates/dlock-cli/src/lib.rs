@@ -15,6 +15,7 @@ macro_rules! say {
 
 mod bench;
 mod cli;
+mod elect;
 pub mod exit;
 mod host;
 mod output;
@@ -24,7 +25,8 @@ mod torture;
 
 pub use crate::bench::{BenchOpts, BenchWorkerOpts, Row, Workload};
 pub use crate::cli::{Cli, Command, CompletionsOpts, ManOpts, StoreOpts, parse_duration, run};
+pub use crate::elect::ElectOpts;
 pub(crate) use crate::output::fail;
-pub use crate::run::RunOpts;
+pub use crate::run::{HoldOpts, RunOpts};
 pub use crate::status::StatusOpts;
 pub use crate::torture::{FaultKind, Primitive, Sabotage, TortureOpts, TortureWorkerOpts};

@@ -20,9 +20,10 @@ mod job;
 pub(crate) use self::job::reap;
 use self::job::{Foreground, Reaper, Suspension, is_stopped, kill_and_reap, stopped, suspend};
 
-/// Options of `dlock run`.
+/// What `dlock run` and `dlock elect` share: the store, how long to wait, the lease, and how
+/// the command is stopped when the hold ends.
 #[derive(Debug, Args)]
-pub struct RunOpts {
+pub struct HoldOpts {
     #[command(flatten)]
     store: StoreOpts,
 
@@ -39,20 +40,6 @@ pub struct RunOpts {
     /// after its last renewal).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     lease: Duration,
-
-    /// Wait in line: waiters get the lock in the order they asked (backends that can).
-    #[arg(long)]
-    fair: bool,
-
-    /// Share the lock with other --shared runs (a read hold, as `flock -s`); an exclusive run
-    /// waits for them all, and they for it. Backends without read-write locks refuse it.
-    #[arg(long, short = 's', conflicts_with = "permits")]
-    shared: bool,
-
-    /// Let up to N runs hold the name at once (a semaphore of N permits, as `consul lock -n`).
-    /// Every run of the name must give the same N. Backends without semaphores refuse it.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    permits: Option<u32>,
 
     /// The signal that tells the command to stop, --kill-after before the lock ends (a name,
     /// with or without SIG, or a number).
@@ -73,6 +60,31 @@ pub struct RunOpts {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     kill_after: Duration,
 
+    /// Exit status when the lock is not had in time.
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE", default_value_t = exit::NOT_ACQUIRED)]
+    conflict_exit_code: u8,
+}
+
+/// Options of `dlock run`.
+#[derive(Debug, Args)]
+pub struct RunOpts {
+    #[command(flatten)]
+    hold: HoldOpts,
+
+    /// Wait in line: waiters get the lock in the order they asked (backends that can).
+    #[arg(long)]
+    fair: bool,
+
+    /// Share the lock with other --shared runs (a read hold, as `flock -s`); an exclusive run
+    /// waits for them all, and they for it. Backends without read-write locks refuse it.
+    #[arg(long, short = 's', conflicts_with = "permits")]
+    shared: bool,
+
+    /// Let up to N runs hold the name at once (a semaphore of N permits, as `consul lock -n`).
+    /// Every run of the name must give the same N. Backends without semaphores refuse it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+
     /// Keep the lock at least this long from the grant, even when the command ends sooner
     /// (ShedLock's lockAtLeastFor): dlock holds it, renewed, until then and exits after the
     /// release, with the command's status. With --no-wait, a job that a fleet of schedulers
@@ -81,10 +93,6 @@ pub struct RunOpts {
     /// did not run keeps nothing.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     hold_at_least: Option<Duration>,
-
-    /// Exit status when the lock is not had in time.
-    #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE", default_value_t = exit::NOT_ACQUIRED)]
-    conflict_exit_code: u8,
 
     /// The lock's name.
     name: String,
@@ -96,8 +104,36 @@ pub struct RunOpts {
     command: Vec<OsString>,
 }
 
+impl HoldOpts {
+    /// The store to use.
+    pub(crate) fn store(&self) -> &StoreOpts {
+        &self.store
+    }
+}
+
+impl RunOpts {
+    /// The run of `dlock elect`: an exclusive hold (the leadership) with `hold`'s settings.
+    pub(crate) fn campaign(hold: HoldOpts, name: String, command: Vec<OsString>) -> Self {
+        Self {
+            hold,
+            fair: false,
+            shared: false,
+            permits: None,
+            hold_at_least: None,
+            name,
+            command,
+        }
+    }
+}
+
 pub(crate) async fn run(opts: RunOpts) -> u8 {
-    let url = match opts.store.url_or_status() {
+    run_as(opts, None).await
+}
+
+/// `dlock run`, or with `proposal`, `dlock elect`: the command runs while this process leads
+/// the election of that name, campaigning with the proposal.
+pub(crate) async fn run_as(opts: RunOpts, proposal: Option<Vec<u8>>) -> u8 {
+    let url = match opts.hold.store.url_or_status() {
         Ok(u) => u,
         Err(code) => return code,
     };
@@ -105,7 +141,7 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
         Ok(l) => l,
         Err(e) => return fail(&format!("cannot use {}", dlock::redact(&url)), &e),
     };
-    let code = run_on(&locks, opts).await;
+    let code = run_on(&locks, opts, proposal.as_deref()).await;
     // Every way out: what the run left to background tasks (a release, the undo of a wait
     // a signal ended) is finished before the runtime that runs them ends with `main`. A
     // signal meanwhile (a second Ctrl-C) ends the wait: the store's leases end the rest.
@@ -133,12 +169,18 @@ pub(crate) async fn run(opts: RunOpts) -> u8 {
 }
 
 /// `dlock run` on the store `locks` talks to: the exit status.
-async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
+async fn run_on(locks: &dlock::Locks, opts: RunOpts, proposal: Option<&[u8]>) -> u8 {
     let options = LockOptions::new()
-        .with_lease(Lease::watchdog(opts.lease))
+        .with_lease(Lease::watchdog(opts.hold.lease))
         .with_fair(opts.fair);
-    let lock = match member(locks, &opts, options) {
-        Ok(l) => l,
+    let contender = match proposal {
+        Some(p) => locks
+            .election_with(&opts.name, options)
+            .map(|e| Contender::Campaign(e, p)),
+        None => member(locks, &opts, options).map(Contender::Lock),
+    };
+    let contender = match contender {
+        Ok(c) => c,
         Err(e) => return fail(&format!("cannot lock {:?}", opts.name), &e),
     };
     let (mut interrupt, mut terminate, mut hangup) = match (
@@ -152,17 +194,12 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
             return exit::SOFTWARE;
         }
     };
-    let wait = if opts.no_wait {
+    let wait = if opts.hold.no_wait {
         Some(Duration::ZERO)
     } else {
-        opts.wait
+        opts.hold.wait
     };
-    let acquiring = async {
-        match wait {
-            Some(w) => lock.try_acquire(w).await,
-            None => lock.acquire().await.map(Some),
-        }
-    };
+    let acquiring = contender.hold(wait);
     let guard = tokio::select! {
         r = acquiring => match r {
             Ok(Some(g)) => g,
@@ -171,7 +208,7 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                     Some(w) if !w.is_zero() => format!(" (waited {})", humantime::format_duration(w)),
                     _ => String::new(),
                 });
-                return opts.conflict_exit_code;
+                return opts.hold.conflict_exit_code;
             }
             Err(e) => {
                 let code = fail(&format!("cannot acquire {:?}", opts.name), &e);
@@ -196,12 +233,12 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // The SIGTERM comes --kill-after before the hold's end: a hold that has no more than
     // that left at the grant would be signalled as soon as the command starts.
     let left = guard.remaining();
-    if opts.kill_after >= left {
+    if opts.hold.kill_after >= left {
         eprintln!(
             "dlock: --kill-after {} is not shorter than what the hold on {:?} has left: the \
              hold is vouched for only {} ahead on this backend (unless renewed); use a shorter \
              --kill-after or a longer --lease",
-            humantime::format_duration(opts.kill_after),
+            humantime::format_duration(opts.hold.kill_after),
             opts.name,
             humantime::format_duration(whole_ms(left)),
         );
@@ -310,7 +347,7 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
     // else, and follows every renewal), or at once when the hold is found gone. Its grace
     // period is so spent while the lock is still this dlock's.
     let lost = guard.lost();
-    let expiring = guard.expiring(opts.kill_after);
+    let expiring = guard.expiring(opts.hold.kill_after);
     tokio::pin!(lost, expiring);
     // Whether the command was told to stop because the lock was ending. It stays told if a
     // renewal then moves the end: it is killed at the new end unless it exits first.
@@ -373,7 +410,7 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                         eprintln!(
                             "dlock: the command exited after {} (status {code}); {:?} \
                              released",
-                            opts.signal, opts.name
+                            opts.hold.signal, opts.name
                         );
                         exit::LOST
                     }
@@ -424,7 +461,7 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                          terminating the command ({}), SIGKILL when the lock ends",
                         opts.name,
                         guard.remaining().as_millis(),
-                        opts.signal
+                        opts.hold.signal
                     ),
                     None => eprintln!(
                         "dlock: the lock {:?} (token {token}) has ended; terminating the command",
@@ -432,7 +469,7 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
                     ),
                 }
                 let groups = targets();
-                send_to(&groups, opts.signal);
+                send_to(&groups, opts.hold.signal);
                 send_to(&groups, Signal::SIGCONT);
             }
             Some(()) = async {
@@ -505,6 +542,30 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts) -> u8 {
 
 /// What `dlock run` holds the name by: the mutex, a read hold of the read-write lock
 /// (`--shared`), or a permit of the semaphore (`--permits`).
+/// What a run waits for: a lock (of any kind), or the lead of an election with a proposal.
+enum Contender<'a> {
+    Lock(Member),
+    Campaign(dlock::DynElection, &'a [u8]),
+}
+
+impl Contender<'_> {
+    /// The hold, waiting `wait` (`None`: as long as it takes); `Ok(None)` if another holds or
+    /// leads then.
+    async fn hold(&self, wait: Option<Duration>) -> dlock::Result<Option<dlock::LockGuard>> {
+        match (self, wait) {
+            (Self::Lock(lock), Some(w)) => lock.try_acquire(w).await,
+            (Self::Lock(lock), None) => lock.acquire().await.map(Some),
+            (Self::Campaign(e, proposal), Some(w)) => Ok(e
+                .try_campaign(proposal, w)
+                .await?
+                .map(dlock::Leadership::into_guard)),
+            (Self::Campaign(e, proposal), None) => {
+                Ok(Some(e.campaign(proposal).await?.into_guard()))
+            }
+        }
+    }
+}
+
 fn member(locks: &dlock::Locks, opts: &RunOpts, options: LockOptions) -> dlock::Result<Member> {
     Ok(match (opts.shared, opts.permits) {
         (true, _) => Member::read(locks.read_write_lock_with(&opts.name, options)?),

@@ -2323,3 +2323,89 @@ fn the_url_comes_from_a_file_and_the_command_does_not_see_it() {
     assert_eq!(output(c).status.code(), Some(78));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `dlock elect` on every store: where the backend has elections (ZooKeeper, etcd), the
+/// command runs only while its campaigner leads (a second campaigner finds the election led,
+/// exit 75), with the term in DLOCK_FENCING_TOKEN; `dlock elect --observe` prints each leader
+/// (term and proposal) and `none` between them; the next leader's term is greater. Elsewhere
+/// the election is refused with exit 78.
+#[test]
+fn elect_runs_the_command_while_leading_and_observe_sees_each_leader() {
+    let scratch = Scratch::new();
+    for url in every_store(&scratch) {
+        let name = Names::new().name("elect");
+        let probe = output(dlock(&url, &["elect", "-n", &name, "probe", "--", "true"]));
+        if !(url.starts_with("zk://") || url.starts_with("etcd://")) {
+            assert_eq!(probe.status.code(), Some(78), "{url}: {probe:?}");
+            let said = String::from_utf8_lossy(&probe.stderr);
+            assert!(
+                said.contains("does not support leader elections"),
+                "{url}: {said}"
+            );
+            continue;
+        }
+        assert!(probe.status.success(), "{url}: {probe:?}");
+        let dir = std::env::temp_dir().join(format!("dlock-elect-{}", rand_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut observer = dlock(&url, &["elect", "--observe", &name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = lines_of(observer.stdout.take().unwrap());
+        let next = |what: &str| {
+            lines
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("{url}: the observer printed nothing on {what}"))
+        };
+        assert_eq!(next("nobody leading"), "none", "{url}");
+        // Each leader writes its term and leads until told to go.
+        let leader = |proposal: &str| {
+            let script = format!(
+                "echo $DLOCK_FENCING_TOKEN > {0}/{1}; while [ ! -e {0}/{1}-go ]; do sleep 0.05; \
+                 done",
+                dir.display(),
+                proposal
+            );
+            dlock(&url, &["elect", &name, proposal, "--", "sh", "-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let mut first = leader("first");
+        let term: u64 = pid_in(&dir.join("first")).try_into().unwrap();
+        assert_eq!(next("the first leader"), format!("{term} first"), "{url}");
+        let busy = output(dlock(&url, &["elect", "-n", &name, "second", "--", "true"]));
+        assert_eq!(busy.status.code(), Some(75), "{url}: two leaders: {busy:?}");
+        std::fs::write(dir.join("first-go"), "").unwrap();
+        assert!(first.wait().unwrap().success(), "{url}: the first run");
+        assert_eq!(next("the first resigning"), "none", "{url}");
+        let mut second = leader("second");
+        let next_term: u64 = pid_in(&dir.join("second")).try_into().unwrap();
+        assert!(next_term > term, "{url}: term {next_term} after {term}");
+        assert_eq!(
+            next("the second leader"),
+            format!("{next_term} second"),
+            "{url}"
+        );
+        std::fs::write(dir.join("second-go"), "").unwrap();
+        assert!(second.wait().unwrap().success(), "{url}: the second run");
+        let _ = observer.kill();
+        let _ = observer.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The lines `out` prints, as they come, on a channel.
+fn lines_of(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

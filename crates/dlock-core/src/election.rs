@@ -277,6 +277,12 @@ impl Leadership {
         &self.guard
     }
 
+    /// The hold alone, as a lock guard: for code that handles holds of every kind alike (it
+    /// is lost, renewed and released as the leadership is; dropping it resigns).
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// Replaces the proposal the others read, while this leads.
     ///
     /// # Errors

@@ -295,7 +295,7 @@ pub(super) async fn suspend(s: &mut Suspension<'_>) -> Option<u8> {
     }
     let _ = killpg(getpgrp(), Signal::SIGSTOP);
     let guard = s.guard;
-    let kill_after = s.opts.kill_after;
+    let kill_after = s.opts.hold.kill_after;
     let _ = Deadline::after(guard.remaining())
         .run(async {
             while guard.is_held() && guard.remaining() <= kill_after {
