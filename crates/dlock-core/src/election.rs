@@ -73,8 +73,8 @@ pub trait RawElection: fmt::Debug + Send + Sync + 'static {
     /// Must be cancel safe: dropped at any await, it leaves nothing behind on the store.
     async fn campaign(&self, req: &Request<'_>, proposal: &[u8]) -> Result<Option<LockGuard>>;
 
-    /// Replaces the proposal of the leadership `leadership` (a guard [`campaign`]
-    /// (Self::campaign) returned), only while it leads: [`Error::LockLost`] when another leads
+    /// Replaces the proposal of the leadership `leadership` (a guard
+    /// [`campaign`](Self::campaign) returned), only while it leads: [`Error::LockLost`] when another leads
     /// or nobody does.
     async fn proclaim(&self, leadership: &LockGuard, proposal: &[u8]) -> Result<()>;
 

@@ -137,7 +137,7 @@ impl RawElection for ZkElection {
     }
 
     /// Watches the children of the election (a new first node, the leader's going) and the
-    /// leader's node (a proclaim), at most [`WATCH_AT_MOST`].
+    /// leader's node (a proclaim), for at most a second (a watch is lost with its connection).
     async fn changed(&self, seen: Option<&Leader>) -> Result<()> {
         let _ = seen;
         let watched = async {
