@@ -25,8 +25,9 @@ pub(crate) fn suffix_name(name: &str, suffix: &str) -> String {
 /// other name. A lock of that name would share the key with the other name's
 /// bookkeeping, and both would fail (WRONGTYPE) or worse.
 pub(crate) fn bookkeeping_key(name: &str) -> Option<&'static str> {
-    const PREFIXES: [(&str, &str); 4] = [
+    const PREFIXES: [(&str, &str); 5] = [
         ("redisson_lock_token:", "another lock's fencing token"),
+        ("dlock_election:", "an election's proposal"),
         ("redisson_unlock_latch:", "another lock's unlock latch"),
         ("redisson_lock_queue:", "another lock's fair queue"),
         (

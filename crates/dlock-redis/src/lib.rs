@@ -24,6 +24,7 @@ mod shared;
 
 // The primitives: what differs between them, one hold and one wait loop under them all.
 mod acquire;
+mod election;
 mod hold;
 mod mutex;
 mod primitive;
@@ -38,6 +39,7 @@ pub use crate::config::{
     WAIT_TIMEOUT, WaitReplicas,
 };
 pub use crate::consts::{MIN_LEASE, SCHEMES};
+pub use crate::election::RedisElection;
 pub use crate::provider::RedisProvider;
 
 #[doc(hidden)]

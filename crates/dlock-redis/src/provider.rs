@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::backend::{Mutex, NoPrimitive, ProviderMeta, RawProvider};
+use dlock_core::backend::{Mutex, ProviderMeta, RawProvider};
 use dlock_core::{Capabilities, Error, LockKind, LockName, LockOptions, LockStatus, Result};
 use redis::Value;
 
@@ -13,6 +13,7 @@ use crate::call::{Call, text};
 use crate::config::{PubSubMode, RedisConfig};
 use crate::conn::Conn;
 use crate::consts::{BACKEND, MIN_LEASE};
+use crate::election::RedisElection;
 use crate::error::unexpected;
 use crate::keys::{Keys, bookkeeping_key, hash_tag};
 use crate::mutex::RedisMutex;
@@ -83,7 +84,6 @@ impl RedisProvider {
         let disconnects = subs.disconnects();
         let mut capabilities = Capabilities::all(BACKEND);
         capabilities.min_lease = MIN_LEASE;
-        capabilities.election = false;
         let meta = ProviderMeta::new(capabilities, config.store_id());
         let inner = Arc::new(Inner::new(conn, subs, meta, &config));
         inner.replicas.ask(&inner.conn).await;
@@ -155,7 +155,7 @@ impl RawProvider for RedisProvider {
     type Mutex = RedisMutex;
     type ReadWrite = RedisReadWrite;
     type Semaphore = RedisSemaphore;
-    type Election = NoPrimitive;
+    type Election = RedisElection;
 
     fn meta(&self) -> &ProviderMeta {
         &self.inner.meta
@@ -181,6 +181,10 @@ impl RawProvider for RedisProvider {
             inner: Arc::clone(&self.inner),
             keys: self.keys(name),
         })
+    }
+
+    fn raw_election(&self, name: &LockName, options: &LockOptions) -> Result<RedisElection> {
+        Ok(RedisElection::new(self.raw_lock(name, options)?))
     }
 
     fn raw_read_write(&self, name: &LockName, _options: &LockOptions) -> Result<RedisReadWrite> {

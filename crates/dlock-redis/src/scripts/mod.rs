@@ -26,6 +26,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+pub(crate) mod election;
 pub(crate) mod mutex;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
