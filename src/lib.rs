@@ -666,7 +666,8 @@ impl Locks {
     /// a time leads, with a proposal the others read ([`DistributedElection::leader`]) and
     /// watch ([`DistributedElection::observe`]), in a term (the leadership's fencing token)
     /// that grows with every new leader. On etcd it is `concurrency.Election` (`etcdctl
-    /// elect`), on ZooKeeper Curator's `LeaderLatch`.
+    /// elect`), on ZooKeeper Curator's `LeaderLatch`; elsewhere the mutex of the name with
+    /// the proposal beside it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -687,7 +688,7 @@ impl Locks {
     /// # Errors
     ///
     /// [`Error::InvalidName`], and [`Error::Unsupported`] on a backend without elections
-    /// (Redis and SQL today).
+    /// (every backend of dlock has them).
     pub fn election(&self, name: &str) -> Result<DynElection> {
         self.provider.election(name, LockOptions::default())
     }

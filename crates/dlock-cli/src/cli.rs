@@ -88,8 +88,7 @@ pub enum Command {
     /// every earlier leader's) in DLOCK_FENCING_TOKEN, and stops it before anyone else can
     /// lead; resigns when it exits. `dlock elect --observe NAME` prints the leader now and each
     /// change, a line each: the term and the proposal, or `none`. On etcd the election is
-    /// `etcdctl elect`'s, on ZooKeeper Curator's LeaderLatch; Redis and SQL have none (exit
-    /// 78). Exit statuses as `dlock run`.
+    /// `etcdctl elect`'s, on ZooKeeper Curator's LeaderLatch. Exit statuses as `dlock run`.
     Elect(ElectOpts),
     /// Show whether a lock is held, by whom, for how long, and its last fencing token.
     Status(StatusOpts),

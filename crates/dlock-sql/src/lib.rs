@@ -8,6 +8,7 @@
 mod attempt;
 mod config;
 mod db;
+mod election;
 mod error;
 mod handles;
 #[cfg(feature = "_sqlite")]
@@ -23,6 +24,7 @@ mod transaction;
 mod wait;
 
 pub use crate::config::{Dialect, SqlConfig, SqlPool, Strategy};
+pub use crate::election::SqlElection;
 pub(crate) use crate::provider::Inner;
 pub use crate::provider::{MIN_LEASE, SCHEMES, SqlProvider};
 #[cfg(any(feature = "mysql", feature = "postgres"))]

@@ -151,6 +151,11 @@ pub(crate) fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
             "",
         ),
     };
+    // Bytes of any length up to 64 KiB (MySQL's BLOB).
+    let blob = match dialect {
+        Dialect::MySql | Dialect::Sqlite => "BLOB",
+        Dialect::Postgres => "BYTEA",
+    };
     let table = |suffix: &str, columns: String| {
         format!("CREATE TABLE IF NOT EXISTS {t}_{suffix} ({columns}){options}")
     };
@@ -191,6 +196,14 @@ pub(crate) fn ddl(dialect: Dialect, t: &str) -> Vec<String> {
         table(
             "fence",
             format!("name {name} NOT NULL PRIMARY KEY, token {big} NOT NULL"),
+        ),
+        // Elections' proposals. Not among the tables checked at connect: a database whose
+        // tables were made by hand before elections existed still serves locks.
+        table(
+            "elections",
+            format!(
+                "name {name} NOT NULL PRIMARY KEY, term {big} NOT NULL, proposal {blob} NOT NULL"
+            ),
         ),
     ];
     if dialect != Dialect::Sqlite {

@@ -15,6 +15,7 @@ use dlock_core::{Error, LockName, LockOptions, LockStatus, Result};
 
 use crate::config::{Dialect, Strategy};
 use crate::db::Pool;
+use crate::election::{ElectionSql, SqlElection};
 use crate::error::from_sqlx;
 use crate::handles::{SqlMutex, SqlReadWrite};
 use crate::strategy::LockStrategy;
@@ -46,6 +47,7 @@ pub struct SqlProvider {
     pub(crate) inner: Arc<Inner>,
     pub(crate) strategy: Arc<dyn LockStrategy>,
     meta: ProviderMeta,
+    elections: Arc<ElectionSql>,
 }
 
 /// What every strategy of a provider shares: its database and how to name an acquisition.
@@ -154,7 +156,7 @@ impl RawProvider for SqlProvider {
     type Mutex = SqlMutex;
     type ReadWrite = SqlReadWrite;
     type Semaphore = NoPrimitive;
-    type Election = NoPrimitive;
+    type Election = SqlElection;
 
     fn meta(&self) -> &ProviderMeta {
         &self.meta
@@ -176,6 +178,16 @@ impl RawProvider for SqlProvider {
                  needs more than one row per name; PostgreSQL's `advisory` strategy has them)",
             )),
         }
+    }
+
+    fn raw_election(&self, name: &LockName, options: &LockOptions) -> Result<SqlElection> {
+        Ok(SqlElection {
+            mutex: self.raw_lock(name, options)?,
+            strategy: Arc::clone(&self.strategy),
+            inner: Arc::clone(&self.inner),
+            sql: Arc::clone(&self.elections),
+            name: name.clone(),
+        })
     }
 
     async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {

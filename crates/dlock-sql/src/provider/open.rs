@@ -10,8 +10,9 @@ use dlock_core::{Capabilities, Error, Result};
 use super::{Inner, MIN_LEASE, SqlProvider};
 use crate::config::{self, Dialect, SqlConfig, Strategy};
 use crate::db::{self, Pool, query};
-use crate::error::{self, from_sqlx};
 #[cfg(feature = "_sqlite")]
+use crate::election::ElectionSql;
+use crate::error::{self, from_sqlx};
 use crate::mounts;
 use crate::schema::{SchemaSql, schema_version};
 use crate::sql::Tables;
@@ -237,7 +238,6 @@ impl SqlProvider {
         });
         let mut caps = Capabilities::all(backend);
         caps.fair = false;
-        caps.election = false;
         // Readers share an advisory lock on PostgreSQL; the row strategies have one holder
         // per row.
         caps.read_write = kind == Strategy::Advisory;
@@ -268,6 +268,7 @@ impl SqlProvider {
             inner,
             strategy,
             meta,
+            elections: Arc::new(ElectionSql::new(tables)),
         })
     }
 }
