@@ -60,6 +60,14 @@ pub struct HoldOpts {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2s")]
     kill_after: Duration,
 
+    /// Chubby's lock-delay: if this dlock is cut off from the store, its command is stopped
+    /// at least this long before anyone else can hold the name (a release frees it at once),
+    /// so writes the command sent just before get this long to land. It comes off every
+    /// renewal's reach: with the drift allowance, at most half the lease (ZooKeeper, etcd:
+    /// half the session timeout).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
+    lock_delay: Duration,
+
     /// Exit status when the lock is not had in time.
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE", default_value_t = exit::NOT_ACQUIRED)]
     conflict_exit_code: u8,
@@ -172,7 +180,8 @@ pub(crate) async fn run_as(opts: RunOpts, proposal: Option<Vec<u8>>) -> u8 {
 async fn run_on(locks: &dlock::Locks, opts: RunOpts, proposal: Option<&[u8]>) -> u8 {
     let options = LockOptions::new()
         .with_lease(Lease::watchdog(opts.hold.lease))
-        .with_fair(opts.fair);
+        .with_fair(opts.fair)
+        .with_lock_delay(opts.hold.lock_delay);
     let contender = match proposal {
         Some(p) => locks
             .election_with(&opts.name, options)

@@ -264,7 +264,7 @@ pub(crate) async fn live(
             let Some(guard) = acquire().await? else {
                 return Ok(None);
             };
-            guard.set_drift(info.options.drift);
+            guard.set_drift(info.options.vouch_margin());
             guard.set_max_lease(info.max_lease);
             let reason = match settle(&guard, deadline).await {
                 Settled::Held => {

@@ -162,6 +162,17 @@ pub struct LockOptions {
     ///
     /// [`LockGuard::release_now`]: crate::LockGuard::release_now
     pub hold_at_least: Duration,
+    /// Chubby's lock-delay: a holder that is cut off (or whose renewals fail) is told its hold
+    /// is lost this much earlier than the drift allowance alone would tell it, so the name
+    /// stays unavailable to everyone else for at least this long after the holder was told,
+    /// while a release frees it at once. Writes the old holder sent just before it learned
+    /// of the loss (in flight, queued in a client) get this long to land before a new holder
+    /// starts. It costs the same time off every renewal's reach: the delay plus the drift
+    /// allowance must be at most half the lease (on ZooKeeper and etcd, half the session's
+    /// timeout or time to live, else grants arrive lost). It does not help against a holder
+    /// that is paused rather than cut off (it cannot be told): fence the resource for that.
+    /// Zero by default.
+    pub lock_delay: Duration,
 }
 
 impl Default for LockOptions {
@@ -172,6 +183,7 @@ impl Default for LockOptions {
             reentrant: false,
             drift: DriftAllowance::DEFAULT,
             hold_at_least: Duration::ZERO,
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -193,6 +205,17 @@ impl LockOptions {
         with_drift => drift: DriftAllowance;
         /// Sets the least time a hold is kept from its grant.
         with_hold_at_least => hold_at_least: Duration;
+        /// Sets the lock-delay (see [`lock_delay`](Self::lock_delay)).
+        with_lock_delay => lock_delay: Duration;
+    }
+
+    /// How much before the store's bound a guard stops vouching for its hold: the drift
+    /// allowance with the lock-delay added to its fixed part.
+    pub fn vouch_margin(&self) -> DriftAllowance {
+        DriftAllowance::new(
+            self.drift.ppm(),
+            self.drift.fixed().saturating_add(self.lock_delay),
+        )
     }
 }
 
@@ -322,13 +345,21 @@ impl Capabilities {
                 ),
             ));
         }
-        let drift = options.drift.of(ttl);
+        let drift = options.vouch_margin().of(ttl);
         if drift > ttl / 2 {
+            let what = if options.lock_delay.is_zero() {
+                "the drift allowance".to_owned()
+            } else {
+                format!(
+                    "the lock-delay ({:?}) with the drift allowance",
+                    options.lock_delay
+                )
+            };
             return Err(Error::invalid_argument(
                 "drift",
                 format!(
-                    "the drift allowance ({drift:?}) must be at most half the lease ({ttl:?}): \
-                     a watchdog renews a third of the way into it"
+                    "{what} ({drift:?}) must be at most half the lease ({ttl:?}): a watchdog \
+                     renews a third of the way into it"
                 ),
             ));
         }
