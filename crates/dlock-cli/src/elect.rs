@@ -18,9 +18,17 @@ pub struct ElectOpts {
     hold: HoldOpts,
 
     /// Print the leader of the election and then each change (a new leader, or its new
-    /// proposal), one line each: the term and the proposal, or `none` when nobody leads; as
-    /// `etcdctl elect -l`. Runs until interrupted; campaigns for nothing.
-    #[arg(long, short = 'l', conflicts_with_all = ["proposal", "command"])]
+    /// proposal), one line each: the term and the proposal (escaped as a Rust string's
+    /// content, so a newline in it prints as `\n`), or `none` when nobody leads; as `etcdctl
+    /// elect -l`. Runs until interrupted; campaigns for nothing.
+    #[arg(
+        long,
+        short = 'l',
+        conflicts_with_all = [
+            "proposal", "command", "wait", "no_wait", "lease", "signal", "kill_after",
+            "lock_delay", "conflict_exit_code",
+        ]
+    )]
     observe: bool,
 
     /// The election's name.
@@ -40,6 +48,9 @@ pub struct ElectOpts {
     )]
     command: Vec<OsString>,
 }
+
+/// How long `--observe` waits before it asks again after a failure a retry may fix.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) async fn elect(opts: ElectOpts) -> u8 {
     if opts.observe {
@@ -88,11 +99,16 @@ async fn observe(opts: &ElectOpts) -> u8 {
             Ok(Some(leader)) => format!(
                 "{} {}",
                 leader.term,
-                String::from_utf8_lossy(&leader.proposal)
+                String::from_utf8_lossy(&leader.proposal).escape_debug()
             ),
             Ok(None) => "none".to_owned(),
             Err(e) if e.is_retryable() => {
                 eprintln!("dlock: observing {:?}: {e}; asking again", opts.name);
+                tokio::select! {
+                    () = tokio::time::sleep(RETRY_AFTER) => {}
+                    _ = interrupt.recv() => return 128 + 2,
+                    _ = terminate.recv() => return 128 + 15,
+                }
                 continue;
             }
             Err(e) => return fail(&format!("cannot observe {:?}", opts.name), &e),

@@ -284,6 +284,7 @@ pub const CASES: &[(&str, u8)] = &[
     ("election_observer_sees_each_change", 18),
     ("election_cancelled_campaign_leaves_nothing", 18),
     ("election_a_silent_leader_knows_before_another_leads", 18),
+    ("election_a_deposed_leaders_proclaim_is_refused", 18),
 ];
 
 /// Instantiates every conformance case as a `#[tokio::test]` in the calling module.
@@ -382,6 +383,7 @@ macro_rules! conformance_tests {
             election_observer_sees_each_change,
             election_cancelled_campaign_leaves_nothing,
             election_a_silent_leader_knows_before_another_leads,
+            election_a_deposed_leaders_proclaim_is_refused,
         );
     };
 }

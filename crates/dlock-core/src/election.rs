@@ -15,7 +15,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::handles::{HandleInfo, Request, live, traced};
+use crate::handles::{HandleInfo, RawLock, Request, live, traced};
 use crate::loss::LockKind;
 use crate::name::{FencingToken, LockName};
 use crate::options::LockOptions;
@@ -64,7 +64,9 @@ impl fmt::Display for Leader {
 /// The campaign is a mutex acquisition whose holder leads: it must keep every rule of
 /// [`RawLock::acquire`](crate::backend::RawLock::acquire) (a holder of its own per call,
 /// cancel safety, a fencing token that only grows), and record `proposal` where
-/// [`leader`](Self::leader) reads it, from the moment it leads.
+/// [`leader`](Self::leader) reads it: with the grant where the store can (etcd, ZooKeeper),
+/// else right after it ([`PostedElection`]), the leader being read meanwhile with an empty
+/// proposal.
 #[async_trait]
 pub trait RawElection: fmt::Debug + Send + Sync + 'static {
     /// Campaigns with `proposal`, waiting until `req.deadline` to lead; `Ok(None)` once it
@@ -91,6 +93,70 @@ pub trait RawElection: fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// Where a backend keeps the leader's proposal beside its mutex, for an election that is the
+/// mutex of the name ([`PostedElection`]): the mutex's holder leads, and posts its proposal
+/// for its term (the hold's fencing token).
+#[async_trait]
+pub trait ProposalBoard: fmt::Debug + Send + Sync + 'static {
+    /// Posts `proposal` for `term`, never over the proposal of a later term; false where the
+    /// store tells that the lock is not held in that term (a proclaim then fails at once; it
+    /// also asks the hold's owner, [`LockGuard::verify`]).
+    async fn post(&self, term: FencingToken, proposal: &[u8]) -> Result<bool>;
+
+    /// Who leads: the term of the lock's holder, with the proposal posted for that term
+    /// (empty before its post), or `None` when the lock is free.
+    async fn leader(&self) -> Result<Option<Leader>>;
+}
+
+/// The election of a backend without one of its own: its mutex `L`, whose holder leads,
+/// and a [`ProposalBoard`] `B`. A campaign acquires the mutex and posts the proposal; until
+/// the post, readers see the new leader with an empty proposal. A campaign dropped after the
+/// grant drops its guard, which releases the hold; a post that lands after that names a term
+/// that is not the lock's any more, and is never read.
+#[derive(Debug)]
+pub struct PostedElection<L, B> {
+    lock: L,
+    board: B,
+}
+
+impl<L: RawLock, B: ProposalBoard> PostedElection<L, B> {
+    /// The election of `lock`'s name, with its proposals on `board`.
+    pub fn new(lock: L, board: B) -> Self {
+        Self { lock, board }
+    }
+}
+
+#[async_trait]
+impl<L: RawLock, B: ProposalBoard> RawElection for PostedElection<L, B> {
+    async fn campaign(&self, req: &Request<'_>, proposal: &[u8]) -> Result<Option<LockGuard>> {
+        let Some(guard) = self.lock.acquire(req).await? else {
+            return Ok(None);
+        };
+        // A hold lost before the post is the core's to see (the guard says so); an error
+        // drops the guard, which releases it.
+        self.board.post(guard.fencing_token(), proposal).await?;
+        Ok(Some(guard))
+    }
+
+    /// Posts, then asks the store whether the hold is still this leadership's (by its owner,
+    /// not only its term: a store may grant the next holder before its token moves).
+    async fn proclaim(&self, leadership: &LockGuard, proposal: &[u8]) -> Result<()> {
+        let posted = self
+            .board
+            .post(leadership.fencing_token(), proposal)
+            .await?;
+        if posted && leadership.verify().await? {
+            Ok(())
+        } else {
+            Err(Error::lock_lost(leadership.name().as_str()))
+        }
+    }
+
+    async fn leader(&self) -> Result<Option<Leader>> {
+        self.board.leader().await
+    }
+}
+
 /// An election handle on one name. Every campaign is a contender of its own (tasks that
 /// share the handle campaign against each other, as different processes do); the one that
 /// leads holds a [`Leadership`], the election's hold.
@@ -112,7 +178,8 @@ pub trait DistributedElection: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// Connection and backend errors; [`Error::Closed`] once the provider is closed.
+    /// Connection and backend errors; [`Error::Closed`] once the provider is closed;
+    /// [`Error::InvalidArgument`] for a proposal over [`MAX_PROPOSAL`].
     ///
     /// # Cancel safety
     ///
@@ -159,6 +226,24 @@ pub struct Election<E> {
     raw: Arc<E>,
 }
 
+/// The longest proposal a campaign or a proclaim takes: 64 KiB, which every store keeps in
+/// one value (MySQL's `BLOB`; ZooKeeper refuses a node over 1 MiB, etcd a request over
+/// 1.5 MiB). Put a larger description where the leader's proposal points.
+pub const MAX_PROPOSAL: usize = 64 * 1024;
+
+fn check_proposal(proposal: &[u8]) -> Result<()> {
+    if proposal.len() > MAX_PROPOSAL {
+        return Err(Error::invalid_argument(
+            "proposal",
+            format!(
+                "{} bytes is longer than the {MAX_PROPOSAL}-byte maximum of a proposal",
+                proposal.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// How often an [`Observer`] asks the store who leads, on a backend without notices of its
 /// own (the default [`RawElection::changed`]).
 pub const POLL: Duration = Duration::from_millis(100);
@@ -182,6 +267,7 @@ impl<E: RawElection> Election<E> {
         proposal: &[u8],
         deadline: Deadline,
     ) -> Result<Option<Leadership>> {
+        check_proposal(proposal)?;
         let req = self.info.request(deadline);
         let guard = traced(&self.info, LockKind::Mutex, || {
             live(&self.info, deadline, || self.raw.campaign(&req, proposal))
@@ -287,12 +373,14 @@ impl Leadership {
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`] when this no longer leads; connection and backend errors.
+    /// [`Error::LockLost`] when this no longer leads; [`Error::InvalidArgument`] for a
+    /// proposal over [`MAX_PROPOSAL`]; connection and backend errors.
     ///
     /// # Cancel safety
     ///
     /// Dropped, the store has the old proposal or the new one.
     pub async fn proclaim(&mut self, proposal: &[u8]) -> Result<()> {
+        check_proposal(proposal)?;
         if !self.guard.is_held() {
             return Err(self.not_leader());
         }

@@ -72,7 +72,9 @@ mod undo;
 mod url;
 
 pub use crate::close::Closed;
-pub use crate::election::{DistributedElection, DynElection, Leader, Leadership, Observer};
+pub use crate::election::{
+    DistributedElection, DynElection, Leader, Leadership, MAX_PROPOSAL, Observer,
+};
 pub use crate::error::{BoxError, Error, Result};
 pub use crate::ext::DistributedLockExt;
 pub use crate::guard::LockGuard;
@@ -130,7 +132,7 @@ pub mod backend {
     #[cfg(feature = "serde")]
     #[doc(inline)]
     pub use crate::deserialize_from_url;
-    pub use crate::election::{Election, POLL, RawElection};
+    pub use crate::election::{Election, POLL, PostedElection, ProposalBoard, RawElection};
     pub use crate::finish::{Finish, finish_if_dropped};
     pub use crate::gather::{Batcher, renewal_window};
     pub use crate::handles::{

@@ -304,6 +304,30 @@ impl Capabilities {
         }
     }
 
+    /// Checks that `options`' margin ([`LockOptions::vouch_margin`]: the drift allowance and
+    /// the lock-delay) is at most half of `span`, what one renewal vouches for on a backend
+    /// whose holds live by a session rather than the lease (ZooKeeper's session timeout,
+    /// etcd's lease time to live): a larger one would leave a hold unvouched before its next
+    /// renewal, or every grant lost on arrival.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] naming the span.
+    pub fn check_session_span(&self, options: &LockOptions, span: Duration) -> Result<()> {
+        let margin = options.vouch_margin().of(span);
+        if margin > span / 2 {
+            return Err(Error::invalid_argument(
+                "drift",
+                format!(
+                    "the lock-delay ({:?}) with the drift allowance ({margin:?}) must be at \
+                     most half of {}'s session ({span:?}), which each renewal vouches for",
+                    options.lock_delay, self.backend
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks `options` against these capabilities, as a backend does when it creates a handle.
     ///
     /// # Errors

@@ -108,8 +108,11 @@ pub trait LockProvider: fmt::Debug + Send + Sync + 'static {
 
     /// A leader election on `name`: one campaigner at a time leads, with a proposal the
     /// others can read and watch, and a term (the leadership's fencing token) that grows
-    /// with every new leader. An election is a kind of its own: it does not exclude a lock
-    /// of the same name.
+    /// with every new leader. On most backends an election is the mutex of its name (a lock
+    /// of that name excludes the campaigners, and
+    /// [`leader`](crate::DistributedElection::leader) names its holder with an empty
+    /// proposal); on ZooKeeper (Curator's latch) the two are apart. Give elections names of
+    /// their own.
     ///
     /// ```
     /// # async fn lead(provider: &dyn dlock_core::LockProvider) -> dlock_core::Result<()> {

@@ -125,6 +125,14 @@ impl RawProvider for EtcdProvider {
         &self.meta
     }
 
+    /// The margin of a hold (drift allowance, lock-delay) must fit the lease's time to live:
+    /// keep-alives vouch for it, not for the handle's lease.
+    fn check(&self, _: &LockName, _: LockKind, options: &LockOptions) -> Result<()> {
+        self.meta
+            .capabilities
+            .check_session_span(options, self.session.config.lease_ttl)
+    }
+
     fn raw_lock(&self, name: &LockName, _options: &LockOptions) -> Result<EtcdMutex> {
         Ok(EtcdMutex {
             session: Arc::clone(&self.session),

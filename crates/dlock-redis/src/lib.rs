@@ -39,7 +39,7 @@ pub use crate::config::{
     WAIT_TIMEOUT, WaitReplicas,
 };
 pub use crate::consts::{MIN_LEASE, SCHEMES};
-pub use crate::election::RedisElection;
+pub use crate::election::{RedisElection, RedisProposals};
 pub use crate::provider::RedisProvider;
 
 #[doc(hidden)]

@@ -13,7 +13,7 @@ use crate::call::{Call, text};
 use crate::config::{PubSubMode, RedisConfig};
 use crate::conn::Conn;
 use crate::consts::{BACKEND, MIN_LEASE};
-use crate::election::RedisElection;
+use crate::election::{RedisElection, RedisProposals};
 use crate::error::unexpected;
 use crate::keys::{Keys, bookkeeping_key, hash_tag};
 use crate::mutex::RedisMutex;
@@ -184,7 +184,9 @@ impl RawProvider for RedisProvider {
     }
 
     fn raw_election(&self, name: &LockName, options: &LockOptions) -> Result<RedisElection> {
-        Ok(RedisElection::new(self.raw_lock(name, options)?))
+        let mutex = self.raw_lock(name, options)?;
+        let proposals = RedisProposals::new(Arc::clone(&self.inner), Arc::clone(&mutex.keys));
+        Ok(RedisElection::new(mutex, proposals))
     }
 
     fn raw_read_write(&self, name: &LockName, _options: &LockOptions) -> Result<RedisReadWrite> {

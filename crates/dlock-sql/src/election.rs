@@ -1,14 +1,13 @@
-//! The election: the mutex of the name (in the provider's strategy), whose holder leads, and
-//! the leader's proposal in `<t>_elections` (name, term, proposal). A campaigner that is
-//! granted the lock posts its proposal for its term (the lock's fencing token); a post never
-//! replaces the proposal of a later term. A reader takes the proposal only when its term is
-//! the lock's last token and the lock is held, so a proposal outlived by its term is never
-//! the leader's. Between a grant and its post the leader is seen with an empty proposal.
+//! The election's proposals: the mutex of the name (in the provider's strategy) leads (the
+//! core's [`PostedElection`]), and the leader's proposal is kept in `<t>_elections` (name,
+//! term, proposal). A post never replaces the proposal of a later term. A reader takes the
+//! proposal only when its term is the lock's last token and the lock is held, so a proposal
+//! outlived by its term is never the leader's.
 
 use std::sync::Arc;
 
-use dlock_core::backend::{RawElection, RawLock, Request};
-use dlock_core::{Error, FencingToken, Leader, LockGuard, LockName, Result, async_trait};
+use dlock_core::backend::{PostedElection, ProposalBoard};
+use dlock_core::{FencingToken, Leader, LockName, Result, async_trait};
 
 use crate::Inner;
 use crate::config::Dialect;
@@ -51,31 +50,20 @@ impl ElectionSql {
     }
 }
 
-/// The raw election of one name. It is the mutex of that name: a lock and a campaign there
-/// exclude each other.
+/// The raw election of one name: the mutex of that name (a lock and a campaign there
+/// exclude each other) and its proposals.
+pub type SqlElection = PostedElection<SqlMutex, SqlProposals>;
+
+/// The proposals of one name's election.
 #[derive(Debug)]
-pub struct SqlElection {
-    pub(crate) mutex: SqlMutex,
+pub struct SqlProposals {
     pub(crate) strategy: Arc<dyn LockStrategy>,
     pub(crate) inner: Arc<Inner>,
     pub(crate) sql: Arc<ElectionSql>,
     pub(crate) name: LockName,
 }
 
-impl SqlElection {
-    /// Posts `proposal` for `term`.
-    async fn post(&self, term: FencingToken, proposal: &[u8]) -> Result<()> {
-        let term = i64::try_from(term.get()).unwrap_or(i64::MAX);
-        query(&self.sql.post)
-            .bind(self.name.as_str().as_bytes())
-            .bind(term)
-            .bind(proposal)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(self.inner.err("post the proposal"))?;
-        Ok(())
-    }
-
+impl SqlProposals {
     /// The term of the lock's holder now, if it is held.
     async fn term(&self) -> Result<Option<u64>> {
         let status = self.strategy.describe(&self.name).await?;
@@ -84,26 +72,22 @@ impl SqlElection {
 }
 
 #[async_trait]
-impl RawElection for SqlElection {
-    async fn campaign(&self, req: &Request<'_>, proposal: &[u8]) -> Result<Option<LockGuard>> {
-        let Some(guard) = self.mutex.acquire(req).await? else {
-            return Ok(None);
-        };
-        // An error drops the guard, which releases it.
-        self.post(guard.fencing_token(), proposal).await?;
-        Ok(Some(guard))
-    }
-
-    /// Posts, then checks that the lock is still held in this term: a proposal posted by a
-    /// leader deposed meanwhile is never read as the leader's.
-    async fn proclaim(&self, leadership: &LockGuard, proposal: &[u8]) -> Result<()> {
-        let term = leadership.fencing_token();
-        self.post(term, proposal).await?;
-        if self.term().await? == Some(term.get()) {
-            Ok(())
-        } else {
-            Err(Error::lock_lost(self.name.as_str()))
-        }
+impl ProposalBoard for SqlProposals {
+    /// Posts, then asks whether the lock is still held in this term. On the pinned strategies
+    /// a new holder's token moves just after its grant, so the term alone cannot tell the
+    /// poster from the next holder for that moment: the core then asks the hold itself
+    /// ([`LockGuard::verify`](dlock_core::LockGuard::verify)), which those strategies answer
+    /// from the server's session.
+    async fn post(&self, term: FencingToken, proposal: &[u8]) -> Result<bool> {
+        let posted = i64::try_from(term.get()).unwrap_or(i64::MAX);
+        query(&self.sql.post)
+            .bind(self.name.as_str().as_bytes())
+            .bind(posted)
+            .bind(proposal)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(self.inner.err("post the proposal"))?;
+        Ok(self.term().await? == Some(term.get()))
     }
 
     async fn leader(&self) -> Result<Option<Leader>> {

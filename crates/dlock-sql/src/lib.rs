@@ -24,7 +24,7 @@ mod transaction;
 mod wait;
 
 pub use crate::config::{Dialect, SqlConfig, SqlPool, Strategy};
-pub use crate::election::SqlElection;
+pub use crate::election::{SqlElection, SqlProposals};
 pub(crate) use crate::provider::Inner;
 pub use crate::provider::{MIN_LEASE, SCHEMES, SqlProvider};
 #[cfg(any(feature = "mysql", feature = "postgres"))]

@@ -93,6 +93,27 @@ pub(crate) async fn persist(
     }
 }
 
+/// An exclusive hold of `recipe` (a mutex, an election) for `req`: attempts made again
+/// through an outage ([`persist`]), each contending for a node ([`acquire`]).
+pub(crate) async fn exclusive(
+    session: &Arc<Session>,
+    recipe: Recipe<'_>,
+    req: &dlock_core::backend::Request<'_>,
+) -> Result<Option<LockGuard>> {
+    persist(req.name, req.deadline, || async {
+        let granted = acquire(
+            session,
+            recipe,
+            LockKind::Mutex,
+            req.options.lease,
+            req.deadline,
+        )
+        .await?;
+        Ok(granted.map(|(guard, _)| guard))
+    })
+    .await
+}
+
 /// One attempt of a lock recipe: contends for a node of `recipe` and turns it into a guard of
 /// `kind` with `lease` once it holds; also returns the node.
 pub(crate) async fn acquire(

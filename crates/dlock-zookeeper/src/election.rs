@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::backend::{RawElection, Request};
-use dlock_core::{Error, FencingToken, Leader, LockGuard, LockKind, Result, async_trait};
+use dlock_core::{Error, FencingToken, Leader, LockGuard, Result, async_trait};
 use zookeeper_client as zk;
 
-use crate::contend::{Recipe, Role, acquire, persist};
+use crate::contend::{Recipe, Role, exclusive};
 use crate::error::from_zk;
 use crate::kinds::Apart;
 use crate::nodes::{self, LATCH};
@@ -89,18 +89,7 @@ impl RawElection for ZkElection {
             then_list: None,
             data: proposal,
         };
-        persist(req.name, req.deadline, || async {
-            let granted = acquire(
-                &self.session,
-                recipe,
-                LockKind::Mutex,
-                req.options.lease,
-                req.deadline,
-            )
-            .await?;
-            Ok(granted.map(|(guard, _)| guard))
-        })
-        .await
+        exclusive(&self.session, recipe, req).await
     }
 
     /// Sets the leader's node's data, at the version just read: only while the first node is
@@ -138,33 +127,35 @@ impl RawElection for ZkElection {
 
     /// Watches the children of the election (a new first node, the leader's going) and the
     /// leader's node (a proclaim), for at most a second (a watch is lost with its connection).
+    /// The leader read with the watches set is compared with `seen` first: a change between
+    /// the caller's read and the watches is not waited for.
     async fn changed(&self, seen: Option<&Leader>) -> Result<()> {
-        let _ = seen;
         let watched = async {
-            let (children, on_children) = match self.session.children_watch(&self.path).await {
-                Ok(w) => w,
+            let Ok((children, on_children)) = self.session.children_watch(&self.path).await else {
                 // No election node yet: a campaigner's create is what comes next.
-                Err(_) => return tokio::time::sleep(dlock_core::backend::POLL).await,
+                return tokio::time::sleep(dlock_core::backend::POLL).await;
             };
             let sorted = nodes::contenders(children, &[LATCH]);
-            let on_data = match sorted.first() {
-                Some(first) => self
-                    .session
-                    .data_watch(&format!("{}/{}", self.path, first.node))
-                    .await
-                    .ok(),
-                None => None,
-            };
-            match on_data {
-                Some(on_data) => {
-                    tokio::select! {
-                        _ = on_children.changed() => {}
-                        _ = on_data.changed() => {}
-                    }
-                }
-                None => {
+            let Some(first) = sorted.first() else {
+                if seen.is_none() {
                     on_children.changed().await;
                 }
+                return;
+            };
+            let node = format!("{}/{}", self.path, first.node);
+            let Ok((data, stat, on_data)) = self.session.data_and_watch(&node).await else {
+                // The leader's node went meanwhile: a change.
+                return;
+            };
+            let now = u64::try_from(stat.czxid)
+                .ok()
+                .map(|term| Leader::new(FencingToken::new(term), data));
+            if now.as_ref() != seen {
+                return;
+            }
+            tokio::select! {
+                _ = on_children.changed() => {}
+                _ = on_data.changed() => {}
             }
         };
         let _ = tokio::time::timeout(WATCH_AT_MOST, watched).await;

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use dlock_core::backend::{RawLock, Request};
-use dlock_core::{LockGuard, LockKind, Result, async_trait};
+use dlock_core::{LockGuard, Result, async_trait};
 
-use crate::contend::{Recipe, Role, acquire, persist};
+use crate::contend::{Recipe, Role, exclusive};
 use crate::kinds::{Apart, LOCK_MARKERS};
 use crate::nodes::LOCK;
 use crate::session::Session;
@@ -47,17 +47,6 @@ impl RawLock for ZkMutex {
             then_list: None,
             data: &[],
         };
-        persist(req.name, req.deadline, || async {
-            let granted = acquire(
-                &self.session,
-                recipe,
-                LockKind::Mutex,
-                req.options.lease,
-                req.deadline,
-            )
-            .await?;
-            Ok(granted.map(|(guard, _)| guard))
-        })
-        .await
+        exclusive(&self.session, recipe, req).await
     }
 }

@@ -130,6 +130,14 @@ impl RawProvider for ZkProvider {
         &self.meta
     }
 
+    /// The margin of a hold (drift allowance, lock-delay) must fit the session: renewals
+    /// vouch for a session timeout, not a lease.
+    fn check(&self, _: &LockName, _: LockKind, options: &LockOptions) -> Result<()> {
+        self.meta
+            .capabilities
+            .check_session_span(options, self.session.session_timeout())
+    }
+
     fn raw_lock(&self, name: &LockName, _: &LockOptions) -> Result<ZkMutex> {
         Ok(ZkMutex::new(&self.session, self.path(name)))
     }

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{DynElection, DynLockProvider, Leader, Leadership, LockOptions};
+use dlock_core::{DynElection, DynLockProvider, Error, Leader, Leadership, LockOptions};
 use tokio::time::Instant;
 
-use super::{Need, ZERO, client, clients_if, skip};
+use super::{Need, ZERO, client, clients_if, dropped_behind_the_back, skip};
 use crate::Factory;
 use crate::record::measure;
 use crate::support::{Names, eventually, must};
@@ -258,6 +258,38 @@ pub async fn election_a_silent_leader_knows_before_another_leads(f: &impl Factor
         format!("{:.1?}", lost_at - cut_at),
     );
     drop(first);
+    second
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("resign: {e}"));
+}
+
+/// A leader whose hold the store dropped behind its back (it cannot know yet) is deposed:
+/// another campaigner leads, the old leader's proclaim is `LockLost` (whether or not its
+/// proposal reached the store first), and everyone reads the new leader's proposal.
+pub async fn election_a_deposed_leaders_proclaim_is_refused(f: &impl Factory) {
+    let Some([a, b]) = clients_if(f, ELECTIONS).await else {
+        return;
+    };
+    let name = Names::new().name("elect-deposed");
+    let (ea, eb) = (election(&a, &name), election(&b, &name));
+    let mut first = lead(&ea, "a").await;
+    if !dropped_behind_the_back(f, &name).await {
+        return;
+    }
+    let second = lead(&eb, "b").await;
+    assert!(second.term() > first.term(), "the new term is not greater");
+    match first.proclaim(b"a, deposed").await {
+        Err(Error::LockLost { .. }) => {}
+        other => panic!("a deposed leader's proclaim: {other:?}"),
+    }
+    eventually(STEP, "everyone reads the new leader", || async {
+        match leader(&ea).await {
+            Some(l) if l.term == second.term() && l.proposal_str() == Some("b") => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
     second
         .resign()
         .await

@@ -89,3 +89,19 @@ async fn observed(observer: &mut Proc, key: &str, value: &str) {
     let said = observer.line(STEP, &what, |_| true).await;
     assert_eq!(said, value, "{what}: its value");
 }
+
+/// A lock-delay that, with the drift allowance, passes half the lease's time to live (10 s by
+/// default) is refused, although it is under half the 30 s lock lease: keep-alives vouch for
+/// the time to live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_past_half_the_time_to_live_is_refused() {
+    let Some(url) = service_url("DLOCK_ETCD_URL") else {
+        return;
+    };
+    let p = EtcdProvider::connect(&url).await.unwrap();
+    let opts = LockOptions::default().with_lock_delay(Duration::from_secs(7));
+    let e = p.lock("delayed", opts).unwrap_err();
+    assert!(e.to_string().contains("session"), "{e}");
+    let fits = LockOptions::default().with_lock_delay(Duration::from_secs(4));
+    assert!(p.lock("delayed", fits).is_ok());
+}

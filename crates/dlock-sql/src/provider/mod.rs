@@ -15,7 +15,7 @@ use dlock_core::{Error, LockName, LockOptions, LockStatus, Result};
 
 use crate::config::{Dialect, Strategy};
 use crate::db::Pool;
-use crate::election::{ElectionSql, SqlElection};
+use crate::election::{ElectionSql, SqlElection, SqlProposals};
 use crate::error::from_sqlx;
 use crate::handles::{SqlMutex, SqlReadWrite};
 use crate::strategy::LockStrategy;
@@ -181,13 +181,13 @@ impl RawProvider for SqlProvider {
     }
 
     fn raw_election(&self, name: &LockName, options: &LockOptions) -> Result<SqlElection> {
-        Ok(SqlElection {
-            mutex: self.raw_lock(name, options)?,
+        let proposals = SqlProposals {
             strategy: Arc::clone(&self.strategy),
             inner: Arc::clone(&self.inner),
             sql: Arc::clone(&self.elections),
             name: name.clone(),
-        })
+        };
+        Ok(SqlElection::new(self.raw_lock(name, options)?, proposals))
     }
 
     async fn raw_describe(&self, name: &LockName) -> Result<LockStatus> {

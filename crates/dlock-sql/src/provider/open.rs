@@ -10,9 +10,9 @@ use dlock_core::{Capabilities, Error, Result};
 use super::{Inner, MIN_LEASE, SqlProvider};
 use crate::config::{self, Dialect, SqlConfig, Strategy};
 use crate::db::{self, Pool, query};
-#[cfg(feature = "_sqlite")]
 use crate::election::ElectionSql;
 use crate::error::{self, from_sqlx};
+#[cfg(feature = "_sqlite")]
 use crate::mounts;
 use crate::schema::{SchemaSql, schema_version};
 use crate::sql::Tables;

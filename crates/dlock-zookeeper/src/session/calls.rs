@@ -226,6 +226,16 @@ impl Session {
         call.ended(call.client.list_and_watch_children(path).await)
     }
 
+    /// The data and stat of `path`, and a watch that fires when it changes or goes.
+    pub(crate) async fn data_and_watch(
+        &self,
+        path: &str,
+    ) -> ZkResult<(Vec<u8>, zk::Stat, zk::OneshotWatcher)> {
+        self.counters.count(|s| &mut s.get_data);
+        let call = self.call();
+        call.ended(call.client.get_and_watch_data(path).await)
+    }
+
     /// A watch that fires when `path` changes or goes.
     pub(crate) async fn data_watch(&self, path: &str) -> ZkResult<zk::OneshotWatcher> {
         self.counters.count(|s| &mut s.get_data);

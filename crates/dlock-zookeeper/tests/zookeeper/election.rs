@@ -61,3 +61,16 @@ async fn curator_leader_latch_and_dlock_elect_one_leader_both_ways() {
     assert!(theirs.term > term, "the term grows across the handover");
     java.release().await;
 }
+
+/// A lock-delay that, with the drift allowance, passes half the session (10 s by default) is
+/// refused, although it is under half the 30 s lease: renewals vouch for the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_delay_past_half_the_session_is_refused() {
+    let Some(url) = url() else { return };
+    let p = provider(&url).await;
+    let opts = LockOptions::default().with_lock_delay(std::time::Duration::from_secs(7));
+    let e = p.lock("delayed", opts).unwrap_err();
+    assert!(e.to_string().contains("session"), "{e}");
+    let fits = LockOptions::default().with_lock_delay(std::time::Duration::from_secs(4));
+    assert!(p.lock("delayed", fits).is_ok());
+}
