@@ -283,7 +283,6 @@ pub const CASES: &[(&str, u8)] = &[
     ("election_resign_hands_over_with_a_greater_term", 18),
     ("election_observer_sees_each_change", 18),
     ("election_cancelled_campaign_leaves_nothing", 18),
-    ("election_a_silent_leader_knows_before_another_leads", 18),
     ("election_a_deposed_leaders_proclaim_is_refused", 18),
 ];
 
@@ -382,7 +381,6 @@ macro_rules! conformance_tests {
             election_resign_hands_over_with_a_greater_term,
             election_observer_sees_each_change,
             election_cancelled_campaign_leaves_nothing,
-            election_a_silent_leader_knows_before_another_leads,
             election_a_deposed_leaders_proclaim_is_refused,
         );
     };

@@ -9,6 +9,7 @@ use dlock_core::backend::{CALL_GRACE, Mutex};
 use dlock_core::{Capabilities, DistributedLockExt, DriftAllowance, Lease, LockOptions};
 use tokio::time::Instant;
 
+use super::election::SilentLeader;
 use super::{
     Need, WATCHDOG_LEASES_WITH_LOSS_DETECTION, ZERO, assert_busy, caps, client, cuttable_clients,
     cuttable_clients_if, lock, lock_with, release, skip, take,
@@ -33,8 +34,10 @@ impl Drop for Stopped {
 /// With the backend's default settings (a 30 s watchdog lease, its default session), a
 /// holder whose network goes silent stops before anyone else is granted the lock: `run()`'s
 /// work is dropped, and the hold's `lost()` resolves, strictly before another client's
-/// `acquire()` returns, by at least 1 % of the lease (less a scheduling tolerance). The
-/// margins are recorded for `docs/guarantees.md`.
+/// `acquire()` returns, by at least 1 % of the lease (less a scheduling tolerance). Where the
+/// backend has elections, a leader on the same client is cut off with it and must be told it
+/// is deposed before another campaigner leads ([`SilentLeader`](super::election::SilentLeader),
+/// the same margins). The margins are recorded for `docs/guarantees.md`.
 ///
 /// A connection-bound hold (SQL `for-update`, advisory) ends on the server with its session,
 /// which the server ends a lease after the last statement that reached it (its idle
@@ -107,6 +110,12 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
         })
     };
     assert_busy(&lock(&b, &name), "the holder holds it").await;
+    // A leader of an election on the same client, cut off with it.
+    let leader = if caps.election {
+        Some(SilentLeader::start(&p, &b, &name).await)
+    } else {
+        None
+    };
     let cut_at = Instant::now();
     cut.set_partitioned(true);
     let got = tokio::time::timeout(GRANT_WITHIN, waiter).await;
@@ -180,6 +189,9 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
         granted_at - cut_at
     );
     release(g).await;
+    if let Some(leader) = leader {
+        leader.check(cut_at, GRANT_WITHIN).await;
+    }
 }
 
 /// The line to the store goes silent while a hold with a fixed lease runs: the guard's
