@@ -36,8 +36,8 @@ impl Drop for Stopped {
 /// work is dropped, and the hold's `lost()` resolves, strictly before another client's
 /// `acquire()` returns, by at least 1 % of the lease (less a scheduling tolerance). Where the
 /// backend has elections, a leader on the same client is cut off with it and must be told it
-/// is deposed before another campaigner leads ([`SilentLeader`](super::election::SilentLeader),
-/// the same margins). The margins are recorded for `docs/guarantees.md`.
+/// is deposed before another campaigner leads, by the same margins. The margins are recorded
+/// for `docs/guarantees.md`.
 ///
 /// A connection-bound hold (SQL `for-update`, advisory) ends on the server with its session,
 /// which the server ends a lease after the last statement that reached it (its idle
