@@ -2363,7 +2363,7 @@ fn elect_runs_the_command_while_leading_and_observe_sees_each_leader() {
                 .unwrap()
         };
         let mut first = leader("first");
-        let term: u64 = pid_in(&dir.join("first")).try_into().unwrap();
+        let term = token_in(&dir.join("first"));
         assert_eq!(next("the first leader"), format!("{term} first"), "{url}");
         let busy = output(dlock(&url, &["elect", "-n", &name, "second", "--", "true"]));
         assert_eq!(busy.status.code(), Some(75), "{url}: two leaders: {busy:?}");
@@ -2371,7 +2371,7 @@ fn elect_runs_the_command_while_leading_and_observe_sees_each_leader() {
         assert!(first.wait().unwrap().success(), "{url}: the first run");
         assert_eq!(next("the first resigning"), "none", "{url}");
         let mut second = leader("second");
-        let next_term: u64 = pid_in(&dir.join("second")).try_into().unwrap();
+        let next_term = token_in(&dir.join("second"));
         assert!(next_term > term, "{url}: term {next_term} after {term}");
         assert_eq!(
             next("the second leader"),
@@ -2384,6 +2384,23 @@ fn elect_runs_the_command_while_leading_and_observe_sees_each_leader() {
         let _ = observer.wait();
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Reads a fencing token a command wrote to `file`, once it is there (a token is a u64: the
+/// SQL row strategies' are a row id in the high bits).
+fn token_in(file: &std::path::Path) -> u64 {
+    let mut token = None;
+    within(
+        Duration::from_secs(20),
+        "the command wrote its term",
+        || {
+            token = std::fs::read_to_string(file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok());
+            token.is_some()
+        },
+    );
+    token.unwrap()
 }
 
 /// The lines `out` prints, as they come, on a channel.
