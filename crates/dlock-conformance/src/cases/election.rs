@@ -251,7 +251,7 @@ impl SilentLeader {
         );
         let margin = led_at - lost_at;
         let lease = LockOptions::default().lease.ttl();
-        let least = (lease / 100).saturating_sub(Duration::from_millis(50));
+        let least = super::silence::least_margin(lease);
         assert!(
             margin >= least,
             "the leader's lost() resolved only {margin:?} before the next leader"

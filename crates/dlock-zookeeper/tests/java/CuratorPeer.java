@@ -4,7 +4,7 @@
 //
 // semmutex is InterProcessSemaphoreMutex (Curator's non-reentrant mutex, a one-lease semaphore);
 // latch is a LeaderLatch with participant id <id>: it prints SEES <id> each time the leader it
-// reads (getLeader) changes while it waits, and ACQUIRED once it leads.
+// reads (getLeader) changes to another participant while it waits, and ACQUIRED once it leads.
 //
 // Prints WAITING before it asks for the lock, then ACQUIRED once it holds it (or TIMEOUT if a
 // `tryacquire` wait ran out), then RELEASED after it let go: after <hold ms>, or earlier when a
@@ -133,8 +133,11 @@ public class CuratorPeer {
             }
             try {
                 Participant leader = latch.getLeader();
-                if (leader.isLeader() && !leader.getId().equals(seen)) {
-                    seen = leader.getId();
+                // Its own id is not a change to report: the latch reads itself as the
+                // leader a moment before hasLeadership() turns true.
+                String other = leader.getId();
+                if (leader.isLeader() && !other.equals(id) && !other.equals(seen)) {
+                    seen = other;
                     System.out.println("SEES " + seen);
                     System.out.flush();
                 }
