@@ -52,19 +52,19 @@ pub(crate) async fn pong(url: &str) -> Result<String, String> {
 }
 
 /// Whether the text a server answers to `command` (`INFO replication`, `CLUSTER INFO`)
-/// contains `wanted`; else the text.
+/// contains `wanted`: the text either way.
 pub(crate) async fn answers(
     c: &redis::aio::MultiplexedConnection,
     command: &[&str],
     wanted: &str,
-) -> Result<(), String> {
+) -> Result<String, String> {
     let text: String = redis::cmd(command[0])
         .arg(&command[1..])
         .query_async(&mut c.clone())
         .await
         .map_err(|e| e.to_string())?;
     if text.contains(wanted) {
-        Ok(())
+        Ok(text)
     } else {
         Err(text)
     }
@@ -134,9 +134,24 @@ impl PrivateRedis {
             )
         })
         .await;
-        eventually(LIMIT, "the master has the replica online", || {
-            answers(&on_master, &["INFO", "replication"], "state=online")
-        })
+        // In step as `wait_replicas=auto` counts it: online, and its last acknowledgement
+        // of the stream at most a second old (the provider allows two).
+        eventually(
+            LIMIT,
+            "the master has the replica online and in step",
+            || async {
+                let info = answers(&on_master, &["INFO", "replication"], "state=online").await?;
+                let lag = info
+                    .split("lag=")
+                    .nth(1)
+                    .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                    .and_then(|lag| lag.parse::<u64>().ok());
+                match lag {
+                    Some(lag) if lag <= 1 => Ok(()),
+                    _ => Err(info),
+                }
+            },
+        )
         .await;
         Some(replica)
     }
