@@ -117,7 +117,16 @@ pub enum Command {
     /// The reaper of `dlock run` (started by it): leads the process group the command joins,
     /// and kills it if that dlock dies without saying it is done.
     #[command(hide = true)]
-    Reap,
+    Reap(ReapOpts),
+}
+
+/// The options of `dlock reap`.
+#[derive(Debug, Args)]
+pub struct ReapOpts {
+    /// The hold's end when the reaper starts, in nanoseconds on the host's monotonic clock:
+    /// the group is killed then unless dlock says a later end first.
+    #[arg(long)]
+    pub until: Option<u64>,
 }
 
 /// The options of `dlock completions`.
@@ -209,7 +218,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Torture(opts) => crate::torture::torture(opts).await,
         Command::TortureWorker(opts) => crate::torture::worker(opts).await,
         Command::BenchWorker(opts) => crate::bench::worker(opts).await,
-        Command::Reap => crate::run::reap().await,
+        Command::Reap(opts) => crate::run::reap(opts.until).await,
         Command::Completions(opts) => completions(&opts),
         Command::Man(opts) => man(&opts),
     }

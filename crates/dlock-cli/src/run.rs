@@ -260,14 +260,11 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts, proposal: Option<&[u8]>) ->
     // it starts, and a Ctrl-C meant for it is not delivered twice (once by the terminal, once
     // by dlock). The group is the reaper's, started first, so the reaper knows it before the
     // command runs: a dlock killed at any moment after that takes the command along.
-    let mut reaper = Reaper::start().await;
     // The reaper kills the group when the hold ends unless dlock tells it a later end: a dlock
     // that is stopped (a SIGSTOP to it alone cannot be caught) cannot. dlock tells it again a
     // sixth of what the hold has left later (10 ms to 1 s): always before the end it last
     // told, so a renewal reaches the reaper before the end it moved.
-    if let Some(r) = &reaper {
-        r.vouched_for(guard.remaining());
-    }
+    let mut reaper = Reaper::start(guard.remaining()).await;
     let mut report_at = tokio::time::Instant::now();
     // The terminal goes to that group before the command runs: a command that reads from it
     // at once must not be stopped as a background job (SIGTTIN) before it is handed over.

@@ -1215,6 +1215,55 @@ fn the_command_of_a_dlock_stopped_alone_dies_when_the_hold_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The reaper kills the command's group at the hold's end it was started with, though it
+/// never hears from its dlock (one stopped before it first wrote to the reaper: the stopped
+/// dlock above, in a window a loaded machine sometimes hits).
+#[test]
+fn a_reaper_that_hears_nothing_kills_the_group_at_the_end_it_was_started_with() {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    let now = u64::try_from(now.tv_sec()).unwrap() * 1_000_000_000
+        + u64::try_from(now.tv_nsec()).unwrap();
+    let until = now + 2_000_000_000;
+    let mut reaper = Command::new(DLOCK)
+        .args(["reap", &format!("--until={until}")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut ready = [0u8; 6];
+    reaper
+        .stdout
+        .take()
+        .unwrap()
+        .read_exact(&mut ready)
+        .unwrap();
+    assert_eq!(&ready, b"ready\n");
+    let group = i32::try_from(reaper.id()).unwrap();
+    let mut command = Command::new("sleep")
+        .arg("60")
+        .process_group(group)
+        .spawn()
+        .unwrap();
+    let pid = i32::try_from(command.id()).unwrap();
+    within(
+        Duration::from_secs(20),
+        "the reaper killed the group",
+        || !alive(pid),
+    );
+    let status = command.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "{status:?}"
+    );
+    // Its stdin still open: the end, not the pipe's close, ended the group.
+    assert!(reaper.stdin.is_some());
+    let _ = reaper.wait();
+}
+
 /// Ctrl-Z while dlock's own group has the terminal (its stdin is not the terminal, so it
 /// keeps it): dlock asks the command to stop, then stops itself, and the shell has its
 /// prompt back (the command may run on meanwhile, under the reaper's deadline: Linux

@@ -61,14 +61,22 @@ async fn tell(
     }
 }
 
+/// `within` from now on the host's monotonic clock, in ns (what the reaper reads).
+fn end_in(within: Duration) -> u64 {
+    let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
+    crate::host::now_ns().saturating_add(within)
+}
+
 /// How long `dlock run` waits for its reaper to be ready before it runs the command without.
 const REAPER_READY_WITHIN: Duration = Duration::from_secs(5);
 
 impl Reaper {
-    /// Starts the reaper and waits until it is ready (its signal handlers are in place), at
-    /// most [`REAPER_READY_WITHIN`]; `None` (the command then leads a group of its own) if it
-    /// cannot start or is not ready in time.
-    pub(super) async fn start() -> Option<Self> {
+    /// Starts the reaper, told that the hold is vouched for `within` from now, and waits until
+    /// it is ready (its signal handlers are in place), at most [`REAPER_READY_WITHIN`]; `None`
+    /// (the command then leads a group of its own) if it cannot start or is not ready in time.
+    /// The first end goes on its command line, not down the pipe: a dlock stopped before its
+    /// writer task ran would otherwise leave the reaper with no end at all.
+    pub(super) async fn start(within: Duration) -> Option<Self> {
         use tokio::io::AsyncReadExt;
         let cannot = |why: &dyn std::fmt::Display| {
             eprintln!(
@@ -79,6 +87,7 @@ impl Reaper {
         let exe = std::env::current_exe().ok()?;
         let mut child = tokio::process::Command::new(exe)
             .arg("reap")
+            .arg(format!("--until={}", end_in(within)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -124,8 +133,7 @@ impl Reaper {
     /// end is absolute (the host's monotonic clock, which both processes read) and only ever
     /// moves later: a line the reaper reads late cannot cut a hold short.
     pub(super) fn vouched_for(&self, within: Duration) {
-        let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
-        let until = crate::host::now_ns().saturating_add(within);
+        let until = end_in(within);
         self.said.send_if_modified(|said| match *said {
             Said::Until(old) if old >= until => false,
             Said::Done => false,
@@ -164,8 +172,8 @@ impl Reaper {
 
 /// `dlock reap`: leads a process group of its own, which the command of the `dlock run` that
 /// started it joins; waits for its stdin to close, and kills the group (itself last) unless
-/// "done" came first.
-pub(crate) async fn reap() -> u8 {
+/// "done" came first, or when the hold's end passes (`until`, then what dlock says).
+pub(crate) async fn reap(until: Option<u64>) -> u8 {
     use tokio::io::AsyncBufReadExt;
     // The signals the group gets (a Ctrl-C at the terminal, those dlock passes on to the
     // command) are caught and dropped: the reaper must outlive the command's interruption.
@@ -205,7 +213,7 @@ pub(crate) async fn reap() -> u8 {
     // nothing). The end of input without `done` kills the group. A line waiting to be read
     // goes before the end: the reader may have been stopped past an end a later line moved.
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    let mut until: Option<u64> = None;
+    let mut until = until;
     let done = loop {
         let line = match until {
             Some(ns) => {
