@@ -32,10 +32,11 @@ declare -A shard_logs=()
 shards_unsplittable='/(sql|etcd|ensemble)-[0-9a-f]+$'
 # The tests that spend half a minute waiting out a default lease and do next to nothing
 # else (the conformance case that cuts a holder off with the default settings, once per
-# store): each binary's go in a shard of their own, named NNN-idle, whose tests all run at
-# once (at most shards_idle_threads), rather than holding up one of two test threads of a
-# busy shard each.
-shards_idle='::a_silent_holder_stops_before_the_lock_passes_on$'
+# store, and the sabotaged stores it must catch): each binary's go in shards of their own, named NNN-idle, whose tests all run at
+# once (at most shards_idle_threads, whatever RUST_TEST_THREADS says), rather than holding
+# up one of two test threads of a busy shard each. The most at once is the SQL binary's:
+# its idle shard's 8 beside two tests of a busy shard.
+shards_idle='::a_silent_holder_stops_before_the_lock_passes_on$|^a_store_that_frees_(slightly_)?early_is_caught$'
 shards_idle_threads=8
 
 # Builds the test binaries and writes "package-directory executable" for each. The compiler's
@@ -48,7 +49,8 @@ shards_binaries() {
 
 # Builds the test binaries and splits every binary's tests (those whose name contains $3, all
 # when empty) into shard files of at most $2 tests in directory $1: the package directory, the
-# executable, then one test name per line. Prints how many shards it wrote.
+# executable, then one test name per line; the idle tests (above) in files of their own.
+# Prints how many shards it wrote.
 shards_make() {
     local out=$1 size=$2 filter=$3 dir exe count=0 i tests idle binaries listed
     mkdir -p "$out"
@@ -64,9 +66,11 @@ shards_make() {
         mapfile -t tests < <(sed -n 's/: test$//p' <<<"$listed" | { grep -F -- "$filter" || true; })
         if [[ ! $exe =~ $shards_unsplittable ]]; then
             mapfile -t idle < <(printf '%s\n' "${tests[@]}" | { grep -E -- "$shards_idle" || true; })
-            if ((${#idle[@]} > 0)); then
+            for ((i = 0; i < ${#idle[@]}; i += size)); do
                 count=$((count + 1))
-                printf '%s\n' "$dir" "$exe" "${idle[@]}" >"$out/$(printf '%03d' "$count")-idle"
+                printf '%s\n' "$dir" "$exe" "${idle[@]:i:size}" >"$out/$(printf '%03d' "$count")-idle"
+            done
+            if ((${#idle[@]} > 0)); then
                 mapfile -t tests < <(printf '%s\n' "${tests[@]}" | { grep -vE -- "$shards_idle" || true; })
             fi
         fi

@@ -287,6 +287,19 @@ async fn run_on(locks: &dlock::Locks, opts: RunOpts, proposal: Option<&[u8]>) ->
         let _ = guard.release().await;
         return exit::SOFTWARE;
     };
+    // A dlock stopped after the reaper started, past the hold's end, finds the reaper gone
+    // (it killed its own group at that end): the command would run unlocked in a group
+    // nobody watches. Checked last before the command starts.
+    if !guard.is_held() || reaper.as_mut().is_some_and(Reaper::exited) {
+        drop(terminal);
+        eprintln!(
+            "dlock: the lock {:?} (token {token}) ended before the command could start",
+            opts.name
+        );
+        Reaper::done(reaper).await;
+        let _ = guard.release().await;
+        return exit::LOST;
+    }
     let mut command = tokio::process::Command::new(program);
     command
         .args(args)

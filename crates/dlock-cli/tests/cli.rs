@@ -1215,17 +1215,30 @@ fn the_command_of_a_dlock_stopped_alone_dies_when_the_hold_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The reaper kills the command's group at the hold's end it was started with, though it
-/// never hears from its dlock (one stopped before it first wrote to the reaper: the stopped
-/// dlock above, in a window a loaded machine sometimes hits).
+/// The reaper kills the command's group at the hold's end it was started with, not before,
+/// though it never hears from its dlock (one stopped before it first wrote to the reaper:
+/// the stopped dlock above, in a window a loaded machine sometimes hits).
 #[test]
 fn a_reaper_that_hears_nothing_kills_the_group_at_the_end_it_was_started_with() {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
-    let now = u64::try_from(now.tv_sec()).unwrap() * 1_000_000_000
-        + u64::try_from(now.tv_nsec()).unwrap();
-    let until = now + 2_000_000_000;
+    fn now_ns() -> u64 {
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+        u64::try_from(now.tv_sec()).unwrap() * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap()
+    }
+    // Kills the group should the test fail half way.
+    struct KillOnUnwind(i32);
+    impl Drop for KillOnUnwind {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(self.0),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    let until = now_ns() + 5_000_000_000;
     let mut reaper = Command::new(DLOCK)
         .args(["reap", &format!("--until={until}")])
         .stdin(Stdio::piped())
@@ -1233,6 +1246,10 @@ fn a_reaper_that_hears_nothing_kills_the_group_at_the_end_it_was_started_with() 
         .process_group(0)
         .spawn()
         .unwrap();
+    let group = i32::try_from(reaper.id()).unwrap();
+    let _kill = KillOnUnwind(group);
+    // Its stdin stays open, and nothing is written to it: the end alone ends the group.
+    let _stdin = reaper.stdin.take();
     let mut ready = [0u8; 6];
     reaper
         .stdout
@@ -1241,17 +1258,24 @@ fn a_reaper_that_hears_nothing_kills_the_group_at_the_end_it_was_started_with() 
         .read_exact(&mut ready)
         .unwrap();
     assert_eq!(&ready, b"ready\n");
-    let group = i32::try_from(reaper.id()).unwrap();
     let mut command = Command::new("sleep")
         .arg("60")
         .process_group(group)
         .spawn()
         .unwrap();
     let pid = i32::try_from(command.id()).unwrap();
+    while now_ns() < until - 500_000_000 {
+        assert!(alive(pid), "the reaper killed the group before its end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     within(
         Duration::from_secs(20),
         "the reaper killed the group",
         || !alive(pid),
+    );
+    assert!(
+        now_ns() >= until,
+        "the reaper killed the group before its end"
     );
     let status = command.wait().unwrap();
     assert_eq!(
@@ -1259,8 +1283,6 @@ fn a_reaper_that_hears_nothing_kills_the_group_at_the_end_it_was_started_with() 
         Some(9),
         "{status:?}"
     );
-    // Its stdin still open: the end, not the pipe's close, ended the group.
-    assert!(reaper.stdin.is_some());
     let _ = reaper.wait();
 }
 

@@ -99,6 +99,9 @@ pub enum Sabotage {
     /// End holds on the store 2 % of their lease early, more than the client's drift
     /// allowance.
     FreeEarly,
+    /// End holds on the store 0.5 % of their lease early: within the client's drift
+    /// allowance (1 % and 5 ms), so its holders stop first, but by less than the allowance.
+    FreeSlightlyEarly,
     /// Queue a fair downgrade (a read beside the owner's own write) behind waiting writers.
     DowngradeQueued,
     /// Let a fair request in ahead of the waiters queued before it, and wake the newest
@@ -379,6 +382,8 @@ impl Store {
                             sent,
                             if faults.broken(Sabotage::FreeEarly) {
                                 want.lease.ttl() - want.lease.ttl() / 50
+                            } else if faults.broken(Sabotage::FreeSlightlyEarly) {
+                                want.lease.ttl() - want.lease.ttl() / 200
                             } else if faults.broken(Sabotage::NeverExpires) {
                                 Duration::MAX
                             } else {
@@ -502,7 +507,13 @@ impl Store {
             ));
         }
         let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
-        let early = state.faults.broken(Sabotage::FreeEarly);
+        let early = if state.faults.broken(Sabotage::FreeEarly) {
+            50
+        } else if state.faults.broken(Sabotage::FreeSlightlyEarly) {
+            200
+        } else {
+            0
+        };
         let now = Instant::now();
         let hold = state.entries.get_mut(key).and_then(|entry| {
             entry.prune(now);
@@ -511,7 +522,7 @@ impl Store {
         });
         match hold {
             Some(hold) => {
-                let ttl = if early { ttl - ttl / 50 } else { ttl };
+                let ttl = if early > 0 { ttl - ttl / early } else { ttl };
                 hold.expires = later(now, ttl);
                 Ok(())
             }

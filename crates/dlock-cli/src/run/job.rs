@@ -121,6 +121,12 @@ impl Reaper {
         })
     }
 
+    /// Whether the reaper has exited: it killed its group when the hold's end passed (or
+    /// its pipe closed), so a command must not join that group.
+    pub(super) fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// The process group the command joins: the reaper's own.
     pub(super) fn group(&self) -> i32 {
         self.group

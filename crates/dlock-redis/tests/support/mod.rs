@@ -119,8 +119,9 @@ impl PrivateRedis {
         Some((server, proxy))
     }
 
-    /// A replica of `master` that is in step: the replica's link to the master is up and the
-    /// master lists it online.
+    /// A replica of `master` that is in step: the replica's link to the master is up, and the
+    /// master lists it online with a recent acknowledgement (as `wait_replicas=auto` counts
+    /// a replica in step).
     pub(crate) async fn replica_in_step(master: &Self) -> Option<Self> {
         const LIMIT: Duration = Duration::from_secs(30);
         let replica = Self::replica_of(master).await?;
@@ -134,24 +135,30 @@ impl PrivateRedis {
             )
         })
         .await;
-        // In step as `wait_replicas=auto` counts it: online, and its last acknowledgement
-        // of the stream at most a second old (the provider allows two).
-        eventually(
-            LIMIT,
-            "the master has the replica online and in step",
-            || async {
-                let info = answers(&on_master, &["INFO", "replication"], "state=online").await?;
-                let lag = info
-                    .split("lag=")
-                    .nth(1)
-                    .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-                    .and_then(|lag| lag.parse::<u64>().ok());
-                match lag {
-                    Some(lag) if lag <= 1 => Ok(()),
-                    _ => Err(info),
-                }
-            },
-        )
+        // In step as `wait_replicas=auto` counts it: a replica line
+        // (`slaveN:ip=…,state=online,offset=…,lag=0`) online, its last acknowledgement of
+        // the stream at most a second old (the provider allows two).
+        let in_step = |info: &str| {
+            info.lines().any(|line| {
+                let Some((key, fields)) = line.trim().split_once(':') else {
+                    return false;
+                };
+                let field = |name: &str| {
+                    fields
+                        .split(',')
+                        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                };
+                key.starts_with("slave")
+                    && field("state") == Some("online")
+                    && field("lag")
+                        .and_then(|lag| lag.parse::<u64>().ok())
+                        .is_some_and(|lag| lag <= 1)
+            })
+        };
+        eventually(LIMIT, "the master has the replica in step", || async {
+            let info = answers(&on_master, &["INFO", "replication"], "state=online").await?;
+            if in_step(&info) { Ok(()) } else { Err(info) }
+        })
         .await;
         Some(replica)
     }
