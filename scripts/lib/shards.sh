@@ -36,7 +36,7 @@ shards_unsplittable='/(sql|etcd|ensemble)-[0-9a-f]+$'
 # once (at most shards_idle_threads, whatever RUST_TEST_THREADS says), rather than holding
 # up one of two test threads of a busy shard each. The most at once is the SQL binary's:
 # its idle shard's 8 beside two tests of a busy shard.
-shards_idle='::a_silent_holder_stops_before_the_lock_passes_on$|^a_store_that_frees_(slightly_)?early_is_caught$'
+shards_idle='(^|::)a_silent_holder_stops_before_the_lock_passes_on$|^a_store_that_frees_(slightly_)?early_is_caught$'
 shards_idle_threads=8
 
 # Builds the test binaries and writes "package-directory executable" for each. The compiler's
