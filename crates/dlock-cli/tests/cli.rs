@@ -1263,21 +1263,22 @@ fn a_reaper_that_hears_nothing_kills_the_group_at_the_end_it_was_started_with() 
         .process_group(group)
         .spawn()
         .unwrap();
-    let pid = i32::try_from(command.id()).unwrap();
-    while now_ns() < until - 500_000_000 {
-        assert!(alive(pid), "the reaper killed the group before its end");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    within(
-        Duration::from_secs(20),
-        "the reaper killed the group",
-        || !alive(pid),
-    );
+    // The command's end, as an event: a thread waits for it and says when it came.
+    let (ended, end) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let status = command.wait();
+        let _ = ended.send((now_ns(), status));
+    });
+    let before_the_end = Duration::from_nanos((until - 500_000_000).saturating_sub(now_ns()));
     assert!(
-        now_ns() >= until,
+        end.recv_timeout(before_the_end).is_err(),
         "the reaper killed the group before its end"
     );
-    let status = command.wait().unwrap();
+    let (at, status) = end
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the reaper killed the group within 20 s of its end");
+    assert!(at >= until, "the reaper killed the group before its end");
+    let status = status.unwrap();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9),

@@ -246,6 +246,18 @@ impl Faults {
     fn broken(&self, s: Sabotage) -> bool {
         self.sabotage.contains(&s)
     }
+
+    /// How long the store keeps a hold given a lease of `ttl`: less, under the sabotages that
+    /// free holds early.
+    fn kept_for(&self, ttl: Duration) -> Duration {
+        if self.broken(Sabotage::FreeEarly) {
+            ttl - ttl / 50
+        } else if self.broken(Sabotage::FreeSlightlyEarly) {
+            ttl - ttl / 200
+        } else {
+            ttl
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -380,14 +392,10 @@ impl Store {
                         mode: want.mode,
                         expires: later(
                             sent,
-                            if faults.broken(Sabotage::FreeEarly) {
-                                want.lease.ttl() - want.lease.ttl() / 50
-                            } else if faults.broken(Sabotage::FreeSlightlyEarly) {
-                                want.lease.ttl() - want.lease.ttl() / 200
-                            } else if faults.broken(Sabotage::NeverExpires) {
+                            if faults.broken(Sabotage::NeverExpires) {
                                 Duration::MAX
                             } else {
-                                want.lease.ttl()
+                                faults.kept_for(want.lease.ttl())
                             },
                         ),
                         signal: signal.clone(),
@@ -507,13 +515,7 @@ impl Store {
             ));
         }
         let owner_blind = state.faults.broken(Sabotage::OwnerBlindRelease);
-        let early = if state.faults.broken(Sabotage::FreeEarly) {
-            50
-        } else if state.faults.broken(Sabotage::FreeSlightlyEarly) {
-            200
-        } else {
-            0
-        };
+        let kept_for = state.faults.kept_for(ttl);
         let now = Instant::now();
         let hold = state.entries.get_mut(key).and_then(|entry| {
             entry.prune(now);
@@ -522,8 +524,7 @@ impl Store {
         });
         match hold {
             Some(hold) => {
-                let ttl = if early > 0 { ttl - ttl / early } else { ttl };
-                hold.expires = later(now, ttl);
+                hold.expires = later(now, kept_for);
                 Ok(())
             }
             None => Err(Error::lock_lost(key)),
