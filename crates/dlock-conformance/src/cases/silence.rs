@@ -141,7 +141,6 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
     let (granted_at, g) = got.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     let g = g.unwrap_or_else(|e| panic!("the other client's acquire: {e}"));
     running.abort();
-    cut.set_partitioned(false);
     let stopped_at =
         stopped_at.unwrap_or_else(|| panic!("run()'s work still ran when the lock passed on"));
     let run_margin = granted_at.saturating_duration_since(stopped_at);
@@ -187,9 +186,14 @@ pub async fn a_silent_holder_stops_before_the_lock_passes_on(f: &impl Factory) {
         granted_at - cut_at
     );
     release(g).await;
+    // The network stays silent until the leader too has been deposed by the store: a client
+    // that has learnt of its loss closes its connections, and a network healed earlier would
+    // carry that close to the store, which would then hand the leadership on before its
+    // lease ran out (a connection-bound hold ends with its connection).
     if let Some(leader) = leader {
         leader.check(cut_at, GRANT_WITHIN).await;
     }
+    cut.set_partitioned(false);
 }
 
 /// The line to the store goes silent while a hold with a fixed lease runs: the guard's
