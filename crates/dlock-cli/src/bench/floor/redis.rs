@@ -1,6 +1,9 @@
 //! Redis's floor: the two EVALSHA of dlock's acquire and release scripts, on one multiplexed
 //! connection.
 
+use std::sync::Arc;
+
+use super::super::measure::uuid_like;
 use super::{Job, Timed, err, tasks_together, timed_since};
 
 /// The floor's cycles on the Redis of the job's URL, on the name `<ns>/floor`.
@@ -8,14 +11,11 @@ pub(super) async fn timed(job: &Job<'_>) -> dlock::Result<Option<Timed>> {
     let (url, ns, start) = (job.url, job.ns, job.start);
     let mut c = connect(url).await?;
     let name = format!("{ns}/floor");
-    cycle(&mut c, &name, 0)
-        .await
-        .map_err(|e| err("redis", "warm-up", e))?;
+    let run = uuid_like();
+    cycle(&mut c, &name, &run, 0).await?;
     let started = start.go().await;
     for n in 1..=job.cycles {
-        cycle(&mut c, &name, n)
-            .await
-            .map_err(|e| err("redis", "cycle", e))?;
+        cycle(&mut c, &name, &run, n).await?;
     }
     Ok(timed_since(started))
 }
@@ -31,13 +31,10 @@ pub(super) async fn shared(
 ) -> dlock::Result<Option<f64>> {
     let c = connect(url).await?;
     let ns = ns.to_owned();
+    let run: Arc<str> = uuid_like().into();
     tasks_together(tasks, cycles, move |task, n| {
-        let (mut c, name) = (c.clone(), format!("{ns}/floor{task}"));
-        async move {
-            cycle(&mut c, &name, n)
-                .await
-                .map_err(|e| err("redis", "cycle", e))
-        }
+        let (mut c, name, run) = (c.clone(), format!("{ns}/floor{task}"), Arc::clone(&run));
+        async move { cycle(&mut c, &name, &run, n).await }
     })
     .await
 }
@@ -52,25 +49,39 @@ async fn connect(url: &str) -> dlock::Result<redis::aio::MultiplexedConnection> 
 }
 
 /// One floor cycle on `name`: the two EVALSHA of dlock's acquire and release scripts, the
-/// `n`th acquisition with a field of its own, as dlock's have (the release's latch is keyed
-/// by it).
+/// `n`th acquisition of the floor's run `run` with a field of its own, as dlock's have. The
+/// field must never repeat on a name: the release's latch is keyed by it and outlives the
+/// cycle, so a release of a field used before would answer from its latch and free nothing,
+/// and every later acquire would find the name held (a cheaper cycle than dlock's).
 async fn cycle(
     c: &mut redis::aio::MultiplexedConnection,
     name: &str,
+    run: &str,
     n: u64,
-) -> Result<(), redis::RedisError> {
+) -> dlock::Result<()> {
     let token = format!("redisson_lock_token:{{{name}}}");
     let channel = format!("redisson_lock__channel:{{{name}}}");
-    let field = format!("f:{n}");
+    let field = format!("{run}:{n}");
     let latch = format!("redisson_unlock_latch:{{{name}}}:{field}");
-    let _: redis::Value = dlock_redis::raw::lock_script()
+    let redis_err = |e: redis::RedisError| err("redis", "cycle", e);
+    let granted: redis::Value = dlock_redis::raw::lock_script()
         .key(name)
         .key(&token)
         .arg(30_000)
         .arg(&field)
         .invoke_async(c)
-        .await?;
-    let _: redis::Value = dlock_redis::raw::unlock_script()
+        .await
+        .map_err(redis_err)?;
+    // A grant is `{-1, token}`; anything else is a name held, and a cycle that did less
+    // than dlock's.
+    if !matches!(&granted, redis::Value::Array(a) if a.first() == Some(&redis::Value::Int(-1))) {
+        return Err(err(
+            "redis",
+            "cycle",
+            format!("{name:?} was not granted (the script answered {granted:?})"),
+        ));
+    }
+    let released: redis::Value = dlock_redis::raw::unlock_script()
         .key(name)
         .key(&channel)
         .key(&latch)
@@ -80,7 +91,15 @@ async fn cycle(
         .arg("publish")
         .arg(30_000)
         .invoke_async(c)
-        .await?;
+        .await
+        .map_err(redis_err)?;
+    if released != redis::Value::Int(1) {
+        return Err(err(
+            "redis",
+            "cycle",
+            format!("{name:?} was not released (the script answered {released:?})"),
+        ));
+    }
     Ok(())
 }
 
