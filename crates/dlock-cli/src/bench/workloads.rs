@@ -237,15 +237,12 @@ async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
         let lock = p.lock(&name, LockOptions::default().with_fair(fair))?;
         workers.push((i, p, lock, histogram()?));
     }
-    let cpu = cpu_time();
-    let started = Instant::now();
     // Every worker starts its cycles once all are spawned: on a fast store the first
     // one would otherwise run many cycles alone (no contention, no owner switch)
-    // before the last one is spawned. Nothing a worker does before it waits can fail.
-    let together = Arc::new(tokio::sync::Barrier::new(workers.len()));
+    // before the last one is spawned.
+    let together = Arc::new(Together::new(workers.len()));
     let cycles = Cycles {
         per,
-        started,
         limit: opts.duration,
     };
     for (i, p, lock, h) in workers {
@@ -282,7 +279,9 @@ async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
             .await
         });
     }
-    let done = gather(row, tasks, started, cpu).await?;
+    let block = gather(tasks, &together).await?;
+    block.fill(row);
+    let done = block.done;
     if one_name {
         let lost = done.saturating_sub(counter.load(Ordering::SeqCst));
         row.violations = overlaps.load(Ordering::SeqCst) + lost;
@@ -298,51 +297,122 @@ async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     Ok(())
 }
 
-/// Waits for a workload's workers, begun at `started` with the process's CPU time at `cpu`,
-/// and fills the row from their cycles and latencies added up (the longest wait: the longest
-/// acquire of any); the cycles done. The first error (or panic) of one ends the workload.
+/// Waits for a workload's workers, started together at `together`: their cycles, latencies
+/// (added up) and time. The first error (or panic) of one ends the workload.
 async fn gather(
-    row: &mut Row,
     mut workers: tokio::task::JoinSet<dlock::Result<(Histogram<u64>, u64)>>,
-    started: Instant,
-    cpu: Option<Duration>,
-) -> dlock::Result<u64> {
-    let mut h = histogram()?;
-    let mut done = 0;
+    together: &Together,
+) -> dlock::Result<Block> {
+    let mut block = Block::empty()?;
     while let Some(worker) = workers.join_next().await {
         let (th, n) =
             worker.map_err(|e| dlock::Error::config(format!("a worker panicked: {e}")))??;
-        let _ = h.add(&th);
-        done += n;
+        let _ = block.h.add(&th);
+        block.done += n;
     }
-    finish(row, done, started.elapsed());
-    row.cpu_us_per_cycle = cpu_per_cycle(cpu, done);
-    fill_latency(row, &h);
-    row.max_wait_ms = Some(h.max() as f64 / 1000.0);
-    Ok(done)
+    let (started, cpu) = together.began();
+    block.elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
+    block.cpu = cpu_time()
+        .zip(cpu)
+        .and_then(|(now, then)| now.checked_sub(then));
+    Ok(block)
 }
 
-/// How many cycles a worker runs: `per` at most, fewer once `limit` from `started` is up.
+/// The cycles of a workload's workers (or of several runs of them): latencies, how many,
+/// the time from their start to the last one's end, and the process's CPU time meanwhile.
+struct Block {
+    h: Histogram<u64>,
+    done: u64,
+    elapsed: Duration,
+    cpu: Option<Duration>,
+}
+
+impl Block {
+    fn empty() -> dlock::Result<Self> {
+        Ok(Self {
+            h: histogram()?,
+            done: 0,
+            elapsed: Duration::ZERO,
+            cpu: Some(Duration::ZERO),
+        })
+    }
+
+    fn add(&mut self, other: &Self) {
+        let _ = self.h.add(&other.h);
+        self.done += other.done;
+        self.elapsed = self.elapsed.saturating_add(other.elapsed);
+        self.cpu = self.cpu.zip(other.cpu).and_then(|(a, b)| a.checked_add(b));
+    }
+
+    /// Fills the row: cycles per second, CPU per cycle, latencies, the longest wait.
+    fn fill(&self, row: &mut Row) {
+        finish(row, self.done, self.elapsed);
+        row.cpu_us_per_cycle = self
+            .cpu
+            .and_then(|c| (self.done > 0).then(|| c.as_secs_f64() * 1e6 / self.done as f64));
+        fill_latency(row, &self.h);
+        row.max_wait_ms = Some(self.h.max() as f64 / 1000.0);
+    }
+}
+
+/// How many cycles a worker runs: `per` at most, fewer once `limit` from the start is up.
 #[derive(Clone, Copy)]
 struct Cycles {
     per: u64,
-    started: Instant,
     limit: Option<Duration>,
 }
 
-/// One worker of a workload: once every worker waits at `together`, it runs its `cycles` of
-/// `lock`, each acquire timed into `h` and its critical section `section`; its latencies and
-/// cycles done.
+/// Where the workers of a workload wait for each other, and when (and at what CPU time of
+/// the process) the last of them arrived: the start of the workload's clock, as its floor's
+/// clock starts once its clients are ready.
+struct Together {
+    barrier: tokio::sync::Barrier,
+    began: Mutex<Option<(Instant, Option<Duration>)>>,
+}
+
+impl Together {
+    fn new(workers: usize) -> Self {
+        Self {
+            barrier: tokio::sync::Barrier::new(workers),
+            began: Mutex::new(None),
+        }
+    }
+
+    /// Waits for every worker; when they started. The last to arrive records the start;
+    /// a worker that reads before it has (its wait may return first) takes its own now,
+    /// which only bounds its `--duration`.
+    async fn wait(&self) -> Instant {
+        if self.barrier.wait().await.is_leader() {
+            *self.began.lock() = Some((Instant::now(), cpu_time()));
+        }
+        self.began.lock().map_or_else(Instant::now, |(at, _)| at)
+    }
+
+    /// When the workers started, and the process's CPU time then (`None` before the start).
+    fn began(&self) -> (Option<Instant>, Option<Duration>) {
+        match *self.began.lock() {
+            Some((at, cpu)) => (Some(at), cpu),
+            None => (None, None),
+        }
+    }
+}
+
+/// One worker of a workload: it makes one cycle of `lock` untimed (the first use of a name
+/// may create what later cycles reuse: a parent node, a key's row, a cached id, as the
+/// floor's set-up does before its clock starts), then, once every worker has made its own
+/// and waits at `together`, it runs its `cycles`, each acquire timed into `h` and its
+/// critical section `section`; its latencies and cycles done.
 async fn worker<S: Future<Output = ()>>(
     lock: &DynLock,
-    together: &tokio::sync::Barrier,
+    together: &Together,
     cycles: Cycles,
     mut h: Histogram<u64>,
     section: impl Fn() -> S,
 ) -> dlock::Result<(Histogram<u64>, u64)> {
-    together.wait().await;
+    lock.acquire().await?.release().await?;
+    let started = together.wait().await;
     let mut done = 0u64;
-    while done < cycles.per && !out_of_time(cycles.started, cycles.limit) {
+    while done < cycles.per && !out_of_time(started, cycles.limit) {
         let t = Instant::now();
         let g = lock.acquire().await?;
         let _ = h.record(us(t.elapsed()));
@@ -369,7 +439,8 @@ const W7_TASKS: u64 = 64;
 /// W7, W7H: 64 tasks on one provider, each with a share of twice W1's cycles; on a name each
 /// (W7, and W9's closed loop), set against the floor of as many tasks on one connection where
 /// the store has one (W7 only), or on 8 names, 8 tasks to a name (W7H), whose critical
-/// sections check exclusion.
+/// sections check exclusion. The cycles run in [`MANY_BLOCKS`] blocks, each followed by a
+/// block of the floor's, as W1's do.
 async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
@@ -389,45 +460,64 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     // Per hot name: holders inside now, and how often a second one was.
     let inside: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
     let overlaps = Arc::new(AtomicU64::new(0));
-    let together = Arc::new(tokio::sync::Barrier::new(locks.len()));
-    let cpu = cpu_time();
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let cycles = Cycles {
-        per,
-        started,
-        limit: opts.duration,
-    };
-    for (slot, lock) in locks {
-        let (inside, overlaps, together) = (
-            Arc::clone(&inside),
-            Arc::clone(&overlaps),
-            Arc::clone(&together),
-        );
-        let h = histogram()?;
-        tasks.spawn(async move {
-            // Borrowed by the critical section of every cycle.
-            let (here, overlaps) = (&inside[usize::try_from(slot).unwrap_or(0)], &*overlaps);
-            worker(&lock, &together, cycles, h, || async move {
-                if hot {
-                    watched(here, overlaps, tokio::task::yield_now()).await;
+    let with_floor = run.workload == Workload::W7 && target.via != Via::Broken;
+    let mut floor = with_floor.then_some(FloorSum::ZERO);
+    let mut all = Block::empty()?;
+    let mut left = per;
+    let block = per.div_ceil(MANY_BLOCKS);
+    while left > 0 && opts.duration.is_none_or(|l| all.elapsed < l) {
+        let share = block.min(left);
+        left -= share;
+        let together = Arc::new(Together::new(locks.len()));
+        let mut tasks = tokio::task::JoinSet::new();
+        let cycles = Cycles {
+            per: share,
+            limit: opts.duration.map(|l| l.saturating_sub(all.elapsed)),
+        };
+        for (slot, lock) in &locks {
+            let (inside, overlaps, together, lock, slot) = (
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+                Arc::clone(&together),
+                Arc::clone(lock),
+                *slot,
+            );
+            let h = histogram()?;
+            tasks.spawn(async move {
+                // Borrowed by the critical section of every cycle.
+                let (here, overlaps) = (&inside[usize::try_from(slot).unwrap_or(0)], &*overlaps);
+                worker(&lock, &together, cycles, h, || async move {
+                    if hot {
+                        watched(here, overlaps, tokio::task::yield_now()).await;
+                    }
+                })
+                .await
+            });
+        }
+        all.add(&gather(tasks, &together).await?);
+        if let Some(sum) = floor.as_mut() {
+            match floor::shared_cycles_per_sec(&target.url, W7_TASKS, share, ns).await? {
+                Some(rate) => {
+                    let cycles = W7_TASKS * share;
+                    sum.cycles += cycles;
+                    sum.secs += cycles as f64 / rate;
                 }
-            })
-            .await
-        });
+                None => floor = None,
+            }
+        }
     }
-    gather(row, tasks, started, cpu).await?;
+    all.fill(row);
     row.violations = overlaps.load(Ordering::SeqCst);
-    drop(p);
-    if run.workload == Workload::W7
-        && target.via != Via::Broken
-        && let Some(floor) = floor::shared_cycles_per_sec(&target.url, W7_TASKS, per, ns).await?
-    {
-        row.floor_cycles_per_sec = Some(floor);
-        row.ratio_to_floor = Some(row.cycles_per_sec / floor);
+    if let Some((rate, _)) = floor.and_then(FloorSum::rates) {
+        row.floor_cycles_per_sec = Some(rate);
+        row.ratio_to_floor = Some(row.cycles_per_sec / rate);
     }
     Ok(())
 }
+
+/// W7, W7H: the blocks its tasks' cycles run in, taking turns with as many blocks of the
+/// floor's, so that a slow spell of the server, or of the machine, falls on both alike.
+const MANY_BLOCKS: u64 = 4;
 
 /// The cycles per second of W7's closed loop on `target` (64 tasks of one provider, a name
 /// each), without its floor: the most that W9's open loop offers a share of.
