@@ -321,8 +321,6 @@ fn strategy_of(url: &str) -> &str {
         .unwrap_or("unique-insert")
 }
 
-/// Connections the server counts right now (Redis clients, MySQL threads), for W6; `None`
-/// where it is not read (ZooKeeper: one session per provider by design, which its tests check).
 /// The server's memory in use, bytes, where the store says (Redis's `used_memory`).
 pub(super) async fn server_memory(url: &str) -> Option<i64> {
     let scheme = url.split("://").next().unwrap_or_default();
@@ -333,6 +331,9 @@ pub(super) async fn server_memory(url: &str) -> Option<i64> {
     }
 }
 
+/// Connections the server counts right now (Redis clients, MySQL threads, PostgreSQL
+/// sessions of the URL's user), for W6 and W7; `None` where it is not read (ZooKeeper: one
+/// session per provider by design, which its tests check).
 pub(super) async fn server_connections(url: &str) -> Option<i64> {
     let scheme = url.split("://").next().unwrap_or_default();
     match scheme {
@@ -340,6 +341,8 @@ pub(super) async fn server_connections(url: &str) -> Option<i64> {
         "redis" | "rediss" if !url.contains("cluster=true") => redis::connections(url).await,
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => sql::mysql_connections(url).await,
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => sql::postgres_connections(url).await,
         _ => None,
     }
 }

@@ -447,16 +447,6 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     } = *run;
     let hot = run.workload == Workload::W7H;
     let per = (opts.cycles * 2 / W7_TASKS).max(1);
-    let p = target.client().await?;
-    let mut locks = Vec::new();
-    for i in 0..W7_TASKS {
-        let name = if hot {
-            format!("{ns}/w7h/{}", i % 8)
-        } else {
-            format!("{ns}/w7/{i}")
-        };
-        locks.push((i % 8, p.lock(&name, LockOptions::default())?));
-    }
     // Per hot name: holders inside now, and how often a second one was.
     let inside: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
     let overlaps = Arc::new(AtomicU64::new(0));
@@ -468,6 +458,24 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     while left > 0 && opts.duration.is_none_or(|l| all.elapsed < l) {
         let share = block.min(left);
         left -= share;
+        // A provider of its own for each block, gone before the floor's block: the floor
+        // opens as many connections as the provider's pool, and a server's connections may
+        // not allow both at once (PostgreSQL's 100).
+        let before = if floor.is_some() {
+            floor::server_connections(&target.url).await
+        } else {
+            None
+        };
+        let p = target.client().await?;
+        let mut locks = Vec::new();
+        for i in 0..W7_TASKS {
+            let name = if hot {
+                format!("{ns}/w7h/{}", i % 8)
+            } else {
+                format!("{ns}/w7/{i}")
+            };
+            locks.push((i % 8, p.lock(&name, LockOptions::default())?));
+        }
         let together = Arc::new(Together::new(locks.len()));
         let mut tasks = tokio::task::JoinSet::new();
         let cycles = Cycles {
@@ -495,6 +503,12 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
             });
         }
         all.add(&gather(tasks, &together).await?);
+        drop(locks);
+        let _ = p.close(CLOSE_WITHIN).await;
+        drop(p);
+        if let Some(before) = before {
+            settle_connections(&target.url, before).await;
+        }
         if let Some(sum) = floor.as_mut() {
             match floor::shared_cycles_per_sec(&target.url, W7_TASKS, share, ns).await? {
                 Some(rate) => {
@@ -513,6 +527,25 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
         row.ratio_to_floor = Some(row.cycles_per_sec / rate);
     }
     Ok(())
+}
+
+/// W7, W7H: how long a block's provider may take to close, and its connections to end on
+/// the server, before the floor's block.
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Waits, [`CLOSE_WITHIN`] at most, until the server of `url` counts no more connections than
+/// `before`: a dropped provider's connections end in the background, and a floor that opened
+/// its own meanwhile could find the server's connections used up.
+async fn settle_connections(url: &str, before: i64) {
+    let asked = Instant::now();
+    while asked.elapsed() < CLOSE_WITHIN {
+        match floor::server_connections(url).await {
+            Some(now) if now > before => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ => return,
+        }
+    }
 }
 
 /// W7, W7H: the blocks its tasks' cycles run in, taking turns with as many blocks of the

@@ -503,6 +503,25 @@ pub(super) async fn postgres_shared(
     measured
 }
 
+/// The connections of the URL's user the PostgreSQL of `url` counts, less the one asking.
+#[cfg(feature = "postgres")]
+pub(super) async fn postgres_connections(url: &str) -> Option<i64> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url.split('?').next().unwrap_or(url))
+        .await
+        .ok()?;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE usename = current_user AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&pool)
+    .await
+    .ok()?;
+    pool.close().await;
+    Some(n)
+}
+
 /// The threads the MySQL of `url` counts as connected, less the one asking.
 #[cfg(feature = "mysql")]
 pub(super) async fn mysql_connections(url: &str) -> Option<i64> {
