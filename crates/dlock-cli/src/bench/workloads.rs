@@ -298,7 +298,8 @@ async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
 }
 
 /// Waits for a workload's workers, started together at `together`: their cycles, latencies
-/// (added up) and time. The first error (or panic) of one ends the workload.
+/// (added up) and time, from the start to the last one's end. The first error (or panic) of
+/// one ends the workload.
 async fn gather(
     mut workers: tokio::task::JoinSet<dlock::Result<(Histogram<u64>, u64)>>,
     together: &Together,
@@ -310,11 +311,13 @@ async fn gather(
         let _ = block.h.add(&th);
         block.done += n;
     }
-    let (started, cpu) = together.began();
-    block.elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
-    block.cpu = cpu_time()
-        .zip(cpu)
-        .and_then(|(now, then)| now.checked_sub(then));
+    let (began, ended) = (*together.began.lock(), *together.ended.lock());
+    if let (Some((from, cpu_from)), Some((to, cpu_to))) = (began, ended) {
+        block.elapsed = to.saturating_duration_since(from);
+        block.cpu = cpu_to
+            .zip(cpu_from)
+            .and_then(|(to, from)| to.checked_sub(from));
+    }
     Ok(block)
 }
 
@@ -362,37 +365,45 @@ struct Cycles {
     limit: Option<Duration>,
 }
 
-/// Where the workers of a workload wait for each other, and when (and at what CPU time of
-/// the process) the last of them arrived: the start of the workload's clock, as its floor's
-/// clock starts once its clients are ready.
+/// Where the workers of a workload wait for each other: when (and at what CPU time of the
+/// process) the last of them arrived, the start of the workload's clock, as its floor's
+/// clock starts once its clients are ready; and when the last of them ended its cycles.
 struct Together {
     barrier: tokio::sync::Barrier,
-    began: Mutex<Option<(Instant, Option<Duration>)>>,
+    began: Mutex<Option<Stamp>>,
+    ended: Mutex<Option<Stamp>>,
 }
+
+/// A moment, and the process's CPU time then.
+type Stamp = (Instant, Option<Duration>);
 
 impl Together {
     fn new(workers: usize) -> Self {
         Self {
             barrier: tokio::sync::Barrier::new(workers),
             began: Mutex::new(None),
+            ended: Mutex::new(None),
         }
     }
 
-    /// Waits for every worker; when they started. The last to arrive records the start;
-    /// a worker that reads before it has (its wait may return first) takes its own now,
-    /// which only bounds its `--duration`.
+    /// Arrives, waits for every worker, and returns the start: the last arrival, final
+    /// once the barrier opens (every worker has stamped its own by then).
     async fn wait(&self) -> Instant {
-        if self.barrier.wait().await.is_leader() {
-            *self.began.lock() = Some((Instant::now(), cpu_time()));
-        }
+        Self::stamp_latest(&self.began);
+        self.barrier.wait().await;
         self.began.lock().map_or_else(Instant::now, |(at, _)| at)
     }
 
-    /// When the workers started, and the process's CPU time then (`None` before the start).
-    fn began(&self) -> (Option<Instant>, Option<Duration>) {
-        match *self.began.lock() {
-            Some((at, cpu)) => (Some(at), cpu),
-            None => (None, None),
+    /// A worker ended its cycles.
+    fn end(&self) {
+        Self::stamp_latest(&self.ended);
+    }
+
+    fn stamp_latest(slot: &Mutex<Option<Stamp>>) {
+        let now = (Instant::now(), cpu_time());
+        let mut slot = slot.lock();
+        if slot.is_none_or(|(at, _)| at <= now.0) {
+            *slot = Some(now);
         }
     }
 }
@@ -420,6 +431,7 @@ async fn worker<S: Future<Output = ()>>(
         g.release().await?;
         done += 1;
     }
+    together.end();
     Ok((h, done))
 }
 
@@ -439,8 +451,8 @@ const W7_TASKS: u64 = 64;
 /// W7, W7H: 64 tasks on one provider, each with a share of twice W1's cycles; on a name each
 /// (W7, and W9's closed loop), set against the floor of as many tasks on one connection where
 /// the store has one (W7 only), or on 8 names, 8 tasks to a name (W7H), whose critical
-/// sections check exclusion. The cycles run in [`MANY_BLOCKS`] blocks, each followed by a
-/// block of the floor's, as W1's do.
+/// sections check exclusion. Where there is a floor, the cycles run in [`MANY_BLOCKS`]
+/// blocks, each followed by a block of the floor's as long, as W1's do.
 async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
@@ -453,11 +465,13 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let with_floor = run.workload == Workload::W7 && target.via != Via::Broken;
     let mut floor = with_floor.then_some(FloorSum::ZERO);
     let mut all = Block::empty()?;
-    let mut left = per;
-    let block = per.div_ceil(MANY_BLOCKS);
-    while left > 0 && opts.duration.is_none_or(|l| all.elapsed < l) {
-        let share = block.min(left);
-        left -= share;
+    // Blocks only take turns with a floor; without one, the tasks run once.
+    let blocks = if floor.is_some() { MANY_BLOCKS } else { 1 };
+    for i in 0..blocks {
+        let share = per / blocks + u64::from(i < per % blocks);
+        if share == 0 || opts.duration.is_some_and(|l| all.elapsed >= l) {
+            continue;
+        }
         // A provider of its own for each block, gone before the floor's block: the floor
         // opens as many connections as the provider's pool, and a server's connections may
         // not allow both at once (PostgreSQL's 100).
@@ -502,17 +516,27 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
                 .await
             });
         }
-        all.add(&gather(tasks, &together).await?);
+        let done = gather(tasks, &together).await?;
+        all.add(&done);
         drop(locks);
-        let _ = p.close(CLOSE_WITHIN).await;
+        let closed = p.close(CLOSE_WITHIN).await;
+        if !closed.is_clean() {
+            eprintln!(
+                "dlock bench: {} W7: a block's provider closed unclean: {closed:?}",
+                target.label
+            );
+        }
         drop(p);
         if let Some(before) = before {
             settle_connections(&target.url, before).await;
         }
+        // As many cycles a task as dlock's made (fewer than its share when `--duration`
+        // cut the block short).
+        let floor_share = done.done.div_ceil(W7_TASKS).max(1);
         if let Some(sum) = floor.as_mut() {
-            match floor::shared_cycles_per_sec(&target.url, W7_TASKS, share, ns).await? {
+            match floor::shared_cycles_per_sec(&target.url, W7_TASKS, floor_share, ns).await? {
                 Some(rate) => {
-                    let cycles = W7_TASKS * share;
+                    let cycles = W7_TASKS * floor_share;
                     sum.cycles += cycles;
                     sum.secs += cycles as f64 / rate;
                 }
@@ -529,27 +553,36 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     Ok(())
 }
 
-/// W7, W7H: how long a block's provider may take to close, and its connections to end on
-/// the server, before the floor's block.
+/// W7: how long a block's provider may take to close, and its connections to end on the
+/// server, before the floor's block.
 const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Waits, [`CLOSE_WITHIN`] at most, until the server of `url` counts no more connections than
 /// `before`: a dropped provider's connections end in the background, and a floor that opened
-/// its own meanwhile could find the server's connections used up.
+/// its own meanwhile could find the server's connections used up. The count is the server's
+/// (other clients of it count too), and a count that cannot be read (a server whose
+/// connections are used up refuses the one asking) is asked again; a wait that runs out says
+/// so and lets the floor try.
 async fn settle_connections(url: &str, before: i64) {
     let asked = Instant::now();
+    let mut last = None;
     while asked.elapsed() < CLOSE_WITHIN {
-        match floor::server_connections(url).await {
-            Some(now) if now > before => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            _ => return,
+        last = floor::server_connections(url).await;
+        if last.is_some_and(|now| now <= before) {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    eprintln!(
+        "dlock bench: {before} connection(s) before a W7 block, {} after it and {CLOSE_WITHIN:?}: \
+         the floor's block starts anyway",
+        last.map_or_else(|| "an unknown count".to_owned(), |n| n.to_string())
+    );
 }
 
-/// W7, W7H: the blocks its tasks' cycles run in, taking turns with as many blocks of the
-/// floor's, so that a slow spell of the server, or of the machine, falls on both alike.
+/// W7: the blocks its tasks' cycles run in (as many as a task has cycles, if fewer), taking
+/// turns with as many blocks of the floor's, so that a slow spell of the server, or of the
+/// machine, falls on both alike.
 const MANY_BLOCKS: u64 = 4;
 
 /// The cycles per second of W7's closed loop on `target` (64 tasks of one provider, a name

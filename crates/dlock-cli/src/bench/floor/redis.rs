@@ -51,8 +51,10 @@ async fn connect(url: &str) -> dlock::Result<redis::aio::MultiplexedConnection> 
 /// One floor cycle on `name`: the two EVALSHA of dlock's acquire and release scripts, the
 /// `n`th acquisition of the floor's run `run` with a field of its own, as dlock's have. The
 /// field must never repeat on a name: the release's latch is keyed by it and outlives the
-/// cycle, so a release of a field used before would answer from its latch and free nothing,
-/// and every later acquire would find the name held (a cheaper cycle than dlock's).
+/// cycle, so a release of a field used before would answer from its latch (as a release
+/// does) and free nothing, and every later acquire would find the name held, a cheaper
+/// cycle than dlock's. The grant's check is what catches that; the release's catches a
+/// release that found nothing to release.
 async fn cycle(
     c: &mut redis::aio::MultiplexedConnection,
     name: &str,
