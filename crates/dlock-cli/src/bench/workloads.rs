@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::backend::Mutex;
+use dlock::backend::{Deadline, Mutex};
 use dlock::{DynLock, Lease, LockOptions};
 use hdrhistogram::Histogram;
 
@@ -557,28 +557,39 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
 /// server, before the floor's block.
 const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
-/// Waits, [`CLOSE_WITHIN`] at most, until the server of `url` counts no more connections than
-/// `before`: a dropped provider's connections end in the background, and a floor that opened
-/// its own meanwhile could find the server's connections used up. The count is the server's
-/// (other clients of it count too), and a count that cannot be read (a server whose
-/// connections are used up refuses the one asking) is asked again; a wait that runs out says
-/// so and lets the floor try.
+/// Asks the server of `url`, every [`SETTLE_EVERY`] until [`CLOSE_WITHIN`] has passed, how
+/// many connections it counts, until it counts no more than `before`: a dropped provider's
+/// connections end in the background, and a floor that opened its own meanwhile could find
+/// the server's connections used up. The count is the server's (other clients of it count
+/// too), and a count that cannot be read (a server whose connections are used up refuses the
+/// one asking) is asked again; a wait that runs out says so and lets the floor try.
 async fn settle_connections(url: &str, before: i64) {
-    let asked = Instant::now();
     let mut last = None;
-    while asked.elapsed() < CLOSE_WITHIN {
-        last = floor::server_connections(url).await;
-        if last.is_some_and(|now| now <= before) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut every = tokio::time::interval(SETTLE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let settled = Deadline::after(CLOSE_WITHIN)
+        .run(async {
+            loop {
+                // The first tick is at once.
+                every.tick().await;
+                last = floor::server_connections(url).await;
+                if last.is_some_and(|now| now <= before) {
+                    return;
+                }
+            }
+        })
+        .await;
+    if settled.is_none() {
+        eprintln!(
+            "dlock bench: {before} connection(s) before a W7 block, {} after it and \
+             {CLOSE_WITHIN:?}: the floor's block starts anyway",
+            last.map_or_else(|| "an unknown count".to_owned(), |n| n.to_string())
+        );
     }
-    eprintln!(
-        "dlock bench: {before} connection(s) before a W7 block, {} after it and {CLOSE_WITHIN:?}: \
-         the floor's block starts anyway",
-        last.map_or_else(|| "an unknown count".to_owned(), |n| n.to_string())
-    );
 }
+
+/// How often [`settle_connections`] asks the server.
+const SETTLE_EVERY: Duration = Duration::from_millis(20);
 
 /// W7: the blocks its tasks' cycles run in (as many as a task has cycles, if fewer), taking
 /// turns with as many blocks of the floor's, so that a slow spell of the server, or of the
