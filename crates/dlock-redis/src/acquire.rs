@@ -76,6 +76,24 @@ impl<P: Primitive> Acquisition<P> {
             self.give_up(undo, queue, unanswered.is_some()).await;
             return unanswered.map_or(Ok(None), Err);
         }
+        // Boxed: only a waiter gets here, and the wait's state (its listener and the attempts
+        // it makes through it) is most of an acquisition's, which an acquisition granted at
+        // once would otherwise carry, and move, for nothing.
+        Box::pin(self.wait_turn(deadline, queue, undo, unanswered, outage_log)).await
+    }
+
+    /// The wait of an acquisition the first try did not grant: listens on the primitive's
+    /// channel and tries again when woken, or when the holder's lease may have ended, until
+    /// granted or `deadline`. `undo`, `unanswered` and `outage_log` carry on from the first
+    /// try (see [`acquire_until`](Self::acquire_until)).
+    async fn wait_turn(
+        self: Arc<Self>,
+        deadline: Deadline,
+        queue: bool,
+        mut undo: Undo<P>,
+        mut unanswered: Option<Error>,
+        mut outage_log: OutageLog,
+    ) -> Result<Option<LockGuard>> {
         let (channel, kind) = self.primitive.channel(&self.holder);
         // Under the deadline: the channel's SUBSCRIBE may wait behind its UNSUBSCRIBE (its
         // last waiter just left), which only the response timeout bounds.
@@ -220,7 +238,7 @@ impl<P: Primitive> Acquisition<P> {
         ack: Ack,
         sent: Instant,
     ) -> Result<LockGuard> {
-        let Some(e) = ack.error(&format!("the grant of {:?}", self.name)) else {
+        let Some(e) = ack.error(format_args!("the grant of {:?}", self.name)) else {
             // Disarmed and turned into a guard with no await in between.
             undo.disarm();
             return Ok(RedisHold::guard(Arc::clone(self), token, sent));

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use dlock_core::{Error, Result};
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
 use crate::error::{other_kind, unexpected};
 use crate::replicas::Ack;
@@ -65,18 +65,6 @@ impl<'a> Call<'a> {
                 .map(|a| Cow::Owned(a.into_owned()))
                 .collect(),
         }
-    }
-
-    /// The invocation that sends the call (EVALSHA, loading the script on NOSCRIPT).
-    pub(crate) fn invocation(&self) -> ScriptInvocation<'static> {
-        let mut invocation = self.script.prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key.as_ref());
-        }
-        for arg in &self.args {
-            invocation.arg(arg.as_ref());
-        }
-        invocation
     }
 }
 

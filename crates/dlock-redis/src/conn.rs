@@ -13,8 +13,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
-    AsyncConnectionConfig, Client, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
-    RedisError, ScriptInvocation, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, ProtocolVersion, RedisError,
+    ServerErrorKind, Value,
 };
 use redis::{ClientTlsConfig, TlsCertificates};
 
@@ -67,7 +67,13 @@ pub(crate) fn no_script(reply: &redis::RedisResult<Value>) -> bool {
 
 /// The `EVALSHA` command of a call.
 fn evalsha(call: &Call<'_>) -> redis::Cmd {
-    let mut evalsha = redis::cmd("EVALSHA");
+    let args = 3 + call.keys.len() + call.args.len();
+    // The keys and arguments, and the script's SHA1 (40 hex digits) with the key count.
+    let bytes = call.keys.iter().map(|k| k.len()).sum::<usize>()
+        + call.args.iter().map(|a| a.len()).sum::<usize>()
+        + 48;
+    let mut evalsha = redis::Cmd::with_capacity(args, bytes);
+    evalsha.arg("EVALSHA");
     evalsha.arg(call.script.get_hash()).arg(call.keys.len());
     for key in &call.keys {
         evalsha.arg(key.as_ref());
@@ -244,16 +250,29 @@ impl Conn {
         }
     }
 
-    /// Runs a script (EVALSHA, loading it on NOSCRIPT).
-    pub(crate) async fn script<T: FromRedisValue>(
-        &self,
-        what: &str,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T> {
-        let result = on_conn!(self, |c| invocation.invoke_async(&mut c).await, |c| {
-            invocation.invoke_async(&mut c).await
-        });
-        result.map_err(|e| from_redis_on(self.reach(), what, e))
+    /// Runs a call's script: `EVALSHA`, and on `NOSCRIPT` (a server that restarted, or whose
+    /// scripts were flushed) `SCRIPT LOAD` and the `EVALSHA` again. The command is built once,
+    /// from the call's keys and arguments, without an intermediate copy of them.
+    pub(crate) async fn script(&self, call: &Call<'_>) -> Result<Value> {
+        let evalsha = evalsha(call);
+        let send = || async {
+            let result: redis::RedisResult<Value> =
+                on_conn!(self, |c| evalsha.query_async(&mut c).await, |c| {
+                    evalsha.query_async(&mut c).await
+                });
+            result
+        };
+        let mut result = send().await;
+        if no_script(&result) {
+            let invocation = call.script.prepare_invoke();
+            let load: redis::RedisResult<String> =
+                on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
+                    invocation.load_async(&mut c).await
+                });
+            load.map_err(|e| from_redis_on(self.reach(), call.what, e))?;
+            result = send().await;
+        }
+        result.map_err(|e| from_redis_on(self.reach(), call.what, e))
     }
 
     /// What this connection reaches, for the meaning of a `READONLY` answer.

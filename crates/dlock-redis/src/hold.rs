@@ -73,7 +73,7 @@ impl<P: Primitive> Acquisition<P> {
         let (reply, ack) = self.inner.call_replicated(&call, renewed).await?;
         // A lease the replicas have not seen extended is not extended: a failover would cut
         // the hold shorter than its holder believes.
-        if let Some(e) = ack.error(&format!("renew of {:?}", self.name)) {
+        if let Some(e) = ack.error(format_args!("renew of {:?}", self.name)) {
             return Err(e);
         }
         read_held("renew", reply)

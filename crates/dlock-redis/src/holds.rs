@@ -90,7 +90,7 @@ async fn check_chunk(conn: &Conn, chunk: &[(HoldSignal, Arc<dyn Checked>)]) -> R
     let answers: Vec<Result<bool>> = if conn.is_cluster() {
         let mut answers = Vec::with_capacity(calls.len());
         for call in &calls {
-            let answer = conn.script(call.what, &call.invocation()).await;
+            let answer = conn.script(call).await;
             answers.push(answer.and_then(|reply| read_held(call.what, reply)));
         }
         answers

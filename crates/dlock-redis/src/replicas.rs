@@ -8,6 +8,7 @@
 //! write: an attempt that found the lock busy, or a renewal that found the hold gone, sends
 //! none.
 
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -63,7 +64,8 @@ pub(crate) enum Ack {
 
 impl Ack {
     /// The retryable error of a write `what` (of `name`) its replicas did not acknowledge.
-    pub(crate) fn error(self, what: &str) -> Option<Error> {
+    /// `what` is formatted only then: most writes are acknowledged.
+    pub(crate) fn error(self, what: fmt::Arguments<'_>) -> Option<Error> {
         match self {
             Self::Enough => None,
             Self::Short {
@@ -179,7 +181,8 @@ impl Replicas {
             return;
         }
         if age.is_none_or(|age| age >= REPLICAS_STALE) {
-            ask_in_step(conn, &self.in_step).await;
+            // Boxed: asked about once a period, and this future is part of every grant's.
+            Box::pin(ask_in_step(conn, &self.in_step)).await;
             return;
         }
         if self.in_step.asking.swap(true, Ordering::AcqRel) {

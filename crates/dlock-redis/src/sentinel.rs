@@ -247,7 +247,10 @@ impl Sentinelled {
             || e.is_timeout()
             || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
         if moved {
-            let _ = tokio::time::timeout(self.timeout, self.relocate(generation)).await;
+            // Boxed: the relocation (a connection to the Sentinels, then to the master) is
+            // rare and its future large, and this one is part of every call's future.
+            let relocate = Box::pin(self.relocate(generation));
+            let _ = tokio::time::timeout(self.timeout, relocate).await;
         }
     }
 

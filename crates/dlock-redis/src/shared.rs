@@ -119,7 +119,7 @@ impl Inner {
 
     /// Sends a call and returns its reply.
     pub(crate) async fn call(&self, call: &Call<'_>) -> Result<Value> {
-        self.conn.script(call.what, &call.invocation()).await
+        self.conn.script(call).await
     }
 
     /// Sends a call whose writes the replicas must acknowledge (`?wait_replicas=`): `WAIT`
@@ -246,7 +246,7 @@ async fn renew_chunk(
             let reply = reply.map_err(|e| from_redis_on(reach, "renew", e))?;
             // Only a renewal that renewed waited for the replicas: one that found its hold
             // gone says so at once.
-            match ack.error("renew") {
+            match ack.error(format_args!("renew")) {
                 Some(e) if reply == Value::Int(1) => Err(e),
                 _ => Ok(reply),
             }

@@ -84,8 +84,8 @@ impl Run<'_> {
                 for _ in 0..per.min(200) {
                     cycle(&manager, &name).await?;
                 }
-                together.wait().await;
                 let mut h: Histogram<u64> = histogram().map_err(|e| e.to_string())?;
+                together.wait().await;
                 let started = Instant::now();
                 let mut n = 0;
                 while n < per && !out_of_time(started, limit) {

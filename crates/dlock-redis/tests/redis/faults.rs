@@ -101,6 +101,50 @@ async fn deleted_key_is_reported_within_one_renewal_period() {
     ));
 }
 
+/// The server forgot its scripts (`SCRIPT FLUSH`, as after a restart or a failover to a
+/// replica that never ran them): each call that meets `NOSCRIPT` loads its script and is
+/// sent again, and the caller sees only its answer.
+#[tokio::test]
+async fn calls_load_their_scripts_again_after_a_script_flush() {
+    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+        return;
+    };
+    let p = RedisProvider::connect(&url).await.unwrap();
+    let lock = p
+        .lock(
+            &Names::new().name("flushed"),
+            LockOptions::new().with_lease(Lease::Fixed(Duration::from_secs(30))),
+        )
+        .unwrap();
+    let held = lock.acquire().await.unwrap();
+    let first = held.fencing_token();
+    let mut c = admin(&url).await;
+    let flushed = |c: &mut redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        async move {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    };
+    // The release, then the next acquisition, its extension and its release, each after a
+    // flush: every one of them must load its script again.
+    flushed(&mut c).await;
+    held.release().await.unwrap();
+    flushed(&mut c).await;
+    let guard = lock.acquire().await.unwrap();
+    assert!(guard.fencing_token() > first);
+    flushed(&mut c).await;
+    guard.extend(Duration::from_secs(20)).await.unwrap();
+    flushed(&mut c).await;
+    guard.release().await.unwrap();
+    flushed(&mut c).await;
+    let name = lock.name().as_str().to_owned();
+    assert!(p.describe(&name).await.unwrap().holders.is_empty());
+}
+
 /// Redis restarted without persistence during a hold: the hold is reported lost, and the
 /// fencing counter went back to zero, so the next token is not higher than the last one.
 #[tokio::test]
