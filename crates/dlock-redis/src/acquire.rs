@@ -79,17 +79,17 @@ impl<P: Primitive> Acquisition<P> {
         // Boxed: only a waiter gets here, and the wait's state (its listener and the attempts
         // it makes through it) is most of an acquisition's, which an acquisition granted at
         // once would otherwise carry, and move, for nothing.
-        Box::pin(self.wait_turn(deadline, queue, undo, unanswered, outage_log)).await
+        Box::pin(self.wait_turn(deadline, undo, unanswered, outage_log)).await
     }
 
     /// The wait of an acquisition the first try did not grant: listens on the primitive's
     /// channel and tries again when woken, or when the holder's lease may have ended, until
     /// granted or `deadline`. `undo`, `unanswered` and `outage_log` carry on from the first
-    /// try (see [`acquire_until`](Self::acquire_until)).
+    /// try (see [`acquire_until`](Self::acquire_until)), which had time left, so it asked
+    /// with a place in the queue.
     async fn wait_turn(
         self: Arc<Self>,
         deadline: Deadline,
-        queue: bool,
         mut undo: Undo<P>,
         mut unanswered: Option<Error>,
         mut outage_log: OutageLog,
@@ -98,7 +98,7 @@ impl<P: Primitive> Acquisition<P> {
         // Under the deadline: the channel's SUBSCRIBE may wait behind its UNSUBSCRIBE (its
         // last waiter just left), which only the response timeout bounds.
         let Some(listener) = deadline.run(self.inner.subs.listen(&channel, kind)).await else {
-            self.give_up(undo, queue, unanswered.is_some()).await;
+            self.give_up(undo, true, unanswered.is_some()).await;
             return unanswered.map_or(Ok(None), Err);
         };
         let listener = listener?;
@@ -199,8 +199,8 @@ impl<P: Primitive> Acquisition<P> {
                 // Nothing is undone before the retry: the scripts are idempotent, so a retry
                 // finds what the failed call did (a grant is answered `Repeated` and given
                 // back above), and a fair waiter keeps its place in the queue. What a call may
-                // have taken when the retries run out stays with the armed undo of
-                // `acquire_until`.
+                // have taken when the retries run out stays with the acquisition's armed
+                // undo.
                 Err(e) if e.is_retryable() => {
                     tracing::debug!(lock = %self.name, error = %e, "acquire attempt failed; retrying");
                     pause.wait().await;

@@ -68,10 +68,12 @@ pub(crate) fn no_script(reply: &redis::RedisResult<Value>) -> bool {
 /// The `EVALSHA` command of a call.
 fn evalsha(call: &Call<'_>) -> redis::Cmd {
     let args = 3 + call.keys.len() + call.args.len();
-    // The keys and arguments, and the script's SHA1 (40 hex digits) with the key count.
+    // The keys and arguments, `EVALSHA`, the script's SHA1 (40 hex digits) and the key count.
     let bytes = call.keys.iter().map(|k| k.len()).sum::<usize>()
         + call.args.iter().map(|a| a.len()).sum::<usize>()
-        + 48;
+        + 7
+        + 40
+        + 20;
     let mut evalsha = redis::Cmd::with_capacity(args, bytes);
     evalsha.arg("EVALSHA");
     evalsha.arg(call.script.get_hash()).arg(call.keys.len());
@@ -251,8 +253,8 @@ impl Conn {
     }
 
     /// Runs a call's script: `EVALSHA`, and on `NOSCRIPT` (a server that restarted, or whose
-    /// scripts were flushed) `SCRIPT LOAD` and the `EVALSHA` again. The command is built once,
-    /// from the call's keys and arguments, without an intermediate copy of them.
+    /// scripts were flushed) `SCRIPT LOAD` and the `EVALSHA` again. The command is built once
+    /// per call, straight from its keys and arguments, and reused for the resend.
     pub(crate) async fn script(&self, call: &Call<'_>) -> Result<Value> {
         let evalsha = evalsha(call);
         let send = || async {

@@ -9,17 +9,8 @@ use super::Row;
 
 /// Latencies from 1 µs to 10 min with 3 significant digits.
 pub(super) fn histogram() -> dlock::Result<Histogram<u64>> {
-    let fresh = Histogram::new_with_bounds(1, 600_000_000, 3)
-        .map_err(|e| dlock::Error::config(format!("latency histogram: {e}")))?;
-    // A copy, whose counts (about 300 KiB) are written as they are copied: resident before a
-    // workload's clock starts. The fresh one's zeroed pages would be faulted in one by one
-    // as the first latencies land in them, inside the timed cycles, a cost of the bench's
-    // instrument (the floors record no latencies) and not of the lock.
-    #[expect(
-        clippy::redundant_clone,
-        reason = "the copy is what makes the counts resident"
-    )]
-    Ok(fresh.clone())
+    Histogram::new_with_bounds(1, 600_000_000, 3)
+        .map_err(|e| dlock::Error::config(format!("latency histogram: {e}")))
 }
 
 /// A latency as the histograms record it: whole microseconds, at least 1.

@@ -103,12 +103,14 @@ async fn deleted_key_is_reported_within_one_renewal_period() {
 
 /// The server forgot its scripts (`SCRIPT FLUSH`, as after a restart or a failover to a
 /// replica that never ran them): each call that meets `NOSCRIPT` loads its script and is
-/// sent again, and the caller sees only its answer.
+/// sent again, and the caller sees only its answer. On a server of the test's own: a flush
+/// of a shared one would fail other tests' calls between their load and their resend.
 #[tokio::test]
 async fn calls_load_their_scripts_again_after_a_script_flush() {
-    let Some(url) = service_url("DLOCK_REDIS_URL") else {
+    let Some(server) = PrivateRedis::start(false).await else {
         return;
     };
+    let url = server.url();
     let p = RedisProvider::connect(&url).await.unwrap();
     let lock = p
         .lock(
@@ -118,31 +120,36 @@ async fn calls_load_their_scripts_again_after_a_script_flush() {
         .unwrap();
     let held = lock.acquire().await.unwrap();
     let first = held.fencing_token();
-    let mut c = admin(&url).await;
-    let flushed = |c: &mut redis::aio::MultiplexedConnection| {
-        let mut c = c.clone();
-        async move {
-            let _: () = redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query_async(&mut c)
-                .await
-                .unwrap();
-        }
-    };
-    // The release, then the next acquisition, its extension and its release, each after a
-    // flush: every one of them must load its script again.
-    flushed(&mut c).await;
-    held.release().await.unwrap();
-    flushed(&mut c).await;
-    let guard = lock.acquire().await.unwrap();
+    let c = admin(&url).await;
+    // Flushes the server's scripts; then `call` must succeed, and have loaded its script.
+    async fn after_a_flush<T>(
+        server: &PrivateRedis,
+        c: &redis::aio::MultiplexedConnection,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c.clone())
+            .await
+            .unwrap();
+        let loads = server.calls("script|load").await;
+        let answer = call.await;
+        assert!(
+            server.calls("script|load").await > loads,
+            "no SCRIPT LOAD after the flush"
+        );
+        answer
+    }
+    after_a_flush(&server, &c, held.release()).await.unwrap();
+    let guard = after_a_flush(&server, &c, lock.acquire()).await.unwrap();
     assert!(guard.fencing_token() > first);
-    flushed(&mut c).await;
-    guard.extend(Duration::from_secs(20)).await.unwrap();
-    flushed(&mut c).await;
-    guard.release().await.unwrap();
-    flushed(&mut c).await;
+    after_a_flush(&server, &c, guard.extend(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    after_a_flush(&server, &c, guard.release()).await.unwrap();
     let name = lock.name().as_str().to_owned();
-    assert!(p.describe(&name).await.unwrap().holders.is_empty());
+    let status = after_a_flush(&server, &c, p.describe(&name)).await.unwrap();
+    assert!(status.holders.is_empty());
 }
 
 /// Redis restarted without persistence during a hold: the hold is reported lost, and the
