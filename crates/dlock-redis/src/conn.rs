@@ -266,15 +266,22 @@ impl Conn {
         };
         let mut result = send().await;
         if no_script(&result) {
-            let invocation = call.script.prepare_invoke();
-            let load: redis::RedisResult<String> =
-                on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
-                    invocation.load_async(&mut c).await
-                });
-            load.map_err(|e| from_redis_on(self.reach(), call.what, e))?;
+            self.load(call.what, call.script).await?;
             result = send().await;
         }
         result.map_err(|e| from_redis_on(self.reach(), call.what, e))
+    }
+
+    /// Loads `script` (`SCRIPT LOAD`; on a cluster, on every node), for a call `what` that
+    /// met `NOSCRIPT`.
+    async fn load(&self, what: &str, script: &redis::Script) -> Result<()> {
+        let invocation = script.prepare_invoke();
+        let load: redis::RedisResult<String> =
+            on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
+                invocation.load_async(&mut c).await
+            });
+        load.map(drop)
+            .map_err(|e| from_redis_on(self.reach(), what, e))
     }
 
     /// What this connection reaches, for the meaning of a `READONLY` answer.
@@ -329,12 +336,7 @@ impl Conn {
             if !loaded && replies.iter().any(no_script) {
                 loaded = true;
                 for script in scripts_of(calls) {
-                    let invocation = script.prepare_invoke();
-                    let load: redis::RedisResult<String> =
-                        on_conn!(self, |c| invocation.load_async(&mut c).await, |c| {
-                            invocation.load_async(&mut c).await
-                        });
-                    load.map_err(|e| from_redis_on(self.reach(), what, e))?;
+                    self.load(what, script).await?;
                 }
                 continue;
             }
