@@ -1,8 +1,9 @@
 //! Renewals gathered into batches: a backend that can renew many holds in one call to its
 //! store (a pipeline, one statement for many rows) hands each hold's renewal to a
 //! [`Batcher`], which sends all that arrive within a short window as one batch and gives each
-//! caller its own answer. A provider then makes about one renewal call per window, however
-//! many holds it keeps.
+//! caller its own answer. Since the keeper renews every hold of a lease length on the same
+//! beats, a provider then makes about one renewal call per renewal period, however many holds
+//! it keeps.
 
 use std::fmt;
 use std::future::Future;
@@ -22,9 +23,10 @@ use crate::time::from_now;
 
 /// The longest a renewal may wait for its batch: a thirtieth of the lease, at most a second.
 ///
-/// The keeper renews a third of the way into the lease and counts the new lease from the
-/// moment it asked, so a renewal that waits this long reaches the store with more than half
-/// of its lease left, and the lease the client believes in ends no later than the store's.
+/// The keeper renews at most a third of the way into the lease and counts the new lease from
+/// the moment it asked, so a renewal that waits this long reaches the store with more than
+/// half of its lease left, and the lease the client believes in ends no later than the
+/// store's.
 pub fn renewal_window(ttl: Duration) -> Duration {
     (ttl / 30).min(Duration::from_secs(1))
 }

@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::options::Lease;
 use crate::shared::Shared;
 use crate::starter::{self, Key, Startable, Task};
-use crate::time::{Backoff, from_now, later};
+use crate::time::{Backoff, beat_at_or_before, from_now, later};
 use crate::trace::{self, in_span};
 
 /// Shortest pause between two failed renewal attempts.
@@ -88,12 +88,16 @@ async fn fixed(shared: &Shared) -> LossReason {
     }
 }
 
-/// Renews every `ttl / 3`; ends (with the reason) once the hold cannot be vouched for. Between
-/// renewals it wakes at the hold's end if that comes first (a session's horizon that no
-/// answer moved), to report the loss then.
+/// Renews at most `ttl / 3` after the grant or the last renewal, on the last beat of the
+/// process's clock of that period ([`beat_at_or_before`]) by then, so that every hold of a
+/// provider with this lease comes due on the same beats and a provider sends one batch a
+/// period however many holds it keeps. A hold whose first beat comes before its keeper starts
+/// renews once when it starts and is on the beat from then on. Ends (with the reason) once
+/// the hold cannot be vouched for. Between renewals it wakes at the hold's end if that comes
+/// first (a session's horizon that no answer moved), to report the loss then.
 async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
     let period = ttl / 3;
-    let mut next = later(shared.granted, period);
+    let mut next = beat_at_or_before(later(shared.granted, period), period);
     loop {
         let (end, reason) = shared.end();
         if Instant::now() >= end {
@@ -126,7 +130,7 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                     metrics::renewed(shared.backend, "renewed");
                     shared.set_lease_end(later(sent, ttl));
                     shared.signal.set_renewal_failing(false);
-                    next = later(sent, period);
+                    next = beat_at_or_before(later(sent, period), period);
                     break;
                 }
                 Ok(Err(Error::LockLost { .. })) => {

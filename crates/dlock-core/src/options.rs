@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Lease {
-    /// The hold lasts `ttl` at a time and a background task (the watchdog) renews it every
-    /// `ttl / 3` for as long as the guard lives. A holder that dies stops renewing and the lock
+    /// The hold lasts `ttl` at a time and a background task (the watchdog) renews it at most
+    /// `ttl / 3` after the last renewal, for as long as the guard lives (on a beat that the
+    /// process's holds of this lease share, so that a provider renews them together). A holder that dies stops renewing and the lock
     /// frees itself within `ttl`. If renewing fails until the lease has run out, the guard is
     /// marked lost.
     Watchdog {

@@ -38,6 +38,35 @@ pub fn from_now(d: Duration) -> Instant {
     later(Instant::now(), d)
 }
 
+/// The last beat at or before `t` of a clock that beats every `period` (the same beats for
+/// every caller in the process, counted from the first call), or `t` itself if `period` is
+/// zero or the arithmetic does not fit.
+///
+/// The keeper renews each watchdog lease on such a beat: the holds of one provider then come
+/// due together, so its renewals gather into one batch a period however many holds it keeps,
+/// and since the beat is never after `t`, a renewal is never later than `t`.
+pub(crate) fn beat_at_or_before(t: Instant, period: Duration) -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    let period_ns = period.as_nanos();
+    if period_ns == 0 {
+        return t;
+    }
+    let behind = if t >= origin {
+        (t - origin).as_nanos() % period_ns
+    } else {
+        // Before the origin: beats run backwards from it too.
+        match (origin - t).as_nanos() % period_ns {
+            0 => 0,
+            ahead => period_ns - ahead,
+        }
+    };
+    u64::try_from(behind)
+        .ok()
+        .and_then(|ns| t.checked_sub(Duration::from_nanos(ns)))
+        .unwrap_or(t)
+}
+
 /// When a wait ends: at an instant, or never (wait as long as it takes).
 ///
 /// `try_acquire(wait)` turns `wait` into a deadline with [`Deadline::after`]; a `wait` too large
@@ -158,6 +187,28 @@ mod tests {
             .build()?;
         assert_eq!(rt.block_on(run), Some(7));
         Ok(())
+    }
+
+    /// Beats are `period` apart, never after the instant asked about, and the same for every
+    /// instant between two of them, on either side of the origin.
+    #[test]
+    fn beats_are_a_shared_grid_never_after_the_instant() {
+        let period = Duration::from_millis(300);
+        let now = Instant::now();
+        let beat = beat_at_or_before(now, period);
+        assert!(beat <= now && now - beat < period);
+        for step in [0, 1, 7, 299] {
+            let t = later(beat, Duration::from_millis(step));
+            assert_eq!(beat_at_or_before(t, period), beat, "{step} ms after a beat");
+        }
+        let next = later(beat, period);
+        assert_eq!(beat_at_or_before(next, period), next);
+        let before = earlier(beat, Duration::from_secs(3600));
+        assert_eq!(beat_at_or_before(before, period), before);
+        let between = later(before, Duration::from_millis(1));
+        assert_eq!(beat_at_or_before(between, period), before);
+        assert_eq!(beat_at_or_before(now, Duration::ZERO), now);
+        assert!(beat_at_or_before(now, Duration::MAX) <= now);
     }
 
     #[tokio::test]

@@ -253,6 +253,68 @@ async fn a_failed_batched_renewal_is_retried_alone() {
     g.release().await.unwrap();
 }
 
+/// A hold renewed through a provider's batcher, as the batching backends renew.
+#[derive(Debug)]
+struct Batched {
+    renewals: Arc<dlock_core::backend::Batcher<(), ()>>,
+}
+
+#[async_trait]
+impl Hold for Batched {
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn extend(&self, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let window = dlock_core::backend::renewal_window(ttl);
+        self.renewals.call((), window).await
+    }
+}
+
+/// Holds of one provider taken at different moments of a renewal period (the default 30 s
+/// watchdog, granted 1.3 s apart, further apart than a batch's window) renew on common beats:
+/// once each hold has renewed, the provider sends one batch a period, not one per hold.
+#[tokio::test(start_paused = true)]
+async fn holds_taken_apart_renew_in_one_batch_a_period() {
+    let renewals = Arc::new(dlock_core::backend::Batcher::new(
+        "fake",
+        |items: Vec<()>| async move { items.into_iter().map(|_| Ok(())).collect() },
+    ));
+    let mut guards = Vec::new();
+    for _ in 0..8 {
+        let hold = Batched {
+            renewals: Arc::clone(&renewals),
+        };
+        guards.push(LockGuard::new(NewHold::new(
+            "fake",
+            LockKind::Mutex,
+            LockName::new("fake").unwrap(),
+            FencingToken::new(1),
+            Lease::default(),
+            Instant::now(),
+            Arc::new(hold),
+        )));
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+    }
+    // Every hold has renewed at least once by a period and a half after the last grant.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let before = renewals.batches();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let batches = renewals.batches() - before;
+    assert!(
+        (5..=7).contains(&batches),
+        "{batches} batches in six renewal periods of eight holds"
+    );
+    for g in guards {
+        assert!(g.is_held(), "{:?}", g.loss_reason());
+        g.release().await.unwrap();
+    }
+}
+
 /// Huge durations: extend by `Duration::MAX` is refused, by `Lease::MAX` works; a hold of
 /// `Lease::MAX` has a far lease end.
 #[tokio::test]

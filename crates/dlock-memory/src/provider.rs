@@ -47,8 +47,8 @@ impl MemoryProvider {
         let mut caps = Capabilities::all(BACKEND);
         caps.min_lease = MIN_LEASE;
         Self {
+            link: Link::new(&store),
             store,
-            link: Arc::default(),
             meta: ProviderMeta::new(caps, store_id),
         }
     }

@@ -1,11 +1,13 @@
 //! The in-process store: holds, waiters, fencing counters, and the fault hooks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_core::backend::{Deadline, Hold, HoldSignal, Mutex, NewHold, later};
+use dlock_core::backend::{
+    Batcher, Deadline, Hold, HoldSignal, Mutex, NewHold, later, renewal_window,
+};
 use dlock_core::{
     Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
@@ -57,13 +59,35 @@ pub(crate) struct Want {
 }
 
 /// One provider's line to the store: cut it and that provider (and its clones) can no longer
-/// reach the store, like a client partitioned from its server.
-#[derive(Debug, Default)]
+/// reach the store, like a client partitioned from its server. The provider's renewals go
+/// over it in batches, one round trip for all the holds that come due together, as a server
+/// backend pipelines them.
+#[derive(Debug)]
 pub(crate) struct Link {
     cut: AtomicBool,
+    renewals: Batcher<Renewal, ()>,
+}
+
+/// One hold's renewal, as its batch carries it.
+struct Renewal {
+    key: LockName,
+    id: u64,
+    ttl: Duration,
 }
 
 impl Link {
+    /// A provider's line to `store`.
+    pub(crate) fn new(store: &Arc<Store>) -> Arc<Self> {
+        let store = Arc::clone(store);
+        Arc::new_cyclic(|link: &Weak<Self>| Self {
+            cut: AtomicBool::new(false),
+            renewals: Batcher::with_owner(BACKEND, Weak::clone(link), move |link, items| {
+                let store = Arc::clone(&store);
+                async move { store.renew_all(&link, items).await }
+            }),
+        })
+    }
+
     pub(crate) fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::SeqCst);
     }
@@ -303,6 +327,21 @@ impl Store {
             tokio::time::sleep(latency).await;
         }
         self.reachable(link)
+    }
+
+    /// Renews a batch of one link's holds: one round trip, then each hold as `extend` would.
+    async fn renew_all(&self, link: &Link, items: Vec<Renewal>) -> Vec<Result<()>> {
+        let latency = self.state.lock().faults.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        items
+            .into_iter()
+            .map(|r| {
+                self.reachable(link)?;
+                self.extend(&r.key, r.id, r.ttl)
+            })
+            .collect()
     }
 
     /// Acquires `want` on `name`, waiting until `deadline`.
@@ -777,5 +816,14 @@ impl Hold for MemoryHold {
     async fn extend(&self, ttl: Duration) -> Result<()> {
         self.store.round_trip(&self.link).await?;
         self.store.extend(&self.key, self.id, ttl)
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let renewal = Renewal {
+            key: self.key.clone(),
+            id: self.id,
+            ttl,
+        };
+        self.link.renewals.call(renewal, renewal_window(ttl)).await
     }
 }
