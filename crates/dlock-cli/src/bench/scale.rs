@@ -101,8 +101,11 @@ pub(super) async fn scale(target: &Target, holds: u64, opts: &BenchOpts) -> dloc
     row.holds = Some(n);
     row.grant_secs = Some(took.as_secs_f64());
     row.renewal_calls_per_sec = Some(if calls == 0 { renewed } else { calls } as f64 / secs);
+    // The growth of the resident set: a lower bound, since the holds may reuse memory an
+    // earlier row freed; none when the allocator gave back more than the holds took.
     row.client_bytes_per_hold = rss_before
         .zip(rss_after)
+        .filter(|(a, b)| b >= a)
         .map(|(a, b)| (b - a) as f64 * 1024.0 / n.max(1) as f64);
     row.server_bytes_per_hold = server_before
         .zip(server_after)
