@@ -53,6 +53,15 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
         self.extend(ttl).await
     }
 
+    /// Whether [`renew`](Hold::renew) sends the renewal in a batch with the provider's other
+    /// holds. The keeper then renews the hold on a beat that the process's holds of its lease
+    /// share, so that they come due together and go in one batch a period; a hold that renews
+    /// alone (the default, `false`) is renewed a third of its lease after its grant and each
+    /// renewal, so that its provider's renewals stay spread over the period.
+    fn renews_in_batches(&self) -> bool {
+        false
+    }
+
     /// Whether the store still has the hold, asked of the store, for holds that can end
     /// before their lease does without the client knowing (a connection-bound hold, see
     /// [`Capabilities::connection_bound`](crate::Capabilities::connection_bound)). Asked by

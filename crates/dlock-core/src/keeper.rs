@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::options::Lease;
 use crate::shared::Shared;
 use crate::starter::{self, Key, Startable, Task};
-use crate::time::{Backoff, beat_at_or_before, from_now, later};
+use crate::time::{Backoff, beat_at_or_before, from_now, jitter, later};
 use crate::trace::{self, in_span};
 
 /// Shortest pause between two failed renewal attempts.
@@ -88,16 +88,26 @@ async fn fixed(shared: &Shared) -> LossReason {
     }
 }
 
-/// Renews at most `ttl / 3` after the grant or the last renewal, on the last beat of the
-/// process's clock of that period ([`beat_at_or_before`]) by then, so that every hold of a
-/// provider with this lease comes due on the same beats and a provider sends one batch a
-/// period however many holds it keeps. A hold whose first beat comes before its keeper starts
-/// renews once when it starts and is on the beat from then on. Ends (with the reason) once
-/// the hold cannot be vouched for. Between renewals it wakes at the hold's end if that comes
-/// first (a session's horizon that no answer moved), to report the loss then.
+/// Renews at most `ttl / 3` after the grant or the last renewal. A hold that renews in
+/// batches ([`Hold::renews_in_batches`](crate::backend::Hold)) renews on the process's beats
+/// ([`beat_at_or_before`]): the first time on the last beat by then of a `ttl / 6` clock (its
+/// keeper has started by then), after that of a `ttl / 3` one, so that the holds of a
+/// provider with this lease come due together and go in one batch a period, however many it
+/// keeps and whenever they were taken. Ends (with the reason) once the hold cannot be vouched
+/// for. Between renewals it wakes at the hold's end if that comes first (a session's horizon
+/// that no answer moved), to report the loss then.
 async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
     let period = ttl / 3;
-    let mut next = beat_at_or_before(later(shared.granted, period), period);
+    let on_beat = shared.hold.renews_in_batches();
+    let due = |since: Instant, beat: Duration| {
+        let due = later(since, period);
+        if on_beat {
+            beat_at_or_before(due, beat)
+        } else {
+            due
+        }
+    };
+    let mut next = due(shared.granted, period / 2);
     loop {
         let (end, reason) = shared.end();
         if Instant::now() >= end {
@@ -130,7 +140,7 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                     metrics::renewed(shared.backend, "renewed");
                     shared.set_lease_end(later(sent, ttl));
                     shared.signal.set_renewal_failing(false);
-                    next = beat_at_or_before(later(sent, period), period);
+                    next = due(sent, period);
                     break;
                 }
                 Ok(Err(Error::LockLost { .. })) => {
@@ -146,7 +156,8 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                         error = %e,
                         "dlock.renew failed; retrying until the lease ends"
                     );
-                    sleep_until(from_now(retry.next_pause()).min(end)).await;
+                    // Jittered: the holds of a failed batch do not retry in step.
+                    sleep_until(from_now(jitter(retry.next_pause())).min(end)).await;
                 }
                 Ok(Err(e)) => {
                     metrics::renewed(shared.backend, "failed");
@@ -163,7 +174,8 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                     shared.signal.set_renewal_failing(true);
                     // The end may have moved while the call hung (a session's answers move
                     // its horizon): the loop checks it again before the next try.
-                    sleep_until(from_now(retry.next_pause()).min(shared.vouched_until())).await;
+                    let pause = jitter(retry.next_pause());
+                    sleep_until(from_now(pause).min(shared.vouched_until())).await;
                 }
             }
         }

@@ -9,10 +9,11 @@ use crate::error::{Error, Result};
 #[non_exhaustive]
 pub enum Lease {
     /// The hold lasts `ttl` at a time and a background task (the watchdog) renews it at most
-    /// `ttl / 3` after the last renewal, for as long as the guard lives (on a beat that the
-    /// process's holds of this lease share, so that a provider renews them together). A holder that dies stops renewing and the lock
-    /// frees itself within `ttl`. If renewing fails until the lease has run out, the guard is
-    /// marked lost.
+    /// `ttl / 3` after the grant or the last renewal, for as long as the guard lives (where
+    /// the backend batches renewals, on a beat that the process's holds of this lease share,
+    /// so that a provider renews them together). A holder that dies stops renewing and the
+    /// lock frees itself within `ttl`. If renewing fails until the lease has run out, the
+    /// guard is marked lost.
     Watchdog {
         /// Length of each lease period.
         ttl: Duration,

@@ -273,11 +273,16 @@ impl Hold for Batched {
         let window = dlock_core::backend::renewal_window(ttl);
         self.renewals.call((), window).await
     }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
 }
 
 /// Holds of one provider taken at different moments of a renewal period (the default 30 s
 /// watchdog, granted 1.3 s apart, further apart than a batch's window) renew on common beats:
-/// once each hold has renewed, the provider sends one batch a period, not one per hold.
+/// their first renewals on at most two beats of half a period (two or three batches where
+/// each would go alone), then one batch a period, not one per hold.
 #[tokio::test(start_paused = true)]
 async fn holds_taken_apart_renew_in_one_batch_a_period() {
     let renewals = Arc::new(dlock_core::backend::Batcher::new(
@@ -300,8 +305,14 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
         )));
         tokio::time::sleep(Duration::from_millis(1_300)).await;
     }
-    // Every hold has renewed at least once by a period and a half after the last grant.
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // Every hold has renewed once by a period after the last grant, and only once.
+    tokio::time::sleep(Duration::from_millis(10_200)).await;
+    let first = renewals.batches();
+    assert!(
+        (2..=3).contains(&first),
+        "{first} batches of first renewals"
+    );
+    tokio::time::sleep(Duration::from_millis(4_800)).await;
     let before = renewals.batches();
     tokio::time::sleep(Duration::from_secs(60)).await;
     let batches = renewals.batches() - before;
@@ -313,6 +324,64 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
         assert!(g.is_held(), "{:?}", g.loss_reason());
         g.release().await.unwrap();
     }
+}
+
+/// A hold that renews alone, recording when.
+#[derive(Debug, Default)]
+struct Alone {
+    at: std::sync::Mutex<Vec<Instant>>,
+    renewed: Notify,
+}
+
+#[async_trait]
+impl Hold for Alone {
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn extend(&self, _ttl: Duration) -> Result<()> {
+        self.at.lock().unwrap().push(Instant::now());
+        self.renewed.notify_one();
+        Ok(())
+    }
+}
+
+/// A hold that renews alone is renewed a third of its lease after its grant and after each
+/// renewal, off any beat: a provider's single renewals stay spread as its grants were.
+#[tokio::test(start_paused = true)]
+async fn a_hold_that_renews_alone_renews_a_third_of_its_lease_after_the_last() {
+    // Off any beat of the process's renewal clocks (5 s and 10 s).
+    tokio::time::sleep(Duration::from_millis(3_700)).await;
+    let hold = Arc::new(Alone::default());
+    let granted = Instant::now();
+    let g = LockGuard::new(NewHold::new(
+        "fake",
+        LockKind::Mutex,
+        LockName::new("fake").unwrap(),
+        FencingToken::new(1),
+        Lease::default(),
+        granted,
+        Arc::clone(&hold) as Arc<dyn Hold>,
+    ));
+    tokio::time::timeout(Duration::from_secs(25), async {
+        while hold.at.lock().unwrap().len() < 2 {
+            hold.renewed.notified().await;
+        }
+    })
+    .await
+    .expect("two renewals in two periods");
+    let at = hold.at.lock().unwrap().clone();
+    let period = Duration::from_secs(10);
+    let off = |a: Instant, b: Instant| a.max(b) - a.min(b);
+    assert!(
+        off(at[0], granted + period) < Duration::from_millis(5),
+        "{at:?}"
+    );
+    assert!(
+        off(at[1], at[0] + period) < Duration::from_millis(5),
+        "{at:?}"
+    );
+    g.release().await.unwrap();
 }
 
 /// Huge durations: extend by `Duration::MAX` is refused, by `Lease::MAX` works; a hold of

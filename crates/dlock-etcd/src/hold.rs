@@ -201,6 +201,10 @@ impl Hold for EtcdHold {
         Ok(())
     }
 
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
+
     async fn verify(&self) -> Result<bool> {
         // The get is what makes the answer the cluster's: etcd serves a transaction without a
         // write from the member the client talks to, and one whose every operation is a

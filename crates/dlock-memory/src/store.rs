@@ -826,4 +826,8 @@ impl Hold for MemoryHold {
         };
         self.link.renewals.call(renewal, renewal_window(ttl)).await
     }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
 }

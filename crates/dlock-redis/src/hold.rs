@@ -129,6 +129,10 @@ impl<P: Primitive> Hold for RedisHold<P> {
             Err(Error::lock_lost(&self.acq.name))
         }
     }
+
+    fn renews_in_batches(&self) -> bool {
+        self.acq.inner.renewals.is_some()
+    }
 }
 
 impl<P: Primitive> Checked for RedisHold<P> {

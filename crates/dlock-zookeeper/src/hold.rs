@@ -147,6 +147,10 @@ impl Hold for ZkHold {
     async fn renew(&self, ttl: Duration) -> Result<()> {
         self.renew_in_batch(ttl).await
     }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
 }
 
 impl ZkHold {

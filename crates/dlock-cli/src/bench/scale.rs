@@ -86,8 +86,9 @@ pub(super) async fn scale(target: &Target, holds: u64, opts: &BenchOpts) -> dloc
         floor::server_connections(&target.url).await,
         floor::server_memory(&target.url).await,
     );
-    // From here on every hold renews a third of its lease after its grant, then each third:
-    // over `hold_for`, each about `hold_for / (lease / 3)` times.
+    // From here on every hold renews at most a third of its lease after the last renewal
+    // (where the backend batches, on the process's beats): over `hold_for`, each about
+    // `hold_for / (lease / 3)` times; the first renewals of the last holds taken fall in it.
     renewals_since_last(metrics);
     let window = Instant::now();
     tokio::time::sleep(opts.hold_for).await;

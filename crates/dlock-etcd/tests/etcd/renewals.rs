@@ -17,8 +17,8 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
     };
     let p = EtcdProvider::connect(&url).await.unwrap();
     let names = Names::new();
-    // 1,000 holds with the default 30 s watchdog, granted 50 at a time: each would renew a
-    // third of the lease after its own grant, spread over the seconds the grants take.
+    // 1,000 holds with the default 30 s watchdog, granted 50 at a time over a few seconds:
+    // alone, each would renew a third of the lease after its own grant; batched, on a beat.
     const HOLDS: usize = 1_000;
     let mut guards = Vec::new();
     for wave in 0..HOLDS / 50 {

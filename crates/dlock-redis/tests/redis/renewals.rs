@@ -1,4 +1,4 @@
-//! The watchdog's renewals: a provider's holds renew in one pipeline per window rather than
+//! The watchdog's renewals: a provider's holds renew in one pipeline per beat rather than
 //! each with its own request, and a hold that is gone is still found out, and lost, alone.
 
 use dlock_core::HoldState;
@@ -34,8 +34,8 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
     let p = RedisProvider::connect(&server.url()).await.unwrap();
     let mut admin = admin(&server.url()).await;
     let names = Names::new();
-    // 40 holds with the default 30 s watchdog, granted 25 ms apart: each would renew a
-    // third of the lease after its own grant, spread over a second.
+    // 40 holds with the default 30 s watchdog, granted 25 ms apart over a second: alone,
+    // each would renew a third of the lease after its own grant; batched, on a beat.
     const HOLDS: usize = 40;
     let mut guards = Vec::new();
     let mut spacing = tokio::time::interval(Duration::from_millis(25));
@@ -68,10 +68,12 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
     let (reads_after, _) = reads_and_scripts(&mut admin).await;
     asked += 1;
     // What the provider sent: the reads less this test's own INFO requests (one each) and
-    // the subscription connection's ping (one each 10 s).
+    // the subscription connection's ping (one each 10 s). The holds' first renewals come
+    // due on one or two beats, each batch a pipeline the server may read in more than one
+    // event, and the lost hold's clean-up is one more: alone, the renewals were 40.
     let provider_reads = (reads_after - reads_before).saturating_sub(asked + 2);
     assert!(
-        provider_reads <= 6,
+        provider_reads <= 10,
         "{HOLDS} renewals came in {provider_reads} requests: not in batches"
     );
     must(

@@ -169,6 +169,10 @@ impl<S: RowStrategy> Hold for RowHold<S> {
             Err(Error::lock_lost(&self.attempt.name))
         }
     }
+
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
 }
 
 /// One attempt of a row strategy. While a statement that may grant the lock is in flight, an

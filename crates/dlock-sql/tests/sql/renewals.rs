@@ -10,8 +10,8 @@ use sqlx::{AnyPool, Row};
 
 use crate::support::*;
 
-/// Holds per target, granted 25 ms apart: each would renew a third of the default 30 s
-/// lease after its own grant, spread over a second.
+/// Holds per target, granted 25 ms apart over a second: alone, each would renew a third of
+/// the default 30 s lease after its own grant; batched, they come due on one or two beats.
 const HOLDS: usize = 40;
 
 /// The `expires_at` of each of `names`' rows in `table` (0 for a row that is gone).

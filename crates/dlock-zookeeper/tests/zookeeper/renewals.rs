@@ -16,8 +16,8 @@ async fn a_providers_holds_renew_together_and_each_is_lost_alone() {
     let p = provider(&url).await;
     let admin = admin(&url).await;
     let names = Names::new();
-    // 40 holds with the default 30 s watchdog, granted 20 ms apart: each would renew a
-    // third of the lease after its own grant, spread over most of a second.
+    // 40 holds with the default 30 s watchdog, granted 20 ms apart over most of a second:
+    // alone, each would renew a third of the lease after its own grant; batched, on a beat.
     const HOLDS: usize = 40;
     let mut guards = Vec::new();
     let mut spacing = tokio::time::interval(Duration::from_millis(20));
