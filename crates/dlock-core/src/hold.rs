@@ -55,9 +55,10 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
 
     /// Whether [`renew`](Hold::renew) sends the renewal in a batch with the provider's other
     /// holds. The keeper then renews the hold on a beat that the process's holds of its lease
-    /// share, so that they come due together and go in one batch a period; a hold that renews
-    /// alone (the default, `false`) is renewed a third of its lease after its grant and each
-    /// renewal, so that its provider's renewals stay spread over the period.
+    /// share, so that they come due together and go in one batch a period (up to two while
+    /// holds keep arriving: a new hold renews first on a beat of half the period); a hold
+    /// that renews alone (the default, `false`) is renewed a third of its lease after its
+    /// grant and each renewal, so that its provider's renewals stay spread over the period.
     fn renews_in_batches(&self) -> bool {
         false
     }

@@ -22,9 +22,10 @@ use crate::starter::{self, Key, Startable, Task};
 use crate::time::{Backoff, beat_at_or_before, from_now, jitter, later};
 use crate::trace::{self, in_span};
 
-/// Shortest pause between two failed renewal attempts.
+/// The first pause between two failed renewal attempts, before its jitter (which takes up to
+/// half of it off).
 const RETRY_MIN: Duration = Duration::from_millis(50);
-/// Longest pause between two failed renewal attempts.
+/// The longest pause between two failed renewal attempts.
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Reports the loss if the keeper is dropped before it was disarmed (runtime shutdown, panic),
@@ -127,8 +128,9 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                 return reason;
             }
             let span = trace::renew(shared.backend, shared.kind, &shared.name);
-            // The first try may wait for the provider's next batch of renewals; a retry is
-            // sent at once, so one that starts close to the end is not held back by a batch.
+            // The first try may wait for the provider's next batch of renewals; a retry (after
+            // its pause) is sent alone, so one that starts close to the end is not held back
+            // by a batch.
             let renewal = if first {
                 shared.hold.renew(ttl)
             } else {

@@ -42,9 +42,10 @@ pub fn from_now(d: Duration) -> Instant {
 /// every caller in the process, counted from the first call), or `t` itself if `period` is
 /// zero or the arithmetic does not fit.
 ///
-/// The keeper renews each watchdog lease on such a beat: the holds of one provider then come
-/// due together, so its renewals gather into one batch a period however many holds it keeps,
-/// and since the beat is never after `t`, a renewal is never later than `t`.
+/// The keeper renews each watchdog lease of a hold that renews in batches on such a beat: the
+/// holds of one provider then come due together, so its renewals gather into one batch a
+/// period however many holds it keeps (two while holds keep arriving), and since the beat is
+/// never after `t`, a renewal is never later than `t`.
 pub(crate) fn beat_at_or_before(t: Instant, period: Duration) -> Instant {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
