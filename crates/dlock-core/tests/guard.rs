@@ -289,6 +289,8 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
         "fake",
         |items: Vec<()>| async move { items.into_iter().map(|_| Ok(())).collect() },
     ));
+    // The clock is paused: each `sleep` below moves it on to its end, firing every timer
+    // due on the way in order; nothing waits on real time or hopes for an event.
     let mut guards = Vec::new();
     for _ in 0..8 {
         let hold = Batched {

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use dlock_core::backend::{Mutex, RawLock, RawReadWriteLock, RawSemaphore, Request};
 use dlock_core::{LockGuard, LockName, Result, async_trait};
 
-use crate::store::{Kind, Link, Mode, Store, Want};
+use crate::link::Link;
+use crate::store::{Kind, Mode, Store, Want};
 
 /// A provider's way to the store: the store, over the provider's link to it.
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@
 mod config;
 mod election;
 mod handles;
+mod link;
 mod provider;
 mod store;
 

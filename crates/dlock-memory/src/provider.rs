@@ -9,7 +9,8 @@ use dlock_core::{Capabilities, LockName, LockOptions, LockStatus, Result};
 use crate::config;
 use crate::election::MemoryElection;
 use crate::handles::{Client, MemoryMutex, MemoryReadWrite, MemorySemaphore};
-use crate::store::{Link, Store};
+use crate::link::Link;
+use crate::store::Store;
 use crate::{BACKEND, MIN_LEASE};
 
 /// A provider over an in-process store: the reference implementation of the dlock contract.

@@ -1,13 +1,11 @@
 //! The in-process store: holds, waiters, fencing counters, and the fault hooks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::backend::{
-    Batcher, Deadline, Hold, HoldSignal, Mutex, NewHold, later, renewal_window,
-};
+use dlock_core::backend::{Deadline, Hold, HoldSignal, Mutex, NewHold, later, renewal_window};
 use dlock_core::{
     Error, FencingToken, Lease, LockGuard, LockKind, LockName, LossReason, Result, async_trait,
 };
@@ -15,6 +13,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
+use crate::link::{Link, Renewal};
 
 /// Which primitive a hold belongs to. The three share one namespace: holds of different
 /// kinds on one name exclude each other (a mutex hold is exclusive like a write hold; readers
@@ -56,41 +55,6 @@ pub(crate) struct Want {
     pub(crate) mode: Mode,
     pub(crate) fair: bool,
     pub(crate) lease: Lease,
-}
-
-/// One provider's line to the store: cut it and that provider (and its clones) can no longer
-/// reach the store, like a client partitioned from its server. The provider's renewals go
-/// over it in batches, one round trip for all the holds that come due together, as a server
-/// backend pipelines them.
-#[derive(Debug)]
-pub(crate) struct Link {
-    cut: AtomicBool,
-    renewals: Batcher<Renewal, ()>,
-}
-
-/// One hold's renewal, as its batch carries it.
-struct Renewal {
-    key: LockName,
-    id: u64,
-    ttl: Duration,
-}
-
-impl Link {
-    /// A provider's line to `store`.
-    pub(crate) fn new(store: &Arc<Store>) -> Arc<Self> {
-        let store = Arc::clone(store);
-        Arc::new_cyclic(|link: &Weak<Self>| Self {
-            cut: AtomicBool::new(false),
-            renewals: Batcher::with_owner(BACKEND, Weak::clone(link), move |link, items| {
-                let store = Arc::clone(&store);
-                async move { store.renew_all(&link, items).await }
-            }),
-        })
-    }
-
-    pub(crate) fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, Ordering::SeqCst);
-    }
 }
 
 /// Promises the store can break on purpose, to show that the conformance suite catches each.
@@ -311,7 +275,7 @@ impl Store {
 
     /// Fails like a call to a server that cannot be reached.
     pub(crate) fn reachable(&self, link: &Link) -> Result<()> {
-        if link.cut.load(Ordering::SeqCst) {
+        if link.is_cut() {
             return Err(unreachable_store("this client is partitioned from it"));
         }
         if self.state.lock().faults.unavailable {
@@ -320,28 +284,19 @@ impl Store {
         Ok(())
     }
 
-    /// Simulates the round trip to a server: the configured latency, then the outage checks.
-    async fn round_trip(&self, link: &Link) -> Result<()> {
+    /// The configured latency of a round trip to a server: the fault itself, not a wait for
+    /// an event.
+    pub(crate) async fn latency(&self) {
         let latency = self.state.lock().faults.latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        self.reachable(link)
     }
 
-    /// Renews a batch of one link's holds: one round trip, then each hold as `extend` would.
-    async fn renew_all(&self, link: &Link, items: Vec<Renewal>) -> Vec<Result<()>> {
-        let latency = self.state.lock().faults.latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        items
-            .into_iter()
-            .map(|r| {
-                self.reachable(link)?;
-                self.extend(&r.key, r.id, r.ttl)
-            })
-            .collect()
+    /// Simulates the round trip to a server: the configured latency, then the outage checks.
+    async fn round_trip(&self, link: &Link) -> Result<()> {
+        self.latency().await;
+        self.reachable(link)
     }
 
     /// Acquires `want` on `name`, waiting until `deadline`.
@@ -545,7 +500,7 @@ impl Store {
         Ok(())
     }
 
-    fn extend(&self, key: &LockName, id: u64, ttl: Duration) -> Result<()> {
+    pub(crate) fn extend(&self, key: &LockName, id: u64, ttl: Duration) -> Result<()> {
         let mut state = self.state.lock();
         if state.faults.fail_renewals || state.faults.broken(Sabotage::NoRenewal) {
             return Err(Error::connection_failed(
@@ -824,7 +779,7 @@ impl Hold for MemoryHold {
             id: self.id,
             ttl,
         };
-        self.link.renewals.call(renewal, renewal_window(ttl)).await
+        self.link.renew(renewal, renewal_window(ttl)).await
     }
 
     fn renews_in_batches(&self) -> bool {
