@@ -99,6 +99,9 @@ pub struct Row {
     pub closed_loop_per_sec: Option<f64>,
     /// Why the workload was skipped, if it was.
     pub skipped: Option<String>,
+    /// What failed after the row was measured, if anything (W8: giving the holds back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub afterwards: Option<String>,
 }
 
 impl Row {
@@ -232,6 +235,9 @@ pub(super) fn print_table(rows: &[Row]) {
         let mut notes = Vec::new();
         if let Some(s) = &r.skipped {
             notes.push(format!("skipped: {s}"));
+        }
+        if let Some(a) = &r.afterwards {
+            notes.push(format!("afterwards: {a}"));
         }
         if let Some(o) = r.out_of_order {
             notes.push(format!(

@@ -95,7 +95,11 @@ pub(super) async fn scale(target: &Target, holds: u64, opts: &BenchOpts) -> dloc
     let (renewed, calls) = renewals_since_last(metrics);
     let secs = window.elapsed().as_secs_f64();
     let n = guards.len() as u64;
-    give_back(guards).await?;
+    // What was measured stands if giving the holds back fails (the provider may lose them all
+    // at once, its session gone): the failure is the row's note, not its end.
+    if let Err(e) = give_back(guards).await {
+        row.afterwards = Some(format!("giving the holds back failed: {e}"));
+    }
     row.cycles = n;
     row.seconds = secs;
     row.cycles_per_sec = renewed as f64 / secs;
