@@ -163,7 +163,9 @@ async fn take(p: &DynLockProvider, ns: &str, holds: u64) -> Result<Vec<LockGuard
     }
 }
 
-/// Releases `guards` with [`TAKERS`] tasks.
+/// Releases `guards` with [`TAKERS`] tasks, every one of them (a failed release does not
+/// leave the rest to be dropped, nor a task still releasing when this returns); the first
+/// failure, if one failed.
 async fn give_back(guards: Vec<LockGuard>) -> dlock::Result<()> {
     let per = guards
         .len()
@@ -174,15 +176,24 @@ async fn give_back(guards: Vec<LockGuard>) -> dlock::Result<()> {
     while !rest.is_empty() {
         let share: Vec<LockGuard> = rest.drain(..per.min(rest.len())).collect();
         shares.push(tokio::spawn(async move {
+            let mut first = None;
             for g in share {
-                g.release().await?;
+                if let Err(e) = g.release().await {
+                    first.get_or_insert(e);
+                }
             }
-            Ok::<_, dlock::Error>(())
+            first.map_or(Ok(()), Err)
         }));
     }
+    let mut first = None;
     for s in shares {
-        s.await
-            .map_err(|e| dlock::Error::config(format!("a releaser panicked: {e}")))??;
+        let released = s
+            .await
+            .map_err(|e| dlock::Error::config(format!("a releaser panicked: {e}")))
+            .and_then(|r| r);
+        if let Err(e) = released {
+            first.get_or_insert(e);
+        }
     }
-    Ok(())
+    first.map_or(Ok(()), Err)
 }
