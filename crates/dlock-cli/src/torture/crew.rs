@@ -241,9 +241,10 @@ impl Drift {
         }
     }
 
-    /// The events, stamped by the harness's clock (a `wait_ms` too), or why they cannot be:
-    /// over a run long enough to tell, the worker's clock did not run at its rate (libfaketime
-    /// did not take hold), and the mapping would stretch real times instead of undoing drift.
+    /// The events, stamped by the harness's clock (a `wait_ms` and a vouched `until` too), or
+    /// why they cannot be: over a run long enough to tell, the worker's clock did not run at
+    /// its rate (libfaketime did not take hold), and the mapping would stretch real times
+    /// instead of undoing drift.
     fn mapped(mut self) -> Result<Vec<WorkerEvent>, String> {
         let stamps: Vec<(u64, u64)> = self
             .read
@@ -293,8 +294,12 @@ impl Drift {
             .map(|(mut e, _)| {
                 let t = e.t_mut();
                 *t = start.saturating_add(since(*t));
-                if let WorkerEvent::Enqueue { wait_ms, .. } = &mut e {
-                    *wait_ms = scale(*wait_ms);
+                match &mut e {
+                    WorkerEvent::Enqueue { wait_ms, .. } => *wait_ms = scale(*wait_ms),
+                    WorkerEvent::Vouched { until, .. } => {
+                        *until = start.saturating_add(since(*until));
+                    }
+                    _ => {}
                 }
                 e
             })

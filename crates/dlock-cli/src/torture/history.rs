@@ -57,6 +57,11 @@ pub(crate) enum WorkerEvent {
         name: String,
         reason: String,
     },
+    /// The hold's guard vouched for it until `until` (on the worker's clock, as `t`), as the
+    /// worker saw at `t`: reported when the grant begins and each time the moment moves (a
+    /// renewal the store confirmed). The store cannot have given the hold away before the
+    /// moment the guard vouches for plus the drift allowance, whatever its renewals' timing.
+    Vouched { t: u64, hold: u64, until: u64 },
     /// The critical section ended (before the release was sent).
     Exit { t: u64, hold: u64 },
     /// The release answered.
@@ -103,6 +108,7 @@ macro_rules! with_stamp {
             | WorkerEvent::Grant { $t, .. }
             | WorkerEvent::Fenced { $t, .. }
             | WorkerEvent::Lost { $t, .. }
+            | WorkerEvent::Vouched { $t, .. }
             | WorkerEvent::Exit { $t, .. }
             | WorkerEvent::Release { $t, .. }
             | WorkerEvent::LostBeforeUse { $t, .. }

@@ -7,10 +7,12 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use clap::Args;
+use dlock::backend::from_now;
 use dlock::{DynLockProvider, Lease, LockGuard, LockOptions, Member, MultiLock};
 use futures::future::select_all;
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::history::{HoldKind, WorkerEvent, now_ns};
 use super::plan::Rng;
@@ -339,7 +341,8 @@ async fn critical_section(
     } else {
         Duration::ZERO
     };
-    if watch_loss && let Watched::Lost = lost_during(guards, half, late).await {
+    let mut vouched = vec![None; guards.len()];
+    if watch_loss && let Watched::Lost = lost_during(guards, &mut vouched, half, late).await {
         return now_ns();
     }
     if !watch_loss {
@@ -366,7 +369,7 @@ async fn critical_section(
         tokio::time::sleep(half).await;
         return now_ns();
     }
-    match lost_during(guards, half, late).await {
+    match lost_during(guards, &mut vouched, half, late).await {
         Watched::Held { checked_at } => checked_at,
         Watched::Lost => now_ns(),
     }
@@ -380,19 +383,33 @@ enum Watched {
     Lost,
 }
 
+/// How often a holder looks at the moment its guards vouch for their holds until
+/// ([`WorkerEvent::Vouched`]): a renewal moves it by a third of the lease.
+const VOUCH_LOOK: Duration = Duration::from_millis(10);
+
 /// Waits `d`, or until a hold is lost (reporting every hold lost by then, `late` after its
-/// guard said so: zero but for [`Sabotage::LateLoss`]).
+/// guard said so: zero but for [`Sabotage::LateLoss`]); meanwhile reports each move of the
+/// moment a guard vouches for its hold until (`vouched`: the last reported, by guard).
 async fn lost_during(
     guards: &[(u64, String, HoldKind, LockGuard, u64)],
+    vouched: &mut [Option<u64>],
     d: Duration,
     late: Duration,
 ) -> Watched {
-    let losses: Vec<_> = guards.iter().map(|g| Box::pin(g.3.lost())).collect();
-    // A loss wins over the timer when both are due (after a pause, say).
-    let lost = tokio::select! {
-        biased;
-        _ = select_all(losses) => true,
-        () = tokio::time::sleep(d) => false,
+    let mut losses = select_all(guards.iter().map(|g| Box::pin(g.3.lost())));
+    let end = from_now(d);
+    let lost = loop {
+        report_vouched(guards, vouched);
+        let look = from_now(VOUCH_LOOK).min(end);
+        // A loss wins over the timer when both are due (after a pause, say).
+        tokio::select! {
+            biased;
+            _ = &mut losses => break true,
+            () = tokio::time::sleep_until(look) => {}
+        }
+        if Instant::now() >= end {
+            break false;
+        }
     };
     // Looks again, as a careful holder does before it trusts what it did: the lease may have
     // ended while the process was stopped, before any timer could fire. The time is taken
@@ -404,6 +421,31 @@ async fn lost_during(
         return Watched::Lost;
     }
     Watched::Held { checked_at }
+}
+
+/// Reports the moment each guard vouches for its hold until, where it moved since the last
+/// report (`vouched`, by guard). The moment is put on the worker's clock from a reading of
+/// that clock taken first, so it is never later than the guard's.
+fn report_vouched(guards: &[(u64, String, HoldKind, LockGuard, u64)], vouched: &mut [Option<u64>]) {
+    let t = now_ns();
+    let now = Instant::now();
+    for ((hold, _, _, guard, _), last) in guards.iter().zip(vouched.iter_mut()) {
+        let Some(until) = guard.held_until() else {
+            continue;
+        };
+        let ahead = until.saturating_duration_since(now).as_nanos();
+        let until = t.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX));
+        // Two readings of an unmoved moment differ by the time between the two clock reads;
+        // a renewal moves it by a third of the lease.
+        if last.is_none_or(|l| until > l.saturating_add(1_000_000)) {
+            *last = Some(until);
+            emit(&WorkerEvent::Vouched {
+                t,
+                hold: *hold,
+                until,
+            });
+        }
+    }
 }
 
 fn report_losses(guards: &[(u64, String, HoldKind, LockGuard, u64)]) {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::Report;
-use super::model::{Run, ms};
+use super::model::{Run, ms, nanos};
 use crate::torture::history::{HoldKind, Stamped, WorkerEvent};
 
 /// How much earlier than B a waiter A must have stamped its `Enqueue` to be owed the lock
@@ -178,11 +178,6 @@ fn waits(history: &[Stamped]) -> Vec<Wait<'_>> {
         });
     }
     waits
-}
-
-/// A duration in the history's nanoseconds (saturating).
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

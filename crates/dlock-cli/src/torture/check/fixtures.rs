@@ -118,6 +118,14 @@ pub(super) fn lost(worker: u32, hold: u64, t: u64) -> Stamped {
     }
 }
 
+/// At `t`, the guard of the hold was seen to vouch for it until `until`.
+pub(super) fn vouched(worker: u32, hold: u64, t: u64, until: u64) -> Stamped {
+    Stamped {
+        worker,
+        event: WorkerEvent::Vouched { t, hold, until },
+    }
+}
+
 /// A fault of `kind` on `worker` from `start` until it healed at `end`.
 pub(super) fn fault(kind: FaultKind, worker: u32, start: u64, end: u64) -> FaultRecord {
     FaultRecord {

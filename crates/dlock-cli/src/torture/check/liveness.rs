@@ -287,9 +287,10 @@ fn stall(run: &Run<'_>, fault: &FaultRecord, until: u64) -> String {
             WorkerEvent::Stop { .. } => "stopped".to_owned(),
             WorkerEvent::Timeout { name, .. } => format!("gave up waiting for {name}"),
             WorkerEvent::Enqueue { .. } => continue,
-            WorkerEvent::Grant { .. } | WorkerEvent::Fenced { .. } | WorkerEvent::Exit { .. } => {
-                continue;
-            }
+            WorkerEvent::Grant { .. }
+            | WorkerEvent::Fenced { .. }
+            | WorkerEvent::Vouched { .. }
+            | WorkerEvent::Exit { .. } => continue,
         };
         let list = said.entry(s.worker).or_default();
         // A worker that keeps failing says so once per kind of message, with its first time.

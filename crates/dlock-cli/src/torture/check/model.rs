@@ -28,6 +28,9 @@ pub(super) struct Hold {
     pub(super) end: u64,
     /// When its guard reported it lost, and why (the first report).
     pub(super) lost: Option<(u64, String)>,
+    /// The latest moment its guard was seen to vouch for it until ([`WorkerEvent::Vouched`]),
+    /// if it was seen.
+    pub(super) vouched: Option<u64>,
     /// When its release answered (`None`: never; its worker died first, or the run ended):
     /// until then the store may still hold it, after its critical section ended.
     pub(super) released: Option<u64>,
@@ -108,6 +111,21 @@ impl<'a> Run<'a> {
             .saturating_sub(LATE_RENEWAL)
     }
 
+    /// The earliest the store may have given `hold` away when a fault that began at `start`
+    /// stalled its holder: [`vouched_after_fault`](Self::vouched_after_fault) after the fault
+    /// began, or sooner where the hold's guard was last seen to vouch for less (its renewals
+    /// were confirmed later than a timely watchdog's; on a busy machine a timer fires late):
+    /// the moment it vouched for plus the drift allowance is the store's own bound, since the
+    /// guard counts the lease from the renewal's send. The sooner of the two, as the guard of
+    /// a worker whose clock runs slow vouches beyond the store's bound, which the checks
+    /// catch as a late report of the loss.
+    pub(super) fn horizon(&self, hold: &Hold, start: u64) -> u64 {
+        let model = start.saturating_add(nanos(self.vouched_after_fault()));
+        hold.vouched
+            .map(|v| v.saturating_add(nanos(self.allowance())))
+            .map_or(model, |seen| seen.min(model))
+    }
+
     /// The holds `keep` keeps, grouped by name, each group in grant order.
     pub(super) fn by_name(&self, keep: impl Fn(&Hold) -> bool) -> BTreeMap<&str, Vec<&Hold>> {
         let mut by_name: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
@@ -155,6 +173,7 @@ fn holds(
                         since: last_seen.get(&w).copied().unwrap_or(0),
                         end: *t,
                         lost: None,
+                        vouched: None,
                         released: None,
                     },
                 );
@@ -164,6 +183,11 @@ fn holds(
             } => {
                 if let Some(h) = open.get_mut(&(w, *hold)) {
                     h.lost.get_or_insert((*t, reason.clone()));
+                }
+            }
+            WorkerEvent::Vouched { hold, until, .. } => {
+                if let Some(h) = open.get_mut(&(w, *hold)) {
+                    h.vouched = Some(h.vouched.map_or(*until, |v| v.max(*until)));
                 }
             }
             WorkerEvent::Exit { t, hold } => {
@@ -201,6 +225,11 @@ fn holds(
     }
     done.sort_by_key(|h| (h.grant, h.worker));
     done
+}
+
+/// A duration in the history's nanoseconds (saturating).
+pub(super) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Nanoseconds as milliseconds, for messages.

@@ -6,8 +6,9 @@
 //!
 //! What a hold was vouched for: a watchdog renews every third of the lease, so a lease store
 //! cannot give away the hold of a holder that a fault stalled until at least two thirds of a
-//! lease after the fault began ([`Run::vouched_after_fault`]); a fault that began later, or
-//! healed sooner, explains nothing. A hold that lives in its connection ends when the server
+//! lease after the fault began ([`Run::vouched_after_fault`]), nor before the moment its
+//! guard was seen to vouch for plus the drift allowance, the sooner of the two
+//! ([`Run::horizon`]); a fault that began later, or healed sooner, explains nothing. A hold that lives in its connection ends when the server
 //! closes the connection, and a restart of a store that forgets its holds ends every hold at
 //! once: those explain an overlap from their start.
 //!
@@ -22,7 +23,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::Report;
-use super::model::{Hold, Run, ms};
+use super::model::{Hold, Run, ms, nanos as ns};
 use crate::torture::history::{FaultKind, FaultRecord, HoldKind};
 use crate::torture::worker::PERMITS;
 
@@ -31,11 +32,6 @@ use crate::torture::worker::PERMITS;
 /// machine busy with the store and the other workers. Generous: a correct holder takes a
 /// few milliseconds.
 const PAUSE_SLACK: Duration = Duration::from_millis(250);
-
-/// Nanoseconds of `d`, saturated.
-fn ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// Judges every hold that a later grant of its name overlapped.
 pub(super) fn check(run: &Run<'_>, report: &mut Report) {
@@ -105,18 +101,18 @@ fn hitting<'a>(run: &Run<'a>, hold: &Hold, before: u64) -> impl Iterator<Item = 
 /// A fault that explains an overlap of `hold` by a grant at `at`: one of [`hitting`] that
 /// outlasted what the hold was vouched for.
 fn explaining_fault<'a>(run: &Run<'a>, hold: &Hold, at: u64) -> Option<&'a FaultRecord> {
-    hitting(run, hold, at).find(|f| outlasted(run, f, at))
+    hitting(run, hold, at).find(|f| outlasted(run, hold, f, at))
 }
 
-/// Whether the store may have given away, by `at`, a hold whose holder `f` hit: `f` began at
-/// least [`Run::vouched_after_fault`] before `at` and had not healed by then (less the drift
+/// Whether the store may have given away, by `at`, `hold`, whose holder `f` hit: `at` is past
+/// the hold's [`Run::horizon`] for `f`, and `f` had not healed by then (less the drift
 /// allowance; a kill never heals). Holds that end with their connection, and every hold of a
 /// store that a restart made forget them, may be given away as soon as the fault begins.
-fn outlasted(run: &Run<'_>, f: &FaultRecord, at: u64) -> bool {
+fn outlasted(run: &Run<'_>, hold: &Hold, f: &FaultRecord, at: u64) -> bool {
     if run.terms.connection_bound || f.kind == FaultKind::Restart {
         return true;
     }
-    let horizon = f.start.saturating_add(ns(run.vouched_after_fault()));
+    let horizon = run.horizon(hold, f.start);
     let healed = f.kind != FaultKind::Kill && f.end.saturating_add(ns(run.allowance())) < horizon;
     at >= horizon && !healed
 }
@@ -143,11 +139,11 @@ fn judge(run: &Run<'_>, name: &str, older: &Hold, newer: &Hold, report: &mut Rep
             None => "with no fault on the first".to_owned(),
             Some(f) => format!(
                 "while the {} that hit the first from {:.1} ms to {:.1} ms cannot have cost it \
-                 its hold by then (vouched for {:.1} ms after a fault began)",
+                 its hold by then (the store had to keep it until {:.1} ms)",
                 f.kind,
                 ms(f.start),
                 ms(f.end),
-                ms(ns(run.vouched_after_fault()))
+                ms(run.horizon(older, f.start))
             ),
         };
         report.violations.push(format!(
@@ -383,6 +379,47 @@ mod tests {
         let late = fault(FaultKind::Partition, 1, 4 * S - S / 10, 6 * S);
         let r = run_on(&h, &[late], true);
         assert!(r.violations.is_empty(), "{:?}", r.violations);
+    }
+
+    /// A renewal confirmed later than a timely watchdog's (its timer fired late on a busy
+    /// machine) leaves the store free to give the hold away sooner after a fault: the moment
+    /// the guard was seen to vouch for, plus the drift allowance, is the store's bound when it
+    /// comes before the model's. It never moves the bound later.
+    #[test]
+    fn a_late_renewal_the_guard_saw_moves_the_horizon_sooner_only() {
+        // The fault began 1.245 s before worker 2's grant at 4 s: the model's bound (two
+        // thirds of the lease, less the allowance of 25 ms and 50 ms for a late renewal) is
+        // 1.2583 s after it.
+        let silent = [fault(FaultKind::Silent, 1, 4 * S - S * 1245 / 1000, 6 * S)];
+        let history = |until: Option<u64>| {
+            let mut h = vec![grant(1, 1, S, 1)];
+            h.extend(until.map(|u| vouched(1, 1, S + S / 10, u)));
+            h.extend([
+                grant(2, 1, 4 * S, 2),
+                lost(1, 1, 4 * S),
+                exit(1, 1, 4 * S + S / 1000),
+                exit(2, 1, 5 * S),
+                grant(3, 1, 7 * S, 3),
+                exit(3, 1, 7 * S + S / 2),
+            ]);
+            h
+        };
+        // Unseen: the model alone, which the grant came before.
+        let r = run(&history(None), &silent);
+        assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
+        assert_violation(&r, "the store had to keep it until 4013.3 ms");
+        // Seen to vouch until 3.975 s: the store's bound is 4 s, the grant's own instant.
+        let r = run(&history(Some(4 * S - S / 40)), &silent);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.overlaps_explained, 1);
+        // A millisecond more: the grant came before the store's bound.
+        let r = run(&history(Some(4 * S - S / 40 + S / 1000)), &silent);
+        assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
+        assert_violation(&r, "the store had to keep it until 4001.0 ms");
+        // Seen to vouch beyond the model's bound (a slow clock's guard): the model's holds.
+        let r = run(&history(Some(5 * S)), &silent);
+        assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
+        assert_violation(&r, "the store had to keep it until 4013.3 ms");
     }
 
     /// An older holder still running must be told of its loss by the newer grant plus the
