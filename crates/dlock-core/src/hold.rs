@@ -46,7 +46,9 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
     /// holds that reaches the store within [`renewal_window`](crate::backend::renewal_window)
     /// of `ttl` (see [`Batcher`](crate::backend::Batcher)). The keeper counts the new lease
     /// from before this call, so the wait for a batch only shortens the lease the client
-    /// believes in; a renewal that failed is tried again with `extend`.
+    /// believes in. A renewal that failed is tried again the same way while more than a
+    /// third of the lease is left (a failed batch is retried as a batch, not as a call per
+    /// hold), then with `extend`.
     ///
     /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
     async fn renew(&self, ttl: Duration) -> Result<()> {

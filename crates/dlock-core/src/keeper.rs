@@ -120,7 +120,6 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
         }
         sleep_until(next).await;
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
-        let mut first = true;
         loop {
             let sent = Instant::now();
             let (end, reason) = shared.end();
@@ -128,15 +127,17 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                 return reason;
             }
             let span = trace::renew(shared.backend, shared.kind, &shared.name);
-            // The first try may wait for the provider's next batch of renewals; a retry (after
-            // its pause) is sent alone, so one that starts close to the end is not held back
-            // by a batch.
-            let renewal = if first {
+            // A try may wait for the provider's next batch of renewals while more than a third
+            // of the lease is left: when a batch fails, every hold in it tries again, and
+            // alone they would make one call each, as many as the provider has holds, on a
+            // store that may be failing for being busy. In the last third a try is sent
+            // alone, so one close to the end is not held back by a batch, and a batch that
+            // keeps failing where the hold's own call would not cannot cost the hold.
+            let renewal = if end.saturating_duration_since(sent) > period {
                 shared.hold.renew(ttl)
             } else {
                 shared.hold.extend(ttl)
             };
-            first = false;
             match timeout_at(end, in_span(&span, renewal)).await {
                 Ok(Ok(())) => {
                     metrics::renewed(shared.backend, "renewed");

@@ -219,10 +219,10 @@ impl Hold for BatchFails {
     }
 }
 
-/// The watchdog's first try each period is the batched renewal; a failed one is tried again
-/// with `extend`, at once, so a batch that keeps failing does not cost the hold.
+/// The watchdog's tries are batched renewals while more than a third of the lease is left;
+/// after that they go alone (`extend`), so a batch that keeps failing does not cost the hold.
 #[tokio::test(start_paused = true)]
-async fn a_failed_batched_renewal_is_retried_alone() {
+async fn a_batch_that_keeps_failing_is_retried_alone_in_the_last_third() {
     let hold = Arc::new(BatchFails::default());
     let g = LockGuard::new(NewHold::new(
         "fake",
@@ -233,7 +233,8 @@ async fn a_failed_batched_renewal_is_retried_alone() {
         Instant::now(),
         Arc::clone(&hold) as Arc<dyn Hold>,
     ));
-    // Three periods' renewals (a second each), each retried alone, within four leases.
+    // Three periods' renewals (a second each), each retried alone at last, within four
+    // leases.
     tokio::time::timeout(Duration::from_secs(12), async {
         while hold.extends.load(Ordering::SeqCst) < 3 {
             hold.extended.notified().await;
@@ -253,10 +254,12 @@ async fn a_failed_batched_renewal_is_retried_alone() {
     g.release().await.unwrap();
 }
 
-/// A hold renewed through a provider's batcher, as the batching backends renew.
+/// A hold renewed through a provider's batcher, as the batching backends renew; counting the
+/// renewals sent alone (`extend`) in `alone`.
 #[derive(Debug)]
 struct Batched {
     renewals: Arc<dlock_core::backend::Batcher<(), ()>>,
+    alone: Arc<AtomicUsize>,
 }
 
 #[async_trait]
@@ -266,6 +269,7 @@ impl Hold for Batched {
     }
 
     async fn extend(&self, _ttl: Duration) -> Result<()> {
+        self.alone.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -295,6 +299,7 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
     for _ in 0..8 {
         let hold = Batched {
             renewals: Arc::clone(&renewals),
+            alone: Arc::default(),
         };
         guards.push(LockGuard::new(NewHold::new(
             "fake",
@@ -322,6 +327,77 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
     assert!(
         (5..=7).contains(&batches),
         "{batches} batches in six renewal periods of eight holds"
+    );
+    for g in guards {
+        assert!(g.is_held(), "{:?}", g.loss_reason());
+        g.release().await.unwrap();
+    }
+}
+
+/// When a provider's batch of renewals fails (a store too busy to answer), its holds try
+/// again in batches, not each with a call of its own: a failed batch of 200 holds (the
+/// default 30 s watchdog) is retried in a few batches, and no hold goes alone while the store
+/// answers again before the last third of its lease.
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_is_retried_in_batches() {
+    const HOLDS: usize = 200;
+    let failing = Arc::new(AtomicUsize::new(2));
+    let renewals = {
+        let failing = Arc::clone(&failing);
+        Arc::new(dlock_core::backend::Batcher::new(
+            "fake",
+            move |items: Vec<()>| {
+                // The first two batches fail, each hold's renewal with a retryable error.
+                let fail = failing
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                async move {
+                    items
+                        .into_iter()
+                        .map(|()| {
+                            if fail {
+                                Err(Error::no_answer("fake", "the store is busy"))
+                            } else {
+                                Ok(())
+                            }
+                        })
+                        .collect()
+                }
+            },
+        ))
+    };
+    let alone = Arc::new(AtomicUsize::new(0));
+    let guards: Vec<LockGuard> = (0..HOLDS)
+        .map(|_| {
+            LockGuard::new(NewHold::new(
+                "fake",
+                LockKind::Mutex,
+                LockName::new("fake").unwrap(),
+                FencingToken::new(1),
+                Lease::default(),
+                Instant::now(),
+                Arc::new(Batched {
+                    renewals: Arc::clone(&renewals),
+                    alone: Arc::clone(&alone),
+                }),
+            ))
+        })
+        .collect();
+    // Two renewal periods: the first renewals fail, their retries too, then the store answers.
+    // The clock is paused: the sleep fires every timer due on the way, in order.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        failing.load(Ordering::SeqCst),
+        0,
+        "both failing batches went"
+    );
+    let (batches, alone) = (renewals.batches(), alone.load(Ordering::SeqCst));
+    assert_eq!(alone, 0, "{alone} renewals alone");
+    // The first batch, its retries (each hold's jittered pause of 25-50 ms, then 50-100 ms,
+    // gathered by 1 s windows), the next period's batch.
+    assert!(
+        (3..=8).contains(&batches),
+        "{batches} batches for {HOLDS} holds"
     );
     for g in guards {
         assert!(g.is_held(), "{:?}", g.loss_reason());
