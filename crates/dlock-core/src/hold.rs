@@ -47,8 +47,8 @@ pub trait Hold: fmt::Debug + Send + Sync + 'static {
     /// of `ttl` (see [`Batcher`](crate::backend::Batcher)). The keeper counts the new lease
     /// from before this call, so the wait for a batch only shortens the lease the client
     /// believes in. A renewal that failed is tried again the same way while more than a
-    /// third of the lease is left (a failed batch is retried as a batch, not as a call per
-    /// hold), then with `extend`.
+    /// third of the lease is left and the hold's end is not close (a failed batch is retried
+    /// as a batch, not as a call per hold), otherwise with `extend`.
     ///
     /// Returns `Err(Error::LockLost)` if the hold is no longer ours.
     async fn renew(&self, ttl: Duration) -> Result<()> {

@@ -14,12 +14,13 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::Error;
+use crate::gather::renewal_window;
 use crate::loss::LossReason;
 use crate::metrics;
 use crate::options::Lease;
 use crate::shared::Shared;
 use crate::starter::{self, Key, Startable, Task};
-use crate::time::{Backoff, beat_at_or_before, from_now, jitter, later};
+use crate::time::{Backoff, beat_at_or_before, earlier, from_now, jitter, later};
 use crate::trace::{self, in_span};
 
 /// The first pause between two failed renewal attempts, before its jitter (which takes up to
@@ -120,6 +121,7 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
         }
         sleep_until(next).await;
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
+        let (mut first, mut was_batched) = (true, false);
         loop {
             let sent = Instant::now();
             let (end, reason) = shared.end();
@@ -127,18 +129,30 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                 return reason;
             }
             let span = trace::renew(shared.backend, shared.kind, &shared.name);
-            // A try may wait for the provider's next batch of renewals while more than a third
-            // of the lease is left: when a batch fails, every hold in it tries again, and
-            // alone they would make one call each, as many as the provider has holds, on a
-            // store that may be failing for being busy. In the last third a try is sent
-            // alone, so one close to the end is not held back by a batch, and a batch that
-            // keeps failing where the hold's own call would not cannot cost the hold.
-            let renewal = if end.saturating_duration_since(sent) > period {
-                shared.hold.renew(ttl)
+            // A try may wait for the provider's next batch of renewals until the last third of
+            // the lease on the store (or the hold's end, if a session's horizon comes first):
+            // the first, and a retry while the end is further than twice the longest wait for
+            // a batch. When a batch fails, every hold in it tries again, and alone they would
+            // make one call each, as many as the provider has holds, on a store that may be
+            // failing for being busy. A batched try still unanswered at the last third is cut
+            // off there, and every later try is sent alone: one close to the end is not held
+            // back by a batch, and a batch that keeps failing or hanging where the hold's own
+            // call would not cannot cost the hold.
+            let batch_until = earlier(shared.lease_end(), period).min(end);
+            let batched = batch_until > sent
+                && (first
+                    || end.saturating_duration_since(sent) > renewal_window(ttl).saturating_mul(2));
+            if !batched && (first || was_batched) {
+                // Alone from here: the pauses start short again, for the time that is left.
+                retry = Backoff::new(RETRY_MIN, RETRY_MAX);
+            }
+            (first, was_batched) = (false, batched);
+            let (renewal, until) = if batched {
+                (shared.hold.renew(ttl), batch_until)
             } else {
-                shared.hold.extend(ttl)
+                (shared.hold.extend(ttl), end)
             };
-            match timeout_at(end, in_span(&span, renewal)).await {
+            match timeout_at(until, in_span(&span, renewal)).await {
                 Ok(Ok(())) => {
                     metrics::renewed(shared.backend, "renewed");
                     shared.set_lease_end(later(sent, ttl));
@@ -159,8 +173,9 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                         error = %e,
                         "dlock.renew failed; retrying until the lease ends"
                     );
-                    // Jittered: the holds of a failed batch do not retry in step.
-                    sleep_until(from_now(jitter(retry.next_pause())).min(end)).await;
+                    // Jittered: the holds of a failed batch do not retry in step. A batched
+                    // try's pause ends at the last third at the latest, for the tries alone.
+                    sleep_until(from_now(jitter(retry.next_pause())).min(until)).await;
                 }
                 Ok(Err(e)) => {
                     metrics::renewed(shared.backend, "failed");
@@ -176,9 +191,15 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
                     metrics::renewed(shared.backend, "failed");
                     shared.signal.set_renewal_failing(true);
                     // The end may have moved while the call hung (a session's answers move
-                    // its horizon): the loop checks it again before the next try.
+                    // its horizon): the loop checks it again before the next try. A batched
+                    // try cut off at the last third is followed at once by one alone.
                     let pause = jitter(retry.next_pause());
-                    sleep_until(from_now(pause).min(shared.vouched_until())).await;
+                    let wake = if batched {
+                        until
+                    } else {
+                        shared.vouched_until()
+                    };
+                    sleep_until(from_now(pause).min(wake)).await;
                 }
             }
         }

@@ -405,6 +405,34 @@ async fn a_failed_batch_is_retried_in_batches() {
     }
 }
 
+/// A batch of renewals that hangs (a store that never answers the batch's call) is cut off at
+/// the last third of the lease, and the hold renews alone: it is not lost for its batch.
+#[tokio::test(start_paused = true)]
+async fn a_hanging_batch_is_cut_off_and_the_hold_renews_alone() {
+    let renewals = Arc::new(dlock_core::backend::Batcher::new("fake", |_: Vec<()>| {
+        std::future::pending::<Vec<Result<()>>>()
+    }));
+    let alone = Arc::new(AtomicUsize::new(0));
+    let g = LockGuard::new(NewHold::new(
+        "fake",
+        LockKind::Mutex,
+        LockName::new("fake").unwrap(),
+        FencingToken::new(1),
+        Lease::default(),
+        Instant::now(),
+        Arc::new(Batched {
+            renewals: Arc::clone(&renewals),
+            alone: Arc::clone(&alone),
+        }),
+    ));
+    // Two leases: every batch hangs, every renewal goes alone at the last third.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(g.is_held(), "{:?}", g.loss_reason());
+    let alone = alone.load(Ordering::SeqCst);
+    assert!(alone >= 2, "{alone} renewals alone");
+    g.release().await.unwrap();
+}
+
 /// A hold that renews alone, recording when.
 #[derive(Debug, Default)]
 struct Alone {
