@@ -104,6 +104,20 @@ impl EtcdHold {
 #[async_trait]
 impl Hold for EtcdHold {
     async fn release(&self) -> Result<()> {
+        // A key lives no longer than its lease: once the provider's lease is not this hold's
+        // any more, the server has deleted the key with it or will (the session revokes an
+        // ended lease), and a delete of each would be a call per hold of that lease at the
+        // moment the store has just been too slow to keep it. A hold lost to its lease's
+        // horizon (its guard stops vouching up to a quarter of the lease's time-to-live
+        // before) waits for the session to end the lease there, unless an answer comes.
+        if self
+            .session
+            .lease_ending(self.lease, self.session.config.lease_ttl / 4)
+            .await
+        {
+            drop(self.let_go());
+            return Err(Error::lock_lost(&self.name));
+        }
         match delete_key(&self.session, &self.key, Some(self.rev)).await {
             // The key is gone: its claim is given back with it.
             Ok(true) => {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_core::backend::{
-    Batcher, HoldSet, HoldSignal, Horizon, Mutex, Registration, Tally, later,
+    Backoff, Batcher, HoldSet, HoldSignal, Horizon, Mutex, Registration, Tally, later,
 };
 use dlock_core::{Error, LossReason, Result};
 use etcd_client::{Client, Txn, TxnResponse};
@@ -19,7 +19,7 @@ use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::error::{from_etcd, is_lease_gone};
 use crate::renewals::Renewal;
-use crate::retry::seconds;
+use crate::retry::{RETRY_MAX, RETRY_MIN, seconds};
 use crate::stats::EtcdStats;
 
 /// The provider's lease as acquires see it.
@@ -90,6 +90,10 @@ pub(crate) struct Session {
     pub(crate) renewals: Batcher<Renewal, bool>,
 }
 
+/// How long after its horizon a lease that no answer kept alive may still be live: the
+/// keep-alive task ends it when its round, bounded by the horizon, fails.
+const ENDING_GRACE: Duration = Duration::from_secs(1);
+
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdProvider")
@@ -103,15 +107,8 @@ impl Drop for Session {
     fn drop(&mut self) {
         // Nothing uses the lease any more: revoke it, so a clean shutdown frees its keys at
         // once instead of at the end of the time-to-live.
-        let Some(lease) = self.lease_now() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let mut client = self.client.clone();
-            let limit = later(Instant::now(), self.config.lease_ttl);
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout_at(limit, client.lease_revoke(lease)).await;
-            });
+        if let Some(lease) = self.lease_now() {
+            self.revoke_soon(lease);
         }
     }
 }
@@ -240,6 +237,36 @@ impl Session {
         }
     }
 
+    /// Whether `lease` is over for good or about to be: not the live lease any more, or its
+    /// horizon is `soon` away or less (no keep-alive answered in time) and the keep-alive
+    /// task ends it at that horizon, which this waits for (plus [`ENDING_GRACE`]). `false`
+    /// once an answer moves the horizon further than `soon`, and if the lease is still live
+    /// past the grace.
+    pub(crate) async fn lease_ending(&self, lease: i64, soon: Duration) -> bool {
+        let mut changes = self.lease.subscribe();
+        loop {
+            changes.mark_unchanged();
+            if self.lease_now() != Some(lease) {
+                return true;
+            }
+            let Some(at) = self.horizon_of(lease).map(|h| h.at()) else {
+                return false;
+            };
+            let now = Instant::now();
+            let last = later(at, ENDING_GRACE);
+            if at > later(now, soon) || now >= last {
+                return false;
+            }
+            // Woken when the lease ends, at the horizon (an answer may have moved it), and
+            // at the end of the grace.
+            let wake = if now < at { at } else { last };
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
     /// While a new lease is being granted: the last grant's failure, if one failed.
     pub(crate) fn grant_failure(&self) -> Option<Error> {
         match &*self.lease.borrow() {
@@ -278,6 +305,32 @@ impl Session {
         // The holds registered are the ended lease's: a hold registers only while its lease
         // is live (see `register`), and the set stays closed until the next lease is granted.
         self.holds.close(reason);
+        // Its keys go with it in one call, where the server still has it (its answers were
+        // late, not lost): no hold deletes its own key once its lease is not live.
+        self.revoke_soon(lease);
+    }
+
+    /// Revokes `lease` in the background, trying again after a failure for at most the
+    /// lease's time-to-live (by then the server has ended it anyway: nothing keeps it alive):
+    /// the server deletes its keys at once instead of at the end of the time-to-live.
+    fn revoke_soon(&self, lease: i64) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let mut client = self.client.clone();
+            let limit = later(Instant::now(), self.config.lease_ttl);
+            runtime.spawn(async move {
+                let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+                let revoked = async {
+                    // A lease the server no longer has is an error too: nothing to revoke.
+                    while let Err(e) = client.lease_revoke(lease).await {
+                        if is_lease_gone(&e) {
+                            return;
+                        }
+                        backoff.wait().await;
+                    }
+                };
+                let _ = tokio::time::timeout_at(limit, revoked).await;
+            });
+        }
     }
 
     /// Registers a live hold's signal under `lease`, and returns its registration and the

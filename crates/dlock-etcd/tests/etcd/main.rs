@@ -15,6 +15,7 @@ mod failover;
 mod frozen;
 mod full_database;
 mod interop;
+mod lease_end;
 mod peers_through_a_leader_kill;
 mod release;
 mod renewals;
