@@ -292,12 +292,17 @@ impl Drift {
             .read
             .into_iter()
             .map(|(mut e, _)| {
-                let t = e.t_mut();
-                *t = start.saturating_add(since(*t));
+                let theirs = *e.t_mut();
+                let at = start.saturating_add(since(theirs));
+                *e.t_mut() = at;
                 match &mut e {
                     WorkerEvent::Enqueue { wait_ms, .. } => *wait_ms = scale(*wait_ms),
+                    // What the guard had left, counted no shorter than on the worker's
+                    // clock: a store counts its lease in real time from the renewal, which a
+                    // fast clock's guard saw as sooner than it was.
                     WorkerEvent::Vouched { until, .. } => {
-                        *until = start.saturating_add(since(*until));
+                        let ahead = until.saturating_sub(theirs);
+                        *until = at.saturating_add(ahead.max(scale(ahead)));
                     }
                     _ => {}
                 }

@@ -58,9 +58,9 @@ pub(crate) enum WorkerEvent {
         reason: String,
     },
     /// The hold's guard vouched for it until `until` (on the worker's clock, as `t`), as the
-    /// worker saw at `t`: reported when the grant begins and each time the moment moves (a
-    /// renewal the store confirmed). The store cannot have given the hold away before the
-    /// moment the guard vouches for plus the drift allowance, whatever its renewals' timing.
+    /// worker saw at `t`: reported at the first look of its critical section and each time
+    /// the moment moves (a renewal the store confirmed). On a clock that runs at its rate the
+    /// store cannot have given the hold away before that moment plus the drift allowance.
     Vouched { t: u64, hold: u64, until: u64 },
     /// The critical section ended (before the release was sent).
     Exit { t: u64, hold: u64 },

@@ -13,6 +13,12 @@ use crate::torture::resource::Ledger;
 /// other workers. Generous: a timer is late by a millisecond or two on an idle machine.
 const LATE_RENEWAL: Duration = Duration::from_millis(50);
 
+/// How much sooner than the model's bound ([`Run::vouched_after_fault`]) a late renewal the
+/// guard saw may let the store give a hold away ([`Run::horizon`]): a busy machine sends a
+/// renewal a few tens of milliseconds late; a keeper that renews later than this is a fault
+/// of the keeper, which the checker must not excuse.
+const LATEST_RENEWAL: Duration = Duration::from_millis(250);
+
 /// One hold, rebuilt from its worker's events.
 #[derive(Debug, Clone)]
 pub(super) struct Hold {
@@ -114,16 +120,17 @@ impl<'a> Run<'a> {
     /// The earliest the store may have given `hold` away when a fault that began at `start`
     /// stalled its holder: [`vouched_after_fault`](Self::vouched_after_fault) after the fault
     /// began, or sooner where the hold's guard was last seen to vouch for less (its renewals
-    /// were confirmed later than a timely watchdog's; on a busy machine a timer fires late):
-    /// the moment it vouched for plus the drift allowance is the store's own bound, since the
-    /// guard counts the lease from the renewal's send. The sooner of the two, as the guard of
-    /// a worker whose clock runs slow vouches beyond the store's bound, which the checks
-    /// catch as a late report of the loss.
+    /// were confirmed later than a timely watchdog's; on a busy machine a timer fires late),
+    /// by [`LATEST_RENEWAL`] at most: the moment it vouched for plus the drift allowance is
+    /// the store's own bound, since the guard counts the lease from the renewal's send. The
+    /// sooner of the two, as the guard of a worker whose clock runs slow vouches beyond the
+    /// store's bound, which the checks catch as a late report of the loss.
     pub(super) fn horizon(&self, hold: &Hold, start: u64) -> u64 {
         let model = start.saturating_add(nanos(self.vouched_after_fault()));
+        let floor = model.saturating_sub(nanos(LATEST_RENEWAL));
         hold.vouched
             .map(|v| v.saturating_add(nanos(self.allowance())))
-            .map_or(model, |seen| seen.min(model))
+            .map_or(model, |seen| seen.clamp(floor, model))
     }
 
     /// The holds `keep` keeps, grouped by name, each group in grant order.

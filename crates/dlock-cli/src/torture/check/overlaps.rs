@@ -7,10 +7,11 @@
 //! What a hold was vouched for: a watchdog renews every third of the lease, so a lease store
 //! cannot give away the hold of a holder that a fault stalled until at least two thirds of a
 //! lease after the fault began ([`Run::vouched_after_fault`]), nor before the moment its
-//! guard was seen to vouch for plus the drift allowance, the sooner of the two
-//! ([`Run::horizon`]); a fault that began later, or healed sooner, explains nothing. A hold that lives in its connection ends when the server
-//! closes the connection, and a restart of a store that forgets its holds ends every hold at
-//! once: those explain an overlap from their start.
+//! guard was seen to vouch for plus the drift allowance, the sooner of the two (by a bounded
+//! amount, [`Run::horizon`]); a fault that began later, or healed sooner, explains nothing. A
+//! hold that lives in its connection ends when the server closes the connection, and a
+//! restart of a store that forgets its holds ends every hold at once: those explain an
+//! overlap from their start.
 //!
 //! The deadline: the guard stops vouching a drift allowance before the store's bound, so an
 //! older holder that keeps running is told before the newer grant, give or take the
@@ -384,7 +385,7 @@ mod tests {
     /// A renewal confirmed later than a timely watchdog's (its timer fired late on a busy
     /// machine) leaves the store free to give the hold away sooner after a fault: the moment
     /// the guard was seen to vouch for, plus the drift allowance, is the store's bound when it
-    /// comes before the model's. It never moves the bound later.
+    /// comes before the model's, by 250 ms at most. It never moves the bound later.
     #[test]
     fn a_late_renewal_the_guard_saw_moves_the_horizon_sooner_only() {
         // The fault began 1.245 s before worker 2's grant at 4 s: the model's bound (two
@@ -420,6 +421,13 @@ mod tests {
         let r = run(&history(Some(5 * S)), &silent);
         assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
         assert_violation(&r, "the store had to keep it until 4013.3 ms");
+        // A fault that began 1 s before the grant: the model's bound is 4.2583 s, and no
+        // renewal seen, however late, excuses a grant 250 ms or more before it (a keeper
+        // that renews that late is at fault).
+        let later_fault = [fault(FaultKind::Silent, 1, 3 * S, 6 * S)];
+        let r = run(&history(Some(3 * S + S / 2)), &later_fault);
+        assert_eq!(r.overlaps_unexplained, 1, "{:?}", r.violations);
+        assert_violation(&r, "the store had to keep it until 4008.3 ms");
     }
 
     /// An older holder still running must be told of its loss by the newer grant plus the
