@@ -283,6 +283,36 @@ impl Hold for Batched {
     }
 }
 
+impl Batched {
+    /// A guard with the default watchdog lease on a hold renewed through `renewals`, counting
+    /// its renewals alone in `alone`.
+    fn guard(
+        renewals: &Arc<dlock_core::backend::Batcher<(), ()>>,
+        alone: &Arc<AtomicUsize>,
+    ) -> LockGuard {
+        LockGuard::new(NewHold::new(
+            "fake",
+            LockKind::Mutex,
+            LockName::new("fake").unwrap(),
+            FencingToken::new(1),
+            Lease::default(),
+            Instant::now(),
+            Arc::new(Self {
+                renewals: Arc::clone(renewals),
+                alone: Arc::clone(alone),
+            }),
+        ))
+    }
+}
+
+/// Asserts every guard still held, and releases it.
+async fn all_held_then_released(guards: Vec<LockGuard>) {
+    for g in guards {
+        assert!(g.is_held(), "{:?}", g.loss_reason());
+        g.release().await.unwrap();
+    }
+}
+
 /// Holds of one provider taken at different moments of a renewal period (the default 30 s
 /// watchdog, granted 1.3 s apart, further apart than a batch's window) renew on common beats:
 /// their first renewals on at most two beats of half a period (two or three batches where
@@ -297,19 +327,7 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
     // due on the way in order; nothing waits on real time or hopes for an event.
     let mut guards = Vec::new();
     for _ in 0..8 {
-        let hold = Batched {
-            renewals: Arc::clone(&renewals),
-            alone: Arc::default(),
-        };
-        guards.push(LockGuard::new(NewHold::new(
-            "fake",
-            LockKind::Mutex,
-            LockName::new("fake").unwrap(),
-            FencingToken::new(1),
-            Lease::default(),
-            Instant::now(),
-            Arc::new(hold),
-        )));
+        guards.push(Batched::guard(&renewals, &Arc::default()));
         tokio::time::sleep(Duration::from_millis(1_300)).await;
     }
     // Every hold has renewed by a period after the last grant (the first ones twice); the
@@ -328,10 +346,7 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
         (5..=7).contains(&batches),
         "{batches} batches in six renewal periods of eight holds"
     );
-    for g in guards {
-        assert!(g.is_held(), "{:?}", g.loss_reason());
-        g.release().await.unwrap();
-    }
+    all_held_then_released(guards).await;
 }
 
 /// When a provider's batch of renewals fails (a store too busy to answer), its holds try
@@ -368,20 +383,7 @@ async fn a_failed_batch_is_retried_in_batches() {
     };
     let alone = Arc::new(AtomicUsize::new(0));
     let guards: Vec<LockGuard> = (0..HOLDS)
-        .map(|_| {
-            LockGuard::new(NewHold::new(
-                "fake",
-                LockKind::Mutex,
-                LockName::new("fake").unwrap(),
-                FencingToken::new(1),
-                Lease::default(),
-                Instant::now(),
-                Arc::new(Batched {
-                    renewals: Arc::clone(&renewals),
-                    alone: Arc::clone(&alone),
-                }),
-            ))
-        })
+        .map(|_| Batched::guard(&renewals, &alone))
         .collect();
     // Two renewal periods: the first renewals fail, their retries too, then the store answers.
     // The clock is paused: the sleep fires every timer due on the way, in order.
@@ -399,10 +401,7 @@ async fn a_failed_batch_is_retried_in_batches() {
         (3..=8).contains(&batches),
         "{batches} batches for {HOLDS} holds"
     );
-    for g in guards {
-        assert!(g.is_held(), "{:?}", g.loss_reason());
-        g.release().await.unwrap();
-    }
+    all_held_then_released(guards).await;
 }
 
 /// A batch of renewals that hangs (a store that never answers the batch's call) is cut off at
@@ -413,24 +412,12 @@ async fn a_hanging_batch_is_cut_off_and_the_hold_renews_alone() {
         std::future::pending::<Vec<Result<()>>>()
     }));
     let alone = Arc::new(AtomicUsize::new(0));
-    let g = LockGuard::new(NewHold::new(
-        "fake",
-        LockKind::Mutex,
-        LockName::new("fake").unwrap(),
-        FencingToken::new(1),
-        Lease::default(),
-        Instant::now(),
-        Arc::new(Batched {
-            renewals: Arc::clone(&renewals),
-            alone: Arc::clone(&alone),
-        }),
-    ));
+    let g = Batched::guard(&renewals, &alone);
     // Two leases: every batch hangs, every renewal goes alone at the last third.
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(g.is_held(), "{:?}", g.loss_reason());
     let alone = alone.load(Ordering::SeqCst);
     assert!(alone >= 2, "{alone} renewals alone");
-    g.release().await.unwrap();
+    all_held_then_released(vec![g]).await;
 }
 
 /// A hold that renews alone, recording when.
