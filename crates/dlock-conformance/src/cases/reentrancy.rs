@@ -118,12 +118,19 @@ pub async fn explicit_reentry_hands_the_hold_to_another_task(f: &impl Factory) {
     assert_eq!(handed.fencing_token(), g.fencing_token());
     let clone = Arc::clone(&l);
     let waited = tokio::spawn(async move {
-        clone
-            .try_acquire(Duration::from_millis(200))
-            .await
-            .map(|g| g.is_some())
+        // A store that must open a connection for the wait (the connection-bound SQL
+        // strategies) may not open it within the wait on a loaded machine: that is a
+        // retryable error, not an answer, and the wait is tried again.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match clone.try_acquire(Duration::from_millis(200)).await {
+                Err(e) if e.is_retryable() && tries < 3 => {}
+                result => break result.map(|g| g.is_some()),
+            }
+        }
     });
-    let waited = must(f.slack() * 2, "a clone's wait in another task", waited)
+    let waited = must(f.slack() * 3, "a clone's wait in another task", waited)
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
         .unwrap_or_else(|e| panic!("try_acquire: {e}"));
