@@ -109,7 +109,8 @@ impl Hold for EtcdHold {
         // ended lease), and a delete of each would be a call per hold of that lease at the
         // moment the store has just been too slow to keep it. A hold lost to its lease's
         // horizon (its guard stops vouching up to a quarter of the lease's time-to-live
-        // before) waits for the session to end the lease there, unless an answer comes.
+        // before) waits for the session to end the lease there, unless an answer comes; so
+        // does a release while keep-alives go unanswered (at most that quarter and a second).
         if self
             .session
             .lease_ending(self.lease, self.session.config.lease_ttl / 4)
