@@ -142,7 +142,7 @@ async fn watchdog(shared: &Shared, ttl: Duration) -> LossReason {
             let batched = batch_until > sent
                 && (first
                     || end.saturating_duration_since(sent) > renewal_window(ttl).saturating_mul(2));
-            if !batched && (first || was_batched) {
+            if !batched && was_batched {
                 // Alone from here: the pauses start short again, for the time that is left.
                 retry = Backoff::new(RETRY_MIN, RETRY_MAX);
             }

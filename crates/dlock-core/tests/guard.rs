@@ -305,6 +305,18 @@ impl Batched {
     }
 }
 
+/// Waits until `done` holds, looking every 10 ms, for at most `limit` (of the test's paused
+/// clock, which each look moves on, firing the timers due on the way in order).
+async fn polled(limit: Duration, what: &str, done: impl Fn() -> bool) {
+    tokio::time::timeout(limit, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"));
+}
+
 /// Asserts every guard still held, and releases it.
 async fn all_held_then_released(guards: Vec<LockGuard>) {
     for g in guards {
@@ -357,8 +369,9 @@ async fn holds_taken_apart_renew_in_one_batch_a_period() {
 async fn a_failed_batch_is_retried_in_batches() {
     const HOLDS: usize = 200;
     let failing = Arc::new(AtomicUsize::new(2));
+    let renewed = Arc::new(AtomicUsize::new(0));
     let renewals = {
-        let failing = Arc::clone(&failing);
+        let (failing, renewed) = (Arc::clone(&failing), Arc::clone(&renewed));
         Arc::new(dlock_core::backend::Batcher::new(
             "fake",
             move |items: Vec<()>| {
@@ -366,6 +379,9 @@ async fn a_failed_batch_is_retried_in_batches() {
                 let fail = failing
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                     .is_ok();
+                if !fail {
+                    renewed.fetch_add(items.len(), Ordering::SeqCst);
+                }
                 async move {
                     items
                         .into_iter()
@@ -385,9 +401,12 @@ async fn a_failed_batch_is_retried_in_batches() {
     let guards: Vec<LockGuard> = (0..HOLDS)
         .map(|_| Batched::guard(&renewals, &alone))
         .collect();
-    // Two renewal periods: the first renewals fail, their retries too, then the store answers.
-    // The clock is paused: the sleep fires every timer due on the way, in order.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // The first renewals fail, their retries too, then the store answers: every hold is
+    // renewed within its first lease.
+    polled(Duration::from_secs(30), "every hold renewed", || {
+        renewed.load(Ordering::SeqCst) >= HOLDS
+    })
+    .await;
     assert_eq!(
         failing.load(Ordering::SeqCst),
         0,
@@ -396,7 +415,7 @@ async fn a_failed_batch_is_retried_in_batches() {
     let (batches, alone) = (renewals.batches(), alone.load(Ordering::SeqCst));
     assert_eq!(alone, 0, "{alone} renewals alone");
     // The first batch, its retries (each hold's jittered pause of 25-50 ms, then 50-100 ms,
-    // gathered by 1 s windows), the next period's batch.
+    // gathered by 1 s windows).
     assert!(
         (3..=8).contains(&batches),
         "{batches} batches for {HOLDS} holds"
@@ -413,8 +432,11 @@ async fn a_hanging_batch_is_cut_off_and_the_hold_renews_alone() {
     }));
     let alone = Arc::new(AtomicUsize::new(0));
     let g = Batched::guard(&renewals, &alone);
-    // Two leases: every batch hangs, every renewal goes alone at the last third.
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Every batch hangs, every renewal goes alone at the last third: two within two leases.
+    polled(Duration::from_secs(60), "two renewals alone", || {
+        alone.load(Ordering::SeqCst) >= 2
+    })
+    .await;
     let alone = alone.load(Ordering::SeqCst);
     assert!(alone >= 2, "{alone} renewals alone");
     all_held_then_released(vec![g]).await;
