@@ -276,8 +276,13 @@ async fn contend_until(
                 give_up(session, undo, recipe.dir).await?;
                 return Ok(None);
             }
-            let watcher = match session.retrying(|| session.data_watch(&watch)).await {
-                Ok(w) => w,
+            let watcher = match session
+                .retrying(|| session.data_watch(ours.session, &watch))
+                .await
+            {
+                Ok(Some(w)) => w,
+                // Our node went with its session: queue again on the current one.
+                Ok(None) => break,
                 // Gone between the listing and the watch: look again at once.
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(from_zk(&format!("watch {watch}"), e)),
@@ -297,4 +302,104 @@ async fn contend_until(
         "the node of an acquisition under {} kept disappearing",
         recipe.dir
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use dlock_conformance::eventually;
+
+    use super::*;
+    use crate::kinds::LOCK_MARKERS;
+    use crate::nodes::LOCK;
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// A waiter whose session ends between its create and its watch queues again on the new
+    /// session: it does not watch its predecessor from the new session while its own node is
+    /// gone (it would wait with no place in the queue, until the holder lets go).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_watch_is_set_only_on_the_session_of_the_waiters_node() {
+        let Some(session) = Session::for_test().await else {
+            return;
+        };
+        let connect = session.config.connect_string();
+        let other = zk::Client::connect(&connect).await.unwrap();
+        let dir = format!("/dlock-test/rewatch-{}", uuid::Uuid::new_v4().simple());
+        session.ensure_parents(&dir).await.unwrap();
+        let holder = format!("{dir}/{}{LOCK}", nodes::protected_prefix());
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let (_, seq) = other.create(&holder, &[], &mode).await.unwrap();
+        let holder = format!("{holder}{seq}");
+        // The waiter creates its node and then waits for the watch, held back here.
+        let held_back = session.watches_held.write().await;
+        let waiter = {
+            let (session, dir) = (Arc::clone(&session), dir.clone());
+            tokio::spawn(async move {
+                let name = LockName::new("rewatch").unwrap();
+                let recipe = Recipe {
+                    name: &name,
+                    dir: &dir,
+                    marker: LOCK,
+                    markers: LOCK_MARKERS,
+                    role: Role::Exclusive,
+                    apart: Apart::FromSemaphore,
+                    then_list: None,
+                    data: &[],
+                };
+                let mut undo = undo::node_undo(&session);
+                let granted = contend(&session, recipe, Deadline::NEVER, &mut undo).await;
+                undo.disarm();
+                granted.map(|c| c.map(|(created, _)| created.session))
+            })
+        };
+        let owners = || {
+            let (other, dir) = (&other, &dir);
+            async move {
+                let mut owners = Vec::new();
+                for node in other.list_children(dir).await.unwrap() {
+                    if let Ok((_, stat)) = other.get_data(&format!("{dir}/{node}")).await {
+                        owners.push(stat.ephemeral_owner);
+                    }
+                }
+                owners
+            }
+        };
+        let old = session.client().session_id().0;
+        eventually(LIMIT, "the waiter created its node", || async {
+            let owners = owners().await;
+            if owners.contains(&old) {
+                Ok(())
+            } else {
+                Err(owners)
+            }
+        })
+        .await;
+        // The session ends (taken over and closed, as an expiry does) and a new one opens.
+        let thief = zk::Client::connector()
+            .with_session(session.client().session().clone())
+            .connect(&connect)
+            .await
+            .unwrap();
+        drop(thief);
+        eventually(LIMIT, "a new session", || async {
+            let now = session.client().session_id().0;
+            if now != old { Ok(()) } else { Err(now) }
+        })
+        .await;
+        let new = session.client().session_id().0;
+        drop(held_back);
+        eventually(LIMIT, "the waiter queued on the new session", || async {
+            let owners = owners().await;
+            if owners.len() == 2 && owners.contains(&new) {
+                Ok(())
+            } else {
+                Err(owners)
+            }
+        })
+        .await;
+        assert!(!waiter.is_finished(), "the waiter ended: {waiter:?}");
+        other.delete(&holder, None).await.unwrap();
+        let granted = tokio::time::timeout(LIMIT, waiter).await.unwrap().unwrap();
+        assert_eq!(granted.unwrap(), Some(new));
+    }
 }

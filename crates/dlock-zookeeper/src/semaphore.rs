@@ -188,9 +188,13 @@ async fn take_lease(
         // mutex node (an operator deleting it to unstick a name, a session that ended) another
         // waiter takes the mutex and adds its lease beside ours, and with one permit the two
         // would wait for each other for good: our lease goes, and we queue again.
-        let mutex_watch = match session.retrying(|| session.data_watch(mutex)).await {
-            Ok(w) => w,
-            Err(zk::Error::NoNode) => {
+        let mutex_watch = match session
+            .retrying(|| session.data_watch(mutex_session, mutex))
+            .await
+        {
+            Ok(Some(w)) => w,
+            // Our mutex node is gone, or went with its session.
+            Ok(None) | Err(zk::Error::NoNode) => {
                 undo.run_now().await;
                 return Ok(Taken::Vanished);
             }

@@ -89,8 +89,12 @@ impl Call<'_> {
 impl Session {
     /// Takes the client and the send time for a call about to be made.
     pub(super) fn call(&self) -> Call<'_> {
+        self.call_on(self.client())
+    }
+
+    /// Takes the send time for a call about to be made through `client`.
+    fn call_on(&self, client: zk::Client) -> Call<'_> {
         self.counters.count(|s| &mut s.round_trips);
-        let client = self.client();
         Call {
             session: self,
             client,
@@ -236,11 +240,26 @@ impl Session {
         call.ended(call.client.get_and_watch_data(path).await)
     }
 
-    /// A watch that fires when `path` changes or goes.
-    pub(crate) async fn data_watch(&self, path: &str) -> ZkResult<zk::OneshotWatcher> {
+    /// A watch that fires when `path` changes or goes, set on the session `owner`: the one
+    /// that owns the node the caller waits with. `None` if the current session is another:
+    /// the caller's node went with `owner`, and a watch set now would wait without a place in
+    /// the queue.
+    pub(crate) async fn data_watch(
+        &self,
+        owner: i64,
+        path: &str,
+    ) -> ZkResult<Option<zk::OneshotWatcher>> {
+        #[cfg(test)]
+        let _held_back = self.watches_held.read().await;
+        let client = self.client();
+        if client.session_id().0 != owner {
+            return Ok(None);
+        }
         self.counters.count(|s| &mut s.get_data);
-        let call = self.call();
-        Ok(call.ended(call.client.get_and_watch_data(path).await)?.2)
+        let call = self.call_on(client);
+        Ok(Some(
+            call.ended(call.client.get_and_watch_data(path).await)?.2,
+        ))
     }
 
     /// The stat of `path`, `None` if there is no such node.

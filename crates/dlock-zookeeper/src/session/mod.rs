@@ -51,6 +51,10 @@ pub(crate) struct Session {
     /// The runtime the session was opened on: where clean-ups run that are started where no
     /// runtime is (a guard leaked, an acquisition dropped, on a plain thread).
     runtime: tokio::runtime::Handle,
+    /// Held for writing by a test, it holds back every watch until released: a test's way
+    /// to have a session end between a waiter's create and its watch.
+    #[cfg(test)]
+    pub(crate) watches_held: tokio::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for Session {
@@ -112,6 +116,8 @@ impl Session {
             counters,
             probe_wake: Arc::clone(&probe_wake),
             runtime: runtime.clone(),
+            #[cfg(test)]
+            watches_held: tokio::sync::RwLock::new(()),
         });
         runtime.spawn(watch_state(Arc::downgrade(&session), watcher));
         runtime.spawn(keep_horizon(Arc::downgrade(&session), probe_wake));
