@@ -245,9 +245,13 @@ async fn contend_until(
                 None => {
                     then_listed = None;
                     let listed = Instant::now();
-                    match session.retrying(|| session.children(recipe.dir)).await {
-                        Ok(c) => (listed, c),
-                        Err(zk::Error::NoNode) => break,
+                    match session
+                        .retrying(|| session.children_as(ours.session, recipe.dir))
+                        .await
+                    {
+                        Ok(Some(c)) => (listed, c),
+                        // Our node went with its session: queue again on the current one.
+                        Ok(None) | Err(zk::Error::NoNode) => break,
                         Err(e) => return Err(from_zk(&format!("list {}", recipe.dir), e)),
                     }
                 }
@@ -293,9 +297,10 @@ async fn contend_until(
             }
             session.woken();
         }
-        tracing::debug!(node = %ours.path, "our node is not among the contenders; creating a new one");
+        tracing::debug!(node = %ours.path, "our node is not among the contenders, or went with its session; creating a new one");
         // Delete it by its path (a no-op if it is gone): a node of ours that the listing could
-        // not place must not stay behind, owned by our live session.
+        // not place must not stay behind, owned by our live session, nor one of an ended
+        // session that the server has not expired yet.
         undo.run_now().await;
     }
     Err(unexpected(format!(
@@ -331,7 +336,7 @@ mod tests {
         let (_, seq) = other.create(&holder, &[], &mode).await.unwrap();
         let holder = format!("{holder}{seq}");
         // The waiter creates its node and then waits for the watch, held back here.
-        let held_back = session.watches_held.write().await;
+        let held_back = session.watches_held.0.write().await;
         let waiter = {
             let (session, dir) = (Arc::clone(&session), dir.clone());
             tokio::spawn(async move {
@@ -365,15 +370,18 @@ mod tests {
             }
         };
         let old = session.client().session_id().0;
-        eventually(LIMIT, "the waiter created its node", || async {
-            let owners = owners().await;
-            if owners.contains(&old) {
-                Ok(())
-            } else {
-                Err(owners)
+        eventually(LIMIT, "the waiter waits to watch", || async {
+            match session
+                .watches_held
+                .1
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                0 => Err("no watch yet"),
+                _ => Ok(()),
             }
         })
         .await;
+        assert!(owners().await.contains(&old), "the waiter's node");
         // The session ends (taken over and closed, as an expiry does) and a new one opens.
         let thief = zk::Client::connector()
             .with_session(session.client().session().clone())
@@ -401,5 +409,8 @@ mod tests {
         other.delete(&holder, None).await.unwrap();
         let granted = tokio::time::timeout(LIMIT, waiter).await.unwrap().unwrap();
         assert_eq!(granted.unwrap(), Some(new));
+        for node in other.list_children(&dir).await.unwrap() {
+            other.delete(&format!("{dir}/{node}"), None).await.unwrap();
+        }
     }
 }

@@ -155,8 +155,17 @@ async fn take_lease(
             Some(children) => (ours.granted, children, None),
             None => {
                 let listed = Instant::now();
-                match session.retrying(|| session.children_watch(leases)).await {
-                    Ok((children, watcher)) => (listed, children, Some(watcher)),
+                match session
+                    .retrying(|| session.children_watch_as(ours.session, leases))
+                    .await
+                {
+                    Ok(Some((children, watcher))) => (listed, children, Some(watcher)),
+                    // Our lease went with its session (deleted by its path, should the
+                    // server not have expired the session yet).
+                    Ok(None) => {
+                        undo.run_now().await;
+                        return Ok(Taken::Vanished);
+                    }
                     Err(zk::Error::NoNode) => {
                         undo.disarm();
                         return Ok(Taken::Vanished);

@@ -102,6 +102,16 @@ impl Session {
         }
     }
 
+    /// Takes the client and the send time for a call made for a waiter's node, through the
+    /// session `owner` that owns the node: `None` if the current session is another. The
+    /// node went with `owner`, and what a later session reads (the node still listed until
+    /// the server expires it, or not at all) must not place the waiter, nor may a watch set
+    /// there keep it waiting with no place in the queue.
+    fn call_as(&self, owner: i64) -> Option<Call<'_>> {
+        let client = self.client();
+        (client.session_id().0 == owner).then(|| self.call_on(client))
+    }
+
     /// The calls made so far.
     pub(crate) fn stats(&self) -> ZkStats {
         self.counters.get()
@@ -220,6 +230,20 @@ impl Session {
         call.ended(call.client.list_children(path).await)
     }
 
+    /// The children of `path`, read through the session `owner` of the caller's node; `None`
+    /// if the current session is another (see [`call_as`](Self::call_as)).
+    pub(crate) async fn children_as(
+        &self,
+        owner: i64,
+        path: &str,
+    ) -> ZkResult<Option<Vec<String>>> {
+        let Some(call) = self.call_as(owner) else {
+            return Ok(None);
+        };
+        self.counters.count(|s| &mut s.get_children);
+        call.ended(call.client.list_children(path).await).map(Some)
+    }
+
     /// The children of `path`, and a watch that fires when they change.
     pub(crate) async fn children_watch(
         &self,
@@ -228,6 +252,21 @@ impl Session {
         self.counters.count(|s| &mut s.get_children);
         let call = self.call();
         call.ended(call.client.list_and_watch_children(path).await)
+    }
+
+    /// [`children_watch`](Self::children_watch) through the session `owner` of the caller's
+    /// node; `None` if the current session is another (see [`call_as`](Self::call_as)).
+    pub(crate) async fn children_watch_as(
+        &self,
+        owner: i64,
+        path: &str,
+    ) -> ZkResult<Option<(Vec<String>, zk::OneshotWatcher)>> {
+        let Some(call) = self.call_as(owner) else {
+            return Ok(None);
+        };
+        self.counters.count(|s| &mut s.get_children);
+        call.ended(call.client.list_and_watch_children(path).await)
+            .map(Some)
     }
 
     /// The data and stat of `path`, and a watch that fires when it changes or goes.
@@ -240,26 +279,21 @@ impl Session {
         call.ended(call.client.get_and_watch_data(path).await)
     }
 
-    /// A watch that fires when `path` changes or goes, set on the session `owner`: the one
-    /// that owns the node the caller waits with. `None` if the current session is another:
-    /// the caller's node went with `owner`, and a watch set now would wait without a place in
-    /// the queue.
+    /// A watch that fires when `path` changes or goes, set through the session `owner` of the
+    /// caller's node; `None` if the current session is another (see [`call_as`](Self::call_as)).
     pub(crate) async fn data_watch(
         &self,
         owner: i64,
         path: &str,
     ) -> ZkResult<Option<zk::OneshotWatcher>> {
         #[cfg(test)]
-        let _held_back = self.watches_held.read().await;
-        let client = self.client();
-        if client.session_id().0 != owner {
+        let _held_back = self.hold_back_watch().await;
+        let Some(call) = self.call_as(owner) else {
             return Ok(None);
-        }
+        };
         self.counters.count(|s| &mut s.get_data);
-        let call = self.call_on(client);
-        Ok(Some(
-            call.ended(call.client.get_and_watch_data(path).await)?.2,
-        ))
+        let (_, _, watcher) = call.ended(call.client.get_and_watch_data(path).await)?;
+        Ok(Some(watcher))
     }
 
     /// The stat of `path`, `None` if there is no such node.

@@ -51,10 +51,11 @@ pub(crate) struct Session {
     /// The runtime the session was opened on: where clean-ups run that are started where no
     /// runtime is (a guard leaked, an acquisition dropped, on a plain thread).
     runtime: tokio::runtime::Handle,
-    /// Held for writing by a test, it holds back every watch until released: a test's way
-    /// to have a session end between a waiter's create and its watch.
+    /// A test's way to have a session end between a waiter's create and its watch: held for
+    /// writing, it holds back every [`data_watch`](Self::data_watch) until released; the
+    /// count is of the watches held back so far.
     #[cfg(test)]
-    pub(crate) watches_held: tokio::sync::RwLock<()>,
+    pub(crate) watches_held: (tokio::sync::RwLock<()>, std::sync::atomic::AtomicUsize),
 }
 
 impl std::fmt::Debug for Session {
@@ -117,7 +118,7 @@ impl Session {
             probe_wake: Arc::clone(&probe_wake),
             runtime: runtime.clone(),
             #[cfg(test)]
-            watches_held: tokio::sync::RwLock::new(()),
+            watches_held: Default::default(),
         });
         runtime.spawn(watch_state(Arc::downgrade(&session), watcher));
         runtime.spawn(keep_horizon(Arc::downgrade(&session), probe_wake));
@@ -179,6 +180,13 @@ impl Session {
 
 #[cfg(test)]
 impl Session {
+    /// Waits while a test holds the watches back (see `watches_held`), counted.
+    async fn hold_back_watch(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        let (gate, waiting) = &self.watches_held;
+        waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        gate.read().await
+    }
+
     /// A session on the server at `DLOCK_ZK_URL`, for a unit test; `None` (skip) when unset.
     pub(crate) async fn for_test() -> Option<Arc<Self>> {
         let url = dlock_conformance::service_url("DLOCK_ZK_URL")?;
