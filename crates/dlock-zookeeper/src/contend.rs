@@ -314,7 +314,6 @@ mod tests {
     use dlock_conformance::eventually;
 
     use super::*;
-    use crate::kinds::LOCK_MARKERS;
     use crate::nodes::LOCK;
 
     const LIMIT: Duration = Duration::from_secs(10);
@@ -336,21 +335,12 @@ mod tests {
         let (_, seq) = other.create(&holder, &[], &mode).await.unwrap();
         let holder = format!("{holder}{seq}");
         // The waiter creates its node and then waits for the watch, held back here.
-        let held_back = session.watches_held.0.write().await;
+        let held_back = session.watch_gate.close().await;
         let waiter = {
             let (session, dir) = (Arc::clone(&session), dir.clone());
             tokio::spawn(async move {
                 let name = LockName::new("rewatch").unwrap();
-                let recipe = Recipe {
-                    name: &name,
-                    dir: &dir,
-                    marker: LOCK,
-                    markers: LOCK_MARKERS,
-                    role: Role::Exclusive,
-                    apart: Apart::FromSemaphore,
-                    then_list: None,
-                    data: &[],
-                };
+                let recipe = crate::mutex::recipe(&name, &dir);
                 let mut undo = undo::node_undo(&session);
                 let granted = contend(&session, recipe, Deadline::NEVER, &mut undo).await;
                 undo.disarm();
@@ -371,11 +361,7 @@ mod tests {
         };
         let old = session.client().session_id().0;
         eventually(LIMIT, "the waiter waits to watch", || async {
-            match session
-                .watches_held
-                .1
-                .load(std::sync::atomic::Ordering::SeqCst)
-            {
+            match session.watch_gate.arrived() {
                 0 => Err("no watch yet"),
                 _ => Ok(()),
             }

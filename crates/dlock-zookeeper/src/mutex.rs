@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use dlock_core::backend::{RawLock, Request};
-use dlock_core::{LockGuard, Result, async_trait};
+use dlock_core::{LockGuard, LockName, Result, async_trait};
 
 use crate::contend::{Recipe, Role, exclusive};
 use crate::kinds::{Apart, LOCK_MARKERS};
@@ -37,16 +37,20 @@ impl ZkMutex {
 #[async_trait]
 impl RawLock for ZkMutex {
     async fn acquire(&self, req: &Request<'_>) -> Result<Option<LockGuard>> {
-        let recipe = Recipe {
-            name: req.name,
-            dir: &self.path,
-            marker: LOCK,
-            markers: LOCK_MARKERS,
-            role: Role::Exclusive,
-            apart: Apart::FromSemaphore,
-            then_list: None,
-            data: &[],
-        };
-        exclusive(&self.session, recipe, req).await
+        exclusive(&self.session, recipe(req.name, &self.path), req).await
+    }
+}
+
+/// The mutex's recipe for `name`, its nodes under `dir`.
+pub(crate) fn recipe<'a>(name: &'a LockName, dir: &'a str) -> Recipe<'a> {
+    Recipe {
+        name,
+        dir,
+        marker: LOCK,
+        markers: LOCK_MARKERS,
+        role: Role::Exclusive,
+        apart: Apart::FromSemaphore,
+        then_list: None,
+        data: &[],
     }
 }

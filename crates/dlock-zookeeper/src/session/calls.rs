@@ -287,7 +287,7 @@ impl Session {
         path: &str,
     ) -> ZkResult<Option<zk::OneshotWatcher>> {
         #[cfg(test)]
-        let _held_back = self.hold_back_watch().await;
+        let _passed = self.watch_gate.pass().await;
         let Some(call) = self.call_as(owner) else {
             return Ok(None);
         };

@@ -51,11 +51,9 @@ pub(crate) struct Session {
     /// The runtime the session was opened on: where clean-ups run that are started where no
     /// runtime is (a guard leaked, an acquisition dropped, on a plain thread).
     runtime: tokio::runtime::Handle,
-    /// A test's way to have a session end between a waiter's create and its watch: held for
-    /// writing, it holds back every [`data_watch`](Self::data_watch) until released; the
-    /// count is of the watches held back so far.
+    /// A test's way to have a session end between a waiter's create and its watch.
     #[cfg(test)]
-    pub(crate) watches_held: (tokio::sync::RwLock<()>, std::sync::atomic::AtomicUsize),
+    pub(crate) watch_gate: WatchGate,
 }
 
 impl std::fmt::Debug for Session {
@@ -118,7 +116,7 @@ impl Session {
             probe_wake: Arc::clone(&probe_wake),
             runtime: runtime.clone(),
             #[cfg(test)]
-            watches_held: Default::default(),
+            watch_gate: WatchGate::default(),
         });
         runtime.spawn(watch_state(Arc::downgrade(&session), watcher));
         runtime.spawn(keep_horizon(Arc::downgrade(&session), probe_wake));
@@ -178,15 +176,37 @@ impl Session {
     }
 }
 
+/// Holds back every [`data_watch`](Session::data_watch) while a test holds it closed, and
+/// counts the watches that came to it.
 #[cfg(test)]
-impl Session {
-    /// Waits while a test holds the watches back (see `watches_held`), counted.
-    async fn hold_back_watch(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
-        let (gate, waiting) = &self.watches_held;
-        waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        gate.read().await
+#[derive(Default)]
+pub(crate) struct WatchGate {
+    gate: tokio::sync::RwLock<()>,
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl WatchGate {
+    /// Closes the gate until the guard is dropped.
+    pub(crate) async fn close(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.gate.write().await
     }
 
+    /// How many watches came to the gate so far.
+    pub(crate) fn arrived(&self) -> usize {
+        self.arrived.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts a watch and waits while the gate is closed.
+    pub(super) async fn pass(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.arrived
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.gate.read().await
+    }
+}
+
+#[cfg(test)]
+impl Session {
     /// A session on the server at `DLOCK_ZK_URL`, for a unit test; `None` (skip) when unset.
     pub(crate) async fn for_test() -> Option<Arc<Self>> {
         let url = dlock_conformance::service_url("DLOCK_ZK_URL")?;
