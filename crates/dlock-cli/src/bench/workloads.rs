@@ -201,77 +201,149 @@ impl FloorSum {
 
 /// W2, W2F, W4: 8 clients, each with a share of twice W1's cycles; on one name (W2, W2F with
 /// the fair lock) the critical section checks exclusion and counts owner switches, on a name
-/// each (W4) it is set against the floor of 8 clients.
+/// each (W4) it is set against the floor of 8 clients, in [`MANY_BLOCKS`] blocks, each
+/// followed by a block of the floor's as long, as W1's and W7's do.
 async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
     } = *run;
     let one_name = run.workload != Workload::W4;
+    let per = opts.cycles * 2 / 8;
+    let seen = Arc::new(OneName::default());
+    let mut floor = (!one_name && target.via != Via::Broken).then_some(FloorSum::ZERO);
+    let mut all = Block::empty()?;
+    // Blocks only take turns with a floor; without one, the workers run once.
+    let blocks = if floor.is_some() { MANY_BLOCKS } else { 1 };
+    for i in 0..blocks {
+        let share = per / blocks + u64::from(i < per % blocks);
+        if share == 0 || opts.duration.is_some_and(|l| all.elapsed >= l) {
+            continue;
+        }
+        let before = if floor.is_some() {
+            floor::server_connections(&target.url).await
+        } else {
+            None
+        };
+        let cycles = Cycles {
+            per: share,
+            limit: opts.duration.map(|l| l.saturating_sub(all.elapsed)),
+        };
+        let Some(done) = contended_block(run, cycles, &seen).await? else {
+            row.skipped = Some("no fair locks".into());
+            return Ok(());
+        };
+        all.add(&done);
+        if let Some(before) = before {
+            settle_connections(&target.url, before).await;
+        }
+        // As many cycles a client as dlock's made (fewer than its share when `--duration`
+        // cut the block short).
+        let floor_share = done.done.div_ceil(8).max(1);
+        if let Some(sum) = floor.as_mut() {
+            match floor::concurrent_cycles_per_sec(&target.url, floor_share, ns).await? {
+                Some(rate) => {
+                    let cycles = 8 * floor_share;
+                    sum.cycles += cycles;
+                    sum.secs += cycles as f64 / rate;
+                }
+                None => floor = None,
+            }
+        }
+    }
+    all.fill(row);
+    if one_name {
+        let done = all.done;
+        let lost = done.saturating_sub(seen.counter.load(Ordering::SeqCst));
+        row.violations = seen.overlaps.load(Ordering::SeqCst) + lost;
+        // The first grant is no switch (nobody held before it).
+        let switched = seen.switches.load(Ordering::SeqCst).saturating_sub(1);
+        row.owner_switch_pct = Some(100.0 * switched as f64 / done.saturating_sub(1).max(1) as f64);
+    }
+    if let Some((rate, _)) = floor.and_then(FloorSum::rates) {
+        row.floor_cycles_per_sec = Some(rate);
+        row.ratio_to_floor = Some(row.cycles_per_sec / rate);
+    }
+    Ok(())
+}
+
+/// What the critical sections of W2 and W2F (one name) see: the counter they read, yield
+/// and write, the holders inside now and how often a second one was, the worker that held
+/// last and how often the holder changed.
+struct OneName {
+    counter: AtomicU64,
+    inside: AtomicU64,
+    overlaps: AtomicU64,
+    /// The worker that held last (8: nobody yet).
+    last: AtomicU64,
+    switches: AtomicU64,
+}
+
+impl Default for OneName {
+    fn default() -> Self {
+        Self {
+            counter: AtomicU64::new(0),
+            inside: AtomicU64::new(0),
+            overlaps: AtomicU64::new(0),
+            last: AtomicU64::new(8),
+            switches: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One block of [`contended`]: 8 clients of their own, each making `cycles`, started
+/// together; closed before it returns (the floor's block that follows opens as many
+/// connections, and a server's connections may not allow both at once). `None` when W2F's
+/// store has no fair lock.
+async fn contended_block(
+    run: &Run<'_>,
+    cycles: Cycles,
+    seen: &Arc<OneName>,
+) -> dlock::Result<Option<Block>> {
+    let Run { target, ns, .. } = *run;
+    let one_name = run.workload != Workload::W4;
     let fair = run.workload == Workload::W2F;
-    let total = opts.cycles * 2;
-    let per = total / 8;
-    let counter = Arc::new(AtomicU64::new(0));
-    let inside = Arc::new(AtomicU64::new(0));
-    let overlaps = Arc::new(AtomicU64::new(0));
-    // The worker that held last (8: nobody yet), and how often the holder changed.
-    let last = Arc::new(AtomicU64::new(8));
-    let switches = Arc::new(AtomicU64::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(target.client().await?);
     }
     if fair && !clients.iter().all(|c| c.capabilities().fair) {
-        row.skipped = Some("no fair locks".into());
-        return Ok(());
+        return Ok(None);
     }
     // Every handle is made before any worker starts: a worker waits for all the
     // others (below), so none may be missing.
     let mut workers = Vec::new();
-    for (i, p) in clients.into_iter().enumerate() {
+    for (i, p) in clients.iter().enumerate() {
         let name = if one_name {
             format!("{ns}/w2")
         } else {
             format!("{ns}/w4/{i}")
         };
         let lock = p.lock(&name, LockOptions::default().with_fair(fair))?;
-        workers.push((i, p, lock, histogram()?));
+        workers.push((i, lock, histogram()?));
     }
     // Every worker starts its cycles once all are spawned: on a fast store the first
     // one would otherwise run many cycles alone (no contention, no owner switch)
     // before the last one is spawned.
     let together = Arc::new(Together::new(workers.len()));
-    let cycles = Cycles {
-        per,
-        limit: opts.duration,
-    };
-    for (i, p, lock, h) in workers {
-        let (counter, inside, overlaps, last, switches) = (
-            Arc::clone(&counter),
-            Arc::clone(&inside),
-            Arc::clone(&overlaps),
-            Arc::clone(&last),
-            Arc::clone(&switches),
-        );
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, lock, h) in workers {
+        let (seen, together) = (Arc::clone(seen), Arc::clone(&together));
         let me = i as u64;
-        let together = Arc::clone(&together);
         tasks.spawn(async move {
-            let _client = p; // its connections live as long as the worker
             // Borrowed by the critical section of every cycle.
-            let (counter, inside, overlaps, last, switches) =
-                (&*counter, &*inside, &*overlaps, &*last, &*switches);
+            let seen = &*seen;
             // On one name, the critical section checks exclusion and counts the owner
             // switches; W4's names are each worker's own, so it does nothing its floor
             // does not.
             worker(&lock, &together, cycles, h, || async move {
                 if one_name {
-                    watched(inside, overlaps, async {
-                        if last.swap(me, Ordering::SeqCst) != me {
-                            switches.fetch_add(1, Ordering::SeqCst);
+                    watched(&seen.inside, &seen.overlaps, async {
+                        if seen.last.swap(me, Ordering::SeqCst) != me {
+                            seen.switches.fetch_add(1, Ordering::SeqCst);
                         }
-                        let seen = counter.load(Ordering::SeqCst);
+                        let counted = seen.counter.load(Ordering::SeqCst);
                         tokio::task::yield_now().await;
-                        counter.store(seen + 1, Ordering::SeqCst);
+                        seen.counter.store(counted + 1, Ordering::SeqCst);
                     })
                     .await;
                 }
@@ -280,21 +352,16 @@ async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
         });
     }
     let block = gather(tasks, &together).await?;
-    block.fill(row);
-    let done = block.done;
-    if one_name {
-        let lost = done.saturating_sub(counter.load(Ordering::SeqCst));
-        row.violations = overlaps.load(Ordering::SeqCst) + lost;
-        // The first grant is no switch (nobody held before it).
-        let switched = switches.load(Ordering::SeqCst).saturating_sub(1);
-        row.owner_switch_pct = Some(100.0 * switched as f64 / done.saturating_sub(1).max(1) as f64);
-    } else if target.via != Via::Broken
-        && let Some(floor) = floor::concurrent_cycles_per_sec(&target.url, per, ns).await?
-    {
-        row.floor_cycles_per_sec = Some(floor);
-        row.ratio_to_floor = Some(row.cycles_per_sec / floor);
+    for p in clients {
+        let closed = p.close(CLOSE_WITHIN).await;
+        if !closed.is_clean() {
+            eprintln!(
+                "dlock bench: {} {:?}: a block's client closed unclean: {closed:?}",
+                target.label, run.workload
+            );
+        }
     }
-    Ok(())
+    Ok(Some(block))
 }
 
 /// Waits for a workload's workers, started together at `together`: their cycles, latencies
@@ -553,8 +620,8 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     Ok(())
 }
 
-/// W7: how long a block's provider may take to close, and its connections to end on the
-/// server, before the floor's block.
+/// W4, W7: how long a block's providers may take to close, and their connections to end on
+/// the server, before the floor's block.
 const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Asks the server of `url`, every [`SETTLE_EVERY`] until [`CLOSE_WITHIN`] has passed, how
@@ -581,7 +648,7 @@ async fn settle_connections(url: &str, before: i64) {
         .await;
     if settled.is_none() {
         eprintln!(
-            "dlock bench: {before} connection(s) before a W7 block, {} after it and \
+            "dlock bench: {before} connection(s) before a block, {} after it and \
              {CLOSE_WITHIN:?}: the floor's block starts anyway",
             last.map_or_else(|| "an unknown count".to_owned(), |n| n.to_string())
         );
@@ -591,7 +658,7 @@ async fn settle_connections(url: &str, before: i64) {
 /// How often [`settle_connections`] asks the server.
 const SETTLE_EVERY: Duration = Duration::from_millis(20);
 
-/// W7: the blocks its tasks' cycles run in (as many as a task has cycles, if fewer), taking
+/// W4, W7: the blocks their cycles run in (as many as a worker has cycles, if fewer), taking
 /// turns with as many blocks of the floor's, so that a slow spell of the server, or of the
 /// machine, falls on both alike.
 const MANY_BLOCKS: u64 = 4;
