@@ -12,6 +12,7 @@ use redis::aio::{
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::io::tcp::TcpSettings;
 use redis::{
     AsyncConnectionConfig, Client, ErrorKind, IntoConnectionInfo, ProtocolVersion, RedisError,
     ServerErrorKind, Value,
@@ -132,26 +133,7 @@ impl Conn {
                 .into_connection_info()
                 .map_err(|e| from_redis(&what, e))?,
         };
-        // Dead peers are noticed even on a connection that only listens (the subscription
-        // connection): keepalive probes after 15 s of silence, and on Linux a connection whose
-        // data stays unacknowledged past twice the response timeout is dropped, so the
-        // connection manager reconnects instead of trusting a half-open connection.
-        // TCP_NODELAY: a multiplexed connection under concurrency must not wait for delayed
-        // ACKs (redis-rs leaves Nagle on).
-        // An application's own client keeps its keepalive and user timeout if it set them.
-        let own = info.tcp_settings().clone();
-        let mut tcp = own.clone().set_nodelay(true);
-        if own.keepalive().is_none() {
-            tcp = tcp.set_keepalive(
-                socket2::TcpKeepalive::new()
-                    .with_time(std::time::Duration::from_secs(15))
-                    .with_interval(std::time::Duration::from_secs(5)),
-            );
-        }
-        #[cfg(target_os = "linux")]
-        if own.user_timeout().is_none() {
-            tcp = tcp.set_user_timeout(config.response_timeout.saturating_mul(2));
-        }
+        let tcp = tcp_settings(config, info.tcp_settings());
         info = info.set_tcp_settings(tcp.clone());
         if push.is_some() {
             let redis = info
@@ -591,6 +573,35 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>> {
     }))
 }
 
+/// The TCP settings of dlock's connections, from `own` (the application's client's, or
+/// redis-rs's defaults).
+///
+/// Dead peers are noticed even on a connection that only listens (the subscription
+/// connection): keepalive probes after 15 s of silence, and on Linux a connection whose data
+/// stays unacknowledged past twice the response timeout is dropped, so the connection manager
+/// reconnects instead of trusting a half-open connection; a client that set either keeps its
+/// own. `TCP_NODELAY` only when asked for ([`RedisConfig::nodelay`]): Nagle's algorithm,
+/// which redis-rs leaves on, sends the commands that tasks write while an earlier one is
+/// unanswered together, once its answer acknowledges it.
+fn tcp_settings(config: &RedisConfig, own: &TcpSettings) -> TcpSettings {
+    let mut tcp = own.clone();
+    if config.nodelay {
+        tcp = tcp.set_nodelay(true);
+    }
+    if own.keepalive().is_none() {
+        tcp = tcp.set_keepalive(
+            socket2::TcpKeepalive::new()
+                .with_time(Duration::from_secs(15))
+                .with_interval(Duration::from_secs(5)),
+        );
+    }
+    #[cfg(target_os = "linux")]
+    if own.user_timeout().is_none() {
+        tcp = tcp.set_user_timeout(config.response_timeout.saturating_mul(2));
+    }
+    tcp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,6 +611,23 @@ mod tests {
             format!("# Server\r\nredis_version:{version}\r\nredis_mode:standalone\r\n")
                 .into_bytes(),
         )
+    }
+
+    /// Nagle's algorithm stays on unless `nodelay` asks for `TCP_NODELAY`, and a client that
+    /// set `TCP_NODELAY` itself keeps it; keepalive is added where the client set none.
+    #[test]
+    fn tcp_nodelay_is_set_only_when_asked_for() {
+        let url = RedisConfig::from_url("redis://h").unwrap();
+        let tcp = tcp_settings(&url, &TcpSettings::default());
+        assert!(!tcp.nodelay());
+        assert!(tcp.keepalive().is_some());
+        let asked = RedisConfig::from_url("redis://h?nodelay=true").unwrap();
+        assert!(tcp_settings(&asked, &TcpSettings::default()).nodelay());
+        let own = TcpSettings::default().set_nodelay(true);
+        assert!(
+            tcp_settings(&url, &own).nodelay(),
+            "the client's own choice"
+        );
     }
 
     #[test]
