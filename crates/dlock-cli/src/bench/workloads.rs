@@ -210,46 +210,25 @@ async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let one_name = run.workload != Workload::W4;
     let per = opts.cycles * 2 / 8;
     let seen = Arc::new(OneName::default());
-    let mut floor = (!one_name && target.via != Via::Broken).then_some(FloorSum::ZERO);
-    let mut all = Block::empty()?;
-    // Blocks only take turns with a floor; without one, the workers run once.
-    let blocks = if floor.is_some() { MANY_BLOCKS } else { 1 };
-    for i in 0..blocks {
-        let share = per / blocks + u64::from(i < per % blocks);
-        if share == 0 || opts.duration.is_some_and(|l| all.elapsed >= l) {
-            continue;
-        }
-        let before = if floor.is_some() {
-            floor::server_connections(&target.url).await
-        } else {
-            None
-        };
-        let cycles = Cycles {
-            per: share,
-            limit: opts.duration.map(|l| l.saturating_sub(all.elapsed)),
-        };
-        let Some(done) = contended_block(run, cycles, &seen).await? else {
-            row.skipped = Some("no fair locks".into());
-            return Ok(());
-        };
-        all.add(&done);
-        if let Some(before) = before {
-            settle_connections(&target.url, before).await;
-        }
-        // As many cycles a client as dlock's made (fewer than its share when `--duration`
-        // cut the block short).
-        let floor_share = done.done.div_ceil(8).max(1);
-        if let Some(sum) = floor.as_mut() {
-            match floor::concurrent_cycles_per_sec(&target.url, floor_share, ns).await? {
-                Some(rate) => {
-                    let cycles = 8 * floor_share;
-                    sum.cycles += cycles;
-                    sum.secs += cycles as f64 / rate;
-                }
-                None => floor = None,
-            }
-        }
-    }
+    let with_floor = !one_name && target.via != Via::Broken;
+    let turns = Turns {
+        target,
+        opts,
+        workers: 8,
+        per,
+    };
+    let seen_by_blocks = &seen;
+    let Some((all, floor)) = turns
+        .take(
+            with_floor,
+            |cycles| contended_block(run, cycles, seen_by_blocks),
+            |share| floor::concurrent_cycles_per_sec(&target.url, share, ns),
+        )
+        .await?
+    else {
+        row.skipped = Some("no fair locks".into());
+        return Ok(());
+    };
     all.fill(row);
     if one_name {
         let done = all.done;
@@ -524,93 +503,33 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
     } = *run;
-    let hot = run.workload == Workload::W7H;
     let per = (opts.cycles * 2 / W7_TASKS).max(1);
     // Per hot name: holders inside now, and how often a second one was.
     let inside: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
     let overlaps = Arc::new(AtomicU64::new(0));
     let with_floor = run.workload == Workload::W7 && target.via != Via::Broken;
-    let mut floor = with_floor.then_some(FloorSum::ZERO);
-    let mut all = Block::empty()?;
-    // Blocks only take turns with a floor; without one, the tasks run once.
-    let blocks = if floor.is_some() { MANY_BLOCKS } else { 1 };
-    for i in 0..blocks {
-        let share = per / blocks + u64::from(i < per % blocks);
-        if share == 0 || opts.duration.is_some_and(|l| all.elapsed >= l) {
-            continue;
-        }
-        // A provider of its own for each block, gone before the floor's block: the floor
-        // opens as many connections as the provider's pool, and a server's connections may
-        // not allow both at once (PostgreSQL's 100).
-        let before = if floor.is_some() {
-            floor::server_connections(&target.url).await
-        } else {
-            None
-        };
-        let p = target.client().await?;
-        let mut locks = Vec::new();
-        for i in 0..W7_TASKS {
-            let name = if hot {
-                format!("{ns}/w7h/{}", i % 8)
-            } else {
-                format!("{ns}/w7/{i}")
-            };
-            locks.push((i % 8, p.lock(&name, LockOptions::default())?));
-        }
-        let together = Arc::new(Together::new(locks.len()));
-        let mut tasks = tokio::task::JoinSet::new();
-        let cycles = Cycles {
-            per: share,
-            limit: opts.duration.map(|l| l.saturating_sub(all.elapsed)),
-        };
-        for (slot, lock) in &locks {
-            let (inside, overlaps, together, lock, slot) = (
-                Arc::clone(&inside),
-                Arc::clone(&overlaps),
-                Arc::clone(&together),
-                Arc::clone(lock),
-                *slot,
-            );
-            let h = histogram()?;
-            tasks.spawn(async move {
-                // Borrowed by the critical section of every cycle.
-                let (here, overlaps) = (&inside[usize::try_from(slot).unwrap_or(0)], &*overlaps);
-                worker(&lock, &together, cycles, h, || async move {
-                    if hot {
-                        watched(here, overlaps, tokio::task::yield_now()).await;
-                    }
-                })
-                .await
-            });
-        }
-        let done = gather(tasks, &together).await?;
-        all.add(&done);
-        drop(locks);
-        let closed = p.close(CLOSE_WITHIN).await;
-        if !closed.is_clean() {
-            eprintln!(
-                "dlock bench: {} W7: a block's provider closed unclean: {closed:?}",
-                target.label
-            );
-        }
-        drop(p);
-        if let Some(before) = before {
-            settle_connections(&target.url, before).await;
-        }
-        // As many cycles a task as dlock's made (fewer than its share when `--duration`
-        // cut the block short).
-        let floor_share = done.done.div_ceil(W7_TASKS).max(1);
-        if let Some(sum) = floor.as_mut() {
-            match floor::shared_cycles_per_sec(&target.url, W7_TASKS, floor_share, ns).await? {
-                Some(rate) => {
-                    let cycles = W7_TASKS * floor_share;
-                    sum.cycles += cycles;
-                    sum.secs += cycles as f64 / rate;
-                }
-                None => floor = None,
-            }
-        }
-    }
+    let turns = Turns {
+        target,
+        opts,
+        workers: W7_TASKS,
+        per,
+    };
+    let (inside_of_blocks, overlaps_of_blocks) = (&inside, &overlaps);
+    let Some((all, floor)) = turns
+        .take(
+            with_floor,
+            |cycles| async move {
+                many_tasks_block(run, cycles, inside_of_blocks, overlaps_of_blocks)
+                    .await
+                    .map(Some)
+            },
+            |share| floor::shared_cycles_per_sec(&target.url, W7_TASKS, share, ns),
+        )
+        .await?
+    else {
+        // Never: every block of W7's answers.
+        return Ok(());
+    };
     all.fill(row);
     row.violations = overlaps.load(Ordering::SeqCst);
     if let Some((rate, _)) = floor.and_then(FloorSum::rates) {
@@ -618,6 +537,133 @@ async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
         row.ratio_to_floor = Some(row.cycles_per_sec / rate);
     }
     Ok(())
+}
+
+/// One block of [`many_tasks`]: 64 tasks on a provider of its own, each making `cycles`,
+/// started together; the provider is closed before it returns (the floor's block that
+/// follows opens as many connections as its pool, and a server's connections may not allow
+/// both at once: PostgreSQL's 100).
+async fn many_tasks_block(
+    run: &Run<'_>,
+    cycles: Cycles,
+    inside: &Arc<Vec<AtomicU64>>,
+    overlaps: &Arc<AtomicU64>,
+) -> dlock::Result<Block> {
+    let Run { target, ns, .. } = *run;
+    let hot = run.workload == Workload::W7H;
+    let p = target.client().await?;
+    let mut locks = Vec::new();
+    for i in 0..W7_TASKS {
+        let name = if hot {
+            format!("{ns}/w7h/{}", i % 8)
+        } else {
+            format!("{ns}/w7/{i}")
+        };
+        locks.push((i % 8, p.lock(&name, LockOptions::default())?));
+    }
+    let together = Arc::new(Together::new(locks.len()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (slot, lock) in &locks {
+        let (inside, overlaps, together, lock, slot) = (
+            Arc::clone(inside),
+            Arc::clone(overlaps),
+            Arc::clone(&together),
+            Arc::clone(lock),
+            *slot,
+        );
+        let h = histogram()?;
+        tasks.spawn(async move {
+            // Borrowed by the critical section of every cycle.
+            let (here, overlaps) = (&inside[usize::try_from(slot).unwrap_or(0)], &*overlaps);
+            worker(&lock, &together, cycles, h, || async move {
+                if hot {
+                    watched(here, overlaps, tokio::task::yield_now()).await;
+                }
+            })
+            .await
+        });
+    }
+    let done = gather(tasks, &together).await?;
+    drop(locks);
+    let closed = p.close(CLOSE_WITHIN).await;
+    if !closed.is_clean() {
+        eprintln!(
+            "dlock bench: {} {:?}: a block's provider closed unclean: {closed:?}",
+            target.label, run.workload
+        );
+    }
+    Ok(done)
+}
+
+/// How the blocks of a workload set against a floor take turns with the floor's (W4, W7):
+/// `per` cycles a worker, `workers` of them, in [`MANY_BLOCKS`] blocks, each followed by a
+/// block of the floor's with as many cycles a worker as dlock's made; so a slow spell of
+/// the server, or of the machine, falls on both alike.
+struct Turns<'a> {
+    target: &'a Target,
+    opts: &'a BenchOpts,
+    workers: u64,
+    per: u64,
+}
+
+impl Turns<'_> {
+    /// Runs `block` (dlock's workers, given their cycles; `None` ends the workload, which
+    /// the caller reports) and, with `with_floor`, `floor` (the floor's, given its cycles a
+    /// worker; `None` where the store has no such floor) in turns; without a floor, one
+    /// block. Before each of dlock's blocks the server's connections are counted, and the
+    /// floor's block waits until the block's connections have ended. Returns dlock's
+    /// blocks together and the floor's.
+    async fn take<B, F>(
+        &self,
+        with_floor: bool,
+        mut block: impl FnMut(Cycles) -> B,
+        mut floor: impl FnMut(u64) -> F,
+    ) -> dlock::Result<Option<(Block, Option<FloorSum>)>>
+    where
+        B: Future<Output = dlock::Result<Option<Block>>>,
+        F: Future<Output = dlock::Result<Option<f64>>>,
+    {
+        let (url, opts, per) = (&self.target.url, self.opts, self.per);
+        let mut sum = with_floor.then_some(FloorSum::ZERO);
+        let mut all = Block::empty()?;
+        let blocks = if with_floor { MANY_BLOCKS } else { 1 };
+        for i in 0..blocks {
+            let share = per / blocks + u64::from(i < per % blocks);
+            if share == 0 || opts.duration.is_some_and(|l| all.elapsed >= l) {
+                continue;
+            }
+            let before = if sum.is_some() {
+                floor::server_connections(url).await
+            } else {
+                None
+            };
+            let cycles = Cycles {
+                per: share,
+                limit: opts.duration.map(|l| l.saturating_sub(all.elapsed)),
+            };
+            let Some(done) = block(cycles).await? else {
+                return Ok(None);
+            };
+            all.add(&done);
+            if let Some(before) = before {
+                settle_connections(url, before).await;
+            }
+            // As many cycles a worker as dlock's made (fewer than its share when
+            // `--duration` cut the block short).
+            let floor_share = done.done.div_ceil(self.workers).max(1);
+            if let Some(s) = sum.as_mut() {
+                match floor(floor_share).await? {
+                    Some(rate) => {
+                        let cycles = self.workers * floor_share;
+                        s.cycles += cycles;
+                        s.secs += cycles as f64 / rate;
+                    }
+                    None => sum = None,
+                }
+            }
+        }
+        Ok(Some((all, sum)))
+    }
 }
 
 /// W4, W7: how long a block's providers may take to close, and their connections to end on
