@@ -24,7 +24,7 @@ use dlock_core::{Error, RedactedUrl, Result, TlsFiles};
 /// | `sentinel_username`, `sentinel_password` | credentials for the Sentinels themselves (`redis+sentinel://` only; the URL's own are the master's) | none |
 /// | `ca_file`, `cert_file`, `key_file` | `rediss://` only: the authority to trust instead of the system's roots, and a client certificate and key; PEM files, read on connect ([`TlsFiles`], the policy of every backend) | none |
 /// | `pubsub` | a cluster's wake-up messages: `sharded` (SPUBLISH/SSUBSCRIBE, Redis 7+), `classic` (PUBLISH/SUBSCRIBE) or `auto` (sharded where the cluster has it); see [`PubSubMode`] | `auto` |
-/// | `nodelay` | `true`: set `TCP_NODELAY` on dlock's connections, so that a command goes out at once even while an earlier one on the shared connection is unanswered; `false`: leave Nagle's algorithm on (as redis-rs does), so that the commands of many tasks sent meanwhile go out together, for about a quarter less client CPU a cycle under concurrency; see [`nodelay`](Self::nodelay) | `false` |
+/// | `nodelay` | `true`: set `TCP_NODELAY` on dlock's connections, so that a command goes out at once even while an earlier one on the shared connection is unanswered; `false`: leave Nagle's algorithm on, so that the commands written meanwhile go out together once that one is answered (less CPU a command with the server on the same host, up to a round trip more for them on a network); see [`nodelay`](Self::nodelay) | `true` |
 /// | `key_prefix` | put before every lock name, so that applications sharing one server keep apart (`key_prefix=billing:` keeps lock `nightly` at key `billing:nightly`); as a Redisson `NameMapper` that prefixes names; no `{` or `}` | none |
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -55,16 +55,16 @@ pub struct RedisConfig {
     /// `billing:nightly` with the prefix `billing:`, as a Redisson client with a `NameMapper`
     /// that adds it keeps it. Empty: none.
     pub key_prefix: String,
-    /// Whether dlock's connections set `TCP_NODELAY` (`nodelay`). Off by default, as in
-    /// redis-rs: a command written while an earlier one on the provider's shared connection
-    /// is unanswered waits for that answer (which acknowledges it) and goes out with every
-    /// other command written meanwhile, in one segment. Redis answers each command at once
-    /// and sets `TCP_NODELAY` on its side, and the calls that may wait on the server (`WAIT`
-    /// for replicas) have connections of their own, so the wait is at most one round trip,
-    /// and only under concurrency; the saving is a write and the server's read per command.
-    /// On: every command goes out at once, for a round trip less under concurrency on a slow
-    /// network at the cost of that CPU. With [`from_client`](Self::from_client), `false`
-    /// keeps the client's own setting.
+    /// Whether dlock's connections set `TCP_NODELAY` (`nodelay`); on by default. With it, a
+    /// command goes out as soon as a task writes it. Without it (Nagle's algorithm), a
+    /// command written while an earlier one on the provider's shared connection is
+    /// unanswered waits for that answer and goes out with every other command written
+    /// meanwhile: on a network that holds each such command back by up to a round trip;
+    /// with the server on the same host it saves a write and the server's read per command
+    /// (the loopback's round trip is nearly free). Redis answers each command as it runs it,
+    /// and `WAIT` runs on connections of its own, so no command of dlock's waits for a
+    /// delayed ACK either way. [`from_client`](Self::from_client) takes the client's own
+    /// setting.
     pub nodelay: bool,
     /// The application's own client, from [`RedisConfig::from_client`]: its address,
     /// credentials and TLS settings are used instead of the URL's.
@@ -256,7 +256,7 @@ impl RedisConfig {
         let mut sentinel_password = None;
         let mut tls = TlsFiles::default();
         let mut key_prefix = String::new();
-        let mut nodelay = false;
+        let mut nodelay = true;
         // File paths are read from the raw query with core's strict %-decoding (as etcds://
         // reads them): a `+` stays a `+`, and a malformed escape is refused.
         for part in parsed.expose().query().unwrap_or("").split('&') {
@@ -349,9 +349,9 @@ impl RedisConfig {
 
     /// A configuration for a client the application already built: its address, database,
     /// credentials, TLS settings (a custom CA, client certificates) and TCP settings are used
-    /// as they are (its `TCP_NODELAY` among them, unless [`with_nodelay`](Self::with_nodelay)
-    /// sets it), and dlock adds only what it needs (RESP3 on its subscription connection, and
-    /// keepalive when the client sets none). The other fields take their
+    /// as they are (its `TCP_NODELAY` becomes [`nodelay`](Self::nodelay)), and dlock adds
+    /// only what it needs (RESP3 on its subscription connection, and keepalive when the
+    /// client sets none). The other fields take their
     /// defaults; change them with the `with_*` methods. A single server only: a cluster or a
     /// Sentinel group is reached through its URL.
     ///
@@ -391,7 +391,7 @@ impl RedisConfig {
             sentinel: None,
             tls: TlsFiles::default(),
             key_prefix: String::new(),
-            nodelay: false,
+            nodelay: info.tcp_settings().nodelay(),
             client: Some(ClientInfo(info)),
         })
     }
@@ -626,26 +626,21 @@ mod tests {
     }
 
     #[test]
-    fn nodelay_is_off_unless_asked_for() {
-        assert!(!RedisConfig::from_url("redis://h").unwrap().nodelay);
-        assert!(
-            RedisConfig::from_url("redis://h?nodelay=true")
-                .unwrap()
-                .nodelay
-        );
-        assert!(
-            !RedisConfig::from_url("redis://h?nodelay=0")
-                .unwrap()
-                .nodelay
-        );
+    fn nodelay_is_on_unless_turned_off() {
+        let nodelay = |url: &str| RedisConfig::from_url(url).unwrap().nodelay;
+        assert!(nodelay("redis://h"));
+        assert!(!nodelay("redis://h?nodelay=false"));
+        assert!(nodelay("redis://h?nodelay=1"));
         let e = RedisConfig::from_url("redis://h?nodelay=often").unwrap_err();
         assert!(e.to_string().contains("nodelay=\"often\""), "{e}");
-        assert!(
-            RedisConfig::from_url("redis://h")
-                .unwrap()
-                .with_nodelay(true)
-                .nodelay
-        );
+        let off = RedisConfig::from_url("redis://h")
+            .unwrap()
+            .with_nodelay(false);
+        assert!(!off.nodelay);
+        // A client's own setting, whichever it is.
+        let client = redis::Client::open("redis://h").unwrap();
+        let own = client.get_connection_info().tcp_settings().nodelay();
+        assert_eq!(RedisConfig::from_client(&client).unwrap().nodelay, own);
     }
 
     #[test]

@@ -580,14 +580,11 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>> {
 /// connection): keepalive probes after 15 s of silence, and on Linux a connection whose data
 /// stays unacknowledged past twice the response timeout is dropped, so the connection manager
 /// reconnects instead of trusting a half-open connection; a client that set either keeps its
-/// own. `TCP_NODELAY` only when asked for ([`RedisConfig::nodelay`]): Nagle's algorithm,
-/// which redis-rs leaves on, sends the commands that tasks write while an earlier one is
-/// unanswered together, once its answer acknowledges it.
+/// own. `TCP_NODELAY` as [`RedisConfig::nodelay`] says (on by default): a multiplexed
+/// connection under concurrency must not hold a command back until the answer to the one
+/// before it.
 fn tcp_settings(config: &RedisConfig, own: &TcpSettings) -> TcpSettings {
-    let mut tcp = own.clone();
-    if config.nodelay {
-        tcp = tcp.set_nodelay(true);
-    }
+    let mut tcp = own.clone().set_nodelay(config.nodelay);
     if own.keepalive().is_none() {
         tcp = tcp.set_keepalive(
             socket2::TcpKeepalive::new()
@@ -613,21 +610,19 @@ mod tests {
         )
     }
 
-    /// Nagle's algorithm stays on unless `nodelay` asks for `TCP_NODELAY`, and a client that
-    /// set `TCP_NODELAY` itself keeps it; keepalive is added where the client set none.
+    /// `TCP_NODELAY` is set unless `nodelay=false` turns it off, whatever the client's (or
+    /// redis-rs's) default; keepalive is added where the client set none.
     #[test]
-    fn tcp_nodelay_is_set_only_when_asked_for() {
-        let url = RedisConfig::from_url("redis://h").unwrap();
-        let tcp = tcp_settings(&url, &TcpSettings::default());
-        assert!(!tcp.nodelay());
-        assert!(tcp.keepalive().is_some());
-        let asked = RedisConfig::from_url("redis://h?nodelay=true").unwrap();
-        assert!(tcp_settings(&asked, &TcpSettings::default()).nodelay());
-        let own = TcpSettings::default().set_nodelay(true);
-        assert!(
-            tcp_settings(&url, &own).nodelay(),
-            "the client's own choice"
-        );
+    fn tcp_nodelay_follows_the_config() {
+        let on = RedisConfig::from_url("redis://h").unwrap();
+        let off = RedisConfig::from_url("redis://h?nodelay=false").unwrap();
+        for own in [false, true] {
+            let own = TcpSettings::default().set_nodelay(own);
+            let tcp = tcp_settings(&on, &own);
+            assert!(tcp.nodelay());
+            assert!(tcp.keepalive().is_some());
+            assert!(!tcp_settings(&off, &own).nodelay());
+        }
     }
 
     #[test]

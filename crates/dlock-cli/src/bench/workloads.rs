@@ -202,13 +202,13 @@ impl FloorSum {
 /// W2, W2F, W4: 8 clients, each with a share of twice W1's cycles; on one name (W2, W2F with
 /// the fair lock) the critical section checks exclusion and counts owner switches, on a name
 /// each (W4) it is set against the floor of 8 clients, in [`MANY_BLOCKS`] blocks, each
-/// followed by a block of the floor's as long, as W1's and W7's do.
+/// followed by a block of the floor's with as many cycles a client, as W1's and W7's do.
 async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
     } = *run;
     let one_name = run.workload != Workload::W4;
-    let per = opts.cycles * 2 / 8;
+    let per = (opts.cycles * 2 / 8).max(1);
     let seen = Arc::new(OneName::default());
     let with_floor = !one_name && target.via != Via::Broken;
     let turns = Turns {
@@ -498,7 +498,7 @@ const W7_TASKS: u64 = 64;
 /// (W7, and W9's closed loop), set against the floor of as many tasks on one connection where
 /// the store has one (W7 only), or on 8 names, 8 tasks to a name (W7H), whose critical
 /// sections check exclusion. Where there is a floor, the cycles run in [`MANY_BLOCKS`]
-/// blocks, each followed by a block of the floor's as long, as W1's do.
+/// blocks, each followed by a block of the floor's with as many cycles a task, as W1's do.
 async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
