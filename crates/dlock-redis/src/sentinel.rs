@@ -139,7 +139,7 @@ impl Sentinelled {
                 .map_err(err)?
                 .set_client_to_redis_db(redis.db())
                 .set_client_to_redis_tcp_settings(tcp.clone())
-                .set_client_to_sentinel_tcp_settings(tcp);
+                .set_client_to_sentinel_tcp_settings(tcp.clone());
         if let Some(user) = redis.username() {
             builder = builder.set_client_to_redis_username(user);
         }
@@ -164,11 +164,14 @@ impl Sentinelled {
                 }
                 redis = redis.set_password(&auth.password);
             }
+            // The poll's connections to the Sentinels have the provider's TCP settings too
+            // (keepalive, the user timeout, `nodelay`).
             let info = addr
                 .clone()
                 .into_connection_info()
                 .map_err(err)?
-                .set_redis_settings(redis);
+                .set_redis_settings(redis)
+                .set_tcp_settings(tcp.clone());
             sentinels.push(Client::open(info).map_err(err)?);
         }
         let asker = Asker {
