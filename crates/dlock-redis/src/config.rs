@@ -62,9 +62,9 @@ pub struct RedisConfig {
     /// meanwhile: on a network that holds each such command back by up to a round trip;
     /// with the server on the same host it saves a write and the server's read per command
     /// (the loopback's round trip is nearly free). Redis answers each command as it runs it,
-    /// and `WAIT` runs on connections of its own, so no command of dlock's waits for a
-    /// delayed ACK either way. [`from_client`](Self::from_client) takes the client's own
-    /// setting.
+    /// and `WAIT` runs on connections of its own, so a command of dlock's that fits in a
+    /// segment never waits for the server's delayed ACK either way. On with
+    /// [`from_client`](Self::from_client) too, whatever the client's own setting.
     pub nodelay: bool,
     /// The application's own client, from [`RedisConfig::from_client`]: its address,
     /// credentials and TLS settings are used instead of the URL's.
@@ -349,9 +349,10 @@ impl RedisConfig {
 
     /// A configuration for a client the application already built: its address, database,
     /// credentials, TLS settings (a custom CA, client certificates) and TCP settings are used
-    /// as they are (its `TCP_NODELAY` becomes [`nodelay`](Self::nodelay)), and dlock adds
-    /// only what it needs (RESP3 on its subscription connection, and keepalive when the
-    /// client sets none). The other fields take their
+    /// as they are, and dlock adds only what it needs: RESP3 on its subscription connection,
+    /// `TCP_NODELAY` whatever the client's own setting (see [`nodelay`](Self::nodelay);
+    /// `with_nodelay(false)` turns it off), and keepalive and, on Linux, a user timeout when
+    /// the client sets none. The other fields take their
     /// defaults; change them with the `with_*` methods. A single server only: a cluster or a
     /// Sentinel group is reached through its URL.
     ///
@@ -391,7 +392,7 @@ impl RedisConfig {
             sentinel: None,
             tls: TlsFiles::default(),
             key_prefix: String::new(),
-            nodelay: info.tcp_settings().nodelay(),
+            nodelay: true,
             client: Some(ClientInfo(info)),
         })
     }
@@ -637,10 +638,9 @@ mod tests {
             .unwrap()
             .with_nodelay(false);
         assert!(!off.nodelay);
-        // A client's own setting, whichever it is.
+        // On for an application's client too, whatever its own (redis-rs 1's: off).
         let client = redis::Client::open("redis://h").unwrap();
-        let own = client.get_connection_info().tcp_settings().nodelay();
-        assert_eq!(RedisConfig::from_client(&client).unwrap().nodelay, own);
+        assert!(RedisConfig::from_client(&client).unwrap().nodelay);
     }
 
     #[test]
