@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dlock::backend::{Deadline, Mutex};
+use dlock::backend::Mutex;
 use dlock::{DynLock, Lease, LockOptions};
 use hdrhistogram::Histogram;
 
@@ -16,6 +16,9 @@ use super::measure::{
 };
 use super::targets::{Target, Via};
 use super::{BenchOpts, Row, Workload};
+
+mod turns;
+use turns::{CLOSE_WITHIN, Turns};
 
 /// W1 runs its cycles in this many blocks, each followed by as many cycles of its floor.
 const W1_BLOCKS: u64 = 8;
@@ -201,8 +204,9 @@ impl FloorSum {
 
 /// W2, W2F, W4: 8 clients, each with a share of twice W1's cycles; on one name (W2, W2F with
 /// the fair lock) the critical section checks exclusion and counts owner switches, on a name
-/// each (W4) it is set against the floor of 8 clients, in [`MANY_BLOCKS`] blocks, each
-/// followed by a block of the floor's with as many cycles a client, as W1's and W7's do.
+/// each (W4) it is set against the floor of 8 clients, in
+/// [`MANY_BLOCKS`](turns::MANY_BLOCKS) blocks, each followed by a block of the floor's with as
+/// many cycles a client, as W1's and W7's do.
 async fn contended(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
@@ -498,8 +502,9 @@ const W7_TASKS: u64 = 64;
 /// W7, W7H: 64 tasks on one provider, each with a share of twice W1's cycles; on a name each
 /// (W7, and W9's closed loop), set against the floor of as many tasks on one connection where
 /// the store has one (W7 only), or on 8 names, 8 tasks to a name (W7H), whose critical
-/// sections check exclusion. Where there is a floor, the cycles run in [`MANY_BLOCKS`]
-/// blocks, each followed by a block of the floor's with as many cycles a task, as W1's do.
+/// sections check exclusion. Where there is a floor, the cycles run in
+/// [`MANY_BLOCKS`](turns::MANY_BLOCKS) blocks, each followed by a block of the floor's with
+/// as many cycles a task, as W1's do.
 async fn many_tasks(run: &Run<'_>, row: &mut Row) -> dlock::Result<()> {
     let Run {
         target, ns, opts, ..
@@ -595,120 +600,6 @@ async fn many_tasks_block(
     }
     Ok(done)
 }
-
-/// How the blocks of a workload set against a floor take turns with the floor's (W4, W7):
-/// `per` cycles a worker, `workers` of them, in [`MANY_BLOCKS`] blocks, each followed by a
-/// block of the floor's with as many cycles a worker as dlock's made; so a slow spell of
-/// the server, or of the machine, falls on both alike.
-struct Turns<'a> {
-    target: &'a Target,
-    opts: &'a BenchOpts,
-    workers: u64,
-    per: u64,
-}
-
-impl Turns<'_> {
-    /// Runs `block` (dlock's workers, given their cycles; `None` ends the workload, which
-    /// the caller reports) and, with `with_floor`, `floor` (the floor's, given its cycles a
-    /// worker; `None` where the store has no such floor) in turns; without a floor, one
-    /// block. Before each of dlock's blocks the server's connections are counted, and the
-    /// floor's block waits until the block's connections have ended. Returns dlock's
-    /// blocks together and the floor's.
-    async fn take<B, F>(
-        &self,
-        with_floor: bool,
-        mut block: impl FnMut(Cycles) -> B,
-        mut floor: impl FnMut(u64) -> F,
-    ) -> dlock::Result<Option<(Block, Option<FloorSum>)>>
-    where
-        B: Future<Output = dlock::Result<Option<Block>>>,
-        F: Future<Output = dlock::Result<Option<f64>>>,
-    {
-        let (url, opts, per) = (&self.target.url, self.opts, self.per);
-        let mut sum = with_floor.then_some(FloorSum::ZERO);
-        let mut all = Block::empty()?;
-        let blocks = if with_floor { MANY_BLOCKS } else { 1 };
-        for i in 0..blocks {
-            let share = per / blocks + u64::from(i < per % blocks);
-            if share == 0 || opts.duration.is_some_and(|l| all.elapsed >= l) {
-                continue;
-            }
-            let before = if sum.is_some() {
-                floor::server_connections(url).await
-            } else {
-                None
-            };
-            let cycles = Cycles {
-                per: share,
-                limit: opts.duration.map(|l| l.saturating_sub(all.elapsed)),
-            };
-            let Some(done) = block(cycles).await? else {
-                return Ok(None);
-            };
-            all.add(&done);
-            if let Some(before) = before {
-                settle_connections(url, before).await;
-            }
-            // As many cycles a worker as dlock's made (fewer than its share when
-            // `--duration` cut the block short).
-            let floor_share = done.done.div_ceil(self.workers).max(1);
-            if let Some(s) = sum.as_mut() {
-                match floor(floor_share).await? {
-                    Some(rate) => {
-                        let cycles = self.workers * floor_share;
-                        s.cycles += cycles;
-                        s.secs += cycles as f64 / rate;
-                    }
-                    None => sum = None,
-                }
-            }
-        }
-        Ok(Some((all, sum)))
-    }
-}
-
-/// W4, W7: how long a block's providers may take to close, and their connections to end on
-/// the server, before the floor's block.
-const CLOSE_WITHIN: Duration = Duration::from_secs(5);
-
-/// Asks the server of `url`, every [`SETTLE_EVERY`] until [`CLOSE_WITHIN`] has passed, how
-/// many connections it counts, until it counts no more than `before`: a dropped provider's
-/// connections end in the background, and a floor that opened its own meanwhile could find
-/// the server's connections used up. The count is the server's (other clients of it count
-/// too), and a count that cannot be read (a server whose connections are used up refuses the
-/// one asking) is asked again; a wait that runs out says so and lets the floor try.
-async fn settle_connections(url: &str, before: i64) {
-    let mut last = None;
-    let mut every = tokio::time::interval(SETTLE_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let settled = Deadline::after(CLOSE_WITHIN)
-        .run(async {
-            loop {
-                // The first tick is at once.
-                every.tick().await;
-                last = floor::server_connections(url).await;
-                if last.is_some_and(|now| now <= before) {
-                    return;
-                }
-            }
-        })
-        .await;
-    if settled.is_none() {
-        eprintln!(
-            "dlock bench: {before} connection(s) before a block, {} after it and \
-             {CLOSE_WITHIN:?}: the floor's block starts anyway",
-            last.map_or_else(|| "an unknown count".to_owned(), |n| n.to_string())
-        );
-    }
-}
-
-/// How often [`settle_connections`] asks the server.
-const SETTLE_EVERY: Duration = Duration::from_millis(20);
-
-/// W4, W7: the blocks their cycles run in (as many as a worker has cycles, if fewer), taking
-/// turns with as many blocks of the floor's, so that a slow spell of the server, or of the
-/// machine, falls on both alike.
-const MANY_BLOCKS: u64 = 4;
 
 /// The cycles per second of W7's closed loop on `target` (64 tasks of one provider, a name
 /// each), without its floor: the most that W9's open loop offers a share of.
