@@ -1,12 +1,14 @@
 //! The pools behind the statements: sqlx's typed pool of one driver, and the few clean
 //! connections dlock keeps warm in front of it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_core::backend::Mutex;
 use sqlx::Executor;
 use sqlx::pool::PoolConnection;
+use tokio::sync::oneshot;
 
 #[cfg(feature = "mysql")]
 use sqlx::mysql::{MySql, MySqlPool};
@@ -32,8 +34,11 @@ use super::row::{Exec, Row};
 /// them before use), a warm one may have been closed by the server: the statement that finds
 /// it dead gives the pool's other warm connections back to sqlx, and the caller retries on a
 /// fresh one (an acquisition does so once at its deadline). Nobody waits behind a kept connection:
-/// one is kept only while no caller of [`Pool::acquire`] waits in sqlx's queue, and every
-/// statement dlock runs on the pool goes through [`Pool::acquire`]. An application's own pool
+/// a clean connection done while callers of [`Pool::acquire`] wait goes straight to the one
+/// that has waited longest (it stops waiting in sqlx's queue), one is kept only while none
+/// waits, and every statement dlock runs on the pool goes through [`Pool::acquire`]. So a pool
+/// busier than its size (many tasks on one provider) passes its connections from one lock
+/// cycle to the next without sqlx's ping between them. An application's own pool
 /// (`from_*_pool`) gets no cache: its other users wait in sqlx's queue, where dlock cannot see
 /// them.
 #[derive(Clone, Debug)]
@@ -114,29 +119,46 @@ struct WarmState {
     idle: Vec<Kept>,
     /// Callers of [`Pool::acquire`] waiting in sqlx's queue.
     waiting: usize,
+    /// Where to hand a clean connection to each of those callers, the longest waiting first
+    /// (a caller that stopped waiting, served by sqlx or dropped, has closed its end).
+    handoffs: VecDeque<oneshot::Sender<Kept>>,
     /// Whether a reaper task is running.
     reaping: bool,
 }
 
 impl Warm {
-    /// Keeps a clean connection, unless somebody waits in sqlx's queue (it goes there), the
-    /// cache is full or the pool was closed.
+    /// Keeps a clean connection: hands it to the caller that has waited longest, or, when
+    /// none waits, keeps it warm unless the cache is full. One out of sqlx's pool too long,
+    /// or of a closed pool, goes back to sqlx.
     fn keep(self: &Arc<Self>, raw: Raw, out: Instant) {
         let (refused, reaper) = {
             let mut state = self.state.lock();
-            if state.waiting == 0
-                && state.idle.len() < WARM_MAX
-                && out.elapsed() < WARM_LIFETIME
-                && !self.driver.is_closed()
-            {
-                state.idle.push(Kept {
-                    raw,
-                    out,
-                    kept: Instant::now(),
-                });
-                (None, !std::mem::replace(&mut state.reaping, true))
+            let mut kept = Kept {
+                raw,
+                out,
+                kept: Instant::now(),
+            };
+            if out.elapsed() >= WARM_LIFETIME || self.driver.is_closed() {
+                (Some(kept.raw), false)
             } else {
-                (Some(raw), false)
+                loop {
+                    let Some(handoff) = state.handoffs.pop_front() else {
+                        break;
+                    };
+                    match handoff.send(kept) {
+                        Ok(()) => return,
+                        // That caller stopped waiting: the next one.
+                        Err(back) => kept = back,
+                    }
+                }
+                if state.waiting == 0 && state.idle.len() < WARM_MAX {
+                    state.idle.push(kept);
+                    (None, !std::mem::replace(&mut state.reaping, true))
+                } else {
+                    // Every waiting caller was handed one already and has yet to wake
+                    // (it stops counting then): sqlx keeps this one for the next.
+                    (Some(kept.raw), false)
+                }
             }
         };
         drop(refused);
@@ -219,13 +241,34 @@ impl Drop for Warm {
     }
 }
 
-/// Counts a caller of [`Pool::acquire`] as waiting in sqlx's queue while it lives.
-struct Waiting<'w>(&'w Warm);
+/// A caller of [`Pool::acquire`] waiting in sqlx's queue, counted while it lives, with the
+/// end a clean connection may be handed to it on.
+struct Waiting<'w> {
+    warm: &'w Arc<Warm>,
+    handoff: Option<oneshot::Receiver<Kept>>,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.state.lock();
-        state.waiting = state.waiting.saturating_sub(1);
+        // A connection handed to a caller that was served by sqlx meanwhile (or dropped)
+        // goes on to the next one waiting.
+        let handed = self.handoff.as_mut().and_then(|handoff| {
+            handoff.close();
+            handoff.try_recv().ok()
+        });
+        {
+            let mut state = self.warm.state.lock();
+            state.waiting = state.waiting.saturating_sub(1);
+            state.handoffs.retain(|handoff| !handoff.is_closed());
+        }
+        if let Some(kept) = handed {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.warm.keep(kept.raw, kept.out);
+            } else {
+                // sqlx needs a runtime to take a connection back (see `Warm`'s drop).
+                kept.raw.detach();
+            }
+        }
     }
 }
 
@@ -251,6 +294,30 @@ impl Driver {
             Self::Sqlite(ref p) => p.acquire().await.map(Raw::Sqlite),
             #[cfg(feature = "postgres")]
             Self::Postgres(ref p) => p.acquire().await.map(Raw::Postgres),
+        }
+    }
+
+    /// Whether every connection the pool may open is open or opening.
+    fn is_full(&self) -> bool {
+        let size = match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.size(),
+            #[cfg(feature = "_sqlite")]
+            Self::Sqlite(ref p) => p.size(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.size(),
+        };
+        size >= self.max_connections()
+    }
+
+    fn max_connections(&self) -> u32 {
+        match *self {
+            #[cfg(feature = "mysql")]
+            Self::MySql(ref p) => p.options().get_max_connections(),
+            #[cfg(feature = "_sqlite")]
+            Self::Sqlite(ref p) => p.options().get_max_connections(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(ref p) => p.options().get_max_connections(),
         }
     }
 
@@ -304,45 +371,62 @@ impl Pool {
             let mut state = warm.state.lock();
             match state.idle.pop() {
                 Some(kept) if kept.kept.elapsed() < WARM_IDLE && !self.driver.is_closed() => {
-                    (Some(kept), Vec::new())
+                    (Ok(kept), Vec::new())
                 }
                 newest => {
                     // Nothing to serve (the newest is idle too long, so are the others, or
                     // the pool was closed): every kept connection goes back to sqlx. Counted
                     // as waiting under the same lock that keeps connections: a connection
-                    // done from now on goes to sqlx's queue, where this caller waits.
+                    // done from now on is handed to a waiting caller or goes to sqlx's
+                    // queue, where this caller waits too.
                     let mut stale = std::mem::take(&mut state.idle);
                     stale.extend(newest);
                     state.waiting = state.waiting.saturating_add(1);
-                    (None, stale)
+                    // A caller is handed a connection only if sqlx has no room to open one
+                    // for it: one that sqlx lets open a connection would drop it half-open
+                    // when handed another (and the next would open one again).
+                    let handed = self.driver.is_full().then(|| {
+                        let (handoff, handed) = oneshot::channel();
+                        state.handoffs.push_back(handoff);
+                        handed
+                    });
+                    (Err(handed), stale)
                 }
             }
         };
         drop(stale);
-        match kept {
-            Some(kept) => Ok(Conn {
-                raw: kept.raw,
-                warm: Some(Arc::clone(warm)),
-                out: kept.out,
-            }),
-            None => {
-                let _waiting = Waiting(warm);
-                let raw = self.driver.acquire().await?;
-                Ok(from_sqlx(raw, Some(Arc::clone(warm))))
+        let kept = match kept {
+            Ok(kept) => kept,
+            Err(handoff) => {
+                let mut waiting = Waiting { warm, handoff };
+                let handed = async {
+                    match waiting.handoff.as_mut() {
+                        Some(handoff) => match handoff.await {
+                            Ok(kept) => kept,
+                            Err(_) => std::future::pending().await,
+                        },
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    kept = handed => kept,
+                    raw = self.driver.acquire() => {
+                        return Ok(from_sqlx(raw?, Some(Arc::clone(warm))));
+                    }
+                }
             }
-        }
+        };
+        Ok(Conn {
+            raw: kept.raw,
+            warm: Some(Arc::clone(warm)),
+            out: kept.out,
+        })
     }
 
     /// The most connections the pool opens.
     pub(crate) fn max_connections(&self) -> u32 {
-        match self.driver {
-            #[cfg(feature = "mysql")]
-            Driver::MySql(ref p) => p.options().get_max_connections(),
-            #[cfg(feature = "_sqlite")]
-            Driver::Sqlite(ref p) => p.options().get_max_connections(),
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(ref p) => p.options().get_max_connections(),
-        }
+        self.driver.max_connections()
     }
 
     /// Whether every connection the pool may open is open and checked out: the pool is
@@ -505,7 +589,110 @@ impl Conn {
 
 #[cfg(all(test, feature = "_sqlite"))]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    /// A SQLite pool of one connection that counts the connections sqlx takes back, its
+    /// file, and dlock's pool on it.
+    async fn one_connection() -> Result<
+        (sqlx::SqlitePool, Pool, Arc<AtomicUsize>, std::path::PathBuf),
+        Box<dyn std::error::Error>,
+    > {
+        let path =
+            std::env::temp_dir().join(format!("dlock-warm-{}.db", uuid::Uuid::new_v4().simple()));
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let returned = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&returned);
+        let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .after_release(move |_, _| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(true) })
+            })
+            .connect_with(options)
+            .await?;
+        let pool = Pool::ours(Driver::Sqlite(sqlite.clone()));
+        Ok((sqlite, pool, returned, path))
+    }
+
+    /// Waits until `n` callers of `pool`'s [`Pool::acquire`] wait in sqlx's queue.
+    async fn until_waiting(pool: &Pool, n: usize) {
+        let Some(warm) = pool.warm.clone() else {
+            panic!("our pool keeps no connections");
+        };
+        dlock_conformance::eventually(Duration::from_secs(10), "callers wait", || {
+            let warm = Arc::clone(&warm);
+            async move {
+                match warm.state.lock().waiting {
+                    w if w == n => Ok(()),
+                    w => Err(w),
+                }
+            }
+        })
+        .await;
+    }
+
+    async fn remove(sqlite: sqlx::SqlitePool, path: &std::path::Path) {
+        sqlite.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
+
+    /// A clean connection done while a caller waits for one goes straight to that caller:
+    /// sqlx never takes it back (so never pings it). Fails if it goes through sqlx's queue.
+    #[tokio::test]
+    async fn a_clean_connection_goes_to_the_caller_waiting()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (sqlite, pool, returned, path) = one_connection().await?;
+        let first = pool.acquire().await?;
+        let waiter = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(Conn::done) }
+        });
+        until_waiting(&pool, 1).await;
+        first.done();
+        tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+        assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took it back");
+        until_waiting(&pool, 0).await;
+        remove(sqlite, &path).await;
+        Ok(())
+    }
+
+    /// A caller that stops waiting (dropped) is skipped: the connection done after it goes
+    /// straight to the next caller. Fails if the handoff of a dropped caller takes it (it
+    /// would go back through sqlx).
+    #[tokio::test]
+    async fn a_caller_that_stopped_waiting_is_skipped() -> Result<(), Box<dyn std::error::Error>> {
+        let (sqlite, pool, returned, path) = one_connection().await?;
+        let first = pool.acquire().await?;
+        let gone = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(Conn::done) }
+        });
+        until_waiting(&pool, 1).await;
+        let waiter = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(Conn::done) }
+        });
+        until_waiting(&pool, 2).await;
+        gone.abort();
+        assert!(
+            gone.await.is_err_and(|e| e.is_cancelled()),
+            "the first caller was served"
+        );
+        until_waiting(&pool, 1).await;
+        first.done();
+        tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+        assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took it back");
+        let again = tokio::time::timeout(Duration::from_secs(10), pool.acquire()).await??;
+        again.done();
+        remove(sqlite, &path).await;
+        Ok(())
+    }
 
     /// A pool left alone gives its warm connection back to sqlx (whose idle limit then
     /// applies), and its reaper ends. Fails without the reaper: the connection stays out.
@@ -546,10 +733,7 @@ mod tests {
         })
         .await;
         drop(pool);
-        sqlite.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
+        remove(sqlite, &path).await;
         Ok(())
     }
 }
