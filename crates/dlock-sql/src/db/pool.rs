@@ -1,14 +1,13 @@
 //! The pools behind the statements: sqlx's typed pool of one driver, and the few clean
 //! connections dlock keeps warm in front of it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_core::backend::Mutex;
 use sqlx::Executor;
 use sqlx::pool::PoolConnection;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 #[cfg(feature = "mysql")]
 use sqlx::mysql::{MySql, MySqlPool};
@@ -33,13 +32,18 @@ use super::row::{Exec, Row};
 /// next statement would take for its own. Like sqlx's idle connections (dlock does not test
 /// them before use), a warm one may have been closed by the server: the statement that finds
 /// it dead gives the pool's other warm connections back to sqlx, and the caller retries on a
-/// fresh one (an acquisition does so once at its deadline). Nobody waits behind a kept connection:
-/// a clean connection done while callers of [`Pool::acquire`] wait goes straight to the one
-/// that has waited longest (it stops waiting in sqlx's queue), one is kept only while none
-/// waits, and every statement dlock runs on the pool goes through [`Pool::acquire`]. So a pool
-/// busier than its size (many tasks on one provider) passes its connections from one lock
-/// cycle to the next without sqlx's ping between them. An application's own pool
-/// (`from_*_pool`) gets no cache: its other users wait in sqlx's queue, where dlock cannot see
+/// fresh one (an acquisition does so once at its deadline).
+///
+/// Nobody waits behind a kept connection: callers of [`Pool::acquire`] take turns, one per
+/// connection sqlx may open, in the order they asked (a fair semaphore in front of sqlx's
+/// pool, whose own queue then stays empty), and a caller whose turn comes takes a warm
+/// connection before asking sqlx. A connection done while callers wait for a turn is kept
+/// for them whatever [`WARM_MAX`] (its turn passes to the next of them as it is kept), so a
+/// pool busier than its size (many tasks on one provider) passes its connections from one
+/// lock cycle to the next without sqlx's ping between them, and a caller asks sqlx only for
+/// a connection it will use (one it opens is never cut short). Every statement dlock runs on
+/// the pool goes through [`Pool::acquire`]. An application's own pool (`from_*_pool`) gets
+/// neither turns nor a cache: its other users wait in sqlx's queue, where dlock cannot see
 /// them.
 #[derive(Clone, Debug)]
 pub(crate) struct Pool {
@@ -67,6 +71,9 @@ pub(crate) enum Driver {
 pub(crate) struct Conn {
     raw: Raw,
     warm: Option<Arc<Warm>>,
+    /// The caller's turn on a pool dlock opened, given up once the connection is kept or
+    /// handed back to sqlx (fields drop in order: after `raw`).
+    _turn: Option<OwnedSemaphorePermit>,
     /// When it came out of sqlx's pool.
     out: Instant,
 }
@@ -106,10 +113,13 @@ struct Kept {
     kept: Instant,
 }
 
-/// The connections a [`Pool`] keeps warm, and the callers waiting in sqlx's queue.
+/// The turns of a [`Pool`]'s callers, and the connections it keeps warm.
 #[derive(Debug)]
 pub(crate) struct Warm {
     driver: Driver,
+    /// One permit per connection sqlx may open, held by each caller with a connection
+    /// (tokio's semaphore serves its waiters in order).
+    turns: Arc<Semaphore>,
     state: Mutex<WarmState>,
 }
 
@@ -117,48 +127,31 @@ pub(crate) struct Warm {
 struct WarmState {
     /// Clean connections, the newest last.
     idle: Vec<Kept>,
-    /// Callers of [`Pool::acquire`] waiting in sqlx's queue.
+    /// Callers of [`Pool::acquire`] waiting for a turn.
     waiting: usize,
-    /// Where to hand a clean connection to each of those callers, the longest waiting first
-    /// (a caller that stopped waiting, served by sqlx or dropped, has closed its end).
-    handoffs: VecDeque<oneshot::Sender<Kept>>,
     /// Whether a reaper task is running.
     reaping: bool,
 }
 
 impl Warm {
-    /// Keeps a clean connection: hands it to the caller that has waited longest, or, when
-    /// none waits, keeps it warm unless the cache is full. One out of sqlx's pool too long,
-    /// or of a closed pool, goes back to sqlx.
+    /// Keeps a clean connection for the callers waiting for a turn, or, when none waits,
+    /// unless the cache is full; one out of sqlx's pool too long, or of a closed pool, goes
+    /// back to sqlx. (The caller's turn passes on after this.)
     fn keep(self: &Arc<Self>, raw: Raw, out: Instant) {
         let (refused, reaper) = {
             let mut state = self.state.lock();
-            let mut kept = Kept {
-                raw,
-                out,
-                kept: Instant::now(),
-            };
-            if out.elapsed() >= WARM_LIFETIME || self.driver.is_closed() {
-                (Some(kept.raw), false)
+            if (state.waiting > 0 || state.idle.len() < WARM_MAX)
+                && out.elapsed() < WARM_LIFETIME
+                && !self.driver.is_closed()
+            {
+                state.idle.push(Kept {
+                    raw,
+                    out,
+                    kept: Instant::now(),
+                });
+                (None, !std::mem::replace(&mut state.reaping, true))
             } else {
-                loop {
-                    let Some(handoff) = state.handoffs.pop_front() else {
-                        break;
-                    };
-                    match handoff.send(kept) {
-                        Ok(()) => return,
-                        // That caller stopped waiting: the next one.
-                        Err(back) => kept = back,
-                    }
-                }
-                if state.waiting == 0 && state.idle.len() < WARM_MAX {
-                    state.idle.push(kept);
-                    (None, !std::mem::replace(&mut state.reaping, true))
-                } else {
-                    // Every waiting caller was handed one already and has yet to wake
-                    // (it stops counting then): sqlx keeps this one for the next.
-                    (Some(kept.raw), false)
-                }
+                (Some(raw), false)
             }
         };
         drop(refused);
@@ -241,34 +234,21 @@ impl Drop for Warm {
     }
 }
 
-/// A caller of [`Pool::acquire`] waiting in sqlx's queue, counted while it lives, with the
-/// end a clean connection may be handed to it on.
-struct Waiting<'w> {
-    warm: &'w Arc<Warm>,
-    handoff: Option<oneshot::Receiver<Kept>>,
+/// Counts a caller of [`Pool::acquire`] as waiting for a turn while it lives.
+struct Waiting<'w>(&'w Warm);
+
+impl<'w> Waiting<'w> {
+    fn new(warm: &'w Warm) -> Self {
+        let mut state = warm.state.lock();
+        state.waiting = state.waiting.saturating_add(1);
+        Self(warm)
+    }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        // A connection handed to a caller that was served by sqlx meanwhile (or dropped)
-        // goes on to the next one waiting.
-        let handed = self.handoff.as_mut().and_then(|handoff| {
-            handoff.close();
-            handoff.try_recv().ok()
-        });
-        {
-            let mut state = self.warm.state.lock();
-            state.waiting = state.waiting.saturating_sub(1);
-            state.handoffs.retain(|handoff| !handoff.is_closed());
-        }
-        if let Some(kept) = handed {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                self.warm.keep(kept.raw, kept.out);
-            } else {
-                // sqlx needs a runtime to take a connection back (see `Warm`'s drop).
-                kept.raw.detach();
-            }
-        }
+        let mut state = self.0.state.lock();
+        state.waiting = state.waiting.saturating_sub(1);
     }
 }
 
@@ -297,17 +277,16 @@ impl Driver {
         }
     }
 
-    /// Whether every connection the pool may open is open or opening.
-    fn is_full(&self) -> bool {
-        let size = match *self {
+    /// How long a caller waits for a connection of sqlx's pool.
+    fn acquire_timeout(&self) -> Duration {
+        match *self {
             #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.size(),
+            Self::MySql(ref p) => p.options().get_acquire_timeout(),
             #[cfg(feature = "_sqlite")]
-            Self::Sqlite(ref p) => p.size(),
+            Self::Sqlite(ref p) => p.options().get_acquire_timeout(),
             #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.size(),
-        };
-        size >= self.max_connections()
+            Self::Postgres(ref p) => p.options().get_acquire_timeout(),
+        }
     }
 
     fn max_connections(&self) -> u32 {
@@ -338,6 +317,10 @@ impl Pool {
     pub(crate) fn ours(driver: Driver) -> Self {
         Self {
             warm: Some(Arc::new(Warm {
+                turns: Arc::new(Semaphore::new(
+                    usize::try_from(driver.max_connections())
+                        .map_or(Semaphore::MAX_PERMITS, |n| n.min(Semaphore::MAX_PERMITS)),
+                )),
                 driver: driver.clone(),
                 state: Mutex::default(),
             })),
@@ -356,71 +339,58 @@ impl Pool {
         &self.driver
     }
 
-    /// A connection for a few statements in a row: a warm one if the pool keeps one, else
-    /// one of sqlx's.
+    /// A connection for a few statements in a row, once the caller's turn comes (on a pool
+    /// dlock opened): a warm one if the pool keeps one, else one of sqlx's. A wait for a turn
+    /// longer than sqlx's own for a connection is sqlx's `PoolTimedOut`.
     pub(crate) async fn acquire(&self) -> Result<Conn, sqlx::Error> {
-        let from_sqlx = |raw, warm: Option<Arc<Warm>>| Conn {
-            raw,
-            warm,
-            out: Instant::now(),
-        };
         let Some(warm) = &self.warm else {
-            return Ok(from_sqlx(self.driver.acquire().await?, None));
+            return Ok(Conn {
+                raw: self.driver.acquire().await?,
+                warm: None,
+                _turn: None,
+                out: Instant::now(),
+            });
+        };
+        let turn = match Arc::clone(&warm.turns).try_acquire_owned() {
+            Ok(turn) => turn,
+            Err(_) => {
+                let _waiting = Waiting::new(warm);
+                let wait = self.driver.acquire_timeout();
+                match tokio::time::timeout(wait, Arc::clone(&warm.turns).acquire_owned()).await {
+                    Ok(Ok(turn)) => turn,
+                    // The turns are never closed; a closed pool is sqlx's to say.
+                    Ok(Err(_)) => return Err(sqlx::Error::PoolClosed),
+                    Err(_) => return Err(sqlx::Error::PoolTimedOut),
+                }
+            }
         };
         let (kept, stale) = {
             let mut state = warm.state.lock();
             match state.idle.pop() {
                 Some(kept) if kept.kept.elapsed() < WARM_IDLE && !self.driver.is_closed() => {
-                    (Ok(kept), Vec::new())
+                    (Some(kept), Vec::new())
                 }
                 newest => {
                     // Nothing to serve (the newest is idle too long, so are the others, or
-                    // the pool was closed): every kept connection goes back to sqlx. Counted
-                    // as waiting under the same lock that keeps connections: a connection
-                    // done from now on is handed to a waiting caller or goes to sqlx's
-                    // queue, where this caller waits too.
+                    // the pool was closed): every kept connection goes back to sqlx.
                     let mut stale = std::mem::take(&mut state.idle);
                     stale.extend(newest);
-                    state.waiting = state.waiting.saturating_add(1);
-                    // A caller is handed a connection only if sqlx has no room to open one
-                    // for it: one that sqlx lets open a connection would drop it half-open
-                    // when handed another (and the next would open one again).
-                    let handed = self.driver.is_full().then(|| {
-                        let (handoff, handed) = oneshot::channel();
-                        state.handoffs.push_back(handoff);
-                        handed
-                    });
-                    (Err(handed), stale)
+                    (None, stale)
                 }
             }
         };
         drop(stale);
-        let kept = match kept {
-            Ok(kept) => kept,
-            Err(handoff) => {
-                let mut waiting = Waiting { warm, handoff };
-                let handed = async {
-                    match waiting.handoff.as_mut() {
-                        Some(handoff) => match handoff.await {
-                            Ok(kept) => kept,
-                            Err(_) => std::future::pending().await,
-                        },
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    kept = handed => kept,
-                    raw = self.driver.acquire() => {
-                        return Ok(from_sqlx(raw?, Some(Arc::clone(warm))));
-                    }
-                }
-            }
+        let (raw, out) = match kept {
+            Some(kept) => (kept.raw, kept.out),
+            // With a turn, sqlx has a connection idle or room to open one (or one given back
+            // is on its way, being pinged).
+            None => (self.driver.acquire().await?, Instant::now()),
         };
         Ok(Conn {
-            raw: kept.raw,
+            raw,
             warm: Some(Arc::clone(warm)),
-            out: kept.out,
+            _turn: Some(turn),
+            out,
         })
     }
 
@@ -593,10 +563,16 @@ mod tests {
 
     use super::*;
 
-    /// A SQLite pool of one connection that counts the connections sqlx takes back, its
-    /// file, and dlock's pool on it.
+    /// A SQLite pool of one connection that counts the connections sqlx takes back and
+    /// those it opens, its file, and dlock's pool on it.
     async fn one_connection() -> Result<
-        (sqlx::SqlitePool, Pool, Arc<AtomicUsize>, std::path::PathBuf),
+        (
+            sqlx::SqlitePool,
+            Pool,
+            Arc<AtomicUsize>,
+            Arc<AtomicUsize>,
+            std::path::PathBuf,
+        ),
         Box<dyn std::error::Error>,
     > {
         let path =
@@ -604,21 +580,25 @@ mod tests {
         let options = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true);
-        let returned = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&returned);
+        let (returned, opened) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (returns, opens) = (Arc::clone(&returned), Arc::clone(&opened));
         let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(1)
             .after_release(move |_, _| {
-                counter.fetch_add(1, Ordering::SeqCst);
+                returns.fetch_add(1, Ordering::SeqCst);
                 Box::pin(async { Ok(true) })
+            })
+            .after_connect(move |_, _| {
+                opens.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(()) })
             })
             .connect_with(options)
             .await?;
         let pool = Pool::ours(Driver::Sqlite(sqlite.clone()));
-        Ok((sqlite, pool, returned, path))
+        Ok((sqlite, pool, returned, opened, path))
     }
 
-    /// Waits until `n` callers of `pool`'s [`Pool::acquire`] wait in sqlx's queue.
+    /// Waits until `n` callers of `pool`'s [`Pool::acquire`] wait for a turn.
     async fn until_waiting(pool: &Pool, n: usize) {
         let Some(warm) = pool.warm.clone() else {
             panic!("our pool keeps no connections");
@@ -635,7 +615,9 @@ mod tests {
         .await;
     }
 
-    async fn remove(sqlite: sqlx::SqlitePool, path: &std::path::Path) {
+    /// Closes `pool` and its SQLite pool, and removes its file.
+    async fn remove(pool: Pool, sqlite: sqlx::SqlitePool, path: &std::path::Path) {
+        drop(pool);
         sqlite.close().await;
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -647,7 +629,7 @@ mod tests {
     #[tokio::test]
     async fn a_clean_connection_goes_to_the_caller_waiting()
     -> Result<(), Box<dyn std::error::Error>> {
-        let (sqlite, pool, returned, path) = one_connection().await?;
+        let (sqlite, pool, returned, _, path) = one_connection().await?;
         let first = pool.acquire().await?;
         let waiter = tokio::spawn({
             let pool = pool.clone();
@@ -658,16 +640,17 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), waiter).await???;
         assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took it back");
         until_waiting(&pool, 0).await;
-        remove(sqlite, &path).await;
+        remove(pool, sqlite, &path).await;
         Ok(())
     }
 
-    /// A caller that stops waiting (dropped) is skipped: the connection done after it goes
-    /// straight to the next caller. Fails if the handoff of a dropped caller takes it (it
-    /// would go back through sqlx).
+    /// A caller that stops waiting for its turn (dropped) holds up nobody: the connection
+    /// done after it goes straight to the next caller. Fails if the dropped caller's turn is
+    /// lost (the next one would wait out its timeout).
     #[tokio::test]
-    async fn a_caller_that_stopped_waiting_is_skipped() -> Result<(), Box<dyn std::error::Error>> {
-        let (sqlite, pool, returned, path) = one_connection().await?;
+    async fn a_caller_that_stopped_waiting_holds_up_nobody()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (sqlite, pool, returned, _, path) = one_connection().await?;
         let first = pool.acquire().await?;
         let gone = tokio::spawn({
             let pool = pool.clone();
@@ -690,7 +673,33 @@ mod tests {
         assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took it back");
         let again = tokio::time::timeout(Duration::from_secs(10), pool.acquire()).await??;
         again.done();
-        remove(sqlite, &path).await;
+        remove(pool, sqlite, &path).await;
+        Ok(())
+    }
+
+    /// A connection closed while a caller waits for a turn: the turn passes on, and the
+    /// caller opens a connection in its place, to the end. Fails if a close loses the turn or
+    /// the caller's connect is cut short (sqlx would open more than one).
+    #[tokio::test]
+    async fn a_closed_connection_makes_room_for_the_next() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let (sqlite, pool, _, opened, path) = one_connection().await?;
+        let mut first = pool.acquire().await?;
+        assert_eq!(opened.load(Ordering::SeqCst), 1);
+        let waiter = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(Conn::done) }
+        });
+        until_waiting(&pool, 1).await;
+        first.close_on_drop();
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+        assert_eq!(
+            opened.load(Ordering::SeqCst),
+            2,
+            "one connection in the closed one's place"
+        );
+        remove(pool, sqlite, &path).await;
         Ok(())
     }
 
@@ -732,8 +741,7 @@ mod tests {
             }
         })
         .await;
-        drop(pool);
-        remove(sqlite, &path).await;
+        remove(pool, sqlite, &path).await;
         Ok(())
     }
 }
