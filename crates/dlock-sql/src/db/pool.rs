@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_core::backend::Mutex;
+use dlock_core::backend::{Mutex, from_now};
 use sqlx::Executor;
 use sqlx::pool::PoolConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -23,8 +23,9 @@ use super::row::{Exec, Row};
 ///
 /// sqlx 0.8 pings every connection its pool takes back, a round trip in a task of its own:
 /// a lock cycle that gives back two connections costs two round trips more than its
-/// statements. A connection whose statements all succeeded is instead kept (at most
-/// [`WARM_MAX`], by [`Conn::done`]) for dlock's next statement on the pool. One idle longer
+/// statements. A connection whose statements all succeeded is instead kept (by
+/// [`Conn::done`]; at most [`WARM_MAX`] while nobody waits) for dlock's next statement on the
+/// pool. One idle longer
 /// than [`WARM_IDLE`], or out of sqlx's pool longer than [`WARM_LIFETIME`], goes back to sqlx
 /// after all (which pings it in its own task and applies its idle and lifetime limits), and a
 /// pool that was closed serves none. A warm connection is never pinged on the caller's path: a
@@ -36,15 +37,17 @@ use super::row::{Exec, Row};
 ///
 /// Nobody waits behind a kept connection: callers of [`Pool::acquire`] take turns, one per
 /// connection sqlx may open, in the order they asked (a fair semaphore in front of sqlx's
-/// pool, whose own queue then stays empty), and a caller whose turn comes takes a warm
-/// connection before asking sqlx. A connection done while callers wait for a turn is kept
-/// for them whatever [`WARM_MAX`] (its turn passes to the next of them as it is kept), so a
-/// pool busier than its size (many tasks on one provider) passes its connections from one
-/// lock cycle to the next without sqlx's ping between them, and a caller asks sqlx only for
-/// a connection it will use (one it opens is never cut short). Every statement dlock runs on
-/// the pool goes through [`Pool::acquire`]. An application's own pool (`from_*_pool`) gets
-/// neither turns nor a cache: its other users wait in sqlx's queue, where dlock cannot see
-/// them.
+/// pool), and a caller whose turn comes takes a warm connection before asking sqlx. A
+/// connection done while callers wait for a turn is kept for them (as many as wait, past
+/// [`WARM_MAX`]) and its turn passes to the next of them, so a pool busier than its size
+/// (many tasks on one provider) passes its clean connections from one lock cycle to the next
+/// without sqlx's ping between them. A caller with a turn asks sqlx only when no warm
+/// connection is left: sqlx then has one idle, room to open one, or one given back that it is
+/// still pinging or closing, for which the caller waits in sqlx's queue. The wait for a turn
+/// and for sqlx's connection together is at most sqlx's acquire timeout. Every statement
+/// dlock runs on the pool goes through [`Pool::acquire`]. An application's own pool
+/// (`from_*_pool`) gets neither turns nor a cache: its other users wait in sqlx's queue, where
+/// dlock cannot see them.
 #[derive(Clone, Debug)]
 pub(crate) struct Pool {
     driver: Driver,
@@ -72,7 +75,8 @@ pub(crate) struct Conn {
     raw: Raw,
     warm: Option<Arc<Warm>>,
     /// The caller's turn on a pool dlock opened, given up once the connection is kept or
-    /// handed back to sqlx (fields drop in order: after `raw`).
+    /// given to sqlx (which may still be pinging or closing it): fields drop in order, so
+    /// after `raw`.
     _turn: Option<OwnedSemaphorePermit>,
     /// When it came out of sqlx's pool.
     out: Instant,
@@ -89,8 +93,8 @@ enum Raw {
     Postgres(PoolConnection<Postgres>),
 }
 
-/// The most connections a pool keeps warm: a lock cycle uses one at a time; the second
-/// serves a renewal or a fence that comes meanwhile.
+/// The most connections a pool keeps warm while no caller waits for a turn: a lock cycle
+/// uses one at a time; the second serves a renewal or a fence that comes meanwhile.
 const WARM_MAX: usize = 2;
 
 /// A warm connection idle longer than this goes back to sqlx (by the next caller, or by the
@@ -117,8 +121,9 @@ struct Kept {
 #[derive(Debug)]
 pub(crate) struct Warm {
     driver: Driver,
-    /// One permit per connection sqlx may open, held by each caller with a connection
-    /// (tokio's semaphore serves its waiters in order).
+    /// One permit per connection sqlx may open, held by each caller from its turn until its
+    /// connection is kept or given to sqlx (a warm connection holds none; tokio's semaphore
+    /// serves its waiters in order).
     turns: Arc<Semaphore>,
     state: Mutex<WarmState>,
 }
@@ -127,20 +132,21 @@ pub(crate) struct Warm {
 struct WarmState {
     /// Clean connections, the newest last.
     idle: Vec<Kept>,
-    /// Callers of [`Pool::acquire`] waiting for a turn.
+    /// Callers of [`Pool::acquire`] waiting for a turn (one whose turn came counts until its
+    /// task runs again).
     waiting: usize,
     /// Whether a reaper task is running.
     reaping: bool,
 }
 
 impl Warm {
-    /// Keeps a clean connection for the callers waiting for a turn, or, when none waits,
-    /// unless the cache is full; one out of sqlx's pool too long, or of a closed pool, goes
-    /// back to sqlx. (The caller's turn passes on after this.)
+    /// Keeps a clean connection, unless the cache holds [`WARM_MAX`] or as many as callers
+    /// wait for a turn, whichever is more; one out of sqlx's pool too long, or of a closed
+    /// pool, goes back to sqlx. (The caller's turn passes on after this.)
     fn keep(self: &Arc<Self>, raw: Raw, out: Instant) {
         let (refused, reaper) = {
             let mut state = self.state.lock();
-            if (state.waiting > 0 || state.idle.len() < WARM_MAX)
+            if state.idle.len() < WARM_MAX.max(state.waiting)
                 && out.elapsed() < WARM_LIFETIME
                 && !self.driver.is_closed()
             {
@@ -340,8 +346,8 @@ impl Pool {
     }
 
     /// A connection for a few statements in a row, once the caller's turn comes (on a pool
-    /// dlock opened): a warm one if the pool keeps one, else one of sqlx's. A wait for a turn
-    /// longer than sqlx's own for a connection is sqlx's `PoolTimedOut`.
+    /// dlock opened): a warm one if the pool keeps one, else one of sqlx's. A wait for both
+    /// longer than sqlx's acquire timeout is sqlx's `PoolTimedOut`.
     pub(crate) async fn acquire(&self) -> Result<Conn, sqlx::Error> {
         let Some(warm) = &self.warm else {
             return Ok(Conn {
@@ -351,12 +357,13 @@ impl Pool {
                 out: Instant::now(),
             });
         };
+        let deadline = from_now(self.driver.acquire_timeout());
         let turn = match Arc::clone(&warm.turns).try_acquire_owned() {
             Ok(turn) => turn,
             Err(_) => {
                 let _waiting = Waiting::new(warm);
-                let wait = self.driver.acquire_timeout();
-                match tokio::time::timeout(wait, Arc::clone(&warm.turns).acquire_owned()).await {
+                let turn = Arc::clone(&warm.turns).acquire_owned();
+                match tokio::time::timeout_at(deadline, turn).await {
                     Ok(Ok(turn)) => turn,
                     // The turns are never closed; a closed pool is sqlx's to say.
                     Ok(Err(_)) => return Err(sqlx::Error::PoolClosed),
@@ -382,9 +389,12 @@ impl Pool {
         drop(stale);
         let (raw, out) = match kept {
             Some(kept) => (kept.raw, kept.out),
-            // With a turn, sqlx has a connection idle or room to open one (or one given back
-            // is on its way, being pinged).
-            None => (self.driver.acquire().await?, Instant::now()),
+            // With a turn, sqlx has a connection idle or room to open one, or one given back
+            // that it is still pinging or closing.
+            None => match tokio::time::timeout_at(deadline, self.driver.acquire()).await {
+                Ok(raw) => (raw?, Instant::now()),
+                Err(_) => return Err(sqlx::Error::PoolTimedOut),
+            },
         };
         Ok(Conn {
             raw,
@@ -563,9 +573,15 @@ mod tests {
 
     use super::*;
 
-    /// A SQLite pool of one connection that counts the connections sqlx takes back and
-    /// those it opens, its file, and dlock's pool on it.
-    async fn one_connection() -> Result<
+    /// Longer than any wait of these tests should last.
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// A SQLite pool of `size` connections that waits `wait` for one and counts the
+    /// connections sqlx takes back and those it opens, its file, and dlock's pool on it.
+    async fn sqlite_pool(
+        size: u32,
+        wait: Duration,
+    ) -> Result<
         (
             sqlx::SqlitePool,
             Pool,
@@ -583,7 +599,8 @@ mod tests {
         let (returned, opened) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (returns, opens) = (Arc::clone(&returned), Arc::clone(&opened));
         let sqlite = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(1)
+            .max_connections(size)
+            .acquire_timeout(wait)
             .after_release(move |_, _| {
                 returns.fetch_add(1, Ordering::SeqCst);
                 Box::pin(async { Ok(true) })
@@ -624,21 +641,34 @@ mod tests {
         }
     }
 
-    /// A clean connection done while a caller waits for one goes straight to that caller:
-    /// sqlx never takes it back (so never pings it). Fails if it goes through sqlx's queue.
+    /// Clean connections done while callers wait for a turn stay warm for them, more than
+    /// [`WARM_MAX`] if more wait: sqlx never takes one back (so never pings it). Fails if
+    /// they go back through sqlx's queue, or if the cache stops at `WARM_MAX` while callers
+    /// wait (sqlx takes the third back).
     #[tokio::test]
-    async fn a_clean_connection_goes_to_the_caller_waiting()
-    -> Result<(), Box<dyn std::error::Error>> {
-        let (sqlite, pool, returned, _, path) = one_connection().await?;
-        let first = pool.acquire().await?;
-        let waiter = tokio::spawn({
+    async fn clean_connections_go_to_the_callers_waiting() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let (sqlite, pool, returned, _, path) = sqlite_pool(3, WAIT).await?;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(pool.acquire().await?);
+        }
+        let mut waiters = Vec::new();
+        for _ in 0..3 {
             let pool = pool.clone();
-            async move { pool.acquire().await.map(Conn::done) }
-        });
-        until_waiting(&pool, 1).await;
-        first.done();
-        tokio::time::timeout(Duration::from_secs(10), waiter).await???;
-        assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took it back");
+            waiters.push(tokio::spawn(async move { pool.acquire().await }));
+        }
+        until_waiting(&pool, 3).await;
+        // All three given back before any waiter runs again.
+        for conn in held {
+            conn.done();
+        }
+        let mut served = Vec::new();
+        for waiter in waiters {
+            served.push(tokio::time::timeout(WAIT, waiter).await???);
+        }
+        assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took one back");
+        served.into_iter().for_each(Conn::done);
         until_waiting(&pool, 0).await;
         remove(pool, sqlite, &path).await;
         Ok(())
@@ -650,7 +680,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_that_stopped_waiting_holds_up_nobody()
     -> Result<(), Box<dyn std::error::Error>> {
-        let (sqlite, pool, returned, _, path) = one_connection().await?;
+        let (sqlite, pool, returned, _, path) = sqlite_pool(1, Duration::from_secs(30)).await?;
         let first = pool.acquire().await?;
         let gone = tokio::spawn({
             let pool = pool.clone();
@@ -669,21 +699,21 @@ mod tests {
         );
         until_waiting(&pool, 1).await;
         first.done();
-        tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+        tokio::time::timeout(WAIT, waiter).await???;
         assert_eq!(returned.load(Ordering::SeqCst), 0, "sqlx took it back");
-        let again = tokio::time::timeout(Duration::from_secs(10), pool.acquire()).await??;
+        let again = tokio::time::timeout(WAIT, pool.acquire()).await??;
         again.done();
         remove(pool, sqlite, &path).await;
         Ok(())
     }
 
     /// A connection closed while a caller waits for a turn: the turn passes on, and the
-    /// caller opens a connection in its place, to the end. Fails if a close loses the turn or
-    /// the caller's connect is cut short (sqlx would open more than one).
+    /// caller waits in sqlx's queue until sqlx has closed the old connection, then opens one
+    /// in its place. Fails if a close loses the turn, or if more than one is opened.
     #[tokio::test]
     async fn a_closed_connection_makes_room_for_the_next() -> Result<(), Box<dyn std::error::Error>>
     {
-        let (sqlite, pool, _, opened, path) = one_connection().await?;
+        let (sqlite, pool, _, opened, path) = sqlite_pool(1, WAIT).await?;
         let mut first = pool.acquire().await?;
         assert_eq!(opened.load(Ordering::SeqCst), 1);
         let waiter = tokio::spawn({
@@ -693,12 +723,30 @@ mod tests {
         until_waiting(&pool, 1).await;
         first.close_on_drop();
         drop(first);
-        tokio::time::timeout(Duration::from_secs(10), waiter).await???;
+        tokio::time::timeout(WAIT, waiter).await???;
         assert_eq!(
             opened.load(Ordering::SeqCst),
             2,
             "one connection in the closed one's place"
         );
+        remove(pool, sqlite, &path).await;
+        Ok(())
+    }
+
+    /// A caller whose turn does not come within the pool's wait for a connection is told the
+    /// pool timed out, as sqlx tells it, and no longer counts as waiting. Fails if the turn's
+    /// wait has no bound (the test's own timeout ends it) or says something else.
+    #[tokio::test]
+    async fn a_turn_that_does_not_come_is_a_timeout() -> Result<(), Box<dyn std::error::Error>> {
+        let (sqlite, pool, _, _, path) = sqlite_pool(1, Duration::from_millis(200)).await?;
+        let first = pool.acquire().await?;
+        let waited = tokio::time::timeout(WAIT, pool.acquire()).await?;
+        assert!(
+            matches!(waited, Err(sqlx::Error::PoolTimedOut)),
+            "not a pool timeout: {waited:?}"
+        );
+        until_waiting(&pool, 0).await;
+        first.done();
         remove(pool, sqlite, &path).await;
         Ok(())
     }
