@@ -295,6 +295,7 @@ impl Driver {
         }
     }
 
+    /// The most connections sqlx's pool opens.
     fn max_connections(&self) -> u32 {
         match *self {
             #[cfg(feature = "mysql")]
@@ -319,7 +320,8 @@ impl Driver {
 }
 
 impl Pool {
-    /// A pool dlock opened: it keeps its clean connections warm.
+    /// A pool dlock opened: its callers take turns, and it keeps their clean connections
+    /// warm.
     pub(crate) fn ours(driver: Driver) -> Self {
         Self {
             warm: Some(Arc::new(Warm {
