@@ -258,6 +258,21 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// `$body` on the sqlx pool `$pool` of the [`Driver`] `$driver`, whichever its database
+/// (the pools' methods are the same, their types are not).
+macro_rules! on_pool {
+    ($driver:expr, $pool:ident => $body:expr) => {
+        match $driver {
+            #[cfg(feature = "mysql")]
+            Driver::MySql(ref $pool) => $body,
+            #[cfg(feature = "_sqlite")]
+            Driver::Sqlite(ref $pool) => $body,
+            #[cfg(feature = "postgres")]
+            Driver::Postgres(ref $pool) => $body,
+        }
+    };
+}
+
 impl Driver {
     /// The dialect of the driver's statements.
     pub(crate) fn dialect(&self) -> crate::config::Dialect {
@@ -285,37 +300,16 @@ impl Driver {
 
     /// How long a caller waits for a connection of sqlx's pool.
     fn acquire_timeout(&self) -> Duration {
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.options().get_acquire_timeout(),
-            #[cfg(feature = "_sqlite")]
-            Self::Sqlite(ref p) => p.options().get_acquire_timeout(),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.options().get_acquire_timeout(),
-        }
+        on_pool!(*self, p => p.options().get_acquire_timeout())
     }
 
     /// The most connections sqlx's pool opens.
     fn max_connections(&self) -> u32 {
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.options().get_max_connections(),
-            #[cfg(feature = "_sqlite")]
-            Self::Sqlite(ref p) => p.options().get_max_connections(),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.options().get_max_connections(),
-        }
+        on_pool!(*self, p => p.options().get_max_connections())
     }
 
     fn is_closed(&self) -> bool {
-        match *self {
-            #[cfg(feature = "mysql")]
-            Self::MySql(ref p) => p.is_closed(),
-            #[cfg(feature = "_sqlite")]
-            Self::Sqlite(ref p) => p.is_closed(),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(ref p) => p.is_closed(),
-        }
+        on_pool!(*self, p => p.is_closed())
     }
 }
 
@@ -414,14 +408,7 @@ impl Pool {
     /// Whether every connection the pool may open is open and checked out: the pool is
     /// exhausted, not merely slow to open a connection. A warm connection is not in use.
     pub(crate) fn all_in_use(&self) -> bool {
-        let (size, idle): (u32, usize) = match self.driver {
-            #[cfg(feature = "mysql")]
-            Driver::MySql(ref p) => (p.size(), p.num_idle()),
-            #[cfg(feature = "_sqlite")]
-            Driver::Sqlite(ref p) => (p.size(), p.num_idle()),
-            #[cfg(feature = "postgres")]
-            Driver::Postgres(ref p) => (p.size(), p.num_idle()),
-        };
+        let (size, idle): (u32, usize) = on_pool!(self.driver, p => (p.size(), p.num_idle()));
         let warm = self.warm.as_ref().map_or(0, |w| w.state.lock().idle.len());
         size >= self.max_connections() && idle == 0 && warm == 0
     }
